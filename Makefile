@@ -1,0 +1,29 @@
+# The two commands a user needs (README): `make run` (main job on the bundled trace) and `make test`.
+# Both do all set-up on a fresh machine: a virtualenv in .venv with every dependency.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[all]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/dynoplan replay --trace examples/traces/azure_llm_conv_2023.csv --workers 4 --report-json out/replay_report.json --per-request out/replay_requests.jsonl
+
+test: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

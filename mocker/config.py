@@ -1,0 +1,203 @@
+"""Engine configuration: one frozen, validated settings dataclass per simulated engine.
+
+Defaults are the reference mocker's (NVIDIA Dynamo Mocker, ``_normalize_mocker_config`` defaults and the
+"DynoSim Simulation Model" docs): 16384 GPU blocks; block size 64 (vLLM), 32 (TensorRT-LLM), 1 (SGLang
+page size); max_num_seqs 256; max_num_batched_tokens 8192; prefix caching and chunked prefill on; LIFO
+recompute preemption (vLLM v1 default); speedup ratio 1.0.
+
+Every problem is collected and raised at once as :class:`mocker.errors.ConfigError`, each message naming
+the field, the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from mocker.errors import ConfigError
+
+EngineKind = Literal["vllm", "trtllm", "sglang"]
+ENGINES: tuple[str, ...] = ("vllm", "trtllm", "sglang")
+DEFAULT_BLOCK_SIZE: dict[str, int] = {"vllm": 64, "trtllm": 32, "sglang": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangConfig:
+    """SGLang scheduler knobs (defaults from SGLang's ServerArgs as modelled by the reference)."""
+
+    schedule_policy: Literal["fifo", "lpm"] = "fifo"
+    """Waiting-queue order: ``fifo`` or longest-prefix-match ``lpm``."""
+    chunked_prefill_size: int = 8192
+    """Max prompt tokens computed per request per extend pass (tokens)."""
+    max_prefill_tokens: int = 16384
+    """Max prompt tokens admitted in one extend pass (tokens)."""
+    clip_max_new_tokens: int = 4096
+    """Cap on the output-length estimate used when reserving tokens at admission (tokens)."""
+    schedule_conservativeness: float = 1.0
+    """Multiplier on the initial new_token_ratio (dimensionless)."""
+    init_new_token_ratio: float = 0.7
+    """Initial share of max output reserved at admission (SGLang default 0.7)."""
+    min_new_token_ratio_factor: float = 0.14
+    """new_token_ratio decays to init * factor (SGLang default 0.14)."""
+    new_token_ratio_decay_steps: int = 600
+    """Decode steps over which new_token_ratio decays linearly (SGLang default 600)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Configuration of one simulated engine (one DP rank).
+
+    Raises :class:`ConfigError` from :meth:`validate` / :meth:`from_mapping` on invalid values.
+    """
+
+    engine: str = "vllm"
+    """Scheduler family: ``vllm``, ``trtllm`` or ``sglang``."""
+    num_gpu_blocks: int = 16384
+    """KV-cache capacity in blocks (pages for SGLang)."""
+    block_size: int | None = None
+    """Tokens per KV block; ``None`` = engine default (vLLM 64, TRT-LLM 32, SGLang page size 1)."""
+    max_num_seqs: int = 256
+    """Max running sequences per pass."""
+    max_num_batched_tokens: int = 8192
+    """Per-pass token budget shared by prefill chunks and decode tokens (tokens)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes."""
+    enable_chunked_prefill: bool = True
+    """Split prompts larger than the remaining budget across passes."""
+    preemption_mode: Literal["lifo", "fifo"] = "lifo"
+    """Which running request is recomputed when blocks run out: newest (lifo) or oldest (fifo)."""
+    speedup_ratio: float = 1.0
+    """All pass times are divided by this (dimensionless, > 0)."""
+    timing: str = "polynomial"
+    """Timing source: ``polynomial`` (DESIGN.md baseline) or a path to a ``.npz`` profile."""
+    trace_block_size: int = 512
+    """Tokens represented by one trace ``hash_id`` (Mooncake: 512)."""
+    worker_type: Literal["aggregated", "prefill", "decode"] = "aggregated"
+    """Role of the worker in a (dis)aggregated fleet."""
+    dp_size: int = 1
+    """Data-parallel ranks per logical worker, each with independent scheduler and KV state."""
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    """SGLang-only knobs."""
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def effective_block_size(self) -> int:
+        """Block size in tokens after applying the per-engine default."""
+        return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE.get(self.engine, 64)
+
+    @property
+    def total_kv_tokens(self) -> int:
+        """KV capacity in tokens = num_gpu_blocks * block size."""
+        return self.num_gpu_blocks * self.effective_block_size
+
+    # ------------------------------------------------------------------ validation
+    def problems(self) -> list[str]:
+        """Every problem with this configuration, as readable strings (empty when valid)."""
+        p: list[str] = []
+        if self.engine not in ENGINES:
+            p.append(f"engine={self.engine!r}: unknown engine, expected one of {', '.join(ENGINES)}")
+        if not _is_int(self.num_gpu_blocks) or self.num_gpu_blocks <= 0:
+            p.append(f"num_gpu_blocks={self.num_gpu_blocks!r}: expected a positive integer")
+        if self.block_size is not None and (not _is_int(self.block_size) or self.block_size <= 0):
+            p.append(f"block_size={self.block_size!r}: expected a positive integer")
+        if not _is_int(self.max_num_seqs) or self.max_num_seqs <= 0:
+            p.append(f"max_num_seqs={self.max_num_seqs!r}: expected a positive integer")
+        if not _is_int(self.max_num_batched_tokens) or self.max_num_batched_tokens <= 0:
+            p.append(f"max_num_batched_tokens={self.max_num_batched_tokens!r}: expected a positive integer")
+        elif (
+            self.engine != "sglang"
+            and (self.block_size is None or (_is_int(self.block_size) and self.block_size > 0))
+            and self.max_num_batched_tokens < self.effective_block_size
+        ):
+            p.append(
+                f"max_num_batched_tokens={self.max_num_batched_tokens}: smaller than one block "
+                f"(block_size={self.effective_block_size}); expected >= block_size"
+            )
+        if self.preemption_mode not in ("lifo", "fifo"):
+            p.append(f"preemption_mode={self.preemption_mode!r}: expected 'lifo' or 'fifo'")
+        if not isinstance(self.speedup_ratio, (int, float)) or isinstance(self.speedup_ratio, bool) or not self.speedup_ratio > 0:
+            p.append(f"speedup_ratio={self.speedup_ratio!r}: expected a number > 0")
+        if not isinstance(self.timing, str) or not (self.timing == "polynomial" or self.timing.endswith(".npz")):
+            p.append(f"timing={self.timing!r}: expected 'polynomial' or a path to a .npz profile")
+        elif self.timing.endswith(".npz") and not Path(self.timing).is_file():
+            p.append(f"timing={self.timing!r}: profile file not found")
+        if not _is_int(self.trace_block_size) or self.trace_block_size <= 0:
+            p.append(f"trace_block_size={self.trace_block_size!r}: expected a positive integer")
+        if self.worker_type not in ("aggregated", "prefill", "decode"):
+            p.append(f"worker_type={self.worker_type!r}: expected 'aggregated', 'prefill' or 'decode'")
+        if not _is_int(self.dp_size) or self.dp_size <= 0:
+            p.append(f"dp_size={self.dp_size!r}: expected a positive integer")
+        s = self.sglang
+        if s.schedule_policy not in ("fifo", "lpm"):
+            p.append(f"sglang.schedule_policy={s.schedule_policy!r}: expected 'fifo' or 'lpm'")
+        for name in ("chunked_prefill_size", "max_prefill_tokens", "clip_max_new_tokens", "new_token_ratio_decay_steps"):
+            v = getattr(s, name)
+            if not _is_int(v) or v <= 0:
+                p.append(f"sglang.{name}={v!r}: expected a positive integer")
+        return p
+
+    def validate(self) -> "EngineConfig":
+        """Return self, or raise :class:`ConfigError` listing every problem."""
+        p = self.problems()
+        if p:
+            raise ConfigError(p)
+        return self
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        """A validated copy with ``changes`` applied (``None`` values are ignored)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None}).validate()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str | None = None) -> "EngineConfig":
+        """Build from a dict (e.g. parsed YAML). Unknown keys are errors.
+
+        Accepts the reference's nesting ``{"engine": {"backend": ..., ...}}`` as well as a flat mapping;
+        ``backend`` is an alias of ``engine``.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"expected a mapping of engine settings, got {type(data).__name__}", source=source)
+        flat: dict[str, Any] = dict(data)
+        if isinstance(flat.get("engine"), Mapping):
+            inner = dict(flat.pop("engine"))
+            flat = {**flat, **inner}
+        if "backend" in flat:
+            flat["engine"] = flat.pop("backend")
+        known = {f.name for f in fields(cls)}
+        problems = [f"{k}: unknown setting, expected one of {', '.join(sorted(known))}" for k in flat if k not in known]
+        sg = flat.pop("sglang", None)
+        if sg is not None:
+            if not isinstance(sg, Mapping):
+                problems.append(f"sglang={sg!r}: expected a mapping")
+            else:
+                sknown = {f.name for f in fields(SGLangConfig)}
+                problems += [f"sglang.{k}: unknown setting, expected one of {', '.join(sorted(sknown))}" for k in sg if k not in sknown]
+                if not problems:
+                    flat["sglang"] = SGLangConfig(**dict(sg))
+        if problems:
+            raise ConfigError(problems, source=source)
+        cfg = cls(**{k: v for k, v in flat.items() if k in known})
+        p = cfg.problems()
+        if p:
+            raise ConfigError(p, source=source)
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "EngineConfig":
+        """Load from a YAML (or JSON) file. Raises ConfigError naming the file on any problem."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"engine config file not found", source=str(path)) from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"not valid YAML: {e}", source=str(path)) from None
+        return cls.from_mapping(data or {}, source=str(path))
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,57 @@
+"""The ``dynoplan`` console command: a thin dispatcher to each subcommand's own module.
+
+Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
+lazily so that ``dynoplan replay`` does not import the planner's heavy dependencies (and vice versa).
+User mistakes (any ``MockerError`` / ``PlannerError``) print one line to stderr and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# name -> (module path, one-line help). Registry only: no import-time side effects.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "replay": ("mocker.cli_replay", "replay a request trace through a simulated fleet (virtual time)"),
+}
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = []
+    for mod, name in (("mocker.errors", "MockerError"), ("planner.errors", "PlannerError")):
+        try:
+            types.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(types)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynoplan", description="SLA-driven autoscaler for LLM serving, and its engine simulator.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (mod, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=mod)
+        importlib.import_module(mod).add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    errors = _user_error_types()
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:
+        print("dynoplan: interrupted", file=sys.stderr)
+        return 130
+    except errors as e:  # a user mistake: one clear line, no traceback
+        print(f"dynoplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
