@@ -1,0 +1,244 @@
+"""OpenAI-compatible request parsing, validation and response bodies for the live mocker.
+
+Only what a simulated engine needs is read from a request: the prompt length (from ``prompt`` /
+``messages`` text via :mod:`mocker.live.tokenizer`, from a list of token ids, or from the extension field
+``input_length``), the output length (``max_tokens`` / ``max_completion_tokens``), ``stream`` and
+``stream_options.include_usage``. The simulated model never emits EOS, so every request generates exactly
+its ``max_tokens`` tokens — the behaviour of ``ignore_eos: true`` in vLLM, accepted and implied.
+
+Extension fields (not OpenAI, used by ``dynoplan loadgen`` to replay traces faithfully):
+``input_length`` (int >= 1, the prompt length in tokens; the prompt text may then be omitted) and
+``hash_ids`` (list of ints, one per ``trace_block_size`` prompt tokens, as in Mooncake traces).
+
+Errors follow the OpenAI shape ``{"error": {"message", "type", "param", "code"}}`` with HTTP 400
+(``invalid_request_error``) or 404 for an unknown model (as vLLM does).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mocker.live.tokenizer import block_hash_ids, render_chat, tokenize
+
+Kind = Literal["completion", "chat"]
+
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's documented default of ``max_tokens`` for completions; used for chat too (documented here)."""
+
+
+class RequestError(Exception):
+    """A bad request: rendered as an OpenAI error body with ``status``."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated OpenAI request reduced to what the simulator needs."""
+
+    kind: Kind
+    model: str
+    input_length: int
+    """Prompt tokens."""
+    output_length: int
+    """Tokens to generate (== max_tokens; the simulated model has no EOS)."""
+    stream: bool
+    include_usage: bool
+    hash_ids: tuple[int, ...] | None
+    """Prompt block ids for prefix caching, or None (unique content)."""
+    raw: dict[str, Any]
+    """The original body (forwarded unchanged by the frontend)."""
+
+
+def _type_name(v: object) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
+            int: "integer", float: "number"}.get(type(v), type(v).__name__)
+
+
+def _int_field(body: dict[str, Any], name: str, *, lo: int, hi: int | None = None) -> int | None:
+    if name not in body or body[name] is None:
+        return None
+    v = body[name]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(f"'{name}' must be an integer, got {_type_name(v)} {json.dumps(v)[:40]}", param=name)
+    if v < lo:
+        raise RequestError(f"'{name}' must be >= {lo}, got {v}", param=name)
+    if hi is not None and v > hi:
+        raise RequestError(f"'{name}' must be <= {hi}, got {v}", param=name)
+    return v
+
+
+def _bool_field(body: dict[str, Any], name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise RequestError(f"'{name}' must be a boolean, got {_type_name(v)}", param=name)
+    return v
+
+
+def _number_field(body: dict[str, Any], name: str) -> None:
+    v = body.get(name)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise RequestError(f"'{name}' must be a number, got {_type_name(v)}", param=name)
+
+
+def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: int,
+                  block_tokens: int) -> ParsedRequest:
+    """Validate ``body`` (decoded JSON) of a ``/v1/completions`` or ``/v1/chat/completions`` request.
+
+    ``max_model_len``: prompt + max_tokens must not exceed it (tokens). ``block_tokens``: tokens per
+    ``hash_ids`` entry derived from text prompts (the worker's ``trace_block_size``).
+    Raises :class:`RequestError` (400, or 404 for an unknown model) naming the field.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(f"request body must be a JSON object, got {_type_name(body)}")
+    model = body.get("model")
+    if model is None:
+        raise RequestError("'model' is a required property", param="model")
+    if not isinstance(model, str):
+        raise RequestError(f"'model' must be a string, got {_type_name(model)}", param="model")
+    if served_model and model != served_model:
+        raise RequestError(f"The model `{model}` does not exist.", param="model", status=404,
+                           type_="NotFoundError", code="model_not_found")
+    n = _int_field(body, "n", lo=1, hi=1)
+    del n
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        _number_field(body, name)
+    stream = _bool_field(body, "stream")
+    _bool_field(body, "ignore_eos")
+    so = body.get("stream_options")
+    include_usage = False
+    if so is not None:
+        if not isinstance(so, dict):
+            raise RequestError(f"'stream_options' must be an object, got {_type_name(so)}", param="stream_options")
+        include_usage = _bool_field(so, "include_usage")
+
+    input_length = _int_field(body, "input_length", lo=1)
+    token_ids: list[int] | None = None
+    if kind == "completion":
+        prompt = body.get("prompt")
+        if prompt is None and input_length is None:
+            raise RequestError("'prompt' is a required property", param="prompt")
+        if prompt is not None:
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                token_ids = tokenize(prompt)
+            elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+                token_ids = list(prompt)
+            elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
+                raise RequestError("batched prompts (a list of several prompts) are not supported; send one prompt per request", param="prompt")
+            else:
+                raise RequestError(f"'prompt' must be a string or a list of non-negative token ids, got {_type_name(prompt)}", param="prompt")
+    else:
+        messages = body.get("messages")
+        if messages is None and input_length is None:
+            raise RequestError("'messages' is a required property", param="messages")
+        if messages is not None:
+            if not isinstance(messages, list) or not messages:
+                raise RequestError("'messages' must be a non-empty array of {role, content} objects", param="messages")
+            rendered: list[tuple[str, str]] = []
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                    raise RequestError(f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]")
+                content = m.get("content", "")
+                if content is None:
+                    content = ""
+                if isinstance(content, list):
+                    parts = []
+                    for j, part in enumerate(content):
+                        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                            raise RequestError(f"'messages[{i}].content[{j}]' must be {{\"type\": \"text\", \"text\": string}}",
+                                               param=f"messages[{i}].content")
+                        parts.append(part["text"])
+                    content = "".join(parts)
+                if not isinstance(content, str):
+                    raise RequestError(f"'messages[{i}].content' must be a string or an array of text parts, got {_type_name(content)}",
+                                       param=f"messages[{i}].content")
+                rendered.append((m["role"], content))
+            token_ids = tokenize(render_chat(rendered))
+
+    if input_length is None:
+        assert token_ids is not None
+        input_length = len(token_ids)
+        if input_length == 0:
+            raise RequestError("the prompt is empty (0 tokens); expected at least 1 token", param="prompt" if kind == "completion" else "messages")
+
+    hash_ids: tuple[int, ...] | None = None
+    raw_h = body.get("hash_ids")
+    if raw_h is not None:
+        if not isinstance(raw_h, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in raw_h):
+            raise RequestError("'hash_ids' must be an array of non-negative integers", param="hash_ids")
+        hash_ids = tuple(raw_h)
+    elif token_ids is not None and len(token_ids) == input_length:
+        hash_ids = block_hash_ids(token_ids, block_tokens)
+
+    mt_name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _int_field(body, mt_name, lo=1)
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if input_length + max_tokens > max_model_len:
+        raise RequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{input_length + max_tokens} tokens ({input_length} in the prompt, {max_tokens} for the completion). "
+            f"Please reduce the prompt or '{mt_name}'.", param=mt_name)
+    min_tokens = _int_field(body, "min_tokens", lo=0)
+    if min_tokens is not None and min_tokens > max_tokens:
+        raise RequestError(f"'min_tokens' ({min_tokens}) must be <= '{mt_name}' ({max_tokens})", param="min_tokens")
+    return ParsedRequest(kind=kind, model=model, input_length=input_length, output_length=max_tokens,
+                         stream=stream, include_usage=include_usage, hash_ids=hash_ids, raw=body)
+
+
+# ---------------------------------------------------------------------------------------------- bodies
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chunk_body(kind: Kind, rid: str, model: str, created: int, text: str | None,
+               finish_reason: str | None, *, first: bool = False) -> dict[str, Any]:
+    """One SSE chunk (``text_completion`` or ``chat.completion.chunk``)."""
+    if kind == "completion":
+        return {"id": rid, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]}
+    delta: dict[str, Any] = {}
+    if first:
+        delta["role"] = "assistant"
+    if text is not None:
+        delta["content"] = text
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def usage_chunk(kind: Kind, rid: str, model: str, created: int, u: dict[str, int]) -> dict[str, Any]:
+    obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": u}
+
+
+def full_body(kind: Kind, rid: str, model: str, created: int, text: str, finish_reason: str,
+              u: dict[str, int]) -> dict[str, Any]:
+    """A non-streaming response body."""
+    if kind == "completion":
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice], "usage": u}
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": u}
+
+
+def response_id(kind: Kind, n: int) -> str:
+    return f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{n:016x}"
+
+
+def now_s() -> int:
+    """``created`` timestamp (Unix seconds) of response bodies."""
+    return int(time.time())

@@ -1,0 +1,84 @@
+"""ZMQ PUB publishers of the live worker: ForwardPassMetrics and KV-cache events (msgpack via msgspec).
+
+Wire format (both sockets): two-frame messages ``[topic, msgpack(payload)]``.
+
+- topic ``b"fpm"``: a :class:`mocker.records.ForwardPassMetrics` per engine pass and DP rank; when a rank
+  has run no pass for ``heartbeat_s`` seconds an idle heartbeat (``wall_time == 0.0``, zero counts) is
+  sent, so subscribers can tell "idle" from "gone" (Dynamo's FPM convention).
+- topic ``b"kv"``: a :class:`KvEvent` (``stored`` / ``removed`` prompt block ids, DP rank, a per-worker
+  increasing ``event_id`` so a subscriber can detect a gap and resynchronise from ``GET /kv_state``).
+
+Subscribers decode with :func:`decode_fpm` / :func:`decode_kv_event`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+import zmq
+
+from mocker.records import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+FPM_TOPIC = b"fpm"
+KV_TOPIC = b"kv"
+
+
+class KvEvent(msgspec.Struct, frozen=True):
+    """Blocks of prompt content a worker's cache gained (``stored``) or lost (``removed``).
+
+    ``block_ids`` are the request-level prompt block ids (``hash_ids``), the unit routers match on.
+    """
+
+    worker_id: int
+    dp_rank: int
+    event_id: int
+    kind: Literal["stored", "removed", "cleared"]
+    block_ids: list[int]
+
+
+_ENC = msgspec.msgpack.Encoder()
+_FPM_DEC = msgspec.msgpack.Decoder(ForwardPassMetrics)
+_KV_DEC = msgspec.msgpack.Decoder(KvEvent)
+
+
+def decode_fpm(payload: bytes) -> ForwardPassMetrics:
+    return _FPM_DEC.decode(payload)
+
+
+def decode_kv_event(payload: bytes) -> KvEvent:
+    return _KV_DEC.decode(payload)
+
+
+def idle_fpm(worker_id: int, dp_rank: int, timestamp_ms: float) -> ForwardPassMetrics:
+    """An idle heartbeat: wall_time 0.0 and nothing scheduled or queued."""
+    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, wall_time=0.0,
+                              scheduled_requests=ScheduledRequests(), queued_requests=QueuedRequests(),
+                              timestamp_ms=timestamp_ms)
+
+
+class Publisher:
+    """A bound ZMQ PUB socket. ``endpoint`` like ``tcp://127.0.0.1:5557`` (port 0 = pick a free one)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:  # type: ignore[type-arg]
+        self.sock = ctx.socket(zmq.PUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        if endpoint.endswith(":0"):
+            port = self.sock.bind_to_random_port(endpoint.rsplit(":", 1)[0])
+            self.endpoint = endpoint.rsplit(":", 1)[0] + f":{port}"
+        else:
+            self.sock.bind(endpoint)
+            self.endpoint = endpoint
+        self.sent = 0
+        self.dropped = 0
+
+    def publish(self, topic: bytes, obj: msgspec.Struct) -> None:
+        try:
+            self.sock.send_multipart([topic, _ENC.encode(obj)], flags=zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.Again:  # no subscriber keeps up: PUB drops, the engine never blocks
+            self.dropped += 1
+
+    def close(self) -> None:
+        self.sock.close(0)

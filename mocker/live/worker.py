@@ -1,0 +1,417 @@
+"""The live mocker worker: an OpenAI-compatible HTTP server over simulated engine cores (wall clock).
+
+Endpoints
+---------
+``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE when ``stream``), ``GET /v1/models``,
+``GET /health`` (process up), ``GET /ready`` (engine loops running; 503 before), ``GET /metrics``
+(Prometheus text, :class:`mocker.live.metrics.WorkerMetrics`), ``GET /fpm`` (latest ForwardPassMetrics
+per DP rank, JSON), ``GET /info`` (worker id, role, engine, block sizes, ZMQ endpoints),
+``GET /kv_state`` (prompt block ids cached per rank, for router resynchronisation),
+``GET /records`` (finished requests on the engine timeline, ms since the worker started).
+
+Each DP rank has its own core and :class:`mocker.live.driver.RankDriver`; a request goes to the rank
+with the fewest outstanding requests (lowest index on ties). Speedup: see :mod:`mocker.live.driver`.
+
+Disaggregated roles (``EngineConfig.worker_type``): a ``prefill`` worker computes the prompt and the first
+token only (output length forced to 1); a ``decode`` worker receives requests whose prompt KV was
+transferred (extension field ``prefill_done: true``): it waits the modelled KV transfer time
+(``prompt tokens * kv_bytes_per_token / kv_transfer_bandwidth``; DESIGN.md "KV transfer", 0 = off) and
+then generates the remaining ``max_tokens`` tokens.
+
+Client disconnect cancels the request in the core, which frees its KV blocks (aiohttp handler
+cancellation is enabled for this server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgspec
+import zmq
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from mocker.config import EngineConfig
+from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
+from mocker.live.metrics import WorkerMetrics
+from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
+                                  response_id, usage, usage_chunk)
+from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm
+from mocker.live.tokenizer import output_piece
+from mocker.records import RequestRecord, TraceRequest
+
+CoreFactory = Callable[[EngineConfig, int, int], EngineCore]
+"""(config, worker_id, dp_rank) -> a fresh engine core."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Settings of one live worker process."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    """HTTP port (0 = any free port)."""
+    model_name: str = "mocker"
+    """Served model name (``/v1/models``; requests for another model get 404)."""
+    worker_id: int = 0
+    max_model_len: int | None = None
+    """Max prompt + output tokens; None = the KV capacity of one rank (a longer request could never run)."""
+    fpm_endpoint: str | None = "tcp://127.0.0.1:0"
+    """ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port)."""
+    kv_events_endpoint: str | None = "tcp://127.0.0.1:0"
+    """ZMQ PUB endpoint of KV events (None = off)."""
+    heartbeat_s: float = 1.0
+    """Idle FPM heartbeat period (s)."""
+    kv_bytes_per_token: int = 0
+    """Decode role: KV bytes per prompt token for the transfer delay (0 = no delay)."""
+    kv_transfer_bandwidth_gbps: float = 0.0
+    """Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay)."""
+    keep_records: int = 200_000
+    """Finished records kept for ``GET /records``."""
+
+    def problems(self) -> list[str]:
+        p = self.engine.problems()
+        if not (0 <= self.port <= 65535):
+            p.append(f"port={self.port}: expected 0..65535")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            p.append(f"max_model_len={self.max_model_len}: expected >= 2")
+        if self.heartbeat_s <= 0:
+            p.append(f"heartbeat_s={self.heartbeat_s}: expected > 0")
+        if self.kv_bytes_per_token < 0 or self.kv_transfer_bandwidth_gbps < 0:
+            p.append("kv_bytes_per_token and kv_transfer_bandwidth_gbps must be >= 0")
+        return p
+
+
+class _KvMirror:
+    """Prompt block ids a rank holds, as seen from finished prefills, bounded like the real cache.
+
+    Stored when a request's first token is out (its prompt is then cached); least recently used ids are
+    removed once more than ``capacity`` ids are held (capacity = KV tokens / tokens per id).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+
+    def touch(self, ids: tuple[int, ...]) -> tuple[list[int], list[int]]:
+        stored = []
+        for h in ids:
+            if h in self.lru:
+                self.lru.move_to_end(h)
+            else:
+                self.lru[h] = None
+                stored.append(h)
+        removed = []
+        while len(self.lru) > self.capacity:
+            h, _ = self.lru.popitem(last=False)
+            removed.append(h)
+        return stored, removed
+
+
+def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> EngineCore:
+    from mocker.engine import make_engine  # lazy: the engine core (developer A's package)
+
+    return make_engine(cfg, worker_id=worker_id, dp_rank=dp_rank)  # type: ignore[no-any-return]
+
+
+class Worker:
+    """One worker process's state: drivers, metrics, publishers, HTTP app."""
+
+    def __init__(self, settings: WorkerSettings, core_factory: CoreFactory | None = None) -> None:
+        self.s = settings
+        self.cfg = settings.engine
+        self.core_factory = core_factory or default_core_factory
+        self.metrics = WorkerMetrics(self.cfg.engine, settings.model_name, self.cfg.dp_size)
+        self.clock = WallClock()
+        self.drivers: list[RankDriver] = []
+        self.ready = False
+        self._next_rid = 0
+        self.max_model_len = settings.max_model_len or self.cfg.total_kv_tokens
+        self.records: "collections.deque[RequestRecord]" = collections.deque(maxlen=settings.keep_records)
+        self._zmq: zmq.Context | None = None  # type: ignore[type-arg]
+        self.fpm_pub: Publisher | None = None
+        self.kv_pub: Publisher | None = None
+        self._kv_event_id = 0
+        ids_capacity = self.cfg.total_kv_tokens // max(1, self.cfg.trace_block_size)
+        self.kv_mirror = [_KvMirror(ids_capacity) for _ in range(self.cfg.dp_size)]
+        self._first_token_seen: set[int] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.app = self._make_app()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/fpm", self._fpm)
+        app.router.add_get("/info", self._info)
+        app.router.add_get("/kv_state", self._kv_state)
+        app.router.add_get("/records", self._records)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        self._zmq = zmq.Context()
+        if self.s.fpm_endpoint:
+            self.fpm_pub = Publisher(self._zmq, self.s.fpm_endpoint)
+        if self.s.kv_events_endpoint:
+            self.kv_pub = Publisher(self._zmq, self.s.kv_events_endpoint)
+        for rank in range(self.cfg.dp_size):
+            core = self.core_factory(self.cfg, self.s.worker_id, rank)
+            d = RankDriver(core, rank, self.clock, on_pass=self._on_pass)
+            d.start()
+            self.drivers.append(d)
+            self.metrics.kv_blocks_total.labels(self.s.model_name, str(rank)).set(self.cfg.num_gpu_blocks)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeat()))
+        self.ready = True
+
+    async def _cleanup(self, app: web.Application) -> None:
+        self.ready = False
+        for t in self._tasks:
+            t.cancel()
+        for d in self.drivers:
+            await d.stop()
+        for p in (self.fpm_pub, self.kv_pub):
+            if p is not None:
+                p.close()
+        if self._zmq is not None:
+            self._zmq.term()
+
+    # ------------------------------------------------------------------ engine hooks
+    def _on_pass(self, rank: int, outcome: Any, finished: list[RequestRecord], lag_ms: float) -> None:
+        m, name, r = self.metrics, self.s.model_name, str(rank)
+        fpm = getattr(outcome, "fpm", None)
+        if fpm is not None:
+            sch, q = fpm.scheduled_requests, fpm.queued_requests
+            m.running.labels(name, r).set(sch.num_prefill_requests + sch.num_decode_requests)
+            m.waiting.labels(name, r).set(q.num_prefill_requests + q.num_decode_requests)
+            active = sch.sum_prefill_kv_tokens + sch.sum_decode_kv_tokens
+            m.kv_active_tokens.labels(name, r).set(active)
+            m.kv_usage.labels(name, r).set(min(1.0, active / max(1, self.cfg.total_kv_tokens)))
+            m.pass_time.labels(name, r).inc(max(0.0, fpm.wall_time))
+            if self.fpm_pub is not None:
+                self.fpm_pub.publish(FPM_TOPIC, fpm)
+        m.passes.labels(name, r).inc()
+        m.lag.labels(name, r).observe(lag_ms / 1000.0)
+        emitted = outcome_emissions(outcome)
+        m.generation_tokens.labels(name, r).inc(len(emitted))
+        drv = self.drivers[rank] if rank < len(self.drivers) else None
+        for rid in emitted:  # first token out -> its prompt blocks are cached on this rank
+            if rid in self._first_token_seen or drv is None:
+                continue
+            st = drv.streams.get(rid)
+            if st is None:
+                continue
+            self._first_token_seen.add(rid)
+            m.prompt_tokens.labels(name, r).inc(st.record.input_length)
+            hid = st.hash_ids
+            if hid:
+                self._kv_touch(rank, hid)
+        for rec in finished:
+            self._first_token_seen.discard(rec.request_id)
+            self._observe_finished(rank, rec)
+
+    def _kv_touch(self, rank: int, ids: tuple[int, ...]) -> None:
+        stored, removed = self.kv_mirror[rank].touch(ids)
+        if self.kv_pub is None:
+            return
+        for kind, blocks in (("removed", removed), ("stored", stored)):
+            if blocks:
+                self._kv_event_id += 1
+                self.kv_pub.publish(KV_TOPIC, KvEvent(self.s.worker_id, rank, self._kv_event_id, kind, blocks))  # type: ignore[arg-type]
+
+    def _observe_finished(self, rank: int, rec: RequestRecord) -> None:
+        m, name, r = self.metrics, self.s.model_name, str(rank)
+        self.records.append(rec)
+        if rec.status != "finished" or rec.first_token_ms is None or rec.finish_ms is None:
+            return
+        m.request_success.labels(name, r, "length").inc()
+        m.ttft.labels(name, r).observe((rec.first_token_ms - rec.arrival_ms) / 1000.0)
+        tt = rec.token_times_ms
+        for a, b in zip(tt, tt[1:]):
+            m.itl.labels(name, r).observe((b - a) / 1000.0)
+        m.e2e.labels(name, r).observe((rec.finish_ms - rec.arrival_ms) / 1000.0)
+        if rec.admit_ms is not None:
+            m.queue_time.labels(name, r).observe((rec.admit_ms - rec.arrival_ms) / 1000.0)
+        m.prompt_len.labels(name, r).observe(rec.input_length)
+        m.gen_len.labels(name, r).observe(len(tt))
+        m.prefix_queries.labels(name, r).inc(rec.input_length)
+        m.prefix_hits.labels(name, r).inc(rec.cached_tokens)
+        if rec.num_preemptions:
+            m.preemptions.labels(name, r).inc(rec.num_preemptions)
+        if m.cache_hit_rate is not None:
+            q = m.prefix_queries.labels(name, r)._value.get()
+            h = m.prefix_hits.labels(name, r)._value.get()
+            m.cache_hit_rate.labels(name, r).set(h / q if q else 0.0)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.s.heartbeat_s)
+            now = self.clock.now_ms()
+            for d in self.drivers:
+                if not d.core.has_work() and now - d.last_pass_wall_ms >= self.s.heartbeat_s * 1000.0:
+                    hb = idle_fpm(self.s.worker_id, d.dp_rank, now)
+                    d.latest_fpm = hb
+                    name, r = self.s.model_name, str(d.dp_rank)
+                    self.metrics.running.labels(name, r).set(0)
+                    self.metrics.waiting.labels(name, r).set(0)
+                    self.metrics.kv_usage.labels(name, r).set(0.0)
+                    self.metrics.kv_active_tokens.labels(name, r).set(0)
+                    if self.fpm_pub is not None:
+                        self.fpm_pub.publish(FPM_TOPIC, hb)
+
+    # ------------------------------------------------------------------ HTTP
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return web.json_response({"status": "starting"}, status=503)
+        return web.json_response({"status": "ready", "worker_id": self.s.worker_id})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan-mocker",
+             "max_model_len": self.max_model_len}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _fpm(self, request: web.Request) -> web.Response:
+        out = {str(d.dp_rank): (msgspec.to_builtins(d.latest_fpm) if d.latest_fpm is not None else None) for d in self.drivers}
+        return web.json_response(out)
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "worker_id": self.s.worker_id, "worker_type": self.cfg.worker_type, "engine": self.cfg.engine,
+            "model": self.s.model_name, "dp_size": self.cfg.dp_size, "block_size": self.cfg.effective_block_size,
+            "trace_block_size": self.cfg.trace_block_size, "num_gpu_blocks": self.cfg.num_gpu_blocks,
+            "speedup_ratio": self.cfg.speedup_ratio, "max_model_len": self.max_model_len,
+            "fpm_endpoint": self.fpm_pub.endpoint if self.fpm_pub else None,
+            "kv_events_endpoint": self.kv_pub.endpoint if self.kv_pub else None,
+            "outstanding": [d.outstanding for d in self.drivers],
+        })
+
+    async def _kv_state(self, request: web.Request) -> web.Response:
+        return web.json_response({"event_id": self._kv_event_id,
+                                  "ranks": {str(i): list(m.lru) for i, m in enumerate(self.kv_mirror)}})
+
+    async def _records(self, request: web.Request) -> web.Response:
+        return web.Response(body=msgspec.json.encode([_record_dict(r) for r in self.records]), content_type="application/json")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completion")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    def _error(self, e: RequestError) -> web.Response:
+        self.metrics.rejected.labels(self.s.model_name, str(e.status)).inc()
+        return web.json_response(e.body(), status=e.status)
+
+    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if not self.ready:
+            return web.json_response(RequestError("worker is not ready", status=503, type_="ServiceUnavailable").body(), status=503)
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+                raise RequestError("request body is not valid JSON") from None
+            p = parse_request(body, kind, served_model=self.s.model_name,  # type: ignore[arg-type]
+                              max_model_len=self.max_model_len, block_tokens=self.cfg.trace_block_size)
+            prefill_done = body.get("prefill_done", False)
+            if not isinstance(prefill_done, bool):
+                raise RequestError("'prefill_done' must be a boolean", param="prefill_done")
+        except RequestError as e:
+            return self._error(e)
+        output_length = p.output_length
+        if self.cfg.worker_type == "prefill":
+            output_length = 1
+        elif self.cfg.worker_type == "decode" and prefill_done:
+            delay_s = self._transfer_delay_s(p.input_length)
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+        self._next_rid += 1
+        rid = self._next_rid
+        drv = min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
+        st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids))
+        created = now_s()
+        oid = response_id(p.kind, rid)
+        done = False
+        try:
+            if p.stream:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                await resp.prepare(request)
+                first = True
+                n = 0
+                while True:
+                    em = await st.queue.get()
+                    if em.finished:
+                        break
+                    chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=first)
+                    first = False
+                    n += 1
+                    await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                fin = chunk_body(p.kind, oid, p.model, created, None if p.kind == "chat" else "", "length")
+                tail = b"data: " + msgspec.json.encode(fin) + b"\n\n"
+                if p.include_usage:
+                    tail += b"data: " + msgspec.json.encode(usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n))) + b"\n\n"
+                await resp.write(tail + b"data: [DONE]\n\n")
+                await resp.write_eof()
+                done = True
+                return resp
+            n = 0
+            while True:
+                em = await st.queue.get()
+                if em.finished:
+                    break
+                n += 1
+            done = True
+            text = "".join(output_piece(i) for i in range(n))
+            return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", usage(p.input_length, n)))  # type: ignore[arg-type]
+        finally:
+            if not done:  # client went away (handler cancelled or write failed): free the KV now
+                if rid in drv.streams:
+                    drv.cancel(rid)
+                    self.metrics.cancelled.labels(self.s.model_name, str(drv.dp_rank)).inc()
+                    self._first_token_seen.discard(rid)
+                    self.records.append(st.record)
+
+    def _transfer_delay_s(self, prompt_tokens: int) -> float:
+        if self.s.kv_bytes_per_token <= 0 or self.s.kv_transfer_bandwidth_gbps <= 0:
+            return 0.0
+        return prompt_tokens * self.s.kv_bytes_per_token / (self.s.kv_transfer_bandwidth_gbps * 1e9) / self.cfg.speedup_ratio
+
+
+def _record_dict(r: RequestRecord) -> dict[str, Any]:
+    return {"request_id": r.request_id, "arrival_ms": r.arrival_ms, "input_length": r.input_length,
+            "output_length": r.output_length, "dp_rank": r.dp_rank, "admit_ms": r.admit_ms,
+            "first_token_ms": r.first_token_ms, "finish_ms": r.finish_ms, "token_times_ms": r.token_times_ms,
+            "cached_tokens": r.cached_tokens, "num_preemptions": r.num_preemptions, "status": r.status}
+
+
+async def serve(settings: WorkerSettings, core_factory: CoreFactory | None = None,
+                on_bound: Callable[[int], None] | None = None) -> None:
+    """Run a worker until cancelled. ``on_bound(port)`` is called once the socket listens."""
+    w = Worker(settings, core_factory)
+    runner = web.AppRunner(w.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    if on_bound is not None:
+        on_bound(port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
