@@ -1,0 +1,509 @@
+"""Workloads in: trace loaders and seeded synthetic workloads, all producing ``list[TraceRequest]``.
+
+Formats
+-------
+- **Azure LLM inference CSV** (Azure/AzurePublicDataset, columns ``TIMESTAMP, ContextTokens,
+  GeneratedTokens``). Arrival = integer milliseconds since the first row, computed exactly as the
+  reference tool does (timestamp truncated to microseconds, ``int(seconds * 1000)``). The CSV carries no
+  content, so every request gets ``max(1, ceil(ISL / trace_block_size))`` fresh hash ids, numbered
+  consecutively across the file from 0 (no prefix sharing) — the same ids the reference tool
+  (``../shared/tools/reference-replay``) writes when it converts the CSV, so both simulators see identical
+  input.
+- **Mooncake JSONL** (kvcache-ai/Mooncake FAST'25 traces): one JSON object per line with ``timestamp``
+  (ms), ``input_length``, ``output_length`` and optional ``hash_ids`` (one id per ``trace_block_size``
+  prompt tokens; equal leading ids = shared prefix). Aliases accepted: ``created_time`` for
+  ``timestamp``, ``input_tokens`` / ``output_tokens`` for the lengths. Timestamps are used as given (not
+  rebased). Blank lines are skipped. As in the reference mocker (``Trace::from_mooncake``), an
+  ``input_length`` larger than ``len(hash_ids) * trace_block_size`` is clamped to that capacity.
+- **Synthetic**: ``synthetic:KIND?key=value&...`` — see :func:`parse_synthetic_spec`.
+
+Validation (both file formats): a malformed row raises :class:`~mocker.errors.TraceError` naming the
+file, the 1-based line number and the field: unparsable JSON or timestamp, a missing field, a length that
+is not a positive integer, a negative or non-finite timestamp, or a timestamp earlier than the previous
+row's. Rows must be in arrival order; dynoplan does **not** sort them, because silently reordering a
+trace changes request identity and usually means the file is damaged. An empty file is an error too.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Sequence
+from urllib.parse import parse_qsl
+
+import msgspec
+import numpy as np
+
+from mocker.errors import TraceError
+from mocker.records import TraceRequest
+
+__all__ = [
+    "DEFAULT_TRACE_BLOCK_SIZE",
+    "LengthDist",
+    "SyntheticWorkload",
+    "load_azure_csv",
+    "load_mooncake_jsonl",
+    "load_trace",
+    "parse_synthetic_spec",
+    "scale_arrivals",
+    "synthesize",
+]
+
+DEFAULT_TRACE_BLOCK_SIZE = 512
+"""Tokens per trace hash id (Mooncake release format; reference ``--trace-block-size`` default)."""
+
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_MOONCAKE_ALIASES: dict[str, tuple[str, ...]] = {
+    "timestamp": ("timestamp", "created_time"),
+    "input_length": ("input_length", "input_tokens"),
+    "output_length": ("output_length", "output_tokens"),
+}
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+def load_trace(spec: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE, seed: int | None = None) -> list[TraceRequest]:
+    """Load a workload from a file path or a ``synthetic:...`` spec.
+
+    Files ending in ``.csv`` are Azure CSV, ``.jsonl``/``.json`` Mooncake JSONL; any other name is sniffed
+    (first non-blank byte ``{`` = JSONL, otherwise CSV). ``seed`` is the default seed of a synthetic spec
+    that does not give its own ``seed=``. Raises :class:`TraceError` (file not found, malformed rows, bad
+    synthetic parameters) or :class:`ValueError` for a non-positive ``trace_block_size``.
+    """
+    if not isinstance(trace_block_size, int) or isinstance(trace_block_size, bool) or trace_block_size <= 0:
+        raise TraceError(str(spec), None, "trace_block_size", f"{trace_block_size!r}: expected a positive integer")
+    s = str(spec)
+    if s.startswith("synthetic:"):
+        return synthesize(parse_synthetic_spec(s, default_seed=seed), trace_block_size=trace_block_size)
+    path = Path(s)
+    if not path.is_file():
+        raise TraceError(s, None, None, "trace file not found" if not path.exists() else "not a regular file")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return load_azure_csv(path, trace_block_size=trace_block_size)
+    if suffix in (".jsonl", ".json"):
+        return load_mooncake_jsonl(path, trace_block_size=trace_block_size)
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    if head.startswith(b"{"):
+        return load_mooncake_jsonl(path, trace_block_size=trace_block_size)
+    return load_azure_csv(path, trace_block_size=trace_block_size)
+
+
+def scale_arrivals(requests: Sequence[TraceRequest], arrival_speedup: float) -> list[TraceRequest]:
+    """Arrival times divided by ``arrival_speedup`` (> 0; 2.0 = twice the request rate).
+
+    Returns new requests (the input is not modified). Raises ValueError on a non-positive ratio.
+    """
+    if not (isinstance(arrival_speedup, (int, float)) and not isinstance(arrival_speedup, bool) and arrival_speedup > 0 and math.isfinite(arrival_speedup)):
+        raise ValueError(f"arrival_speedup={arrival_speedup!r}: expected a finite number > 0")
+    if arrival_speedup == 1.0:
+        return list(requests)
+    return [
+        TraceRequest(r.request_id, r.arrival_ms / arrival_speedup, r.input_length, r.output_length, r.hash_ids)
+        for r in requests
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- Azure CSV
+def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> list[TraceRequest]:
+    """Load an Azure LLM inference trace CSV (``TIMESTAMP, ContextTokens, GeneratedTokens``).
+
+    Returns one request per data row, ``request_id`` = 0-based row index, ``arrival_ms`` = integer ms since
+    the first row, ``hash_ids`` = fresh consecutive ids (``max(1, ceil(ISL / trace_block_size))`` each).
+    Raises :class:`TraceError` naming file, line (header = line 1) and column on any malformed row.
+    Columns are converted vectorised (numpy); only when that fails are rows re-checked one by one to
+    name the offending line.
+    """
+    p = str(path)
+    try:
+        f = open(path, newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(p, None, None, "trace file not found") from None
+    with f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+            rows = [r for r in reader if r and (len(r) > 1 or r[0].strip())]
+        except StopIteration:
+            raise TraceError(p, None, None, "empty file: expected a header row TIMESTAMP,ContextTokens,GeneratedTokens") from None
+        except (csv.Error, UnicodeDecodeError) as e:
+            raise TraceError(p, reader.line_num, None, f"unreadable CSV: {e}") from None
+    norm = [h.strip().lower() for h in header]
+    cols: list[int] = []
+    for name in _AZURE_COLUMNS:
+        if name.lower() not in norm:
+            raise TraceError(p, 1, name, f"missing column; header is {','.join(header)!r}, expected columns {', '.join(_AZURE_COLUMNS)}")
+        cols.append(norm.index(name.lower()))
+    if not rows:
+        raise TraceError(p, None, None, "no requests: the file has a header but no data rows")
+    i_ts, i_isl, i_osl = cols
+    if min(map(len, rows)) <= max(cols):
+        _azure_check_rows(p, cols, header)
+    stamps = [r[i_ts].strip()[:26] for r in rows]
+    try:
+        isl_a = np.asarray([r[i_isl] for r in rows]).astype(np.int64)
+        osl_a = np.asarray([r[i_osl] for r in rows]).astype(np.int64)
+        ok = bool((isl_a > 0).all() and (osl_a > 0).all())
+    except ValueError:
+        ok = False
+    if not ok:
+        _azure_check_rows(p, cols, header)
+    try:
+        ts_us = np.array(stamps, dtype="datetime64[us]").astype(np.int64)
+    except ValueError:
+        _azure_check_rows(p, cols, header)
+        raise  # pragma: no cover - _azure_check_rows always raises here
+    # Same float operations as the reference converter: int((ts - t0).total_seconds() * 1000).
+    rel_us = ts_us - ts_us[0]
+    arrival = np.trunc((rel_us / 1e6) * 1000.0)
+    back = np.flatnonzero(np.diff(arrival) < 0)
+    if back.size:
+        _azure_check_rows(p, cols, header)
+    ids_per_req = np.maximum(1, -(-isl_a // trace_block_size))
+    ends = np.cumsum(ids_per_req)
+    starts = ends - ids_per_req
+    return [
+        TraceRequest(i, a, isl, osl, tuple(range(s, e)))
+        for i, (a, isl, osl, s, e) in enumerate(
+            zip(arrival.tolist(), isl_a.tolist(), osl_a.tolist(), starts.tolist(), ends.tolist())
+        )
+    ]
+
+
+def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
+    """Slow path: re-read the CSV row by row and raise a TraceError for the first bad row."""
+    i_ts, i_isl, i_osl = cols
+    epoch = _dt.datetime(1970, 1, 1)
+    prev_us: int | None = None
+    t0: int | None = None
+    prev_ms = 0.0
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        next(reader)
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            line = reader.line_num
+            if len(row) <= max(cols):
+                missing = _AZURE_COLUMNS[[c >= len(row) for c in cols].index(True)]
+                raise TraceError(path, line, missing, f"missing value (row has {len(row)} fields, expected {len(header)})")
+            _positive_int(row[i_isl], path, line, "ContextTokens")
+            _positive_int(row[i_osl], path, line, "GeneratedTokens")
+            s = row[i_ts].strip()[:26]
+            for fmt in ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S"):
+                try:
+                    d = _dt.datetime.strptime(s, fmt)
+                    break
+                except ValueError:
+                    continue
+            else:
+                raise TraceError(path, line, "TIMESTAMP", f"{s!r}: unparsable timestamp, expected 'YYYY-MM-DD HH:MM:SS.ffffff'")
+            delta = d - epoch
+            us = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+            t0 = us if t0 is None else t0
+            ms = float(int((us - t0) / 1e6 * 1000.0))
+            if prev_us is not None and ms < prev_ms:
+                raise TraceError(
+                    path, line, "TIMESTAMP",
+                    f"{s!r} is earlier than the previous row's timestamp; rows must be in arrival order "
+                    "(dynoplan does not reorder traces)",
+                )
+            prev_us, prev_ms = us, ms
+    raise TraceError(path, None, None, "malformed trace (could not locate the bad row)")
+
+
+# ---------------------------------------------------------------------------------------------- Mooncake
+class _MooncakeRow(msgspec.Struct):
+    """Typed fast path; any row it rejects is re-checked by :func:`_mooncake_check_row` for a precise error."""
+
+    timestamp: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    created_time: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    input_length: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    input_tokens: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    output_length: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    output_tokens: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    hash_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=1)] | None = None
+
+
+def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> list[TraceRequest]:
+    """Load a Mooncake-format JSONL trace.
+
+    Returns one request per non-blank line, ``request_id`` = 0-based request index, ``arrival_ms`` = the
+    row's timestamp (ms, as given), ``hash_ids`` as given (``None`` when absent = unique content).
+    Raises :class:`TraceError` naming file, 1-based line and field on any malformed row.
+    """
+    p = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TraceError(p, None, None, "trace file not found") from None
+    decode = msgspec.json.Decoder(_MooncakeRow).decode
+    out: list[TraceRequest] = []
+    lines: list[int] = []
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = decode(raw)
+        except msgspec.DecodeError:
+            _mooncake_check_row(raw, p, lineno)
+            raise  # pragma: no cover - the check always raises for a row the fast path rejected
+        ts = row.timestamp if row.timestamp is not None else row.created_time
+        isl = row.input_length if row.input_length is not None else row.input_tokens
+        osl = row.output_length if row.output_length is not None else row.output_tokens
+        if ts is None or isl is None or osl is None or not math.isfinite(ts):
+            _mooncake_check_row(raw, p, lineno)
+        hids = row.hash_ids
+        hash_ids = None
+        if hids is not None:
+            hash_ids = tuple(hids)
+            cap = len(hash_ids) * trace_block_size
+            if isl > cap:  # type: ignore[operator]
+                isl = cap
+        lines.append(lineno)
+        out.append(TraceRequest(len(out), ts, isl, osl, hash_ids))  # type: ignore[arg-type]
+    if not out:
+        raise TraceError(p, None, None, "no requests: the file is empty")
+    _check_monotone(np.fromiter((r.arrival_ms for r in out), dtype=np.float64, count=len(out)), lines, p, "timestamp")
+    return out
+
+
+def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> None:
+    """Slow path: decode one row generically and raise a TraceError naming the bad field."""
+    try:
+        row = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise TraceError(p, lineno, None, f"not valid JSON: {e}") from None
+    if not isinstance(row, dict):
+        raise TraceError(p, lineno, None, f"expected a JSON object, got {type(row).__name__}")
+    ts = _mooncake_field(row, "timestamp", p, lineno)
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+        raise TraceError(p, lineno, "timestamp", f"{ts!r}: expected a finite number of milliseconds >= 0")
+    for name in ("input_length", "output_length"):
+        v = _mooncake_field(row, name, p, lineno)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise TraceError(p, lineno, name, f"{v!r}: expected a positive integer")
+    hids = row.get("hash_ids")
+    if hids is not None:
+        if not isinstance(hids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids):
+            raise TraceError(p, lineno, "hash_ids", "expected a list of non-negative integers")
+        if not hids:
+            raise TraceError(p, lineno, "hash_ids", "empty list: expected one id per trace block of the prompt")
+    raise TraceError(p, lineno, None, "malformed row")
+
+
+def _mooncake_field(row: dict[str, Any], name: str, path: str, line: int) -> Any:
+    for alias in _MOONCAKE_ALIASES[name]:
+        if alias in row:
+            return row[alias]
+    alts = " or ".join(repr(a) for a in _MOONCAKE_ALIASES[name])
+    raise TraceError(path, line, name, f"missing field (expected {alts})")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _positive_int(text: str, path: str, line: int, field: str) -> int:
+    s = text.strip()
+    try:
+        v = int(s)
+    except ValueError:
+        raise TraceError(path, line, field, f"{text!r}: expected a positive integer") from None
+    if v <= 0:
+        raise TraceError(path, line, field, f"{v}: expected a positive integer")
+    return v
+
+
+def _check_monotone(arrival: np.ndarray, lines: list[int], path: str, field: str) -> None:
+    if len(arrival) > 1:
+        back = np.flatnonzero(np.diff(arrival) < 0)
+        if back.size:
+            i = int(back[0]) + 1
+            raise TraceError(
+                path, lines[i], field,
+                f"arrival {arrival[i]:g} ms is earlier than the previous row's {arrival[i - 1]:g} ms; "
+                "rows must be in arrival order (dynoplan does not reorder traces)",
+            )
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+@dataclass(frozen=True, slots=True)
+class LengthDist:
+    """A token-length distribution: ``fixed`` (a), ``uniform`` (integers in [a, b]) or ``lognormal``
+    (arithmetic mean a tokens, log-space sigma b; mu = ln(a) - b^2/2 so the mean is a). Samples are
+    rounded to integers and clipped to >= 1."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, int(self.a), dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(int(self.a), int(self.b), size=n, endpoint=True, dtype=np.int64)
+        mu = math.log(self.a) - self.b * self.b / 2.0
+        return np.maximum(1, np.rint(rng.lognormal(mu, self.b, size=n))).astype(np.int64)
+
+    @classmethod
+    def parse(cls, text: str, field: str, spec: str) -> "LengthDist":
+        parts = text.split(":")
+        try:
+            if len(parts) == 1:
+                v = int(parts[0])
+                if v <= 0:
+                    raise ValueError
+                return cls("fixed", v)
+            kind, nums = parts[0], [float(x) for x in parts[1:]]
+            if kind == "uniform" and len(nums) == 2 and nums[0] >= 1 and nums[1] >= nums[0] and all(x == int(x) for x in nums):
+                return cls("uniform", nums[0], nums[1])
+            if kind == "lognormal" and len(nums) == 2 and nums[0] >= 1 and nums[1] >= 0 and all(math.isfinite(x) for x in nums):
+                return cls("lognormal", nums[0], nums[1])
+        except ValueError:
+            pass
+        raise TraceError(spec, None, field, f"{text!r}: expected a positive integer, 'uniform:MIN:MAX' or 'lognormal:MEAN:SIGMA'")
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticWorkload:
+    """A seeded synthetic workload (see :func:`parse_synthetic_spec` for the text form)."""
+
+    arrival: str = "poisson"
+    """``constant`` (gaps of exactly 1/rate), ``poisson`` (exponential gaps) or ``gamma`` (gamma gaps)."""
+    rate_rps: float = 1.0
+    """Mean arrival rate (requests per second)."""
+    duration_s: float | None = None
+    """Arrivals in [0, duration_s); at least one of duration_s / num_requests must be set."""
+    num_requests: int | None = None
+    """Maximum number of requests."""
+    shape: float = 1.0
+    """Gamma shape k (gaps ~ Gamma(k, 1/(k*rate)): mean 1/rate, CV 1/sqrt(k)); 1.0 = Poisson."""
+    isl: LengthDist = LengthDist("fixed", 1000)
+    """Input sequence length (tokens)."""
+    osl: LengthDist = LengthDist("fixed", 200)
+    """Output sequence length (tokens)."""
+    prefix_groups: int = 0
+    """Number of shared-prefix groups (0 = none); each request joins one uniformly at random."""
+    prefix_len: int = 0
+    """Shared prefix length in tokens, rounded down to whole trace blocks."""
+    seed: int = 0
+    """Seed of the numpy Generator (PCG64); same spec + seed -> identical workload."""
+
+
+_SYN_KEYS = {"rate", "duration_s", "num_requests", "shape", "isl", "osl", "prefix_groups", "prefix_len", "seed"}
+
+
+def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> SyntheticWorkload:
+    """Parse ``synthetic:KIND?key=value&...``.
+
+    KIND: ``constant`` | ``poisson`` | ``gamma``. Keys: ``rate`` (req/s, required), ``duration_s`` and/or
+    ``num_requests`` (at least one), ``shape`` (gamma only, default 1), ``isl`` / ``osl`` (``N``,
+    ``uniform:MIN:MAX`` or ``lognormal:MEAN:SIGMA``; defaults 1000 / 200), ``prefix_groups`` and
+    ``prefix_len`` (shared prefixes), ``seed`` (default: ``default_seed``, else 0).
+    Example: ``synthetic:poisson?rate=5&duration_s=600&isl=lognormal:1000:0.5&osl=200&seed=1``.
+    Raises :class:`TraceError` naming the bad key.
+    """
+    body = spec[len("synthetic:"):] if spec.startswith("synthetic:") else spec
+    kind, _, query = body.partition("?")
+    if kind not in ("constant", "poisson", "gamma"):
+        raise TraceError(spec, None, "arrival", f"{kind!r}: unknown arrival process, expected constant, poisson or gamma")
+    params: dict[str, str] = {}
+    for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if k not in _SYN_KEYS:
+            raise TraceError(spec, None, k, f"unknown parameter, expected one of {', '.join(sorted(_SYN_KEYS))}")
+        params[k] = v
+
+    def num(key: str, conv: Any, ok: Any, expect: str, default: Any = None) -> Any:
+        if key not in params:
+            return default
+        try:
+            v = conv(params[key])
+        except ValueError:
+            v = None
+        if v is None or not ok(v):
+            raise TraceError(spec, None, key, f"{params[key]!r}: expected {expect}")
+        return v
+
+    pos_float = lambda v: math.isfinite(v) and v > 0  # noqa: E731
+    rate = num("rate", float, pos_float, "a number > 0 (requests per second)")
+    if rate is None:
+        raise TraceError(spec, None, "rate", "missing: expected rate=R (requests per second)")
+    duration_s = num("duration_s", float, pos_float, "a number of seconds > 0")
+    n = num("num_requests", int, lambda v: v > 0, "a positive integer")
+    if duration_s is None and n is None:
+        raise TraceError(spec, None, "duration_s", "missing: give duration_s=S and/or num_requests=N")
+    shape = num("shape", float, pos_float, "a number > 0", 1.0)
+    if "shape" in params and kind != "gamma":
+        raise TraceError(spec, None, "shape", f"only meaningful for gamma arrivals, not {kind}")
+    isl = LengthDist.parse(params["isl"], "isl", spec) if "isl" in params else LengthDist("fixed", 1000)
+    osl = LengthDist.parse(params["osl"], "osl", spec) if "osl" in params else LengthDist("fixed", 200)
+    groups = num("prefix_groups", int, lambda v: v >= 0, "an integer >= 0", 0)
+    plen = num("prefix_len", int, lambda v: v >= 0, "an integer >= 0 (tokens)", 0)
+    if (groups > 0) != (plen > 0):
+        raise TraceError(spec, None, "prefix_groups", "prefix_groups and prefix_len must be given together")
+    seed = num("seed", int, lambda v: v >= 0, "an integer >= 0", default_seed if default_seed is not None else 0)
+    return SyntheticWorkload(kind, rate, duration_s, n, shape, isl, osl, groups, plen, seed)
+
+
+def synthesize(w: SyntheticWorkload, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> list[TraceRequest]:
+    """Generate the requests of ``w``: first arrival at 0 ms, then gaps from the arrival process.
+
+    Draw order is fixed (gaps, ISL, OSL, prefix groups) from one ``numpy.random.default_rng(w.seed)``, so
+    the result is a pure function of ``w`` and ``trace_block_size``. Hash ids: the first
+    ``prefix_len // trace_block_size`` blocks of a request in group g are the group's ids (shared by the
+    whole group); every other block gets a fresh id. Raises :class:`TraceError` if it would produce
+    no request.
+    """
+    rng = np.random.default_rng(w.seed)
+    mean_gap_ms = 1000.0 / w.rate_rps
+    limit_n = w.num_requests
+    horizon_ms = None if w.duration_s is None else w.duration_s * 1000.0
+    if limit_n is None:
+        assert horizon_ms is not None
+        est = int(horizon_ms / mean_gap_ms * 1.2) + 16
+    else:
+        est = limit_n
+    gaps_parts: list[np.ndarray] = []
+    total = 0.0
+    count = 0
+    while True:
+        if w.arrival == "constant":
+            g = np.full(est, mean_gap_ms)
+        elif w.arrival == "poisson":
+            g = rng.exponential(mean_gap_ms, size=est)
+        else:
+            g = rng.gamma(w.shape, mean_gap_ms / w.shape, size=est)
+        gaps_parts.append(g)
+        count += est
+        total += float(g.sum())
+        if (limit_n is not None and count >= limit_n) or (horizon_ms is not None and total >= horizon_ms):
+            break
+        est = max(16, est // 2)
+    gaps = np.concatenate(gaps_parts)
+    arrival = np.concatenate(([0.0], np.cumsum(gaps)[:-1]))
+    if limit_n is not None:
+        arrival = arrival[:limit_n]
+    if horizon_ms is not None:
+        arrival = arrival[arrival < horizon_ms]
+    n = len(arrival)
+    if n == 0:
+        raise TraceError("synthetic", None, None, "the workload has no requests")
+    isl = w.isl.sample(rng, n)
+    osl = w.osl.sample(rng, n)
+    groups = rng.integers(0, w.prefix_groups, size=n) if w.prefix_groups > 0 else None
+    shared_blocks = w.prefix_len // trace_block_size
+    next_id = w.prefix_groups * shared_blocks
+    out: list[TraceRequest] = []
+    for i, (a, il, ol) in enumerate(zip(arrival.tolist(), isl.tolist(), osl.tolist())):
+        k = max(1, -(-il // trace_block_size))
+        if groups is not None:
+            s = min(shared_blocks, k)
+            base = int(groups[i]) * shared_blocks
+            ids = tuple(range(base, base + s)) + tuple(range(next_id, next_id + k - s))
+            next_id += k - s
+        else:
+            ids = tuple(range(next_id, next_id + k))
+            next_id += k
+        out.append(TraceRequest(i, a, il, ol, ids))
+    return out

@@ -1,0 +1,281 @@
+"""Trace loaders and synthetic workloads: hand-computed values, error paths, determinism."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mocker.errors import TraceError
+from mocker.traces import (
+    load_azure_csv,
+    load_mooncake_jsonl,
+    load_trace,
+    parse_synthetic_spec,
+    scale_arrivals,
+    synthesize,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+AZURE = ROOT / "examples/traces/azure_llm_conv_2023.csv"
+MOONCAKE = ROOT / "examples/traces/mooncake_conversation.jsonl"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- Azure
+AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def test_azure_small_hand_computed(tmp_path: Path) -> None:
+    p = write(
+        tmp_path, "t.csv",
+        AZ_HEADER
+        + "2023-11-16 18:15:46.6805900,374,44\n"
+        + "2023-11-16 18:15:50.9951690,512,109\n"
+        + "2023-11-16 18:15:50.9951699,513,1\n",
+    )
+    reqs = load_azure_csv(p)
+    assert [r.request_id for r in reqs] == [0, 1, 2]
+    # 4.314579 s after the first row -> 4314 ms (truncated, as the reference converter does)
+    assert [r.arrival_ms for r in reqs] == [0.0, 4314.0, 4314.0]
+    assert [(r.input_length, r.output_length) for r in reqs] == [(374, 44), (512, 109), (513, 1)]
+    # one fresh id per 512-token block, max(1, ceil(isl/512)): 1, 1, 2 ids, numbered across the file
+    assert [r.hash_ids for r in reqs] == [(0,), (1,), (2, 3)]
+
+
+def test_azure_trace_block_size(tmp_path: Path) -> None:
+    p = write(tmp_path, "t.csv", AZ_HEADER + "2023-11-16 18:15:46.0,100,5\n2023-11-16 18:15:47.5,64,5\n")
+    reqs = load_azure_csv(p, trace_block_size=32)
+    assert [r.hash_ids for r in reqs] == [tuple(range(4)), tuple(range(4, 6))]
+    assert reqs[1].arrival_ms == 1500.0
+
+
+def reference_conversion(path: Path, block: int = 512) -> list[tuple[int, int, int, list[int]]]:
+    """The reference tool's CSV -> Mooncake conversion, re-derived independently with datetime."""
+    out, t0, hid = [], None, 0
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            ts = dt.datetime.strptime(r["TIMESTAMP"].strip()[:26], "%Y-%m-%d %H:%M:%S.%f")
+            t0 = t0 or ts
+            isl, osl = int(r["ContextTokens"]), int(r["GeneratedTokens"])
+            k = max(1, math.ceil(isl / block))
+            out.append((int((ts - t0).total_seconds() * 1000), isl, osl, list(range(hid, hid + k))))
+            hid += k
+    return out
+
+
+def test_azure_bundled_trace_matches_reference_conversion() -> None:
+    reqs = load_trace(AZURE)
+    ref = reference_conversion(AZURE)
+    assert len(reqs) == len(ref) == 19366
+    mine = [(r.arrival_ms, r.input_length, r.output_length, list(r.hash_ids or ())) for r in reqs]
+    assert mine == [(float(a), i, o, h) for a, i, o, h in ref]
+
+
+@pytest.mark.parametrize(
+    "rows, line, field",
+    [
+        ("2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,-3,44\n", 3, "ContextTokens"),
+        ("2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,12.5,44\n", 3, "ContextTokens"),
+        ("2023-11-16 18:15:46.0,374,0\n", 2, "GeneratedTokens"),
+        ("2023-11-16 18:15:46.0,374,abc\n", 2, "GeneratedTokens"),
+        ("2023-11-16 18:15:46.0,374,44\nyesterday,374,44\n", 3, "TIMESTAMP"),
+        ("2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:45.0,374,44\n", 3, "TIMESTAMP"),
+        ("2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,374\n", 3, "GeneratedTokens"),
+    ],
+)
+def test_azure_malformed_rows_name_line_and_field(tmp_path: Path, rows: str, line: int, field: str) -> None:
+    p = write(tmp_path, "bad.csv", AZ_HEADER + rows)
+    with pytest.raises(TraceError) as ei:
+        load_trace(p)
+    e = ei.value
+    assert (e.path, e.line, e.field) == (str(p), line, field)
+    assert f"{p}:{line}" in str(e) and field in str(e)
+
+
+def test_azure_missing_column_and_empty(tmp_path: Path) -> None:
+    with pytest.raises(TraceError) as ei:
+        load_trace(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.0,3\n"))
+    assert (ei.value.line, ei.value.field) == (1, "GeneratedTokens")
+    with pytest.raises(TraceError, match="empty file"):
+        load_trace(write(tmp_path, "b.csv", ""))
+    with pytest.raises(TraceError, match="no data rows"):
+        load_trace(write(tmp_path, "c.csv", AZ_HEADER))
+
+
+def test_missing_file_is_trace_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="not found"):
+        load_trace(tmp_path / "nope.csv")
+
+
+# ---------------------------------------------------------------------------------------------- Mooncake
+def test_mooncake_small_and_aliases(tmp_path: Path) -> None:
+    p = write(
+        tmp_path, "t.jsonl",
+        '{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]}\n'
+        "\n"
+        '{"created_time": 12.5, "input_tokens": 600, "output_tokens": 3, "hash_ids": [0]}\n'
+        '{"timestamp": 20, "input_length": 7, "output_length": 1}\n',
+    )
+    reqs = load_mooncake_jsonl(p)
+    assert [(r.request_id, r.arrival_ms, r.input_length, r.output_length, r.hash_ids) for r in reqs] == [
+        (0, 0.0, 1000, 10, (0, 1)),
+        (1, 12.5, 512, 3, (0,)),  # clamped to len(hash_ids) * 512, as the reference mocker does
+        (2, 20.0, 7, 1, None),
+    ]
+
+
+def test_mooncake_bundled_trace() -> None:
+    reqs = load_trace(MOONCAKE)
+    assert len(reqs) == 12031
+    assert reqs[0].hash_ids == tuple(range(14)) and reqs[0].input_length == 6758 and reqs[0].output_length == 500
+    assert reqs[1].hash_ids is not None and reqs[1].hash_ids[0] == 0  # shared first block
+    assert all(a.arrival_ms <= b.arrival_ms for a, b in zip(reqs, reqs[1:]))
+
+
+@pytest.mark.parametrize(
+    "rows, line, field, msg",
+    [
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5\n', 2, None, "not valid JSON"),
+        ('{"timestamp": 0, "output_length": 1}\n', 1, "input_length", "missing field"),
+        ('{"timestamp": 0, "input_length": 5}\n', 1, "output_length", "missing field"),
+        ('{"input_length": 5, "output_length": 1}\n', 1, "timestamp", "missing field"),
+        ('{"timestamp": 0, "input_length": -5, "output_length": 1}\n', 1, "input_length", "positive integer"),
+        ('{"timestamp": 0, "input_length": 5.5, "output_length": 1}\n', 1, "input_length", "positive integer"),
+        ('{"timestamp": "soon", "input_length": 5, "output_length": 1}\n', 1, "timestamp", "milliseconds"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, -2]}\n', 1, "hash_ids", "non-negative"),
+        ('[1, 2, 3]\n', 1, None, "JSON object"),
+        ('{"timestamp": 9, "input_length": 5, "output_length": 1}\n\n{"timestamp": 3, "input_length": 5, "output_length": 1}\n', 3, "timestamp", "arrival order"),
+    ],
+)
+def test_mooncake_malformed_rows(tmp_path: Path, rows: str, line: int, field: str | None, msg: str) -> None:
+    p = write(tmp_path, "bad.jsonl", rows)
+    with pytest.raises(TraceError, match=msg) as ei:
+        load_trace(p)
+    assert (ei.value.path, ei.value.line, ei.value.field) == (str(p), line, field)
+
+
+def test_mooncake_empty(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="empty"):
+        load_trace(write(tmp_path, "e.jsonl", "\n\n"))
+
+
+def test_format_sniffing(tmp_path: Path) -> None:
+    j = write(tmp_path, "trace.txt", '{"timestamp": 0, "input_length": 5, "output_length": 2}\n')
+    c = write(tmp_path, "trace.dat", AZ_HEADER + "2023-11-16 18:15:46.0,5,2\n")
+    assert load_trace(j)[0].hash_ids is None
+    assert load_trace(c)[0].hash_ids == (0,)
+
+
+# ---------------------------------------------------------------------------------------------- speedup
+def test_scale_arrivals() -> None:
+    reqs = synthesize(parse_synthetic_spec("synthetic:constant?rate=2&num_requests=3"))
+    assert [r.arrival_ms for r in reqs] == [0.0, 500.0, 1000.0]
+    assert [r.arrival_ms for r in scale_arrivals(reqs, 4.0)] == [0.0, 125.0, 250.0]
+    assert [r.arrival_ms for r in reqs] == [0.0, 500.0, 1000.0]  # input untouched
+    with pytest.raises(ValueError, match="arrival_speedup"):
+        scale_arrivals(reqs, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+def test_synthetic_constant_hand_computed() -> None:
+    reqs = load_trace("synthetic:constant?rate=4&duration_s=1&isl=1030&osl=7")
+    assert [r.arrival_ms for r in reqs] == [0.0, 250.0, 500.0, 750.0]
+    assert all(r.input_length == 1030 and r.output_length == 7 for r in reqs)
+    assert [r.hash_ids for r in reqs] == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
+
+
+def test_synthetic_deterministic_and_seed_sensitive() -> None:
+    spec = "synthetic:poisson?rate=20&duration_s=30&isl=lognormal:800:0.6&osl=uniform:5:50"
+    a, b = load_trace(spec, seed=7), load_trace(spec, seed=7)
+    assert a == b
+    assert load_trace(spec, seed=8) != a
+    assert load_trace(spec + "&seed=7", seed=99) == a  # an explicit seed in the spec wins
+
+
+def test_synthetic_poisson_statistics() -> None:
+    reqs = load_trace("synthetic:poisson?rate=50&duration_s=400&seed=3")
+    gaps = np.diff([r.arrival_ms for r in reqs])
+    n = len(reqs)
+    assert abs(n - 20000) < 5 * math.sqrt(20000)  # Poisson count: mean 20000, sd ~141
+    assert abs(gaps.mean() - 20.0) < 0.5 and abs(gaps.std() / gaps.mean() - 1.0) < 0.05  # exponential: CV 1
+    assert reqs[-1].arrival_ms < 400_000
+
+
+def test_synthetic_gamma_burstiness() -> None:
+    reqs = load_trace("synthetic:gamma?rate=10&num_requests=20000&shape=0.25&seed=1")
+    gaps = np.diff([r.arrival_ms for r in reqs])
+    assert len(reqs) == 20000
+    assert abs(gaps.mean() - 100.0) < 5.0
+    assert abs(gaps.std() / gaps.mean() - 2.0) < 0.15  # CV = 1/sqrt(shape) = 2
+
+
+def test_synthetic_length_distributions() -> None:
+    reqs = load_trace("synthetic:constant?rate=100&num_requests=20000&isl=lognormal:1000:0.5&osl=uniform:10:20&seed=2")
+    isl = np.array([r.input_length for r in reqs])
+    osl = np.array([r.output_length for r in reqs])
+    assert abs(isl.mean() - 1000) < 15 and isl.min() >= 1
+    assert osl.min() == 10 and osl.max() == 20
+
+
+def test_synthetic_shared_prefix_groups() -> None:
+    reqs = load_trace("synthetic:constant?rate=10&num_requests=200&isl=2000&prefix_groups=3&prefix_len=1100&seed=4")
+    heads = {r.hash_ids[:2] for r in reqs if r.hash_ids}  # 1100 tokens -> 2 whole 512-token blocks shared
+    assert heads == {(0, 1), (2, 3), (4, 5)}
+    tails = [h for r in reqs for h in (r.hash_ids or ())[2:]]
+    assert len(tails) == len(set(tails)) and min(tails) >= 6  # everything else unique
+    assert all(len(r.hash_ids or ()) == 4 for r in reqs)
+
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ("synthetic:weibull?rate=1&num_requests=3", "arrival"),
+        ("synthetic:poisson?num_requests=3", "rate"),
+        ("synthetic:poisson?rate=-1&num_requests=3", "rate"),
+        ("synthetic:poisson?rate=1", "duration_s"),
+        ("synthetic:poisson?rate=1&num_requests=0", "num_requests"),
+        ("synthetic:poisson?rate=1&num_requests=3&isl=lognormal:10", "isl"),
+        ("synthetic:poisson?rate=1&num_requests=3&osl=0", "osl"),
+        ("synthetic:poisson?rate=1&num_requests=3&shape=2", "shape"),
+        ("synthetic:poisson?rate=1&num_requests=3&color=red", "color"),
+        ("synthetic:poisson?rate=1&num_requests=3&prefix_groups=2", "prefix_groups"),
+    ],
+)
+def test_synthetic_bad_specs(spec: str, field: str) -> None:
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec)
+    assert ei.value.field == field and field in str(ei.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(["constant", "poisson", "gamma"]),
+    rate=st.floats(0.1, 100),
+    n=st.integers(1, 300),
+    seed=st.integers(0, 2**32),
+    groups=st.integers(0, 4),
+)
+def test_synthetic_invariants(kind: str, rate: float, n: int, seed: int, groups: int) -> None:
+    spec = f"synthetic:{kind}?rate={rate}&num_requests={n}&isl=uniform:1:3000&osl=uniform:1:100&seed={seed}"
+    if groups:
+        spec += f"&prefix_groups={groups}&prefix_len=1024"
+    reqs = load_trace(spec)
+    assert len(reqs) == n and [r.request_id for r in reqs] == list(range(n))
+    assert reqs[0].arrival_ms == 0.0
+    assert all(a.arrival_ms <= b.arrival_ms for a, b in zip(reqs, reqs[1:]))
+    for r in reqs:
+        assert r.hash_ids is not None and len(r.hash_ids) == max(1, -(-r.input_length // 512))
+        assert r.input_length >= 1 and r.output_length >= 1
+    assert reqs == load_trace(spec)
