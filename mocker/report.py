@@ -1,0 +1,335 @@
+"""Reports out: the replay summary (reference key names), a readable table, per-request JSONL.
+
+Definitions follow the reference replay report (NVIDIA Dynamo Mocker, ``lib/mocker/src/replay/
+collector.rs``: ``TraceCollector::finish``), checked against a real reference report and its per-request
+file (``bench/`` compares them run by run):
+
+- *completed*: status ``finished`` with an admission and a finish time. Token totals and latencies are
+  over completed requests only; ``num_requests`` counts every request of the workload.
+- ``duration_ms``: the latest finish time of a completed request (the clock starts at 0 = the trace's
+  time origin). Throughputs divide by ``max(duration_ms / 1000, 1e-9)`` seconds.
+- TTFT = first token - arrival; E2E = last token - arrival; TTST = second token - first token
+  (requests with >= 2 tokens); TPOT = (last token - first token) / (tokens - 1), one value per request
+  (this is the per-request "mean ITL" of the reference's per-request file); ITL = every gap between
+  consecutive tokens of every completed request (one sample per gap); output token throughput per user
+  = 1000 / gap for every gap > 0 (tokens/s). Latencies are clamped at >= 0.
+- Statistics: mean, min, max, population std (divide by n), percentiles by rounded rank: the value at
+  sorted index ``round((n - 1) * p / 100)`` (round half away from zero; median = p50). Empty -> 0.0.
+- ``prefix_cache_reused_ratio``: cached prompt tokens / prompt tokens over completed requests. dynoplan's
+  RequestRecord keeps the cached tokens of the *first* admission, so this equals the reference's
+  ``first_admission_prefix_cache_reused_ratio`` (the two differ only for requests preempted and
+  re-admitted with a different hit).
+- Goodput (only when an SLA target is given): completed requests with TTFT <= ``sla_ttft_ms``, E2E <=
+  ``sla_e2e_ms`` and their own mean ITL ``(E2E - TTFT) / (tokens - 1)`` <= ``sla_itl_ms`` (the ITL check is
+  skipped for single-token requests, as in aiperf / the reference); ``sla_attainment`` = goodput /
+  ``num_requests``.
+- Worker-seconds: provisioned worker time from the fleet (``ReplayResult.worker_seconds``); GPU-hours =
+  worker-seconds x GPUs per worker / 3600, GPUs per worker = ``engine.dp_size`` (TP 1).
+
+The JSON holds no wall-clock value, so identical inputs give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import msgspec
+import numpy as np
+from rich.table import Table
+
+from mocker.records import RequestRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mocker.fleet import ReplayResult
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "build_report",
+    "distribution_stats",
+    "percentile_rounded_rank",
+    "render_table",
+    "report_to_json",
+    "write_per_request_jsonl",
+    "write_report_json",
+]
+
+STAT_NAMES = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
+DISTRIBUTIONS = ("ttft", "ttst", "tpot", "itl", "e2e_latency")
+"""Latency distributions in the report, each as ``{stat}_{name}_ms`` keys."""
+
+
+# ---------------------------------------------------------------------------------------------- stats
+def percentile_rounded_rank(sorted_values: np.ndarray, p: float) -> float:
+    """Value at index ``round((n - 1) * p / 100)`` of an ascending array (round half away from zero).
+
+    The reference report's percentile definition. Raises ValueError on an empty array.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("percentile of an empty sample")
+    x = (n - 1) * p / 100.0
+    r = math.floor(x)
+    if x - r >= 0.5:
+        r += 1
+    return float(sorted_values[min(r, n - 1)])
+
+
+def distribution_stats(values: Iterable[float] | np.ndarray) -> dict[str, float]:
+    """mean/min/max/median/p75/p90/p95/p99/std (population) of ``values``; all 0.0 when empty."""
+    a = np.sort(np.asarray(values, dtype=np.float64))
+    if a.size == 0:
+        return {k: 0.0 for k in STAT_NAMES}
+    return {
+        "mean": float(a.mean()),
+        "min": float(a[0]),
+        "max": float(a[-1]),
+        "median": percentile_rounded_rank(a, 50.0),
+        "p75": percentile_rounded_rank(a, 75.0),
+        "p90": percentile_rounded_rank(a, 90.0),
+        "p95": percentile_rounded_rank(a, 95.0),
+        "p99": percentile_rounded_rank(a, 99.0),
+        "std": float(a.std()),
+    }
+
+
+def _is_completed(r: RequestRecord) -> bool:
+    return r.status == "finished" and r.admit_ms is not None and r.finish_ms is not None
+
+
+# ---------------------------------------------------------------------------------------------- report
+def build_report(
+    result: "ReplayResult",
+    *,
+    sla_ttft_ms: float | None = None,
+    sla_itl_ms: float | None = None,
+    sla_e2e_ms: float | None = None,
+) -> dict[str, Any]:
+    """The replay summary as a flat dict with the reference report's key names, in a fixed order.
+
+    ``result``: a :class:`mocker.fleet.ReplayResult` (uses ``records``, ``worker_seconds``,
+    ``num_workers``, ``engine``). SLA targets in ms; a target of None is not checked, and the goodput
+    keys appear only when at least one target is given. Raises ValueError on a negative or non-finite
+    target. Definitions: see the module docstring.
+    """
+    for name, v in (("sla_ttft_ms", sla_ttft_ms), ("sla_itl_ms", sla_itl_ms), ("sla_e2e_ms", sla_e2e_ms)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name}={v!r}: expected a finite number of milliseconds >= 0")
+    records: Sequence[RequestRecord] = result.records
+    done = [r for r in records if _is_completed(r)]
+    with_tokens = [r for r in done if r.token_times_ms]
+
+    total_in = sum(r.input_length for r in done)
+    total_out = sum(len(r.token_times_ms) for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    duration_ms = max((r.finish_ms for r in done), default=0.0)  # type: ignore[type-var]
+    duration_s = max(duration_ms / 1000.0, 1e-9)
+
+    n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=len(with_tokens))
+    arrival = np.fromiter((r.arrival_ms for r in with_tokens), dtype=np.float64, count=len(with_tokens))
+    first = np.fromiter((r.token_times_ms[0] for r in with_tokens), dtype=np.float64, count=len(with_tokens))
+    last = np.fromiter((r.token_times_ms[-1] for r in with_tokens), dtype=np.float64, count=len(with_tokens))
+    ttft = np.maximum(first - arrival, 0.0)
+    e2e = np.maximum(last - arrival, 0.0)
+    multi = n_tok >= 2
+    second = np.fromiter(
+        (r.token_times_ms[1] for r in with_tokens if len(r.token_times_ms) >= 2), dtype=np.float64, count=int(multi.sum())
+    )
+    ttst = np.maximum(second - first[multi], 0.0)
+    tpot = np.maximum(last[multi] - first[multi], 0.0) / (n_tok[multi] - 1)
+
+    # Every gap between consecutive tokens of the same request: flatten, diff, drop request boundaries.
+    total_tok = int(n_tok.sum())
+    if total_tok:
+        flat = np.fromiter((t for r in with_tokens for t in r.token_times_ms), dtype=np.float64, count=total_tok)
+        gaps = np.diff(flat)
+        boundary = np.cumsum(n_tok)[:-1] - 1  # index of the gap that crosses into the next request
+        keep = np.ones(gaps.shape, dtype=bool)
+        keep[boundary] = False
+        itl = np.maximum(gaps[keep], 0.0)
+    else:
+        itl = np.empty(0)
+    per_user = 1000.0 / itl[itl > 0.0]
+
+    rep: dict[str, Any] = {
+        "num_requests": len(records),
+        "completed_requests": len(done),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "duration_ms": float(duration_ms),
+        "request_throughput_rps": len(done) / duration_s,
+        "input_throughput_tok_s": total_in / duration_s,
+        "output_throughput_tok_s": total_out / duration_s,
+        "total_throughput_tok_s": (total_in + total_out) / duration_s,
+    }
+    gpus = int(getattr(result.engine, "dp_size", 1))
+    worker_seconds = float(result.worker_seconds)
+    rep |= {
+        "num_workers": int(result.num_workers),
+        "worker_seconds": worker_seconds,
+        "prefill_worker_seconds": 0.0,
+        "decode_worker_seconds": worker_seconds,
+        "prefill_gpus_per_worker": 0,
+        "decode_gpus_per_worker": gpus,
+        "gpu_hours": worker_seconds * gpus / 3600.0,
+    }
+    if sla_ttft_ms is not None or sla_itl_ms is not None or sla_e2e_ms is not None:
+        good = np.ones(len(with_tokens), dtype=bool)
+        if sla_ttft_ms is not None:
+            good &= ttft <= sla_ttft_ms
+        if sla_e2e_ms is not None:
+            good &= e2e <= sla_e2e_ms
+        if sla_itl_ms is not None:
+            mean_itl = np.zeros(len(with_tokens))
+            mean_itl[multi] = (e2e[multi] - ttft[multi]) / (n_tok[multi] - 1)
+            good &= ~multi | (mean_itl <= sla_itl_ms)
+        good_n = int(good.sum())
+        good_tokens = int(n_tok[good].sum())
+        if sla_ttft_ms is None and sla_itl_ms is None:  # e2e-only SLA: token-less completions count too
+            good_n += sum(1 for r in done if not r.token_times_ms and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms)  # type: ignore[operator]
+        rep |= {
+            "sla_ttft_ms": sla_ttft_ms,
+            "sla_itl_ms": sla_itl_ms,
+            "sla_e2e_ms": sla_e2e_ms,
+            "goodput_completed_requests": good_n,
+            "goodput_request_throughput_rps": good_n / duration_s,
+            "goodput_output_throughput_tok_s": good_tokens / duration_s,
+            "sla_attainment": good_n / len(records) if records else 0.0,
+        }
+    ratio = cached / total_in if total_in else 0.0
+    rep |= {
+        "processed_tokens": total_in + total_out,
+        "prefix_cache_reused_ratio": ratio,
+        "first_admission_prefix_cache_reused_ratio": ratio,
+        "num_preemptions": sum(r.num_preemptions for r in records),
+        "num_ttft_samples": int(ttft.size),
+        "num_tpot_samples": int(tpot.size),
+        "num_e2e_latency_samples": int(e2e.size),
+        "num_itl_samples": int(itl.size),
+    }
+    for name, values in (("ttft", ttft), ("ttst", ttst), ("tpot", tpot), ("itl", itl), ("e2e_latency", e2e)):
+        for stat, v in distribution_stats(values).items():
+            rep[f"{stat}_{name}_ms"] = v
+    for stat, v in distribution_stats(per_user).items():
+        rep[f"{stat}_output_token_throughput_per_user"] = v
+    eng = result.engine
+    rep |= {
+        "engine": getattr(eng, "engine", None),
+        "block_size": getattr(eng, "effective_block_size", None),
+        "num_gpu_blocks": getattr(eng, "num_gpu_blocks", None),
+    }
+    return rep
+
+
+def report_to_json(report: dict[str, Any]) -> str:
+    """The report as JSON text (key order kept, one key per line, trailing newline). Deterministic."""
+    return json.dumps(report, indent=1, allow_nan=False) + "\n"
+
+
+def write_report_json(report: dict[str, Any], path: str | Path) -> None:
+    """Write :func:`report_to_json` to ``path`` (parent directories are created). Raises OSError."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(report_to_json(report), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- per request
+def _per_request_row(r: RequestRecord) -> dict[str, Any]:
+    t = r.token_times_ms
+    n = len(t)
+    first = t[0] if n else r.first_token_ms
+    last = t[-1] if n else None
+    end = last if last is not None else r.finish_ms
+    return {
+        "request_id": r.request_id,
+        "status": r.status,
+        "worker_id": r.worker_id,
+        "dp_rank": r.dp_rank,
+        "prefill_worker_id": r.prefill_worker_id,
+        "input_length": r.input_length,
+        "output_length": r.output_length,
+        "num_output_tokens": n,
+        "cached_tokens": r.cached_tokens,
+        "num_preemptions": r.num_preemptions,
+        "arrival_ms": r.arrival_ms,
+        "admit_ms": r.admit_ms,
+        "first_token_ms": first,
+        "finish_ms": r.finish_ms,
+        "ttft_ms": None if first is None else max(first - r.arrival_ms, 0.0),
+        "ttst_ms": max(t[1] - t[0], 0.0) if n >= 2 else None,
+        "itl_ms": max(t[-1] - t[0], 0.0) / (n - 1) if n >= 2 else None,
+        "e2e_ms": None if end is None else max(end - r.arrival_ms, 0.0),
+        "token_times_ms": t,
+    }
+
+
+def write_per_request_jsonl(records: Iterable[RequestRecord], path: str | Path) -> None:
+    """One JSON object per request, ordered by ``request_id``, fixed key order.
+
+    Keys: request_id, status, worker_id, dp_rank, prefill_worker_id, input_length, output_length
+    (requested), num_output_tokens (emitted), cached_tokens (first admission), num_preemptions,
+    arrival_ms, admit_ms, first_token_ms, finish_ms, ttft_ms, ttst_ms, itl_ms (this request's mean gap,
+    = the reference per-request ``itl_ms``), e2e_ms (last token - arrival), token_times_ms (every token).
+    Times in ms; ``null`` where a request never reached that point. Raises OSError if unwritable.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    enc = msgspec.json.Encoder()
+    buf = bytearray()
+    for r in sorted(records, key=lambda r: r.request_id):
+        enc.encode_into(_per_request_row(r), buf, len(buf))
+        buf += b"\n"
+    p.write_bytes(bytes(buf))
+
+
+# ---------------------------------------------------------------------------------------------- table
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def render_table(report: dict[str, Any]) -> Table:
+    """A readable rich table of the report: a summary block and a latency grid (ms)."""
+    summary = Table(title="dynoplan replay", show_header=False, box=None, pad_edge=False)
+    summary.add_column("metric", style="bold")
+    summary.add_column("value", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("engine / workers", f"{report.get('engine')} x {report.get('num_workers')}"),
+        ("requests (completed / total)", f"{report['completed_requests']:,} / {report['num_requests']:,}"),
+        ("simulated duration (s)", _fmt(report["duration_ms"] / 1000.0)),
+        ("request throughput (req/s)", _fmt(report["request_throughput_rps"], 3)),
+        ("input / output tokens", f"{report['total_input_tokens']:,} / {report['total_output_tokens']:,}"),
+        ("output throughput (tok/s)", _fmt(report["output_throughput_tok_s"], 1)),
+        ("total throughput (tok/s)", _fmt(report["total_throughput_tok_s"], 1)),
+        ("prefix cache reuse", f"{report['prefix_cache_reused_ratio']:.2%}"),
+        ("preemptions", _fmt(report.get("num_preemptions"))),
+        ("worker-seconds / GPU-hours", f"{report['worker_seconds']:,.1f} / {report['gpu_hours']:.3f}"),
+    ]
+    if "goodput_completed_requests" in report:
+        targets = ", ".join(
+            f"{k[4:-3].upper()} <= {report[k]:g} ms" for k in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms") if report.get(k) is not None
+        )
+        rows.append((f"goodput ({targets})", f"{report['goodput_completed_requests']:,} req"))
+        rows.append(("SLA attainment", f"{report['sla_attainment']:.2%}"))
+    for k, v in rows:
+        summary.add_row(k, v)
+
+    lat = Table(title="latency (ms)", header_style="bold")
+    lat.add_column("metric")
+    stats = ("mean", "median", "p90", "p95", "p99", "max", "std")
+    for s in stats:
+        lat.add_column("p50" if s == "median" else s, justify="right")
+    labels = {"ttft": "TTFT", "ttst": "TTST", "tpot": "TPOT", "itl": "ITL", "e2e_latency": "E2E"}
+    for name in DISTRIBUTIONS:
+        lat.add_row(labels[name], *(_fmt(report[f"{s}_{name}_ms"]) for s in stats))
+
+    outer = Table.grid(padding=(1, 0))
+    outer.add_column()
+    outer.add_row(summary)
+    outer.add_row(lat)
+    return outer
