@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean infra-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,13 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/dynoplan replay --trace examples/traces/azure_llm_conv_2023.csv --workers 4 --report-json out/replay_report.json --per-request out/replay_requests.jsonl
 
-test: $(STAMP)
+# Real components for the integration tests: Debian packages (prometheus, chromium) and
+# kube-apiserver/etcd/helm built from Go modules into ~/.cache/dynoplan (see tools/README.md).
+infra-deps:
+	tools/install-system-deps.sh
+	tools/build-k8s-bins.sh
+
+test: $(STAMP) infra-deps
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
