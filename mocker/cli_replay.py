@@ -1,0 +1,203 @@
+"""``dynoplan replay``: replay a request trace through a simulated fleet in virtual time.
+
+Reads a trace (Azure CSV, Mooncake JSONL or a ``synthetic:`` spec, see :mod:`mocker.traces`), builds the
+engine configuration (defaults < ``--engine-config`` YAML < command-line flags), runs
+:func:`mocker.fleet.run_replay`, prints a table and writes ``--report-json`` / ``--per-request``.
+
+Errors: every user mistake (bad flag value, missing or malformed trace, bad YAML, invalid engine setting)
+is one line on stderr and exit code 2 — argparse errors through :func:`_one_line_error`, the rest as
+:class:`mocker.errors.MockerError` caught by the ``dynoplan`` dispatcher. If an output file cannot be
+written after the replay, the report JSON is printed to stdout first so the computed result is not lost,
+then the error line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, Callable, NoReturn
+
+from mocker.config import ENGINES, EngineConfig
+from mocker.errors import ConfigError
+
+ROUTERS = ("round_robin", "least_loaded", "kv")
+
+
+# ---------------------------------------------------------------------------------------------- arg types
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number >= 0") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
+    return v
+
+
+def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
+    def error(message: str) -> NoReturn:
+        print(f"{prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+    return error
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``replay`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
+    parser.error = _one_line_error("dynoplan replay")  # type: ignore[method-assign]
+    parser.epilog = (
+        "TRACE is an Azure LLM inference CSV, a Mooncake JSONL file, or a synthetic workload such as "
+        "'synthetic:poisson?rate=5&duration_s=600&isl=1000&osl=200&seed=1' (see README). "
+        "Engine settings: defaults < --engine-config YAML < flags."
+    )
+    w = parser.add_argument_group("workload")
+    w.add_argument("--trace", required=True, metavar="TRACE", help="trace file or synthetic:KIND?key=value&... spec")
+    w.add_argument("--trace-block-size", type=_positive_int, metavar="N", help="tokens per trace hash id (default 512)")
+    w.add_argument("--arrival-speedup", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1.0)")
+    w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed for synthetic workloads and routers (default 0)")
+
+    f = parser.add_argument_group("fleet")
+    f.add_argument("--workers", type=_positive_int, default=1, metavar="N", help="aggregated workers (default 1)")
+    f.add_argument("--router", choices=ROUTERS, default="round_robin", help="request router (default round_robin)")
+    f.add_argument("--max-time-s", type=_positive_float, metavar="S", help="stop the simulation at S simulated seconds")
+    f.add_argument("--single-step", action="store_true", help="advance one engine pass at a time (reference mode, slower)")
+
+    e = parser.add_argument_group("engine (override --engine-config)")
+    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
+    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
+    e.add_argument("--block-size", type=_positive_int, metavar="N", help="tokens per KV block (default: vllm 64, trtllm 32, sglang 1)")
+    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
+    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
+    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
+    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
+    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
+
+    o = parser.add_argument_group("output")
+    o.add_argument("--report-json", metavar="FILE", help="write the summary report (reference key names)")
+    o.add_argument("--per-request", metavar="FILE", help="write one JSON line per request")
+    o.add_argument("--sla-ttft-ms", type=_nonneg_float, metavar="MS", help="goodput target: TTFT <= MS")
+    o.add_argument("--sla-itl-ms", type=_nonneg_float, metavar="MS", help="goodput target: the request's mean ITL <= MS")
+    o.add_argument("--sla-e2e-ms", type=_nonneg_float, metavar="MS", help="goodput target: E2E latency <= MS")
+    o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Defaults < ``--engine-config`` YAML < flags. Raises ConfigError naming the field or file."""
+    if args.engine_config:
+        try:
+            base = EngineConfig.from_yaml(args.engine_config)
+        except OSError as e:  # a directory, no permission, ...
+            raise ConfigError(f"cannot read engine config: {e.strerror or e}", source=args.engine_config) from None
+        except ConfigError as e:  # YAML parser messages span several lines: keep the CLI error on one
+            raise ConfigError([" ".join(p.split()) for p in e.problems], source=e.source) from None
+    else:
+        base = EngineConfig()
+    overrides: dict[str, Any] = {
+        "engine": args.engine,
+        "block_size": args.block_size,
+        "num_gpu_blocks": args.num_gpu_blocks,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "speedup_ratio": args.speedup_ratio,
+        "preemption_mode": args.preemption_mode,
+        "timing": args.timing,
+        "trace_block_size": args.trace_block_size,
+        "enable_prefix_caching": False if args.no_prefix_caching else None,
+        "enable_chunked_prefill": False if args.no_chunked_prefill else None,
+    }
+    return base.replace(**overrides)
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> int:
+    """Run the replay. Returns the exit code (0 ok, 2 output not written); raises MockerError on bad input."""
+    from rich.console import Console
+
+    from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
+    from mocker.traces import load_trace
+
+    engine = engine_config_from_args(args)
+    requests = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
+
+    from mocker.fleet import FleetConfig, run_replay  # after input validation: user errors surface first
+    fleet = FleetConfig(
+        num_workers=args.workers,
+        router=args.router,
+        arrival_speedup=args.arrival_speedup,
+        max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,
+        single_step=args.single_step,
+        seed=args.seed,
+    )
+    err = Console(stderr=True)
+    show_progress = not args.quiet and err.is_terminal
+    if show_progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"), TimeElapsedColumn(),
+            console=err, transient=True,
+        ) as bar:
+            task = bar.add_task("replay", total=len(requests))
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = run_replay(requests, engine, fleet, progress=progress)
+    else:
+        result = run_replay(requests, engine, fleet)
+
+    report = build_report(result, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms, sla_e2e_ms=args.sla_e2e_ms)
+    if not args.quiet:
+        Console().print(render_table(report))
+
+    failures: list[str] = []
+    if args.report_json:
+        try:
+            write_report_json(report, args.report_json)
+        except OSError as e:
+            sys.stdout.write(report_to_json(report))
+            sys.stdout.flush()
+            failures.append(f"cannot write --report-json {args.report_json}: {e.strerror or e} (report printed to stdout)")
+    if args.per_request:
+        try:
+            write_per_request_jsonl(result.records, args.per_request)
+        except OSError as e:
+            failures.append(f"cannot write --per-request {args.per_request}: {e.strerror or e}")
+    for msg in failures:
+        print(f"dynoplan replay: error: {msg}", file=sys.stderr)
+    return 2 if failures else 0

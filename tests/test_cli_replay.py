@@ -1,0 +1,183 @@
+"""`dynoplan replay` run as a user runs it: error paths (one stderr line, exit 2) and end-to-end outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from planner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = "synthetic:poisson?rate=40&num_requests=150&isl=uniform:50:3000&osl=uniform:1:60&prefix_groups=3&prefix_len=1024"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = main(["replay", *argv])
+    except SystemExit as e:  # argparse errors exit through parser.error
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("dynoplan replay: error: ")
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def csv_trace(tmp_path: Path, rows: str) -> Path:
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------- user mistakes
+def test_missing_trace_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = cli(capsys, "--trace", str(tmp_path / "nope.csv"))
+    assert_one_line_error(rc, err, "nope.csv", "not found")
+
+
+def test_missing_trace_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = cli(capsys)
+    assert_one_line_error(rc, err, "--trace")
+
+
+def test_malformed_csv_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = csv_trace(tmp_path, "2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,-5,44\n")
+    rc, _, err = cli(capsys, "--trace", str(p))
+    assert_one_line_error(rc, err, f"{p}:3", "ContextTokens", "-5")
+
+
+def test_malformed_jsonl_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n{"timestamp": 1, "output_length": 2}\n')
+    rc, _, err = cli(capsys, "--trace", str(p))
+    assert_one_line_error(rc, err, f"{p}:2", "input_length", "missing")
+
+
+def test_bad_synthetic_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = cli(capsys, "--trace", "synthetic:poisson?rate=0&num_requests=5")
+    assert_one_line_error(rc, err, "rate")
+
+
+@pytest.mark.parametrize(
+    "yaml_text, needles",
+    [
+        ("engine: [unclosed\n", ("not valid YAML",)),
+        ("num_gpu_blocks: -4\n", ("num_gpu_blocks=-4", "positive integer")),
+        ("engine: {backend: tpu}\n", ("engine='tpu'", "unknown engine")),
+        ("colour: blue\n", ("colour", "unknown setting")),
+        ("- 1\n- 2\n", ("mapping",)),
+    ],
+)
+def test_bad_engine_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, needles: tuple[str, ...]) -> None:
+    y = tmp_path / "engine.yaml"
+    y.write_text(yaml_text)
+    rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(y))
+    assert_one_line_error(rc, err, "engine.yaml", *needles)
+
+
+def test_engine_config_missing_or_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(tmp_path / "none.yaml"))
+    assert_one_line_error(rc, err, "none.yaml", "not found")
+    rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(tmp_path))
+    assert_one_line_error(rc, err, str(tmp_path), "cannot read engine config")
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--router", "random"], ("--router", "invalid choice", "'random'")),
+        (["--engine", "tpu"], ("--engine", "invalid choice", "'tpu'")),
+        (["--workers", "0"], ("--workers", "positive integer")),
+        (["--workers", "-3"], ("--workers", "positive integer")),
+        (["--workers", "two"], ("--workers", "'two'")),
+        (["--block-size", "0"], ("--block-size",)),
+        (["--arrival-speedup", "0"], ("--arrival-speedup", "> 0")),
+        (["--arrival-speedup", "nan"], ("--arrival-speedup",)),
+        (["--sla-ttft-ms", "-1"], ("--sla-ttft-ms", ">= 0")),
+        (["--preemption-mode", "random"], ("--preemption-mode",)),
+        (["--max-num-batched-tokens", "16"], ("max_num_batched_tokens=16", "block_size=64")),
+        (["--timing", "missing.npz"], ("timing='missing.npz'", "not found")),
+        (["--timing", "cubic"], ("timing='cubic'",)),
+    ],
+)
+def test_bad_flags(capsys: pytest.CaptureFixture[str], argv: list[str], needles: tuple[str, ...]) -> None:
+    rc, _, err = cli(capsys, "--trace", SMALL, *argv)
+    assert_one_line_error(rc, err, *needles)
+
+
+def test_real_process_error_has_no_traceback(tmp_path: Path) -> None:
+    p = csv_trace(tmp_path, "2023-11-16 18:15:46.0,374,44\nnot-a-time,374,44\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "replay", "--trace", str(p), "--workers", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert f"{p}:3" in proc.stderr and "TIMESTAMP" in proc.stderr
+
+
+def test_flags_override_yaml(tmp_path: Path) -> None:
+    from mocker.cli_replay import engine_config_from_args
+    from planner.cli import build_parser
+
+    y = tmp_path / "e.yaml"
+    y.write_text("engine:\n  backend: vllm\n  num_gpu_blocks: 100\n  block_size: 16\n  max_num_seqs: 8\n")
+    args = build_parser().parse_args(
+        ["replay", "--trace", "x", "--engine-config", str(y), "--max-num-seqs", "4", "--no-prefix-caching", "--trace-block-size", "64"]
+    )
+    cfg = engine_config_from_args(args)
+    assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_num_seqs) == (100, 16, 4)
+    assert cfg.enable_prefix_caching is False and cfg.enable_chunked_prefill is True
+    assert cfg.trace_block_size == 64
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def run_ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    rc, out, err = cli(capsys, *argv)
+    assert rc == 0, err
+    return out
+
+
+def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mocker.fleet")  # TEMPORARY until the fleet lands
+    outs = []
+    for k in range(2):
+        rj, pr = tmp_path / f"r{k}.json", tmp_path / f"p{k}.jsonl"
+        out = run_ok(capsys, "--trace", SMALL, "--workers", "3", "--router", "kv", "--seed", "5",
+                     "--sla-ttft-ms", "500", "--sla-itl-ms", "50", "--report-json", str(rj), "--per-request", str(pr))
+        outs.append((rj.read_bytes(), pr.read_bytes()))
+        assert "TTFT" in out and "requests (completed / total)" in out
+    assert outs[0] == outs[1]  # byte-identical report JSON and per-request JSONL
+    rep = json.loads(outs[0][0])
+    assert rep["num_requests"] == 150 and rep["completed_requests"] == 150
+    assert rep["num_workers"] == 3 and 0 <= rep["goodput_completed_requests"] <= 150
+    rows = [msgspec.json.decode(x) for x in outs[0][1].splitlines()]
+    assert [r["request_id"] for r in rows] == list(range(150))
+    assert {r["worker_id"] for r in rows} <= {0, 1, 2}
+    assert sum(r["num_output_tokens"] for r in rows) == rep["total_output_tokens"]
+    assert all(r["status"] == "finished" and r["ttft_ms"] > 0 for r in rows)
+
+
+def test_unwritable_report_is_printed_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mocker.fleet")  # TEMPORARY until the fleet lands
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker / "report.json"),
+                       "--per-request", str(tmp_path / "ok.jsonl"))
+    assert rc == 2
+    assert_one_line_error(rc, err, "--report-json", "report printed to stdout")
+    rep = json.loads(out)  # --quiet: stdout is exactly the report JSON
+    assert rep["num_requests"] == 150
+    assert (tmp_path / "ok.jsonl").read_bytes().count(b"\n") == 150
