@@ -116,7 +116,7 @@ class _KvMirror:
 def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> EngineCore:
     from mocker.engine import make_engine  # lazy: the engine core (developer A's package)
 
-    return make_engine(cfg, worker_id=worker_id, dp_rank=dp_rank)  # type: ignore[no-any-return]
+    return make_engine(cfg, worker_id=worker_id, dp_rank=dp_rank, collect_fpm=True)  # type: ignore[no-any-return]
 
 
 class Worker:

@@ -1,0 +1,190 @@
+"""Command line of the live mocker: ``dynoplan mocker serve``, ``dynoplan frontend``, ``dynoplan loadgen``.
+
+The ``dynoplan`` dispatcher (``planner/cli.py``) maps one module per subcommand, each with
+``add_arguments(parser)`` / ``run(args)``; this module serves ``mocker`` (with the nested ``serve``),
+and the thin modules :mod:`mocker.live.cli_frontend` / :mod:`mocker.live.cli_loadgen` re-export the
+frontend and loadgen pairs below. Heavy imports (aiohttp, zmq) happen in ``run`` only.
+
+Every user mistake is one line on stderr and exit code 2 (argparse errors, ConfigError, TraceError).
+Servers print ``listening on http://HOST:PORT`` on stdout once bound (so scripts can wait for it and
+learn a port chosen with ``--port 0``), and stop cleanly on SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+from mocker.cli_replay import (_nonneg_float, _nonneg_int, _one_line_error, _positive_float, _positive_int,
+                               engine_config_from_args)
+from mocker.config import ENGINES
+from mocker.errors import ConfigError
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    e = parser.add_argument_group("engine (as in replay; override --engine-config)")
+    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
+    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
+    e.add_argument("--block-size", type=_positive_int, metavar="N", help="tokens per KV block (default: vllm 64, trtllm 32, sglang 1)")
+    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
+    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
+    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
+    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
+    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
+    e.add_argument("--trace-block-size", type=_positive_int, metavar="N",
+                   help="tokens per prompt block id (hash_ids) in requests and KV events (default 512)")
+    e.add_argument("--worker-type", choices=("aggregated", "prefill", "decode"), help="role in a disaggregated pool (default aggregated)")
+    e.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks, each its own scheduler and KV cache (default 1)")
+
+
+# ---------------------------------------------------------------------------------------------- mocker serve
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``dynoplan mocker serve ...`` (nested subcommand)."""
+    parser.error = _one_line_error("dynoplan mocker")  # type: ignore[method-assign]
+    sub = parser.add_subparsers(dest="mocker_command", metavar="{serve}")
+    sub.required = True
+    p = sub.add_parser("serve", help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
+                       description="Run one live mocker worker on the wall clock (see mocker.live.worker).")
+    p.error = _one_line_error("dynoplan mocker serve")  # type: ignore[method-assign]
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=_nonneg_int, default=8000, help="HTTP port, 0 = any free port (default 8000)")
+    p.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
+    p.add_argument("--worker-id", type=_nonneg_int, default=0, help="worker id in FPM and KV events (default 0)")
+    p.add_argument("--max-model-len", type=_positive_int, help="max prompt+output tokens (default: one rank's KV capacity)")
+    p.add_argument("--fpm-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for ForwardPassMetrics ('off' to disable)")
+    p.add_argument("--kv-events-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for KV events ('off' to disable)")
+    p.add_argument("--heartbeat-s", type=_positive_float, default=1.0, help="idle FPM heartbeat period (default 1 s)")
+    p.add_argument("--kv-bytes-per-token", type=_nonneg_int, default=0, help="decode role: KV bytes per prompt token (0 = no transfer delay)")
+    p.add_argument("--kv-transfer-bandwidth-gbps", type=_nonneg_float, default=0.0, help="decode role: KV transfer GB/s (0 = no delay)")
+    _add_engine_flags(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mocker.live.worker import WorkerSettings, serve
+
+    cfg = engine_config_from_args(args).replace(worker_type=args.worker_type, dp_size=args.dp_size)
+    s = WorkerSettings(engine=cfg, host=args.host, port=args.port, model_name=args.model_name, worker_id=args.worker_id,
+                       max_model_len=args.max_model_len,
+                       fpm_endpoint=None if args.fpm_endpoint == "off" else args.fpm_endpoint,
+                       kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
+                       heartbeat_s=args.heartbeat_s, kv_bytes_per_token=args.kv_bytes_per_token,
+                       kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps)
+    p = s.problems()
+    if p:
+        raise ConfigError(p)
+    if cfg.engine not in ("vllm", "trtllm"):
+        from mocker.engine import make_engine  # fail now, with the engine's own message, not at start-up
+        make_engine(cfg)
+    return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
+
+
+def _serve_forever(make: Callable[[Callable[[int], None]], Any], host: str) -> int:
+    def bound(port: int) -> None:
+        print(f"listening on http://{host}:{port}", flush=True)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(make(bound))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    try:
+        asyncio.run(main())
+    except OSError as e:  # e.g. port in use
+        raise ConfigError(f"cannot listen on {host}: {e.strerror or e}") from None
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- frontend
+def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.error = _one_line_error("dynoplan frontend")  # type: ignore[method-assign]
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=_nonneg_int, default=8080, help="HTTP port, 0 = any free port (default 8080)")
+    parser.add_argument("--workers", default="", metavar="URL[,URL...]", help="static worker base URLs")
+    parser.add_argument("--workers-file", metavar="FILE", help="file of worker URLs (one per line), re-read when it changes")
+    parser.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing policy (default round_robin)")
+    parser.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
+    parser.add_argument("--poll-s", type=_positive_float, default=0.5, help="discovery poll period (default 0.5 s)")
+
+
+def run_frontend(args: argparse.Namespace) -> int:
+    from mocker.live.frontend import FrontendSettings, serve
+
+    s = FrontendSettings(host=args.host, port=args.port, workers=tuple(u for u in args.workers.split(",") if u),
+                         workers_file=args.workers_file, router=args.router, model_name=args.model_name, poll_s=args.poll_s)
+    p = s.problems()
+    if p:
+        raise ConfigError(p)
+    return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
+
+
+# ---------------------------------------------------------------------------------------------- loadgen
+def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.error = _one_line_error("dynoplan loadgen")  # type: ignore[method-assign]
+    parser.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--trace", required=True, metavar="TRACE", help="trace file (Azure CSV, Mooncake JSONL) or synthetic:KIND?... spec")
+    parser.add_argument("--trace-block-size", type=_positive_int, default=512, help="tokens per trace hash id (default 512)")
+    parser.add_argument("--seed", type=_nonneg_int, default=0, help="seed of synthetic workloads (default 0)")
+    parser.add_argument("--time-compression", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    parser.add_argument("--max-requests", type=_positive_int, metavar="N", help="send only the first N requests")
+    parser.add_argument("--max-concurrency", type=_nonneg_int, default=0, help="max requests in flight, 0 = unbounded (default)")
+    parser.add_argument("--model", default="mocker", help="model name to request (default mocker)")
+    parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions", help="API to call (default completions)")
+    parser.add_argument("--prompt-mode", choices=("length", "text"), default="length",
+                        help="length: send input_length/hash_ids extension fields (dynoplan servers); text: a generated prompt")
+    parser.add_argument("--scale-ms", type=_positive_float, default=1.0, metavar="K",
+                        help="multiply reported times by K (e.g. the server's speedup ratio, to read simulated ms)")
+    parser.add_argument("--request-timeout-s", type=_positive_float, default=600.0, help="per-request timeout (default 600 s)")
+    parser.add_argument("--report-json", metavar="FILE", help="write the client-side report (offline report key names)")
+    parser.add_argument("--per-request", metavar="FILE", help="write one JSON line per request (client-side times, ms)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+
+
+def run_loadgen(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mocker.live.loadgen import LoadgenSettings, client_report, run_load, scaled
+    from mocker.report import render_table, report_to_json, write_per_request_jsonl
+    from mocker.traces import load_trace
+
+    s = LoadgenSettings(url=args.url, model=args.model, endpoint=args.endpoint, time_compression=args.time_compression,
+                        max_concurrency=args.max_concurrency, prompt_mode=args.prompt_mode, request_timeout_s=args.request_timeout_s)
+    p = s.problems()
+    if p:
+        raise ConfigError(p)
+    reqs = load_trace(args.trace, trace_block_size=args.trace_block_size, seed=args.seed)
+    if args.max_requests:
+        reqs = reqs[: args.max_requests]
+    console = Console(stderr=True)
+    if args.quiet:
+        result = asyncio.run(run_load(s, reqs))
+    else:
+        with Progress(TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as prog:
+            task = prog.add_task("requests", total=len(reqs))
+            result = asyncio.run(run_load(s, reqs, progress=lambda done, total: prog.update(task, completed=done)))
+    if args.scale_ms != 1.0:
+        result = scaled(result, args.scale_ms)
+    rep = client_report(result)
+    if not args.quiet:
+        Console().print(render_table(rep))
+        if rep["failed_requests"]:
+            console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]")
+    if args.report_json:
+        Path(args.report_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report_json).write_text(report_to_json(rep))
+    if args.per_request:
+        write_per_request_jsonl(result.records, args.per_request)
+    return 0 if rep["failed_requests"] == 0 else 1

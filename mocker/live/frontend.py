@@ -1,0 +1,496 @@
+"""The live frontend: an OpenAI-compatible entry point that discovers workers, routes, and measures.
+
+Discovery
+---------
+Workers are base URLs (``http://127.0.0.1:8001``). Sources: a static list (``--workers``) and/or a file
+(``--workers-file``, one URL per line, ``#`` comments) re-read whenever its modification time changes.
+A new URL is probed on ``GET /info`` until it answers (readiness is checked, never a fixed sleep); its
+role (aggregated / prefill / decode) and KV-event endpoint come from there. A URL that disappears from
+the sources stops receiving new requests; requests already streaming from it finish normally. A worker
+that fails is retried elsewhere: before the first token the request is re-sent whole; after ``n`` tokens
+the remaining ``max_tokens - n`` are requested from another worker with the prompt extended by the ``n``
+tokens already produced (``input_length`` extension), so the client's stream loses no token.
+
+Routing (``--router``)
+----------------------
+- ``round_robin``: next worker in URL order.
+- ``least_loaded``: fewest in-flight requests, then fewest in-flight prompt+output tokens, then URL.
+- ``kv``: cost = (prompt blocks not cached on the worker) + (in-flight tokens / tokens per block), lowest
+  wins; the cached blocks are the worker's KV events (ZMQ SUB, :mod:`mocker.live.publish`), matched as
+  the longest leading run of the request's ``hash_ids`` — Dynamo's KV router cost with overlap weight 1.
+
+Disaggregated pools
+-------------------
+When prefill and decode workers are present, a request is sent first to a prefill worker with
+``max_tokens: 1`` (prompt + first token; that token is streamed to the client at once), then to a decode
+worker with ``prefill_done: true`` and ``max_tokens - 1``; the decode worker applies the KV transfer
+delay. (The coordinated bootstrap handoff of Dynamo is not implemented; this is the direct path.)
+
+Metrics: :class:`mocker.live.metrics.FrontendMetrics` on ``GET /metrics``. TTFT is measured from the
+arrival of the client's request to the first token the frontend receives; ITL between consecutive tokens
+it receives; request duration to the last token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+import zmq
+import zmq.asyncio
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from mocker.live.metrics import FrontendMetrics
+from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
+                                  response_id, usage, usage_chunk)
+from mocker.live.publish import KV_TOPIC, decode_kv_event
+
+ROUTERS = ("round_robin", "least_loaded", "kv")
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: tuple[str, ...] = ()
+    """Static worker base URLs."""
+    workers_file: str | None = None
+    """A file of worker URLs, re-read when it changes."""
+    router: str = "round_robin"
+    model_name: str = "mocker"
+    poll_s: float = 0.5
+    """How often the workers file is checked and unready workers are probed (s)."""
+    max_retries: int = 3
+    """Re-routes per request after worker failures."""
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.router not in ROUTERS:
+            p.append(f"router={self.router!r}: expected one of {', '.join(ROUTERS)}")
+        if not self.workers and not self.workers_file:
+            p.append("workers: give --workers URL[,URL...] and/or --workers-file FILE")
+        for u in self.workers:
+            if not u.startswith(("http://", "https://")):
+                p.append(f"workers: {u!r} is not an http(s) URL")
+        if self.poll_s <= 0:
+            p.append(f"poll_s={self.poll_s}: expected > 0")
+        return p
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    url: str
+    role: str = "unknown"
+    worker_id: int = -1
+    trace_block_size: int = 512
+    max_model_len: int = 1 << 30
+    ready: bool = False
+    listed: bool = True
+    inflight: int = 0
+    inflight_tokens: int = 0
+    cached: set[int] = field(default_factory=set)
+    kv_endpoint: str | None = None
+    sub_task: asyncio.Task[None] | None = None
+    last_event_id: int = 0
+
+
+class WorkerFailed(Exception):
+    pass
+
+
+class Frontend:
+    def __init__(self, settings: FrontendSettings) -> None:
+        self.s = settings
+        self.metrics = FrontendMetrics()
+        self.handles: dict[str, WorkerHandle] = {}
+        self._rr = 0
+        self._rid = 0
+        self._file_mtime: float | None = None
+        self._urls: set[str] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._zctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.router.add_post("/v1/completions", self._completions)
+        self.app.router.add_post("/v1/chat/completions", self._chat)
+        self.app.router.add_get("/v1/models", self._models)
+        self.app.router.add_get("/health", self._health)
+        self.app.router.add_get("/ready", self._ready)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/workers", self._workers)
+        self.app.on_startup.append(self._startup)
+        self.app.on_cleanup.append(self._cleanup)
+
+    # ------------------------------------------------------------------ discovery
+    async def _startup(self, app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        self._zctx = zmq.asyncio.Context()
+        self._sync_sources()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._discovery_loop()))
+
+    async def _cleanup(self, app: web.Application) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for h in self.handles.values():
+            if h.sub_task:
+                h.sub_task.cancel()
+        if self._session:
+            await self._session.close()
+        if self._zctx:
+            self._zctx.destroy(0)
+
+    def _read_sources(self) -> list[str]:
+        urls = list(self.s.workers)
+        if self.s.workers_file:
+            try:
+                text = Path(self.s.workers_file).read_text()
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
+                text = ""
+            for line in text.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    urls.append(line.rstrip("/"))
+        return list(dict.fromkeys(u.rstrip("/") for u in urls))
+
+    def _sync_sources(self, reread: bool = True) -> None:
+        if reread or self._urls is None:
+            self._urls = set(self._read_sources())
+        urls = self._urls
+        for u in urls:
+            h = self.handles.get(u)
+            if h is None:
+                self.handles[u] = WorkerHandle(u)
+            else:
+                h.listed = True
+        for u, h in list(self.handles.items()):
+            if u not in urls:
+                h.listed = False  # drains: no new requests; in-flight ones continue
+                if h.inflight == 0:
+                    if h.sub_task:
+                        h.sub_task.cancel()
+                    del self.handles[u]
+        self._update_worker_gauge()
+
+    def _update_worker_gauge(self) -> None:
+        counts: dict[str, int] = {"aggregated": 0, "prefill": 0, "decode": 0}
+        for h in self.handles.values():
+            if h.ready and h.listed and h.role in counts:
+                counts[h.role] += 1
+        for role, n in counts.items():
+            self.metrics.workers.labels(role).set(n)
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            if self.s.workers_file:
+                try:
+                    mtime = os.stat(self.s.workers_file).st_mtime_ns
+                except FileNotFoundError:
+                    mtime = -1
+                if mtime != self._file_mtime:
+                    self._file_mtime = mtime
+                    self._sync_sources()
+                else:
+                    self._sync_sources(reread=False)  # drop drained workers
+            await asyncio.gather(*(self._probe(h) for h in list(self.handles.values()) if not h.ready and h.listed))
+            self._update_worker_gauge()
+            await asyncio.sleep(self.s.poll_s)
+
+    async def _probe(self, h: WorkerHandle) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(h.url + "/info", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                if r.status != 200:
+                    return
+                info = await r.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return
+        h.role = info.get("worker_type", "aggregated")
+        h.worker_id = int(info.get("worker_id", -1))
+        h.trace_block_size = int(info.get("trace_block_size", 512))
+        h.max_model_len = int(info.get("max_model_len", h.max_model_len))
+        h.kv_endpoint = info.get("kv_events_endpoint")
+        if h.kv_endpoint and h.sub_task is None:
+            h.sub_task = asyncio.get_running_loop().create_task(self._subscribe(h))
+        h.ready = True
+
+    async def _subscribe(self, h: WorkerHandle) -> None:
+        assert self._zctx is not None and self._session is not None
+        sock = self._zctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
+        sock.connect(h.kv_endpoint)
+        try:
+            await self._resync(h)
+            while True:
+                _topic, payload = await sock.recv_multipart()
+                ev = decode_kv_event(payload)
+                if h.last_event_id and ev.event_id != h.last_event_id + 1:
+                    await self._resync(h)  # a gap: PUB dropped something
+                    continue
+                h.last_event_id = ev.event_id
+                if ev.kind == "stored":
+                    h.cached.update(ev.block_ids)
+                elif ev.kind == "removed":
+                    h.cached.difference_update(ev.block_ids)
+                else:
+                    h.cached.clear()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            sock.close(0)
+
+    async def _resync(self, h: WorkerHandle) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(h.url + "/kv_state", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                st = await r.json()
+            h.cached = {b for ids in st["ranks"].values() for b in ids}
+            h.last_event_id = int(st["event_id"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError):
+            h.last_event_id = 0
+
+    # ------------------------------------------------------------------ routing
+    def _candidates(self, role: str, exclude: set[str]) -> list[WorkerHandle]:
+        return sorted((h for h in self.handles.values() if h.ready and h.listed and h.role == role and h.url not in exclude),
+                      key=lambda h: h.url)
+
+    def _pick(self, role: str, p: ParsedRequest, exclude: set[str]) -> WorkerHandle | None:
+        c = self._candidates(role, exclude)
+        if not c:
+            return None
+        if self.s.router == "round_robin":
+            self._rr += 1
+            return c[self._rr % len(c)]
+        if self.s.router == "least_loaded":
+            return min(c, key=lambda h: (h.inflight, h.inflight_tokens))
+        return min(c, key=lambda h: self.kv_cost(h, p))
+
+    @staticmethod
+    def kv_cost(h: WorkerHandle, p: ParsedRequest) -> float:
+        """Blocks to prefill (prompt blocks after the longest cached leading run) + load in blocks."""
+        bs = max(1, h.trace_block_size)
+        n_blocks = -(-p.input_length // bs)
+        overlap = 0
+        for b in p.hash_ids or ():
+            if b not in h.cached:
+                break
+            overlap += 1
+        return (n_blocks - min(overlap, n_blocks)) + h.inflight_tokens / bs
+
+    def _pool_roles(self) -> tuple[str, str | None]:
+        """(role for the first leg, role for the decode leg or None) given the workers present."""
+        ready = {h.role for h in self.handles.values() if h.ready and h.listed}
+        if "prefill" in ready and "decode" in ready:
+            return "prefill", "decode"
+        if "aggregated" in ready:
+            return "aggregated", None
+        if "decode" in ready:  # decode workers alone can serve whole requests
+            return "decode", None
+        return "aggregated", None
+
+    # ------------------------------------------------------------------ HTTP
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        n = sum(1 for h in self.handles.values() if h.ready and h.listed)
+        return web.json_response({"status": "ready" if n else "no workers", "workers": n}, status=200 if n else 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        return web.json_response([{"url": h.url, "role": h.role, "ready": h.ready, "listed": h.listed, "inflight": h.inflight,
+                                   "cached_blocks": len(h.cached)} for h in sorted(self.handles.values(), key=lambda h: h.url)])
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completion")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        t0 = time.monotonic()
+        model = self.s.model_name
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+                raise RequestError("request body is not valid JSON") from None
+            mml = min((h.max_model_len for h in self.handles.values() if h.ready), default=1 << 30)
+            p = parse_request(body, kind, served_model=model, max_model_len=mml, block_tokens=self._block_tokens())  # type: ignore[arg-type]
+        except RequestError as e:
+            self.metrics.requests.labels(model, kind, "stream", "rejected").inc()
+            return web.json_response(e.body(), status=e.status)
+        self.metrics.started.labels(model).inc()
+        self.metrics.inflight.labels(model).inc()
+        self._rid += 1
+        oid = response_id(p.kind, self._rid)
+        created = now_s()
+        resp: web.StreamResponse | None = None
+        times: list[float] = []
+        texts: list[str] = []
+        status = "error"
+        try:
+            if p.stream:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            async for piece in self._generate(p):
+                times.append(time.monotonic())
+                if resp is not None:
+                    if not resp.prepared:
+                        await resp.prepare(request)
+                    chunk = chunk_body(p.kind, oid, model, created, piece, None, first=len(times) == 1)
+                    await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                else:
+                    texts.append(piece)
+            status = "success"
+            u = usage(p.input_length, len(times))
+            if resp is not None:
+                if not resp.prepared:
+                    await resp.prepare(request)
+                fin = chunk_body(p.kind, oid, model, created, None if p.kind == "chat" else "", "length")
+                tail = b"data: " + msgspec.json.encode(fin) + b"\n\n"
+                if p.include_usage:
+                    tail += b"data: " + msgspec.json.encode(usage_chunk(p.kind, oid, model, created, u)) + b"\n\n"
+                await resp.write(tail + b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
+            return web.json_response(full_body(p.kind, oid, model, created, "".join(texts), "length", u))
+        except RequestError as e:
+            if resp is not None and resp.prepared:
+                await resp.write(b"data: " + msgspec.json.encode(e.body()) + b"\n\ndata: [DONE]\n\n")
+                return resp
+            return web.json_response(e.body(), status=e.status)
+        except (asyncio.CancelledError, ConnectionResetError):
+            status = "cancelled"
+            raise
+        finally:
+            self.metrics.inflight.labels(model).dec()
+            self.metrics.requests.labels(model, kind, "stream" if p.stream else "unary", status).inc()
+            if status == "success" and times:
+                m = self.metrics
+                m.ttft.labels(model).observe(times[0] - t0)
+                for a, b in zip(times, times[1:]):
+                    m.itl.labels(model).observe(b - a)
+                m.duration.labels(model).observe(times[-1] - t0)
+                m.isl.labels(model).observe(p.input_length)
+                m.osl.labels(model).observe(len(times))
+
+    def _block_tokens(self) -> int:
+        for h in self.handles.values():
+            if h.ready:
+                return h.trace_block_size
+        return 512
+
+    async def _generate(self, p: ParsedRequest):  # type: ignore[no-untyped-def]
+        """Yield the text of each output token, in order, surviving worker failures (see module doc)."""
+        first_role, decode_role = self._pool_roles()
+        produced = 0
+        failed: set[str] = set()
+        retries = 0
+        while produced < p.output_length:
+            disagg = decode_role is not None and produced == 0
+            role = first_role if (produced == 0 or decode_role is None) else decode_role
+            h = self._pick(role, p, failed)
+            if h is None:
+                if produced == 0 and not failed:
+                    raise RequestError("no ready worker to serve the request", status=503, type_="ServiceUnavailable")
+                raise RequestError(f"all workers failed after {produced} tokens", status=503, type_="ServiceUnavailable")
+            body = dict(p.raw)
+            body.pop("stream_options", None)
+            body["stream"] = True
+            remaining = p.output_length - produced
+            if produced:
+                # a later leg: the prompt is given by length (text is not needed by a simulated engine)
+                body.pop("prompt", None)
+                body["messages"] = None
+                if role == "decode":  # disaggregated decode leg: the prompt KV comes from the prefill worker
+                    body["prefill_done"] = True
+                    body["input_length"] = p.input_length
+                else:  # continuation after a worker failure: the prompt now includes the tokens produced
+                    body["input_length"] = p.input_length + produced
+            want = 1 if disagg else remaining
+            body["max_tokens"] = want
+            body.pop("max_completion_tokens", None)
+            try:
+                async for piece in self._stream_from(h, p, body, want):
+                    produced += 1
+                    yield piece
+            except WorkerFailed:
+                failed.add(h.url)
+                retries += 1
+                self.metrics.retries.labels(self.s.model_name).inc()
+                if retries > self.s.max_retries:
+                    raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable") from None
+                continue
+
+    async def _stream_from(self, h: WorkerHandle, p: ParsedRequest, body: dict[str, Any], want: int):  # type: ignore[no-untyped-def]
+        assert self._session is not None
+        url = h.url + ("/v1/completions" if p.kind == "completion" else "/v1/chat/completions")
+        tokens = p.input_length + want
+        h.inflight += 1
+        h.inflight_tokens += tokens
+        got = 0
+        try:
+            async with self._session.post(url, json=body) as r:
+                if r.status >= 400:
+                    try:
+                        err = await r.json()
+                        msg = err["error"]["message"]
+                    except Exception:
+                        msg = f"worker answered HTTP {r.status}"
+                    if r.status < 500:
+                        raise RequestError(msg, status=r.status)
+                    raise WorkerFailed(msg)
+                async for line in r.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    data = line[6:].strip()
+                    if data == b"[DONE]":
+                        break
+                    d = json.loads(data)
+                    if "error" in d:
+                        raise WorkerFailed(d["error"].get("message", "worker error"))
+                    ch = d.get("choices") or []
+                    if not ch or ch[0].get("finish_reason") is not None:
+                        continue
+                    piece = ch[0].get("text") if p.kind == "completion" else ch[0].get("delta", {}).get("content")
+                    if piece is None:
+                        continue
+                    got += 1
+                    yield piece
+            if got < want:
+                raise WorkerFailed(f"stream from {h.url} ended after {got} of {want} tokens")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as e:
+            raise WorkerFailed(f"{h.url}: {e}") from None
+        finally:
+            h.inflight -= 1
+            h.inflight_tokens -= tokens
+            if not h.listed and h.inflight == 0:
+                self._sync_sources(reread=False)
+
+
+async def serve(settings: FrontendSettings, on_bound=None) -> None:  # type: ignore[no-untyped-def]
+    fe = Frontend(settings)
+    runner = web.AppRunner(fe.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    if on_bound is not None:
+        on_bound(port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,221 @@
+"""The load generator: replays a workload against any OpenAI-compatible endpoint and measures client-side.
+
+Arrivals: request ``i`` is sent at ``arrival_ms / time_compression`` after the start (a compression of 10
+replays a 10-minute trace in one minute). ``max_concurrency`` bounds requests in flight (0 = unbounded,
+which keeps arrivals exactly as the trace says); a request that waits for a slot is sent late, and the
+wait is reported as ``mean_client_queue_ms``.
+
+Prompts (``prompt_mode``): ``length`` sends the extension fields ``input_length`` and ``hash_ids`` (exact
+lengths and prefix sharing against dynoplan workers and frontends) plus ``ignore_eos: true``; ``text``
+sends a generated text prompt of about ``input_length`` tokens (for servers without the extension; the
+prompt length is then the server tokenizer's). Every request asks for ``max_tokens = output_length``
+and streams.
+
+Measurement, per request on ``time.monotonic``: arrival = when the request is sent; every received token
+chunk is one token time; finish = last token. Client-side TTFT / ITL / E2E ... are then computed by
+:func:`mocker.report.build_report` — the same definitions and key names as the offline replay report,
+in milliseconds of wall time (at a server speedup ratio R they read R times smaller than simulated
+time; ``scale_ms`` multiplies them back for comparisons).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import aiohttp
+
+from mocker.config import EngineConfig
+from mocker.records import RequestRecord, TraceRequest
+
+PROMPT_MODES = ("length", "text")
+ENDPOINTS = ("completions", "chat")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadgenSettings:
+    url: str
+    """Base URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8080``."""
+    model: str = "mocker"
+    endpoint: str = "completions"
+    time_compression: float = 1.0
+    """Arrival times are divided by this (> 0)."""
+    max_concurrency: int = 0
+    """Max requests in flight; 0 = unbounded."""
+    prompt_mode: str = "length"
+    request_timeout_s: float = 600.0
+    """Per-request timeout (s); a timed-out request counts as failed."""
+
+    def problems(self) -> list[str]:
+        p = []
+        if not self.url.startswith(("http://", "https://")):
+            p.append(f"url={self.url!r}: expected an http(s) base URL")
+        if not self.time_compression > 0:
+            p.append(f"time_compression={self.time_compression}: expected > 0")
+        if self.max_concurrency < 0:
+            p.append(f"max_concurrency={self.max_concurrency}: expected >= 0")
+        if self.prompt_mode not in PROMPT_MODES:
+            p.append(f"prompt_mode={self.prompt_mode!r}: expected one of {', '.join(PROMPT_MODES)}")
+        if self.endpoint not in ENDPOINTS:
+            p.append(f"endpoint={self.endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
+        if not self.request_timeout_s > 0:
+            p.append(f"request_timeout_s={self.request_timeout_s}: expected > 0")
+        return p
+
+
+@dataclass
+class LoadgenResult:
+    """Duck-compatible with what :func:`mocker.report.build_report` reads from a replay result."""
+
+    records: list[RequestRecord]
+    errors: dict[str, int] = field(default_factory=dict)
+    client_queue_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    worker_seconds: float = 0.0
+    num_workers: int = 0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def text_prompt(n_tokens: int, request_id: int) -> str:
+    """About ``n_tokens`` tokens of text (4-letter words, unique per request)."""
+    return " ".join(f"w{(request_id * 7919 + i) % 1000:03d}" for i in range(max(1, n_tokens)))
+
+
+def request_body(s: LoadgenSettings, r: TraceRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": s.model, "max_tokens": r.output_length, "stream": True, "ignore_eos": True}
+    if s.prompt_mode == "length":
+        body["input_length"] = r.input_length
+        if r.hash_ids is not None:
+            body["hash_ids"] = list(r.hash_ids)
+    else:
+        prompt = text_prompt(r.input_length // 2, r.request_id)  # "wNNN " ~ 2 tokens per word here
+        if s.endpoint == "completions":
+            body["prompt"] = prompt
+        else:
+            body["messages"] = [{"role": "user", "content": prompt}]
+    return body
+
+
+async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceRequest, t0: float,
+               rec: RequestRecord, errors: dict[str, int]) -> None:
+    path = "/v1/completions" if s.endpoint == "completions" else "/v1/chat/completions"
+    body = request_body(s, r)
+    chat = s.endpoint == "chat"
+    try:
+        async with session.post(s.url.rstrip("/") + path, json=body,
+                                timeout=aiohttp.ClientTimeout(total=s.request_timeout_s)) as resp:
+            if resp.status != 200:
+                key = f"http_{resp.status}"
+                errors[key] = errors.get(key, 0) + 1
+                rec.status = "failed"
+                return
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    break
+                now = (time.monotonic() - t0) * 1000.0
+                d = json.loads(data)
+                ch = d.get("choices") or []
+                if not ch or ch[0].get("finish_reason") is not None:
+                    continue
+                if chat and "content" not in ch[0].get("delta", {}):
+                    continue
+                rec.token_times_ms.append(now)
+        if rec.token_times_ms:
+            rec.first_token_ms = rec.token_times_ms[0]
+            rec.finish_ms = rec.token_times_ms[-1]
+            rec.status = "finished"
+        else:
+            rec.status = "failed"
+            errors["no_tokens"] = errors.get("no_tokens", 0) + 1
+    except asyncio.TimeoutError:
+        rec.status = "failed"
+        errors["timeout"] = errors.get("timeout", 0) + 1
+    except (aiohttp.ClientError, OSError) as e:
+        rec.status = "failed"
+        key = type(e).__name__
+        errors[key] = errors.get(key, 0) + 1
+
+
+async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progress: Any = None) -> LoadgenResult:
+    """Send ``requests`` on their (compressed) schedule; returns per-request client-side records.
+
+    ``progress``: optional callable ``progress(done, total)`` called as requests finish.
+    """
+    sem = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency > 0 else None
+    records: list[RequestRecord] = []
+    errors: dict[str, int] = {}
+    queue_ms: list[float] = []
+    done = 0
+    total = len(requests)
+    base = requests[0].arrival_ms if requests else 0.0
+    connector = aiohttp.TCPConnector(limit=s.max_concurrency or 0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.monotonic()
+
+        async def go(r: TraceRequest, due_ms: float) -> None:
+            nonlocal done
+            if sem is not None:
+                await sem.acquire()
+            try:
+                sent = (time.monotonic() - t0) * 1000.0
+                queue_ms.append(max(0.0, sent - due_ms))
+                rec = RequestRecord(r.request_id, sent, r.input_length, r.output_length, admit_ms=sent)
+                records.append(rec)
+                await _one(session, s, r, t0, rec, errors)
+            finally:
+                if sem is not None:
+                    sem.release()
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+
+        tasks = []
+        for r in requests:
+            due = (r.arrival_ms - base) / s.time_compression
+            delay = due / 1000.0 - (time.monotonic() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(go(r, due)))
+        await asyncio.gather(*tasks)
+        wall = time.monotonic() - t0
+    records.sort(key=lambda r: r.request_id)
+    return LoadgenResult(records=records, errors=errors, client_queue_ms=queue_ms, wall_s=wall)
+
+
+def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
+    """A copy with every time multiplied by ``scale_ms`` (e.g. the server's speedup ratio)."""
+    out = []
+    for r in result.records:
+        c = RequestRecord(r.request_id, r.arrival_ms * scale_ms, r.input_length, r.output_length,
+                          admit_ms=None if r.admit_ms is None else r.admit_ms * scale_ms,
+                          first_token_ms=None if r.first_token_ms is None else r.first_token_ms * scale_ms,
+                          token_times_ms=[t * scale_ms for t in r.token_times_ms],
+                          finish_ms=None if r.finish_ms is None else r.finish_ms * scale_ms, status=r.status)
+        out.append(c)
+    return LoadgenResult(records=out, errors=dict(result.errors), client_queue_ms=[q * scale_ms for q in result.client_queue_ms],
+                         wall_s=result.wall_s)
+
+
+def client_report(result: LoadgenResult) -> dict[str, Any]:
+    """The offline report's keys (``mocker.report.build_report``) plus loadgen keys: ``failed_requests``,
+    ``errors`` (by kind), ``mean_client_queue_ms``, ``wall_time_s``, ``output_tokens_per_wall_s``."""
+    from mocker.report import build_report
+
+    rep = build_report(result)  # type: ignore[arg-type]
+    for k in ("gpu_hours", "worker_seconds", "num_workers", "prefill_worker_seconds", "decode_worker_seconds",
+              "prefill_gpus_per_worker", "decode_gpus_per_worker", "engine", "block_size", "num_gpu_blocks",
+              "prefix_cache_reused_ratio", "first_admission_prefix_cache_reused_ratio", "num_preemptions"):
+        rep.pop(k, None)
+    rep["failed_requests"] = sum(1 for r in result.records if r.status != "finished")
+    rep["errors"] = dict(sorted(result.errors.items()))
+    rep["mean_client_queue_ms"] = sum(result.client_queue_ms) / len(result.client_queue_ms) if result.client_queue_ms else 0.0
+    rep["wall_time_s"] = result.wall_s
+    toks = sum(len(r.token_times_ms) for r in result.records)
+    rep["output_tokens_per_wall_s"] = toks / result.wall_s if result.wall_s > 0 else 0.0
+    return rep
