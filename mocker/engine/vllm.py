@@ -1,0 +1,644 @@
+"""vLLM-shaped engine core (and the TensorRT-LLM GUARANTEED_NO_EVICT variant), clock-agnostic.
+
+Pass semantics (matched request by request against the reference, Dynamo Mocker 1.6.1):
+
+1. Running requests first, in admission order, while token budget (``max_num_batched_tokens``) remains:
+   each is scheduled ``min(known tokens not yet computed, budget)`` tokens (a decoding request: its one
+   "dangling" token; a prefilling one: the next chunk). KV blocks are allocated up to the scheduled
+   position; when none are left the newest (LIFO) or oldest (FIFO) running request is preempted by
+   recompute (KV freed, computed tokens reset, re-queued at the front of waiting), its work this pass undone.
+2. If nothing was preempted, waiting requests are admitted in order while ``running < max_num_seqs``:
+   admission needs the whole current sequence to fit (blocks for it minus cached blocks already active
+   <= free + evictable blocks); TRT-LLM instead reserves ``ceil((prompt + max_output) / block)`` blocks
+   and never preempts. A prompt prefix found in the prefix cache is not recomputed (block-aligned, at
+   most ``seq_len - 1`` tokens). Prompts that can never fit are rejected (status ``failed``).
+3. Pass time = prefill + decode. Prefill: the timing model at ``T = n * (mean ISL - mean prefix)`` over
+   the ``n`` requests computing prompt tokens this pass (integer means; 0 ms if none). Decode: only the
+   requests that were already decoding (not those that finished their prompt in this pass) contribute:
+   ``decode(sum of their sequence lengths / total KV tokens)`` (0 ms if none).
+4. At the end of the pass every request whose known tokens are all computed emits one token (a request
+   that completes its prompt emits its first token here); requests reaching their output length finish
+   and free their KV.
+
+Arrivals join the waiting queue and are considered at the next pass start.
+
+Public API (the core never reads a clock; drivers pass ``now_ms``)::
+
+    core = VllmCore(cfg, worker_id=0)              # or make_engine(cfg, ...)
+    rec = core.add_request(trace_request, now_ms)  # -> RequestRecord, filled in as the request runs
+    core.cancel(request_id, now_ms) -> bool
+    core.has_work() -> bool
+    out = core.step(now_ms)   # one pass starting at now_ms -> PassOutcome(start_ms, end_ms,
+                              #   emissions [(request_id, token_ms)], finished [ids], admitted, preempted, fpm)
+    core.next_pass_ms         # when the next pass would start (end of the previous one)
+    core.advance_until(h)     # virtual-time fast path: run every pass that starts before h; stretches of
+                              # decode-only passes are computed at once with numpy (identical results)
+    core.finalize()           # fill token_times_ms of every record from the pass-end timeline
+
+A live (wall-clock) driver calls ``add_request`` on arrival, ``step(now)`` when the previous pass ended,
+sleeps until ``out.end_ms`` and then delivers ``out.emissions``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from math import inf
+
+import numpy as np
+
+from mocker.config import EngineConfig
+from mocker.errors import SimulationError
+from mocker.kv.manager import BlockKvManager, engine_block_keys
+from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
+from mocker.request import EngineRequest, State
+from mocker.timing import PolynomialTiming, TimingModel, load_timing, round_ns, round_ns_array
+
+_SCHEDULED, _BLOCKED, _CUR_PREEMPTED = 0, 1, 2
+_FAST_CHUNK = 4096
+
+
+@dataclass(slots=True)
+class PassOutcome:
+    """Result of one engine pass (times in ms of the driving clock)."""
+
+    start_ms: float
+    end_ms: float
+    emissions: list[tuple[int, float]] = field(default_factory=list)
+    """(request_id, token time) for every token emitted at ``end_ms``."""
+    finished: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    fpm: ForwardPassMetrics | None = None
+
+
+def _var(xs: list[int]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / len(xs)
+
+
+class VllmCore:
+    """One simulated vLLM engine (one DP rank). See the module docstring for semantics and API."""
+
+    no_evict = False  # TRT-LLM GUARANTEED_NO_EVICT overrides
+
+    def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
+                 timing: TimingModel | None = None) -> None:
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.dp_rank = dp_rank
+        self.block_size = cfg.effective_block_size
+        self.num_blocks = cfg.num_gpu_blocks
+        self.total_kv_tokens = cfg.total_kv_tokens
+        self.max_batched = cfg.max_num_batched_tokens
+        self.max_seqs = cfg.max_num_seqs
+        self.chunked = cfg.enable_chunked_prefill
+        self.lifo = cfg.preemption_mode == "lifo"
+        self.speedup = float(cfg.speedup_ratio)
+        self.trace_block_size = cfg.trace_block_size
+        self.kv = BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
+        self._monotone_decode = isinstance(self.timing, PolynomialTiming)
+        self.collect_fpm = collect_fpm
+        self.fpm: list[ForwardPassMetrics] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.requests: dict[int, EngineRequest] = {}
+        """Live (non-terminal) requests by id."""
+        self.all_requests: list[EngineRequest] = []
+        self.next_pass_ms = 0.0
+        self.pass_index = 0
+        self.reserved_blocks = 0
+        self.preemptions_total = 0
+        self.finished_total = 0
+        self._ends_py: list[float] = []
+        self._ends_chunks: list[np.ndarray] = []
+        # per-pass scratch
+        self._budget = 0
+        self._bc = self._bisl = self._bpre = 0
+        self._sched: dict[int, tuple[int, int, int]] = {}
+        self._preempted_any = False
+        self._pass_preempted: list[int] = []
+
+    # ================================================================== public API
+    def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
+        """Queue a request arriving at ``now_ms``. Returns its record (filled in as it runs)."""
+        if req.request_id in self.requests:
+            raise SimulationError(f"request {req.request_id} is already active on worker {self.worker_id}")
+        if record is None:
+            record = RequestRecord(request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length,
+                                   output_length=req.output_length)
+        record.worker_id = self.worker_id
+        record.dp_rank = self.dp_rank
+        keys = None
+        if self.kv.caching and req.hash_ids is not None:
+            keys = engine_block_keys(req.hash_ids, req.input_length, self.block_size, self.trace_block_size)
+        r = EngineRequest(req.request_id, len(self.all_requests), req.input_length, req.output_length, keys, record)
+        if not self.running and not self.waiting:
+            self.next_pass_ms = max(self.next_pass_ms, now_ms)
+        self.requests[r.request_id] = r
+        self.all_requests.append(r)
+        self.waiting.append(r)
+        return record
+
+    def cancel(self, request_id: int, now_ms: float) -> bool:
+        """Cancel a live request (frees its KV). Returns False if unknown or already terminal."""
+        r = self.requests.get(request_id)
+        if r is None:
+            return False
+        if r.state in (State.WAITING, State.PREEMPTED):
+            self.waiting.remove(r)
+        else:
+            self.running.remove(r)
+            self._free(r)
+        r.transition(State.CANCELLED)
+        r.record.status = "cancelled"
+        r.record.finish_ms = now_ms
+        del self.requests[request_id]
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def step(self, now_ms: float) -> PassOutcome:
+        """Run one pass starting at ``now_ms`` (>= the end of the previous pass)."""
+        if now_ms < self.next_pass_ms:
+            raise SimulationError(f"clock went back: pass at {now_ms} ms before previous end {self.next_pass_ms} ms")
+        return self._pass(now_ms, True)
+
+    def advance_until(self, horizon_ms: float) -> None:
+        """Run every pass that starts before ``horizon_ms`` (virtual time), fast-forwarding decode stretches."""
+        while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+            if not self._stretch(horizon_ms):
+                self._pass(self.next_pass_ms, False)
+
+    def advance_single_step(self, horizon_ms: float) -> None:
+        """Like :meth:`advance_until` but one pass at a time (reference mode for equivalence tests)."""
+        while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+            self._pass(self.next_pass_ms, False)
+
+    def pass_end_times(self) -> np.ndarray:
+        """End time (ms) of every pass run so far, indexed by pass number."""
+        self._flush_ends()
+        if not self._ends_chunks:
+            return np.zeros(0)
+        if len(self._ends_chunks) > 1:
+            self._ends_chunks = [np.concatenate(self._ends_chunks)]
+        return self._ends_chunks[0]
+
+    def finalize(self) -> None:
+        """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
+        ends = self.pass_end_times()
+        for r in self.all_requests:
+            ranges = r.all_emit_ranges()
+            if not ranges:
+                continue
+            if len(ranges) == 1:
+                a, b = ranges[0]
+                r.record.token_times_ms = ends[a:b + 1].tolist()
+            else:
+                r.record.token_times_ms = np.concatenate([ends[a:b + 1] for a, b in ranges]).tolist()
+
+    # ------------------------------------------------------------------ metrics for routers / live worker
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def active_blocks(self) -> int:
+        return self.kv.num_active_blocks()
+
+    def check_invariants(self) -> None:
+        """Raise SimulationError if KV blocks are not conserved or queues are inconsistent."""
+        self.kv.check_invariants()
+        run_ids = {id(r) for r in self.running}
+        wait_ids = {id(r) for r in self.waiting}
+        if run_ids & wait_ids:
+            raise SimulationError("a request is both waiting and running")
+        if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting):
+            raise SimulationError("a request appears twice in a queue")
+        held = sum(r.private_blocks for r in self.running)
+        if held != self.kv.private_in_use:
+            raise SimulationError(f"private blocks held by requests {held} != pool count {self.kv.private_in_use}")
+        for r in self.running:
+            if r.state not in (State.PREFILLING, State.DECODING):
+                raise SimulationError(f"running request {r.request_id} in state {r.state.name}")
+            nb = len(r.hashed_held) + r.private_blocks
+            if nb != -(-r.alloc_tokens // self.block_size):
+                raise SimulationError(f"request {r.request_id} holds {nb} blocks for {r.alloc_tokens} tokens")
+        for r in self.waiting:
+            if r.state not in (State.WAITING, State.PREEMPTED) or r.hashed_held or r.private_blocks:
+                raise SimulationError(f"waiting request {r.request_id} in state {r.state.name} holding KV")
+        if len(self.running) > self.max_seqs:
+            raise SimulationError(f"{len(self.running)} running > max_num_seqs {self.max_seqs}")
+        if self.no_evict and self.reserved_blocks > self.num_blocks:
+            raise SimulationError(f"reserved {self.reserved_blocks} blocks > {self.num_blocks}")
+
+    # ================================================================== admission policy
+    def _cached_prefix(self, r: EngineRequest) -> tuple[int, int]:
+        """(cached tokens usable, of which blocks are currently active) for a waiting request."""
+        if r.block_keys is None:
+            return 0, 0
+        hits, act = self.kv.match_prefix(r.block_keys)
+        if hits == 0:
+            return 0, 0
+        bs = self.block_size
+        cached = min(hits * bs, ((r.seq_len - 1) // bs) * bs)
+        return cached, min(act, cached // bs)
+
+    def _admission(self, r: EngineRequest) -> tuple[int, int]:
+        """(decision, cached prompt tokens): decision -1 reject (can never fit), 0 wait, 1 admit."""
+        need_total = -(-r.seq_len // self.block_size)
+        if need_total > self.num_blocks:
+            return -1, 0
+        cached, act = self._cached_prefix(r)
+        return (1 if need_total - act <= self.kv.available() else 0), cached
+
+    # ================================================================== the pass
+    def _schedule(self, r: EngineRequest, from_waiting: bool, cached: int) -> int:
+        before = r.computed if r.computed > 0 else r.computed + cached
+        prompt_len = r.prompt_len
+        prompt_before = before if before < prompt_len else prompt_len
+        seq_len = prompt_len + r.generated
+        remaining = seq_len - before
+        budget = self._budget
+        if not self.chunked and prompt_len - prompt_before > 0 and prompt_len - prompt_before > budget:
+            return _BLOCKED
+        desired = remaining if remaining < budget else budget
+        if desired == 0 and remaining > 0:
+            return _BLOCKED
+        target = before + desired
+        bs = self.block_size
+        kv = self.kv
+        keys = r.block_keys
+        if from_waiting and cached:
+            n_c = cached // bs
+            for k in keys[:n_c]:  # type: ignore[index]
+                kv.acquire_cached(k)
+            r.hashed_held = list(keys[:n_c])  # type: ignore[index]
+            r.alloc_tokens = cached
+        held = len(r.hashed_held) + r.private_blocks
+        need = -(-target // bs) - held
+        if need > 0:
+            while need > kv.available():
+                victim = self._pick_victim()
+                if victim is None:
+                    target = before
+                    need = 0
+                    break
+                self._preempt(victim)
+                if victim is r:
+                    return _CUR_PREEMPTED
+            if target == before and desired > 0:
+                return _BLOCKED
+            # a partial block that becomes a full prompt block joins the prefix cache
+            if keys is not None and r.alloc_tokens % bs and held * bs <= prompt_len and held * bs <= target:
+                if r.private_blocks and kv.promote_private(keys[held - 1]):
+                    r.private_blocks -= 1
+                    r.hashed_held.append(keys[held - 1])
+            for j in range(held, held + need):
+                end_tok = (j + 1) * bs
+                if keys is not None and end_tok <= target and end_tok <= prompt_len:
+                    if kv.allocate_full(keys[j]):
+                        r.hashed_held.append(keys[j])
+                    else:
+                        r.private_blocks += 1
+                else:
+                    kv.allocate_private(1)
+                    r.private_blocks += 1
+        elif keys is not None and r.alloc_tokens % bs and target > r.alloc_tokens:
+            # growing inside the last partial block; it may become a full prompt block
+            last = held - 1
+            if (last + 1) * bs <= target and (last + 1) * bs <= prompt_len and r.private_blocks:
+                if kv.promote_private(keys[last]):
+                    r.private_blocks -= 1
+                    r.hashed_held.append(keys[last])
+        if target > r.alloc_tokens:
+            r.alloc_tokens = target
+        r.computed = target
+        used = target - before
+        prompt_after = target if target < prompt_len else prompt_len
+        prompt_tokens = prompt_after - prompt_before
+        self._sched[r.request_id] = (used, prompt_tokens, prompt_before)
+        if prompt_tokens > 0:
+            self._bc += 1
+            self._bisl += prompt_after
+            self._bpre += prompt_before
+        self._budget = budget - used
+        return _SCHEDULED
+
+    def _pick_victim(self) -> EngineRequest | None:
+        if self.no_evict or not self.running:
+            return None
+        return self.running[-1] if self.lifo else self.running[0]
+
+    def _preempt(self, v: EngineRequest) -> None:
+        self.running.remove(v)
+        self._free(v)
+        v.computed = 0
+        v.alloc_tokens = 0
+        v.transition(State.PREEMPTED)
+        v.record.num_preemptions += 1
+        self.preemptions_total += 1
+        self.waiting.appendleft(v)
+        self._preempted_any = True
+        self._pass_preempted.append(v.request_id)
+        undone = self._sched.pop(v.request_id, None)
+        if undone is not None:
+            used, pt, pb = undone
+            self._budget += used
+            if pt > 0:
+                self._bc -= 1
+                self._bisl -= pb + pt
+                self._bpre -= pb
+
+    def _free(self, r: EngineRequest) -> None:
+        self.kv.release(r.hashed_held, r.private_blocks)
+        r.hashed_held = []
+        r.private_blocks = 0
+        if r.reserved_blocks:
+            self.reserved_blocks -= r.reserved_blocks
+            r.reserved_blocks = 0
+
+    def _on_admit(self, r: EngineRequest, cached: int, now_ms: float) -> None:
+        rec = r.record
+        if rec.admit_ms is None:
+            rec.admit_ms = now_ms
+            rec.cached_tokens = cached
+
+    def _pass(self, now: float, want_outcome: bool) -> PassOutcome | None:
+        self._budget = self.max_batched
+        self._bc = self._bisl = self._bpre = 0
+        sched = self._sched = {}
+        self._preempted_any = False
+        self._pass_preempted = []
+        running = self.running
+        admitted: list[int] = []
+        rejected: list[int] = []
+        i = 0
+        while i < len(running) and self._budget > 0:
+            out = self._schedule(running[i], False, 0)
+            if out == _SCHEDULED:
+                i += 1
+            elif out == _BLOCKED:
+                break
+        waiting = self.waiting
+        if not self._preempted_any:
+            while waiting and len(running) < self.max_seqs:
+                r = waiting[0]
+                decision, cached = self._admission(r)
+                if decision < 0:
+                    waiting.popleft()
+                    self._reject(r, now)
+                    rejected.append(r.request_id)
+                    continue
+                if decision == 0:
+                    break
+                if self._schedule(r, True, cached) != _SCHEDULED:
+                    break
+                waiting.popleft()
+                running.append(r)
+                r.transition(State.PREFILLING)
+                self._on_admit(r, cached, now)
+                self._reserve(r)
+                admitted.append(r.request_id)
+        # ---- timing
+        if self._bc:
+            bc = self._bc
+            pf = round_ns(self.timing.prefill_ms(bc, self._bisl // bc, self._bpre // bc))
+            if self.speedup != 1.0 and pf > 0:
+                pf = round_ns(pf / self.speedup)
+        else:
+            pf = 0.0
+        emitters: list[EngineRequest] = []
+        s_dec = n_dec = 0
+        for r in running:
+            w = sched.get(r.request_id)
+            if w is not None and r.computed == r.prompt_len + r.generated:
+                emitters.append(r)
+                if w[1] == 0 and r.generated > 0:
+                    s_dec += r.prompt_len + r.generated
+                    n_dec += 1
+        if n_dec:
+            d = round_ns_array(self.timing.decode_ms_array(np.array([s_dec], dtype=np.float64),
+                                                           np.array([s_dec // n_dec], dtype=np.float64)))
+            if self.speedup != 1.0:
+                d = round_ns_array(d / self.speedup)
+            dec = float(d[0])
+        else:
+            dec = 0.0
+        end = (now + pf) + dec
+        if not sched and not rejected and not admitted:
+            if running:
+                raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
+        # ---- emit
+        p = self.pass_index
+        finished: list[int] = []
+        for r in emitters:
+            r.generated += 1
+            r.note_emit(p)
+            if r.generated == 1:
+                r.record.first_token_ms = end
+            if r.generated >= r.output_len:
+                r.transition(State.FINISHED)
+                self._finish(r, end)
+                finished.append(r.request_id)
+            elif r.state != State.DECODING:
+                r.transition(State.DECODING)
+        if finished:
+            self.running = [r for r in running if r.state != State.FINISHED]
+        fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
+        if fpm is not None:
+            self.fpm.append(fpm)
+        self._ends_py.append(end)
+        self.pass_index = p + 1
+        self.next_pass_ms = end
+        if not want_outcome:
+            return None
+        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished, admitted,
+                           list(self._pass_preempted), rejected, fpm)
+
+    def _reserve(self, r: EngineRequest) -> None:
+        pass
+
+    def _reject(self, r: EngineRequest, now: float) -> None:
+        r.transition(State.FAILED)
+        r.record.status = "failed"
+        r.record.finish_ms = now
+        del self.requests[r.request_id]
+
+    def _finish(self, r: EngineRequest, end: float) -> None:
+        self._free(r)
+        rec = r.record
+        rec.finish_ms = end
+        rec.status = "finished"
+        self.finished_total += 1
+        del self.requests[r.request_id]
+
+    def _make_fpm(self, now: float, end: float, sched: dict[int, tuple[int, int, int]]) -> ForwardPassMetrics:
+        pre_len: list[int] = []
+        pre_new = pre_kv = 0
+        dec_kv: list[int] = []
+        byid = {r.request_id: r for r in self.running}
+        for rid, (used, pt, pb) in sched.items():
+            r = byid.get(rid) or self.requests.get(rid)
+            if r is None:
+                r = next(x for x in self.all_requests if x.request_id == rid)
+            if pt > 0:
+                pre_len.append(r.prompt_len)
+                pre_new += used
+                pre_kv += pb
+            elif r.state != State.FINISHED:
+                dec_kv.append(r.seq_len)
+        qp = [r.prompt_len for r in self.waiting if r.state == State.WAITING]
+        qd = [r.seq_len for r in self.waiting if r.state == State.PREEMPTED]
+        return ForwardPassMetrics(
+            worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
+            scheduled_requests=ScheduledRequests(
+                num_prefill_requests=len(pre_len), sum_prefill_tokens=pre_new, var_prefill_length=_var(pre_len),
+                sum_prefill_kv_tokens=pre_kv, num_decode_requests=len(dec_kv), sum_decode_kv_tokens=sum(dec_kv),
+                var_decode_kv_tokens=_var(dec_kv)),
+            queued_requests=QueuedRequests(
+                num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
+                num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd)),
+            timestamp_ms=end)
+
+    # ================================================================== fast path
+    def _flush_ends(self) -> None:
+        if self._ends_py:
+            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
+            self._ends_py = []
+
+    def _stretch(self, horizon: float) -> bool:
+        """Run a stretch of identical-shape decode-only passes at once. False if not applicable now."""
+        running = self.running
+        n = len(running)
+        if n == 0 or n > self.max_batched:
+            return False
+        for r in running:
+            if r.state != State.DECODING:
+                return False
+        waiting = self.waiting
+        if waiting and n < self.max_seqs and self._admission(waiting[0])[0] != 0:
+            return False
+        bs = self.block_size
+        k_cap = min(r.output_len - r.generated for r in running)
+        avail = self.kv.available()
+        # blocks needed by k passes: per request ceil((len+k-1)/bs) - ceil((len-1)/bs) <= ceil(k/bs)
+        if n * (-(-k_cap // bs)) > avail:
+            lens = np.fromiter((r.prompt_len + r.generated for r in running), dtype=np.int64, count=n)
+            base = -(-(lens - 1) // bs)
+            lo, hi = 0, k_cap
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if int((-(-(lens + mid - 1) // bs) - base).sum()) <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k_cap = lo
+        if k_cap < 2:
+            return False
+        now = self.next_pass_ms
+        s0 = 0
+        for r in running:
+            s0 += r.prompt_len + r.generated
+        k_try = k_cap
+        if horizon != inf and self._monotone_decode:
+            d0 = float(round_ns_array(self.timing.decode_ms_array(np.array([float(s0)]), np.array([float(s0 // n)])))[0])
+            if self.speedup != 1.0:
+                d0 = d0 / self.speedup
+            k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
+        k_try = min(k_try, _FAST_CHUNK)
+        s = s0 + n * np.arange(k_try, dtype=np.int64)
+        d = round_ns_array(self.timing.decode_ms_array(s.astype(np.float64), (s // n).astype(np.float64)))
+        if self.speedup != 1.0:
+            d = round_ns_array(d / self.speedup)
+        acc = np.empty(k_try + 1)
+        acc[0] = now
+        acc[1:] = d
+        ends = np.cumsum(acc)[1:]
+        k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
+        if k < 2:
+            return False
+        ends = ends[:k]
+        p = self.pass_index
+        # apply: tokens, KV growth, emission ranges
+        new_blocks = 0
+        last = p + k - 1
+        for r in running:
+            old_alloc = r.alloc_tokens
+            r.generated += k
+            new_alloc = r.prompt_len + r.generated - 1
+            nb = -(-new_alloc // bs) - (-(-old_alloc // bs))
+            if nb:
+                r.private_blocks += nb
+                new_blocks += nb
+            r.alloc_tokens = new_alloc
+            r.computed = new_alloc
+            if r.emit_last == p - 1 and r.emit_start >= 0:
+                r.emit_last = last
+            else:
+                if r.emit_start >= 0:
+                    r.emit_ranges.append((r.emit_start, r.emit_last))
+                r.emit_start, r.emit_last = p, last
+        self.kv.allocate_private(new_blocks)
+        end = float(ends[-1])
+        if self.collect_fpm:
+            self._stretch_fpm(now, ends, s[:k])
+        finished = False
+        for r in running:
+            if r.generated >= r.output_len:
+                r.transition(State.FINISHED)
+                self._finish(r, end)
+                finished = True
+        if finished:
+            self.running = [r for r in running if r.state != State.FINISHED]
+        self._flush_ends()
+        self._ends_chunks.append(ends)
+        self.pass_index = p + k
+        self.next_pass_ms = end
+        return True
+
+    def _stretch_fpm(self, now: float, ends: np.ndarray, s: np.ndarray) -> None:
+        n = len(self.running)
+        starts = np.concatenate(([now], ends[:-1]))
+        lens = np.array([r.prompt_len + r.generated for r in self.running], dtype=np.float64)
+        var_dec = float(np.var(lens)) if n > 1 else 0.0  # a common shift does not change the variance
+        qp = [r.prompt_len for r in self.waiting if r.state == State.WAITING]
+        qd = [r.seq_len for r in self.waiting if r.state == State.PREEMPTED]
+        queued = QueuedRequests(num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
+                                num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd))
+        for j in range(len(ends)):
+            self.fpm.append(ForwardPassMetrics(
+                worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,
+                scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=int(s[j]),
+                                                     var_decode_kv_tokens=var_dec),
+                queued_requests=queued, timestamp_ms=float(ends[j])))
+
+
+class TrtllmCore(VllmCore):
+    """TensorRT-LLM GUARANTEED_NO_EVICT: capacity-first admission reserving
+    ``ceil((prompt + max_output) / block_size)`` blocks per request (DESIGN.md: 7319 blocks, block 32,
+    ISL 1096, max output 7000 -> 253 blocks each -> at most 28 running); never preempts."""
+
+    no_evict = True
+
+    def _admission(self, r: EngineRequest) -> tuple[int, int]:
+        need = -(-(r.prompt_len + r.output_len) // self.block_size)
+        if need > self.num_blocks:
+            return -1, 0
+        if self.reserved_blocks + need > self.num_blocks:
+            return 0, 0
+        cached, act = self._cached_prefix(r)
+        return (1 if -(-r.seq_len // self.block_size) - act <= self.kv.available() else 0), cached
+
+    def _reserve(self, r: EngineRequest) -> None:
+        need = -(-(r.prompt_len + r.output_len) // self.block_size)
+        r.reserved_blocks = need
+        self.reserved_blocks += need

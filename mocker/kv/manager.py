@@ -1,0 +1,178 @@
+"""A paged KV-cache block pool with prefix caching (vLLM-style), metadata only.
+
+Blocks are counted, not stored. A block is either *cached* (identified by a prefix-cache key: the chained
+hash of its content and all content before it) or *private* (a partial block, generated tokens, or a
+duplicate of content already cached). Cached blocks carry reference counts; when the last reference goes,
+the block joins the *inactive* pool, still reusable by a later prefix hit, and is evicted least-recently
+freed first when a fresh block is needed. Invariant (see :meth:`check_invariants`)::
+
+    free + active cached + inactive cached + private in use == num_gpu_blocks
+
+Trace content: a Mooncake ``hash_ids`` entry stands for ``trace_block_size`` (512) tokens of identical
+content (DESIGN.md "Prefix reuse"). :func:`engine_block_keys` re-chunks them into engine blocks of any size:
+engine block j covers tokens [j*B, (j+1)*B); its key chains the previous key with the trace ids it overlaps
+and its offset, so equal keys mean equal content and equal prefix.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+from mocker.errors import SimulationError
+
+
+def engine_block_keys(hash_ids: Sequence[int] | None, input_length: int, block_size: int,
+                      trace_block_size: int = 512) -> list[int] | None:
+    """Prefix-cache keys of the *full* engine blocks of a prompt.
+
+    Args:
+        hash_ids: one id per ``trace_block_size`` prompt tokens (None = unique content, returns None).
+        input_length: prompt length (tokens). Only blocks fully inside the prompt get a key.
+        block_size: engine block size (tokens).
+    Returns: ``input_length // block_size`` keys (ints), or None. Raises ValueError when ``hash_ids`` covers
+    fewer than ``input_length`` tokens.
+    """
+    if hash_ids is None:
+        return None
+    if len(hash_ids) * trace_block_size < input_length:
+        raise ValueError(
+            f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than input_length={input_length}"
+        )
+    n = input_length // block_size
+    keys: list[int] = []
+    prev = 0x5EED
+    for j in range(n):
+        lo = j * block_size
+        hi = lo + block_size - 1
+        a, b = lo // trace_block_size, hi // trace_block_size
+        ids = tuple(hash_ids[a:b + 1])
+        prev = hash((prev, ids, lo % trace_block_size))
+        keys.append(prev)
+    return keys
+
+
+class BlockKvManager:
+    """Block pool of ``num_blocks`` blocks with optional prefix caching.
+
+    Methods never read a clock. Raises :class:`SimulationError` on an allocation that was not checked with
+    :meth:`available` first (a scheduler bug).
+    """
+
+    __slots__ = ("num_blocks", "caching", "free", "active", "inactive", "private_in_use")
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.caching = enable_prefix_caching
+        self.free = num_blocks
+        self.active: dict[int, int] = {}
+        """cached key -> reference count (>= 1)"""
+        self.inactive: OrderedDict[int, None] = OrderedDict()
+        """cached keys with no reference, oldest first (next to evict)"""
+        self.private_in_use = 0
+
+    # ------------------------------------------------------------------ queries
+    def available(self) -> int:
+        """Blocks obtainable for new content now: free + evictable inactive (blocks)."""
+        return self.free + len(self.inactive)
+
+    def num_active_blocks(self) -> int:
+        """Blocks referenced by running requests (cached-active + private)."""
+        return len(self.active) + self.private_in_use
+
+    def usage(self) -> float:
+        """Active share of the pool (0..1), like ``vllm:kv_cache_usage_perc``."""
+        return self.num_active_blocks() / self.num_blocks
+
+    def match_prefix(self, keys: Sequence[int] | None) -> tuple[int, int]:
+        """Leading blocks of ``keys`` present in the cache: (total hits, hits that are currently active)."""
+        if not keys or not self.caching:
+            return 0, 0
+        hits = act = 0
+        active, inactive = self.active, self.inactive
+        for k in keys:
+            if k in active:
+                act += 1
+            elif k not in inactive:
+                break
+            hits += 1
+        return hits, act
+
+    # ------------------------------------------------------------------ mutations
+    def _take_fresh(self) -> None:
+        if self.free > 0:
+            self.free -= 1
+        elif self.inactive:
+            self.inactive.popitem(last=False)
+        else:
+            raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
+
+    def acquire_cached(self, key: int) -> None:
+        """Take a reference on a cached block found by :meth:`match_prefix`."""
+        active = self.active
+        if key in active:
+            active[key] += 1
+        else:
+            del self.inactive[key]
+            active[key] = 1
+
+    def allocate_full(self, key: int | None) -> bool:
+        """Allocate a fresh block for completed content ``key``. Returns True if it was registered in the
+        cache (caller then holds a reference on ``key``), False if it is private (duplicate or uncached)."""
+        self._take_fresh()
+        if key is not None and self.caching and key not in self.active and key not in self.inactive:
+            self.active[key] = 1
+            return True
+        self.private_in_use += 1
+        return False
+
+    def promote_private(self, key: int | None) -> bool:
+        """A private block held by a request became full with content ``key``: register it in the cache if
+        that content is not cached yet. Returns True if registered (private count decreases by one)."""
+        if key is not None and self.caching and key not in self.active and key not in self.inactive:
+            self.private_in_use -= 1
+            self.active[key] = 1
+            return True
+        return False
+
+    def allocate_private(self, n: int) -> None:
+        """Allocate ``n`` private blocks (evicting inactive cached blocks LRU-first when nothing is free)."""
+        if n <= 0:
+            return
+        if n > self.free + len(self.inactive):
+            raise SimulationError(f"KV allocation of {n} blocks exceeds available {self.available()}")
+        take = min(n, self.free)
+        self.free -= take
+        inactive = self.inactive
+        for _ in range(n - take):
+            inactive.popitem(last=False)
+        self.private_in_use += n
+
+    def release(self, keys: list[int], n_private: int) -> None:
+        """Drop a request's references: cached keys (in block order; the tail is freed first so that it is
+        evicted first) and ``n_private`` private blocks."""
+        active, inactive = self.active, self.inactive
+        for k in reversed(keys):
+            c = active[k] - 1
+            if c:
+                active[k] = c
+            else:
+                del active[k]
+                inactive[k] = None
+        self.private_in_use -= n_private
+        self.free += n_private
+
+    def check_invariants(self) -> None:
+        """Raise :class:`SimulationError` if blocks are not conserved or counts are inconsistent."""
+        total = self.free + len(self.active) + len(self.inactive) + self.private_in_use
+        if total != self.num_blocks:
+            raise SimulationError(
+                f"KV blocks not conserved: free {self.free} + active {len(self.active)} + inactive "
+                f"{len(self.inactive)} + private {self.private_in_use} = {total} != {self.num_blocks}"
+            )
+        if self.free < 0 or self.private_in_use < 0:
+            raise SimulationError(f"negative KV counts: free {self.free}, private {self.private_in_use}")
+        if any(c <= 0 for c in self.active.values()):
+            raise SimulationError("active cached block with non-positive reference count")
+        if not set(self.active).isdisjoint(self.inactive):
+            raise SimulationError("a cached block is both active and inactive")

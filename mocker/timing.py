@@ -1,0 +1,152 @@
+"""Pass-time models of the simulated engines (milliseconds).
+
+Two sources, selected by :attr:`mocker.config.EngineConfig.timing`:
+
+- :class:`PolynomialTiming` — the reference mocker's baseline (DESIGN.md, "Polynomial timing baseline"):
+  ``prefill(T) = 4.209989e-07*T^2 + 1.518344e-02*T + 16.50142`` with ``T = batch_size * (mean ISL - mean
+  cached prefix)`` of the pass (0 ms when nothing new is computed), and
+  ``decode(p) = max(1.0, -25.74*p^2 + 54.01*p + 5.74)`` with ``p = active KV tokens / total KV tokens``.
+- :class:`NpzTiming` — interpolation over a profile ``.npz`` with arrays ``prefill_isl``, ``prefill_ttft_ms``
+  (1-D, linear over new tokens) and ``decode_active_kv_tokens`` (N), ``decode_context_length`` (M),
+  ``decode_itl`` (N x M, bilinear over (active KV tokens, mean context length)). Both extrapolate linearly
+  outside the grid (as the reference's ``Linear/Bilinear::extrapolate(true)``); decode is clamped to >= 1 ms.
+
+Every duration is divided by ``speedup_ratio`` and then rounded to whole nanoseconds, as the reference does
+by passing it through a Rust ``Duration`` (so simulated timestamps agree with the reference to the ns).
+``decode_ms_array`` is the single implementation used by both the single-pass and the vectorised
+fast-forward paths, which keeps them bit-identical.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from mocker.config import EngineConfig
+from mocker.errors import ConfigError
+
+# DESIGN.md "Polynomial timing baseline" (reference mocker polynomial model).
+PREFILL_A, PREFILL_B, PREFILL_C = 4.209989e-07, 1.518344e-02, 16.50142
+DECODE_A, DECODE_B, DECODE_C = -25.74, 54.01, 5.74
+DECODE_MIN_MS = 1.0
+
+
+def round_ns(ms: float) -> float:
+    """Round a duration in ms to whole nanoseconds the way a Rust ``Duration`` round trip does."""
+    ns = round(ms / 1000.0 * 1e9)
+    return (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
+
+
+def round_ns_array(ms: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`round_ns` (same arithmetic element by element)."""
+    ns = np.rint(ms / 1000.0 * 1e9)
+    sec = np.floor_divide(ns, 1e9)
+    return (sec + (ns - sec * 1e9) / 1e9) * 1000.0
+
+
+class TimingModel(Protocol):
+    """What an engine core needs from a timing source. All results in ms, before speed-up scaling."""
+
+    def prefill_ms(self, batch_size: int, mean_isl: int, mean_prefix: int) -> float: ...
+
+    def decode_ms_array(self, active_kv_tokens: np.ndarray, context_length: np.ndarray) -> np.ndarray: ...
+
+
+class PolynomialTiming:
+    """The reference baseline polynomial. ``total_kv_tokens`` = num_gpu_blocks * block_size."""
+
+    def __init__(self, total_kv_tokens: int) -> None:
+        self.total_kv_tokens = float(total_kv_tokens)
+
+    def prefill_ms(self, batch_size: int, mean_isl: int, mean_prefix: int) -> float:
+        t = batch_size * max(0, mean_isl - mean_prefix)
+        if t <= 0:
+            return 0.0
+        return PREFILL_A * t * t + PREFILL_B * t + PREFILL_C
+
+    def decode_ms_array(self, active_kv_tokens: np.ndarray, context_length: np.ndarray) -> np.ndarray:
+        p = np.asarray(active_kv_tokens, dtype=np.float64) / self.total_kv_tokens
+        return np.maximum(DECODE_MIN_MS, DECODE_A * p * p + DECODE_B * p + DECODE_C)
+
+
+def _interp1_extrap(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
+    """Piecewise-linear interpolation with linear extrapolation from the end segments."""
+    if len(xs) == 1:
+        return float(ys[0])
+    i = int(np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2))
+    x0, x1 = xs[i], xs[i + 1]
+    return float(ys[i] + (ys[i + 1] - ys[i]) * (x - x0) / (x1 - x0))
+
+
+class NpzTiming:
+    """Profile interpolation (arrays as documented in the module docstring).
+
+    Raises :class:`ConfigError` naming the file and the array on a missing array or a shape mismatch.
+    """
+
+    REQUIRED = ("prefill_isl", "prefill_ttft_ms", "decode_active_kv_tokens", "decode_context_length", "decode_itl")
+
+    def __init__(self, path: str | Path) -> None:
+        path = str(path)
+        try:
+            data = np.load(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"timing={path!r}: cannot read profile: {e}") from None
+        missing = [k for k in self.REQUIRED if k not in data]
+        if missing:
+            raise ConfigError(f"timing={path!r}: missing arrays {', '.join(missing)}; expected {', '.join(self.REQUIRED)}")
+        px = np.asarray(data["prefill_isl"], dtype=np.float64)
+        py = np.asarray(data["prefill_ttft_ms"], dtype=np.float64)
+        dx = np.asarray(data["decode_active_kv_tokens"], dtype=np.float64)
+        dy = np.asarray(data["decode_context_length"], dtype=np.float64)
+        dz = np.asarray(data["decode_itl"], dtype=np.float64)
+        problems = []
+        if px.ndim != 1 or py.shape != px.shape or len(px) == 0:
+            problems.append(f"prefill_isl/prefill_ttft_ms: expected equal-length 1-D arrays, got {px.shape} and {py.shape}")
+        if dx.ndim != 1 or dy.ndim != 1 or dz.shape != (len(dx), len(dy)) or len(dx) == 0 or len(dy) == 0:
+            problems.append(
+                f"decode_itl: expected shape (len(decode_active_kv_tokens), len(decode_context_length)) = "
+                f"({len(dx)}, {len(dy)}), got {dz.shape}"
+            )
+        if problems:
+            raise ConfigError([f"timing={path!r}: {p}" for p in problems])
+        po = np.argsort(px, kind="stable")
+        self.prefill_x, self.prefill_y = px[po], py[po]
+        xo, yo = np.argsort(dx, kind="stable"), np.argsort(dy, kind="stable")
+        self.decode_x, self.decode_y, self.decode_z = dx[xo], dy[yo], dz[np.ix_(xo, yo)]
+
+    def prefill_ms(self, batch_size: int, mean_isl: int, mean_prefix: int) -> float:
+        new = max(0, mean_isl - mean_prefix)
+        if batch_size == 0 or new == 0:
+            return 0.0
+        return max(0.0, _interp1_extrap(float(batch_size * new), self.prefill_x, self.prefill_y))
+
+    def decode_ms_array(self, active_kv_tokens: np.ndarray, context_length: np.ndarray) -> np.ndarray:
+        x = np.asarray(active_kv_tokens, dtype=np.float64)
+        y = np.broadcast_to(np.asarray(context_length, dtype=np.float64), x.shape)
+        return np.maximum(DECODE_MIN_MS, _bilinear_extrap(x, y, self.decode_x, self.decode_y, self.decode_z))
+
+
+def _seg(v: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(grid) == 1:
+        return np.zeros(v.shape, dtype=np.intp), np.zeros(v.shape)
+    i = np.clip(np.searchsorted(grid, v, side="right") - 1, 0, len(grid) - 2)
+    return i, (v - grid[i]) / (grid[i + 1] - grid[i])
+
+
+def _bilinear_extrap(x: np.ndarray, y: np.ndarray, gx: np.ndarray, gy: np.ndarray, z: np.ndarray) -> np.ndarray:
+    i, tx = _seg(x, gx)
+    j, ty = _seg(y, gy)
+    i1 = np.minimum(i + 1, len(gx) - 1)
+    j1 = np.minimum(j + 1, len(gy) - 1)
+    z00, z10, z01, z11 = z[i, j], z[i1, j], z[i, j1], z[i1, j1]
+    return z00 * (1 - tx) * (1 - ty) + z10 * tx * (1 - ty) + z01 * (1 - tx) * ty + z11 * tx * ty
+
+
+def load_timing(cfg: EngineConfig) -> TimingModel:
+    """The timing source named by ``cfg.timing`` ('polynomial' or a ``.npz`` path)."""
+    if cfg.timing == "polynomial":
+        return PolynomialTiming(cfg.total_kv_tokens)
+    return NpzTiming(cfg.timing)
