@@ -1,0 +1,218 @@
+"""Load-based estimates from ForwardPassMetrics: pass-time regressions, per-engine TTFT and ITL.
+
+Regressions (DESIGN.md "Planner facts"): pass wall time (s) is linear in the tokens the pass touches,
+
+- prefill engines: ``wall_time = a + b x sum_prefill_tokens``
+- decode engines:  ``wall_time = a + c x sum_decode_kv_tokens``
+- agg engines:     ``wall_time = a + b x sum_prefill_tokens + c x sum_decode_kv_tokens``
+
+fitted by least squares (``numpy.linalg.lstsq``) over a bounded, bucketed sample: samples are filed
+into ``n_buckets`` log2-spaced buckets of total tokens, each keeping its ``per_bucket`` most recent
+samples, so memory is bounded and a long run of same-sized passes cannot crowd out the rest of the
+range. Idle heartbeats (``wall_time == 0``) are skipped. A slope that is not positive, or a feature that
+never varied, is *degenerate*: estimates needing it are unknown (``None``), never "free", so a bad fit
+cannot cause unbounded scale-up.
+
+Estimates for one engine from its latest pass:
+
+- TTFT of a new request of ``isl`` tokens: its prompt waits behind the queued prefill tokens ``Q``;
+  ``Q + isl`` tokens are processed in passes of ``C = max_num_batched_tokens`` (minus one token per
+  running decode request on agg engines): ``floor((Q+isl)/C)`` full passes plus one partial pass, each
+  costing the regression's predicted wall time.
+- ITL: the predicted time of one decode pass over the running + queued decode KV tokens (agg: plus
+  the prefill chunk min(C, Q) the pass would also carry).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from planner.core.observations import ForwardPassMetrics
+
+FEATURES_BY_POOL: dict[str, tuple[str, ...]] = {
+    "prefill": ("sum_prefill_tokens",),
+    "decode": ("sum_decode_kv_tokens",),
+    "agg": ("sum_prefill_tokens", "sum_decode_kv_tokens"),
+}
+
+
+@dataclass(frozen=True)
+class RegressionFit:
+    """Fitted pass-time model: ``wall_time_s = intercept_s + sum(slopes_s_per_token[i] x x[i])``.
+
+    A slope is NaN when degenerate (not positive or not identifiable); see :attr:`degenerate`.
+    """
+
+    features: tuple[str, ...]
+    intercept_s: float
+    slopes_s_per_token: tuple[float, ...]
+    n_samples: int
+
+    @property
+    def degenerate(self) -> bool:
+        return any(not math.isfinite(s) for s in self.slopes_s_per_token)
+
+    def slope(self, feature: str) -> float:
+        return self.slopes_s_per_token[self.features.index(feature)]
+
+    def predict_s(self, **tokens: float) -> float:
+        """Predicted pass time (s, >= 0) for the given feature token counts; NaN if a needed slope is NaN."""
+        t = self.intercept_s
+        for f, s in zip(self.features, self.slopes_s_per_token):
+            x = float(tokens.get(f, 0.0))
+            if x == 0.0:
+                continue
+            if not math.isfinite(s):
+                return math.nan
+            t += s * x
+        return max(0.0, t)
+
+
+class PassTimeRegression:
+    """Online least-squares regression of pass wall time on token counts, bounded and bucketed."""
+
+    def __init__(self, features: Sequence[str], *, n_buckets: int = 16, per_bucket: int = 32, min_samples: int = 8) -> None:
+        self.features = tuple(features)
+        self.n_buckets = n_buckets
+        self.min_samples = min_samples
+        self._buckets: list[deque[tuple[tuple[float, ...], float]]] = [deque(maxlen=per_bucket) for _ in range(n_buckets)]
+        self._fit: RegressionFit | None = None
+        self._dirty = True
+        self.skipped_idle = 0
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets)
+
+    def add(self, pass_: ForwardPassMetrics) -> bool:
+        """File one pass; False when skipped (idle heartbeat or non-finite wall time)."""
+        w = pass_.wall_time
+        if not (math.isfinite(w) and w > 0):
+            self.skipped_idle += 1
+            return False
+        s = pass_.scheduled_requests
+        x = tuple(float(getattr(s, f)) for f in self.features)
+        return self.add_sample(x, w)
+
+    def add_sample(self, x: Sequence[float], wall_time_s: float) -> bool:
+        if not (math.isfinite(wall_time_s) and wall_time_s > 0):
+            self.skipped_idle += 1
+            return False
+        b = min(self.n_buckets - 1, int(math.log2(1.0 + max(0.0, sum(x)))))
+        self._buckets[b].append((tuple(float(v) for v in x), float(wall_time_s)))
+        self._dirty = True
+        return True
+
+    def fit(self) -> RegressionFit | None:
+        """The current fit, or None with fewer than ``min_samples`` samples."""
+        if not self._dirty:
+            return self._fit
+        self._dirty = False
+        rows = [r for b in self._buckets for r in b]
+        if len(rows) < self.min_samples:
+            self._fit = None
+            return None
+        X = np.array([r[0] for r in rows], dtype=float)
+        y = np.array([r[1] for r in rows], dtype=float)
+        varying = [bool(np.ptp(X[:, j]) > 0) for j in range(X.shape[1])]
+        cols = [j for j, v in enumerate(varying) if v]
+        A = np.column_stack([np.ones(len(rows))] + [X[:, j] for j in cols])
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        slopes = [math.nan] * len(self.features)
+        for k, j in enumerate(cols):
+            c = float(coef[1 + k])
+            slopes[j] = c if c > 0 else math.nan
+        self._fit = RegressionFit(self.features, float(coef[0]), tuple(slopes), len(rows))
+        return self._fit
+
+
+@dataclass(frozen=True)
+class EngineEstimate:
+    """One engine's latest state and estimates (``None`` = unknown: no or degenerate regression)."""
+
+    pool: str
+    worker_id: int
+    dp_rank: int
+    idle: bool
+    """No request running or queued in the latest pass (zero load: needs no regression)."""
+    queued_prefill_tokens: int
+    queued_prefill_requests: int
+    decode_kv_tokens: int
+    """Running + queued decode KV tokens."""
+    num_decode_requests: int
+    estimated_ttft_ms: float | None
+    estimated_itl_ms: float | None
+
+
+def estimate_ttft_ms(fit: RegressionFit | None, queued_prefill_tokens: float, isl_tokens: float,
+                     max_num_batched_tokens: int, decode_kv_tokens: float = 0.0, num_decode_requests: int = 0) -> float | None:
+    """TTFT (ms) of a new ``isl_tokens`` request behind ``queued_prefill_tokens`` (module docstring)."""
+    if fit is None or "sum_prefill_tokens" not in fit.features:
+        return None
+    total = max(0.0, queued_prefill_tokens) + max(0.0, isl_tokens)
+    if total <= 0:
+        return 0.0
+    chunk = float(max(1, max_num_batched_tokens - (num_decode_requests if "sum_decode_kv_tokens" in fit.features else 0)))
+    full, rest = int(total // chunk), total - chunk * int(total // chunk)
+    extra = {"sum_decode_kv_tokens": decode_kv_tokens} if "sum_decode_kv_tokens" in fit.features else {}
+    t = full * fit.predict_s(sum_prefill_tokens=chunk, **extra)
+    if rest > 0:
+        t += fit.predict_s(sum_prefill_tokens=rest, **extra)
+    return t * 1000.0 if math.isfinite(t) else None
+
+
+def estimate_itl_ms(fit: RegressionFit | None, decode_kv_tokens: float, queued_prefill_tokens: float = 0.0,
+                    max_num_batched_tokens: int = 8192) -> float | None:
+    """ITL (ms): one decode pass over ``decode_kv_tokens`` (agg: plus a prefill chunk of the queue)."""
+    if fit is None or "sum_decode_kv_tokens" not in fit.features:
+        return None
+    kw = {"sum_decode_kv_tokens": max(0.0, decode_kv_tokens)}
+    if "sum_prefill_tokens" in fit.features:
+        kw["sum_prefill_tokens"] = min(float(max_num_batched_tokens), max(0.0, queued_prefill_tokens))
+    t = fit.predict_s(**kw)
+    return t * 1000.0 if math.isfinite(t) else None
+
+
+def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int], ForwardPassMetrics]:
+    """Latest pass per (worker_id, dp_rank): the largest ``timestamp_s``, later in the input on ties."""
+    out: dict[tuple[int, int], ForwardPassMetrics] = {}
+    for p in passes:
+        k = (p.worker_id, p.dp_rank)
+        if k not in out or p.timestamp_s >= out[k].timestamp_s:
+            out[k] = p
+    return out
+
+
+def estimate_engine(pool: str, p: ForwardPassMetrics, fit: RegressionFit | None, isl_tokens: float,
+                    max_num_batched_tokens: int, load_scale: float = 1.0) -> EngineEstimate:
+    """Estimates for the engine whose latest pass is ``p``; ``load_scale`` multiplies its queue and KV
+    tokens (used to ask "could fewer engines absorb this load?")."""
+    s, q = p.scheduled_requests, p.queued_requests
+    q_tokens = q.sum_prefill_tokens * load_scale
+    kv = (s.sum_decode_kv_tokens + q.sum_decode_kv_tokens) * load_scale
+    n_dec = int(round((s.num_decode_requests + q.num_decode_requests) * load_scale))
+    idle = (s.num_prefill_requests + s.num_decode_requests + q.num_prefill_requests + q.num_decode_requests) == 0 \
+        and (p.wall_time == 0 or (s.sum_prefill_tokens + s.sum_decode_kv_tokens) == 0)
+    ttft = itl = None
+    if pool in ("prefill", "agg"):
+        ttft = 0.0 if idle else estimate_ttft_ms(fit, q_tokens, isl_tokens, max_num_batched_tokens, kv, n_dec)
+    if pool in ("decode", "agg"):
+        itl = 0.0 if idle else estimate_itl_ms(fit, kv, q_tokens, max_num_batched_tokens)
+    return EngineEstimate(pool, p.worker_id, p.dp_rank, idle, int(round(q_tokens)), q.num_prefill_requests,
+                          int(round(kv)), n_dec, ttft, itl)
+
+
+def guess_isl_tokens(passes: Iterable[ForwardPassMetrics]) -> float:
+    """Mean prompt length seen in FPM (queued, else scheduled), for when the frontend mean is unknown."""
+    tok = n = 0.0
+    for p in passes:
+        q, s = p.queued_requests, p.scheduled_requests
+        if q.num_prefill_requests:
+            tok, n = tok + q.sum_prefill_tokens, n + q.num_prefill_requests
+        elif s.num_prefill_requests:
+            tok, n = tok + (s.sum_prefill_kv_tokens or s.sum_prefill_tokens), n + s.num_prefill_requests
+    return tok / n if n else 0.0

@@ -1,0 +1,167 @@
+"""What a driver hands the planner each tick: plain frozen data, no behaviour.
+
+- :class:`ForwardPassMetrics` (+ :class:`ScheduledRequests`, :class:`QueuedRequests`): one engine pass on
+  one DP rank, field names as Dynamo's ForwardPassMetrics (DESIGN.md "Metrics facts"); ``wall_time`` in
+  seconds, 0 = idle heartbeat. ``pool`` says which pool the engine belongs to (the driver knows).
+  :meth:`ForwardPassMetrics.from_mapping` adapts any msgpack/JSON-shaped dict or attribute object.
+- :class:`TrafficWindow`: frontend aggregates over the last throughput interval (Prometheus:
+  increase(X_sum[w]) / increase(X_count[w])). ``mean_*`` are NaN when nothing was observed.
+- :class:`PoolState`: replicas requested (spec) and ready for one pool.
+- :class:`Observations`: one tick's input. ``None`` anywhere means *unknown* (the read failed), which the
+  planner never treats as zero demand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from planner.errors import ObservationError
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequests:
+    """Requests in the pass. ``sum_prefill_tokens``: prompt tokens newly computed in this pass."""
+
+    num_prefill_requests: int = 0
+    sum_prefill_tokens: int = 0
+    var_prefill_length: float = 0.0
+    sum_prefill_kv_tokens: int = 0
+    num_decode_requests: int = 0
+    sum_decode_kv_tokens: int = 0
+    var_decode_kv_tokens: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequests:
+    """Requests waiting after the pass. ``sum_prefill_tokens``: prompt tokens still to compute."""
+
+    num_prefill_requests: int = 0
+    sum_prefill_tokens: int = 0
+    var_prefill_length: float = 0.0
+    num_decode_requests: int = 0
+    sum_decode_kv_tokens: int = 0
+    var_decode_kv_tokens: float = 0.0
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardPassMetrics:
+    """One engine pass on one DP rank. ``wall_time`` seconds (0.0 = idle heartbeat, skipped by the
+    regressions); ``timestamp_s`` on the driver's clock (optional, 0 = the tick time)."""
+
+    worker_id: int
+    dp_rank: int
+    wall_time: float
+    scheduled_requests: ScheduledRequests = field(default_factory=ScheduledRequests)
+    queued_requests: QueuedRequests = field(default_factory=QueuedRequests)
+    pool: str = "decode"
+    timestamp_s: float = 0.0
+
+    @classmethod
+    def from_mapping(cls, obj: Any, *, pool: str, timestamp_s: float | None = None) -> "ForwardPassMetrics":
+        """Adapt a dict (msgpack/JSON) or any object with the Dynamo field names.
+
+        ``timestamp_ms`` (mocker records) is converted to seconds when ``timestamp_s`` is not given.
+        Raises ObservationError naming a missing or negative field.
+        """
+        def sub(part: Any, cls_: type) -> Any:
+            if part is None:
+                return cls_()
+            kw = {}
+            for f in cls_.__dataclass_fields__:  # type: ignore[attr-defined]
+                v = _get(part, f, None)
+                if v is not None:
+                    kw[f] = v
+            return cls_(**kw)
+
+        wid = _get(obj, "worker_id")
+        wall = _get(obj, "wall_time")
+        if wid is None or wall is None:
+            raise ObservationError(f"ForwardPassMetrics: missing field {'worker_id' if wid is None else 'wall_time'}")
+        if not (isinstance(wall, (int, float)) and wall >= 0):
+            raise ObservationError(f"ForwardPassMetrics.wall_time={wall!r}: expected seconds >= 0")
+        if timestamp_s is None:
+            ts_ms = _get(obj, "timestamp_ms", None)
+            timestamp_s = float(ts_ms) / 1000.0 if ts_ms is not None else float(_get(obj, "timestamp_s", 0.0) or 0.0)
+        return cls(worker_id=int(wid), dp_rank=int(_get(obj, "dp_rank", 0) or 0), wall_time=float(wall),
+                   scheduled_requests=sub(_get(obj, "scheduled_requests"), ScheduledRequests),
+                   queued_requests=sub(_get(obj, "queued_requests"), QueuedRequests),
+                   pool=pool, timestamp_s=timestamp_s)
+
+
+@dataclass(frozen=True, slots=True)
+class LengthBucket:
+    """A class of requests in the observed mix: representative ISL/OSL (tokens) and request count."""
+
+    isl_tokens: float
+    osl_tokens: float
+    num_requests: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficWindow:
+    """Frontend aggregates over the ``duration_s`` ending at the tick.
+
+    ``mean_*`` are NaN (not 0) when there were no requests; ``mean_request_duration_s`` is optional (used
+    for the expected-ITL correction factor; estimated as TTFT + OSL x ITL when absent). ``mix``: optional
+    request mix (for ``sizing="percentile"``/``"mix"``).
+    """
+
+    duration_s: float
+    num_requests: float
+    mean_isl_tokens: float = math.nan
+    mean_osl_tokens: float = math.nan
+    mean_ttft_ms: float = math.nan
+    mean_itl_ms: float = math.nan
+    mean_request_duration_s: float = math.nan
+    mix: tuple[LengthBucket, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ObservationError(f"TrafficWindow.duration_s={self.duration_s!r}: expected seconds > 0")
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.num_requests / self.duration_s if math.isfinite(self.num_requests) else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """One pool as the driver sees it: ``replicas`` requested in the deployment (spec) and
+    ``ready_replicas`` serving (``None`` = readiness unknown: the spec count is then taken as ready)."""
+
+    replicas: int
+    ready_replicas: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.replicas, int) and self.replicas >= 0):
+            raise ObservationError(f"PoolState.replicas={self.replicas!r}: expected an integer >= 0")
+        if self.ready_replicas is not None and not (isinstance(self.ready_replicas, int) and self.ready_replicas >= 0):
+            raise ObservationError(f"PoolState.ready_replicas={self.ready_replicas!r}: expected an integer >= 0 or None")
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """Everything observed since the previous tick.
+
+    - ``pools``: pool name -> :class:`PoolState`; ``None`` = the deployment could not be read (hold).
+    - ``traffic``: the last throughput interval's aggregates; ``None`` = unknown (read failed) — only
+      consulted when the throughput loop is due.
+    - ``passes``: ForwardPassMetrics received since the previous tick (any order; may be empty).
+      ``passes_ok=False`` = the FPM source failed (the load loop holds instead of seeing silence).
+    - ``applied_decision_id``: the last decision id the connector reports as applied (VirtualConnector
+      protocol), ``None`` when the connector applies synchronously and does not acknowledge.
+    """
+
+    pools: Mapping[str, PoolState] | None
+    traffic: TrafficWindow | None = None
+    passes: tuple[ForwardPassMetrics, ...] = ()
+    passes_ok: bool = True
+    applied_decision_id: int | None = None

@@ -1,0 +1,475 @@
+"""The planner state machine: ``Planner.tick(now_s, observations) -> TickResult``.
+
+One tick, in order (all times are the caller's clock, seconds; the planner never reads a clock):
+
+1. ingest ForwardPassMetrics into the per-pool pass-time regressions and the per-engine latest state;
+2. if the throughput loop is due (every ``adjustment_interval_s``, first at start + interval): feed the
+   traffic window to the predictors and correction factors (``None`` traffic = unknown: nothing fed,
+   the loop holds with ``hold_metrics_unknown``), predict demand and size every pool;
+3. read the pools: ``None`` = unknown -> ``hold_metrics_unknown`` (never "zero demand");
+4. pending guard: the previous decision is pending until the spec equals its targets, ready replicas
+   equal them (when reported) and the connector acknowledged it (when it acknowledges). A spec that
+   moved elsewhere is someone else's change -> ``adopted_external_change`` (the new count becomes the
+   current state, the pool is left alone for ``external_change_grace_s``). Still pending ->
+   ``hold_pending``; pending longer than ``pending_timeout_s`` -> ``pending_timeout_replan``;
+5. combine the loops: throughput alone sets the goal (scale-down only beyond the hysteresis band);
+   with the load loop on, the load loop steps +/-1 per load interval and the throughput result is the
+   floor; scale-down cooldown and external-change grace apply;
+6. :func:`~planner.core.budget.apply_limits` (min/max, GPU budget, decrease-first rebalancing);
+7. publish a :class:`Decision` with a new ``decision_id`` when the targets differ from the spec.
+
+Deterministic: the same config, profile, warm start and tick sequence give identical results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from planner.core.budget import apply_limits, gpus
+from planner.core.config import PlannerConfig
+from planner.core.interpolation import PerformanceProfile
+from planner.core.load import (FEATURES_BY_POOL, EngineEstimate, PassTimeRegression, RegressionFit, estimate_engine,
+                               guess_isl_tokens)
+from planner.core.observations import ForwardPassMetrics, LengthBucket, Observations, TrafficWindow
+from planner.core.predictors import BasePredictor, make_predictor
+from planner.core.reasons import ACTION_REASONS, Reason
+from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
+                                     size_decode, size_prefill)
+from planner.errors import ConfigError
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now. ``targets`` is None when nothing should change (a hold)."""
+
+    targets: Mapping[str, int] | None
+    """Replicas to publish per pool, or None (keep the current spec)."""
+    decision_id: int | None
+    """Increasing id of a published decision (VirtualConnector protocol), None for holds."""
+    reason: Reason
+    """The main reason (an action reason for actions, the hold reason otherwise)."""
+    reasons: tuple[Reason, ...] = ()
+    """Every reason that applied this tick, in the order they arose."""
+    pool_reasons: Mapping[str, Reason] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """Everything the tick saw and concluded (one record per tick; JSON via :meth:`to_dict`)."""
+
+    now_s: float
+    loops_run: tuple[str, ...]
+    current_replicas: Mapping[str, int] | None
+    ready_replicas: Mapping[str, int | None] | None
+    observed: TrafficWindow | None
+    predicted_num_requests: float
+    predicted_isl_tokens: float
+    predicted_osl_tokens: float
+    predicted_requests_per_second: float
+    predictor: str
+    """Predictor in use (for ``auto``: the candidate chosen this interval)."""
+    p_correction: float
+    d_correction: float
+    throughput_replicas_exact: Mapping[str, float]
+    throughput_replicas: Mapping[str, int]
+    engines: tuple[EngineEstimate, ...]
+    regressions: Mapping[str, RegressionFit | None]
+    estimated_ttft_ms: float
+    """Max over prefill/agg engines (NaN when unknown)."""
+    estimated_itl_ms: float
+    """Max over decode/agg engines (NaN when unknown)."""
+    decision: Decision
+    pending_decision_id: int | None
+    gpus: int
+    """GPUs of the current spec (replicas x gpus_per_engine)."""
+    gpu_hours: float
+    """GPU-hours of the spec integrated over ticks so far."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data (NaN/inf -> None, enums -> their names)."""
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Reason):
+        return x.value
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """Output of :meth:`Planner.tick`: the decision, the diagnostics and when to tick next (s)."""
+
+    decision: Decision
+    diagnostics: Diagnostics
+    next_tick_s: float
+
+
+@dataclass
+class _Pending:
+    decision_id: int
+    targets: dict[str, int]
+    previous: dict[str, int]
+    since_s: float
+
+
+class Planner:
+    """Pure decision state machine. One instance per managed deployment.
+
+    ``profile`` is required when the throughput loop is on (prefill half for prefill/agg pools, decode
+    half for decode/agg pools). ``warm_start``: historical intervals (e.g. from
+    :func:`planner.core.traces.read_trace_intervals`) fed to the predictors before the first tick.
+    Raises ConfigError when the profile lacks a half the mode needs.
+    """
+
+    def __init__(self, config: PlannerConfig, profile: PerformanceProfile | None = None,
+                 warm_start: Sequence[TrafficWindow] = ()) -> None:
+        self.config = config
+        self.profile = profile
+        if config.throughput_enabled:
+            problems = []
+            needs_prefill = any(p in ("prefill", "agg") for p in config.pools)
+            needs_decode = any(p in ("decode", "agg") for p in config.pools)
+            if profile is None or (needs_prefill and profile.prefill is None):
+                problems.append(f"profile: mode {config.mode!r} with the throughput loop needs a prefill profile")
+            if profile is None or (needs_decode and profile.decode is None):
+                problems.append(f"profile: mode {config.mode!r} with the throughput loop needs a decode profile")
+            if problems:
+                raise ConfigError(problems)
+        self._pred_req = make_predictor(config.predictor, config)
+        self._pred_isl = make_predictor(config.predictor, config)
+        self._pred_osl = make_predictor(config.predictor, config)
+        for w in warm_start:
+            self._feed_predictors(w)
+        self._regressions = {p: PassTimeRegression(FEATURES_BY_POOL[p], n_buckets=config.regression_buckets,
+                                                   per_bucket=config.regression_samples_per_bucket,
+                                                   min_samples=config.regression_min_samples)
+                             for p in config.pools}
+        self._engines: dict[tuple[str, int, int], tuple[ForwardPassMetrics, float]] = {}
+        self._decision_seq = 0
+        self._pending: _Pending | None = None
+        self._last_targets: dict[str, int] | None = None
+        self._thpt_goal: dict[str, int] = {}
+        self._thpt_exact: dict[str, float] = {}
+        self._thpt_required: dict[str, int] = {}
+        self._last_mix: tuple[LengthBucket, ...] = ()
+        self._last_isl_tokens = math.nan
+        self.p_correction = 1.0
+        self.d_correction = 1.0
+        self._next_thpt_s: float | None = None
+        self._next_load_s: float | None = None
+        self._last_up_s: dict[str, float] = {}
+        self._grace_until_s: dict[str, float] = {}
+        self._last_now_s: float | None = None
+        self._last_gpus = 0
+        self._gpu_hours = 0.0
+        self._demand = Demand(math.nan, math.nan, math.nan)
+
+    # ------------------------------------------------------------------ public helpers
+    @property
+    def pending_decision_id(self) -> int | None:
+        return self._pending.decision_id if self._pending else None
+
+    def regression(self, pool: str) -> RegressionFit | None:
+        """The current pass-time fit of ``pool`` (None until enough samples)."""
+        return self._regressions[pool].fit()
+
+    # ------------------------------------------------------------------ internals
+    def _feed_predictors(self, w: TrafficWindow) -> None:
+        self._pred_req.add(w.num_requests)
+        self._pred_isl.add(w.mean_isl_tokens if w.num_requests > 0 else math.nan)
+        self._pred_osl.add(w.mean_osl_tokens if w.num_requests > 0 else math.nan)
+
+    def _predictor_name(self) -> str:
+        return str(getattr(self._pred_req, "chosen", self._pred_req.name))
+
+    def _run_throughput(self, traffic: TrafficWindow | None, decode_replicas: int | None) -> bool:
+        """Feed and size; False when the traffic is unknown (nothing learned, nothing sized)."""
+        cfg = self.config
+        if traffic is None:
+            return False
+        self._feed_predictors(traffic)
+        if traffic.mix:
+            self._last_mix = traffic.mix
+        if traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens):
+            self._last_isl_tokens = traffic.mean_isl_tokens
+        prof = self.profile
+        assert prof is not None
+        if cfg.correction_enabled and traffic.num_requests > 0:
+            if prof.prefill is not None:
+                self.p_correction = clamp_correction(
+                    prefill_correction(traffic.mean_ttft_ms, traffic.mean_isl_tokens, prof.prefill), self.p_correction)
+            if prof.decode is not None and decode_replicas:
+                dur = traffic.mean_request_duration_s
+                if not math.isfinite(dur):
+                    dur = (traffic.mean_ttft_ms + traffic.mean_osl_tokens * traffic.mean_itl_ms) / 1000.0
+                self.d_correction = clamp_correction(
+                    decode_correction(traffic.mean_itl_ms, traffic.num_requests, traffic.mean_isl_tokens,
+                                      traffic.mean_osl_tokens, dur, decode_replicas, traffic.duration_s, prof.decode),
+                    self.d_correction)
+        demand = Demand(self._pred_req.predict_next(), self._pred_isl.predict_next(), self._pred_osl.predict_next(),
+                        self._last_mix)
+        self._demand = demand
+        if not demand.known:
+            return False
+        interval = cfg.adjustment_interval_s
+        exact: dict[str, float] = {}
+        for pool in cfg.pools:
+            lim = cfg.limits(pool)
+            parts = []
+            if pool in ("prefill", "agg") and prof.prefill is not None:
+                parts.append(size_prefill(demand, interval, self.p_correction, prof.prefill, lim.gpus_per_engine,
+                                          cfg.sizing, cfg.sizing_percentile).replicas_exact)
+            if pool in ("decode", "agg") and prof.decode is not None:
+                parts.append(size_decode(demand, interval, self.d_correction, cfg.itl_ms, prof.decode,
+                                         lim.gpus_per_engine, cfg.sizing, cfg.sizing_percentile).replicas_exact)
+            exact[pool] = max(parts) if parts else 0.0
+        self._thpt_exact = exact
+        self._thpt_required = {p: ceil_replicas(x) for p, x in exact.items()}
+        return True
+
+    def _hysteresis_goal(self, pool: str, current: int) -> tuple[int, Reason]:
+        req = self._thpt_required[pool]
+        if req >= current:
+            return req, (Reason.SCALE_UP_THROUGHPUT if req > current else Reason.HOLD_STEADY)
+        banded = ceil_replicas(self._thpt_exact[pool] * (1.0 + self.config.scale_down_hysteresis))
+        if banded < current:
+            return max(req, banded), Reason.SCALE_DOWN_THROUGHPUT
+        return current, Reason.HOLD_HYSTERESIS
+
+    def _engine_estimates(self, now_s: float, load_scale: Mapping[str, float] | None = None) -> list[EngineEstimate]:
+        cfg = self.config
+        isl = self._last_isl_tokens
+        out = []
+        for (pool, _, _), (p, _seen) in sorted(self._engines.items()):
+            hint = isl if math.isfinite(isl) else guess_isl_tokens([p])
+            out.append(estimate_engine(pool, p, self._regressions[pool].fit(), hint, cfg.max_num_batched_tokens,
+                                       (load_scale or {}).get(pool, 1.0)))
+        return out
+
+    def _load_step(self, pool: str, current: int, ests: list[EngineEstimate], passes_ok: bool) -> tuple[int, Reason]:
+        cfg = self.config
+        engs = [e for e in ests if e.pool == pool]
+        if not passes_ok or not engs:
+            return 0, Reason.HOLD_METRICS_UNKNOWN
+        need_ttft, need_itl = pool in ("prefill", "agg"), pool in ("decode", "agg")
+
+        def values(e: EngineEstimate) -> list[tuple[str, float | None, float]]:
+            v = []
+            if need_ttft:
+                v.append(("ttft", e.estimated_ttft_ms, cfg.ttft_ms))
+            if need_itl:
+                v.append(("itl", e.estimated_itl_ms, cfg.itl_ms))
+            return v
+
+        if any(val is None for e in engs for _, val, _ in values(e)):
+            fit = self._regressions[pool].fit()
+            return 0, (Reason.HOLD_REGRESSION_WARMING_UP if fit is None else Reason.HOLD_REGRESSION_DEGENERATE)
+        if all(any(val > sla for _, val, sla in values(e)) for e in engs):  # type: ignore[operator]
+            ttft_over = need_ttft and all(e.estimated_ttft_ms > cfg.ttft_ms for e in engs)  # type: ignore[operator]
+            return +1, (Reason.SCALE_UP_TTFT if ttft_over else Reason.SCALE_UP_ITL)
+        if current > cfg.limits(pool).min_replicas and all(
+                all(val < sla * cfg.load_sensitivity for _, val, sla in values(e)) for e in engs):  # type: ignore[operator]
+            n = len(engs)
+            per_replica = max(1, round(n / max(1, current)))
+            if n - per_replica <= 0:
+                absorbed = all(e.idle for e in engs)
+            else:
+                scale = n / (n - per_replica)
+                re = [estimate_engine(pool, self._engines[(pool, e.worker_id, e.dp_rank)][0], self._regressions[pool].fit(),
+                                      self._last_isl_tokens if math.isfinite(self._last_isl_tokens) else
+                                      guess_isl_tokens([self._engines[(pool, e.worker_id, e.dp_rank)][0]]),
+                                      cfg.max_num_batched_tokens, scale) for e in engs]
+                absorbed = all(val is not None and val < sla for e in re for _, val, sla in values(e))
+            if absorbed:
+                return -1, Reason.SCALE_DOWN_CONSOLIDATED
+        return 0, Reason.HOLD_WITHIN_SLA
+
+    def _diag(self, now_s: float, loops: tuple[str, ...], obs: Observations, decision: Decision,
+              ests: list[EngineEstimate]) -> Diagnostics:
+        ttfts = [e.estimated_ttft_ms for e in ests if e.estimated_ttft_ms is not None]
+        itls = [e.estimated_itl_ms for e in ests if e.estimated_itl_ms is not None]
+        pools = obs.pools
+        d = self._demand
+        interval = self.config.adjustment_interval_s
+        return Diagnostics(
+            now_s=now_s, loops_run=loops,
+            current_replicas={p: pools[p].replicas for p in self.config.pools if p in pools} if pools is not None else None,
+            ready_replicas={p: pools[p].ready_replicas for p in self.config.pools if p in pools} if pools is not None else None,
+            observed=obs.traffic if "throughput" in loops else None,
+            predicted_num_requests=d.num_requests, predicted_isl_tokens=d.isl_tokens, predicted_osl_tokens=d.osl_tokens,
+            predicted_requests_per_second=d.num_requests / interval if math.isfinite(d.num_requests) else math.nan,
+            predictor=self._predictor_name(), p_correction=self.p_correction, d_correction=self.d_correction,
+            throughput_replicas_exact=dict(self._thpt_exact), throughput_replicas=dict(self._thpt_required),
+            engines=tuple(ests), regressions={p: r.fit() for p, r in self._regressions.items()},
+            estimated_ttft_ms=max(ttfts) if ttfts else math.nan, estimated_itl_ms=max(itls) if itls else math.nan,
+            decision=decision, pending_decision_id=self.pending_decision_id, gpus=self._last_gpus,
+            gpu_hours=self._gpu_hours)
+
+    def _next_tick(self) -> float:
+        c = [t for t, on in ((self._next_thpt_s, self.config.throughput_enabled),
+                              (self._next_load_s, self.config.load_enabled)) if on and t is not None]
+        return min(c)
+
+    # ------------------------------------------------------------------ the tick
+    def tick(self, now_s: float, observations: Observations) -> TickResult:
+        """Advance to ``now_s`` (seconds, caller's clock, non-decreasing) with what was observed since
+        the previous tick. Returns the decision, the diagnostics and when to call again."""
+        cfg, obs = self.config, observations
+        if self._last_now_s is not None and now_s < self._last_now_s:
+            raise ConfigError(f"now_s={now_s!r}: expected >= the previous tick's {self._last_now_s!r}")
+        # GPU-hours of the spec held since the previous tick
+        if self._last_now_s is not None:
+            self._gpu_hours += self._last_gpus * (now_s - self._last_now_s) / 3600.0
+        self._last_now_s = now_s
+        first = self._next_thpt_s is None
+        if first:
+            self._next_thpt_s = now_s + cfg.adjustment_interval_s
+            self._next_load_s = now_s + cfg.load_adjustment_interval_s
+        # 1. FPM
+        for p in obs.passes:
+            if p.pool not in self._regressions:
+                continue
+            self._regressions[p.pool].add(p)
+            seen = p.timestamp_s if p.timestamp_s > 0 else now_s
+            key = (p.pool, p.worker_id, p.dp_rank)
+            if key not in self._engines or seen >= self._engines[key][1]:
+                self._engines[key] = (p, seen)
+        for key in [k for k, (_, seen) in self._engines.items() if now_s - seen > cfg.engine_stale_s]:
+            del self._engines[key]
+        # which loops are due
+        assert self._next_thpt_s is not None and self._next_load_s is not None
+        due_thpt = cfg.throughput_enabled and not first and now_s + _EPS >= self._next_thpt_s
+        due_load = cfg.load_enabled and not first and now_s + _EPS >= self._next_load_s
+        while self._next_thpt_s <= now_s + _EPS:
+            self._next_thpt_s += cfg.adjustment_interval_s
+        while self._next_load_s <= now_s + _EPS:
+            self._next_load_s += cfg.load_adjustment_interval_s
+        loops = tuple(n for n, d in (("throughput", due_thpt), ("load", due_load)) if d)
+        reasons: list[Reason] = []
+        pools = obs.pools
+        known_pools = pools is not None and all(p in pools for p in cfg.pools)
+        # 2. throughput loop learns even while holding
+        thpt_ok = True
+        if due_thpt:
+            dec_rep = None
+            if known_pools and "decode" in cfg.pools:
+                st = pools["decode"]  # type: ignore[index]
+                dec_rep = st.ready_replicas if st.ready_replicas is not None else st.replicas
+            elif known_pools and "agg" in cfg.pools:
+                st = pools["agg"]  # type: ignore[index]
+                dec_rep = st.ready_replicas if st.ready_replicas is not None else st.replicas
+            thpt_ok = self._run_throughput(obs.traffic, dec_rep)
+        ests = self._engine_estimates(now_s) if cfg.load_enabled else []
+
+        def finish(decision: Decision) -> TickResult:
+            if known_pools:
+                self._last_gpus = gpus({p: pools[p].replicas for p in cfg.pools}, cfg)  # type: ignore[index]
+            return TickResult(decision, self._diag(now_s, loops, obs, decision, ests), self._next_tick())
+
+        def hold(reason: Reason, pool_reasons: Mapping[str, Reason] | None = None) -> TickResult:
+            rs = tuple(dict.fromkeys([*reasons, reason]))
+            return finish(Decision(None, None, reason, rs, dict(pool_reasons or {})))
+
+        # 3. pools
+        if not known_pools:
+            return hold(Reason.HOLD_METRICS_UNKNOWN)
+        assert pools is not None
+        current = {p: pools[p].replicas for p in cfg.pools}
+        ready = {p: pools[p].ready_replicas for p in cfg.pools}
+        if first:
+            self._last_targets = dict(current)
+            return hold(Reason.HOLD_WARMING_UP)
+        # 4. pending guard and external changes
+        external: list[str] = []
+        if self._pending is not None:
+            pend = self._pending
+            acked = obs.applied_decision_id is not None and obs.applied_decision_id >= pend.decision_id
+            for p in cfg.pools:
+                c = current[p]
+                if c != pend.targets[p] and (c != pend.previous[p] or acked):
+                    external.append(p)
+            if not external:
+                reached = all(current[p] == pend.targets[p] and (ready[p] is None or ready[p] == pend.targets[p])
+                              for p in cfg.pools)
+                if reached and (obs.applied_decision_id is None or acked):
+                    self._pending = None
+                elif now_s - pend.since_s >= cfg.pending_timeout_s:
+                    self._pending = None
+                    reasons.append(Reason.PENDING_TIMEOUT_REPLAN)
+                else:
+                    return hold(Reason.HOLD_PENDING)
+        elif self._last_targets is not None:
+            external = [p for p in cfg.pools if current[p] != self._last_targets[p]]
+        if external:
+            self._pending = None
+            self._last_targets = dict(current)
+            for p in external:
+                self._grace_until_s[p] = now_s + cfg.external_change_grace_s
+                self._thpt_goal.pop(p, None)
+            return hold(Reason.ADOPTED_EXTERNAL_CHANGE, {p: Reason.ADOPTED_EXTERNAL_CHANGE for p in external})
+        # 5. combine loops
+        goal = dict(current)
+        pool_reasons: dict[str, Reason] = {}
+        if due_thpt and thpt_ok and not cfg.load_enabled:
+            for p in cfg.pools:
+                self._thpt_goal[p], pool_reasons[p] = self._hysteresis_goal(p, current[p])
+        if not cfg.load_enabled:
+            for p in cfg.pools:
+                if p in self._thpt_goal:
+                    goal[p] = self._thpt_goal[p]
+                    if p not in pool_reasons and goal[p] != current[p]:
+                        pool_reasons[p] = Reason.SCALE_UP_THROUGHPUT if goal[p] > current[p] else Reason.SCALE_DOWN_THROUGHPUT
+        if due_thpt and not thpt_ok:
+            reasons.append(Reason.HOLD_METRICS_UNKNOWN)
+        if due_load:
+            for p in cfg.pools:
+                delta, r = self._load_step(p, current[p], ests, obs.passes_ok)
+                goal[p] = current[p] + delta
+                pool_reasons[p] = r
+        if cfg.load_enabled and self._thpt_required:
+            for p in cfg.pools:
+                floor = self._thpt_required.get(p, 0)
+                if goal[p] < floor:
+                    goal[p] = floor
+                    pool_reasons[p] = Reason.RAISED_TO_THROUGHPUT_FLOOR
+        for p in cfg.pools:
+            if goal[p] != current[p] and now_s < self._grace_until_s.get(p, -math.inf):
+                goal[p], pool_reasons[p] = current[p], Reason.HOLD_EXTERNAL_GRACE
+            elif goal[p] < current[p] and now_s - self._last_up_s.get(p, -math.inf) < cfg.scale_down_cooldown_s:
+                goal[p], pool_reasons[p] = current[p], Reason.HOLD_COOLDOWN
+        # 6. limits and budget
+        res = apply_limits(goal, current, cfg)
+        targets = res.targets
+        actions = [pool_reasons[p] for p in cfg.pools if p in pool_reasons and pool_reasons[p] in ACTION_REASONS
+                   and targets[p] != current[p]]
+        reasons.extend(actions)
+        reasons.extend(Reason(r) for r in res.reasons)
+        if targets == current:
+            main = Reason.PENDING_TIMEOUT_REPLAN if Reason.PENDING_TIMEOUT_REPLAN in reasons else next(
+                (r for r in reasons if r not in ACTION_REASONS), None)
+            if main is None:
+                prs = [pool_reasons[p] for p in cfg.pools if p in pool_reasons and pool_reasons[p] not in ACTION_REASONS]
+                main = prs[0] if prs else (Reason.HOLD_STEADY if loops else Reason.HOLD_NOT_DUE)
+            return hold(main, pool_reasons)
+        # 7. publish
+        self._decision_seq += 1
+        for p in cfg.pools:
+            if targets[p] > current[p]:
+                self._last_up_s[p] = now_s
+        self._pending = _Pending(self._decision_seq, dict(targets), dict(current), now_s)
+        self._last_targets = dict(targets)
+        rs = tuple(dict.fromkeys(reasons))
+        main = next((r for r in rs if r in ACTION_REASONS), rs[0] if rs else Reason.SCALE_UP_THROUGHPUT)
+        return finish(Decision(dict(targets), self._decision_seq, main, rs, pool_reasons))
