@@ -66,6 +66,9 @@ class StreamState:
     queue: "asyncio.Queue[Emission]"
     delivered: int = 0
     hash_ids: tuple[int, ...] | None = None
+    token_times_ms: list[float] = field(default_factory=list)
+    """Engine-timeline time of every token delivered (the core fills ``record.token_times_ms`` only when
+    finalized, so the driver keeps them and copies them into the record at finish)."""
 
 
 PassHook = Callable[[int, Any, list[RequestRecord], float], None]
@@ -84,6 +87,11 @@ def outcome_emissions(outcome: Any) -> Iterable[int]:
 
 def outcome_finished(outcome: Any) -> Iterable[int]:
     return list(getattr(outcome, "finished", ()) or ())
+
+
+def outcome_rejected(outcome: Any) -> Iterable[int]:
+    """Requests the core refused (a prompt that can never fit in its KV cache)."""
+    return list(getattr(outcome, "rejected", ()) or ())
 
 
 def outcome_fpm(outcome: Any) -> ForwardPassMetrics | None:
@@ -177,22 +185,29 @@ class RankDriver:
             self._core_ms = end
             self.last_pass_wall_ms = self.clock.now_ms()
             finished_records: list[RequestRecord] = []
-            for rid in outcome_emissions(outcome):
+            emitted = outcome_emissions(outcome)
+            for rid in emitted:
                 st = self.streams.get(rid)
                 if st is not None:
+                    st.token_times_ms.append(end)
                     st.queue.put_nowait(Emission(end, st.delivered))
                     st.delivered += 1
-            for rid in outcome_finished(outcome):
+            for rid in [*outcome_finished(outcome), *outcome_rejected(outcome)]:
                 st = self.streams.pop(rid, None)
                 if st is not None:
+                    if len(st.record.token_times_ms) < len(st.token_times_ms):
+                        st.record.token_times_ms = st.token_times_ms
                     finished_records.append(st.record)
                     st.queue.put_nowait(Emission(end, st.delivered, finished=True, status=st.record.status))
+            kept = getattr(self.core, "fpm", None)
+            if isinstance(kept, list):
+                kept.clear()  # the core appends every FPM when collecting; the live worker streams them instead
             fpm = outcome_fpm(outcome)
             if fpm is not None:
                 self.latest_fpm = fpm
             if self.on_pass is not None:
                 self.on_pass(self.dp_rank, outcome, finished_records, lag)
-            if end <= now and not outcome_emissions(outcome) and not outcome_finished(outcome):
+            if end <= now and not emitted and not finished_records:
                 # a pass that made no progress: yield instead of spinning
                 await asyncio.sleep(0.001)
             else:

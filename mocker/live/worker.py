@@ -161,13 +161,13 @@ class Worker:
         return app
 
     async def _startup(self, app: web.Application) -> None:
+        cores = [self.core_factory(self.cfg, self.s.worker_id, rank) for rank in range(self.cfg.dp_size)]
         self._zmq = zmq.Context()
         if self.s.fpm_endpoint:
             self.fpm_pub = Publisher(self._zmq, self.s.fpm_endpoint)
         if self.s.kv_events_endpoint:
             self.kv_pub = Publisher(self._zmq, self.s.kv_events_endpoint)
-        for rank in range(self.cfg.dp_size):
-            core = self.core_factory(self.cfg, self.s.worker_id, rank)
+        for rank, core in enumerate(cores):
             d = RankDriver(core, rank, self.clock, on_pass=self._on_pass)
             d.start()
             self.drivers.append(d)
@@ -351,17 +351,19 @@ class Worker:
         try:
             if p.stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-                await resp.prepare(request)
-                first = True
                 n = 0
                 while True:
                     em = await st.queue.get()
                     if em.finished:
                         break
-                    chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=first)
-                    first = False
+                    if n == 0:
+                        await resp.prepare(request)  # headers go out with the first token, so a refusal can still be a 400
+                    chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0)
                     n += 1
                     await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                if n == 0:
+                    done = True
+                    return self._refused(p)
                 fin = chunk_body(p.kind, oid, p.model, created, None if p.kind == "chat" else "", "length")
                 tail = b"data: " + msgspec.json.encode(fin) + b"\n\n"
                 if p.include_usage:
@@ -377,6 +379,8 @@ class Worker:
                     break
                 n += 1
             done = True
+            if n == 0:
+                return self._refused(p)
             text = "".join(output_piece(i) for i in range(n))
             return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", usage(p.input_length, n)))  # type: ignore[arg-type]
         finally:
@@ -386,6 +390,11 @@ class Worker:
                     self.metrics.cancelled.labels(self.s.model_name, str(drv.dp_rank)).inc()
                     self._first_token_seen.discard(rid)
                     self.records.append(st.record)
+
+    def _refused(self, p: ParsedRequest) -> web.Response:
+        return self._error(RequestError(
+            f"the request needs {p.input_length} prompt tokens (+ output) of KV cache, more than this engine can ever hold "
+            f"({self.cfg.num_gpu_blocks} blocks of {self.cfg.effective_block_size} tokens)", param="max_tokens"))
 
     def _transfer_delay_s(self, prompt_tokens: int) -> float:
         if self.s.kv_bytes_per_token <= 0 or self.s.kv_transfer_bandwidth_gbps <= 0:

@@ -15,12 +15,12 @@ from mocker.live.protocol import ParsedRequest
 from mocker.live.frontend import WorkerHandle
 from mocker.live.worker import Worker, WorkerSettings
 from mocker.records import TraceRequest
-from tests.live.standin_engine import factory
+from tests.live.cores import factory
 
 
-async def start_worker(worker_type="aggregated", speedup=100.0, pass_ms=10.0, worker_id=0):
+async def start_worker(worker_type="aggregated", speedup=100.0, worker_id=0):
     cfg = EngineConfig(speedup_ratio=speedup, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type=worker_type)
-    f = factory(pass_ms)
+    f = factory()
     w = Worker(WorkerSettings(engine=cfg, port=0, worker_id=worker_id), core_factory=f)
     srv = TestServer(w.app, handler_cancellation=True)
     await srv.start_server()
@@ -53,8 +53,6 @@ def test_round_robin_spreads_and_metrics():
                     assert r.status == 200
                     assert (await r.json())["usage"]["completion_tokens"] == 3
                 m = await (await s.get(url(fsrv) + "/metrics")).text()
-            served = [sum(len(e.cancelled) == 0 and 1 for e in w[2].engines) for w in ws]
-            assert served == [1, 1]
             per_worker = [len(w[1].records) for w in ws]
             assert per_worker == [2, 2]
             assert 'dynamo_frontend_requests_started_total{model="mocker"} 4.0' in m
@@ -168,8 +166,9 @@ def test_loadgen_measures_against_worker():
             rep = client_report(res)
             assert rep["completed_requests"] == 10 and rep["failed_requests"] == 0
             assert rep["total_output_tokens"] == 50 and rep["num_itl_samples"] == 40
-            # stand-in pass: 10 ms / speedup 100 = 0.1 ms, so client TTFT is dominated by HTTP (> 0.1 ms)
-            assert rep["mean_ttft_ms"] >= 0.1
+            # engine TTFT of a lone 32-token prompt: prefill(32) = 16.99 ms / speedup 100 = 0.17 ms; the client
+            # sees it plus HTTP and delivery, never less
+            assert rep["min_ttft_ms"] >= 0.169
             assert all(k in rep for k in ("mean_ttft_ms", "p99_itl_ms", "mean_e2e_latency_ms", "duration_ms"))
         finally:
             await w[0].close()
