@@ -46,6 +46,26 @@ def round_ns_array(ms: np.ndarray) -> np.ndarray:
     return (sec + (ns - sec * 1e9) / 1e9) * 1000.0
 
 
+def decode_pass_ms(timing: "TimingModel", active_kv_tokens: int, num_decode: int, speedup: float) -> float:
+    """Duration (ms, ns-rounded, speed-up applied) of a pass's decode part: the scalar twin of
+    :func:`decode_pass_ms_array`, bit-identical to it (same IEEE operations in the same order)."""
+    if isinstance(timing, PolynomialTiming):
+        p = active_kv_tokens / timing.total_kv_tokens
+        v = DECODE_A * p * p + DECODE_B * p + DECODE_C
+        d = round_ns(v if v > DECODE_MIN_MS else DECODE_MIN_MS)
+    else:
+        d = float(round_ns_array(timing.decode_ms_array(np.array([float(active_kv_tokens)]),
+                                                        np.array([float(active_kv_tokens // num_decode)])))[0])
+    return round_ns(d / speedup) if speedup != 1.0 else d
+
+
+def decode_pass_ms_array(timing: "TimingModel", active_kv_tokens: np.ndarray, num_decode: int, speedup: float) -> np.ndarray:
+    """Vectorised :func:`decode_pass_ms` over an int64 array of active KV token counts."""
+    d = round_ns_array(timing.decode_ms_array(active_kv_tokens.astype(np.float64),
+                                              (active_kv_tokens // num_decode).astype(np.float64)))
+    return round_ns_array(d / speedup) if speedup != 1.0 else d
+
+
 class TimingModel(Protocol):
     """What an engine core needs from a timing source. All results in ms, before speed-up scaling."""
 

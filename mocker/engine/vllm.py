@@ -52,10 +52,13 @@ from mocker.errors import SimulationError
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.request import EngineRequest, State
-from mocker.timing import PolynomialTiming, TimingModel, load_timing, round_ns, round_ns_array
+from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
+from mocker.timing import (PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing,
+                           round_ns)
 
 _SCHEDULED, _BLOCKED, _CUR_PREEMPTED = 0, 1, 2
 _FAST_CHUNK = 4096
+_SCALAR_MAX = 40
 
 
 @dataclass(slots=True)
@@ -255,7 +258,7 @@ class VllmCore:
     def _admission(self, r: EngineRequest) -> tuple[int, int]:
         """(decision, cached prompt tokens): decision -1 reject (can never fit), 0 wait, 1 admit."""
         need_total = -(-r.seq_len // self.block_size)
-        if need_total > self.num_blocks:
+        if need_total > self.num_blocks or (not self.chunked and r.prompt_len > self.max_batched):
             return -1, 0
         cached, act = self._cached_prefix(r)
         return (1 if need_total - act <= self.kv.available() else 0), cached
@@ -302,16 +305,19 @@ class VllmCore:
                 if r.private_blocks and kv.promote_private(keys[held - 1]):
                     r.private_blocks -= 1
                     r.hashed_held.append(keys[held - 1])
-            for j in range(held, held + need):
-                end_tok = (j + 1) * bs
-                if keys is not None and end_tok <= target and end_tok <= prompt_len:
-                    if kv.allocate_full(keys[j]):
-                        r.hashed_held.append(keys[j])
-                    else:
-                        r.private_blocks += 1
+            n_full = 0
+            if keys is not None:
+                full_end = (target if target < prompt_len else prompt_len) // bs
+                n_full = full_end - held if full_end - held < need else need
+                if n_full > 0:
+                    reg = kv.allocate_full_many(keys[held:held + n_full])
+                    r.hashed_held.extend(reg)
+                    r.private_blocks += n_full - len(reg)
                 else:
-                    kv.allocate_private(1)
-                    r.private_blocks += 1
+                    n_full = 0
+            if need - n_full > 0:
+                kv.allocate_private(need - n_full)
+                r.private_blocks += need - n_full
         elif keys is not None and r.alloc_tokens % bs and target > r.alloc_tokens:
             # growing inside the last partial block; it may become a full prompt block
             last = held - 1
@@ -382,8 +388,24 @@ class VllmCore:
         admitted: list[int] = []
         rejected: list[int] = []
         i = 0
+        decoding = State.DECODING
+        bs = self.block_size
+        kv = self.kv
         while i < len(running) and self._budget > 0:
-            out = self._schedule(running[i], False, 0)
+            r = running[i]
+            if r.state is decoding and (r.alloc_tokens % bs or kv.free > 0):
+                # common case inlined: a decoding request computes its one dangling token
+                seq_len = r.prompt_len + r.generated
+                if not r.alloc_tokens % bs:
+                    kv.free -= 1
+                    kv.private_in_use += 1
+                    r.private_blocks += 1
+                r.alloc_tokens = r.computed = seq_len
+                sched[r.request_id] = (1, 0, r.prompt_len)
+                self._budget -= 1
+                i += 1
+                continue
+            out = self._schedule(r, False, 0)
             if out == _SCHEDULED:
                 i += 1
             elif out == _BLOCKED:
@@ -425,18 +447,11 @@ class VllmCore:
                 if w[1] == 0 and r.generated > 0:
                     s_dec += r.prompt_len + r.generated
                     n_dec += 1
-        if n_dec:
-            d = round_ns_array(self.timing.decode_ms_array(np.array([s_dec], dtype=np.float64),
-                                                           np.array([s_dec // n_dec], dtype=np.float64)))
-            if self.speedup != 1.0:
-                d = round_ns_array(d / self.speedup)
-            dec = float(d[0])
-        else:
-            dec = 0.0
+        dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
         end = (now + pf) + dec
-        if not sched and not rejected and not admitted:
-            if running:
-                raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
+        if not sched and not rejected and not admitted and (running or waiting):
+            raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
+        fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
         # ---- emit
         p = self.pass_index
         finished: list[int] = []
@@ -453,7 +468,6 @@ class VllmCore:
                 r.transition(State.DECODING)
         if finished:
             self.running = [r for r in running if r.state != State.FINISHED]
-        fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
         if fpm is not None:
             self.fpm.append(fpm)
         self._ends_py.append(end)
@@ -521,14 +535,20 @@ class VllmCore:
         n = len(running)
         if n == 0 or n > self.max_batched:
             return False
+        k_cap = 1 << 60
+        s0 = 0
+        decoding = State.DECODING
         for r in running:
-            if r.state != State.DECODING:
+            if r.state is not decoding:
                 return False
+            g = r.generated
+            if r.output_len - g < k_cap:
+                k_cap = r.output_len - g
+            s0 += r.prompt_len + g
         waiting = self.waiting
         if waiting and n < self.max_seqs and self._admission(waiting[0])[0] != 0:
             return False
         bs = self.block_size
-        k_cap = min(r.output_len - r.generated for r in running)
         avail = self.kv.available()
         # blocks needed by k passes: per request ceil((len+k-1)/bs) - ceil((len-1)/bs) <= ceil(k/bs)
         if n * (-(-k_cap // bs)) > avail:
@@ -545,27 +565,48 @@ class VllmCore:
         if k_cap < 2:
             return False
         now = self.next_pass_ms
-        s0 = 0
-        for r in running:
-            s0 += r.prompt_len + r.generated
         k_try = k_cap
         if horizon != inf and self._monotone_decode:
-            d0 = float(round_ns_array(self.timing.decode_ms_array(np.array([float(s0)]), np.array([float(s0 // n)])))[0])
-            if self.speedup != 1.0:
-                d0 = d0 / self.speedup
+            # decode time grows with active KV tokens, so no pass is shorter than the first one
+            d0 = decode_pass_ms(self.timing, s0, n, self.speedup)
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
-        k_try = min(k_try, _FAST_CHUNK)
-        s = s0 + n * np.arange(k_try, dtype=np.int64)
-        d = round_ns_array(self.timing.decode_ms_array(s.astype(np.float64), (s // n).astype(np.float64)))
-        if self.speedup != 1.0:
-            d = round_ns_array(d / self.speedup)
-        acc = np.empty(k_try + 1)
-        acc[0] = now
-        acc[1:] = d
-        ends = np.cumsum(acc)[1:]
-        k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
-        if k < 2:
-            return False
+        if k_try > _FAST_CHUNK:
+            k_try = _FAST_CHUNK
+        if k_try <= _SCALAR_MAX:
+            ends_l: list[float] = []
+            t = now
+            timing, speed = self.timing, self.speedup
+            if self._monotone_decode and speed == 1.0:
+                # decode_pass_ms inlined for the polynomial (same operations, same order)
+                tot = timing.total_kv_tokens  # type: ignore[attr-defined]
+                for j in range(k_try):
+                    if j and t >= horizon:
+                        break
+                    p_ = (s0 + n * j) / tot
+                    v = _DA * p_ * p_ + _DB * p_ + _DC
+                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)
+                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
+                    ends_l.append(t)
+            else:
+                for j in range(k_try):
+                    if j and t >= horizon:
+                        break
+                    t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
+                    ends_l.append(t)
+            k = len(ends_l)
+            if k < 2:
+                return False
+            ends = np.array(ends_l)
+        else:
+            s = s0 + n * np.arange(k_try, dtype=np.int64)
+            d = decode_pass_ms_array(self.timing, s, n, self.speedup)
+            acc = np.empty(k_try + 1)
+            acc[0] = now
+            acc[1:] = d
+            ends = np.cumsum(acc)[1:]
+            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
+            if k < 2:
+                return False
         ends = ends[:k]
         p = self.pass_index
         # apply: tokens, KV growth, emission ranges
@@ -590,7 +631,7 @@ class VllmCore:
         self.kv.allocate_private(new_blocks)
         end = float(ends[-1])
         if self.collect_fpm:
-            self._stretch_fpm(now, ends, s[:k])
+            self._stretch_fpm(now, ends, s0 + n * np.arange(k, dtype=np.int64))
         finished = False
         for r in running:
             if r.generated >= r.output_len:
@@ -631,7 +672,7 @@ class TrtllmCore(VllmCore):
 
     def _admission(self, r: EngineRequest) -> tuple[int, int]:
         need = -(-(r.prompt_len + r.output_len) // self.block_size)
-        if need > self.num_blocks:
+        if need > self.num_blocks or (not self.chunked and r.prompt_len > self.max_batched):
             return -1, 0
         if self.reserved_blocks + need > self.num_blocks:
             return 0, 0

@@ -42,6 +42,15 @@ def engine_block_keys(hash_ids: Sequence[int] | None, input_length: int, block_s
     n = input_length // block_size
     keys: list[int] = []
     prev = 0x5EED
+    if trace_block_size % block_size == 0:
+        # fast path: q engine blocks per trace block; key = chained trace hash * q + sub-block index
+        q = trace_block_size // block_size
+        for m in range(-(-n // q)):
+            prev = hash((prev, hash_ids[m]))
+            base = prev * q
+            keys.extend(range(base, base + q))
+        del keys[n:]
+        return keys
     for j in range(n):
         lo = j * block_size
         hi = lo + block_size - 1
@@ -125,6 +134,25 @@ class BlockKvManager:
             return True
         self.private_in_use += 1
         return False
+
+    def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
+        """:meth:`allocate_full` for several blocks; returns the keys registered (the rest are private)."""
+        registered: list[int] = []
+        active, inactive = self.active, self.inactive
+        caching = self.caching
+        for key in keys:
+            if self.free > 0:
+                self.free -= 1
+            elif inactive:
+                inactive.popitem(last=False)
+            else:
+                raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
+            if caching and key not in active and key not in inactive:
+                active[key] = 1
+                registered.append(key)
+            else:
+                self.private_in_use += 1
+        return registered
 
     def promote_private(self, key: int | None) -> bool:
         """A private block held by a request became full with content ``key``: register it in the cache if
