@@ -109,7 +109,7 @@ class WorkerFailed(Exception):
 class Frontend:
     def __init__(self, settings: FrontendSettings) -> None:
         self.s = settings
-        self.metrics = FrontendMetrics()
+        self.metrics = FrontendMetrics(settings.model_name)
         self.handles: dict[str, WorkerHandle] = {}
         self._rr = 0
         self._rid = 0

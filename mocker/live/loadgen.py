@@ -204,7 +204,11 @@ def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
 
 def client_report(result: LoadgenResult) -> dict[str, Any]:
     """The offline report's keys (``mocker.report.build_report``) plus loadgen keys: ``failed_requests``,
-    ``errors`` (by kind), ``mean_client_queue_ms``, ``wall_time_s``, ``output_tokens_per_wall_s``."""
+    ``errors`` (by kind), ``mean_client_queue_ms``, ``wall_time_s``, ``output_tokens_per_wall_s``.
+
+    Server-side fields a client cannot observe keep the offline report's shape with neutral values:
+    prefix-cache ratios and preemptions 0, worker-seconds / GPU-hours 0, engine fields of a default config.
+    """
     from mocker.report import build_report
 
     rep = build_report(result)  # type: ignore[arg-type]

@@ -72,7 +72,7 @@ class WorkerMetrics:
 class FrontendMetrics:
     """Dynamo frontend metrics read by the planner's throughput loop (labels ``model``)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model: str = "mocker", registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         p = "dynamo_frontend_"
@@ -85,4 +85,7 @@ class FrontendMetrics:
         self.requests = Counter(p + "requests", "Requests finished, by status.", ["model", "endpoint", "request_type", "status"], registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests in flight.", ["model"], registry=r)
         self.workers = Gauge(p + "workers", "Discovered workers by role.", ["role"], registry=r)
-        self.retries = Counter(p + "request_retries", "Requests re-routed after a worker failed before the first token.", ["model"], registry=r)
+        self.retries = Counter(p + "request_retries", "Legs re-routed after a worker failed (the stream continues elsewhere).", ["model"], registry=r)
+        # series exist (at 0) from the first scrape, so increase() over a window sees the first requests
+        for m in (self.ttft, self.itl, self.duration, self.isl, self.osl, self.started, self.inflight, self.retries):
+            m.labels(model)

@@ -183,6 +183,12 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
     elif token_ids is not None and len(token_ids) == input_length:
         hash_ids = block_hash_ids(token_ids, block_tokens)
 
+    if hash_ids is not None and raw_h is not None and len(hash_ids) * block_tokens < input_length:
+        raise RequestError(
+            f"'hash_ids' has {len(hash_ids)} ids of {block_tokens} tokens = {len(hash_ids) * block_tokens} tokens, "
+            f"fewer than the prompt's {input_length}; expected at least ceil(prompt / {block_tokens}) ids "
+            f"(the server's trace block size is {block_tokens} tokens)", param="hash_ids")
+
     mt_name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int_field(body, mt_name, lo=1)
     if max_tokens is None:

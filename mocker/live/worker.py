@@ -36,6 +36,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mocker.config import EngineConfig
+from mocker.errors import MockerError
 from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
@@ -344,7 +345,10 @@ class Worker:
         self._next_rid += 1
         rid = self._next_rid
         drv = min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
-        st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids))
+        try:
+            st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids))
+        except (MockerError, ValueError) as e:  # the core refused the request: a 400, never a crash
+            return self._error(RequestError(f"request refused by the engine: {e}"))
         created = now_s()
         oid = response_id(p.kind, rid)
         done = False
