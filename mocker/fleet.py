@@ -88,6 +88,7 @@ def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: Fl
     workers = [make_engine(engine, worker_id=w, collect_fpm=collect_fpm) for w in range(fleet.num_workers)]
     router = ROUTERS[fleet.router](fleet.num_workers, fleet.seed)
     needs_state = router.needs_state
+    on_routed = getattr(router, "on_routed", None)
     stop = inf if fleet.max_time_ms is None else float(fleet.max_time_ms)
     speed = float(fleet.arrival_speedup)
     if fleet.single_step:
@@ -117,6 +118,8 @@ def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: Fl
                             output_length=req.output_length)
         w.add_request(replace(req, request_id=i) if req.request_id != i else req, t, rec)
         records[i] = rec
+        if on_routed is not None:
+            on_routed(rec)
         if progress is not None and done % every == 0:
             progress(sum(x.finished_total for x in workers), n)
     for w in workers:

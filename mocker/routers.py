@@ -7,10 +7,12 @@ when ``needs_state`` is true).
 - round_robin: request k (in arrival order) -> worker k mod N (the reference's order).
 - least_loaded: fewest active KV blocks plus blocks of queued prompts, then fewest requests, then lowest id.
 - kv: Dynamo KV router cost (overlap_score_weight 1.0, temperature 0):
-  ``logit_w = prefill_blocks_w + decode_blocks_w`` where ``prefill_blocks_w = (tokens still to prefill on
-  w + ISL - overlap_w * block) / block`` and ``decode_blocks_w = active blocks on w + ceil(ISL / block) -
-  overlap_w``; ``overlap_w`` = leading prompt blocks found in w's prefix cache (active or inactive). The
-  lowest logit wins; ties are broken by the fleet's seeded generator.
+  ``logit_w = prefill_blocks_w + decode_blocks_w`` with ``prefill_blocks_w = (prompt tokens the router has
+  sent to w that are not prefilled yet + ISL - overlap_w * block) / block`` and ``decode_blocks_w`` = unique
+  prompt blocks of the requests routed to w and not finished, plus this request's blocks not among them
+  (the router's own bookkeeping, like Dynamo's ActiveSequences); ``overlap_w`` = leading prompt blocks
+  found in w's prefix cache (active or inactive, what the KV events report). The lowest logit wins; ties
+  are broken by the fleet's seeded generator (Dynamo picks randomly among ties).
 """
 
 from __future__ import annotations
@@ -71,6 +73,48 @@ class LeastLoadedRouter:
         return best
 
 
+class _RouterWorkerView:
+    """The KV router's own book of one worker (as Dynamo's router keeps ActiveSequences): unique prompt
+    blocks of requests routed there and not finished, and prompt tokens still to prefill."""
+
+    __slots__ = ("blocks", "unique", "prefill_tokens", "entries")
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, int] = {}
+        self.unique = 0
+        self.prefill_tokens = 0
+        self.entries: list[list] = []  # [record, keys, new_tokens, n_unique, prefill_done]
+
+    def refresh(self) -> None:
+        keep = []
+        for e in self.entries:
+            rec = e[0]
+            if not e[4] and rec.first_token_ms is not None:
+                e[4] = True
+                self.prefill_tokens -= e[2]
+            if rec.finish_ms is not None:
+                if not e[4]:
+                    self.prefill_tokens -= e[2]
+                blocks = self.blocks
+                for k in e[1]:
+                    c = blocks[k] - 1
+                    if c:
+                        blocks[k] = c
+                    else:
+                        del blocks[k]
+                self.unique -= e[3]
+                continue
+            keep.append(e)
+        self.entries = keep
+
+    def active_blocks(self) -> int:
+        return len(self.blocks) + self.unique
+
+    def new_blocks(self, keys: list[int], n_unique: int) -> int:
+        blocks = self.blocks
+        return sum(1 for k in keys if k not in blocks) + n_unique
+
+
 class KvRouter:
     needs_state = True
     overlap_score_weight = 1.0
@@ -78,23 +122,46 @@ class KvRouter:
     def __init__(self, num_workers: int, seed: int = 0) -> None:
         self.n = num_workers
         self.rng = np.random.default_rng(seed)
+        self.views = [_RouterWorkerView() for _ in range(num_workers)]
+        self._pending: tuple[int, list[int], int, int] | None = None
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
         w0 = workers[0]
         bs = w0.block_size
         keys = engine_block_keys(req.hash_ids, req.input_length, bs, w0.trace_block_size) if req.hash_ids else None
-        req_blocks = -(-req.input_length // bs)
+        if keys is None:
+            keys_l: list[int] = []
+            n_unique = -(-req.input_length // bs)
+        else:
+            keys_l = keys
+            n_unique = 1 if req.input_length % bs else 0
         logits = []
-        for w in workers:
-            overlap = w.kv.match_prefix(keys)[0] if keys else 0
-            prefill_tokens = _queued_prefill_tokens(w) + req.input_length - overlap * bs
-            decode_blocks = w.active_blocks() + req_blocks - overlap
+        overlaps = []
+        for w, view in zip(workers, self.views):
+            view.refresh()
+            overlap = w.kv.match_prefix(keys_l)[0] if keys_l else 0
+            overlaps.append(overlap)
+            prefill_tokens = view.prefill_tokens + req.input_length - overlap * bs
+            decode_blocks = view.active_blocks() + view.new_blocks(keys_l, n_unique)
             logits.append(self.overlap_score_weight * prefill_tokens / bs + decode_blocks)
         m = min(logits)
         best = [i for i, v in enumerate(logits) if v == m]
-        if len(best) == 1:
-            return best[0]
-        return best[int(self.rng.integers(len(best)))]
+        choice = best[0] if len(best) == 1 else best[int(self.rng.integers(len(best)))]
+        self._pending = (choice, keys_l, req.input_length - overlaps[choice] * bs, n_unique)
+        return choice
+
+    def on_routed(self, record) -> None:  # type: ignore[no-untyped-def]
+        """Book the request just placed by :meth:`choose` (its record tells when prefill and decode end)."""
+        if self._pending is None:
+            return
+        wid, keys, new_tokens, n_unique = self._pending
+        self._pending = None
+        view = self.views[wid]
+        for k in keys:
+            view.blocks[k] = view.blocks.get(k, 0) + 1
+        view.unique += n_unique
+        view.prefill_tokens += new_tokens
+        view.entries.append([record, keys, new_tokens, n_unique, False])
 
 
 ROUTERS: dict[str, type] = {"round_robin": RoundRobinRouter, "least_loaded": LeastLoadedRouter, "kv": KvRouter}
