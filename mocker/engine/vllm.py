@@ -449,7 +449,7 @@ class VllmCore:
                     n_dec += 1
         dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
         end = (now + pf) + dec
-        if not sched and not rejected and not admitted and (running or waiting):
+        if not sched and not rejected and not admitted and not self._pass_preempted and (running or waiting):
             raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
         fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
         # ---- emit
