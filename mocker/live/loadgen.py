@@ -119,6 +119,9 @@ async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceReque
                 if data == b"[DONE]":
                     break
                 now = (time.monotonic() - t0) * 1000.0
+                if b'"finish_reason":null' in data and (not chat or b'"content":' in data):
+                    rec.token_times_ms.append(now)  # fast path: a compact token chunk (dynoplan, vLLM)
+                    continue
                 d = json.loads(data)
                 ch = d.get("choices") or []
                 if not ch or ch[0].get("finish_reason") is not None:

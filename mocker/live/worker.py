@@ -260,7 +260,7 @@ class Worker:
             await asyncio.sleep(self.s.heartbeat_s)
             now = self.clock.now_ms()
             for d in self.drivers:
-                if not d.core.has_work() and now - d.last_pass_wall_ms >= self.s.heartbeat_s * 1000.0:
+                if not d.has_work() and now - d.last_pass_wall_ms >= self.s.heartbeat_s * 1000.0:
                     hb = idle_fpm(self.s.worker_id, d.dp_rank, now)
                     d.latest_fpm = hb
                     name, r = self.s.model_name, str(d.dp_rank)
@@ -356,15 +356,24 @@ class Worker:
             if p.stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
                 n = 0
-                while True:
-                    em = await st.queue.get()
-                    if em.finished:
-                        break
-                    if n == 0:
-                        await resp.prepare(request)  # headers go out with the first token, so a refusal can still be a 400
-                    chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0)
-                    n += 1
-                    await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                finished = False
+                q = st.queue
+                while not finished:
+                    ems = [await q.get()]
+                    while not q.empty():  # tokens queued while this handler waited go out in one write
+                        ems.append(q.get_nowait())
+                    out = []
+                    for em in ems:
+                        if em.finished:
+                            finished = True
+                            break
+                        chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0)
+                        n += 1
+                        out.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                    if out:
+                        if not resp.prepared:
+                            await resp.prepare(request)  # headers go out with the first token, so a refusal can still be a 400
+                        await resp.write(b"".join(out))
                 if n == 0:
                     done = True
                     return self._refused(p)
