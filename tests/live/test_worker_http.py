@@ -207,3 +207,34 @@ def test_request_that_can_never_fit_gets_400_and_server_survives():
         assert r.status == 200
         await r.read()
     run(_with_worker(body))
+
+
+def test_live_engine_timeline_equals_offline_replay_of_stamped_arrivals():
+    """The driver's contract: whatever the event-loop jitter, each request's engine-side times are those of
+    an offline replay (mocker.fleet) of the same arrivals as the worker stamped them."""
+    from mocker.fleet import FleetConfig, run_replay
+    from mocker.records import TraceRequest
+
+    cfg = EngineConfig(speedup_ratio=20.0, num_gpu_blocks=512, block_size=16, max_num_seqs=8, max_num_batched_tokens=512)
+    sizes = [(37 + 53 * i % 400, 3 + 7 * i % 25) for i in range(24)]
+
+    async def body(s, w, f):
+        async def one(i, isl, osl):
+            await asyncio.sleep(0.004 * i)
+            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": isl, "max_tokens": osl, "stream": i % 2 == 0})
+            await r.read()
+            assert r.status == 200
+        await asyncio.gather(*(one(i, a, b) for i, (a, b) in enumerate(sizes)))
+        return list(w.records)
+
+    recs = run(_with_worker(body, cfg=cfg))
+    assert len(recs) == len(sizes)
+    recs.sort(key=lambda r: (r.arrival_ms, r.request_id))
+    offline = run_replay([TraceRequest(r.request_id, r.arrival_ms, r.input_length, r.output_length) for r in recs],
+                         cfg, FleetConfig(num_workers=1)).records
+    for live, off in zip(recs, offline):
+        assert live.request_id == off.request_id
+        assert live.first_token_ms == pytest.approx(off.first_token_ms, abs=1e-6)
+        assert live.finish_ms == pytest.approx(off.finish_ms, abs=1e-6)
+        assert live.token_times_ms == pytest.approx(off.token_times_ms, abs=1e-6)
+        assert live.num_preemptions == off.num_preemptions
