@@ -1,0 +1,184 @@
+"""Fidelity and speed of ``dynoplan``'s offline replay against the reference (Dynamo Mocker 1.6.1 replay).
+
+Runs both simulators side by side, in the same session, on:
+
+  (a)  Azure conversation trace, 4 workers, round_robin, block size 64 (default engine otherwise)
+  (b)  Mooncake conversation trace, 8 workers, KV-aware routing (reference ``--router kv_router``)
+  (a1) as (a) with 1 worker
+
+and prints, per case: the relative difference of mean/p50/p90/p99 TTFT, ITL and E2E (both reports use the
+reference's key names), for (a) the share of requests whose TTFT and E2E are both within 0.1% of the
+reference's (requests paired by arrival time, ISL and OSL), simulated requests per wall-second of both
+and their ratio, and the peak resident memory of each process. Each simulator runs in its own child
+process (wall time = trace parsing + replay + report inside the process, the reference's
+``outer_wall_s``; peak RSS from ``wait4``). Figures only, no assertions.
+
+Usage:  .venv/bin/python bench/bench_replay.py [--cases a,b,a1] [--repeat N] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = os.environ.get("REFERENCE_REPLAY", "/work/shared/tools/reference-replay")
+TRACES = ROOT / "examples" / "traces"
+CASES = {
+    "a": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
+              engine={"block_size": 64}, tol=0.005),
+    "b": dict(trace=TRACES / "mooncake_conversation.jsonl", workers=8, router="kv", ref_router="kv_router",
+              engine={}, tol=0.02),
+    "a1": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=1, router="round_robin", ref_router="round_robin",
+               engine={"block_size": 64}, tol=0.005),
+}
+METRICS = [(m, s) for m in ("ttft", "itl", "e2e_latency") for s in ("mean", "median", "p90", "p99")]
+
+
+# ------------------------------------------------------------------------------------------ child: dynoplan
+def child(case: str, out: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    from mocker.config import EngineConfig
+    from mocker.fleet import FleetConfig, run_replay
+    from mocker.report import build_report
+    from mocker.traces import load_trace
+
+    c = CASES[case]
+    t0 = time.perf_counter()
+    reqs = load_trace(c["trace"])
+    t1 = time.perf_counter()
+    res = run_replay(reqs, EngineConfig.from_mapping(c["engine"]), FleetConfig(num_workers=c["workers"], router=c["router"]))
+    t2 = time.perf_counter()
+    rep = build_report(res)
+    t3 = time.perf_counter()
+    rec = res.records
+    per = dict(arrival=[r.arrival_ms for r in rec], isl=[r.input_length for r in rec], osl=[r.output_length for r in rec],
+               ttft=[r.ttft_ms for r in rec], e2e=[r.e2e_ms for r in rec])
+    Path(out).write_text(json.dumps(dict(report=rep, per=per, wall_s=t3 - t0, parse_s=t1 - t0, replay_s=t2 - t1,
+                                         report_s=t3 - t2, n=len(reqs))))
+
+
+def run_child(cmd: list[str]) -> tuple[float, int]:
+    """Run a child process; returns (wall seconds, peak RSS in MiB) from wait4."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    err = p.stderr.read().decode() if p.stderr else ""
+    if p.returncode != 0:
+        raise SystemExit(f"child failed ({' '.join(cmd[:4])} ...): {err[-2000:]}")
+    return wall, ru.ru_maxrss // 1024
+
+
+# ------------------------------------------------------------------------------------------ comparison
+def per_request_share(mine: dict, ref_rows: list[dict]) -> tuple[float, int]:
+    """Share of requests whose TTFT and E2E are both within 0.1% of the reference's.
+
+    Pairs requests by (arrival ms, ISL, OSL); requests identical in all three are interchangeable and are
+    paired in order of E2E on both sides."""
+    groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for r in ref_rows:
+        groups[(round(r["arrival_time_ms"], 3), r["input_length"], r["output_length"])].append(
+            (r["e2e_latency_ms"], r["ttft_ms"]))
+    mine_groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for a, i, o, t, e in zip(mine["arrival"], mine["isl"], mine["osl"], mine["ttft"], mine["e2e"]):
+        mine_groups[(round(a, 3), i, o)].append((e if e is not None else np.nan, t if t is not None else np.nan))
+    ok = total = 0
+    for key, refs in groups.items():
+        ms = sorted(mine_groups.get(key, []))
+        for (re_, rt), (me, mt) in zip(sorted(refs), ms):
+            total += 1
+            ok += abs(mt - rt) <= 1e-3 * abs(rt) and abs(me - re_) <= 1e-3 * abs(re_)
+        total += max(0, len(refs) - len(ms))
+    return ok / max(total, 1), total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="a,b,a1")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per simulator and case; the fastest counts")
+    ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child, a.out)
+        return
+    results = {}
+    tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
+    for case in a.cases.split(","):
+        c = CASES[case]
+        best_mine = best_ref = None
+        for k in range(a.repeat):
+            mine_out = tmp / f"{case}_mine.json"
+            wall_m, rss_m = run_child([sys.executable, __file__, "--child", case, "--out", str(mine_out)])
+            mine = json.loads(mine_out.read_text())
+            if best_mine is None or mine["wall_s"] < best_mine[0]["wall_s"]:
+                best_mine = (mine, rss_m)
+            ref_json, ref_per = tmp / f"{case}_ref.json", tmp / f"{case}_ref.jsonl"
+            cmd = [REFERENCE, "--trace", str(c["trace"]), "--workers", str(c["workers"]), "--router", c["ref_router"],
+                   "--engine", json.dumps({"engine": c["engine"]}), "--per-request", str(ref_per), "--json", str(ref_json)]
+            _, rss_r = run_child(cmd)
+            ref = json.loads(ref_json.read_text())
+            if best_ref is None or ref["outer_wall_s"] < best_ref[0]["outer_wall_s"]:
+                best_ref = (ref, rss_r, [json.loads(line) for line in ref_per.read_text().splitlines()])
+        assert best_mine is not None and best_ref is not None
+        (mine, rss_m), (ref, rss_r, ref_rows) = best_mine, best_ref
+        rep = mine["report"]
+        diffs = {f"{s}_{m}": (rep[f"{s}_{m}_ms"] - ref[f"{s}_{m}_ms"]) / ref[f"{s}_{m}_ms"] for m, s in METRICS}
+        share, paired = per_request_share(mine["per"], ref_rows)
+        n = mine["n"]
+        results[case] = dict(
+            rel_diff=diffs, max_abs_rel_diff=max(abs(v) for v in diffs.values()), tolerance=c["tol"],
+            per_request_within_0p1pct=share, paired=paired,
+            dynoplan_req_per_s=n / mine["wall_s"], reference_req_per_s=n / ref["outer_wall_s"],
+            speed_ratio=(n / mine["wall_s"]) / (n / ref["outer_wall_s"]),
+            dynoplan_wall_s=mine["wall_s"], dynoplan_parse_s=mine["parse_s"], dynoplan_replay_s=mine["replay_s"],
+            dynoplan_report_s=mine["report_s"], reference_wall_s=ref["outer_wall_s"],
+            reference_internal_wall_s=ref.get("wall_time_ms", float("nan")) / 1000.0,
+            dynoplan_peak_rss_mib=rss_m, reference_peak_rss_mib=rss_r,
+            prefix_cache_reused_ratio=(rep.get("prefix_cache_reused_ratio"), ref.get("prefix_cache_reused_ratio")),
+        )
+        print_case(case, c, results[case])
+    print_summary(results)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+def print_case(case: str, c: dict, r: dict) -> None:
+    print(f"\n== ({case}) {Path(c['trace']).name}, {c['workers']} worker(s), router {c['router']}, engine {c['engine'] or 'defaults'}")
+    print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}   (relative difference dynoplan vs reference)")
+    for m in ("ttft", "itl", "e2e_latency"):
+        row = [r["rel_diff"][f"{s}_{m}"] for s in ("mean", "median", "p90", "p99")]
+        print(f"{m:<12}" + "".join(f"{v * 100:>9.3f}%" for v in row))
+    verdict = "OK" if r["max_abs_rel_diff"] <= r["tolerance"] else "OVER"
+    print(f"max |diff| {r['max_abs_rel_diff'] * 100:.3f}% (target {r['tolerance'] * 100:.1f}%: {verdict});"
+          f" per-request TTFT&E2E within 0.1%: {r['per_request_within_0p1pct'] * 100:.2f}% of {r['paired']}")
+    p = r["prefix_cache_reused_ratio"]
+    print(f"prefix_cache_reused_ratio dynoplan {p[0]:.4f} reference {p[1]:.4f}")
+    print(f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = parse {r['dynoplan_parse_s']:.2f}"
+          f" + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), reference "
+          f"{r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}")
+    print(f"peak RSS: dynoplan {r['dynoplan_peak_rss_mib']} MiB, reference {r['reference_peak_rss_mib']} MiB")
+
+
+def print_summary(results: dict) -> None:
+    print("\ncase  max|diff|  within-0.1%  dynoplan req/s  reference req/s  ratio  RSS MiB (ours/ref)")
+    for case, r in results.items():
+        print(f"{case:<5} {r['max_abs_rel_diff'] * 100:>8.3f}%  {r['per_request_within_0p1pct'] * 100:>10.2f}%  "
+              f"{r['dynoplan_req_per_s']:>14.0f}  {r['reference_req_per_s']:>15.0f}  {r['speed_ratio']:>5.2f}  "
+              f"{r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}")
+
+
+if __name__ == "__main__":
+    main()
