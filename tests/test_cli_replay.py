@@ -151,7 +151,6 @@ def run_ok(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("mocker.fleet")  # TEMPORARY until the fleet lands
     outs = []
     for k in range(2):
         rj, pr = tmp_path / f"r{k}.json", tmp_path / f"p{k}.jsonl"
@@ -171,7 +170,6 @@ def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_unwritable_report_is_printed_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("mocker.fleet")  # TEMPORARY until the fleet lands
     blocker = tmp_path / "file"
     blocker.write_text("")
     rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker / "report.json"),
