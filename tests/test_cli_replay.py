@@ -179,3 +179,19 @@ def test_unwritable_report_is_printed_not_lost(tmp_path: Path, capsys: pytest.Ca
     rep = json.loads(out)  # --quiet: stdout is exactly the report JSON
     assert rep["num_requests"] == 150
     assert (tmp_path / "ok.jsonl").read_bytes().count(b"\n") == 150
+
+
+def test_arrival_speedup_and_max_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = "synthetic:constant?rate=2&num_requests=40&isl=200&osl=5"
+    base, fast, cut = tmp_path / "base.jsonl", tmp_path / "fast.jsonl", tmp_path / "cut.json"
+    run_ok(capsys, "--trace", spec, "--quiet", "--per-request", str(base))
+    run_ok(capsys, "--trace", spec, "--quiet", "--arrival-speedup", "4", "--per-request", str(fast))
+    b = [msgspec.json.decode(x) for x in base.read_bytes().splitlines()]
+    f = [msgspec.json.decode(x) for x in fast.read_bytes().splitlines()]
+    assert [r["arrival_ms"] for r in b] == [500.0 * i for i in range(40)]
+    assert [r["arrival_ms"] for r in f] == [125.0 * i for i in range(40)]
+    # stop at 10 simulated seconds: arrivals at 0..9.5 s exist, the later ones never arrive
+    run_ok(capsys, "--trace", spec, "--quiet", "--max-time-s", "10", "--report-json", str(cut))
+    rep = json.loads(cut.read_text())
+    assert rep["num_requests"] == 40
+    assert 0 < rep["completed_requests"] <= 20 and rep["duration_ms"] <= 10_000.0
