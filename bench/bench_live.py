@@ -211,13 +211,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--trace-block-size", type=int, default=512)
     ap.add_argument("--speedup", type=float, default=10.0)
-    ap.add_argument("--capacity-speedup", type=float, default=100.0)
-    ap.add_argument("--rates", type=float, nargs="+", default=[25, 50, 100, 200, 400])
+    ap.add_argument("--capacity-speedup", type=float, default=10.0)
+    ap.add_argument("--rates", type=float, nargs="+", default=[5, 10, 20, 40, 80])
     ap.add_argument("--capacity-seconds", type=float, default=6.0)
     ap.add_argument("--skip-agreement", action="store_true")
     ap.add_argument("--skip-capacity", action="store_true")
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=170)
     with tempfile.TemporaryDirectory(prefix="bench-live-") as d:
         if not args.skip_agreement:
             agreement(args, Path(d), console)

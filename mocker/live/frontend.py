@@ -217,18 +217,35 @@ class Frontend:
         h.trace_block_size = int(info.get("trace_block_size", 512))
         h.max_model_len = int(info.get("max_model_len", h.max_model_len))
         h.kv_endpoint = info.get("kv_events_endpoint")
-        if h.kv_endpoint and h.sub_task is None:
-            h.sub_task = asyncio.get_running_loop().create_task(self._subscribe(h))
+        if h.kv_endpoint and h.sub_task is None and self.s.router == "kv":
+            joined = asyncio.Event()
+            h.sub_task = asyncio.get_running_loop().create_task(self._subscribe(h, joined))
+            try:  # route to it only once its KV state is known (else the first events could be missed)
+                await asyncio.wait_for(joined.wait(), 5.0)
+            except asyncio.TimeoutError:
+                pass
         h.ready = True
 
-    async def _subscribe(self, h: WorkerHandle) -> None:
+    async def _subscribe(self, h: WorkerHandle, joined: asyncio.Event) -> None:
+        """Follow a worker's KV events. A SUB socket receives only after its connection is up (ZMQ's
+        "slow joiner"), so the connection is awaited through a socket monitor before the snapshot
+        (``GET /kv_state``) is taken; an event-id gap later triggers a new snapshot."""
         assert self._zctx is not None and self._session is not None
         sock = self._zctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(h.kv_endpoint)
         try:
+            try:
+                await asyncio.wait_for(mon.recv_multipart(), 5.0)
+            except asyncio.TimeoutError:
+                pass
+            sock.disable_monitor()
+            mon.close(0)
+            await asyncio.sleep(0.01)  # the subscription message follows the handshake
             await self._resync(h)
+            joined.set()
             while True:
                 _topic, payload = await sock.recv_multipart()
                 ev = decode_kv_event(payload)

@@ -173,3 +173,37 @@ def test_loadgen_measures_against_worker():
         finally:
             await w[0].close()
     asyncio.run(go())
+
+
+def test_frontend_rejects_bad_requests_like_workers():
+    async def go():
+        w = await start_worker()
+        fsrv, fe = await start_frontend([url(w[0])])
+        try:
+            async with aiohttp.ClientSession() as s:
+                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "prompt": "x", "max_tokens": -3})
+                assert r.status == 400 and (await r.json())["error"]["param"] == "max_tokens"
+                r = await s.post(url(fsrv) + "/v1/chat/completions", json={"model": "mocker", "messages": "hi"})
+                assert r.status == 400 and (await r.json())["error"]["param"] == "messages"
+                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "prompt": "hello", "max_tokens": 2})
+                assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 2
+            assert len(w[1].records) == 1
+        finally:
+            await fsrv.close()
+            await w[0].close()
+    asyncio.run(go())
+
+
+def test_frontend_without_workers_answers_503():
+    async def go():
+        fe = Frontend(FrontendSettings(port=0, workers=("http://127.0.0.1:9",), poll_s=0.05))
+        srv = TestServer(fe.app)
+        await srv.start_server()
+        try:
+            async with aiohttp.ClientSession() as s:
+                assert (await s.get(url(srv) + "/ready")).status == 503
+                r = await s.post(url(srv) + "/v1/completions", json={"model": "mocker", "prompt": "x", "max_tokens": 2})
+                assert r.status == 503 and "no ready worker" in (await r.json())["error"]["message"]
+        finally:
+            await srv.close()
+    asyncio.run(go())

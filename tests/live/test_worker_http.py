@@ -238,3 +238,65 @@ def test_live_engine_timeline_equals_offline_replay_of_stamped_arrivals():
         assert live.finish_ms == pytest.approx(off.finish_ms, abs=1e-6)
         assert live.token_times_ms == pytest.approx(off.token_times_ms, abs=1e-6)
         assert live.num_preemptions == off.num_preemptions
+
+
+def test_fpm_published_over_zmq_per_pass_then_idle_heartbeat():
+    import zmq
+    import zmq.asyncio
+
+    from mocker.live.publish import FPM_TOPIC, decode_fpm
+
+    async def body(s, w, f):
+        info = await (await s.get("/info")).json()
+        ctx = zmq.asyncio.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, FPM_TOPIC)
+        sub.connect(info["fpm_endpoint"])
+        try:
+            await asyncio.sleep(0.2)  # PUB/SUB join
+            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 100, "max_tokens": 4})
+            assert r.status == 200
+            got = []
+            while True:
+                topic, payload = await asyncio.wait_for(sub.recv_multipart(), 5)
+                fpm = decode_fpm(payload)
+                if fpm.wall_time == 0.0 and not got:
+                    continue  # a heartbeat from before the request
+                got.append(fpm)
+                if fpm.wall_time == 0.0:
+                    break
+            passes = [g for g in got if g.wall_time > 0]
+            # 4 tokens = 4 passes: one prefill pass (100 new tokens), then 3 decode passes
+            assert len(passes) == 4
+            assert passes[0].scheduled_requests.num_prefill_requests == 1
+            assert passes[0].scheduled_requests.sum_prefill_tokens == 100
+            assert all(p.scheduled_requests.num_decode_requests == 1 for p in passes[1:])
+            assert all(p.worker_id == 7 for p in got)
+            hb = got[-1]
+            assert hb.scheduled_requests.num_prefill_requests == 0 and hb.queued_requests.num_prefill_requests == 0
+        finally:
+            sub.close(0)
+            ctx.term()
+    run(_with_worker(body, worker_id=7, heartbeat_s=0.2))
+
+
+def test_overload_queues_and_shows_in_metrics():
+    cfg = EngineConfig(speedup_ratio=10.0, num_gpu_blocks=256, block_size=16, max_num_seqs=2)
+
+    async def body(s, w, f):
+        tasks = [asyncio.ensure_future(s.post("/v1/completions", json={"model": "mocker", "input_length": 64, "max_tokens": 200}))
+                 for _ in range(6)]
+        waiting = 0.0
+        for _ in range(100):
+            m = await (await s.get("/metrics")).text()
+            line = next(l for l in m.splitlines() if l.startswith("vllm:num_requests_waiting{"))
+            waiting = max(waiting, float(line.split()[-1]))
+            if waiting >= 4:
+                break
+            await asyncio.sleep(0.01)
+        rs = await asyncio.gather(*tasks)
+        assert [r.status for r in rs] == [200] * 6
+        for r in rs:
+            await r.read()
+        assert waiting == 4.0  # max_num_seqs 2 running, the other 4 queued
+    run(_with_worker(body, cfg=cfg))

@@ -1,0 +1,28 @@
+"""CLI error paths of dynoplan mocker serve / frontend / loadgen: one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CMD = [sys.executable, "-m", "planner.cli"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["mocker"], "dynoplan mocker: error"),
+    (["mocker", "serve", "--speedup-ratio", "0"], "--speedup-ratio"),
+    (["mocker", "serve", "--engine", "sglang", "--port", "0"], "engine='sglang'"),
+    (["mocker", "serve", "--num-gpu-blocks", "4", "--block-size", "64", "--max-num-batched-tokens", "8", "--port", "0"], "max_num_batched_tokens=8"),
+    (["frontend"], "--workers"),
+    (["frontend", "--workers", "localhost:8000"], "not an http(s) URL"),
+    (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "/nonexistent.csv"], "/nonexistent.csv"),
+    (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=-1&num_requests=3"], "rate"),
+])
+def test_user_mistakes_are_one_line_exit_2(argv, needle):
+    p = subprocess.run(CMD + argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
