@@ -207,3 +207,20 @@ def test_frontend_without_workers_answers_503():
         finally:
             await srv.close()
     asyncio.run(go())
+
+
+def test_loadgen_chat_text_mode_through_frontend():
+    async def go():
+        w = await start_worker(speedup=100.0)
+        fsrv, fe = await start_frontend([url(w[0])])
+        try:
+            reqs = [TraceRequest(i, i * 5.0, 40, 3 + i, None) for i in range(5)]
+            res = await run_load(LoadgenSettings(url=url(fsrv), endpoint="chat", prompt_mode="text", max_concurrency=2), reqs)
+            rep = client_report(res)
+            assert rep["completed_requests"] == 5 and rep["total_output_tokens"] == sum(3 + i for i in range(5))
+            # text prompts: the worker tokenized them (not the 40-token extension field)
+            assert all(r.input_length != 40 for r in w[1].records)
+        finally:
+            await fsrv.close()
+            await w[0].close()
+    asyncio.run(go())
