@@ -14,7 +14,8 @@ Models (registry :data:`PREDICTOR_TYPES`, names as in the config):
 - ``constant``: the last value.
 - ``arima``: ``pmdarima.auto_arima`` (non-seasonal, stepwise) fitted once ``min_points`` are known,
   then ``model.update([y])`` per new point; optional log1p transform (predict expm1); a degenerate fit
-  (order (0, d, 0): no AR/MA terms) is refitted after ``refit_every`` further points.
+  (order (0, d, 0): no AR/MA terms; on a flat series it predicts 0) is not used (constant fallback) and is
+  refitted after ``refit_every`` further points.
 - ``kalman``: local linear trend via ``filterpy.kalman.KalmanFilter`` — state (level, trend),
   F = [[1, 1], [0, 1]], H = [1, 0], Q = diag(q_level, q_trend), R = r; defaults 1.0 / 0.1 / 10.0 and 5
   min points from the Dynamo planner design. Initial state (first value, 0), P0 = 1e4 I.
@@ -169,7 +170,7 @@ class ArimaPredictor(BasePredictor):
         self._since_fit += 1
 
     def _model_predict(self) -> float:
-        if self.model is None:
+        if self.model is None or self.degenerate:  # a (0, d, 0) fit has nothing to add: constant
             return math.nan
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -1,0 +1,81 @@
+import argparse
+import json
+
+import pytest
+
+from planner.core.config import PlannerConfig, PoolLimits, add_config_arguments, config_from_args, config_from_mapping, load_config
+from planner.errors import ConfigError, PlannerError
+
+
+def test_defaults_match_design():
+    c = PlannerConfig()
+    assert (c.adjustment_interval_s, c.load_adjustment_interval_s) == (180.0, 5.0)
+    assert (c.ttft_ms, c.itl_ms, c.max_gpu_budget) == (500.0, 50.0, 8)
+    assert (c.kalman_q_level, c.kalman_q_trend, c.kalman_r, c.kalman_min_points, c.prophet_window) == (1.0, 0.1, 10.0, 5, 50)
+    assert c.prefill.min_replicas == c.decode.min_replicas == 1
+    assert c.pending_timeout_s == 1800.0
+    assert c.pools == ("prefill", "decode")
+    assert PlannerConfig(mode="agg").pools == ("agg",)
+
+
+def test_all_problems_collected_at_once():
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"adjustment_interval_s": -1, "load_adjustment_interval_s": 500, "predictor": "lstm",
+                             "prefill": {"min_replicas": 3, "max_replicas": 2}, "bogus": 1})
+    e = ei.value
+    assert isinstance(e, PlannerError)
+    text = "; ".join(e.problems)
+    assert len(e.problems) == 5
+    assert "adjustment_interval_s=-1.0: expected a finite number > 0" in text
+    assert "load_adjustment_interval_s=500.0: expected less than adjustment_interval_s" in text
+    assert "predictor='lstm': expected one of constant, arima, kalman, prophet, auto" in text
+    assert "prefill.min_replicas=3: expected <= prefill.max_replicas=2" in text
+    assert "bogus: unknown setting" in text
+
+
+def test_load_interval_not_shorter_than_throughput_interval():
+    with pytest.raises(ConfigError, match="load_adjustment_interval_s=180.0: expected less than"):
+        PlannerConfig(load_adjustment_interval_s=180.0)
+
+
+def test_budget_smaller_than_pool_minimums():
+    with pytest.raises(ConfigError, match=r"max_gpu_budget=3: expected >= 4 GPUs"):
+        PlannerConfig(max_gpu_budget=3, prefill=PoolLimits(1, None, 2), decode=PoolLimits(1, None, 2))
+    with pytest.raises(ConfigError, match="min_gpu_budget=9: expected <= max_gpu_budget=8"):
+        PlannerConfig(min_gpu_budget=9)
+
+
+def test_bad_types_named():
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"ttft_ms": "fast", "decode": {"gpus_per_engine": 1.5}, "load_enabled": "maybe"})
+    assert set(ei.value.problems) == {"ttft_ms='fast': expected a float", "decode.gpus_per_engine=1.5: expected a int",
+                                      "load_enabled='maybe': expected a bool"}
+
+
+def test_yaml_json_and_cli_overrides(tmp_path):
+    y = tmp_path / "p.yaml"
+    y.write_text("mode: agg\nttft_ms: 300\nagg:\n  max_replicas: 4\n  gpus_per_engine: 2\npredictor: kalman\n")
+    c = load_config(y)
+    assert (c.mode, c.ttft_ms, c.agg.max_replicas, c.agg.gpus_per_engine, c.predictor) == ("agg", 300.0, 4, 2, "kalman")
+    j = tmp_path / "p.json"
+    j.write_text(json.dumps(c.to_dict()))
+    assert load_config(j) == c
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args(["--config", str(y), "--ttft-ms", "250", "--agg-max-replicas", "3",
+                              "--auto-candidates", "constant,kalman"])
+    c2 = config_from_args(args)
+    assert (c2.ttft_ms, c2.agg.max_replicas, c2.agg.gpus_per_engine, c2.auto_candidates) == (250.0, 3, 2, ("constant", "kalman"))
+
+
+def test_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ttft_ms: [1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: cannot parse config file"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"missing.yaml: cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+    neg = tmp_path / "neg.yaml"
+    neg.write_text("adjustment_interval_s: -5\n")
+    with pytest.raises(ConfigError, match=r"neg.yaml: adjustment_interval_s=-5.0: expected a finite number > 0"):
+        load_config(neg)
