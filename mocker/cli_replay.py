@@ -186,18 +186,22 @@ def run(args: argparse.Namespace) -> int:
         Console().print(render_table(report))
 
     failures: list[str] = []
+    json_saved = False
     if args.report_json:
         try:
             write_report_json(report, args.report_json)
+            json_saved = True
         except OSError as e:
-            sys.stdout.write(report_to_json(report))
-            sys.stdout.flush()
-            failures.append(f"cannot write --report-json {args.report_json}: {e.strerror or e} (report printed to stdout)")
+            failures.append(f"cannot write --report-json {args.report_json}: {e.strerror or e}")
     if args.per_request:
         try:
             write_per_request_jsonl(result.records, args.per_request)
         except OSError as e:
             failures.append(f"cannot write --per-request {args.per_request}: {e.strerror or e}")
+    if failures and not json_saved:  # do not lose the computed result: the summary goes to stdout
+        sys.stdout.write(report_to_json(report))
+        sys.stdout.flush()
+        failures[-1] += " (report printed to stdout)"
     for msg in failures:
         print(f"dynoplan replay: error: {msg}", file=sys.stderr)
     return 2 if failures else 0

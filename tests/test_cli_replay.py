@@ -195,3 +195,9 @@ def test_arrival_speedup_and_max_time(tmp_path: Path, capsys: pytest.CaptureFixt
     rep = json.loads(cut.read_text())
     assert rep["num_requests"] == 40
     assert 0 < rep["completed_requests"] <= 20 and rep["duration_ms"] <= 10_000.0
+
+
+def test_unwritable_per_request_without_report_json_prints_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--per-request", str(tmp_path))  # a directory
+    assert_one_line_error(rc, err, "--per-request", "report printed to stdout")
+    assert json.loads(out)["completed_requests"] == 150
