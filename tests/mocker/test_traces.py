@@ -279,3 +279,41 @@ def test_synthetic_invariants(kind: str, rate: float, n: int, seed: int, groups:
         assert r.hash_ids is not None and len(r.hash_ids) == max(1, -(-r.input_length // 512))
         assert r.input_length >= 1 and r.output_length >= 1
     assert reqs == load_trace(spec)
+
+
+mooncake_rows = st.lists(
+    st.tuples(
+        st.integers(0, 5000),  # gap to previous timestamp (ms)
+        st.integers(1, 20000),  # input_length
+        st.integers(1, 2000),  # output_length
+        st.booleans(),  # with hash_ids?
+        st.sampled_from([("timestamp", "input_length", "output_length"), ("created_time", "input_tokens", "output_tokens")]),
+    ),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(mooncake_rows)
+def test_mooncake_round_trip(rows: list[tuple[int, int, int, bool, tuple[str, str, str]]]) -> None:
+    import json as _json
+    import tempfile
+
+    t, next_id, lines, expect = 0, 0, [], []
+    for gap, isl, osl, with_ids, (kt, ki, ko) in rows:
+        t += gap
+        obj: dict[str, object] = {kt: t, ki: isl, ko: osl}
+        ids = None
+        if with_ids:
+            k = -(-isl // 512)
+            ids = tuple(range(next_id, next_id + k))
+            next_id += k
+            obj["hash_ids"] = list(ids)
+        lines.append(_json.dumps(obj))
+        expect.append((float(t), isl, osl, ids))
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "t.jsonl"
+        p.write_text("\n".join(lines) + "\n")
+        got = load_trace(p)
+    assert [(r.arrival_ms, r.input_length, r.output_length, r.hash_ids) for r in got] == expect
+    assert [r.request_id for r in got] == list(range(len(rows)))
