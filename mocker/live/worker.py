@@ -142,6 +142,7 @@ class Worker:
         self.kv_mirror = [_KvMirror(ids_capacity) for _ in range(self.cfg.dp_size)]
         self._first_token_seen: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._child_cache: dict[int, dict[str, Any]] = {}
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
@@ -189,23 +190,33 @@ class Worker:
             self._zmq.term()
 
     # ------------------------------------------------------------------ engine hooks
+    def _children(self, rank: int) -> dict[str, Any]:
+        """Per-rank labelled metric children, looked up once (``labels()`` is too slow for every pass)."""
+        c = self._child_cache.get(rank)
+        if c is None:
+            m, name, r = self.metrics, self.s.model_name, str(rank)
+            c = {k: getattr(m, k).labels(name, r) for k in ("running", "waiting", "kv_active_tokens", "kv_usage", "pass_time",
+                                                            "passes", "lag", "generation_tokens", "prompt_tokens")}
+            self._child_cache[rank] = c
+        return c
+
     def _on_pass(self, rank: int, outcome: Any, finished: list[RequestRecord], lag_ms: float) -> None:
-        m, name, r = self.metrics, self.s.model_name, str(rank)
+        c = self._children(rank)
         fpm = getattr(outcome, "fpm", None)
         if fpm is not None:
             sch, q = fpm.scheduled_requests, fpm.queued_requests
-            m.running.labels(name, r).set(sch.num_prefill_requests + sch.num_decode_requests)
-            m.waiting.labels(name, r).set(q.num_prefill_requests + q.num_decode_requests)
+            c["running"].set(sch.num_prefill_requests + sch.num_decode_requests)
+            c["waiting"].set(q.num_prefill_requests + q.num_decode_requests)
             active = sch.sum_prefill_kv_tokens + sch.sum_decode_kv_tokens
-            m.kv_active_tokens.labels(name, r).set(active)
-            m.kv_usage.labels(name, r).set(min(1.0, active / max(1, self.cfg.total_kv_tokens)))
-            m.pass_time.labels(name, r).inc(max(0.0, fpm.wall_time))
+            c["kv_active_tokens"].set(active)
+            c["kv_usage"].set(min(1.0, active / max(1, self.cfg.total_kv_tokens)))
+            c["pass_time"].inc(max(0.0, fpm.wall_time))
             if self.fpm_pub is not None:
                 self.fpm_pub.publish(FPM_TOPIC, fpm)
-        m.passes.labels(name, r).inc()
-        m.lag.labels(name, r).observe(lag_ms / 1000.0)
+        c["passes"].inc()
+        c["lag"].observe(lag_ms / 1000.0)
         emitted = outcome_emissions(outcome)
-        m.generation_tokens.labels(name, r).inc(len(emitted))
+        c["generation_tokens"].inc(len(emitted))
         drv = self.drivers[rank] if rank < len(self.drivers) else None
         for rid in emitted:  # first token out -> its prompt blocks are cached on this rank
             if rid in self._first_token_seen or drv is None:
@@ -214,7 +225,7 @@ class Worker:
             if st is None:
                 continue
             self._first_token_seen.add(rid)
-            m.prompt_tokens.labels(name, r).inc(st.record.input_length)
+            c["prompt_tokens"].inc(st.record.input_length)
             hid = st.hash_ids
             if hid:
                 self._kv_touch(rank, hid)
