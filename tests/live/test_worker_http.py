@@ -300,3 +300,41 @@ def test_overload_queues_and_shows_in_metrics():
             await r.read()
         assert waiting == 4.0  # max_num_seqs 2 running, the other 4 queued
     run(_with_worker(body, cfg=cfg))
+
+
+def test_fuzzed_bodies_never_crash_the_server():
+    """Valid bodies with one field replaced by a value of another JSON type, or dropped: every answer is
+    200 or an OpenAI-style 4xx, never a 500, and the server keeps serving."""
+    import random
+
+    rng = random.Random(1234)
+    values = [None, True, False, -1, 0, 1, 7, 10**12, 2.5, -0.5, "", "x", "7", [], [1, 2], ["a"], [[1]], {}, {"a": 1}]
+    bases = [
+        ("/v1/completions", {"model": "mocker", "prompt": "hi there", "max_tokens": 3, "stream": False}),
+        ("/v1/completions", {"model": "mocker", "input_length": 20, "hash_ids": [1, 2], "max_tokens": 2, "stream": True}),
+        ("/v1/chat/completions", {"model": "mocker", "messages": [{"role": "user", "content": "yo"}], "max_tokens": 2,
+                                  "stream": True, "stream_options": {"include_usage": True}}),
+    ]
+
+    async def body(s, w, f):
+        statuses = []
+        for i in range(150):
+            path, base = bases[i % len(bases)]
+            b = dict(base)
+            k = rng.choice(list(b) + ["n", "temperature", "min_tokens", "max_completion_tokens", "ignore_eos", "prefill_done"])
+            if rng.random() < 0.2:
+                b.pop(k, None)
+            else:
+                b[k] = rng.choice(values)
+            r = await s.post(path, json=b)
+            await r.read()
+            statuses.append(r.status)
+            assert r.status in (200, 400, 404), (b, r.status)
+        assert statuses.count(200) > 10 and statuses.count(400) > 10
+        ok = await s.post("/v1/completions", json={"model": "mocker", "prompt": "x", "max_tokens": 1})
+        assert ok.status == 200
+        await ok.read()
+        for core in f.engines:
+            assert not core.has_work()
+            core.kv.check_invariants()
+    run(_with_worker(body, cfg=EngineConfig(speedup_ratio=200.0, num_gpu_blocks=256, block_size=16, trace_block_size=16)))
