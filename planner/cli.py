@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import typing
 from typing import Sequence
 
 # name -> (module path, one-line help). Registry only: no import-time side effects.
@@ -31,8 +32,15 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag or value as one line on stderr (exit 2), without the usage dump."""
+
+    def error(self, message: str) -> "typing.NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynoplan", description="SLA-driven autoscaler for LLM serving, and its engine simulator.")
+    parser = _OneLineErrorParser(prog="dynoplan", description="SLA-driven autoscaler for LLM serving, and its engine simulator.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (mod, help_text) in SUBCOMMANDS.items():
