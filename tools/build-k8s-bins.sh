@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build kube-apiserver, etcd and helm from their published Go modules with this machine's Go,
 # and cache them outside the repository, keyed by version:
-#   ${DYNOPLAN_CACHE:-$HOME/.cache/dynoplan}/bin/{kube-apiserver-vX,etcd-vX,helm-vX}
+#   ${DYNOPLAN_CACHE:-$HOME/.cache/dynoplan}/bin/{kube-apiserver-vX,kube-controller-manager-vX,etcd-vX,helm-vX}
 # A binary already present is not rebuilt. Versions: tools/k8s-versions.env.
-# Usage: tools/build-k8s-bins.sh [kube-apiserver|etcd|helm ...]   (default: all three)
+# Usage: tools/build-k8s-bins.sh [kube-apiserver|kube-controller-manager|etcd|helm ...]
+#        (default: etcd kube-apiserver kube-controller-manager helm)
 # Environment: DYNOPLAN_CACHE (cache root), BUILD_P (go build -p, default 2), and the usual
 # GOCACHE/GOMODCACHE/GOPROXY. Prints one line per binary: "<name> <path> <seconds-or-cached>".
 set -euo pipefail
@@ -32,22 +33,24 @@ write_module() {
   printf '%s\n' "$main" >"$dir/main.go"
 }
 
-build_kube_apiserver() {
-  local out="$bindir/kube-apiserver-$KUBERNETES_VERSION" dir="$workroot/kube-apiserver-$KUBERNETES_VERSION"
-  write_module "$dir" dynoplan.local/kube-apiserver 'package main
+# build_k8s_cmd NAME APP_CONSTRUCTOR: a wrapper module whose main is k8s.io/kubernetes/cmd/NAME's main.
+build_k8s_cmd() {
+  local name="$1" ctor="$2"
+  local out="$bindir/$name-$KUBERNETES_VERSION" dir="$workroot/$name-$KUBERNETES_VERSION"
+  write_module "$dir" "dynoplan.local/$name" "package main
 
 import (
-	"os"
-	_ "time/tzdata"
+	\"os\"
+	_ \"time/tzdata\"
 
-	"k8s.io/component-base/cli"
-	_ "k8s.io/component-base/logs/json/register"
-	_ "k8s.io/component-base/metrics/prometheus/clientgo"
-	_ "k8s.io/component-base/metrics/prometheus/version"
-	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+	\"k8s.io/component-base/cli\"
+	_ \"k8s.io/component-base/logs/json/register\"
+	_ \"k8s.io/component-base/metrics/prometheus/clientgo\"
+	_ \"k8s.io/component-base/metrics/prometheus/version\"
+	\"k8s.io/kubernetes/cmd/$name/app\"
 )
 
-func main() { os.Exit(cli.Run(app.NewAPIServerCommand())) }'
+func main() { os.Exit(cli.Run(app.$ctor())) }"
   (
     cd "$dir"
     go mod download "k8s.io/kubernetes@$KUBERNETES_VERSION"
@@ -66,6 +69,8 @@ func main() { os.Exit(cli.Run(app.NewAPIServerCommand())) }'
   )
   mv "$out.tmp" "$out"
 }
+build_kube_apiserver() { build_k8s_cmd kube-apiserver NewAPIServerCommand; }
+build_kube_controller_manager() { build_k8s_cmd kube-controller-manager NewControllerManagerCommand; }
 
 build_etcd() {
   local out="$bindir/etcd-$ETCD_VERSION" dir="$workroot/etcd-$ETCD_VERSION"
@@ -88,29 +93,23 @@ func main() { etcdmain.Main(os.Args) }'
 }
 
 build_helm() {
+  # helm's go.mod has no replace directives, so `go install module/cmd@version` builds it with
+  # exactly the dependency set helm released (its own go.sum).
   local out="$bindir/helm-$HELM_VERSION" dir="$workroot/helm-$HELM_VERSION"
-  write_module "$dir" dynoplan.local/helm '// Blank-import keeps helm.sh/helm/v3 in go.mod; the binary itself is built from cmd/helm.
-package main
-
-import _ "helm.sh/helm/v3/pkg/action"
-
-func main() {}'
-  (
-    cd "$dir"
-    go mod edit "-require=helm.sh/helm/v3@$HELM_VERSION"
-    go mod tidy
-    go build -p "$p" -o "$out.tmp" -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
-  )
-  mv "$out.tmp" "$out"
+  rm -rf "$dir"; mkdir -p "$dir"
+  GOBIN="$dir" go install -p "$p" -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv "$dir/helm" "$out"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(etcd kube-apiserver helm)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(etcd kube-apiserver kube-controller-manager helm)
 for name in "${want[@]}"; do
   case "$name" in
     kube-apiserver) out="$bindir/kube-apiserver-$KUBERNETES_VERSION"; fn=build_kube_apiserver ;;
+    kube-controller-manager) out="$bindir/kube-controller-manager-$KUBERNETES_VERSION"; fn=build_kube_controller_manager ;;
     etcd) out="$bindir/etcd-$ETCD_VERSION"; fn=build_etcd ;;
     helm) out="$bindir/helm-$HELM_VERSION"; fn=build_helm ;;
-    *) echo "build-k8s-bins: unknown binary '$name' (expected kube-apiserver, etcd or helm)" >&2; exit 2 ;;
+    *) echo "build-k8s-bins: unknown binary '$name' (expected kube-apiserver, kube-controller-manager, etcd or helm)" >&2; exit 2 ;;
   esac
   if [ -x "$out" ]; then echo "$name $out cached"; continue; fi
   start=$(date +%s)

@@ -68,8 +68,10 @@ def binary_path(name: str) -> Path:
     Raises:
         FileNotFoundError: the binary has not been built; the message says how to build it.
     """
-    env_key = {"etcd": "DYNOPLAN_ETCD", "kube-apiserver": "DYNOPLAN_KUBE_APISERVER", "helm": "DYNOPLAN_HELM"}
-    version_key = {"etcd": "ETCD_VERSION", "kube-apiserver": "KUBERNETES_VERSION", "helm": "HELM_VERSION"}
+    env_key = {"etcd": "DYNOPLAN_ETCD", "kube-apiserver": "DYNOPLAN_KUBE_APISERVER", "helm": "DYNOPLAN_HELM",
+               "kube-controller-manager": "DYNOPLAN_KUBE_CONTROLLER_MANAGER"}
+    version_key = {"etcd": "ETCD_VERSION", "kube-apiserver": "KUBERNETES_VERSION", "helm": "HELM_VERSION",
+                   "kube-controller-manager": "KUBERNETES_VERSION"}
     if name not in env_key:
         raise ValueError(f"binary name {name!r}: expected one of {sorted(env_key)}")
     override = os.environ.get(env_key[name])
@@ -156,12 +158,14 @@ class ControlPlane:
         base_dir: the temp directory (logs: ``etcd.log``, ``kube-apiserver.log``); removed by stop().
     """
 
-    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False) -> None:
+    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False,
+                 controller_manager: bool = False) -> None:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="dynoplan-k8s-"))
         self._keep_dir = keep_dir
         self.etcd_bin = binary_path("etcd")
         self.apiserver_bin = binary_path("kube-apiserver")
+        self.controller_manager_bin = binary_path("kube-controller-manager") if controller_manager else None
         self.pki = _make_pki(self.base_dir)
         self.admin_token = secrets.token_hex(16)
         tokens = self.base_dir / "tokens.csv"
@@ -176,15 +180,24 @@ class ControlPlane:
         self._write_kubeconfig()
         self.etcd_proc: subprocess.Popen | None = None
         self.apiserver_proc: subprocess.Popen | None = None
+        self.controller_manager_proc: subprocess.Popen | None = None
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
-    def start(cls, base_dir: Path | None = None, timeout_s: float = 120.0) -> ControlPlane:
-        """Create, start etcd and kube-apiserver, wait until ``/readyz`` answers 200. On failure, stop."""
-        cp = cls(base_dir)
+    def start(cls, base_dir: Path | None = None, timeout_s: float = 120.0,
+              controller_manager: bool = False) -> ControlPlane:
+        """Create, start etcd and kube-apiserver, wait until ``/readyz`` answers 200. On failure, stop.
+
+        With ``controller_manager=True`` also run kube-controller-manager (Deployment/ReplicaSet,
+        garbage-collector, namespace, service-account controllers...; there is still no scheduler or
+        kubelet, so Pods stay Pending unless a test writes their status).
+        """
+        cp = cls(base_dir, controller_manager=controller_manager)
         try:
             cp.start_etcd(timeout_s)
             cp.start_apiserver(timeout_s)
+            if controller_manager:
+                cp.start_controller_manager(timeout_s)
         except BaseException:
             cp.stop()
             raise
@@ -221,7 +234,9 @@ class ControlPlane:
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={p['sa_pub']}", f"--service-account-signing-key-file={p['sa_key']}",
             "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC",
-            "--allow-privileged=true", "--v=1",
+            # No Endpoints for the "kubernetes" Service: a loopback advertise address is refused by the
+            # reconciler ("may not be in the loopback range"), and nothing here needs that Service.
+            "--endpoint-reconciler-type=none", "--allow-privileged=true", "--v=1",
         ]
 
     def start_apiserver(self, timeout_s: float = 120.0) -> None:
@@ -231,6 +246,29 @@ class ControlPlane:
         log = self.base_dir / "kube-apiserver.log"
         self.apiserver_proc = start_process(self._apiserver_argv(), log)
         wait_until(self.is_ready, timeout_s, "kube-apiserver", self.apiserver_proc, log, interval_s=0.25)
+
+    def start_controller_manager(self, timeout_s: float = 120.0) -> None:
+        """Start kube-controller-manager (admin client cert kubeconfig, no leader election) and wait
+        until it has created the ``default`` ServiceAccount in namespace ``default``."""
+        if self.controller_manager_bin is None:
+            raise RuntimeError("ControlPlane was created with controller_manager=False")
+        log = self.base_dir / "kube-controller-manager.log"
+        self.controller_manager_proc = start_process([
+            str(self.controller_manager_bin), f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
+            f"--cert-dir={self.base_dir / 'kcm-certs'}",
+            f"--service-account-private-key-file={self.pki['sa_key']}", f"--root-ca-file={self.ca_file}",
+            "--use-service-account-credentials=false", "--controllers=*", "--v=1",
+        ], log)
+
+        def default_sa() -> bool:
+            r = requests.get(f"{self.url}/api/v1/namespaces/default/serviceaccounts/default",
+                             headers={"Authorization": f"Bearer {self.admin_token}"},
+                             verify=str(self.ca_file), timeout=5)
+            return r.status_code == 200
+
+        wait_until(default_sa, timeout_s, "kube-controller-manager", self.controller_manager_proc, log,
+                   interval_s=0.25)
 
     def stop_apiserver(self) -> None:
         """SIGTERM kube-apiserver (SIGKILL after 15 s); etcd keeps running and keeps the data."""
@@ -248,7 +286,10 @@ class ControlPlane:
         self.start_apiserver(timeout_s)
 
     def stop(self) -> None:
-        """Stop kube-apiserver and etcd (process groups, no orphans); remove the temp dir. Idempotent."""
+        """Stop the controller-manager, kube-apiserver and etcd (process groups, no orphans); remove the
+        temp dir. Idempotent."""
+        stop_process(self.controller_manager_proc)
+        self.controller_manager_proc = None
         stop_process(self.apiserver_proc)
         self.apiserver_proc = None
         stop_process(self.etcd_proc)
