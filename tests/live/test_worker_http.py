@@ -338,3 +338,11 @@ def test_fuzzed_bodies_never_crash_the_server():
             assert not core.has_work()
             core.kv.check_invariants()
     run(_with_worker(body, cfg=EngineConfig(speedup_ratio=200.0, num_gpu_blocks=256, block_size=16, trace_block_size=16)))
+
+
+def test_kv_transfer_delay_formula():
+    """DESIGN.md KV transfer: time = tokens * kv_bytes_per_token / bandwidth, divided by the speedup."""
+    cfg = EngineConfig(speedup_ratio=10.0, worker_type="decode")
+    w = Worker(WorkerSettings(engine=cfg, kv_bytes_per_token=1_000_000, kv_transfer_bandwidth_gbps=1.0))
+    assert w._transfer_delay_s(1000) == pytest.approx(0.1)  # 1e9 bytes at 1e9 B/s = 1 s, / 10
+    assert Worker(WorkerSettings(engine=cfg))._transfer_delay_s(1000) == 0.0  # bandwidth 0 disables
