@@ -443,7 +443,8 @@ class Planner:
                 floor = self._thpt_required.get(p, 0)
                 if goal[p] < floor:
                     goal[p] = floor
-                    pool_reasons[p] = Reason.RAISED_TO_THROUGHPUT_FLOOR
+                    pool_reasons[p] = (Reason.RAISED_TO_THROUGHPUT_FLOOR if floor > current[p]
+                                       else Reason.HOLD_THROUGHPUT_FLOOR)
         for p in cfg.pools:
             if goal[p] != current[p] and now_s < self._grace_until_s.get(p, -math.inf):
                 goal[p], pool_reasons[p] = current[p], Reason.HOLD_EXTERNAL_GRACE

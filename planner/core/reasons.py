@@ -32,6 +32,8 @@ class Reason(str, Enum):
     """Replicas were changed by someone else: adopted as the current state, not reverted."""
     # holds
     HOLD_STEADY = "hold_steady"
+    HOLD_THROUGHPUT_FLOOR = "hold_throughput_floor"
+    """Both loops on: the load loop would scale down, but the throughput result is the floor."""
     HOLD_WITHIN_SLA = "hold_within_sla"
     HOLD_HYSTERESIS = "hold_hysteresis"
     HOLD_COOLDOWN = "hold_cooldown"

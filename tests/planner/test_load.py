@@ -1,0 +1,117 @@
+"""Pass-time regressions and per-engine TTFT/ITL estimates against known coefficients."""
+
+import math
+
+import numpy as np
+import pytest
+
+from planner.core.load import (PassTimeRegression, RegressionFit, estimate_engine, estimate_itl_ms, estimate_ttft_ms,
+                               latest_passes)
+from planner.core.observations import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+
+def fpm(wall, *, prefill=0, decode_kv=0, n_prefill=None, n_decode=None, q_prefill=0, q_n=0, pool="decode",
+        worker=0, ts=0.0):
+    s = ScheduledRequests(num_prefill_requests=(1 if prefill else 0) if n_prefill is None else n_prefill,
+                          sum_prefill_tokens=prefill, sum_prefill_kv_tokens=prefill,
+                          num_decode_requests=(1 if decode_kv else 0) if n_decode is None else n_decode,
+                          sum_decode_kv_tokens=decode_kv)
+    return ForwardPassMetrics(worker, 0, wall, s, QueuedRequests(num_prefill_requests=q_n, sum_prefill_tokens=q_prefill),
+                              pool=pool, timestamp_s=ts)
+
+
+def test_prefill_regression_recovers_known_coefficients():
+    rng = np.random.default_rng(1)
+    r = PassTimeRegression(("sum_prefill_tokens",), min_samples=8)
+    for _ in range(400):
+        x = int(rng.integers(1, 8192))
+        r.add(fpm(0.005 + 1e-5 * x, prefill=x, pool="prefill"))
+    f = r.fit()
+    assert f.intercept_s == pytest.approx(0.005, rel=1e-9) and f.slope("sum_prefill_tokens") == pytest.approx(1e-5, rel=1e-9)
+    assert not f.degenerate
+
+
+def test_agg_regression_two_features():
+    rng = np.random.default_rng(2)
+    r = PassTimeRegression(("sum_prefill_tokens", "sum_decode_kv_tokens"))
+    for _ in range(300):
+        p, d = int(rng.integers(0, 8192)), int(rng.integers(0, 200000))
+        r.add(fpm(0.003 + 1e-5 * p + 2e-7 * d + rng.normal(0, 1e-5), prefill=p, decode_kv=d, pool="agg"))
+    f = r.fit()
+    assert f.intercept_s == pytest.approx(0.003, abs=5e-5)
+    assert f.slope("sum_prefill_tokens") == pytest.approx(1e-5, rel=0.01)
+    assert f.slope("sum_decode_kv_tokens") == pytest.approx(2e-7, rel=0.01)
+
+
+def test_idle_heartbeats_skipped_and_memory_bounded():
+    r = PassTimeRegression(("sum_decode_kv_tokens",), n_buckets=4, per_bucket=5, min_samples=3)
+    for _ in range(100):
+        assert not r.add(fpm(0.0))  # idle heartbeat
+    assert len(r) == 0 and r.skipped_idle == 100 and r.fit() is None
+    for i in range(1000):
+        r.add(fpm(0.01 + 1e-7 * (i % 50), decode_kv=i % 50 + 1))
+    assert len(r) <= 4 * 5
+    # a flood of small passes cannot evict the big ones (bucketed retention)
+    r.add(fpm(0.01 + 1e-7 * 100000, decode_kv=100000))
+    for i in range(1000):
+        r.add(fpm(0.01 + 1e-7 * 3, decode_kv=3))
+    assert any(x[0][0] == 100000 for b in r._buckets for x in b)
+    assert r.fit().slope("sum_decode_kv_tokens") == pytest.approx(1e-7, rel=1e-6)
+
+
+def test_negative_or_unidentifiable_slope_is_degenerate():
+    r = PassTimeRegression(("sum_prefill_tokens",), min_samples=4)
+    for x in (1000, 2000, 3000, 4000, 5000):
+        r.add(fpm(0.1 - 1e-5 * x, prefill=x, pool="prefill"))  # longer passes for fewer tokens
+    f = r.fit()
+    assert f.degenerate and math.isnan(f.slope("sum_prefill_tokens"))
+    assert estimate_ttft_ms(f, 50000, 1000, 8192) is None  # unknown, not "free" and not infinite
+    r2 = PassTimeRegression(("sum_prefill_tokens",), min_samples=4)
+    for _ in range(6):
+        r2.add(fpm(0.05, prefill=2048, pool="prefill"))  # never varied: slope not identifiable
+    assert r2.fit().degenerate
+
+
+def test_ttft_estimate_simulates_chunked_queue():
+    f = RegressionFit(("sum_prefill_tokens",), 0.005, (1e-5,), 100)
+    # 20000 queued + 4000 new = 24000 tokens in 8192-token passes: 2 full (0.08692 s each) + 7616 (0.08116 s)
+    assert estimate_ttft_ms(f, 20000, 4000, 8192) == pytest.approx(255.0)
+    assert estimate_ttft_ms(f, 0, 1000, 8192) == pytest.approx(15.0)
+    assert estimate_ttft_ms(None, 0, 1000, 8192) is None
+
+
+def test_itl_estimate_and_agg_chunk():
+    f = RegressionFit(("sum_decode_kv_tokens",), 0.004, (2e-7,), 100)
+    assert estimate_itl_ms(f, 100000) == pytest.approx(24.0)
+    a = RegressionFit(("sum_prefill_tokens", "sum_decode_kv_tokens"), 0.004, (1e-5, 2e-7), 100)
+    # agg: the pass also carries min(8192, 20000) prefill tokens -> +81.92 ms
+    assert estimate_itl_ms(a, 100000, 20000, 8192) == pytest.approx(24.0 + 81.92)
+    # agg TTFT: the chunk budget shrinks by one token per running decode request (8192 - 192 = 8000)
+    assert estimate_ttft_ms(a, 12000, 4000, 8192, decode_kv_tokens=0, num_decode_requests=192) == pytest.approx(
+        2 * (4 + 80.0))
+
+
+def test_engine_estimate_and_latest_pass():
+    f = RegressionFit(("sum_prefill_tokens",), 0.005, (1e-5,), 100)
+    old = fpm(0.05, prefill=4000, q_prefill=99999, q_n=9, pool="prefill", ts=1.0)
+    new = fpm(0.05, prefill=4000, q_prefill=20000, q_n=5, pool="prefill", ts=2.0)
+    latest = latest_passes([new, old])
+    assert latest[(0, 0)] is new
+    e = estimate_engine("prefill", new, f, 4000, 8192)
+    assert e.estimated_ttft_ms == pytest.approx(255.0) and not e.idle and e.estimated_itl_ms is None
+    idle = estimate_engine("prefill", fpm(0.0, pool="prefill"), None, 4000, 8192)
+    assert idle.idle and idle.estimated_ttft_ms == 0.0  # zero load needs no regression
+    scaled = estimate_engine("prefill", new, f, 4000, 8192, load_scale=2.0)
+    assert scaled.queued_prefill_tokens == 40000
+
+
+def test_from_mapping_adapts_dicts():
+    d = {"worker_id": 3, "dp_rank": 1, "wall_time": 0.02, "timestamp_ms": 1500.0,
+         "scheduled_requests": {"num_decode_requests": 4, "sum_decode_kv_tokens": 9000},
+         "queued_requests": {"num_prefill_requests": 2, "sum_prefill_tokens": 700}}
+    p = ForwardPassMetrics.from_mapping(d, pool="decode")
+    assert (p.worker_id, p.dp_rank, p.timestamp_s, p.scheduled_requests.sum_decode_kv_tokens,
+            p.queued_requests.sum_prefill_tokens) == (3, 1, 1.5, 9000, 700)
+    from planner.errors import ObservationError
+    with pytest.raises(ObservationError, match="wall_time=-1"):
+        ForwardPassMetrics.from_mapping({"worker_id": 1, "wall_time": -1}, pool="decode")

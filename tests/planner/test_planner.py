@@ -1,0 +1,379 @@
+"""The Planner state machine: scaling rules, loops, pending guard and the field pain points."""
+
+import json
+import math
+
+import pytest
+
+from planner.core.config import PlannerConfig, PoolLimits
+from planner.core.observations import Observations, PoolState, TrafficWindow
+from planner.core.planner import Planner
+from planner.core.reasons import Reason
+from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffic, training_passes
+
+
+def thpt_config(**kw):
+    base = dict(predictor="constant", itl_ms=30.0, correction_enabled=False, max_gpu_budget=16)
+    base.update(kw)
+    return PlannerConfig(**base)
+
+
+def load_config_(**kw):
+    base = dict(mode="decode", throughput_enabled=False, load_enabled=True, itl_ms=50.0, regression_min_samples=4,
+                max_gpu_budget=16)
+    base.update(kw)
+    return PlannerConfig(**base)
+
+
+# ------------------------------------------------------------------ throughput loop
+
+def test_throughput_loop_sizes_from_profile_and_schedules_ticks():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    r = pl.tick(0.0, fleet.obs())
+    assert r.decision.reason == Reason.HOLD_WARMING_UP and r.next_tick_s == 180.0
+    # 3600 req x 2000 / 180 s / 8000 = 5 prefill; 3600 x 150 / 180 / 1500 = 2 decode
+    r = pl.tick(180.0, fleet.obs(traffic(3600)))
+    assert r.decision.targets == {"prefill": 5, "decode": 2}
+    assert r.decision.decision_id == 1 and r.decision.reason == Reason.SCALE_UP_THROUGHPUT
+    assert r.diagnostics.throughput_replicas_exact == pytest.approx({"prefill": 5.0, "decode": 2.0})
+    assert r.diagnostics.predicted_requests_per_second == pytest.approx(20.0)
+    assert r.next_tick_s == 360.0
+    fleet.apply(r.decision)
+    r = pl.tick(360.0, fleet.obs(traffic(3600)))
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_STEADY
+
+
+def test_correction_factor_applied():
+    pl = Planner(thpt_config(correction_enabled=True), profile())
+    fleet = Fleet(prefill=5, decode=2)
+    pl.tick(0.0, fleet.obs())
+    # observed: TTFT 100 ms, ITL 25 ms, mean request duration 5 s
+    tw = TrafficWindow(180.0, 3600, 2000.0, 150.0, 100.0, 25.0, 5.0)
+    r = pl.tick(180.0, fleet.obs(tw))
+    # prefill: expected TTFT 200 ms at ISL 2000, observed 100 -> p_corr 0.5 -> 2.5 -> 3 replicas
+    assert pl.p_correction == pytest.approx(0.5)
+    # decode: concurrency = 3600/2 x 5 s / 180 = 50; usage = 50 x 2075 / 200000 = 0.51875 -> expected
+    # ITL 30.75 ms; d_corr = 25 / 30.75; corrected ITL = 30 / d_corr = 36.9 ms -> usage 0.6725 -> 2017.5 tok/s
+    assert pl.d_correction == pytest.approx(25.0 / 30.75)
+    assert r.diagnostics.throughput_replicas["prefill"] == 3
+    assert r.diagnostics.throughput_replicas_exact["decode"] == pytest.approx(3000.0 / (3000 * 0.6725), rel=5e-3)
+
+
+def test_zero_traffic_nan_averages_still_scale_down_to_min():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=5, decode=2)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(0)))  # count 0, means NaN
+    assert r.decision.targets == {"prefill": 1, "decode": 1}
+    assert r.decision.reason == Reason.SCALE_DOWN_THROUGHPUT
+    assert Reason.RAISED_TO_MIN_REPLICAS in r.decision.reasons
+
+
+def test_failed_metrics_read_is_unknown_and_holds():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=5, decode=2)
+    pl.tick(0.0, fleet.obs())
+    pl.tick(180.0, fleet.obs(traffic(3600)))
+    r = pl.tick(360.0, fleet.obs(None))  # the Prometheus read failed
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_METRICS_UNKNOWN
+    assert pl._pred_req.values == [3600.0]  # nothing fed: an unknown interval is not zero demand
+    r = pl.tick(540.0, Observations(None, traffic(0)))  # the deployment could not be read
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_METRICS_UNKNOWN
+
+
+def test_no_two_one_oscillation_at_steady_load_near_threshold():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=3, decode=1)
+    pl.tick(0.0, fleet.obs())
+    # decode needs 1800 x 150 / 180 / 1500 = 1.0 replicas; +-3% noise around it
+    noise = [1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.03, 0.97] * 5
+    decode_sizes = []
+    for k, f in enumerate(noise, start=1):
+        r = pl.tick(180.0 * k, fleet.obs(traffic(1800 * f)))
+        fleet.apply(r.decision)
+        decode_sizes.append(fleet.spec["decode"])
+    assert decode_sizes[0] == 2 and set(decode_sizes) == {2}  # went up once, never flapped back
+    assert Reason.HOLD_HYSTERESIS in (pl.tick(180.0 * 41, fleet.obs(traffic(1800 * 0.97))).decision.pool_reasons.values())
+    # without hysteresis the same load flaps
+    pl2 = Planner(thpt_config(scale_down_hysteresis=0.0), profile())
+    fleet2 = Fleet(prefill=3, decode=1)
+    pl2.tick(0.0, fleet2.obs())
+    flaps = 0
+    for k, f in enumerate(noise, start=1):
+        before = fleet2.spec["decode"]
+        fleet2.apply(pl2.tick(180.0 * k, fleet2.obs(traffic(1800 * f))).decision)
+        flaps += fleet2.spec["decode"] != before
+    assert flaps > 10
+
+
+def test_budget_caps_throughput_result():
+    pl = Planner(thpt_config(max_gpu_budget=6), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(3600)))  # wants 5 + 2 = 7 > 6
+    assert sum(r.decision.targets.values()) <= 6
+    assert Reason.CAPPED_BY_BUDGET in r.decision.reasons
+
+
+# ------------------------------------------------------------------ pending guard, external changes
+
+def test_pending_guard_holds_until_ready_then_proceeds():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(3600)))
+    fleet.apply(r.decision, ready=False)  # spec set, pods not ready yet
+    r = pl.tick(360.0, fleet.obs(traffic(7200)))
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_PENDING
+    fleet.ready = dict(fleet.spec)
+    r = pl.tick(540.0, fleet.obs(traffic(7200)))
+    assert r.decision.targets == {"prefill": 10, "decode": 4} and r.decision.decision_id == 2
+
+
+def test_unready_workers_past_timeout_do_not_freeze_the_planner():
+    pl = Planner(thpt_config(pending_timeout_s=500.0), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(3600)))
+    fleet.spec = dict(r.decision.targets)
+    fleet.ready = {"prefill": 3, "decode": 2}  # two prefill pods stay unschedulable
+    reasons = [pl.tick(180.0 * k, fleet.obs(traffic(3600))).decision.reason for k in (2, 3, 4)]
+    assert reasons == [Reason.HOLD_PENDING, Reason.HOLD_PENDING, Reason.PENDING_TIMEOUT_REPLAN]
+    # no longer frozen: demand falls and it scales down though the pods never became ready
+    r = pl.tick(180.0 * 5, fleet.obs(traffic(360)))
+    assert r.decision.targets == {"prefill": 1, "decode": 1}
+
+
+def test_external_replica_edit_adopted_not_fought():
+    pl = Planner(thpt_config(external_change_grace_s=360.0), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    fleet.apply(pl.tick(180.0, fleet.obs(traffic(3600))).decision)
+    assert fleet.spec == {"prefill": 5, "decode": 2}
+    fleet.spec["decode"] = fleet.ready["decode"] = 4  # an operator edits the deployment by hand
+    r = pl.tick(360.0, fleet.obs(traffic(3600)))
+    assert r.decision.targets is None and r.decision.reason == Reason.ADOPTED_EXTERNAL_CHANGE
+    assert r.decision.pool_reasons == {"decode": Reason.ADOPTED_EXTERNAL_CHANGE}
+    r = pl.tick(540.0, fleet.obs(traffic(3600)))  # within the grace period: left alone
+    assert r.decision.targets is None and r.decision.pool_reasons["decode"] == Reason.HOLD_EXTERNAL_GRACE
+    r = pl.tick(900.0, fleet.obs(traffic(3600)))  # later: planned from the adopted state
+    # needs 2.0 decode; scale-down lands on ceil(2.0 x 1.1) = 3 (the hysteresis band keeps headroom)
+    assert r.decision.targets == {"prefill": 5, "decode": 3} and r.decision.reason == Reason.SCALE_DOWN_THROUGHPUT
+
+
+def test_external_edit_during_pending_is_adopted():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    pl.tick(180.0, fleet.obs(traffic(3600)))  # decision 1 -> 5/2, never applied
+    fleet.spec["prefill"] = 7  # someone else set 7
+    r = pl.tick(360.0, fleet.obs(traffic(3600)))
+    assert r.decision.reason == Reason.ADOPTED_EXTERNAL_CHANGE and pl.pending_decision_id is None
+
+
+def test_virtual_connector_acknowledgement():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(3600), applied_decision_id=0))
+    assert r.decision.decision_id == 1
+    fleet.apply(r.decision)
+    r = pl.tick(360.0, fleet.obs(traffic(7200), applied_decision_id=0))  # applied but not yet acknowledged
+    assert r.decision.reason == Reason.HOLD_PENDING
+    r = pl.tick(540.0, fleet.obs(traffic(7200), applied_decision_id=1))
+    assert r.decision.decision_id == 2
+
+
+# ------------------------------------------------------------------ load loop
+
+def steady_passes(ts, kvs, pool="decode"):
+    return training_passes(ts, pool) + [decode_pass(i, kv, ts, pool=pool) for i, kv in enumerate(kvs)]
+
+
+def test_load_scales_up_only_when_all_engines_over_sla():
+    pl = Planner(load_config_(), None)
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    # ITL = 4 + 0.0002 x kv ms: 300k -> 64 ms (over 50), 100k -> 24 ms
+    r = pl.tick(5.0, fleet.obs(passes=steady_passes(5.0, [300000, 100000])))
+    assert r.decision.targets is None and r.decision.pool_reasons["decode"] == Reason.HOLD_WITHIN_SLA
+    assert r.diagnostics.estimated_itl_ms == pytest.approx(64.0, rel=1e-6)
+    r = pl.tick(10.0, fleet.obs(passes=steady_passes(10.0, [300000, 260000])))
+    assert r.decision.targets == {"decode": 3} and r.decision.reason == Reason.SCALE_UP_ITL  # +1 only
+
+
+def test_load_scales_down_only_when_n_minus_1_absorb():
+    pl = Planner(load_config_(), None)
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    # both at 30 ms (< 50 x 0.8) but one engine with 2 x 130k = 260k -> 56 ms: cannot absorb
+    r = pl.tick(5.0, fleet.obs(passes=steady_passes(5.0, [130000, 130000])))
+    assert r.decision.targets is None and r.decision.pool_reasons["decode"] == Reason.HOLD_WITHIN_SLA
+    # 2 x 80k = 160k -> 36 ms: absorbed
+    r = pl.tick(10.0, fleet.obs(passes=steady_passes(10.0, [80000, 80000])))
+    assert r.decision.targets == {"decode": 1} and r.decision.reason == Reason.SCALE_DOWN_CONSOLIDATED
+
+
+def test_load_zero_traffic_idle_heartbeats_scale_down_to_min_one_step_per_interval():
+    pl = Planner(load_config_(), None)
+    fleet = Fleet(decode=3)
+    pl.tick(0.0, fleet.obs())
+    sizes = []
+    for k in range(1, 6):
+        t = 5.0 * k
+        r = pl.tick(t, fleet.obs(passes=[idle_pass(i, t) for i in range(fleet.spec["decode"])]))
+        fleet.apply(r.decision)
+        sizes.append(fleet.spec["decode"])
+    assert sizes == [2, 1, 1, 1, 1]  # no regression needed for zero load; stops at min_replicas
+
+
+def test_fpm_source_failure_holds():
+    pl = Planner(load_config_(), None)
+    fleet = Fleet(decode=3)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(5.0, fleet.obs(passes=(), passes_ok=False))
+    assert r.decision.reason == Reason.HOLD_METRICS_UNKNOWN
+    r = pl.tick(10.0, fleet.obs(passes=()))  # no engine ever reported: unknown, not idle
+    assert r.decision.reason == Reason.HOLD_METRICS_UNKNOWN
+
+
+def test_degenerate_regression_never_scales_up_unboundedly():
+    pl = Planner(load_config_(decode=PoolLimits(1, 6, 1)), None)
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    # bigger passes took less time: a negative slope (e.g. a clock glitch or mixed hardware)
+    bad = [decode_pass(0, kv, 4.0, wall=0.5 - 1e-6 * kv) for kv in range(10000, 400000, 20000)]
+    now = [decode_pass(w, 390000, 5.0, wall=0.5 - 1e-6 * 390000) for w in (0, 1)]
+    r = pl.tick(5.0, fleet.obs(passes=bad + now))
+    assert pl.regression("decode").degenerate
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_REGRESSION_DEGENERATE
+    # even a valid fit with absurd queues moves +1 per interval and stops at max_replicas
+    pl = Planner(load_config_(decode=PoolLimits(1, 6, 1)), None)
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    sizes = []
+    for k in range(1, 12):
+        t = 5.0 * k
+        passes = training_passes(t) + [decode_pass(i, 10**9, t) for i in range(fleet.spec["decode"])]
+        fleet.apply(pl.tick(t, fleet.obs(passes=passes)).decision)
+        sizes.append(fleet.spec["decode"])
+    assert sizes == [3, 4, 5, 6, 6, 6, 6, 6, 6, 6, 6]
+
+
+def test_load_regression_warming_up_holds():
+    pl = Planner(load_config_(regression_min_samples=50), None)
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(5.0, fleet.obs(passes=[decode_pass(0, 300000, 5.0), decode_pass(1, 300000, 5.0)]))
+    assert r.decision.reason == Reason.HOLD_REGRESSION_WARMING_UP
+
+
+def test_throughput_result_is_the_floor_under_the_load_loop():
+    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False, load_enabled=True,
+                        regression_min_samples=4, max_gpu_budget=16)
+    pl = Planner(cfg, profile())
+    fleet = Fleet(decode=3)
+    pl.tick(0.0, fleet.obs())
+    # throughput: 3600 x 150 / 180 / 1500 = 2 decode replicas is the floor
+    t = 180.0
+    r = pl.tick(t, fleet.obs(traffic(3600), passes=[idle_pass(i, t) for i in range(3)]))
+    fleet.apply(r.decision)
+    assert fleet.spec == {"decode": 2} and r.decision.reason == Reason.SCALE_DOWN_CONSOLIDATED
+    r = pl.tick(185.0, fleet.obs(passes=[idle_pass(i, 185.0) for i in range(2)]))  # idle, but the floor is 2
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_THROUGHPUT_FLOOR
+    # demand doubles: throughput floor 4 raises the pool at once, not +1
+    r = pl.tick(360.0, fleet.obs(traffic(7200), passes=[idle_pass(i, 360.0) for i in range(2)]))
+    assert r.decision.targets == {"decode": 4} and r.decision.reason == Reason.RAISED_TO_THROUGHPUT_FLOOR
+
+
+def test_no_oscillation_in_load_loop_near_threshold():
+    pl = Planner(load_config_(), None)
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    changes = 0
+    total_kv = 250000  # one engine alone: 54 ms (over); split in two: 29 ms each
+    for k in range(1, 60):
+        t = 5.0 * k
+        n = fleet.spec["decode"]
+        wobble = 1.0 + (0.04 if k % 2 else -0.04)
+        kvs = [int(total_kv * wobble / n)] * n
+        before = dict(fleet.spec)
+        fleet.apply(pl.tick(t, fleet.obs(passes=steady_passes(t, kvs))).decision)
+        changes += fleet.spec != before
+    assert changes == 0
+
+
+# ------------------------------------------------------------------ modes, determinism, diagnostics
+
+@pytest.mark.parametrize("mode,spec,expected", [
+    ("prefill", {"prefill": 1}, {"prefill": 5}),
+    ("decode", {"decode": 1}, {"decode": 2}),
+    ("agg", {"agg": 1}, {"agg": 5}),  # max(prefill 5, decode 2)
+])
+def test_modes(mode, spec, expected):
+    pl = Planner(thpt_config(mode=mode), profile())
+    fleet = Fleet(**spec)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(180.0, fleet.obs(traffic(3600))).decision.targets == expected
+
+
+def test_missing_profile_half_is_a_config_error():
+    from planner.core.interpolation import PerformanceProfile
+    from planner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a decode profile"):
+        Planner(thpt_config(), PerformanceProfile(profile().prefill, None))
+
+
+def run_sequence(seed_traffic):
+    pl = Planner(thpt_config(predictor="kalman"), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    out = [pl.tick(0.0, fleet.obs()).diagnostics.to_dict()]
+    for k, n in enumerate(seed_traffic, start=1):
+        r = pl.tick(180.0 * k, fleet.obs(traffic(n)))
+        fleet.apply(r.decision)
+        out.append(r.diagnostics.to_dict())
+    return json.dumps(out, sort_keys=True)
+
+
+def test_deterministic_and_json_diagnostics():
+    seq = [3600, 3000, 4200, 0, 1800, 5400, 3600, 3600]
+    a, b = run_sequence(seq), run_sequence(seq)
+    assert a == b
+    rows = json.loads(a)
+    assert rows[1]["decision"]["reason"] == "scale_up_throughput" and rows[1]["predictor"] == "kalman"
+
+
+def test_warm_start_from_trace_primes_predictors():
+    from planner.core.traces import read_trace_intervals
+
+    hist = read_trace_intervals("examples/traces/azure_llm_conv_2023.csv", 180.0)
+    pl = Planner(thpt_config(predictor="constant"), profile(), warm_start=hist)
+    assert pl._pred_req.predict_next() == hist[-1].num_requests
+    assert len(pl._pred_req.values) == len(hist)
+
+
+def test_metrics_on_a_registry_passed_in():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from planner.core.metrics import PlannerMetrics
+
+    reg = CollectorRegistry()
+    m = PlannerMetrics(reg)
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    m.update(pl.tick(0.0, fleet.obs()))
+    r = pl.tick(180.0, fleet.obs(traffic(3600, ttft=120.0, itl=20.0)))
+    m.update(r)
+    assert reg.get_sample_value("dynamo_planner_num_prefill_replicas") == 1.0
+    assert reg.get_sample_value("dynamo_planner_predicted_num_prefill_replicas") == 5.0
+    assert reg.get_sample_value("dynamo_planner_predicted_num_decode_replicas") == 2.0
+    assert reg.get_sample_value("dynamo_planner_observed_requests_per_second") == 20.0
+    assert reg.get_sample_value("dynamo_planner_observed_ttft_ms") == 120.0
+    assert reg.get_sample_value("dynamo_planner_predicted_requests_per_second") == 20.0
+    assert reg.get_sample_value("dynamo_planner_gpu_hours") == pytest.approx(2 * 180 / 3600)
+    assert reg.get_sample_value("dynamo_planner_decisions_total") == 1.0
+    assert reg.get_sample_value("dynamo_planner_decision_reason", {"dynamo_planner_decision_reason": "scale_up_throughput"}) == 1.0
+    assert b"dynamo_planner_estimated_itl_ms" in generate_latest(reg)
+    assert math.isnan(reg.get_sample_value("dynamo_planner_estimated_itl_ms"))
