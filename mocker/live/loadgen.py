@@ -215,10 +215,6 @@ def client_report(result: LoadgenResult) -> dict[str, Any]:
     from mocker.report import build_report
 
     rep = build_report(result)  # type: ignore[arg-type]
-    for k in ("gpu_hours", "worker_seconds", "num_workers", "prefill_worker_seconds", "decode_worker_seconds",
-              "prefill_gpus_per_worker", "decode_gpus_per_worker", "engine", "block_size", "num_gpu_blocks",
-              "prefix_cache_reused_ratio", "first_admission_prefix_cache_reused_ratio", "num_preemptions"):
-        rep.pop(k, None)
     rep["failed_requests"] = sum(1 for r in result.records if r.status != "finished")
     rep["errors"] = dict(sorted(result.errors.items()))
     rep["mean_client_queue_ms"] = sum(result.client_queue_ms) / len(result.client_queue_ms) if result.client_queue_ms else 0.0

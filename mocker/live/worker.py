@@ -16,7 +16,9 @@ Disaggregated roles (``EngineConfig.worker_type``): a ``prefill`` worker compute
 token only (output length forced to 1); a ``decode`` worker receives requests whose prompt KV was
 transferred (extension field ``prefill_done: true``): it waits the modelled KV transfer time
 (``prompt tokens * kv_bytes_per_token / kv_transfer_bandwidth``; DESIGN.md "KV transfer", 0 = off) and
-then generates the remaining ``max_tokens`` tokens.
+then generates the remaining ``max_tokens`` tokens. Limitation: the engine core has no "prompt KV
+already present" admission yet, so the decode core still runs a prefill pass for the prompt (its TTFT
+leg is overstated by one prefill; the tokens and their count are right).
 
 Client disconnect cancels the request in the core, which frees its KV blocks (aiohttp handler
 cancellation is enabled for this server).

@@ -170,6 +170,12 @@ def test_loadgen_measures_against_worker():
             # sees it plus HTTP and delivery, never less
             assert rep["min_ttft_ms"] >= 0.169
             assert all(k in rep for k in ("mean_ttft_ms", "p99_itl_ms", "mean_e2e_latency_ms", "duration_ms"))
+            from rich.console import Console
+
+            from mocker.report import render_table
+            con = Console(file=__import__("io").StringIO(), width=120)
+            con.print(render_table(rep))  # the loadgen prints the offline report's table
+            assert "TTFT" in con.file.getvalue()
         finally:
             await w[0].close()
     asyncio.run(go())
