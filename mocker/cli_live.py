@@ -64,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat-s", type=_positive_float, default=1.0, help="idle FPM heartbeat period (default 1 s)")
     p.add_argument("--kv-bytes-per-token", type=_nonneg_int, default=0, help="decode role: KV bytes per prompt token (0 = no transfer delay)")
     p.add_argument("--kv-transfer-bandwidth-gbps", type=_nonneg_float, default=0.0, help="decode role: KV transfer GB/s (0 = no delay)")
+    p.add_argument("--bootstrap-port", type=_nonneg_int, help="prefill role: TCP port of the bootstrap handoff (0 = any free port)")
     _add_engine_flags(p)
 
 
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                        fpm_endpoint=None if args.fpm_endpoint == "off" else args.fpm_endpoint,
                        kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
                        heartbeat_s=args.heartbeat_s, kv_bytes_per_token=args.kv_bytes_per_token,
-                       kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps)
+                       kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps, bootstrap_port=args.bootstrap_port)
     p = s.problems()
     if p:
         raise ConfigError(p)
@@ -117,13 +118,16 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing policy (default round_robin)")
     parser.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
     parser.add_argument("--poll-s", type=_positive_float, default=0.5, help="discovery poll period (default 0.5 s)")
+    parser.add_argument("--pd-mode", choices=("direct", "bootstrap"), default="direct",
+                        help="disaggregated hand-off: direct (prefill then decode) or bootstrap (both at once; default direct)")
 
 
 def run_frontend(args: argparse.Namespace) -> int:
     from mocker.live.frontend import FrontendSettings, serve
 
     s = FrontendSettings(host=args.host, port=args.port, workers=tuple(u for u in args.workers.split(",") if u),
-                         workers_file=args.workers_file, router=args.router, model_name=args.model_name, poll_s=args.poll_s)
+                         workers_file=args.workers_file, router=args.router, model_name=args.model_name, poll_s=args.poll_s,
+                         pd_mode=args.pd_mode)
     p = s.problems()
     if p:
         raise ConfigError(p)

@@ -227,21 +227,24 @@ class RankDriver:
                     st.token_times_ms.append(end)
                     st.queue.put_nowait(Emission(end, st.delivered))
                     st.delivered += 1
-            for rid in [*outcome_finished(outcome), *outcome_rejected(outcome)]:
-                st = self.streams.pop(rid, None)
-                if st is not None:
-                    if len(st.record.token_times_ms) < len(st.token_times_ms):
-                        st.record.token_times_ms = st.token_times_ms
-                    finished_records.append(st.record)
-                    st.queue.put_nowait(Emission(end, st.delivered, finished=True, status=st.record.status))
+            done_ids = [rid for rid in [*outcome_finished(outcome), *outcome_rejected(outcome)] if rid in self.streams]
+            for rid in done_ids:
+                st = self.streams[rid]
+                if len(st.record.token_times_ms) < len(st.token_times_ms):
+                    st.record.token_times_ms = st.token_times_ms
+                finished_records.append(st.record)
             kept = getattr(self.core, "fpm", None)
             if isinstance(kept, list):
                 kept.clear()  # the core appends every FPM when collecting; the live worker streams them instead
             fpm = outcome_fpm(outcome)
             if fpm is not None:
                 self.latest_fpm = fpm
-            if self.on_pass is not None:
+            if self.on_pass is not None:  # streams of this pass's finished requests are still registered here
                 self.on_pass(self.dp_rank, outcome, finished_records, lag)
+            for rid in done_ids:
+                st = self.streams.pop(rid, None)
+                if st is not None:
+                    st.queue.put_nowait(Emission(end, st.delivered, finished=True, status=st.record.status))
             if end <= now and not emitted and not finished_records:
                 # a pass that made no progress: yield instead of spinning
                 await asyncio.sleep(0.001)

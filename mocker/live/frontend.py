@@ -24,7 +24,10 @@ Disaggregated pools
 When prefill and decode workers are present, a request is sent first to a prefill worker with
 ``max_tokens: 1`` (prompt + first token; that token is streamed to the client at once), then to a decode
 worker with ``prefill_done: true`` and ``max_tokens - 1``; the decode worker applies the KV transfer
-delay. (The coordinated bootstrap handoff of Dynamo is not implemented; this is the direct path.)
+delay (``pd_mode="direct"``). With ``pd_mode="bootstrap"`` both legs are sent at once: the prefill leg
+carries ``bootstrap_room``, the decode leg the prefill worker's ``bootstrap_host``/``bootstrap_port`` and
+the room, and the decode worker waits on that TCP port for the prefill to finish
+(:mod:`mocker.live.worker`, "Coordinated bootstrap").
 
 Metrics: :class:`mocker.live.metrics.FrontendMetrics` on ``GET /metrics``. TTFT is measured from the
 arrival of the client's request to the first token the frontend receives; ITL between consecutive tokens
@@ -70,6 +73,9 @@ class FrontendSettings:
     """How often the workers file is checked and unready workers are probed (s)."""
     max_retries: int = 3
     """Re-routes per request after worker failures."""
+    pd_mode: str = "direct"
+    """Disaggregated hand-off: ``direct`` (prefill, then decode) or ``bootstrap`` (both at once, the decode
+    worker waits on the prefill worker's bootstrap port); bootstrap needs prefill workers that have one."""
 
     def problems(self) -> list[str]:
         p = []
@@ -82,6 +88,8 @@ class FrontendSettings:
                 p.append(f"workers: {u!r} is not an http(s) URL")
         if self.poll_s <= 0:
             p.append(f"poll_s={self.poll_s}: expected > 0")
+        if self.pd_mode not in ("direct", "bootstrap"):
+            p.append(f"pd_mode={self.pd_mode!r}: expected 'direct' or 'bootstrap'")
         return p
 
 
@@ -100,6 +108,7 @@ class WorkerHandle:
     kv_endpoint: str | None = None
     sub_task: asyncio.Task[None] | None = None
     last_event_id: int = 0
+    bootstrap_port: int | None = None
 
 
 class WorkerFailed(Exception):
@@ -113,6 +122,7 @@ class Frontend:
         self.handles: dict[str, WorkerHandle] = {}
         self._rr = 0
         self._rid = 0
+        self._room = 0
         self._file_mtime: float | None = None
         self._urls: set[str] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -217,6 +227,7 @@ class Frontend:
         h.trace_block_size = int(info.get("trace_block_size", 512))
         h.max_model_len = int(info.get("max_model_len", h.max_model_len))
         h.kv_endpoint = info.get("kv_events_endpoint")
+        h.bootstrap_port = info.get("bootstrap_port")
         if h.kv_endpoint and h.sub_task is None and self.s.router == "kv":
             joined = asyncio.Event()
             h.sub_task = asyncio.get_running_loop().create_task(self._subscribe(h, joined))
@@ -440,6 +451,21 @@ class Frontend:
             want = 1 if disagg else remaining
             body["max_tokens"] = want
             body.pop("max_completion_tokens", None)
+            if disagg and self.s.pd_mode == "bootstrap" and h.bootstrap_port and p.output_length > 1:
+                d = self._pick("decode", p, failed)
+                if d is not None:
+                    try:
+                        async for piece in self._bootstrap_legs(h, d, p, body):
+                            produced += 1
+                            yield piece
+                        return
+                    except WorkerFailed:
+                        failed.add(h.url if produced == 0 else d.url)
+                        retries += 1
+                        self.metrics.retries.labels(self.s.model_name).inc()
+                        if retries > self.s.max_retries:
+                            raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable") from None
+                        continue
             try:
                 async for piece in self._stream_from(h, p, body, want):
                     produced += 1
@@ -451,6 +477,44 @@ class Frontend:
                 if retries > self.s.max_retries:
                     raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable") from None
                 continue
+
+    async def _bootstrap_legs(self, ph: WorkerHandle, dh: WorkerHandle, p: ParsedRequest, p_body: dict[str, Any]):  # type: ignore[no-untyped-def]
+        """Send the prefill and the decode leg at once; yield the prefill's token, then the decode's."""
+        self._room += 1
+        room = self._room
+        p_body = dict(p_body, bootstrap_room=room)
+        d_body = dict(p.raw)
+        d_body.pop("stream_options", None)
+        d_body.pop("prompt", None)
+        d_body.pop("max_completion_tokens", None)
+        host = ph.url.split("://", 1)[1].rsplit(":", 1)[0]
+        d_body.update(messages=None, stream=True, prefill_done=True, input_length=p.input_length, max_tokens=p.output_length - 1,
+                      bootstrap_room=room, bootstrap_host=host, bootstrap_port=ph.bootstrap_port)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+
+        async def decode_leg() -> None:
+            try:
+                async for piece in self._stream_from(dh, p, d_body, p.output_length - 1):
+                    queue.put_nowait(piece)
+                queue.put_nowait(done)
+            except BaseException as e:  # handed to the consumer, which re-raises it
+                queue.put_nowait(e)
+
+        task = asyncio.get_running_loop().create_task(decode_leg())
+        try:
+            async for piece in self._stream_from(ph, p, p_body, 1):
+                yield piece
+            while True:
+                item = await queue.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _stream_from(self, h: WorkerHandle, p: ParsedRequest, body: dict[str, Any], want: int):  # type: ignore[no-untyped-def]
         assert self._session is not None

@@ -20,6 +20,14 @@ then generates the remaining ``max_tokens`` tokens. Limitation: the engine core 
 already present" admission yet, so the decode core still runs a prefill pass for the prompt (its TTFT
 leg is overstated by one prefill; the tokens and their count are right).
 
+Coordinated bootstrap (prefill role with ``bootstrap_port``): the frontend sends the request to the
+prefill worker (``bootstrap_room: R``) and to the decode worker (``prefill_done: true``,
+``bootstrap_host``, ``bootstrap_port``, ``bootstrap_room: R``) at the same time. The decode worker opens a
+TCP connection to the prefill worker's bootstrap port and sends one JSON line ``{"room": R}``; the prefill
+worker answers one JSON line ``{"room": R, "status": "ready"|"failed", "input_length": n}`` once the
+prompt of room R has its first token (at once if that already happened). The decode worker then applies
+the transfer delay and admits the request. Rooms are kept for ``BOOTSTRAP_ROOM_TTL_S`` seconds.
+
 Client disconnect cancels the request in the core, which frees its KV blocks (aiohttp handler
 cancellation is enabled for this server).
 """
@@ -46,6 +54,9 @@ from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_
 from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
+
+BOOTSTRAP_ROOM_TTL_S = 60.0
+"""How long a prefill worker remembers a finished bootstrap room (s)."""
 
 CoreFactory = Callable[[EngineConfig, int, int], EngineCore]
 """(config, worker_id, dp_rank) -> a fresh engine core."""
@@ -76,6 +87,8 @@ class WorkerSettings:
     """Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay)."""
     keep_records: int = 200_000
     """Finished records kept for ``GET /records``."""
+    bootstrap_port: int | None = None
+    """Prefill role: TCP port of the bootstrap handoff server (0 = any free port; None = off)."""
 
     def problems(self) -> list[str]:
         p = self.engine.problems()
@@ -145,6 +158,11 @@ class Worker:
         self._first_token_seen: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._child_cache: dict[int, dict[str, Any]] = {}
+        self.rooms: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._room_of: dict[int, int] = {}
+        self._bootstrap_server: asyncio.base_events.Server | None = None
+        self.bootstrap_port: int | None = None
+        self.bootstrap_served = 0
         self.app = self._make_app()
 
     # ------------------------------------------------------------------ lifecycle
@@ -177,10 +195,15 @@ class Worker:
             self.drivers.append(d)
             self.metrics.kv_blocks_total.labels(self.s.model_name, str(rank)).set(self.cfg.num_gpu_blocks)
         self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeat()))
+        if self.s.bootstrap_port is not None and self.cfg.worker_type == "prefill":
+            self._bootstrap_server = await asyncio.start_server(self._bootstrap_conn, self.s.host, self.s.bootstrap_port)
+            self.bootstrap_port = self._bootstrap_server.sockets[0].getsockname()[1]
         self.ready = True
 
     async def _cleanup(self, app: web.Application) -> None:
         self.ready = False
+        if self._bootstrap_server is not None:
+            self._bootstrap_server.close()
         for t in self._tasks:
             t.cancel()
         for d in self.drivers:
@@ -228,6 +251,9 @@ class Worker:
                 continue
             self._first_token_seen.add(rid)
             c["prompt_tokens"].inc(st.record.input_length)
+            room = self._room_of.pop(rid, None)
+            if room is not None:
+                self._resolve_room(room, "ready", st.record.input_length)
             hid = st.hash_ids
             if hid:
                 self._kv_touch(rank, hid)
@@ -314,6 +340,7 @@ class Worker:
             "fpm_endpoint": self.fpm_pub.endpoint if self.fpm_pub else None,
             "kv_events_endpoint": self.kv_pub.endpoint if self.kv_pub else None,
             "outstanding": [d.outstanding for d in self.drivers],
+            "bootstrap_port": self.bootstrap_port,
         })
 
     async def _kv_state(self, request: web.Request) -> web.Response:
@@ -346,12 +373,25 @@ class Worker:
             prefill_done = body.get("prefill_done", False)
             if not isinstance(prefill_done, bool):
                 raise RequestError("'prefill_done' must be a boolean", param="prefill_done")
+            room = body.get("bootstrap_room")
+            if room is not None and (isinstance(room, bool) or not isinstance(room, int) or room < 0):
+                raise RequestError("'bootstrap_room' must be a non-negative integer", param="bootstrap_room")
+            b_host, b_port = body.get("bootstrap_host"), body.get("bootstrap_port")
+            if room is not None and prefill_done and (not isinstance(b_host, str) or isinstance(b_port, bool)
+                                                      or not isinstance(b_port, int) or not 0 < b_port < 65536):
+                raise RequestError("a decode request with 'bootstrap_room' needs 'bootstrap_host' (string) and "
+                                   "'bootstrap_port' (1..65535)", param="bootstrap_port")
         except RequestError as e:
             return self._error(e)
         output_length = p.output_length
         if self.cfg.worker_type == "prefill":
             output_length = 1
         elif self.cfg.worker_type == "decode" and prefill_done:
+            if room is not None:
+                status = await self._await_bootstrap(b_host, b_port, room)
+                if status != "ready":
+                    return web.json_response(RequestError(f"prefill of bootstrap room {room} {status}", status=502,
+                                                          type_="BadGateway").body(), status=502)
             delay_s = self._transfer_delay_s(p.input_length)
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
@@ -362,6 +402,9 @@ class Worker:
             st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids))
         except (MockerError, ValueError) as e:  # the core refused the request: a 400, never a crash
             return self._error(RequestError(f"request refused by the engine: {e}"))
+        if room is not None and self.cfg.worker_type == "prefill":
+            self._room_of[rid] = room
+            self.rooms.setdefault(room, asyncio.get_running_loop().create_future())
         created = now_s()
         oid = response_id(p.kind, rid)
         done = False
@@ -410,12 +453,60 @@ class Worker:
             text = "".join(output_piece(i) for i in range(n))
             return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", usage(p.input_length, n)))  # type: ignore[arg-type]
         finally:
+            room_left = self._room_of.pop(rid, None)
+            if room_left is not None:
+                self._resolve_room(room_left, "failed", p.input_length)
             if not done:  # client went away (handler cancelled or write failed): free the KV now
                 if rid in drv.streams:
                     drv.cancel(rid)
                     self.metrics.cancelled.labels(self.s.model_name, str(drv.dp_rank)).inc()
                     self._first_token_seen.discard(rid)
                     self.records.append(st.record)
+
+    # ------------------------------------------------------------------ bootstrap handoff
+    def _resolve_room(self, room: int, status: str, input_length: int) -> None:
+        fut = self.rooms.setdefault(room, asyncio.get_running_loop().create_future())
+        if not fut.done():
+            fut.set_result({"room": room, "status": status, "input_length": input_length})
+        asyncio.get_running_loop().call_later(BOOTSTRAP_ROOM_TTL_S, self.rooms.pop, room, None)
+
+    async def _bootstrap_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Prefill side: answer one ``{"room": R}`` line when room R's prompt is done."""
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10.0)
+            msg = json.loads(line)
+            room = msg["room"]
+            if isinstance(room, bool) or not isinstance(room, int):
+                raise ValueError(room)
+            fut = self.rooms.setdefault(room, asyncio.get_running_loop().create_future())
+            res = await asyncio.wait_for(asyncio.shield(fut), BOOTSTRAP_ROOM_TTL_S)
+            writer.write(json.dumps(res).encode() + b"\n")
+            await writer.drain()
+            self.bootstrap_served += 1
+        except (asyncio.TimeoutError, ValueError, KeyError, TypeError, ConnectionError):
+            try:
+                writer.write(b'{"status": "failed"}\n')
+            except ConnectionError:
+                pass
+        finally:
+            writer.close()
+
+    async def _await_bootstrap(self, host: str, port: int, room: int) -> str:
+        """Decode side: wait for the prefill worker's answer about ``room``; 'ready' or a failure reason."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 10.0)
+        except (OSError, asyncio.TimeoutError) as e:
+            return f"unreachable ({e})"
+        try:
+            writer.write(json.dumps({"room": room}).encode() + b"\n")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), BOOTSTRAP_ROOM_TTL_S)
+            res = json.loads(line) if line else {"status": "failed"}
+            return str(res.get("status", "failed"))
+        except (OSError, asyncio.TimeoutError, ValueError) as e:
+            return f"failed ({e})"
+        finally:
+            writer.close()
 
     def _refused(self, p: ParsedRequest) -> web.Response:
         return self._error(RequestError(

@@ -230,3 +230,42 @@ def test_loadgen_chat_text_mode_through_frontend():
             await fsrv.close()
             await w[0].close()
     asyncio.run(go())
+
+
+def test_disaggregated_bootstrap_handoff():
+    async def go():
+        cfg_p = EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type="prefill")
+        cfg_d = EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type="decode")
+        pw = Worker(WorkerSettings(engine=cfg_p, port=0, worker_id=0, bootstrap_port=0), core_factory=factory())
+        dw = Worker(WorkerSettings(engine=cfg_d, port=0, worker_id=1), core_factory=factory())
+        ps, ds = TestServer(pw.app, handler_cancellation=True), TestServer(dw.app, handler_cancellation=True)
+        await ps.start_server()
+        await ds.start_server()
+        fe = Frontend(FrontendSettings(port=0, workers=(url(ps), url(ds)), poll_s=0.05, pd_mode="bootstrap"))
+        fsrv = TestServer(fe.app, handler_cancellation=True)
+        await fsrv.start_server()
+        try:
+            for _ in range(200):
+                if all(h.ready for h in fe.handles.values()):
+                    break
+                await asyncio.sleep(0.02)
+            assert fe.handles[url(ps)].bootstrap_port == pw.bootstrap_port and pw.bootstrap_port
+            async with aiohttp.ClientSession() as s:
+                rs = await asyncio.gather(*[s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 50 + i, "max_tokens": 4})
+                                            for i in range(3)])
+                bodies = [await r.json() for r in rs]
+            assert [b["usage"]["completion_tokens"] for b in bodies] == [4, 4, 4]
+            assert pw.bootstrap_served == 3  # every decode leg waited on the prefill worker's bootstrap port
+            assert sorted(r.input_length for r in pw.records) == [50, 51, 52]
+            assert sorted((r.input_length, r.output_length) for r in dw.records) == [(50, 3), (51, 3), (52, 3)]
+            # a decode leg naming a room no prefill will ever finish does not hang the decode worker forever:
+            # a bad bootstrap port is an immediate 502
+            async with aiohttp.ClientSession() as s:
+                r = await s.post(url(ds) + "/v1/completions", json={"model": "mocker", "input_length": 10, "max_tokens": 2, "prefill_done": True,
+                                                                   "bootstrap_room": 99, "bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
+                assert r.status == 502 and "unreachable" in (await r.json())["error"]["message"]
+        finally:
+            await fsrv.close()
+            await ps.close()
+            await ds.close()
+    asyncio.run(go())
