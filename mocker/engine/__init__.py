@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from mocker.config import EngineConfig
+from mocker.engine.sglang import SglangCore
 from mocker.engine.vllm import PassOutcome, TrtllmCore, VllmCore
 from mocker.errors import ConfigError
 from mocker.records import RequestRecord, TraceRequest
@@ -33,10 +34,10 @@ class EngineCore(Protocol):
     def advance_until(self, horizon_ms: float) -> None: ...
 
 
-CORES: dict[str, type[VllmCore]] = {"vllm": VllmCore, "trtllm": TrtllmCore}
+CORES: dict[str, type[VllmCore] | type[SglangCore]] = {"vllm": VllmCore, "trtllm": TrtllmCore, "sglang": SglangCore}
 
 
-def make_engine(cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False) -> VllmCore:
+def make_engine(cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False) -> VllmCore | SglangCore:
     """Build the engine core for ``cfg.engine``. Raises ConfigError for an engine without a core yet."""
     cfg.validate()
     core = CORES.get(cfg.engine)

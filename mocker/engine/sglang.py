@@ -1,0 +1,583 @@
+"""SGLang-shaped engine core: token pool + radix prefix cache, clock-agnostic.
+
+Pass semantics (DESIGN.md "SGLang mode"; SGLang's ``event_loop_normal`` as modelled by the reference
+mocker, checked request by request against ``reference-replay --engine '{"engine":{"backend":"sglang"}}'``):
+
+1. Waiting order: ``fifo`` keeps arrival order; ``lpm`` sorts by longest cached prefix (stable), pushing
+   requests whose first 32 tokens duplicate an earlier waiting request's (and that have <= 32 cached
+   tokens) to the back; with more than 128 waiting requests ``lpm`` falls back to fifo.
+2. Admission (``get_new_batch_prefill``): budget ``rem_total = free + evictable - sum over running of
+   min(remaining output, clip_max_new_tokens) * new_token_ratio``; ``rem_input = max_prefill_tokens``;
+   ``rem_chunk = chunked_prefill_size``. In queue order, while running + admitted < max_num_seqs: a fresh
+   request matches its sequence (at most ``len - 1`` tokens) in the radix tree; the rest (``extend``) is
+   computed. ``extend <= chunked_prefill_size`` runs whole, otherwise a chunk of ``rem_chunk`` (page
+   floor). Charged = chunk rounded up to a page; reserve = min(remaining output, clip) unless chunked.
+   Stop at the first request with ``charged + reserve >= rem_total`` or ``charged > rem_input`` or
+   ``charged > rem_chunk``; an allocation that cannot be met even after eviction stops admission and
+   resets new_token_ratio ("oom").
+3. Extend pass (anything admitted): time = prefill(n, mean ISL, mean prefix) (the timing model, as vLLM).
+   Chunked requests store their computed prefix in the tree (locked) and go back to the front of the
+   waiting queue; requests whose prompt completed emit their first token at the end of the pass and join
+   the running batch. Running requests get no forward pass in an extend pass.
+4. Decode pass (nothing admitted): if ``free + evictable`` cannot hold one more token (page) for every
+   running request, retract the running request with the fewest output tokens so far (the first such,
+   keeping >= 1): its uncached slots are freed, its tree path unlocked (the cached prefix stays reusable
+   until evicted), and it re-queues at the front of waiting keeping its output so far. Then evict LRU
+   leaves if the free pool is short, time = decode(sum of sequence lengths / total tokens) and every
+   running request emits one token; its new page joins its tree path.
+5. new_token_ratio: starts at ``init_new_token_ratio * schedule_conservativeness`` (0.7), decreases by
+   ``(init - init * 0.14) / 600`` after every pass, never below ``init * 0.14``; reset to init on a
+   retraction or an admission oom.
+
+A finished request stores its whole sequence (page floor) in the tree and unlocks it. Prompts that can
+never fit (``prompt + 1 > total tokens``) are rejected (status ``failed``); a request that cannot make
+progress on an otherwise idle engine is rejected too (the reference would stall).
+
+Public API: identical to :class:`mocker.engine.vllm.VllmCore` (``add_request``, ``cancel``, ``has_work``,
+``step`` -> :class:`PassOutcome`, ``advance_until``, ``finalize``, ``check_invariants``, ``fpm``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from math import inf
+
+import numpy as np
+
+from mocker.config import EngineConfig
+from mocker.engine.vllm import PassOutcome, _var
+from mocker.errors import SimulationError
+from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
+from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
+from mocker.request import EngineRequest, State
+from mocker.timing import TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
+
+LPM_FALLBACK_THRESHOLD = 128
+"""lpm falls back to fifo above this many waiting requests (reference mocker constant)."""
+IN_BATCH_PREFIX_THRESHOLD = 32
+"""lpm: prefix length (tokens) under which duplicate in-queue prefixes are deprioritised (SGLang)."""
+_FAST_CHUNK = 4096
+
+
+class SglangRequest(EngineRequest):
+    """Scheduling state of one request on an SGLang core (see :class:`EngineRequest` for the base fields).
+
+    ``materialized``: tokens whose KV slots are held; ``allocated``: held slots (page multiple);
+    ``cached``: leading tokens stored in the tree on this request's locked path; ``node``: the deepest
+    node of that path (None = no KV held).
+    """
+
+    __slots__ = ("content", "materialized", "allocated", "cached", "node")
+
+    def __init__(self, request_id: int, index: int, prompt_len: int, output_len: int, content: SeqContent,
+                 record: RequestRecord) -> None:
+        super().__init__(request_id, index, prompt_len, output_len, None, record)
+        self.content = content
+        self.materialized = 0
+        self.allocated = 0
+        self.cached = 0
+        self.node: RadixNode | None = None
+
+
+class SglangCore:
+    """One simulated SGLang engine (one DP rank). See the module docstring for semantics."""
+
+    def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
+                 timing: TimingModel | None = None) -> None:
+        self.cfg = cfg
+        s = cfg.sglang
+        self.worker_id = worker_id
+        self.dp_rank = dp_rank
+        self.block_size = cfg.effective_block_size
+        self.page = self.block_size
+        self.trace_block_size = cfg.trace_block_size
+        self.kv = RadixCache(cfg.total_kv_tokens, self.page)
+        self.total_kv_tokens = self.kv.total_tokens
+        self.num_blocks = cfg.num_gpu_blocks
+        self.caching = cfg.enable_prefix_caching
+        self.max_seqs = cfg.max_num_seqs
+        self.speedup = float(cfg.speedup_ratio)
+        self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
+        self.lpm = s.schedule_policy == "lpm"
+        self.chunk_size = s.chunked_prefill_size
+        self.max_prefill = s.max_prefill_tokens
+        self.clip = s.clip_max_new_tokens
+        self.init_ratio = s.init_new_token_ratio * s.schedule_conservativeness
+        self.min_ratio = self.init_ratio * s.min_new_token_ratio_factor
+        self.ratio_step = (self.init_ratio - self.min_ratio) / s.new_token_ratio_decay_steps
+        self.new_token_ratio = self.init_ratio
+        self.collect_fpm = collect_fpm
+        self.fpm: list[ForwardPassMetrics] = []
+        self.waiting: deque[SglangRequest] = deque()
+        self.running: list[SglangRequest] = []
+        self.requests: dict[int, SglangRequest] = {}
+        self.all_requests: list[SglangRequest] = []
+        self.next_pass_ms = 0.0
+        self.pass_index = 0
+        self.preemptions_total = 0
+        self.finished_total = 0
+        self._ends_py: list[float] = []
+        self._ends_chunks: list[np.ndarray] = []
+
+    # ================================================================== public API
+    def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
+        """Queue a request arriving at ``now_ms``. Returns its record (filled in as it runs).
+
+        Raises SimulationError for a duplicate id, ValueError when ``hash_ids`` is too short.
+        """
+        if req.request_id in self.requests:
+            raise SimulationError(f"request {req.request_id} is already active on worker {self.worker_id}")
+        if record is None:
+            record = RequestRecord(request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length,
+                                   output_length=req.output_length)
+        record.worker_id = self.worker_id
+        record.dp_rank = self.dp_rank
+        idx = len(self.all_requests)
+        content = SeqContent.for_request(req.hash_ids if self.caching else None, req.input_length,
+                                         UNIQUE_BASE + idx, self.trace_block_size)
+        r = SglangRequest(req.request_id, idx, req.input_length, req.output_length, content, record)
+        if not self.running and not self.waiting:
+            self.next_pass_ms = max(self.next_pass_ms, now_ms)
+        self.requests[r.request_id] = r
+        self.all_requests.append(r)
+        self.waiting.append(r)
+        return record
+
+    def cancel(self, request_id: int, now_ms: float) -> bool:
+        """Cancel a live request (frees its KV slots, unlocks its tree path). False if unknown/terminal."""
+        r = self.requests.get(request_id)
+        if r is None:
+            return False
+        if r in self.running:
+            self.running.remove(r)
+        else:
+            self.waiting.remove(r)
+        self._release(r)
+        r.transition(State.CANCELLED)
+        r.record.status = "cancelled"
+        r.record.finish_ms = now_ms
+        del self.requests[request_id]
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def step(self, now_ms: float) -> PassOutcome:
+        """Run one pass starting at ``now_ms`` (>= the end of the previous pass)."""
+        if now_ms < self.next_pass_ms:
+            raise SimulationError(f"clock went back: pass at {now_ms} ms before previous end {self.next_pass_ms} ms")
+        out = self._pass(now_ms, True)
+        assert out is not None
+        return out
+
+    def advance_until(self, horizon_ms: float) -> None:
+        """Run every pass that starts before ``horizon_ms``, fast-forwarding stretches of decode passes."""
+        while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+            if not self._stretch(horizon_ms):
+                self._pass(self.next_pass_ms, False)
+
+    def advance_single_step(self, horizon_ms: float) -> None:
+        """Like :meth:`advance_until`, one pass at a time (reference mode for equivalence tests)."""
+        while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+            self._pass(self.next_pass_ms, False)
+
+    def pass_end_times(self) -> np.ndarray:
+        """End time (ms) of every pass run so far, indexed by pass number."""
+        if self._ends_py:
+            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
+            self._ends_py = []
+        if not self._ends_chunks:
+            return np.zeros(0)
+        if len(self._ends_chunks) > 1:
+            self._ends_chunks = [np.concatenate(self._ends_chunks)]
+        return self._ends_chunks[0]
+
+    def finalize(self) -> None:
+        """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
+        ends = self.pass_end_times()
+        for r in self.all_requests:
+            ranges = r.all_emit_ranges()
+            if not ranges:
+                continue
+            if len(ranges) == 1:
+                a, b = ranges[0]
+                r.record.token_times_ms = ends[a:b + 1].tolist()
+            else:
+                r.record.token_times_ms = np.concatenate([ends[a:b + 1] for a, b in ranges]).tolist()
+
+    # ------------------------------------------------------------------ metrics for routers / live worker
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def active_blocks(self) -> int:
+        """Pages held by requests (private + locked tree pages)."""
+        return self.kv.active_tokens() // self.page
+
+    def check_invariants(self) -> None:
+        """Raise SimulationError unless tokens are conserved (free + used == total) and the queues and
+        per-request holdings are consistent (no request both waiting and running)."""
+        self.kv.check_invariants()
+        run_ids = {id(r) for r in self.running}
+        wait_ids = {id(r) for r in self.waiting}
+        if run_ids & wait_ids:
+            raise SimulationError("a request is both waiting and running")
+        if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting):
+            raise SimulationError("a request appears twice in a queue")
+        private = 0
+        for r in list(self.running) + list(self.waiting):
+            if r.node is None:
+                if r.materialized or r.allocated or r.cached:
+                    raise SimulationError(f"request {r.request_id} holds KV without a tree path")
+                continue
+            if not (r.cached <= r.materialized <= r.allocated) or r.allocated % self.page or r.cached % self.page:
+                raise SimulationError(f"request {r.request_id}: cached {r.cached} materialized {r.materialized} "
+                                      f"allocated {r.allocated} inconsistent")
+            private += r.allocated - r.cached
+        if private != self.kv.private:
+            raise SimulationError(f"private slots held by requests {private} != pool count {self.kv.private}")
+        for r in self.running:
+            if r.state not in (State.PREFILLING, State.DECODING) or r.node is None:
+                raise SimulationError(f"running request {r.request_id} in state {r.state.name}")
+        if len(self.running) > self.max_seqs:
+            raise SimulationError(f"{len(self.running)} running > max_num_seqs {self.max_seqs}")
+
+    # ================================================================== KV helpers
+    def _release(self, r: SglangRequest) -> None:
+        """Free uncached slots and unlock the tree path (retraction, cancel, rejection)."""
+        if r.node is None:
+            return
+        kv = self.kv
+        kv.give_back(r.allocated - r.cached)
+        kv.dec_lock(r.node)
+        r.node = None
+        r.materialized = r.allocated = r.cached = 0
+
+    def _cache_prefix(self, r: SglangRequest, as_tail: bool) -> None:
+        """Store the request's materialized pages beyond ``cached`` in the tree; move the lock there."""
+        page = self.page
+        aligned = r.materialized // page * page
+        if aligned <= r.cached:
+            return
+        kv = self.kv
+        old = r.node
+        assert old is not None
+        new, dup = kv.insert(r.content, old, r.cached, aligned, as_tail)
+        added = aligned - r.cached
+        kv.give_back(dup)
+        kv.to_tree(added - dup)
+        if new is not old:
+            kv.inc_lock(new)
+            kv.dec_lock(old)
+            r.node = new
+        r.cached = aligned
+
+    def _finish_kv(self, r: SglangRequest) -> None:
+        """A finished request stores its sequence (page floor) in the tree and unlocks it."""
+        if r.node is None:
+            return
+        page = self.page
+        complete = min(r.seq_len, r.materialized) // page * page
+        kv = self.kv
+        extra = r.allocated - max(complete, r.cached)
+        if extra > 0:
+            kv.give_back(extra)
+            r.allocated -= extra
+        r.materialized = complete if complete > r.cached else r.cached
+        self._cache_prefix(r, True)
+        kv.dec_lock(r.node)  # type: ignore[arg-type]
+        r.node = None
+        r.materialized = r.allocated = r.cached = 0
+
+    # ================================================================== the pass
+    def _policy(self) -> None:
+        waiting = self.waiting
+        if not self.lpm or len(waiting) > LPM_FALLBACK_THRESHOLD or len(waiting) < 2:
+            return
+        page = self.page
+        dup_len = -(-IN_BATCH_PREFIX_THRESHOLD // page) * page
+        seen: set[tuple[int, ...]] = set()
+        scored = []
+        for i, r in enumerate(waiting):
+            plen = self.kv.match_len(r.content, r.seq_len)
+            dep = False
+            if plen <= IN_BATCH_PREFIX_THRESHOLD and r.seq_len >= dup_len:
+                ident = r.content.prefix_identity(dup_len)
+                if ident in seen:
+                    dep = True
+                else:
+                    seen.add(ident)
+            scored.append((dep, -plen, i, r))
+        scored.sort(key=lambda t: (t[0], t[1], t[2]))
+        self.waiting = deque(t[3] for t in scored)
+
+    def _admit(self, now: float) -> tuple[list[SglangRequest], list[tuple[int, int, int]], bool, list[int]]:
+        """get_new_batch_prefill: returns (admitted, [(prompt_len, prefix, computed)], oom, rejected ids)."""
+        kv = self.kv
+        clip = self.clip
+        ratio = self.new_token_ratio
+        reserved = 0.0
+        for r in self.running:
+            rem = r.output_len - r.generated
+            reserved += (rem if rem < clip else clip) * ratio
+        rem_total = float(kv.free + kv.evictable_size) - reserved
+        rem_input = float(self.max_prefill)
+        rem_chunk = float(self.chunk_size)
+        page = self.page
+        can_run: list[SglangRequest] = []
+        items: list[tuple[int, int, int]] = []
+        rejected: list[int] = []
+        oom = False
+        waiting = self.waiting
+        slots = self.max_seqs - len(self.running)
+        while len(can_run) < slots and waiting:
+            r = waiting[0]
+            seq_len = r.seq_len
+            if r.materialized == 0 and seq_len + 1 > self.total_kv_tokens:
+                waiting.popleft()
+                self._reject(r, now)
+                rejected.append(r.request_id)
+                continue
+            if r.materialized == 0 and self.caching:
+                cached_prefix = kv.match_len(r.content, seq_len - 1)
+            else:
+                cached_prefix = 0
+            start = r.materialized if r.materialized > cached_prefix else cached_prefix
+            extend = seq_len - start
+            if extend == 0 and r.materialized > 0:
+                break
+            if extend <= self.chunk_size:
+                chunk = extend
+            else:
+                chunk = int(rem_chunk) // page * page
+                if chunk == 0:
+                    break
+                if chunk > extend:
+                    chunk = extend
+            charged = float(-(-chunk // page) * page)
+            if chunk < extend:
+                reserve = 0
+            else:
+                rem = r.output_len - r.generated
+                reserve = rem if rem < clip else clip
+            if charged + reserve >= rem_total:
+                break
+            if charged > rem_input or charged > rem_chunk:
+                break
+            chunk_end = start + chunk
+            if r.materialized > 0:
+                prefix_len = start
+                need = -(-chunk_end // page) * page - r.allocated
+                if need > kv.free:
+                    kv.evict(need - kv.free)
+                    if need > kv.free:
+                        oom = True
+                        break
+                kv.take(need)
+                r.allocated += need
+            else:
+                matched, node = kv.match_and_lock(r.content, chunk_end) if self.caching else (0, kv.root)
+                if not self.caching:
+                    kv.inc_lock(node)
+                need = -(-chunk_end // page) * page - matched
+                if need < 0:
+                    need = 0
+                if need > kv.free + kv.evictable_size:
+                    kv.dec_lock(node)
+                    oom = True
+                    break
+                if need > kv.free:
+                    kv.evict(need - kv.free)
+                kv.take(need)
+                r.node = node
+                r.cached = matched
+                r.allocated = matched + need
+                prefix_len = matched if matched < start else start
+                if r.record.admit_ms is None:
+                    r.record.admit_ms = now
+                    r.record.cached_tokens = prefix_len
+                if r.state is State.WAITING or r.state is State.PREEMPTED:
+                    r.transition(State.PREFILLING)
+            r.materialized = chunk_end
+            waiting.popleft()
+            items.append((r.prompt_len, prefix_len, chunk_end - prefix_len))
+            can_run.append(r)
+            rem_total -= charged + reserve
+            rem_input -= charged
+            rem_chunk -= charged
+            if rem_chunk <= 0:
+                break
+        return can_run, items, oom, rejected
+
+    def _retract_check(self, reqs: list[SglangRequest]) -> list[SglangRequest]:
+        """Retract the shortest-output requests until one more page each fits; evict if the pool is short."""
+        kv = self.kv
+        page = self.page
+        retracted: list[SglangRequest] = []
+        if page == 1:
+            need = sum(r.seq_len + 1 - r.allocated for r in reqs)
+        else:
+            need = sum(-(-(r.seq_len + 1) // page) * page - r.allocated for r in reqs)
+        while kv.free + kv.evictable_size < need and len(reqs) > 1:
+            victim = min(reqs, key=lambda x: x.generated)
+            reqs.remove(victim)
+            need -= -(-(victim.seq_len + 1) // page) * page - victim.allocated
+            self._release(victim)
+            victim.transition(State.PREEMPTED)
+            victim.record.num_preemptions += 1
+            self.preemptions_total += 1
+            retracted.append(victim)
+        if kv.free < need:
+            kv.evict(need - kv.free)
+        return retracted
+
+    def _decode_tokens(self, reqs: list[SglangRequest], end: float, p: int) -> tuple[list[int], list[SglangRequest]]:
+        """Every request in ``reqs`` emits one token at ``end`` (pass ``p``); returns (finished, emitters)."""
+        kv = self.kv
+        page = self.page
+        finished: list[int] = []
+        emitters: list[SglangRequest] = []
+        for r in reqs:
+            if r.seq_len + 1 > r.allocated:
+                if kv.free < page:
+                    continue  # cannot grow (lone request larger than the pool); handled by the caller
+                kv.take(page)
+                r.allocated += page
+            r.materialized += 1
+            r.generated += 1
+            r.computed = r.materialized
+            r.note_emit(p)
+            emitters.append(r)
+            if r.generated == 1:
+                r.record.first_token_ms = end
+            if r.generated >= r.output_len:
+                r.transition(State.FINISHED)
+                self._finish_kv(r)
+                rec = r.record
+                rec.finish_ms = end
+                rec.status = "finished"
+                self.finished_total += 1
+                del self.requests[r.request_id]
+                finished.append(r.request_id)
+            else:
+                if r.state is not State.DECODING:
+                    r.transition(State.DECODING)
+                if r.materialized - r.cached >= page:
+                    self._cache_prefix(r, True)
+        return finished, emitters
+
+    def _pass(self, now: float, want_outcome: bool) -> PassOutcome | None:
+        self._policy()
+        can_run, items, oom, rejected = self._admit(now)
+        if oom:
+            self.new_token_ratio = self.init_ratio
+        p = self.pass_index
+        retracted: list[SglangRequest] = []
+        admitted_ids = [r.request_id for r in can_run]
+        dec_lens: list[int] = []
+        if can_run:
+            bc = len(can_run)
+            total_isl = sum(r.materialized for r in can_run)
+            total_pre = sum(it[1] for it in items)
+            pf = round_ns(self.timing.prefill_ms(bc, total_isl // bc, total_pre // bc))
+            if self.speedup != 1.0 and pf > 0:
+                pf = round_ns(pf / self.speedup)
+            end = now + pf
+            newly: list[SglangRequest] = []
+            chunked: list[SglangRequest] = []
+            for r in can_run:
+                r.computed = r.materialized
+                if r.materialized < r.seq_len:
+                    self._cache_prefix(r, False)
+                    chunked.append(r)
+                else:
+                    newly.append(r)
+            for r in reversed(chunked):
+                self.waiting.appendleft(r)
+            if self.collect_fpm:
+                dec_lens = [r.seq_len for r in newly]
+            if newly:
+                retracted = self._retract_check(newly)
+                finished, emitters = self._decode_tokens(newly, end, p)
+                self.running.extend(r for r in newly if r.state is not State.FINISHED)
+            else:
+                finished, emitters = [], []
+        else:
+            running = self.running
+            if running:
+                retracted = self._retract_check(running)
+                s = 0
+                for r in running:
+                    s += r.seq_len
+                n = len(running)
+                if self.collect_fpm:
+                    dec_lens = [r.seq_len for r in running]
+                dec = decode_pass_ms(self.timing, min(s, self.total_kv_tokens), n, self.speedup)
+                end = now + dec
+                finished, emitters = self._decode_tokens(running, end, p)
+                if len(emitters) < n:
+                    # a lone request that outgrew the whole pool can never continue: reject it
+                    for r in running:
+                        if r not in emitters and r.state is not State.FINISHED:
+                            self._release(r)
+                            self._reject(r, end)
+                            rejected.append(r.request_id)
+                if finished or rejected:
+                    self.running = [r for r in running if r.state is State.DECODING or r.state is State.PREFILLING]
+            else:
+                end = now
+                finished, emitters = [], []
+                if self.waiting and not rejected:
+                    # nothing runs and the head cannot be admitted on an idle engine: it never will be
+                    r = self.waiting.popleft()
+                    self._release(r)
+                    self._reject(r, now)
+                    rejected.append(r.request_id)
+        for r in reversed(retracted):
+            self.waiting.appendleft(r)
+        if retracted:
+            self.new_token_ratio = self.init_ratio
+        nr = self.new_token_ratio - self.ratio_step
+        self.new_token_ratio = nr if nr > self.min_ratio else self.min_ratio
+        fpm = self._make_fpm(now, end, items, dec_lens) if self.collect_fpm else None
+        if fpm is not None:
+            self.fpm.append(fpm)
+        self._ends_py.append(end)
+        self.pass_index = p + 1
+        self.next_pass_ms = end
+        if not want_outcome:
+            return None
+        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished, admitted_ids,
+                           [r.request_id for r in retracted], rejected, fpm)
+
+    def _reject(self, r: SglangRequest, now: float) -> None:
+        r.transition(State.FAILED)
+        r.record.status = "failed"
+        r.record.finish_ms = now
+        del self.requests[r.request_id]
+
+    def _make_fpm(self, now: float, end: float, items: list[tuple[int, int, int]], dec_lens: list[int]) -> ForwardPassMetrics:
+        pre = [it for it in items if it[2] > 0]
+        pre_len = [it[0] for it in pre]
+        qp = [r.prompt_len for r in self.waiting if r.generated == 0]
+        qd = [r.seq_len for r in self.waiting if r.generated > 0]
+        return ForwardPassMetrics(
+            worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
+            scheduled_requests=ScheduledRequests(
+                num_prefill_requests=len(pre), sum_prefill_tokens=sum(it[2] for it in pre),
+                var_prefill_length=_var(pre_len), sum_prefill_kv_tokens=sum(it[1] for it in pre),
+                num_decode_requests=len(dec_lens), sum_decode_kv_tokens=sum(dec_lens),
+                var_decode_kv_tokens=_var(dec_lens)),
+            queued_requests=QueuedRequests(
+                num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
+                num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd)),
+            timestamp_ms=end)
+
+    # ================================================================== fast path
+    def _stretch(self, horizon: float) -> bool:
+        """Run a stretch of decode passes at once when nothing can change but the token counts."""
+        return False
