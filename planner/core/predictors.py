@@ -137,6 +137,8 @@ class ArimaPredictor(BasePredictor):
         self.min_points = min_points
         self.log1p = log1p
         self.refit_every = refit_every
+        import pmdarima  # noqa: F401 - import cost paid at construction, not inside a tick
+
         self.model: Any = None
         self.degenerate = False
         self.fits = 0
@@ -190,6 +192,8 @@ class KalmanPredictor(BasePredictor):
         super().__init__()
         self.q_level, self.q_trend, self.r = q_level, q_trend, r
         self.min_points = min_points
+        import filterpy.kalman  # noqa: F401 - import cost paid at construction, not inside a tick
+
         self.kf: Any = None
 
     def _new_filter(self, v0: float) -> Any:
@@ -229,6 +233,8 @@ class ProphetPredictor(BasePredictor):
         self.window = window
         self.interval_s = interval_s
         self.min_points = max(2, min_points)
+        import pandas  # noqa: F401 - import cost paid at construction, not inside a tick
+        import prophet  # noqa: F401
 
     def _model_predict(self) -> float:
         import pandas as pd
