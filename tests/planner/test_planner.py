@@ -377,3 +377,45 @@ def test_metrics_on_a_registry_passed_in():
     assert reg.get_sample_value("dynamo_planner_decision_reason", {"dynamo_planner_decision_reason": "scale_up_throughput"}) == 1.0
     assert b"dynamo_planner_estimated_itl_ms" in generate_latest(reg)
     assert math.isnan(reg.get_sample_value("dynamo_planner_estimated_itl_ms"))
+
+
+def test_agg_load_loop_uses_both_features():
+    from planner.core.observations import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+
+    pl = Planner(PlannerConfig(mode="agg", throughput_enabled=False, load_enabled=True, regression_min_samples=4,
+                               ttft_ms=500.0, itl_ms=50.0), None)
+    fleet = Fleet(agg=2)
+    pl.tick(0.0, fleet.obs())
+
+    def p(worker, pre, kv, ts, q=0, qn=0):
+        wall = 0.003 + 1e-5 * pre + 2e-7 * kv
+        return ForwardPassMetrics(worker, 0, wall, ScheduledRequests(num_prefill_requests=1 if pre else 0,
+                                  sum_prefill_tokens=pre, num_decode_requests=10, sum_decode_kv_tokens=kv),
+                                  QueuedRequests(num_prefill_requests=qn, sum_prefill_tokens=q), pool="agg", timestamp_s=ts)
+
+    train = [p(0, pre, kv, 4.0) for pre, kv in ((0, 1000), (4000, 1000), (8000, 50000), (2000, 100000),
+                                                (6000, 20000), (1000, 150000), (3000, 5000))]
+    # queues of 60000 prompt tokens: TTFT ~ 8 passes x ~(3 + 81.8 + 2) ms = ~700 ms > 500 on both engines
+    now = [p(w, 8000, 10000, 5.0, q=60000, qn=30) for w in (0, 1)]
+    r = pl.tick(5.0, fleet.obs(passes=train + now))
+    fit = pl.regression("agg")
+    assert fit.slope("sum_prefill_tokens") == pytest.approx(1e-5) and fit.slope("sum_decode_kv_tokens") == pytest.approx(2e-7)
+    assert r.decision.targets == {"agg": 3} and r.decision.reason == Reason.SCALE_UP_TTFT
+    est = {e.worker_id: e for e in r.diagnostics.engines}
+    assert est[0].queued_prefill_tokens == 60000 and est[0].estimated_ttft_ms > 500.0
+    assert est[0].estimated_itl_ms == pytest.approx(3 + 81.92 + 2.0, rel=1e-6)  # chunk 8192 + 10000 KV tokens
+
+
+def test_mix_sizing_through_the_planner():
+    from planner.core.observations import LengthBucket
+
+    def run(sizing):
+        pl = Planner(thpt_config(mode="prefill", sizing=sizing, max_gpu_budget=64), profile())
+        fleet = Fleet(prefill=1)
+        pl.tick(0.0, fleet.obs())
+        mix = (LengthBucket(1000.0, 150.0, 1800.0), LengthBucket(3000.0, 150.0, 1800.0))
+        tw = TrafficWindow(180.0, 3600, 2000.0, 150.0, mix=mix)
+        return pl.tick(180.0, fleet.obs(tw)).diagnostics.throughput_replicas_exact["prefill"]
+
+    # mean: 40000 tok/s / 8000 = 5.0; mix: 10 rps x 1000 / 10000 + 10 rps x 3000 / 6000 = 1 + 5 = 6.0
+    assert run("mean") == pytest.approx(5.0) and run("mix") == pytest.approx(6.0)
