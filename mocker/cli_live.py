@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     p = s.problems()
     if p:
         raise ConfigError(p)
-    if cfg.engine not in ("vllm", "trtllm"):
-        from mocker.engine import make_engine  # fail now, with the engine's own message, not at start-up
-        make_engine(cfg)
+    from mocker.engine import make_engine  # fail now, with the engine's own message, not at start-up
+
+    make_engine(cfg)
     return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
 
 

@@ -52,7 +52,7 @@ class WorkerMetrics:
         self.gen_len = Histogram(p + "request_generation_tokens", "Output length of finished requests.", lbl, buckets=TOKEN_BUCKETS, registry=r)
         # mocker-specific: KV-cache stats and the driver's own health
         self.kv_blocks_total = Gauge("dynoplan_mocker_kv_blocks_total", "KV-cache capacity in blocks per DP rank.", lbl, registry=r)
-        self.kv_active_tokens = Gauge("dynoplan_mocker_kv_active_tokens", "KV tokens held by scheduled requests (last pass).", lbl, registry=r)
+        self.kv_active_tokens = Gauge("dynoplan_mocker_kv_active_tokens", "KV tokens in active blocks (blocks referenced by running requests x block size).", lbl, registry=r)
         self.passes = Counter("dynoplan_mocker_forward_passes", "Engine passes run.", lbl, registry=r)
         self.pass_time = Counter("dynoplan_mocker_forward_pass_seconds", "Sum of pass durations (wall, after speedup).", lbl, registry=r)
         self.lag = Histogram("dynoplan_mocker_driver_lag_seconds", "How late a pass's tokens were delivered versus the simulated timeline.",

@@ -228,13 +228,22 @@ class Worker:
     def _on_pass(self, rank: int, outcome: Any, finished: list[RequestRecord], lag_ms: float) -> None:
         c = self._children(rank)
         fpm = getattr(outcome, "fpm", None)
-        if fpm is not None:
+        core = self.drivers[rank].core if rank < len(self.drivers) else None
+        if core is not None and hasattr(core, "num_running") and hasattr(core, "active_blocks"):
+            # the core's own state after the pass (exact: blocks include shared prefix blocks once)
+            c["running"].set(core.num_running)
+            c["waiting"].set(core.num_waiting + len(self.drivers[rank]._pending))
+            blocks = core.active_blocks()
+            c["kv_active_tokens"].set(blocks * self.cfg.effective_block_size)
+            c["kv_usage"].set(blocks / self.cfg.num_gpu_blocks)
+        elif fpm is not None:  # a core without introspection: derive from the pass's FPM
             sch, q = fpm.scheduled_requests, fpm.queued_requests
             c["running"].set(sch.num_prefill_requests + sch.num_decode_requests)
             c["waiting"].set(q.num_prefill_requests + q.num_decode_requests)
             active = sch.sum_prefill_kv_tokens + sch.sum_decode_kv_tokens
             c["kv_active_tokens"].set(active)
             c["kv_usage"].set(min(1.0, active / max(1, self.cfg.total_kv_tokens)))
+        if fpm is not None:
             c["pass_time"].inc(max(0.0, fpm.wall_time))
             if self.fpm_pub is not None:
                 self.fpm_pub.publish(FPM_TOPIC, fpm)

@@ -13,7 +13,7 @@ CMD = [sys.executable, "-m", "planner.cli"]
 @pytest.mark.parametrize("argv,needle", [
     (["mocker"], "dynoplan mocker: error"),
     (["mocker", "serve", "--speedup-ratio", "0"], "--speedup-ratio"),
-    (["mocker", "serve", "--engine", "sglang", "--port", "0"], "engine='sglang'"),
+    (["mocker", "serve", "--engine", "tgi", "--port", "0"], "--engine"),
     (["mocker", "serve", "--num-gpu-blocks", "4", "--block-size", "64", "--max-num-batched-tokens", "8", "--port", "0"], "max_num_batched_tokens=8"),
     (["frontend"], "--workers"),
     (["frontend", "--workers", "localhost:8000"], "not an http(s) URL"),

@@ -151,6 +151,16 @@ def test_metric_names_per_engine_family():
     assert "trtllm:num_requests_running" in trt and "trtllm:kv_cache_usage_perc" in trt and "vllm:" not in trt
 
 
+def test_sglang_worker_serves_with_sglang_names():
+    async def body(s, w, f):
+        r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 50, "max_tokens": 3})
+        assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 3
+        m = await (await s.get("/metrics")).text()
+        assert 'sglang:generation_tokens_total{engine="0",model_name="mocker"} 3.0' in m
+        assert 'sglang:num_running_reqs{engine="0",model_name="mocker"}' in m and "vllm:" not in m
+    run(_with_worker(body, cfg=EngineConfig(engine="sglang", speedup_ratio=100.0, num_gpu_blocks=4096)))
+
+
 def test_trtllm_worker_serves_with_trtllm_names():
     async def body(s, w, f):
         r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 50, "max_tokens": 3})
@@ -346,3 +356,22 @@ def test_kv_transfer_delay_formula():
     w = Worker(WorkerSettings(engine=cfg, kv_bytes_per_token=1_000_000, kv_transfer_bandwidth_gbps=1.0))
     assert w._transfer_delay_s(1000) == pytest.approx(0.1)  # 1e9 bytes at 1e9 B/s = 1 s, / 10
     assert Worker(WorkerSettings(engine=cfg))._transfer_delay_s(1000) == 0.0  # bandwidth 0 disables
+
+
+def test_kv_usage_gauge_is_active_blocks_over_capacity():
+    cfg = EngineConfig(speedup_ratio=1.0, num_gpu_blocks=100, block_size=16)
+
+    async def body(s, w, f):
+        # 200-token prompt: 13 blocks (ceil(201/16) once the first output token is appended)
+        r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 200, "max_tokens": 400, "stream": True})
+        await r.content.readline()
+        await r.content.readline()
+        await asyncio.sleep(0.05)
+        m = await (await s.get("/metrics")).text()
+        core = f.engines[0]
+        usage = float(next(l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc{")).split()[-1])
+        running = float(next(l for l in m.splitlines() if l.startswith("vllm:num_requests_running{")).split()[-1])
+        assert running == 1.0
+        assert 13 / 100 <= usage <= core.active_blocks() / 100 + 1e-9
+        r.close()
+    run(_with_worker(body, cfg=cfg))
