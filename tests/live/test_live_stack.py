@@ -25,6 +25,7 @@ import time
 import pytest
 import requests
 
+from tests.infra._proc import REPO_ROOT
 from tests.live.procs import DYNOPLAN, LiveStack
 
 pytestmark = pytest.mark.integration
@@ -102,3 +103,27 @@ def test_worker_killed_mid_stream_loses_no_request():
         m = requests.get(fe + "/metrics", timeout=2).text
         retries = float(next(l for l in m.splitlines() if l.startswith("dynamo_frontend_request_retries_total")).split()[-1])
         assert retries >= 1
+
+
+def test_kv_router_over_real_processes_reuses_prefixes():
+    """Mooncake conversation slice through a kv-routed frontend: turns of a conversation share prefixes,
+    the frontend learns the workers' caches from their KV events, and the workers report prefix hits."""
+    with LiveStack() as st:
+        flags = ("--speedup-ratio", "50")
+        w1 = st.worker("w1", *flags, "--worker-id", "1")
+        w2 = st.worker("w2", *flags, "--worker-id", "2")
+        fe = st.frontend("fe", "--workers", f"{w1},{w2}", "--router", "kv", wait_workers=2)
+        rc, rep, err = st.loadgen("--url", fe, "--trace", str(REPO_ROOT / "examples/traces/mooncake_conversation.jsonl"), "--max-requests", "40",
+                                  "--time-compression", "50")
+        assert rc == 0, (rep.get("errors"), err)
+        assert rep["completed_requests"] == 40
+        hits = queries = 0.0
+        for w in (w1, w2):
+            for line in requests.get(w + "/metrics", timeout=5).text.splitlines():
+                if line.startswith("vllm:prefix_cache_hits_total{"):
+                    hits += float(line.split()[-1])
+                if line.startswith("vllm:prefix_cache_queries_total{"):
+                    queries += float(line.split()[-1])
+        workers = requests.get(fe + "/workers", timeout=5).json()
+        assert sum(w["cached_blocks"] for w in workers) > 0
+        assert queries == rep["total_input_tokens"] and 0 < hits < queries
