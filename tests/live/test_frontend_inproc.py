@@ -269,3 +269,28 @@ def test_disaggregated_bootstrap_handoff():
             await ps.close()
             await ds.close()
     asyncio.run(go())
+
+
+def test_client_disconnect_at_frontend_cancels_on_worker():
+    async def go():
+        w = await start_worker(speedup=1.0)
+        fsrv, fe = await start_frontend([url(w[0])])
+        try:
+            async with aiohttp.ClientSession() as s:
+                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 100, "max_tokens": 2000, "stream": True})
+                assert r.status == 200
+                await r.content.readline()
+                core = w[2].engines[0]
+                assert core.has_work()
+                r.close()
+                for _ in range(300):
+                    if not core.has_work():
+                        break
+                    await asyncio.sleep(0.01)
+            assert not core.has_work() and core.kv.num_active_blocks() == 0
+            assert core.all_requests[0].record.status == "cancelled"
+            assert fe.metrics.requests.labels("mocker", "completion", "stream", "cancelled")._value.get() == 1
+        finally:
+            await fsrv.close()
+            await w[0].close()
+    asyncio.run(go())
