@@ -38,7 +38,7 @@ from planner.core.predictors import BasePredictor, make_predictor
 from planner.core.reasons import ACTION_REASONS, Reason
 from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
                                      size_decode, size_prefill)
-from planner.errors import ConfigError
+from planner.errors import ConfigError, ObservationError
 
 _EPS = 1e-9
 
@@ -328,7 +328,7 @@ class Planner:
         the previous tick. Returns the decision, the diagnostics and when to call again."""
         cfg, obs = self.config, observations
         if self._last_now_s is not None and now_s < self._last_now_s:
-            raise ConfigError(f"now_s={now_s!r}: expected >= the previous tick's {self._last_now_s!r}")
+            raise ObservationError(f"now_s={now_s!r}: expected >= the previous tick's {self._last_now_s!r}")
         # GPU-hours of the spec held since the previous tick
         if self._last_now_s is not None:
             self._gpu_hours += self._last_gpus * (now_s - self._last_now_s) / 3600.0

@@ -419,3 +419,22 @@ def test_mix_sizing_through_the_planner():
 
     # mean: 40000 tok/s / 8000 = 5.0; mix: 10 rps x 1000 / 10000 + 10 rps x 3000 / 6000 = 1 + 5 = 6.0
     assert run("mean") == pytest.approx(5.0) and run("mix") == pytest.approx(6.0)
+
+
+def test_time_going_backwards_is_an_observation_error():
+    from planner.errors import ObservationError, PlannerError
+
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(100.0, fleet.obs())
+    with pytest.raises(ObservationError, match="now_s=50.0: expected >= the previous tick's 100.0") as ei:
+        pl.tick(50.0, fleet.obs())
+    assert isinstance(ei.value, PlannerError)
+
+
+def test_early_tick_is_not_due_and_keeps_schedule():
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(60.0, fleet.obs(traffic(3600)))
+    assert r.decision.reason == Reason.HOLD_NOT_DUE and r.next_tick_s == 180.0 and r.diagnostics.loops_run == ()
