@@ -342,13 +342,9 @@ class SglangCore:
                 self._reject(r, now)
                 rejected.append(r.request_id)
                 continue
-            if r.materialized == 0 and self.caching:
-                cached_prefix = kv.match_len(r.content, seq_len - 1)
-            else:
-                cached_prefix = 0
-            start = r.materialized if r.materialized > cached_prefix else cached_prefix
+            start = r.materialized
             extend = seq_len - start
-            if extend == 0 and r.materialized > 0:
+            if extend == 0:
                 break
             if extend <= self.chunk_size:
                 chunk = extend
@@ -369,23 +365,22 @@ class SglangCore:
             if charged > rem_input or charged > rem_chunk:
                 break
             chunk_end = start + chunk
+            if kv.free < chunk:
+                kv.evict(chunk - kv.free)  # before matching: may evict this request's own cached prefix
             if r.materialized > 0:
                 prefix_len = start
                 need = -(-chunk_end // page) * page - r.allocated
                 if need > kv.free:
-                    kv.evict(need - kv.free)
-                    if need > kv.free:
-                        oom = True
-                        break
+                    oom = True
+                    break
                 kv.take(need)
                 r.allocated += need
             else:
-                matched, node = kv.match_and_lock(r.content, chunk_end) if self.caching else (0, kv.root)
-                if not self.caching:
-                    kv.inc_lock(node)
+                if self.caching:
+                    matched, node = kv.match_and_lock(r.content, chunk_end)
+                else:
+                    matched, node = 0, kv.root
                 need = -(-chunk_end // page) * page - matched
-                if need < 0:
-                    need = 0
                 if need > kv.free + kv.evictable_size:
                     kv.dec_lock(node)
                     oom = True
@@ -396,7 +391,7 @@ class SglangCore:
                 r.node = node
                 r.cached = matched
                 r.allocated = matched + need
-                prefix_len = matched if matched < start else start
+                prefix_len = matched
                 if r.record.admit_ms is None:
                     r.record.admit_ms = now
                     r.record.cached_tokens = prefix_len
@@ -537,8 +532,7 @@ class SglangCore:
                     self._release(r)
                     self._reject(r, now)
                     rejected.append(r.request_id)
-        for r in reversed(retracted):
-            self.waiting.appendleft(r)
+        self.waiting.extend(retracted)  # retracted requests re-queue at the back (SGLang retract_decode)
         if retracted:
             self.new_token_ratio = self.init_ratio
         nr = self.new_token_ratio - self.ratio_step
