@@ -573,5 +573,135 @@ class SglangCore:
 
     # ================================================================== fast path
     def _stretch(self, horizon: float) -> bool:
-        """Run a stretch of decode passes at once when nothing can change but the token counts."""
-        return False
+        """Run a stretch of decode passes at once when nothing but token counts can change: no admission
+        (checked pass by pass with the exact float budget), no retraction, no finish, page size 1.
+        Bulk LRU eviction frees the same leaves as pass-by-pass eviction would. False if not applicable."""
+        running = self.running
+        n = len(running)
+        if n == 0 or self.page != 1:
+            return False
+        k_cap = 1 << 60
+        s0 = 0
+        decoding = State.DECODING
+        for r in running:
+            if r.state is not decoding or r.node is None:
+                return False
+            rem = r.output_len - r.generated
+            if rem < k_cap:
+                k_cap = rem
+            s0 += r.seq_len
+        k_cap -= 1  # the pass in which a request finishes runs on its own
+        kv = self.kv
+        cap0 = kv.free + kv.evictable_size
+        k_ret = (cap0 - n) // n + 1  # passes j with cap0 - n*j >= n need no retraction
+        if k_ret < k_cap:
+            k_cap = k_ret
+        if k_cap > _FAST_CHUNK:
+            k_cap = _FAST_CHUNK
+        if k_cap < 2:
+            return False
+        ratio0 = self.new_token_ratio
+        waiting = self.waiting
+        ratios = [ratio0]
+        rt = ratio0
+        step, lo = self.ratio_step, self.min_ratio
+        for _ in range(k_cap):
+            rt = rt - step
+            if rt < lo:
+                rt = lo
+            ratios.append(rt)
+        k = k_cap
+        if waiting and n < self.max_seqs:
+            if self.lpm and len(waiting) > 1:
+                return False
+            h = waiting[0]
+            if h.seq_len + 1 > self.total_kv_tokens:
+                return False
+            extend = h.seq_len - h.materialized
+            if extend == 0:
+                return False
+            chunk = extend if extend <= self.chunk_size else min(self.chunk_size, extend)
+            charged = float(chunk)
+            if chunk < extend:
+                reserve = 0
+            else:
+                rem = h.output_len - h.generated
+                reserve = rem if rem < self.clip else self.clip
+            if not (charged > self.max_prefill or charged > self.chunk_size):
+                rems = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
+                js = np.arange(k, dtype=np.int64)
+                m = np.minimum(rems[:, None] - js[None, :], self.clip).astype(np.float64) * np.array(ratios[:k])[None, :]
+                reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
+                rem_total = (cap0 - n * js).astype(np.float64) - reserved
+                ok = charged + reserve < rem_total
+                if ok.any():
+                    k = int(np.argmax(ok))
+                    if k < 2:
+                        return False
+        now = self.next_pass_ms
+        total = self.total_kv_tokens
+        if k <= 40:
+            ends_l: list[float] = []
+            t = now
+            for j in range(k):
+                if j and t >= horizon:
+                    break
+                sj = s0 + n * j
+                t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
+                ends_l.append(t)
+            k = len(ends_l)
+            if k < 2:
+                return False
+            ends = np.array(ends_l)
+        else:
+            sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
+            d = decode_pass_ms_array(self.timing, sv, n, self.speedup)
+            acc = np.empty(k + 1)
+            acc[0] = now
+            acc[1:] = d
+            ends = np.cumsum(acc)[1:]
+            if horizon != inf:
+                k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left"))
+                if k < 2:
+                    return False
+                ends = ends[:k]
+        p = self.pass_index
+        last = p + k - 1
+        need = n * k
+        if kv.free < need:
+            kv.evict(need - kv.free)
+        kv.take(need)
+        for r in running:
+            r.generated += k
+            r.materialized += k
+            r.allocated += k
+            r.computed = r.materialized
+            if r.emit_last == p - 1 and r.emit_start >= 0:
+                r.emit_last = last
+            else:
+                if r.emit_start >= 0:
+                    r.emit_ranges.append((r.emit_start, r.emit_last))
+                r.emit_start, r.emit_last = p, last
+            self._cache_prefix(r, True)
+        self.new_token_ratio = ratios[k]
+        if self.collect_fpm:
+            starts = np.concatenate(([now], ends[:-1]))
+            lens0 = [r.seq_len - k for r in running]
+            var_dec = _var(lens0)
+            qp = [r.prompt_len for r in waiting if r.generated == 0]
+            qd = [r.seq_len for r in waiting if r.generated > 0]
+            queued = QueuedRequests(num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
+                                    num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd))
+            for j in range(k):
+                self.fpm.append(ForwardPassMetrics(
+                    worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,
+                    scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=s0 + n * j,
+                                                         var_decode_kv_tokens=var_dec),
+                    queued_requests=queued, timestamp_ms=float(ends[j])))
+        if self._ends_py:
+            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
+            self._ends_py = []
+        self._ends_chunks.append(ends)
+        self.pass_index = p + k
+        self.next_pass_ms = float(ends[-1])
+        return True
