@@ -6,6 +6,12 @@
    - engine side: the worker's own request records (``GET /records``; the core's timeline, arrivals
      stamped by the wall clock when the HTTP request reaches the worker);
    - client side: the load generator's measurements (HTTP + event-loop delivery included).
+   A third column replays offline the arrivals *as the worker stamped them*: the live engine timeline
+   must equal it (the driver never shifts the simulated timeline), so any residual of the live engine
+   against the trace replay is arrival-stamp drift — the load generator sending late and the worker's
+   busy event loop reading requests late — which queueing then amplifies in TTFT. Client-side residual
+   on top is delivery lag of the worker process (``dynoplan_mocker_driver_lag_seconds``), which grows
+   with CPU contention on the machine.
 2. Capacity: one worker at a high speedup, Poisson load at increasing request rates; for each rate the
    engine-side and client-side mean TTFT/ITL, the driver's mean lag and the streamed tokens per wall
    second. The sustainable rate is the highest one at which the client-side mean ITL stays within 25%
