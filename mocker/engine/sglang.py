@@ -91,7 +91,7 @@ class SglangCore:
         self.block_size = cfg.effective_block_size
         self.page = self.block_size
         self.trace_block_size = cfg.trace_block_size
-        self.kv = RadixCache(cfg.total_kv_tokens, self.page)
+        self.kv = RadixCache(cfg.total_kv_tokens, self.page, cfg.trace_block_size)
         self.total_kv_tokens = self.kv.total_tokens
         self.num_blocks = cfg.num_gpu_blocks
         self.caching = cfg.enable_prefix_caching

@@ -158,7 +158,8 @@ class RadixCache:
     Raises :class:`SimulationError` on an allocation beyond the free pool (a scheduler bug).
     """
 
-    def __init__(self, total_tokens: int, page_size: int = 1) -> None:
+    def __init__(self, total_tokens: int, page_size: int = 1, trace_block_size: int = 512) -> None:
+        self.trace_block_size = trace_block_size
         if page_size < 1:
             raise SimulationError(f"page_size={page_size}: expected >= 1")
         self.page = page_size
@@ -206,6 +207,22 @@ class RadixCache:
                 break
             node = child
         return pos
+
+    def match_prefix(self, keys: Sequence[int] | None) -> tuple[int, int]:
+        """KV-router view: leading pages of a prompt, given as :func:`mocker.kv.manager.engine_block_keys`
+        keys for this page size, present in the tree: (pages, 0). Keys are decoded back to trace-block
+        keys, which needs ``trace_block_size % page_size == 0``; otherwise (0, 0) (no overlap known)."""
+        if not keys:
+            return 0, 0
+        page = self.page
+        tbs = self.trace_block_size
+        if tbs % page:
+            return 0, 0
+        q = tbs // page
+        n_tokens = len(keys) * page
+        bounds = list(range(0, n_tokens, tbs))
+        content = SeqContent(bounds + [n_tokens], [keys[m * q] // q for m in range(len(bounds))] + [-1])
+        return self.match_len(content, n_tokens) // page, 0
 
     # ------------------------------------------------------------------ locks
     def inc_lock(self, node: RadixNode) -> None:
