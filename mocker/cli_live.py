@@ -87,6 +87,16 @@ def run(args: argparse.Namespace) -> int:
     return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
 
 
+def _run_loop(coro: Any) -> Any:
+    """Run ``coro`` on uvloop when installed (about twice the asyncio throughput per core for the many
+    small socket writes of token streaming), else on the standard asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def _serve_forever(make: Callable[[Callable[[int], None]], Any], host: str) -> int:
     def bound(port: int) -> None:
         print(f"listening on http://{host}:{port}", flush=True)
@@ -102,7 +112,7 @@ def _serve_forever(make: Callable[[Callable[[int], None]], Any], host: str) -> i
             pass
 
     try:
-        asyncio.run(main())
+        _run_loop(main())
     except OSError as e:  # e.g. port in use
         raise ConfigError(f"cannot listen on {host}: {e.strerror or e}") from None
     return 0
@@ -174,11 +184,11 @@ def run_loadgen(args: argparse.Namespace) -> int:
         reqs = reqs[: args.max_requests]
     console = Console(stderr=True)
     if args.quiet:
-        result = asyncio.run(run_load(s, reqs))
+        result = _run_loop(run_load(s, reqs))
     else:
         with Progress(TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as prog:
             task = prog.add_task("requests", total=len(reqs))
-            result = asyncio.run(run_load(s, reqs, progress=lambda done, total: prog.update(task, completed=done)))
+            result = _run_loop(run_load(s, reqs, progress=lambda done, total: prog.update(task, completed=done)))
     if args.scale_ms != 1.0:
         result = scaled(result, args.scale_ms)
     rep = client_report(result)
