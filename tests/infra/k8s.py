@@ -258,7 +258,9 @@ class ControlPlane:
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
             f"--cert-dir={self.base_dir / 'kcm-certs'}",
             f"--service-account-private-key-file={self.pki['sa_key']}", f"--root-ca-file={self.ca_file}",
-            "--use-service-account-credentials=false", "--controllers=*", "--v=1",
+            "--use-service-account-credentials=false",
+            # No kubelets: the node-lifecycle controller would mark test-readied Pods NotReady.
+            "--controllers=*,-nodelifecycle", "--v=1",
         ], log)
 
         def default_sa() -> bool:
@@ -269,6 +271,26 @@ class ControlPlane:
 
         wait_until(default_sa, timeout_s, "kube-controller-manager", self.controller_manager_proc, log,
                    interval_s=0.25)
+
+    def mark_pods_ready(self, namespace: str, label_selector: str = "", ready: bool = True) -> int:
+        """Play kubelet: set phase Running and the Ready/ContainersReady conditions on every Pod of
+        ``namespace`` matching ``label_selector`` (through the ``pods/status`` subresource), so the
+        Deployment/ReplicaSet controllers count them ready. Needs ``controller_manager=True`` for the
+        Pods to exist at all. Returns the number of Pods patched.
+        """
+        import kubernetes
+
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = "True" if ready else "False"
+        body = {"status": {"phase": "Running", "conditions": [
+            {"type": t, "status": status, "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}}
+        with self.admin_client() as api:
+            core = kubernetes.client.CoreV1Api(api)
+            pods = core.list_namespaced_pod(namespace, label_selector=label_selector).items
+            for pod in pods:
+                core.patch_namespaced_pod_status(pod.metadata.name, namespace, body)
+        return len(pods)
 
     def stop_apiserver(self) -> None:
         """SIGTERM kube-apiserver (SIGKILL after 15 s); etcd keeps running and keeps the data."""

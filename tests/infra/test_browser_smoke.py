@@ -83,3 +83,14 @@ def test_console_errors_exceptions_and_missing_resources_are_reported(chromium: 
                 page.evaluate("(() => { throw new Error('nope') })()")
         finally:
             page.close()
+
+
+def test_close_leaves_no_process_and_no_profile_dir():
+    import os
+
+    with HeadlessChromium() as browser:
+        pid, profile = browser.proc.pid, browser.profile_dir
+        assert "Chrome" in browser.version()["Browser"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not profile.exists()

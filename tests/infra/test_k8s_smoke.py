@@ -180,3 +180,57 @@ def test_helm_builds_and_renders_a_chart(helm_bin, tmp_path):
     rendered = subprocess.run([str(helm_bin), "template", "rel", str(chart), "--set", "replicas=7"],
                               capture_output=True, text=True, check=True).stdout
     assert "name: rel-cm" in rendered and 'replicas: "7"' in rendered
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_controller_manager_scales_deployment_and_teardown_leaves_nothing():
+    with ControlPlane.start(controller_manager=True) as cp:
+        pids = [cp.etcd_proc.pid, cp.apiserver_proc.pid, cp.controller_manager_proc.pid]
+        base_dir = cp.base_dir
+        _deployment_lifecycle(cp)
+    # Teardown: every process group is gone and the temp dir (certs, etcd data, logs) is removed.
+    assert not any(_alive(pid) for pid in pids)
+    assert not base_dir.exists()
+
+
+def _deployment_lifecycle(cp: ControlPlane) -> None:
+    from tests.infra._proc import wait_until
+
+    with cp.admin_client() as api:
+        ns = new_namespace(api)
+        apps = kubernetes.client.AppsV1Api(api)
+        core = kubernetes.client.CoreV1Api(api)
+        labels = {"app": "worker"}
+        apps.create_namespaced_deployment(ns, {
+            "metadata": {"name": "worker"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "w", "image": "example.invalid/w:1"}]}}}})
+
+        def pods(n: int) -> bool:
+            return len(core.list_namespaced_pod(ns, label_selector="app=worker").items) == n
+
+        wait_until(lambda: pods(2), 60, "2 pods created by the ReplicaSet controller")
+        assert cp.mark_pods_ready(ns, "app=worker") == 2
+        wait_until(lambda: (apps.read_namespaced_deployment_status("worker", ns).status.ready_replicas or 0) == 2,
+                   60, "Deployment readyReplicas == 2")
+
+        # Scale through the scale subresource, as kubectl scale does: a 3rd Pod appears, not ready.
+        apps.patch_namespaced_deployment_scale("worker", ns, {"spec": {"replicas": 3}})
+        wait_until(lambda: pods(3), 60, "3rd pod")
+        wait_until(lambda: apps.read_namespaced_deployment_status("worker", ns).status.replicas == 3, 60,
+                   "Deployment status.replicas == 3")
+        assert apps.read_namespaced_deployment_status("worker", ns).status.ready_replicas == 2
+
+        # Owner references are honoured by the garbage collector: deleting the Deployment removes its Pods.
+        apps.delete_namespaced_deployment("worker", ns, propagation_policy="Background")
+        wait_until(lambda: pods(0), 60, "pods garbage-collected")

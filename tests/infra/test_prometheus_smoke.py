@@ -92,3 +92,14 @@ def test_restart_keeps_data_and_set_targets_reloads(prometheus_factory):
 def test_bad_target_is_a_clear_error():
     with pytest.raises(ValueError, match="expected 'host:port'"):
         PrometheusServer(["http://127.0.0.1:9"])
+
+
+def test_stop_leaves_no_process_and_no_temp_dir():
+    import os
+
+    with PrometheusServer.start([]) as prom:
+        pid, base_dir = prom.proc.pid, prom.base_dir
+        assert prom.active_targets() == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not base_dir.exists()
