@@ -14,7 +14,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=k8s-versions.env
 source "$here/k8s-versions.env"
 
-cache="${DYNOPLAN_CACHE:-$HOME/.cache/dynoplan}"
+cache="${DYNOPLAN_CACHE:-${HOME:-/root}/.cache/dynoplan}"
 bindir="$cache/bin"
 workroot="$cache/build"
 mkdir -p "$bindir" "$workroot"
@@ -23,7 +23,8 @@ export CGO_ENABLED=0
 export GOTOOLCHAIN=local
 p="${BUILD_P:-2}"
 
-command -v go >/dev/null || { echo "build-k8s-bins: 'go' not found on PATH (need Go >= 1.26)" >&2; exit 1; }
+command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || export PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null || { echo "build-k8s-bins: 'go' not found on PATH or in /usr/local/go/bin (need Go >= 1.26)" >&2; exit 1; }
 
 # write_module DIR MODULE_PATH MAIN_GO_TEXT: a throw-away wrapper module whose main calls the command.
 write_module() {

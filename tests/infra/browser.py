@@ -8,9 +8,9 @@ chromedriver is needed.
 
 Usage::
 
-    from tests.infra.browser import HeadlessChromium
-    with HeadlessChromium() as browser:
-        page = browser.open("http://127.0.0.1:8000/", wait_for="window.plotReady === true")
+    from tests.infra.browser import HeadlessChromium, serve_directory
+    with HeadlessChromium() as browser, serve_directory(Path("out/report")) as base:
+        page = browser.open(f"{base}/index.html", wait_for="window.plotReady === true")
         assert page.errors() == []
         n = page.evaluate("document.getElementById('plot').data[0].x.length")
         page.screenshot(Path("out/page.png"))
@@ -19,14 +19,19 @@ Usage::
 from __future__ import annotations
 
 import base64
+import http.server
 import itertools
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +286,23 @@ class HeadlessChromium:
 
     def log_tail(self) -> str:
         return tail(self.log_path)
+
+
+@contextmanager
+def serve_directory(root: Path) -> Iterator[str]:
+    """Serve the files under ``root`` over HTTP on a free 127.0.0.1 port (a thread, quiet logs);
+    yields the base URL ``http://127.0.0.1:<port>``; the server is shut down on exit."""
+
+    class QuietHandler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name="serve_directory")
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

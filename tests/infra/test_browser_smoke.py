@@ -3,40 +3,14 @@ expected number of points without console errors, and errors on a broken page ar
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from functools import partial
-from pathlib import Path
-
 import plotly.offline
 import pytest
 
-from tests.infra.browser import HeadlessChromium, JavaScriptError
+from tests.infra.browser import HeadlessChromium, JavaScriptError, serve_directory
 
 pytestmark = pytest.mark.integration
 
 N_POINTS = 37
-
-
-@contextmanager
-def serve_directory(root: Path) -> Iterator[str]:
-    """Serve ``root`` over HTTP on a free loopback port; yields the base URL."""
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-    handler = partial(Quiet, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 def plot_page(n: int) -> str:

@@ -165,6 +165,29 @@ def test_apiserver_down_gives_connection_errors(k8s: ControlPlane):
     assert k8s.is_ready()
 
 
+def test_kubeconfig_files_for_admin_cert_and_service_account(k8s: ControlPlane, tmp_path, helm_bin):
+    import kubernetes.config
+
+    # Admin kubeconfig authenticates with the client certificate (O=system:masters), not the token.
+    admin_api = kubernetes.config.new_client_from_config(config_file=str(k8s.kubeconfig))
+    with admin_api:
+        me = kubernetes.client.AuthenticationV1Api(admin_api).create_self_subject_review({}).status.user_info
+        assert me.username == "dynoplan-admin" and "system:masters" in me.groups
+    # helm talks to the real apiserver through the same kubeconfig.
+    out = subprocess.run([str(helm_bin), "list", "--all-namespaces", "-o", "json", "--kubeconfig",
+                          str(k8s.kubeconfig)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+    sa_cfg = k8s.service_account_kubeconfig("kcfg-test", "operator", tmp_path / "sa.kubeconfig")
+    sa_api = kubernetes.config.new_client_from_config(config_file=str(sa_cfg))
+    with sa_api:
+        me = kubernetes.client.AuthenticationV1Api(sa_api).create_self_subject_review({}).status.user_info
+        assert me.username == "system:serviceaccount:kcfg-test:operator"
+        with pytest.raises(ApiException) as denied:
+            kubernetes.client.CoreV1Api(sa_api).list_namespaced_config_map("kcfg-test")
+        assert denied.value.status == 403
+
+
 def test_helm_builds_and_renders_a_chart(helm_bin, tmp_path):
     out = subprocess.run([str(helm_bin), "version", "--short"], capture_output=True, text=True, check=True)
     assert out.stdout.strip().startswith(pinned_versions()["HELM_VERSION"])
