@@ -34,7 +34,7 @@ from planner.core.interpolation import PerformanceProfile
 from planner.core.load import (FEATURES_BY_POOL, EngineEstimate, PassTimeRegression, RegressionFit, estimate_engine,
                                guess_isl_tokens)
 from planner.core.observations import ForwardPassMetrics, LengthBucket, Observations, TrafficWindow
-from planner.core.predictors import BasePredictor, make_predictor
+from planner.core.predictors import _single_thread_blas, make_predictor
 from planner.core.reasons import ACTION_REASONS, Reason
 from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
                                      size_decode, size_prefill)
@@ -175,6 +175,7 @@ class Planner:
         self._last_gpus = 0
         self._gpu_hours = 0.0
         self._demand = Demand(math.nan, math.nan, math.nan)
+        self._limit = _single_thread_blas()
 
     # ------------------------------------------------------------------ public helpers
     @property
@@ -325,7 +326,14 @@ class Planner:
     # ------------------------------------------------------------------ the tick
     def tick(self, now_s: float, observations: Observations) -> TickResult:
         """Advance to ``now_s`` (seconds, caller's clock, non-decreasing) with what was observed since
-        the previous tick. Returns the decision, the diagnostics and when to call again."""
+        the previous tick. Returns the decision, the diagnostics and when to call again.
+
+        Raises ObservationError when ``now_s`` goes backwards. BLAS runs single-threaded inside a tick
+        (tiny matrices; multi-threaded OpenBLAS only spins on a shared machine)."""
+        with self._limit():
+            return self._tick(now_s, observations)
+
+    def _tick(self, now_s: float, observations: Observations) -> TickResult:
         cfg, obs = self.config, observations
         if self._last_now_s is not None and now_s < self._last_now_s:
             raise ObservationError(f"now_s={now_s!r}: expected >= the previous tick's {self._last_now_s!r}")

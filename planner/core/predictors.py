@@ -29,11 +29,12 @@ Models (registry :data:`PREDICTOR_TYPES`, names as in the config):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
 from collections import deque
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
 
@@ -50,6 +51,22 @@ class Predictor(Protocol):
     def predict_next(self) -> float: ...
 
     def warm_start(self, values: Sequence[float]) -> None: ...
+
+
+def _single_thread_blas() -> Callable[[], ContextManager[Any]]:
+    """A factory of contexts limiting BLAS/OpenMP to one thread (``threadpoolctl``).
+
+    Model fits are tiny matrix problems: multi-threaded OpenBLAS only spins, and on a shared 2-core machine
+    it made ``auto_arima`` ~8x slower (measured 2.3 s vs 0.28 s for a 15-point fit). The controller is
+    built once per predictor (library introspection ~3 ms); each limit then costs ~0.03 ms.
+    """
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        ctl = ThreadpoolController()
+        return lambda: ctl.limit(limits=1)
+    except Exception:  # noqa: BLE001 - threadpoolctl missing or introspection failed: run unlimited
+        return contextlib.nullcontext
 
 
 class BasePredictor:
@@ -139,6 +156,7 @@ class ArimaPredictor(BasePredictor):
         self.refit_every = refit_every
         import pmdarima  # noqa: F401 - import cost paid at construction, not inside a tick
 
+        self._limit = _single_thread_blas()
         self.model: Any = None
         self.degenerate = False
         self.fits = 0
@@ -151,7 +169,7 @@ class ArimaPredictor(BasePredictor):
         import pmdarima
 
         y = self._tf(np.asarray(self.values, dtype=float))
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
             self.model = pmdarima.auto_arima(y, seasonal=False, stepwise=True, suppress_warnings=True,
                                              error_action="ignore")
@@ -166,7 +184,7 @@ class ArimaPredictor(BasePredictor):
         if self.model is None or (self.degenerate and self._since_fit + 1 >= self.refit_every):
             self._fit()
             return
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
             self.model.update([self._tf(v)])
         self._since_fit += 1
@@ -174,7 +192,7 @@ class ArimaPredictor(BasePredictor):
     def _model_predict(self) -> float:
         if self.model is None or self.degenerate:  # a (0, d, 0) fit has nothing to add: constant
             return math.nan
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
             y = float(np.asarray(self.model.predict(n_periods=1))[0])
         return float(np.expm1(y)) if self.log1p else y
@@ -236,16 +254,18 @@ class ProphetPredictor(BasePredictor):
         import pandas  # noqa: F401 - import cost paid at construction, not inside a tick
         import prophet  # noqa: F401
 
+        for name in ("cmdstanpy", "prophet"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        self._limit = _single_thread_blas()
+
     def _model_predict(self) -> float:
         import pandas as pd
         from prophet import Prophet
 
-        for name in ("cmdstanpy", "prophet"):
-            logging.getLogger(name).setLevel(logging.ERROR)
         y = self.values[-self.window:]
         n0 = len(self.values) - len(y)
         ds = pd.to_datetime((np.arange(len(y)) + n0) * self.interval_s, unit="s")
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
             m = Prophet(uncertainty_samples=0)  # yhat only: skips the interval sampling (large speed-up)
             m.fit(pd.DataFrame({"ds": ds, "y": y}))
