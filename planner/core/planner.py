@@ -176,6 +176,10 @@ class Planner:
         self._gpu_hours = 0.0
         self._demand = Demand(math.nan, math.nan, math.nan)
         self._limit = _single_thread_blas()
+        self._unmet_goal = False
+        """True while published targets fall short of the goal (decrease-first rebalancing): tick again
+        after one load interval instead of waiting for the next throughput interval."""
+        self._now_s = 0.0
 
     # ------------------------------------------------------------------ public helpers
     @property
@@ -321,6 +325,8 @@ class Planner:
     def _next_tick(self) -> float:
         c = [t for t, on in ((self._next_thpt_s, self.config.throughput_enabled),
                               (self._next_load_s, self.config.load_enabled)) if on and t is not None]
+        if self._unmet_goal:
+            c.append(self._now_s + self.config.load_adjustment_interval_s)
         return min(c)
 
     # ------------------------------------------------------------------ the tick
@@ -340,7 +346,7 @@ class Planner:
         # GPU-hours of the spec held since the previous tick
         if self._last_now_s is not None:
             self._gpu_hours += self._last_gpus * (now_s - self._last_now_s) / 3600.0
-        self._last_now_s = now_s
+        self._last_now_s = self._now_s = now_s
         first = self._next_thpt_s is None
         if first:
             self._next_thpt_s = now_s + cfg.adjustment_interval_s
@@ -422,6 +428,7 @@ class Planner:
             external = [p for p in cfg.pools if current[p] != self._last_targets[p]]
         if external:
             self._pending = None
+            self._unmet_goal = False
             self._last_targets = dict(current)
             for p in external:
                 self._grace_until_s[p] = now_s + cfg.external_change_grace_s
@@ -461,6 +468,7 @@ class Planner:
         # 6. limits and budget
         res = apply_limits(goal, current, cfg)
         targets = res.targets
+        self._unmet_goal = targets != res.goal
         actions = [pool_reasons[p] for p in cfg.pools if p in pool_reasons and pool_reasons[p] in ACTION_REASONS
                    and targets[p] != current[p]]
         reasons.extend(actions)

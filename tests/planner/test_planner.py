@@ -438,3 +438,18 @@ def test_early_tick_is_not_due_and_keeps_schedule():
     pl.tick(0.0, fleet.obs())
     r = pl.tick(60.0, fleet.obs(traffic(3600)))
     assert r.decision.reason == Reason.HOLD_NOT_DUE and r.next_tick_s == 180.0 and r.diagnostics.loops_run == ()
+
+
+def test_rebalance_decrease_first_then_increase_on_a_follow_up_tick():
+    pl = Planner(thpt_config(max_gpu_budget=6, scale_down_hysteresis=0.0), profile())
+    fleet = Fleet(prefill=4, decode=2)
+    pl.tick(0.0, fleet.obs())
+    # 1440 req x 2000 / 180 / 8000 = 2.0 prefill; 1440 x 750 / 180 / 1500 = 4.0 decode -> goal 2P + 4D = 6 GPUs,
+    # but raising decode before prefill shrinks would hold 4P + 4D = 8 GPUs
+    r = pl.tick(180.0, fleet.obs(traffic(1440, osl=750.0)))
+    assert r.decision.targets == {"prefill": 2, "decode": 2}
+    assert r.decision.reason == Reason.SCALE_DOWN_THROUGHPUT and Reason.REBALANCE_DECREASE_FIRST in r.decision.reasons
+    assert r.next_tick_s == 185.0  # follow up after one load interval, not at 360
+    fleet.apply(r.decision)
+    r = pl.tick(185.0, fleet.obs())
+    assert r.decision.targets == {"prefill": 2, "decode": 4} and r.next_tick_s == 360.0
