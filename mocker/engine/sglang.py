@@ -549,6 +549,8 @@ class SglangCore:
                            [r.request_id for r in retracted], rejected, fpm)
 
     def _reject(self, r: SglangRequest, now: float) -> None:
+        if r.state is State.PREFILLING or r.state is State.DECODING:
+            r.transition(State.PREEMPTED)  # the lifecycle only fails a request from a queue state
         r.transition(State.FAILED)
         r.record.status = "failed"
         r.record.finish_ms = now
