@@ -272,6 +272,71 @@ class ControlPlane:
         wait_until(default_sa, timeout_s, "kube-controller-manager", self.controller_manager_proc, log,
                    interval_s=0.25)
 
+    def server_side_apply(self, manifests: str | dict | list[dict], field_manager: str = "dynoplan-tests",
+                          namespace: str = "default", wait_crds: bool = True) -> list[dict]:
+        """Server-side apply YAML text (multi-document, e.g. ``helm template`` output) or objects, in
+        order, as the admin; namespaced objects without a namespace go to ``namespace``. CRDs are
+        waited for until Established (when ``wait_crds``) before later documents are applied.
+        Returns the applied objects as the server stored them.
+
+        Raises:
+            kubernetes.client.rest.ApiException: the apiserver rejected a document (schema, RBAC...).
+            ValueError: a document lacks apiVersion/kind/metadata.name.
+        """
+        from kubernetes.dynamic import DynamicClient
+
+        if isinstance(manifests, str):
+            docs = [d for d in yaml.safe_load_all(manifests) if d]
+        elif isinstance(manifests, dict):
+            docs = [manifests]
+        else:
+            docs = list(manifests)
+        applied: list[dict] = []
+        with self.admin_client() as api:
+            dyn = DynamicClient(api)
+            for i, doc in enumerate(docs):
+                if not (doc.get("apiVersion") and doc.get("kind") and doc.get("metadata", {}).get("name")):
+                    raise ValueError(f"manifest document {i}: expected apiVersion, kind and metadata.name,"
+                                     f" got keys {sorted(doc)}")
+                try:
+                    res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                except Exception:  # noqa: BLE001 - a CRD applied just before: refresh discovery once
+                    dyn = DynamicClient(api)
+                    res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                ns = (doc["metadata"].get("namespace") or namespace) if res.namespaced else None
+                out = res.server_side_apply(body=doc, namespace=ns, field_manager=field_manager,
+                                            force_conflicts=True).to_dict()
+                applied.append(out)
+                if wait_crds and doc["kind"] == "CustomResourceDefinition":
+                    self.wait_crd_established(doc["metadata"]["name"])
+        return applied
+
+    def wait_crd_established(self, name: str, timeout_s: float = 30.0) -> None:
+        """Wait until CRD ``name`` has condition Established=True (its API is served)."""
+        import kubernetes
+
+        with self.admin_client() as api:
+            ext = kubernetes.client.ApiextensionsV1Api(api)
+
+            def established() -> bool:
+                crd = ext.read_custom_resource_definition(name)
+                return any(c.type == "Established" and c.status == "True"
+                           for c in (crd.status.conditions or []))
+
+            wait_until(established, timeout_s, f"CRD {name} Established")
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run the pinned helm binary against this cluster (``--kubeconfig`` = admin); text output.
+
+        Raises:
+            subprocess.CalledProcessError: helm exited non-zero and ``check`` (stderr in the message).
+        """
+        proc = subprocess.run([str(binary_path("helm")), *args, "--kubeconfig", str(self.kubeconfig)],
+                              capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        return proc
+
     def mark_pods_ready(self, namespace: str, label_selector: str = "", ready: bool = True) -> int:
         """Play kubelet: set phase Running and the Ready/ContainersReady conditions on every Pod of
         ``namespace`` matching ``label_selector`` (through the ``pods/status`` subresource), so the

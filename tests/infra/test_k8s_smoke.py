@@ -5,10 +5,12 @@ from __future__ import annotations
 import subprocess
 import threading
 import uuid
+from pathlib import Path
 
 import kubernetes
 import pytest
 import requests
+import yaml
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
@@ -188,21 +190,50 @@ def test_kubeconfig_files_for_admin_cert_and_service_account(k8s: ControlPlane, 
         assert denied.value.status == 403
 
 
-def test_helm_builds_and_renders_a_chart(helm_bin, tmp_path):
-    out = subprocess.run([str(helm_bin), "version", "--short"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().startswith(pinned_versions()["HELM_VERSION"])
-    chart = tmp_path / "tiny"
+def tiny_chart(root: Path) -> Path:
+    """A chart with one CRD (crds/) and one templated ConfigMap."""
+    chart = root / "tiny"
     (chart / "templates").mkdir(parents=True)
+    (chart / "crds").mkdir()
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: tiny\nversion: 0.1.0\n")
     (chart / "values.yaml").write_text("replicas: 2\n")
     (chart / "templates" / "cm.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
         "data:\n  replicas: {{ .Values.replicas | quote }}\n")
+    (chart / "crds" / "widgets.yaml").write_text(yaml.safe_dump(widget_crd()))
+    return chart
+
+
+def test_helm_builds_lints_and_renders_a_chart(helm_bin, tmp_path):
+    out = subprocess.run([str(helm_bin), "version", "--short"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith(pinned_versions()["HELM_VERSION"])
+    chart = tiny_chart(tmp_path)
     lint = subprocess.run([str(helm_bin), "lint", str(chart)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     rendered = subprocess.run([str(helm_bin), "template", "rel", str(chart), "--set", "replicas=7"],
                               capture_output=True, text=True, check=True).stdout
     assert "name: rel-cm" in rendered and 'replicas: "7"' in rendered
+    (chart / "values.yaml").write_text("replicas: [unclosed\n")
+    broken = subprocess.run([str(helm_bin), "lint", str(chart)], capture_output=True, text=True)
+    assert broken.returncode != 0
+
+
+def test_helm_template_server_side_applied(k8s: ControlPlane, k8s_admin, helm_bin, tmp_path):
+    chart = tiny_chart(tmp_path)
+    ns = new_namespace(k8s_admin)
+    rendered = k8s.helm("template", "rel", str(chart), "--namespace", ns, "--include-crds",
+                        "--set", "replicas=4").stdout
+    applied = k8s.server_side_apply(rendered, namespace=ns)
+    assert [o["kind"] for o in applied] == ["CustomResourceDefinition", "ConfigMap"]
+    cm = kubernetes.client.CoreV1Api(k8s_admin).read_namespaced_config_map("rel-cm", ns)
+    assert cm.data == {"replicas": "4"}
+    managers = {m.manager for m in cm.metadata.managed_fields}
+    assert managers == {"dynoplan-tests"}
+    # Re-applying is idempotent; a changed value is applied in place.
+    k8s.server_side_apply(k8s.helm("template", "rel", str(chart), "--set", "replicas=5").stdout, namespace=ns)
+    assert kubernetes.client.CoreV1Api(k8s_admin).read_namespaced_config_map("rel-cm", ns).data == {"replicas": "5"}
+    with pytest.raises(ValueError, match="document 0"):
+        k8s.server_side_apply([{"kind": "ConfigMap"}])
 
 
 def _alive(pid: int) -> bool:
