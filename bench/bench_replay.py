@@ -70,11 +70,13 @@ def child(case: str, out: str) -> None:
 def run_child(cmd: list[str]) -> tuple[float, int]:
     """Run a child process; returns (wall seconds, peak RSS in MiB) from wait4."""
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode() if p.stderr else ""
+    with tempfile.TemporaryFile() as errf:  # a file, not a pipe: a chatty child must not block on a full pipe
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
+        errf.seek(0)
+        err = errf.read().decode(errors="replace")
     if p.returncode != 0:
         raise SystemExit(f"child failed ({' '.join(cmd[:4])} ...): {err[-2000:]}")
     return wall, ru.ru_maxrss // 1024
