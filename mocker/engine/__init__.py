@@ -1,8 +1,8 @@
 """Engine cores: one simulated engine (one DP rank), driven by any clock.
 
-Registry (plain dict, no import-time side effects): ``CORES = {"vllm": VllmCore, "trtllm": TrtllmCore}``.
-An SGLang core plugs in by implementing :class:`EngineCore` and adding itself to ``CORES``; until then
-:func:`make_engine` refuses ``engine="sglang"`` with a :class:`ConfigError`.
+Registry (plain dict, no import-time side effects): ``CORES = {"vllm": VllmCore, "trtllm": TrtllmCore,
+"sglang": SglangCore}``. A core implements :class:`EngineCore`; :func:`make_engine` refuses an engine
+without a registered core with a :class:`ConfigError`.
 
 See :mod:`mocker.engine.vllm` for the per-pass API shared by the virtual-time fleet and the live worker.
 """

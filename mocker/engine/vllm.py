@@ -387,6 +387,8 @@ class VllmCore:
         running = self.running
         admitted: list[int] = []
         rejected: list[int] = []
+        emitters: list[EngineRequest] = []
+        s_dec = n_dec = 0
         i = 0
         decoding = State.DECODING
         bs = self.block_size
@@ -394,7 +396,7 @@ class VllmCore:
         while i < len(running) and self._budget > 0:
             r = running[i]
             if r.state is decoding and (r.alloc_tokens % bs or kv.free > 0):
-                # common case inlined: a decoding request computes its one dangling token
+                # common case inlined: a decoding request computes its one dangling token and will emit
                 seq_len = r.prompt_len + r.generated
                 if not r.alloc_tokens % bs:
                     kv.free -= 1
@@ -403,11 +405,20 @@ class VllmCore:
                 r.alloc_tokens = r.computed = seq_len
                 sched[r.request_id] = (1, 0, r.prompt_len)
                 self._budget -= 1
+                emitters.append(r)
+                s_dec += seq_len
+                n_dec += 1
                 i += 1
                 continue
             out = self._schedule(r, False, 0)
             if out == _SCHEDULED:
                 i += 1
+                seq_len = r.prompt_len + r.generated
+                if r.computed == seq_len:
+                    emitters.append(r)
+                    if sched[r.request_id][1] == 0 and r.generated > 0:
+                        s_dec += seq_len
+                        n_dec += 1
             elif out == _BLOCKED:
                 break
         waiting = self.waiting
@@ -430,6 +441,23 @@ class VllmCore:
                 self._on_admit(r, cached, now)
                 self._reserve(r)
                 admitted.append(r.request_id)
+                seq_len = r.prompt_len + r.generated
+                if r.computed == seq_len:
+                    emitters.append(r)
+                    if sched[r.request_id][1] == 0 and r.generated > 0:
+                        s_dec += seq_len
+                        n_dec += 1
+        else:
+            # preemptions removed requests from the batch: recompute who emits, in running order
+            emitters = []
+            s_dec = n_dec = 0
+            for r in running:
+                w = sched.get(r.request_id)
+                if w is not None and r.computed == r.prompt_len + r.generated:
+                    emitters.append(r)
+                    if w[1] == 0 and r.generated > 0:
+                        s_dec += r.prompt_len + r.generated
+                        n_dec += 1
         # ---- timing
         if self._bc:
             bc = self._bc
@@ -438,15 +466,6 @@ class VllmCore:
                 pf = round_ns(pf / self.speedup)
         else:
             pf = 0.0
-        emitters: list[EngineRequest] = []
-        s_dec = n_dec = 0
-        for r in running:
-            w = sched.get(r.request_id)
-            if w is not None and r.computed == r.prompt_len + r.generated:
-                emitters.append(r)
-                if w[1] == 0 and r.generated > 0:
-                    s_dec += r.prompt_len + r.generated
-                    n_dec += 1
         dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
         end = (now + pf) + dec
         if not sched and not rejected and not admitted and not self._pass_preempted and (running or waiting):
@@ -456,18 +475,22 @@ class VllmCore:
         p = self.pass_index
         finished: list[int] = []
         for r in emitters:
-            r.generated += 1
-            r.note_emit(p)
-            if r.generated == 1:
+            g = r.generated + 1
+            r.generated = g
+            if r.emit_last == p - 1 and r.emit_start >= 0:
+                r.emit_last = p
+            else:
+                r.note_emit(p)
+            if g == 1:
                 r.record.first_token_ms = end
-            if r.generated >= r.output_len:
+            if g >= r.output_len:
                 r.transition(State.FINISHED)
                 self._finish(r, end)
                 finished.append(r.request_id)
-            elif r.state != State.DECODING:
-                r.transition(State.DECODING)
+            elif r.state is not decoding:
+                r.transition(decoding)
         if finished:
-            self.running = [r for r in running if r.state != State.FINISHED]
+            self.running = [r for r in running if r.state is not State.FINISHED]
         if fpm is not None:
             self.fpm.append(fpm)
         self._ends_py.append(end)

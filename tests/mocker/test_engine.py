@@ -192,9 +192,13 @@ def test_clock_cannot_go_back():
         core.step(out.end_ms - 1.0)
 
 
-def test_sglang_has_no_core_yet():
-    with pytest.raises(ConfigError, match="sglang"):
-        make_engine(EngineConfig(engine="sglang"))
+def test_engine_without_a_core_is_a_config_error(monkeypatch):
+    from mocker import engine as engine_pkg
+
+    monkeypatch.setattr(engine_pkg, "CORES", {"vllm": VllmCore})
+    with pytest.raises(ConfigError, match="engine='trtllm'"):
+        make_engine(EngineConfig(engine="trtllm"))
+    assert isinstance(make_engine(EngineConfig()), VllmCore)
 
 
 def test_fpm_records_per_pass():

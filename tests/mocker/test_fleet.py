@@ -125,6 +125,6 @@ def test_kv_router_ties_broken_by_seed_only():
     assert len(picks) > 1  # cold fleet: all logits tie, the seed decides
 
 
-def test_unknown_engine_core_is_a_config_error():
-    with pytest.raises(ConfigError, match="engine='sglang'"):
-        run_replay(reqs(2), EngineConfig(engine="sglang"), FleetConfig())
+def test_invalid_engine_config_is_a_config_error():
+    with pytest.raises(ConfigError, match="num_gpu_blocks=0"):
+        run_replay(reqs(2), EngineConfig(num_gpu_blocks=0), FleetConfig())
