@@ -50,7 +50,8 @@ from mocker.errors import SimulationError
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.request import EngineRequest, State
-from mocker.timing import TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
+from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
+from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
 LPM_FALLBACK_THRESHOLD = 128
 """lpm falls back to fifo above this many waiting requests (reference mocker constant)."""
@@ -98,6 +99,7 @@ class SglangCore:
         self.max_seqs = cfg.max_num_seqs
         self.speedup = float(cfg.speedup_ratio)
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
+        self._monotone_decode = isinstance(self.timing, PolynomialTiming)
         self.lpm = s.schedule_policy == "lpm"
         self.chunk_size = s.chunked_prefill_size
         self.max_prefill = s.max_prefill_tokens
@@ -602,16 +604,32 @@ class SglangCore:
             k_cap = _FAST_CHUNK
         if k_cap < 2:
             return False
-        ratio0 = self.new_token_ratio
+        now = self.next_pass_ms
+        total = self.total_kv_tokens
+        if horizon != inf and self._monotone_decode:
+            # decode time grows with active tokens, so no pass of the stretch is shorter than the first
+            d0 = decode_pass_ms(self.timing, s0 if s0 < total else total, n, self.speedup)
+            k_h = int((horizon - now) / max(d0, 1e-9)) + 2
+            if k_h < k_cap:
+                k_cap = k_h
+            if k_cap < 2:
+                return False
         waiting = self.waiting
-        ratios = [ratio0]
-        rt = ratio0
-        step, lo = self.ratio_step, self.min_ratio
-        for _ in range(k_cap):
-            rt = rt - step
-            if rt < lo:
-                rt = lo
-            ratios.append(rt)
+        small = k_cap <= 48
+        if small:
+            ratios_l = [self.new_token_ratio]
+            rt = self.new_token_ratio
+            step, lo = self.ratio_step, self.min_ratio
+            for _ in range(k_cap):
+                rt = rt - step
+                if rt < lo:
+                    rt = lo
+                ratios_l.append(rt)
+        else:
+            # repeated subtraction, floored (cumsum adds in the same order as the pass-by-pass updates)
+            acc_r = np.full(k_cap + 1, -self.ratio_step)
+            acc_r[0] = self.new_token_ratio
+            ratios = np.maximum(np.cumsum(acc_r), self.min_ratio)
         k = k_cap
         if waiting and n < self.max_seqs:
             if self.lpm and len(waiting) > 1:
@@ -624,33 +642,57 @@ class SglangCore:
                 return False
             chunk = extend if extend <= self.chunk_size else min(self.chunk_size, extend)
             charged = float(chunk)
+            clip = self.clip
             if chunk < extend:
                 reserve = 0
             else:
                 rem = h.output_len - h.generated
-                reserve = rem if rem < self.clip else self.clip
+                reserve = rem if rem < clip else clip
+            need_h = charged + reserve
             if not (charged > self.max_prefill or charged > self.chunk_size):
-                rems = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
-                js = np.arange(k, dtype=np.int64)
-                m = np.minimum(rems[:, None] - js[None, :], self.clip).astype(np.float64) * np.array(ratios[:k])[None, :]
-                reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
-                rem_total = (cap0 - n * js).astype(np.float64) - reserved
-                ok = charged + reserve < rem_total
-                if ok.any():
-                    k = int(np.argmax(ok))
-                    if k < 2:
-                        return False
-        now = self.next_pass_ms
-        total = self.total_kv_tokens
-        if k <= 40:
+                # the admission budget of pass j, computed exactly as _admit would (same float order)
+                if small:
+                    rems = [r.output_len - r.generated for r in running]
+                    for j in range(k):
+                        rt = ratios_l[j]
+                        res = 0.0
+                        for rem in rems:
+                            x = rem - j
+                            res += (x if x < clip else clip) * rt
+                        if need_h < float(cap0 - n * j) - res:
+                            k = j
+                            break
+                else:
+                    rems_a = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
+                    js = np.arange(k, dtype=np.int64)
+                    m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]
+                    reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
+                    ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
+                    if ok.any():
+                        k = int(np.argmax(ok))
+                if k < 2:
+                    return False
+        if k <= 48:
             ends_l: list[float] = []
             t = now
-            for j in range(k):
-                if j and t >= horizon:
-                    break
-                sj = s0 + n * j
-                t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
-                ends_l.append(t)
+            if self._monotone_decode and self.speedup == 1.0:
+                tot = self.timing.total_kv_tokens  # type: ignore[attr-defined]
+                for j in range(k):
+                    if j and t >= horizon:
+                        break
+                    sj = s0 + n * j
+                    p_ = (sj if sj < total else total) / tot
+                    v = _DA * p_ * p_ + _DB * p_ + _DC
+                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)  # decode_pass_ms inlined
+                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
+                    ends_l.append(t)
+            else:
+                for j in range(k):
+                    if j and t >= horizon:
+                        break
+                    sj = s0 + n * j
+                    t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
+                    ends_l.append(t)
             k = len(ends_l)
             if k < 2:
                 return False
@@ -673,6 +715,9 @@ class SglangCore:
         if kv.free < need:
             kv.evict(need - kv.free)
         kv.take(need)
+        kv.clock += 1
+        clock = kv.clock
+        moved = 0
         for r in running:
             r.generated += k
             r.materialized += k
@@ -684,8 +729,20 @@ class SglangCore:
                 if r.emit_start >= 0:
                     r.emit_ranges.append((r.emit_start, r.emit_last))
                 r.emit_start, r.emit_last = p, last
-            self._cache_prefix(r, True)
-        self.new_token_ratio = ratios[k]
+            node = r.node
+            if (node.content is r.content and node.lock_ref == 1 and not node.children  # type: ignore[union-attr]
+                    and node.start + node.length == r.cached):  # type: ignore[union-attr]
+                node.length += k  # type: ignore[union-attr]
+                node.tail += k  # type: ignore[union-attr]
+                node.time = clock  # type: ignore[union-attr]
+                r.cached += k
+                moved += k
+            else:
+                self._cache_prefix(r, True)
+        if moved:
+            kv.private -= moved
+            kv.protected_size += moved
+        self.new_token_ratio = ratios_l[k] if small else float(ratios[k])
         if self.collect_fpm:
             starts = np.concatenate(([now], ends[:-1]))
             lens0 = [r.seq_len - k for r in running]
