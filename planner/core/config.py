@@ -91,6 +91,9 @@ class PlannerConfig:
     kalman_min_points: int = 5
     prophet_window: int = 50
     """Prophet: fit on the last this-many points (default 50)."""
+    prophet_refit_every: int = 1
+    """Prophet: refit every this-many intervals (1 = every interval, the reference); in between, predict
+    from the last fit. The three series (count, ISL, OSL) are staggered so a tick carries one fit."""
     auto_candidates: tuple[str, ...] = ("constant", "kalman", "arima")
     """``auto`` predictor: candidates whose rolling one-step error is compared."""
     auto_error_window: int = 10
@@ -186,7 +189,7 @@ def _validate(c: PlannerConfig) -> list[str]:
         p.append(f"sizing_percentile={c.sizing_percentile!r}: expected 0 < value <= 100")
     if not (isinstance(c.load_sensitivity, (int, float)) and 0 < c.load_sensitivity <= 1):
         p.append(f"load_sensitivity={c.load_sensitivity!r}: expected 0 < value <= 1")
-    for n in ("predictor_min_points", "kalman_min_points", "prophet_window", "auto_error_window",
+    for n in ("predictor_min_points", "kalman_min_points", "prophet_window", "prophet_refit_every", "auto_error_window",
               "max_num_batched_tokens", "regression_buckets", "regression_samples_per_bucket",
               "regression_min_samples", "arima_refit_every"):
         v = getattr(c, n)

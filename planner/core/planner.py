@@ -147,9 +147,9 @@ class Planner:
                 problems.append(f"profile: mode {config.mode!r} with the throughput loop needs a decode profile")
             if problems:
                 raise ConfigError(problems)
-        self._pred_req = make_predictor(config.predictor, config)
-        self._pred_isl = make_predictor(config.predictor, config)
-        self._pred_osl = make_predictor(config.predictor, config)
+        self._pred_req = make_predictor(config.predictor, config, phase=0)
+        self._pred_isl = make_predictor(config.predictor, config, phase=1)
+        self._pred_osl = make_predictor(config.predictor, config, phase=2)
         for w in warm_start:
             self._feed_predictors(w)
         self._regressions = {p: PassTimeRegression(FEATURES_BY_POOL[p], n_buckets=config.regression_buckets,

@@ -21,7 +21,9 @@ Models (registry :data:`PREDICTOR_TYPES`, names as in the config):
   min points from the Dynamo planner design. Initial state (first value, 0), P0 = 1e4 I.
   Prediction: level + trend after the latest update.
 - ``prophet``: ``prophet.Prophet(uncertainty_samples=0)`` fitted on the last ``window`` points (default
-  50) at timestamps spaced ``interval_s`` apart, predicting the next timestamp (``yhat``).
+  50) at timestamps spaced ``interval_s`` apart, predicting the next timestamp (``yhat``). Refitted every
+  interval by default (reference); ``refit_every`` k > 1 refits every k-th point (``phase`` staggers the
+  planner's three series so one tick carries at most one fit) and predicts from the last fit meanwhile.
 - ``auto``: runs several candidates, keeps each one's absolute one-step errors over a rolling window
   and predicts with the candidate of lowest mean error so far (ties: the earlier candidate; none
   scored yet: the first candidate).
@@ -246,31 +248,48 @@ class ProphetPredictor(BasePredictor):
 
     name = "prophet"
 
-    def __init__(self, *, window: int = 50, interval_s: float = 180.0, min_points: int = 5) -> None:
+    def __init__(self, *, window: int = 50, interval_s: float = 180.0, min_points: int = 5, refit_every: int = 1,
+                 phase: int = 0) -> None:
         super().__init__()
         self.window = window
+        self.refit_every = refit_every
+        self.phase = phase
+        self.fits = 0
+        self._model: Any = None
         self.interval_s = interval_s
         self.min_points = max(2, min_points)
         import pandas  # noqa: F401 - import cost paid at construction, not inside a tick
         import prophet  # noqa: F401
 
+        try:  # cmdstanpy installs its own INFO handler on first use: create it now, then quieten it
+            from cmdstanpy.utils import get_logger
+
+            get_logger()
+        except Exception:  # noqa: BLE001
+            pass
         for name in ("cmdstanpy", "prophet"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.WARNING)
         self._limit = _single_thread_blas()
 
     def _model_predict(self) -> float:
         import pandas as pd
         from prophet import Prophet
 
-        y = self.values[-self.window:]
-        n0 = len(self.values) - len(y)
-        ds = pd.to_datetime((np.arange(len(y)) + n0) * self.interval_s, unit="s")
+        n = len(self.values)
         with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
-            m = Prophet(uncertainty_samples=0)  # yhat only: skips the interval sampling (large speed-up)
-            m.fit(pd.DataFrame({"ds": ds, "y": y}))
-            nxt = pd.DataFrame({"ds": pd.to_datetime([(n0 + len(y)) * self.interval_s], unit="s")})
-            return float(m.predict(nxt)["yhat"].iloc[0])
+            if self._model is None or (n + self.phase) % self.refit_every == 0:
+                y = self.values[-self.window:]
+                ds = pd.to_datetime((np.arange(len(y)) + n - len(y)) * self.interval_s, unit="s")
+                m = Prophet(uncertainty_samples=0)  # yhat only: skips the interval sampling (large speed-up)
+                m.fit(pd.DataFrame({"ds": ds, "y": y}))
+                self._model = m
+                self.fits += 1
+            nxt = pd.DataFrame({"ds": pd.to_datetime([n * self.interval_s], unit="s")})
+            return float(self._model.predict(nxt)["yhat"].iloc[0])
+
+    def _reset_model(self) -> None:
+        self._model = None
 
 
 class AutoPredictor(BasePredictor):
@@ -321,11 +340,11 @@ PREDICTOR_TYPES: dict[str, type[BasePredictor]] = {
 }
 
 
-def make_predictor(name: str, config: Any, interval_s: float | None = None) -> BasePredictor:
+def make_predictor(name: str, config: Any, interval_s: float | None = None, phase: int = 0) -> BasePredictor:
     """Build predictor ``name`` with the settings of a :class:`~planner.core.config.PlannerConfig`.
 
-    ``interval_s`` (default ``config.adjustment_interval_s``) spaces Prophet's timestamps.
-    Raises ConfigError for an unknown name.
+    ``interval_s`` (default ``config.adjustment_interval_s``) spaces Prophet's timestamps; ``phase``
+    staggers Prophet refits across series. Raises ConfigError for an unknown name.
     """
     interval = float(interval_s if interval_s is not None else config.adjustment_interval_s)
     builders: dict[str, Callable[[], BasePredictor]] = {
@@ -335,8 +354,9 @@ def make_predictor(name: str, config: Any, interval_s: float | None = None) -> B
         "kalman": lambda: KalmanPredictor(q_level=config.kalman_q_level, q_trend=config.kalman_q_trend,
                                           r=config.kalman_r, min_points=config.kalman_min_points),
         "prophet": lambda: ProphetPredictor(window=config.prophet_window, interval_s=interval,
-                                            min_points=config.predictor_min_points),
-        "auto": lambda: AutoPredictor([make_predictor(c, config, interval) for c in config.auto_candidates],
+                                            min_points=config.predictor_min_points,
+                                            refit_every=config.prophet_refit_every, phase=phase),
+        "auto": lambda: AutoPredictor([make_predictor(c, config, interval, phase) for c in config.auto_candidates],
                                       error_window=config.auto_error_window),
     }
     if name not in builders:

@@ -190,3 +190,19 @@ def test_warm_start_feeds_history():
     p.warm_start([0.0, 0.0, 10.0, 20.0, 30.0, 40.0, 50.0])
     assert p.values == [10.0, 20.0, 30.0, 40.0, 50.0]
     assert p.predict_next() > 50.0
+
+
+@pytest.mark.slow
+def test_prophet_refit_every_k_predicts_from_last_fit():
+    y = list(200 + 20 * np.sin(np.arange(12) / 4.0) + np.arange(12))
+    p = ProphetPredictor(window=50, interval_s=180.0, refit_every=3, phase=0)
+    preds = []
+    for v in y:
+        p.add(v)
+        preds.append(p.predict_next())
+    # fitted first at the 5th point (model missing), then when (n + 0) % 3 == 0: n = 6, 9, 12
+    assert p.fits == 4
+    q = ProphetPredictor(window=50, interval_s=180.0)  # reference: refit every point
+    for v in y:
+        q.add(v)
+    assert preds[-1] == pytest.approx(q.predict_next(), rel=1e-6)  # n = 12 was a refit point
