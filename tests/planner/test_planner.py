@@ -453,3 +453,21 @@ def test_rebalance_decrease_first_then_increase_on_a_follow_up_tick():
     fleet.apply(r.decision)
     r = pl.tick(185.0, fleet.obs())
     assert r.decision.targets == {"prefill": 2, "decode": 4} and r.next_tick_s == 360.0
+
+
+def test_scale_down_cooldown_after_scale_up():
+    pl = Planner(thpt_config(scale_down_cooldown_s=400.0), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    fleet.apply(pl.tick(180.0, fleet.obs(traffic(3600))).decision)  # up to 5/2 at t=180
+    r = pl.tick(360.0, fleet.obs(traffic(360)))  # demand collapses 180 s later: within the cooldown
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_COOLDOWN
+    r = pl.tick(720.0, fleet.obs(traffic(360)))  # 540 s after the scale-up
+    assert r.decision.targets == {"prefill": 1, "decode": 1}
+
+
+def test_missing_pool_in_observation_is_unknown():
+    pl = Planner(thpt_config(), profile())
+    pl.tick(0.0, Observations({"prefill": PoolState(1, 1), "decode": PoolState(1, 1)}))
+    r = pl.tick(180.0, Observations({"prefill": PoolState(1, 1)}, traffic(3600)))
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_METRICS_UNKNOWN
