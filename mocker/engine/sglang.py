@@ -416,7 +416,9 @@ class SglangCore:
         page = self.page
         retracted: list[SglangRequest] = []
         if page == 1:
-            need = sum(r.seq_len + 1 - r.allocated for r in reqs)
+            need = 0
+            for r in reqs:
+                need += r.prompt_len + r.generated + 1 - r.allocated
         else:
             need = sum(-(-(r.seq_len + 1) // page) * page - r.allocated for r in reqs)
         while kv.free + kv.evictable_size < need and len(reqs) > 1:
@@ -438,20 +440,25 @@ class SglangCore:
         page = self.page
         finished: list[int] = []
         emitters: list[SglangRequest] = []
+        decoding = State.DECODING
         for r in reqs:
-            if r.seq_len + 1 > r.allocated:
+            if r.prompt_len + r.generated + 1 > r.allocated:
                 if kv.free < page:
                     continue  # cannot grow (lone request larger than the pool); handled by the caller
-                kv.take(page)
+                kv.free -= page
+                kv.private += page
                 r.allocated += page
             r.materialized += 1
-            r.generated += 1
+            g = r.generated = r.generated + 1
             r.computed = r.materialized
-            r.note_emit(p)
+            if p == r.emit_last + 1 and r.emit_start >= 0:
+                r.emit_last = p
+            else:
+                r.note_emit(p)
             emitters.append(r)
-            if r.generated == 1:
+            if g == 1:
                 r.record.first_token_ms = end
-            if r.generated >= r.output_len:
+            if g >= r.output_len:
                 r.transition(State.FINISHED)
                 self._finish_kv(r)
                 rec = r.record
@@ -461,10 +468,21 @@ class SglangCore:
                 del self.requests[r.request_id]
                 finished.append(r.request_id)
             else:
-                if r.state is not State.DECODING:
+                if r.state is not decoding:
                     r.transition(State.DECODING)
                 if r.materialized - r.cached >= page:
-                    self._cache_prefix(r, True)
+                    node = r.node
+                    if (page == 1 and node.content is r.content and node.lock_ref == 1  # type: ignore[union-attr]
+                            and not node.children and node.start + node.length == r.cached):  # type: ignore[union-attr]
+                        node.length += 1  # type: ignore[union-attr]  (own leaf: the decode page joins its tail)
+                        node.tail += 1  # type: ignore[union-attr]
+                        kv.clock += 1
+                        node.time = kv.clock  # type: ignore[union-attr]
+                        r.cached += 1
+                        kv.private -= 1
+                        kv.protected_size += 1
+                    else:
+                        self._cache_prefix(r, True)
         return finished, emitters
 
     def _pass(self, now: float, want_outcome: bool) -> PassOutcome | None:
@@ -509,7 +527,7 @@ class SglangCore:
                 retracted = self._retract_check(running)
                 s = 0
                 for r in running:
-                    s += r.seq_len
+                    s += r.prompt_len + r.generated
                 n = len(running)
                 if self.collect_fpm:
                     dec_lens = [r.seq_len for r in running]
@@ -590,11 +608,12 @@ class SglangCore:
         for r in running:
             if r.state is not decoding or r.node is None:
                 return False
-            rem = r.output_len - r.generated
+            g = r.generated
+            rem = r.output_len - g
             if rem < k_cap:
                 k_cap = rem
-            s0 += r.seq_len
-        k_cap -= 1  # the pass in which a request finishes runs on its own
+            s0 += r.prompt_len + g
+        # the stretch may end with the pass in which the first request finishes
         kv = self.kv
         cap0 = kv.free + kv.evictable_size
         k_ret = (cap0 - n) // n + 1  # passes j with cap0 - n*j >= n need no retraction
@@ -743,6 +762,20 @@ class SglangCore:
             kv.private -= moved
             kv.protected_size += moved
         self.new_token_ratio = ratios_l[k] if small else float(ratios[k])
+        end = float(ends[-1])
+        done = False
+        for r in running:
+            if r.generated >= r.output_len:
+                r.transition(State.FINISHED)
+                self._finish_kv(r)
+                rec = r.record
+                rec.finish_ms = end
+                rec.status = "finished"
+                self.finished_total += 1
+                del self.requests[r.request_id]
+                done = True
+        if done:
+            self.running = [r for r in running if r.state is decoding]
         if self.collect_fpm:
             starts = np.concatenate(([now], ends[:-1]))
             lens0 = [r.seq_len - k for r in running]
