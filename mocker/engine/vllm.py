@@ -558,6 +558,9 @@ class VllmCore:
         n = len(running)
         if n == 0 or n > self.max_batched:
             return False
+        waiting = self.waiting
+        if waiting and n < self.max_seqs and self._admission(waiting[0])[0] != 0:
+            return False
         k_cap = 1 << 60
         s0 = 0
         decoding = State.DECODING
@@ -568,9 +571,6 @@ class VllmCore:
             if r.output_len - g < k_cap:
                 k_cap = r.output_len - g
             s0 += r.prompt_len + g
-        waiting = self.waiting
-        if waiting and n < self.max_seqs and self._admission(waiting[0])[0] != 0:
-            return False
         bs = self.block_size
         avail = self.kv.available()
         # blocks needed by k passes: per request ceil((len+k-1)/bs) - ceil((len-1)/bs) <= ceil(k/bs)
@@ -635,34 +635,35 @@ class VllmCore:
         # apply: tokens, KV growth, emission ranges
         new_blocks = 0
         last = p + k - 1
+        prev = p - 1
+        done: list[EngineRequest] = []
         for r in running:
             old_alloc = r.alloc_tokens
-            r.generated += k
-            new_alloc = r.prompt_len + r.generated - 1
-            nb = -(-new_alloc // bs) - (-(-old_alloc // bs))
+            g = r.generated + k
+            r.generated = g
+            new_alloc = r.prompt_len + g - 1
+            nb = (new_alloc - 1) // bs - (old_alloc - 1) // bs  # ceil(a/bs) == (a-1)//bs + 1
             if nb:
                 r.private_blocks += nb
                 new_blocks += nb
-            r.alloc_tokens = new_alloc
-            r.computed = new_alloc
-            if r.emit_last == p - 1 and r.emit_start >= 0:
+            r.alloc_tokens = r.computed = new_alloc
+            if r.emit_last == prev and r.emit_start >= 0:
                 r.emit_last = last
             else:
                 if r.emit_start >= 0:
                     r.emit_ranges.append((r.emit_start, r.emit_last))
                 r.emit_start, r.emit_last = p, last
+            if g >= r.output_len:
+                done.append(r)
         self.kv.allocate_private(new_blocks)
         end = float(ends[-1])
         if self.collect_fpm:
             self._stretch_fpm(now, ends, s0 + n * np.arange(k, dtype=np.int64))
-        finished = False
-        for r in running:
-            if r.generated >= r.output_len:
+        if done:
+            for r in done:
                 r.transition(State.FINISHED)
                 self._finish(r, end)
-                finished = True
-        if finished:
-            self.running = [r for r in running if r.state != State.FINISHED]
+            self.running = [r for r in running if r.state is not State.FINISHED]
         self._flush_ends()
         self._ends_chunks.append(ends)
         self.pass_index = p + k
