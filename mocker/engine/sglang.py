@@ -8,21 +8,23 @@ mocker, checked request by request against ``reference-replay --engine '{"engine
    tokens) to the back; with more than 128 waiting requests ``lpm`` falls back to fifo.
 2. Admission (``get_new_batch_prefill``): budget ``rem_total = free + evictable - sum over running of
    min(remaining output, clip_max_new_tokens) * new_token_ratio``; ``rem_input = max_prefill_tokens``;
-   ``rem_chunk = chunked_prefill_size``. In queue order, while running + admitted < max_num_seqs: a fresh
-   request matches its sequence (at most ``len - 1`` tokens) in the radix tree; the rest (``extend``) is
-   computed. ``extend <= chunked_prefill_size`` runs whole, otherwise a chunk of ``rem_chunk`` (page
-   floor). Charged = chunk rounded up to a page; reserve = min(remaining output, clip) unless chunked.
-   Stop at the first request with ``charged + reserve >= rem_total`` or ``charged > rem_input`` or
-   ``charged > rem_chunk``; an allocation that cannot be met even after eviction stops admission and
-   resets new_token_ratio ("oom").
+   ``rem_chunk = chunked_prefill_size``. In queue order, while running + admitted < max_num_seqs: the
+   tokens not yet computed (``extend = sequence - already computed chunks``) run whole when they fit
+   ``rem_chunk``, otherwise as a chunk filling the rest of ``rem_chunk`` (page floor). Charged = chunk
+   rounded up to a page; reserve = min(remaining output, clip) unless chunked. Stop at the first request
+   with ``charged + reserve >= rem_total`` or ``charged > rem_input``. The budget charges the whole
+   extend: a prefix found in the radix tree (matched and locked at allocation, after evicting ``chunk``
+   tokens' worth of LRU leaves if the free pool is short) saves compute and slots, not budget. An
+   allocation that cannot be met even after eviction stops admission and resets new_token_ratio ("oom").
 3. Extend pass (anything admitted): time = prefill(n, mean ISL, mean prefix) (the timing model, as vLLM).
    Chunked requests store their computed prefix in the tree (locked) and go back to the front of the
    waiting queue; requests whose prompt completed emit their first token at the end of the pass and join
-   the running batch. Running requests get no forward pass in an extend pass.
+   the running batch (a completed prompt's first-token slot is allocated then, as the reference does).
+   Running requests get no forward pass in an extend pass.
 4. Decode pass (nothing admitted): if ``free + evictable`` cannot hold one more token (page) for every
    running request, retract the running request with the fewest output tokens so far (the first such,
    keeping >= 1): its uncached slots are freed, its tree path unlocked (the cached prefix stays reusable
-   until evicted), and it re-queues at the front of waiting keeping its output so far. Then evict LRU
+   until evicted), and it re-queues at the back of waiting keeping its output so far. Then evict LRU
    leaves if the free pool is short, time = decode(sum of sequence lengths / total tokens) and every
    running request emits one token; its new page joins its tree path.
 5. new_token_ratio: starts at ``init_new_token_ratio * schedule_conservativeness`` (0.7), decreases by
@@ -348,14 +350,12 @@ class SglangCore:
             extend = seq_len - start
             if extend == 0:
                 break
-            if extend <= self.chunk_size:
+            if extend <= rem_chunk:
                 chunk = extend
-            else:
+            else:  # fill what is left of this pass's chunk budget (page floor)
                 chunk = int(rem_chunk) // page * page
                 if chunk == 0:
                     break
-                if chunk > extend:
-                    chunk = extend
             charged = float(-(-chunk // page) * page)
             if chunk < extend:
                 reserve = 0
