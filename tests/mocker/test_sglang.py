@@ -368,3 +368,13 @@ def test_cancel_frees_slots():
     core.check_invariants()
     assert core.kv.private == 0 and core.kv.protected_size == 0
     assert core.kv.free + core.kv.evictable_size == SG_TOTAL
+
+
+def test_second_request_fills_the_rest_of_the_chunk_budget():
+    """Reference (Mooncake, t=0 on one worker): ISL 2290 and 6760 arrive together; the first extend pass
+    computes 2290 + a 5902-token chunk = 8192 tokens (169.137 ms), the second the last 858 tokens."""
+    core = SglangCore(cfg(num_gpu_blocks=262144))
+    recs = run(core, [req(0, 0, 2290, 5), req(1, 0, 6760, 5)])
+    assert recs[0].first_token_ms == pytest.approx(169.137, abs=1e-3)
+    assert recs[0].first_token_ms == pytest.approx(pre(8192), abs=1e-6)
+    assert recs[1].first_token_ms == pytest.approx(pre(8192) + pre(858), abs=1e-6)
