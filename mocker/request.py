@@ -64,7 +64,7 @@ class EngineRequest:
     __slots__ = (
         "request_id", "index", "prompt_len", "output_len", "block_keys", "state", "computed", "generated",
         "alloc_tokens", "hashed_held", "private_blocks", "reserved_blocks", "record", "emit_ranges",
-        "emit_start", "emit_last", "arrival_ms",
+        "emit_start", "emit_last", "arrival_ms", "run_seq", "co", "co_p0", "co_g0", "co_a0", "co_ver",
     )
 
     def __init__(self, request_id: int, index: int, prompt_len: int, output_len: int,
@@ -90,6 +90,14 @@ class EngineRequest:
         self.emit_start = -1
         self.emit_last = -2
         self.arrival_ms = record.arrival_ms
+        self.run_seq = 0
+        """Order of (latest) admission: the running queue is sorted by it."""
+        # decode-cohort membership (fast path): counters are lazy, valid as of pass co_p0
+        self.co = False
+        self.co_p0 = 0
+        self.co_g0 = 0
+        self.co_a0 = 0
+        self.co_ver = 0
 
     @property
     def seq_len(self) -> int:

@@ -42,6 +42,7 @@ sleeps until ``out.end_ms`` and then delivers ``out.emissions``.
 from __future__ import annotations
 
 from collections import deque
+from heapq import heappop, heappush
 from dataclasses import dataclass, field
 from math import inf
 
@@ -125,6 +126,13 @@ class VllmCore:
         self._sched: dict[int, tuple[int, int, int]] = {}
         self._preempted_any = False
         self._pass_preempted: list[int] = []
+        self._run_seq = 0
+        # decode cohort (fast path only): see _co_prepare
+        self._co_ok = not collect_fpm and (self.lifo or self.no_evict)
+        self._co_n = 0
+        self._co_c = 0
+        self._co_hist = [0] * self.block_size
+        self._co_heap: list[tuple[int, int, int, EngineRequest]] = []
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
@@ -152,6 +160,7 @@ class VllmCore:
         r = self.requests.get(request_id)
         if r is None:
             return False
+        self._co_sync_all()
         if r.state in (State.WAITING, State.PREEMPTED):
             self.waiting.remove(r)
         else:
@@ -170,16 +179,23 @@ class VllmCore:
         """Run one pass starting at ``now_ms`` (>= the end of the previous pass)."""
         if now_ms < self.next_pass_ms:
             raise SimulationError(f"clock went back: pass at {now_ms} ms before previous end {self.next_pass_ms} ms")
+        self._co_sync_all()
         return self._pass(now_ms, True)
 
     def advance_until(self, horizon_ms: float) -> None:
         """Run every pass that starts before ``horizon_ms`` (virtual time), fast-forwarding decode stretches."""
+        if self._co_ok:
+            while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+                if not self._co_stretch(horizon_ms):
+                    self._pass(self.next_pass_ms, False, True)
+            return
         while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
             if not self._stretch(horizon_ms):
                 self._pass(self.next_pass_ms, False)
 
     def advance_single_step(self, horizon_ms: float) -> None:
         """Like :meth:`advance_until` but one pass at a time (reference mode for equivalence tests)."""
+        self._co_sync_all()
         while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
 
@@ -194,6 +210,7 @@ class VllmCore:
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
+        self._co_sync_all()
         ends = self.pass_end_times()
         for r in self.all_requests:
             ranges = r.all_emit_ranges()
@@ -219,6 +236,7 @@ class VllmCore:
 
     def check_invariants(self) -> None:
         """Raise SimulationError if KV blocks are not conserved or queues are inconsistent."""
+        self._co_sync_all()
         self.kv.check_invariants()
         run_ids = {id(r) for r in self.running}
         wait_ids = {id(r) for r in self.waiting}
@@ -378,18 +396,21 @@ class VllmCore:
             rec.admit_ms = now_ms
             rec.cached_tokens = cached
 
-    def _pass(self, now: float, want_outcome: bool) -> PassOutcome | None:
-        self._budget = self.max_batched
+    def _pass(self, now: float, want_outcome: bool, cohort: bool = False) -> PassOutcome | None:
         self._bc = self._bisl = self._bpre = 0
         sched = self._sched = {}
         self._preempted_any = False
         self._pass_preempted = []
-        running = self.running
         admitted: list[int] = []
         rejected: list[int] = []
         emitters: list[EngineRequest] = []
-        s_dec = n_dec = 0
-        i = 0
+        co_n = self._co_prepare() if cohort else 0
+        running = self.running
+        self._budget = self.max_batched - co_n
+        # cohort members (a prefix of running) each compute their dangling token and emit (lazily)
+        s_dec = self._co_c + co_n * self.pass_index if co_n else 0
+        n_dec = co_n
+        i = co_n
         decoding = State.DECODING
         bs = self.block_size
         kv = self.kv
@@ -437,6 +458,8 @@ class VllmCore:
                     break
                 waiting.popleft()
                 running.append(r)
+                self._run_seq += 1
+                r.run_seq = self._run_seq
                 r.transition(State.PREFILLING)
                 self._on_admit(r, cached, now)
                 self._reserve(r)
@@ -468,12 +491,25 @@ class VllmCore:
             pf = 0.0
         dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
         end = (now + pf) + dec
-        if not sched and not rejected and not admitted and not self._pass_preempted and (running or waiting):
+        if not co_n and not sched and not rejected and not admitted and not self._pass_preempted and (running or waiting):
             raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
         fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
         # ---- emit
         p = self.pass_index
         finished: list[int] = []
+        if co_n:
+            if self._preempted_any:
+                raise SimulationError("preemption in a cohort pass (the pre-check should have excluded it)")
+            heap = self._co_heap
+            fin_state = State.FINISHED
+            while heap and heap[0][0] <= p:
+                _, _, ver, r = heappop(heap)
+                if ver != r.co_ver:
+                    continue
+                self._co_leave(r, p + 1)
+                r.transition(fin_state)
+                self._finish(r, end)
+                finished.append(r.request_id)
         for r in emitters:
             g = r.generated + 1
             r.generated = g
@@ -490,7 +526,7 @@ class VllmCore:
             elif r.state is not decoding:
                 r.transition(decoding)
         if finished:
-            self.running = [r for r in running if r.state is not State.FINISHED]
+            self.running = [r for r in self.running if r.state is not State.FINISHED]
         if fpm is not None:
             self.fpm.append(fpm)
         self._ends_py.append(end)
@@ -500,6 +536,197 @@ class VllmCore:
             return None
         return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished, admitted,
                            list(self._pass_preempted), rejected, fpm)
+
+    # ================================================================== decode cohort (fast path)
+    # Running requests that decode pass after pass form a "cohort" whose per-request counters are lazy:
+    # a member joined at pass p0 with g0 tokens generated has generated g0 + (P - p0) after P passes,
+    # emits at every pass in between, needs a new KV block at passes j with j = p0 - prompt - g0 + 1 (mod
+    # block size) and finishes at pass p0 + output - g0 - 1. The cohort keeps the sum of its members'
+    # sequence lengths (affine in the pass index), a histogram of block-crossing phases and a heap of
+    # finishing passes, so a decode pass or a whole decode stretch costs O(1) per member-free event.
+    # Members are always a prefix of the running queue. Anything that needs exact per-request state
+    # (preemption, a live step, cancel, invariants, finalize) first materialises the cohort.
+
+    def _co_join(self, r: EngineRequest, p0: int) -> None:
+        g0 = r.generated
+        r.co = True
+        r.co_p0, r.co_g0, r.co_a0 = p0, g0, r.alloc_tokens
+        r.co_ver += 1
+        self._co_n += 1
+        self._co_c += r.prompt_len + g0 - p0
+        self._co_hist[(p0 - r.prompt_len - g0 + 1) % self.block_size] += 1
+        heappush(self._co_heap, (p0 + r.output_len - g0 - 1, r.run_seq, r.co_ver, r))
+
+    def _co_leave(self, r: EngineRequest, p_after: int) -> None:
+        """Materialise ``r``'s counters as of ``p_after`` completed passes and take it out of the cohort."""
+        d = p_after - r.co_p0
+        if d > 0:
+            bs = self.block_size
+            g = r.co_g0 + d
+            r.generated = g
+            new_alloc = r.prompt_len + g - 1
+            r.private_blocks += (new_alloc - 1) // bs - (r.co_a0 - 1) // bs
+            r.alloc_tokens = r.computed = new_alloc
+            last = p_after - 1
+            if r.emit_last == r.co_p0 - 1 and r.emit_start >= 0:
+                r.emit_last = last
+            else:
+                if r.emit_start >= 0:
+                    r.emit_ranges.append((r.emit_start, r.emit_last))
+                r.emit_start, r.emit_last = r.co_p0, last
+        r.co = False
+        r.co_ver += 1
+        self._co_n -= 1
+        self._co_c -= r.prompt_len + r.co_g0 - r.co_p0
+        self._co_hist[(r.co_p0 - r.prompt_len - r.co_g0 + 1) % self.block_size] -= 1
+
+    def _co_sync_all(self) -> None:
+        if not self._co_n:
+            return
+        p = self.pass_index
+        for r in self.running:
+            if r.co:
+                self._co_leave(r, p)
+        self._co_heap = []
+
+    def _co_grow(self) -> None:
+        """Let the decoding requests right after the cohort (in running order) join it."""
+        running, p, decoding = self.running, self.pass_index, State.DECODING
+        i = self._co_n
+        while i < len(running) and running[i].state is decoding and not running[i].co:
+            self._co_join(running[i], p)
+            i += 1
+
+    def _co_prepare(self) -> int:
+        """Start a pass with the cohort: allocate its blocks for this pass; 0 (cohort materialised) when this
+        pass could preempt or the budget is short."""
+        self._co_grow()
+        n = self._co_n
+        if n == 0:
+            return 0
+        kv, bs = self.kv, self.block_size
+        c = self._co_hist[self.pass_index % bs]
+        avail = kv.available()
+        rest = self.max_batched - n
+        if rest < 0:
+            self._co_sync_all()
+            return 0
+        need = c
+        if need <= avail:
+            for r in self.running[n:]:  # non-members must not be able to force a preemption either
+                tgt = r.prompt_len + r.generated
+                if r.computed + rest < tgt:
+                    tgt = r.computed + rest
+                nb = -(-tgt // bs) - len(r.hashed_held) - r.private_blocks
+                if nb > 0:
+                    need += nb
+        if need > avail:
+            self._co_sync_all()
+            return 0
+        if c:
+            kv.allocate_private(c)
+        return n
+
+    def _co_stretch(self, horizon: float) -> bool:
+        """:meth:`_stretch` for a batch made only of cohort members: no per-request work."""
+        running = self.running
+        n = len(running)
+        if n == 0 or n > self.max_batched:
+            return False
+        waiting = self.waiting
+        if waiting and n < self.max_seqs and self._admission(waiting[0])[0] != 0:
+            return False
+        if self._co_n != n:
+            self._co_grow()
+            if self._co_n != n:
+                return False
+        heap = self._co_heap
+        while heap[0][2] != heap[0][3].co_ver:
+            heappop(heap)
+        p = self.pass_index
+        k_cap = heap[0][0] - p + 1
+        bs, kv, hist = self.block_size, self.kv, self._co_hist
+        avail = kv.available()
+        if n * (-(-k_cap // bs)) > avail:
+            tot = k = 0
+            while k < k_cap:
+                c = hist[(p + k) % bs]
+                if tot + c > avail:
+                    break
+                tot += c
+                k += 1
+            k_cap = k
+        if k_cap < 2:
+            return False
+        now = self.next_pass_ms
+        s0 = self._co_c + n * p
+        k_try = k_cap
+        if horizon != inf and self._monotone_decode:
+            d0 = decode_pass_ms(self.timing, s0, n, self.speedup)
+            k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
+        if k_try > _FAST_CHUNK:
+            k_try = _FAST_CHUNK
+        if k_try <= _SCALAR_MAX:
+            ends_l: list[float] = []
+            t = now
+            timing, speed = self.timing, self.speedup
+            if self._monotone_decode and speed == 1.0:
+                tot_kv = timing.total_kv_tokens  # type: ignore[attr-defined]
+                for j in range(k_try):
+                    if j and t >= horizon:
+                        break
+                    p_ = (s0 + n * j) / tot_kv
+                    v = _DA * p_ * p_ + _DB * p_ + _DC
+                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)
+                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
+                    ends_l.append(t)
+            else:
+                for j in range(k_try):
+                    if j and t >= horizon:
+                        break
+                    t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
+                    ends_l.append(t)
+            k = len(ends_l)
+            if k < 2:
+                return False
+            ends = np.array(ends_l)
+        else:
+            s_arr = s0 + n * np.arange(k_try, dtype=np.int64)
+            d = decode_pass_ms_array(self.timing, s_arr, n, self.speedup)
+            acc = np.empty(k_try + 1)
+            acc[0] = now
+            acc[1:] = d
+            ends = np.cumsum(acc)[1:]
+            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
+            if k < 2:
+                return False
+            ends = ends[:k]
+        # blocks allocated over passes p .. p+k-1: full phase cycles plus a partial one
+        full, part = divmod(k, bs)
+        new_blocks = full * n
+        if part:
+            a = p % bs
+            new_blocks += sum(hist[a:a + part]) if a + part <= bs else sum(hist[a:]) + sum(hist[:a + part - bs])
+        kv.allocate_private(new_blocks)
+        end = float(ends[-1])
+        p_after = p + k
+        fin = False
+        fin_state = State.FINISHED
+        while heap and heap[0][0] <= p_after - 1:
+            _, _, ver, r = heappop(heap)
+            if ver != r.co_ver:
+                continue
+            self._co_leave(r, p_after)
+            r.transition(fin_state)
+            self._finish(r, end)
+            fin = True
+        if fin:
+            self.running = [r for r in running if r.state is not fin_state]
+        self._flush_ends()
+        self._ends_chunks.append(ends)
+        self.pass_index = p_after
+        self.next_pass_ms = end
+        return True
 
     def _reserve(self, r: EngineRequest) -> None:
         pass
