@@ -151,9 +151,12 @@ class ArimaPredictor(BasePredictor):
 
     name = "arima"
 
-    def __init__(self, *, min_points: int = 5, log1p: bool = False, refit_every: int = 10) -> None:
+    def __init__(self, *, min_points: int = 5, log1p: bool = False, refit_every: int = 10, phase: int = 0) -> None:
         super().__init__()
         self.min_points = min_points
+        self.phase = phase
+        """The first fit waits ``phase`` extra points (constant fallback meanwhile), so the planner's three
+        series do not all run auto_arima in the same tick."""
         self.log1p = log1p
         self.refit_every = refit_every
         import pmdarima  # noqa: F401 - import cost paid at construction, not inside a tick
@@ -181,7 +184,7 @@ class ArimaPredictor(BasePredictor):
         self._since_fit = 0
 
     def _on_value(self, v: float) -> None:
-        if len(self.values) < self.min_points:
+        if len(self.values) < self.min_points + (self.phase if self.fits == 0 else 0):
             return
         if self.model is None or (self.degenerate and self._since_fit + 1 >= self.refit_every):
             self._fit()
@@ -350,7 +353,7 @@ def make_predictor(name: str, config: Any, interval_s: float | None = None, phas
     builders: dict[str, Callable[[], BasePredictor]] = {
         "constant": ConstantPredictor,
         "arima": lambda: ArimaPredictor(min_points=config.predictor_min_points, log1p=config.predictor_log1p,
-                                        refit_every=config.arima_refit_every),
+                                        refit_every=config.arima_refit_every, phase=phase),
         "kalman": lambda: KalmanPredictor(q_level=config.kalman_q_level, q_trend=config.kalman_q_trend,
                                           r=config.kalman_r, min_points=config.kalman_min_points),
         "prophet": lambda: ProphetPredictor(window=config.prophet_window, interval_s=interval,

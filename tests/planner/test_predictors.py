@@ -206,3 +206,12 @@ def test_prophet_refit_every_k_predicts_from_last_fit():
     for v in y:
         q.add(v)
     assert preds[-1] == pytest.approx(q.predict_next(), rel=1e-6)  # n = 12 was a refit point
+
+
+def test_arima_phase_staggers_the_first_fit():
+    p = ArimaPredictor(min_points=5, phase=2)
+    for i, v in enumerate([3.0, 5.0, 4.0, 6.0, 5.0, 7.0], start=1):
+        p.add(v)
+        assert p.fits == 0 and p.predict_next() == v  # constant fallback while waiting
+    p.add(6.0)
+    assert p.fits == 1
