@@ -61,6 +61,23 @@ def decode_pass_ms(timing: "TimingModel", active_kv_tokens: int, num_decode: int
 
 def decode_pass_ms_array(timing: "TimingModel", active_kv_tokens: np.ndarray, num_decode: int, speedup: float) -> np.ndarray:
     """Vectorised :func:`decode_pass_ms` over an int64 array of active KV token counts."""
+    if speedup == 1.0 and isinstance(timing, PolynomialTiming):
+        # the same operations as the scalar twin, in place (sub-second durations need no seconds split)
+        p = active_kv_tokens / timing.total_kv_tokens
+        v = DECODE_A * p
+        v *= p
+        p *= DECODE_B
+        v += p
+        v += DECODE_C
+        np.maximum(v, DECODE_MIN_MS, out=v)
+        if v.max() < 1000.0:
+            v /= 1000.0
+            v *= 1e9
+            np.rint(v, out=v)
+            v /= 1e9
+            v *= 1000.0
+            return v
+        return round_ns_array(v)
     d = round_ns_array(timing.decode_ms_array(active_kv_tokens.astype(np.float64),
                                               (active_kv_tokens // num_decode).astype(np.float64)))
     return round_ns_array(d / speedup) if speedup != 1.0 else d
