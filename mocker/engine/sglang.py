@@ -8,14 +8,14 @@ mocker, checked request by request against ``reference-replay --engine '{"engine
    tokens) to the back; with more than 128 waiting requests ``lpm`` falls back to fifo.
 2. Admission (``get_new_batch_prefill``): budget ``rem_total = free + evictable - sum over running of
    min(remaining output, clip_max_new_tokens) * new_token_ratio``; ``rem_input = max_prefill_tokens``;
-   ``rem_chunk = chunked_prefill_size``. In queue order, while running + admitted < max_num_seqs: the
-   tokens not yet computed (``extend = sequence - already computed chunks``) run whole when they fit
+   ``rem_chunk = chunked_prefill_size``. In queue order, while running + admitted < max_num_seqs: a fresh
+   (or retracted) request matches its sequence, at most ``len - 1`` tokens, in the radix tree; the rest
+   (``extend``; for a chunked request, what its chunks have not computed yet) runs whole when it fits
    ``rem_chunk``, otherwise as a chunk filling the rest of ``rem_chunk`` (page floor). Charged = chunk
-   rounded up to a page; reserve = min(remaining output, clip) unless chunked. Stop at the first request
-   with ``charged + reserve >= rem_total`` or ``charged > rem_input``. The budget charges the whole
-   extend: a prefix found in the radix tree (matched and locked at allocation, after evicting ``chunk``
-   tokens' worth of LRU leaves if the free pool is short) saves compute and slots, not budget. An
-   allocation that cannot be met even after eviction stops admission and resets new_token_ratio ("oom").
+   rounded up to a page (the cached prefix is not charged); reserve = min(remaining output, clip) unless
+   chunked. Stop at the first request with ``charged + reserve >= rem_total`` or ``charged > rem_input``.
+   Allocation locks the matched path, then evicts LRU leaves if the free pool is short; an allocation
+   that cannot be met even so stops admission and resets new_token_ratio ("oom").
 3. Extend pass (anything admitted): time = prefill(n, mean ISL, mean prefix) (the timing model, as vLLM).
    Chunked requests store their computed prefix in the tree (locked) and go back to the front of the
    waiting queue; requests whose prompt completed emit their first token at the end of the pass and join
@@ -346,7 +346,11 @@ class SglangCore:
                 self._reject(r, now)
                 rejected.append(r.request_id)
                 continue
-            start = r.materialized
+            if r.materialized == 0 and self.caching:
+                cached_prefix = kv.match_len(r.content, seq_len - 1)
+            else:
+                cached_prefix = 0
+            start = r.materialized if r.materialized > cached_prefix else cached_prefix
             extend = seq_len - start
             if extend == 0:
                 break
@@ -367,14 +371,14 @@ class SglangCore:
             if charged > rem_input or charged > rem_chunk:
                 break
             chunk_end = start + chunk
-            if kv.free < chunk:
-                kv.evict(chunk - kv.free)  # before matching: may evict this request's own cached prefix
             if r.materialized > 0:
                 prefix_len = start
                 need = -(-chunk_end // page) * page - r.allocated
                 if need > kv.free:
-                    oom = True
-                    break
+                    kv.evict(need - kv.free)
+                    if need > kv.free:
+                        oom = True
+                        break
                 kv.take(need)
                 r.allocated += need
             else:
@@ -393,7 +397,7 @@ class SglangCore:
                 r.node = node
                 r.cached = matched
                 r.allocated = matched + need
-                prefix_len = matched
+                prefix_len = matched if matched < start else start
                 if r.record.admit_ms is None:
                     r.record.admit_ms = now
                     r.record.cached_tokens = prefix_len
@@ -656,7 +660,11 @@ class SglangCore:
             h = waiting[0]
             if h.seq_len + 1 > self.total_kv_tokens:
                 return False
-            extend = h.seq_len - h.materialized
+            if h.materialized == 0 and self.caching:
+                cp = kv.match_len(h.content, h.seq_len - 1)
+            else:
+                cp = 0
+            extend = h.seq_len - (h.materialized if h.materialized > cp else cp)
             if extend == 0:
                 return False
             chunk = extend if extend <= self.chunk_size else min(self.chunk_size, extend)

@@ -159,7 +159,7 @@ def test_fifo_keeps_arrival_order():
     assert _warm_then_queue("fifo") == [1, 2, 3]
 
 
-def test_prefix_hit_saves_compute_not_budget():
+def test_prefix_hit_saves_compute_and_budget():
     """Q reuses 1024 cached tokens: its prefill computes only 512 (T = 1536 - 1024)."""
     core = SglangCore(cfg())
     run(core, [req(0, 0, 1024, 1, (1, 2))])
@@ -378,3 +378,21 @@ def test_second_request_fills_the_rest_of_the_chunk_budget():
     assert recs[0].first_token_ms == pytest.approx(169.137, abs=1e-3)
     assert recs[0].first_token_ms == pytest.approx(pre(8192), abs=1e-6)
     assert recs[1].first_token_ms == pytest.approx(pre(8192) + pre(858), abs=1e-6)
+
+
+def test_cached_prefix_is_not_charged_to_the_budget():
+    """Pool 2000. Warm 1024 tokens of ids (1, 2); the next request (1536 = ids 1, 2, 3, out 100) is charged
+    only its 512 uncached tokens: 512 + 100 < 2000 - 0 reserved, and it reuses 1024 tokens."""
+    core = SglangCore(cfg(num_gpu_blocks=2000))
+    run(core, [req(0, 0, 1024, 1, (1, 2))])
+    t = core.next_pass_ms
+    rec = core.add_request(req(1, t, 1536, 100, (1, 2, 3)), t)
+    out = core.step(t)
+    assert out.admitted == [1] and rec.cached_tokens == 1024
+    # a fully cached prompt still computes its last token (match capped at len - 1)
+    t = core.next_pass_ms
+    while core.has_work():
+        t = core.step(core.next_pass_ms).end_ms
+    rec2 = core.add_request(req(2, t, 1024, 1, (1, 2)), t)
+    out = core.step(t)
+    assert rec2.cached_tokens == 1023 and out.end_ms - t == pytest.approx(pre(1), abs=1e-6)
