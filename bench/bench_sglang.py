@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-import bench_replay as br  # noqa: E402  (shared child runner, pairing and printing)
+import bench_replay as br  # noqa: E402  (shared child runner and request pairing)
 
 SGLANG = {"backend": "sglang"}
 CASES = {
@@ -106,10 +106,34 @@ def main() -> None:
             dynoplan_peak_rss_mib=rss_m, reference_peak_rss_mib=rss_r,
             prefix_cache_reused_ratio=(rep.get("prefix_cache_reused_ratio"), ref.get("prefix_cache_reused_ratio")),
         )
-        br.print_case(case, c, results[case])
-    br.print_summary(results)
+        print_case(case, c, results[case])
+    print_summary(results)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+def print_case(case: str, c: dict, r: dict) -> None:
+    print(f"\n== ({case}) {Path(c['trace']).name}, {c['workers']} workers, router {c['router']}, engine {c['engine']}")
+    print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}   (relative difference dynoplan vs reference)")
+    for m in ("ttft", "itl", "e2e_latency"):
+        row = [r["rel_diff"][f"{s}_{m}"] for s in ("mean", "median", "p90", "p99")]
+        print(f"{m:<12}" + "".join(f"{v * 100:>9.3f}%" for v in row))
+    verdict = "OK" if r["max_abs_rel_diff"] <= r["tolerance"] else "OVER"
+    print(f"max |diff| {r['max_abs_rel_diff'] * 100:.3f}% (target {r['tolerance'] * 100:.1f}%: {verdict}); "
+          f"per-request TTFT&E2E within 0.1%: {r['per_request_within_0p1pct'] * 100:.2f}% of {r['paired']}")
+    p = r["prefix_cache_reused_ratio"]
+    print(f"prefix_cache_reused_ratio dynoplan {p[0]:.4f} reference {p[1]:.4f}")
+    print(f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = parse "
+          f"{r['dynoplan_parse_s']:.2f} + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), "
+          f"reference {r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}")
+    print(f"peak RSS: dynoplan {r['dynoplan_peak_rss_mib']} MiB, reference {r['reference_peak_rss_mib']} MiB")
+
+
+def print_summary(results: dict) -> None:
+    print("\ncase  max|diff|  within-0.1%  dynoplan req/s  reference req/s  ratio")
+    for case, r in results.items():
+        print(f"{case:<5} {r['max_abs_rel_diff'] * 100:>8.3f}%  {r['per_request_within_0p1pct'] * 100:>10.2f}%  "
+              f"{r['dynoplan_req_per_s']:>14.0f}  {r['reference_req_per_s']:>15.0f}  {r['speed_ratio']:>5.2f}")
 
 
 if __name__ == "__main__":
