@@ -19,6 +19,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "mocker": ("mocker.cli_live", "live mocker worker on the wall clock (dynoplan mocker serve ...)"),
     "frontend": ("mocker.live.cli_frontend", "OpenAI frontend: worker discovery, routing, dynamo_frontend_* metrics"),
     "loadgen": ("mocker.live.cli_loadgen", "replay a trace against an OpenAI endpoint and measure client-side"),
+    "simulate": ("planner.cli_simulate", "closed loop: a trace through a fleet sized by the planner or a baseline policy"),
+    "profile": ("planner.cli_profile", "sweep the simulated engine and write the planner's .npz profile"),
+    "up": ("planner.cli_up", "start a local stack from one file: frontend, workers, planner, Prometheus"),
+    "planner": ("planner.cli_planner", "the live planner service: ticks, connector, /api/state, dashboard"),
+    "operator": ("planner.cli_operator", "Kubernetes operator (kopf): DGD reconciler and one planner per DynoPlanner"),
 }
 
 

@@ -1,0 +1,59 @@
+"""``dynoplan profile``: sweep the simulated engine and write the planner's ``.npz`` profile.
+
+Prefill over ISL, decode over KV usage x context length (:mod:`planner.sim.profile`), with the same
+engine flags as ``dynoplan replay`` — ``--timing FILE.npz`` profiles a calibrated timing model.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mocker.cli_replay import _one_line_error, _positive_int
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from planner.cli_simulate import add_engine_arguments
+
+    parser.error = _one_line_error("dynoplan profile")  # type: ignore[method-assign]
+    parser.add_argument("--out", required=True, metavar="FILE.npz", help="profile to write")
+    parser.add_argument("--isl", type=_int_list, metavar="N,N,...", help="prefill ISL grid (tokens)")
+    parser.add_argument("--kv-usage", type=_float_list, metavar="F,F,...", help="decode KV-usage grid (fractions)")
+    parser.add_argument("--context", type=_int_list, metavar="N,N,...", help="decode context-length grid (tokens)")
+    parser.add_argument("--gpus-per-engine", type=_positive_int, default=1, metavar="N", help="GPUs per engine (default 1)")
+    add_engine_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from mocker.cli_replay import engine_config_from_args
+    from planner.core import save_profile
+    from planner.sim.profile import ProfileSweep, profile_engine
+
+    engine = engine_config_from_args(args)
+    kw = {k: v for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
+          if v is not None}
+    prof = profile_engine(engine, ProfileSweep(gpus_per_engine=args.gpus_per_engine, **kw))
+    try:
+        save_profile(prof, args.out)
+    except OSError as e:
+        from planner.sim.errors import SimulationConfigError
+
+        raise SimulationConfigError(f"--out {args.out}: cannot write: {e.strerror or e}") from None
+    Console(stderr=True).print(f"wrote {args.out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
+                               f"{prof.decode.kv_usage.size}x{prof.decode.context_length.size} grid")  # type: ignore[union-attr]
+    return 0

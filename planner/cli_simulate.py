@@ -1,0 +1,167 @@
+"""``dynoplan simulate``: the closed loop — a trace through a simulated fleet whose size a policy controls.
+
+Runs every ``--compare`` policy (default: ``planner``) on the same trace in virtual time, prints one rich
+table and, with ``--out DIR``, writes summary.json / details.json / timeline.csv / requests.jsonl /
+report.html (:mod:`planner.sim.report`). The planner's profile is ``--profile FILE.npz`` or, by default,
+a fresh ``dynoplan profile`` sweep of the same engine configuration (:mod:`planner.sim.profile`).
+
+Planner settings: defaults < ``--config FILE.yaml`` < ``--planner-set key=value`` (any PlannerConfig
+field); ``--mode``, the SLA flags and the engine's ``max_num_batched_tokens`` are always applied.
+User mistakes print one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from mocker.cli_replay import (ENGINES, _nonneg_float, _nonneg_int, _positive_float, _positive_int,
+                               engine_config_from_args)
+
+POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
+               "hpa[:kv|running[:target]] | saturation")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine flags of ``dynoplan replay`` (same names and meaning)."""
+    e = parser.add_argument_group("engine (override --engine-config; as in dynoplan replay)")
+    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
+    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
+    e.add_argument("--block-size", type=_positive_int, metavar="N", help="tokens per KV block (default: vllm 64, trtllm 32, sglang 1)")
+    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
+    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
+    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
+    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
+    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="preemption victim (default lifo)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
+    e.add_argument("--trace-block-size", type=_positive_int, metavar="N", help="tokens per trace hash id (default 512)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mocker.cli_replay import _one_line_error
+
+    parser.error = _one_line_error("dynoplan simulate")  # type: ignore[method-assign]
+    w = parser.add_argument_group("workload")
+    w.add_argument("--trace", required=True, metavar="TRACE", help="Azure CSV, Mooncake JSONL or synthetic:... spec")
+    w.add_argument("--arrival-speedup", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)")
+    s = parser.add_argument_group("loop")
+    s.add_argument("--mode", choices=("agg", "disagg"), default="agg", help="aggregated or prefill+decode pools (default agg)")
+    s.add_argument("--compare", nargs="+", default=["planner"], metavar="POLICY", help=POLICY_HELP)
+    s.add_argument("--startup-delay-s", type=_nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
+    s.add_argument("--sla-ttft-ms", type=_positive_float, default=500.0, metavar="MS", help="TTFT target (default 500)")
+    s.add_argument("--sla-itl-ms", type=_positive_float, default=50.0, metavar="MS", help="ITL target (default 50)")
+    s.add_argument("--router", choices=("round_robin", "least_loaded"), default="round_robin", help="routing among ready workers")
+    s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
+    s.add_argument("--initial-replicas", metavar="N|P+D", help="fleet at t=0 for dynamic policies (default 1 per pool)")
+    s.add_argument("--auto-attainment", type=_positive_float, default=0.995, metavar="F", help="static:auto target (default 0.995)")
+    s.add_argument("--max-replicas", type=_positive_int, default=64, metavar="N", help="per-pool cap for baselines and static:auto")
+    p = parser.add_argument_group("planner")
+    p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
+    p.add_argument("--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)")
+    p.add_argument("--profile", metavar="FILE.npz", help="performance profile (default: profile the engine now)")
+    p.add_argument("--warm-start", metavar="TRACE", help="warm-start the predictors from this trace's intervals")
+    o = parser.add_argument_group("output")
+    o.add_argument("--out", metavar="DIR", help="write summary.json, details.json, timeline.csv, requests.jsonl, report.html")
+    o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    add_engine_arguments(parser)
+
+
+def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
+    from planner.sim.errors import SimulationConfigError
+
+    if text is None:
+        return None
+    try:
+        nums = [int(x) for x in text.split("+")]
+    except ValueError:
+        nums = []
+    if len(nums) != len(pools) or any(x < 0 for x in nums):
+        raise SimulationConfigError(f"--initial-replicas={text!r}: expected {'N' if len(pools) == 1 else 'P+D'} (integers >= 0)")
+    return dict(zip(pools, nums))
+
+
+def build_context(args: argparse.Namespace) -> Any:
+    """Trace, engines, settings, planner config and profile from the flags (raises on user mistakes)."""
+    from mocker.traces import load_trace
+    from planner.core import load_config, load_profile, read_trace_intervals
+    from planner.sim.errors import SimulationConfigError
+    from planner.sim.loop import SimSettings
+    from planner.sim.profile import profile_engine
+    from planner.sim.runner import RunContext
+
+    engine = engine_config_from_args(args)
+    reqs = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
+    if args.arrival_speedup != 1.0:
+        from mocker.traces import scale_arrivals
+
+        reqs = scale_arrivals(reqs, args.arrival_speedup)
+    if args.mode == "agg":
+        engines = {"agg": engine}
+    else:
+        engines = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
+    overrides: dict[str, Any] = {}
+    for kv in args.planner_set:
+        if "=" not in kv:
+            raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        overrides[k.strip()] = v.strip()
+    overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms,
+                      "max_num_batched_tokens": engine.max_num_batched_tokens})
+    base = {"max_gpu_budget": 64}
+    cfg = load_config(args.planner_config, {**base, **overrides}) if args.planner_config is None else \
+        load_config(args.planner_config, overrides)
+    profile = load_profile(args.profile) if args.profile else profile_engine(engine)
+    warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s) if args.warm_start else ()
+    settings = SimSettings(startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
+                           sample_interval_s=args.sample_interval_s, router=args.router, seed=args.seed)
+    return RunContext(reqs, engines, settings, cfg, profile, warm, args.auto_attainment,
+                      _parse_initial(args.initial_replicas, tuple(engines)), args.max_replicas)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from planner.sim.loop import simulate
+    from planner.sim.report import render_table, summary_document, write_outputs
+    from planner.sim.runner import make_policy
+
+    ctx = build_context(args)
+    policies = [make_policy(spec, ctx) for spec in dict.fromkeys(args.compare)]
+    err = Console(stderr=True)
+    runs = []
+    walls = {}
+    show = not args.quiet and err.is_terminal
+    for pol in policies:
+        t0 = time.perf_counter()
+        if show:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress(TextColumn(f"{pol.name:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=err, transient=True) as bar:
+                task = bar.add_task(pol.name, total=len(ctx.requests))
+                runs.append(simulate(ctx.requests, ctx.engines, pol, ctx.settings,
+                                     progress=lambda d, n: bar.update(task, completed=d, total=n)))
+        else:
+            runs.append(simulate(ctx.requests, ctx.engines, pol, ctx.settings))
+        walls[pol.name] = round(time.perf_counter() - t0, 3)
+    meta = {"trace": args.trace, "mode": args.mode, "arrival_speedup": args.arrival_speedup,
+            "startup_delay_s": args.startup_delay_s, "sla_ttft_ms": args.sla_ttft_ms, "sla_itl_ms": args.sla_itl_ms,
+            "router": args.router, "seed": args.seed, "planner_config": ctx.config.to_dict(),
+            "policies": {p.name: getattr(p, "replicas", None) for p in policies}}
+    doc = write_outputs(runs, args.out, meta) if args.out else summary_document(runs)
+    if not args.quiet:
+        Console().print(render_table(doc, title=f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
+                                                f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)"))
+        err.print("wall time per policy (s): " + ", ".join(f"{k}={v}" for k, v in walls.items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenience
+    from planner.cli import main as cli_main
+
+    return cli_main(["simulate", *(argv or sys.argv[1:])])

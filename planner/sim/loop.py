@@ -1,0 +1,230 @@
+"""The closed loop: a trace through a pooled fleet whose size a policy controls, in virtual time.
+
+Data flows one way (DESIGN.md): trace -> arrivals -> fleet (router, engine cores) -> request records and
+per-pass metrics -> simulated metric source (:mod:`planner.sim.metrics`) -> policy -> simulated connector
+(``add_worker`` with the start-up delay; ``remove_worker`` drains) -> fleet size.
+
+Event order at one virtual instant ``t``: arrivals with ``arrival <= t`` are submitted, every engine runs
+up to ``t``, the frontend counters are scraped at ``t``, a timeline sample is taken when due, then the
+policy ticks when due and its targets are applied at ``t``. The run ends when every request has
+finished (or ``max_tail_s`` after the last arrival, if a policy leaves requests unserved); its duration is
+first arrival (t = 0) -> last finish, and every worker is charged from its request to its release (or the
+end).
+
+FPM relay: the load loop gets at most ``fpm_per_engine`` most recent passes of each engine per tick (a
+bounded subscriber queue, as a ZMQ SUB with a high-water mark); the planner's regressions keep a bounded
+sample anyway and its engine state uses the latest pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from mocker.config import EngineConfig
+from mocker.records import RequestRecord, TraceRequest
+from planner.core import ForwardPassMetrics, TrafficWindow
+from planner.sim.errors import SimulationConfigError
+from planner.sim.fleet import make_fleet
+from planner.sim.metrics import CounterSnapshot, FrontendCounters, window
+from planner.sim.policies import Policy, View
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """Closed-loop settings (validated at construction; SimulationConfigError lists every problem)."""
+
+    startup_delay_s: float = 60.0
+    """Seconds from requesting a worker until it serves (model load; issue 5 default 60 s)."""
+    sla_ttft_ms: float = 500.0
+    """TTFT target, ms (planner default 500)."""
+    sla_itl_ms: float = 50.0
+    """Per-request mean ITL target, ms (planner default 50)."""
+    sample_interval_s: float = 10.0
+    """Timeline sampling period, seconds."""
+    router: str = "round_robin"
+    """Routing among ready workers: round_robin | least_loaded."""
+    seed: int = 0
+    fpm_per_engine: int = 64
+    """Most recent passes per engine relayed to the policy per tick."""
+    gpus_per_worker: Mapping[str, int] = field(default_factory=dict)
+    """GPUs per worker by pool (default 1)."""
+    max_tail_s: float = 3600.0
+    """Stop this long after the last arrival even if requests are still unserved (they count as misses)."""
+
+    def __post_init__(self) -> None:
+        p = []
+        for n in ("startup_delay_s",):
+            v = getattr(self, n)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                p.append(f"{n}={v!r}: expected seconds >= 0")
+        for n in ("sla_ttft_ms", "sla_itl_ms", "sample_interval_s", "max_tail_s"):
+            v = getattr(self, n)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                p.append(f"{n}={v!r}: expected a number > 0")
+        if p:
+            raise SimulationConfigError(p)
+
+
+@dataclass
+class SimRun:
+    """The outcome of one policy on one trace."""
+
+    policy: str
+    pools: tuple[str, ...]
+    records: list[RequestRecord]
+    timeline: list[dict[str, Any]]
+    decisions: list[dict[str, Any]]
+    """Every applied change: t_s, targets, previous, reason."""
+    worker_spans: list[tuple[str, int, float, float, float | None]]
+    gpu_seconds: dict[str, float]
+    duration_s: float
+    settings: SimSettings
+
+
+def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfig], policy: Policy,
+             settings: SimSettings, progress: Callable[[int, int], None] | None = None) -> SimRun:
+    """Run ``policy`` on ``requests`` (arrival times already scaled). Deterministic for equal inputs."""
+    if set(policy.pools) != set(engines):
+        raise SimulationConfigError(f"policy {policy.name!r} plans pools {list(policy.pools)}: expected the fleet's "
+                                    f"{list(engines)}")
+    fleet = make_fleet(engines, router=settings.router, seed=settings.seed, collect_fpm=policy.needs_fpm)
+    delay_ms = settings.startup_delay_s * 1000.0
+    for pool, n in policy.initial_replicas().items():
+        for _ in range(n):
+            fleet.add_worker(pool, 0.0, 0.0)
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_ms, i))
+    records: list[RequestRecord | None] = [None] * len(requests)
+    counters = FrontendCounters()
+    snaps: list[CounterSnapshot] = [counters.scrape(0.0)]
+    snap_t: list[float] = [0.0]
+    last_arrival_s = requests[order[-1]].arrival_ms / 1000.0 if order else 0.0
+    pools = tuple(engines)
+    gpw = {p: int(settings.gpus_per_worker.get(p, 1)) for p in pools}
+    timeline: list[dict[str, Any]] = []
+    decisions: list[dict[str, Any]] = []
+    last_step: dict[str, Any] = {"reason": "", "predicted_rps": math.nan, "estimated_ttft_ms": math.nan,
+                                 "estimated_itl_ms": math.nan}
+    reasons_since_sample: list[str] = []
+    next_tick = 0.0
+    next_sample = 0.0
+    i = 0
+    n = len(order)
+    every = max(1, n // 200)
+
+    def traffic(d: float, now: float) -> TrafficWindow | None:
+        k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
+        if k < 0 or now - snaps[k].t_s <= 0:
+            return None
+        return window(snaps[-1], snaps[k])
+
+    while True:
+        t = min(next_tick, next_sample)
+        t_ms = t * 1000.0
+        while i < n and requests[order[i]].arrival_ms <= t_ms:
+            j = order[i]
+            req = requests[j]
+            rec = fleet.submit(req, req.arrival_ms)
+            records[j] = rec
+            counters.on_arrival(rec)
+            i += 1
+            if progress is not None and i % every == 0:
+                progress(i, n)
+        fleet.advance_until(t_ms)
+        snap = counters.scrape(t)
+        if snap_t[-1] < t:
+            snaps.append(snap)
+            snap_t.append(t)
+        else:
+            snaps[-1] = snap
+        if t >= next_sample:
+            timeline.append(_sample(t, fleet, pools, snaps, snap_t, settings.sample_interval_s, last_step,
+                                    reasons_since_sample, gpw))
+            reasons_since_sample = []
+            next_sample = t + settings.sample_interval_s
+        if t >= next_tick:
+            passes: tuple[ForwardPassMetrics, ...] = ()
+            if policy.needs_fpm:
+                passes = _relay(fleet.take_fpm(), settings.fpm_per_engine)
+            view = View(now_s=t, counts={p: fleet.pool_counts(p) for p in pools},
+                        engines={p: fleet.engine_states(p) for p in pools},
+                        traffic=lambda d, _t=t: traffic(d, _t), passes=passes)
+            step = policy.tick(view)
+            last_step = {"reason": step.reason, "predicted_rps": step.predicted_rps,
+                         "estimated_ttft_ms": step.estimated_ttft_ms, "estimated_itl_ms": step.estimated_itl_ms}
+            reasons_since_sample.append(step.reason)
+            if step.targets is not None:
+                prev = {p: view.counts[p].requested for p in pools}
+                if any(int(step.targets[p]) != prev[p] for p in pools):
+                    for p in pools:
+                        for _ in range(int(step.targets[p]) - prev[p]):
+                            fleet.add_worker(p, t_ms, delay_ms)
+                        for _ in range(prev[p] - int(step.targets[p])):
+                            fleet.remove_worker(p, t_ms)
+                    decisions.append({"t_s": t, "targets": {p: int(step.targets[p]) for p in pools},
+                                      "previous": prev, "reason": step.reason})
+            next_tick = max(step.next_tick_s, t + 1e-3) if math.isfinite(step.next_tick_s) else math.inf
+        if i >= n and counters.terminal >= n:
+            break
+        if i >= n and t > last_arrival_s + settings.max_tail_s:
+            break
+        if progress is not None and i >= n:
+            progress(n, n)
+    end_s = t
+    fleet.finish()
+    recs: list[RequestRecord] = []
+    for j, r in enumerate(records):
+        if r is None:
+            q = requests[j]
+            r = RequestRecord(q.request_id, q.arrival_ms, q.input_length, q.output_length)
+        recs.append(r)
+    finishes = [r.finish_ms for r in recs if r.finish_ms is not None]
+    end_ms = max([end_s * 1000.0 if not finishes else max(finishes), last_arrival_s * 1000.0])
+    spans = fleet.worker_spans()
+    gpu_s = fleet.gpu_seconds(end_ms, gpw)
+    return SimRun(policy.name, pools, recs, timeline, decisions, spans, gpu_s, end_ms / 1000.0, settings)
+
+
+def _relay(raw: list[tuple[str, Any]], per_engine: int) -> tuple[ForwardPassMetrics, ...]:
+    by_engine: dict[tuple[str, int, int], list[Any]] = {}
+    for pool, p in raw:
+        by_engine.setdefault((pool, p.worker_id, p.dp_rank), []).append(p)
+    out = []
+    for (pool, _, _), ps in sorted(by_engine.items()):
+        for p in ps[-per_engine:]:
+            out.append(ForwardPassMetrics.from_mapping(p, pool=pool))
+    return tuple(out)
+
+
+def _sample(t: float, fleet: Any, pools: tuple[str, ...], snaps: list[CounterSnapshot], snap_t: list[float],
+            interval_s: float, last_step: Mapping[str, Any], reasons: list[str], gpw: Mapping[str, int]) -> dict[str, Any]:
+    row: dict[str, Any] = {"t_s": round(t, 6)}
+    waiting = running = 0
+    kv: list[float] = []
+    for p in pools:
+        c = fleet.pool_counts(p)
+        row[f"{p}_replicas"] = c.requested
+        row[f"{p}_ready"] = c.ready
+        row[f"{p}_draining"] = c.draining
+        row[f"{p}_queued_at_fleet"] = c.queued_at_fleet
+        for e in fleet.engine_states(p):
+            waiting += e.waiting
+            running += e.running
+            kv.append(e.kv_usage)
+    k = bisect.bisect_right(snap_t, t - interval_s + 1e-9) - 1
+    w = window(snaps[-1], snaps[max(k, 0)]) if t > 0 and snaps[-1].t_s > snaps[max(k, 0)].t_s else None
+    row["observed_rps"] = w.requests_per_second if w else math.nan
+    row["observed_ttft_ms"] = w.mean_ttft_ms if w else math.nan
+    row["observed_itl_ms"] = w.mean_itl_ms if w else math.nan
+    row["predicted_rps"] = last_step["predicted_rps"]
+    row["estimated_ttft_ms"] = last_step["estimated_ttft_ms"]
+    row["estimated_itl_ms"] = last_step["estimated_itl_ms"]
+    row["waiting_requests"] = waiting + sum(fleet.pool_counts(p).queued_at_fleet for p in pools)
+    row["running_requests"] = running
+    row["kv_usage_mean"] = sum(kv) / len(kv) if kv else math.nan
+    row["kv_usage_max"] = max(kv) if kv else math.nan
+    acts = [r for r in reasons if not r.startswith("hold") and r != "static"]
+    row["reason"] = acts[-1] if acts else (reasons[-1] if reasons else last_step["reason"])
+    return row

@@ -1,0 +1,120 @@
+"""Simulated metric source: the frontend's Prometheus counters, computed from request records.
+
+A live frontend exports histograms (``dynamo_frontend_time_to_first_token_seconds``, ``..._inter_token_
+latency_seconds``, ``..._input_sequence_tokens``, ``..._output_sequence_tokens``, ``..._request_duration_
+seconds``) and the counter ``dynamo_frontend_requests_started_total``; the planner reads interval averages
+``increase(X_sum[w]) / increase(X_count[w])`` (DESIGN.md "Metrics facts"). :class:`FrontendCounters`
+keeps the same cumulative ``_sum``/``_count`` pairs, observed at the virtual time each event happens:
+
+- requests started and ISL: at arrival;
+- TTFT: when the first token is emitted (``first_token_ms``);
+- ITL, OSL, request duration: when the request finishes. A live frontend observes each inter-token gap
+  as it is emitted; adding a finished request's ``E2E - TTFT`` to the ITL sum and ``tokens - 1`` to its
+  count gives the same totals once the request is done (only the split across a window boundary of a
+  request still running differs).
+
+:meth:`FrontendCounters.scrape` at virtual time ``t`` counts only events at or before ``t`` (an engine pass
+that started before ``t`` may end after it). :meth:`window` differences two scrapes into a
+:class:`planner.core.TrafficWindow` (NaN means when nothing was observed, as Prometheus gives).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mocker.records import RequestRecord
+from planner.core import TrafficWindow
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSnapshot:
+    """Cumulative frontend counters at ``t_s`` (sums in ms or tokens as named)."""
+
+    t_s: float
+    started: int = 0
+    isl_sum_tokens: float = 0.0
+    ttft_sum_ms: float = 0.0
+    ttft_count: int = 0
+    itl_sum_ms: float = 0.0
+    itl_count: int = 0
+    osl_sum_tokens: float = 0.0
+    finished: int = 0
+    duration_sum_s: float = 0.0
+
+
+class FrontendCounters:
+    """Cumulative frontend counters fed with records as requests arrive (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._started = 0
+        self._isl = 0.0
+        self._ttft_sum = 0.0
+        self._ttft_n = 0
+        self._itl_sum = 0.0
+        self._itl_n = 0
+        self._osl = 0.0
+        self._fin = 0
+        self._dur = 0.0
+        self.terminal = 0
+        """Requests finished, failed or cancelled at or before the last scrape."""
+        self._wait_ttft: list[RequestRecord] = []
+        self._wait_finish: list[RequestRecord] = []
+
+    def on_arrival(self, rec: RequestRecord) -> None:
+        """A request started (``arrival_ms`` <= the next scrape time)."""
+        self._started += 1
+        self._isl += rec.input_length
+        self._wait_ttft.append(rec)
+        self._wait_finish.append(rec)
+
+    def scrape(self, t_s: float) -> CounterSnapshot:
+        """Counters at virtual time ``t_s`` (events at or before it)."""
+        t_ms = t_s * 1000.0
+        keep = []
+        for r in self._wait_ttft:
+            ft = r.first_token_ms
+            if ft is not None and ft <= t_ms:
+                self._ttft_sum += ft - r.arrival_ms
+                self._ttft_n += 1
+            elif r.status in ("failed", "cancelled") and r.finish_ms is not None and r.finish_ms <= t_ms:
+                pass
+            else:
+                keep.append(r)
+        self._wait_ttft = keep
+        keep = []
+        for r in self._wait_finish:
+            fin = r.finish_ms
+            if fin is not None and fin <= t_ms:
+                self.terminal += 1
+                if r.status == "finished":
+                    self._fin += 1
+                    self._osl += r.output_length
+                    self._dur += (fin - r.arrival_ms) / 1000.0
+                    if r.first_token_ms is not None and r.output_length > 1:
+                        self._itl_sum += fin - r.first_token_ms
+                        self._itl_n += r.output_length - 1
+            else:
+                keep.append(r)
+        self._wait_finish = keep
+        return CounterSnapshot(t_s, self._started, self._isl, self._ttft_sum, self._ttft_n, self._itl_sum, self._itl_n,
+                               self._osl, self._fin, self._dur)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
+    """``increase(X_sum) / increase(X_count)`` between two scrapes, as a TrafficWindow over ``new.t_s - old.t_s``."""
+    d = new.t_s - old.t_s
+    started = new.started - old.started
+    return TrafficWindow(
+        duration_s=d,
+        num_requests=float(started),
+        mean_isl_tokens=_ratio(new.isl_sum_tokens - old.isl_sum_tokens, started),
+        mean_osl_tokens=_ratio(new.osl_sum_tokens - old.osl_sum_tokens, new.finished - old.finished),
+        mean_ttft_ms=_ratio(new.ttft_sum_ms - old.ttft_sum_ms, new.ttft_count - old.ttft_count),
+        mean_itl_ms=_ratio(new.itl_sum_ms - old.itl_sum_ms, new.itl_count - old.itl_count),
+        mean_request_duration_s=_ratio(new.duration_sum_s - old.duration_sum_s, new.finished - old.finished),
+    )

@@ -1,0 +1,207 @@
+"""Policy specs -> policies, ``static:peak`` sizing, ``static:auto`` search, and side-by-side comparisons.
+
+``static:peak``: the throughput formulas of :mod:`planner.core.throughput` (prefill and decode sizing at the
+SLA, correction factors 1) applied to the trace's busiest ``adjustment_interval_s`` window (most
+requests; its mean ISL/OSL), rounded up.
+
+``static:auto``: the smallest fixed fleet whose SLA attainment reaches ``auto_attainment``. Aggregated:
+replicas 1, 2, 4, ... until one reaches it, then bisection between the last miss and the first hit
+(attainment is taken as monotone in fleet size). Disaggregated: for each prefill count from the search
+over prefill (decode fixed large), the smallest decode count, minimising total GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+from mocker.config import EngineConfig
+from mocker.records import TraceRequest
+from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
+from planner.core.throughput import Demand, ceil_replicas, size_decode, size_prefill
+from planner.sim.errors import SimulationConfigError
+from planner.sim.loop import SimRun, SimSettings, simulate
+from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, StaticPolicy
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything policies are built from: trace, engines, settings, planner config/profile/warm start."""
+
+    requests: Sequence[TraceRequest]
+    engines: Mapping[str, EngineConfig]
+    settings: SimSettings
+    config: PlannerConfig
+    profile: PerformanceProfile | None
+    warm_start: Sequence[TrafficWindow] = ()
+    auto_attainment: float = 0.995
+    initial: Mapping[str, int] | None = None
+    max_replicas: int = 64
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return tuple(self.engines)
+
+
+def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[TrafficWindow]:
+    """Per-interval arrivals of the (already scaled) trace: count and mean ISL/OSL."""
+    if not requests:
+        return []
+    end = max(r.arrival_ms for r in requests) / 1000.0
+    n = int(end // interval_s) + 1
+    cnt = [0] * n
+    isl = [0.0] * n
+    osl = [0.0] * n
+    for r in requests:
+        k = int(r.arrival_ms / 1000.0 // interval_s)
+        cnt[k] += 1
+        isl[k] += r.input_length
+        osl[k] += r.output_length
+    return [TrafficWindow(interval_s, float(c), a / c if c else math.nan, b / c if c else math.nan)
+            for c, a, b in zip(cnt, isl, osl)]
+
+
+def peak_replicas(ctx: RunContext) -> dict[str, int]:
+    """``static:peak`` sizing (module docstring)."""
+    if ctx.profile is None:
+        raise SimulationConfigError("static:peak: needs a profile (--profile FILE.npz, or let simulate profile the engine)")
+    cfg = ctx.config
+    wins = trace_windows(ctx.requests, cfg.adjustment_interval_s)
+    peak = max(wins, key=lambda w: w.num_requests)
+    d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens)
+    out = {}
+    for pool in ctx.pools:
+        parts = []
+        g = cfg.limits(pool).gpus_per_engine
+        if pool in ("prefill", "agg") and ctx.profile.prefill is not None:
+            parts.append(size_prefill(d, cfg.adjustment_interval_s, 1.0, ctx.profile.prefill, g).replicas_exact)
+        if pool in ("decode", "agg") and ctx.profile.decode is not None:
+            parts.append(size_decode(d, cfg.adjustment_interval_s, 1.0, cfg.itl_ms, ctx.profile.decode, g).replicas_exact)
+        out[pool] = max(1, ceil_replicas(max(parts) if parts else 1.0))
+    return out
+
+
+def _initial(ctx: RunContext) -> dict[str, int]:
+    return dict(ctx.initial) if ctx.initial else {p: 1 for p in ctx.pools}
+
+
+def _kv_target_from_sla(ctx: RunContext) -> float:
+    """HPA default KV target: the usage at which the profile's ITL meets the SLA at the trace's mean
+    context (ISL + OSL/2); 0.5 without a profile."""
+    prof = ctx.profile
+    if prof is None or prof.decode is None or not ctx.requests:
+        return 0.5
+    isl = sum(r.input_length for r in ctx.requests) / len(ctx.requests)
+    osl = sum(r.output_length for r in ctx.requests) / len(ctx.requests)
+    pt = prof.decode.best_thpt_per_gpu(ctx.settings.sla_itl_ms, isl + osl / 2.0)
+    return max(0.01, float(pt.kv_usage))
+
+
+def make_policy(spec: str, ctx: RunContext) -> Policy:
+    """Build the policy named by ``spec`` (see :mod:`planner.sim.policies`). Raises SimulationConfigError."""
+    s = spec.strip()
+    pools = ctx.pools
+    if s == "planner" or s.startswith("planner:"):
+        cfg = ctx.config
+        if ":" in s:
+            kv = {}
+            for part in s.split(":", 1)[1].split(","):
+                if "=" not in part:
+                    raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
+                k, v = part.split("=", 1)
+                kv[k.strip()] = v.strip()
+            cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}")
+        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
+    if s == "throughput-only":
+        cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
+                      scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean")
+        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
+    if s.startswith("static:"):
+        arg = s.split(":", 1)[1]
+        if arg == "peak":
+            return StaticPolicy(s, peak_replicas(ctx))
+        if arg == "auto":
+            return StaticPolicy(s, auto_static(ctx))
+        try:
+            nums = [int(x) for x in arg.split("+")]
+        except ValueError:
+            nums = []
+        if len(nums) != len(pools) or any(x < 1 for x in nums):
+            want = "static:N (N >= 1)" if len(pools) == 1 else "static:P+D (P, D >= 1)"
+            raise SimulationConfigError(f"policy {spec!r}: expected {want}, static:peak or static:auto for mode "
+                                        f"{'agg' if pools == ('agg',) else 'disagg'}")
+        return StaticPolicy(s, dict(zip(pools, nums)))
+    if s == "hpa" or s.startswith("hpa:"):
+        parts = s.split(":")
+        metric = parts[1] if len(parts) > 1 else "kv"
+        target: float | None = None
+        if len(parts) > 2:
+            try:
+                target = float(parts[2])
+            except ValueError:
+                raise SimulationConfigError(f"policy {spec!r}: target {parts[2]!r}: expected a number") from None
+        if target is None:
+            kv_t = _kv_target_from_sla(ctx)
+            if metric == "kv":
+                target = kv_t
+            else:
+                isl = sum(r.input_length for r in ctx.requests) / max(1, len(ctx.requests))
+                osl = sum(r.output_length for r in ctx.requests) / max(1, len(ctx.requests))
+                cap = next(iter(ctx.engines.values())).total_kv_tokens
+                target = max(1.0, kv_t * cap / (isl + osl / 2.0))
+        return HpaPolicy(s, pools, metric, target, _initial(ctx), max_replicas=ctx.max_replicas)
+    if s == "saturation":
+        return SaturationPolicy(s, pools, _initial(ctx), max_replicas=ctx.max_replicas)
+    raise SimulationConfigError(f"policy {spec!r}: expected planner[:k=v,...], throughput-only, static:N, static:P+D, "
+                                "static:peak, static:auto, hpa[:kv|running[:target]] or saturation")
+
+
+def attainment(run: SimRun) -> float:
+    from planner.sim.report import sla_flags
+
+    ok, _, _ = sla_flags(run.records, run.settings.sla_ttft_ms, run.settings.sla_itl_ms)
+    return float(ok.mean()) if ok.size else 0.0
+
+
+def auto_static(ctx: RunContext, cache: dict[tuple[int, ...], SimRun] | None = None) -> dict[str, int]:
+    """``static:auto`` search (module docstring). Raises SimulationConfigError when ``max_replicas`` is not enough."""
+    cache = {} if cache is None else cache
+    pools = ctx.pools
+
+    def run(counts: tuple[int, ...]) -> float:
+        if counts not in cache:
+            cache[counts] = simulate(ctx.requests, ctx.engines, StaticPolicy("static", dict(zip(pools, counts))),
+                                     replace(ctx.settings, startup_delay_s=0.0))
+        return attainment(cache[counts])
+
+    def smallest(f: Callable[[int], float]) -> int:
+        lo, hi = 0, 1
+        while f(hi) < ctx.auto_attainment:
+            lo, hi = hi, hi * 2
+            if hi > ctx.max_replicas:
+                if f(ctx.max_replicas) >= ctx.auto_attainment:
+                    hi = ctx.max_replicas
+                    break
+                raise SimulationConfigError(f"static:auto: no fleet of at most {ctx.max_replicas} replicas per pool "
+                                            f"reaches attainment {ctx.auto_attainment}")
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if f(mid) >= ctx.auto_attainment:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    if len(pools) == 1:
+        return {pools[0]: smallest(lambda k: run((k,)))}
+    big = ctx.max_replicas // 2
+    p_min = smallest(lambda k: run((k, big)))
+    d_min = smallest(lambda k: run((big, k)))
+    best: tuple[int, int] | None = None
+    for p in range(p_min, p_min + 3):
+        d = smallest(lambda k, _p=p: run((_p, max(k, 1))) if k >= d_min else 0.0)
+        if best is None or p + d < sum(best):
+            best = (p, d)
+    assert best is not None
+    return dict(zip(pools, best))
