@@ -1,0 +1,356 @@
+"""``dynoplan up`` (the whole local stack from one file) and ``dynoplan planner`` (the planner service).
+
+``dynoplan planner --config stack.yaml``
+    Runs :class:`planner.live.service.PlannerService` until SIGINT/SIGTERM: the core on the wall clock,
+    traffic from Prometheus (``--prometheus-url`` or ``prometheus.url``) or, without one, scraped from
+    the frontend directly (``--frontend-url``), FPM from the workers, decisions applied through the
+    stack's connector (``local``: adopts the fleet recorded in ``state_dir``; ``virtual``: the HTTP
+    protocol). Prints ``planner listening on http://HOST:PORT`` once serving and writes
+    ``state_dir/planner.json`` (pid, url).
+
+``dynoplan up --config stack.yaml``
+    1. the frontend (``dynoplan frontend --workers-file state_dir/workers.txt``), waited on ``/health``;
+    2. Prometheus when ``prometheus.enabled`` is ``auto`` and the binary is installed (or ``true``),
+       scraping the frontend, the planner and the workers (``file_sd``); otherwise a notice and the
+       planner scrapes the frontend directly; ``prometheus.url`` uses an existing server instead;
+    3. the initial workers (``fleet.initial``), waited on ``/ready`` (readiness, not a sleep);
+    4. the planner (``dynoplan planner``), which adopts those workers; it is restarted if it exits on
+       its own (and adopts the fleet again);
+    5. on Ctrl-C / SIGTERM: the planner, every worker recorded in ``fleet.json``, the frontend and
+       Prometheus are stopped (SIGTERM to each process group, SIGKILL after 10 s): no orphans.
+    ``state_dir/stack.json`` lists every URL and pid. Every child runs in its own session with its log
+    in ``state_dir/logs``.
+
+User mistakes (bad stack file, missing profile, port in use) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ConfigError, PlannerError
+
+DYNOPLAN = (sys.executable, "-m", "planner.cli")
+
+
+# ============================================================================== dynoplan planner
+def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
+    parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
+    parser.add_argument("--host", help="override service.host")
+    parser.add_argument("--port", type=int, help="override service.port (0 = any free port)")
+    parser.add_argument("--prometheus-url", help="read traffic from this Prometheus (overrides prometheus.url)")
+    parser.add_argument("--frontend-url", help="without Prometheus: scrape this frontend's /metrics directly")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def _build_planner(stack: Any) -> Any:
+    from planner.core import Planner, load_profile
+    from planner.core.traces import read_trace_intervals
+
+    profile = load_profile(stack.profile) if stack.profile else None
+    warm = read_trace_intervals(stack.warm_start_trace, stack.planner.adjustment_interval_s) if stack.warm_start_trace else ()
+    return Planner(stack.planner, profile, warm_start=warm)
+
+
+def run_planner(args: argparse.Namespace) -> int:
+    from planner.live.config import load_stack_config
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    stack = load_stack_config(args.config)
+    state_dir = Path(args.state_dir).resolve() if args.state_dir else stack.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    planner = _build_planner(stack)
+    cfg = stack.planner
+    if stack.connector == "local":
+        from planner.connectors.local import LocalConnector, LocalFleetSettings
+
+        kw = {k: getattr(stack, k) for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s")}
+        connector: Any = LocalConnector(LocalFleetSettings(state_dir=state_dir, pools=cfg.pools,
+                                                           worker_args=stack.worker_args, model_name=stack.model_name,
+                                                           **kw), initial=stack.initial)
+    else:
+        from planner.connectors.virtual import VirtualConnector
+
+        connector = VirtualConnector(cfg.pools, stack.initial, token=stack.token, state_file=state_dir / "virtual.json")
+    traffic: Any = None
+    prom_url = args.prometheus_url or stack.prometheus_url
+    if cfg.throughput_enabled:
+        if prom_url:
+            from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
+
+            traffic = PrometheusTrafficSource(PrometheusSourceSettings(
+                url=prom_url, model=stack.model_name, namespace=stack.prometheus_namespace,
+                timeout_s=stack.prometheus_timeout_s, bearer_token=stack.prometheus_bearer_token,
+                ca_file=stack.prometheus_ca_file))
+        elif args.frontend_url:
+            from planner.sources.prometheus import DirectScrapeTrafficSource
+
+            print(f"notice: no Prometheus; scraping {args.frontend_url}/metrics directly", file=sys.stderr, flush=True)
+            traffic = DirectScrapeTrafficSource(args.frontend_url, model=stack.model_name,
+                                                scrape_interval_s=min(1.0, cfg.adjustment_interval_s / 4)).start()
+        else:
+            print("notice: no traffic source (neither --prometheus-url nor --frontend-url): the throughput loop "
+                  "holds with hold_metrics_unknown", file=sys.stderr, flush=True)
+    fpm = None
+    if stack.fpm and stack.connector == "local":
+        from planner.sources.fpm import FpmSubscriber
+
+        fpm = FpmSubscriber(stale_s=cfg.engine_stale_s)
+    from planner.live.service import PlannerService
+
+    svc = PlannerService(planner, connector, traffic, fpm, host=args.host or stack.service_host,
+                         port=stack.service_port if args.port is None else args.port)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            port = await svc.start()
+        except OSError as e:
+            await svc.stop()
+            raise ConfigError(f"cannot listen on {svc.host}:{svc.port}: {e.strerror or e}") from None
+        url = f"http://{svc.host}:{port}"
+        (state_dir / "planner.json").write_text(json.dumps({"pid": os.getpid(), "url": url}))
+        print(f"planner listening on {url}", flush=True)
+        await stop.wait()
+        await svc.stop()
+
+    asyncio.run(main())
+    return 0
+
+
+# ============================================================================== dynoplan up
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
+    parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
+    parser.add_argument("--max-planner-restarts", type=int, default=20,
+                        help="restart the planner at most this many times when it exits on its own (default 20)")
+
+
+def _free_port() -> int:
+    from planner.connectors.local import free_port
+
+    return free_port()
+
+
+def _get_ok(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class _Stack:
+    """The child processes of ``up`` and how to stop them."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.logs = state_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.info: dict[str, Any] = {"pid": os.getpid()}
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "ab") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        self.procs[name] = p
+        self.info[f"{name}_pid"] = p.pid
+        self.save()
+        return p
+
+    def save(self) -> None:
+        from planner.connectors.local import write_atomic
+
+        write_atomic(self.dir / "stack.json", json.dumps(self.info, indent=1))
+
+    def wait_ok(self, name: str, url: str, timeout_s: float) -> None:
+        p = self.procs[name]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-600:]
+                raise ConfigError(f"{name} exited with code {p.returncode} during start-up: {tail.strip()}")
+            if _get_ok(url):
+                return
+            time.sleep(0.1)
+        raise ConfigError(f"{name} not ready at {url} after {timeout_s:g} s (log: {self.logs / (name + '.log')})")
+
+    def stop(self, name: str) -> None:
+        from planner.connectors.local import stop_pids
+
+        p = self.procs.pop(name, None)
+        if p is not None:
+            stop_pids([p.pid])
+            p.wait(timeout=5)
+
+    def stop_all(self) -> None:
+        from planner.connectors.local import read_fleet_file, stop_pids
+
+        self.stop("planner")
+        workers = [int(w["pid"]) for w in read_fleet_file(self.dir).get("workers", [])]
+        stop_pids(workers)
+        for name in ("frontend", "prometheus"):
+            self.stop(name)
+        for name in list(self.procs):
+            self.stop(name)
+
+
+def _prometheus_binary() -> str | None:
+    return os.environ.get("DYNOPLAN_PROMETHEUS") or shutil.which("prometheus")
+
+
+def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner: str, workers_sd: Path) -> None:
+    import yaml
+
+    iv = f"{max(1, int(scrape_s * 1000))}ms"
+    doc = {"global": {"scrape_interval": iv, "scrape_timeout": iv, "evaluation_interval": iv},
+           "scrape_configs": [
+               {"job_name": "frontend", "static_configs": [{"targets": [frontend]}]},
+               {"job_name": "planner", "static_configs": [{"targets": [planner]}]},
+               {"job_name": "workers", "file_sd_configs": [{"files": [str(workers_sd)], "refresh_interval": "1s"}]},
+           ]}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> None:
+    """Start the initial fleet through the same LocalConnector the planner uses; wait until ready."""
+    from planner.connectors.local import LocalConnector, LocalFleetSettings
+
+    cfg = stack_cfg.planner
+    kw = {k: getattr(stack_cfg, k) for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s")}
+    conn = LocalConnector(LocalFleetSettings(state_dir=state_dir, pools=cfg.pools, worker_args=stack_cfg.worker_args,
+                                             model_name=stack_cfg.model_name, **kw), initial=stack_cfg.initial)
+
+    async def go() -> None:
+        await conn.start()
+        try:
+            deadline = time.monotonic() + stack_cfg.ready_timeout_s
+            while True:
+                pools = await conn.observe()
+                if pools and all(pools[p].ready_replicas == stack_cfg.initial.get(p, 0) for p in cfg.pools):
+                    return
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"initial workers not ready after {stack_cfg.ready_timeout_s:g} s "
+                                      f"(logs in {state_dir / 'logs'})")
+                await asyncio.sleep(0.1)
+        finally:
+            await conn.close(stop_workers=False)
+
+    asyncio.run(go())
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.connectors.local import read_fleet_file, stop_pids, write_atomic
+    from planner.live.config import load_stack_config
+
+    cfg_path = Path(args.config).resolve()
+    stack_cfg = load_stack_config(cfg_path)
+    _build_planner(stack_cfg)  # profile / warm start errors now, as one line, before anything starts
+    if stack_cfg.connector != "local":
+        raise ConfigError(f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
+                          "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
+    state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", [])]
+    if left:
+        stop_pids(left)
+    write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
+    (state_dir / "workers.txt").write_text("")
+    write_atomic(state_dir / "prometheus_workers.json", "[]")
+
+    st = _Stack(state_dir)
+    stopping = {"flag": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping["flag"] = True
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        fe_port = stack_cfg.frontend_port or _free_port()
+        fe_url = f"http://127.0.0.1:{fe_port}"
+        st.spawn("frontend", [*DYNOPLAN, "frontend", "--host", "127.0.0.1", "--port", str(fe_port),
+                              "--workers-file", str(state_dir / "workers.txt"), "--router", stack_cfg.frontend_router,
+                              "--poll-s", str(stack_cfg.frontend_poll_s), "--model-name", stack_cfg.model_name])
+        st.wait_ok("frontend", fe_url + "/health", 60)
+        st.info["frontend_url"] = fe_url
+        pl_port = stack_cfg.service_port or _free_port()
+        pl_url = f"http://{stack_cfg.service_host}:{pl_port}"
+        prom_url = stack_cfg.prometheus_url
+        binary = _prometheus_binary()
+        if prom_url is None and stack_cfg.prometheus_enabled != "false":
+            if binary is None:
+                if stack_cfg.prometheus_enabled == "true":
+                    raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
+                                      "(apt-get install -y prometheus)")
+                print("notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
+                      file=sys.stderr, flush=True)
+            else:
+                pr_port = stack_cfg.prometheus_port or _free_port()
+                pdir = state_dir / "prometheus"
+                pdir.mkdir(exist_ok=True)
+                _write_prometheus_config(pdir / "prometheus.yml", stack_cfg.prometheus_scrape_interval_s,
+                                         f"127.0.0.1:{fe_port}", f"127.0.0.1:{pl_port}",
+                                         state_dir / "prometheus_workers.json")
+                st.spawn("prometheus", [binary, f"--config.file={pdir / 'prometheus.yml'}",
+                                        f"--storage.tsdb.path={pdir / 'data'}",
+                                        f"--web.listen-address=127.0.0.1:{pr_port}", "--web.enable-lifecycle",
+                                        "--storage.tsdb.retention.time=1d", "--log.level=warn"])
+                prom_url = f"http://127.0.0.1:{pr_port}"
+                st.wait_ok("prometheus", prom_url + "/-/ready", 60)
+        st.info["prometheus_url"] = prom_url
+        st.save()
+        _start_initial_workers(stack_cfg, state_dir)
+        planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
+                        "--port", str(pl_port), "--frontend-url", fe_url]
+        if prom_url:
+            planner_argv += ["--prometheus-url", prom_url]
+        st.spawn("planner", planner_argv)
+        st.wait_ok("planner", pl_url + "/health", 120)
+        st.info["planner_url"] = pl_url
+        st.info["dashboard_url"] = pl_url + "/"
+        st.save()
+        print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
+              f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
+        restarts = 0
+        while not stopping["flag"]:
+            p = st.procs["planner"]
+            if p.poll() is not None:
+                if restarts >= args.max_planner_restarts:
+                    print(f"dynoplan up: planner exited with code {p.returncode} {restarts + 1} times; stopping",
+                          file=sys.stderr, flush=True)
+                    return 1
+                restarts += 1
+                print(f"notice: planner exited with code {p.returncode}; restarting it (it adopts the fleet)",
+                      file=sys.stderr, flush=True)
+                st.spawn("planner", planner_argv)
+                st.info["planner_restarts"] = restarts
+                st.save()
+            for name in ("frontend", "prometheus"):
+                q = st.procs.get(name)
+                if q is not None and q.poll() is not None:
+                    print(f"notice: {name} exited with code {q.returncode}", file=sys.stderr, flush=True)
+                    st.procs.pop(name)
+            time.sleep(0.2)
+        print("stopping", flush=True)
+        return 0
+    finally:
+        st.stop_all()
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,203 @@
+"""The stack file of ``dynoplan up`` / ``dynoplan planner``: one YAML for the whole local stack.
+
+```yaml
+planner:            # PlannerConfig fields (planner.core.config), e.g. mode, adjustment_interval_s, ttft_ms
+  mode: agg
+  adjustment_interval_s: 30
+profile: profile.npz          # performance profile (needed by the throughput loop); relative to this file
+warm_start_trace: null        # optional trace for the predictors' warm start
+connector: local              # local (process fleet) | virtual (HTTP protocol, an external system applies)
+state_dir: .dynoplan          # fleet.json, workers.txt, logs (relative to this file)
+service: {host: 127.0.0.1, port: 8090, token: null}   # planner HTTP: dashboard, /api/state, /metrics, /v1/virtual
+frontend: {port: 8080, router: least_loaded, poll_s: 0.25, model_name: mocker}
+fleet:
+  initial: {agg: 1}                 # replicas started by `up` (and the VirtualConnector's initial state)
+  worker_args: {agg: ["--speedup-ratio", "10"]}
+  drain_grace_s: 1.5
+  drain_timeout_s: 60
+  ready_timeout_s: 60
+prometheus:
+  enabled: auto             # auto: start one if the `prometheus` binary is installed, else scrape directly
+  url: null                 # use an existing server instead of starting one
+  port: 0                   # 0 = a free port
+  scrape_interval_s: 1
+  timeout_s: 5
+  namespace: null
+  bearer_token: null
+  ca_file: null
+fpm: true                   # subscribe to the workers' ForwardPassMetrics streams
+```
+
+:func:`load_stack_config` validates everything at once and raises :class:`~planner.errors.ConfigError`
+naming each bad field, its value and what was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from planner.core import PlannerConfig, config_from_mapping
+from planner.errors import ConfigError
+
+_TOP_KEYS = {"planner", "profile", "warm_start_trace", "connector", "state_dir", "service", "frontend", "fleet",
+             "prometheus", "fpm"}
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Parsed stack file (see the module docstring); paths are absolute."""
+
+    planner: PlannerConfig
+    profile: Path | None = None
+    warm_start_trace: Path | None = None
+    connector: str = "local"
+    state_dir: Path = Path(".dynoplan")
+    service_host: str = "127.0.0.1"
+    service_port: int = 8090
+    token: str | None = None
+    frontend_port: int = 8080
+    frontend_router: str = "least_loaded"
+    frontend_poll_s: float = 0.25
+    model_name: str = "mocker"
+    initial: Mapping[str, int] = field(default_factory=dict)
+    worker_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    drain_grace_s: float = 1.5
+    drain_timeout_s: float = 60.0
+    ready_timeout_s: float = 60.0
+    prometheus_enabled: str = "auto"
+    prometheus_url: str | None = None
+    prometheus_port: int = 0
+    prometheus_scrape_interval_s: float = 1.0
+    prometheus_timeout_s: float = 5.0
+    prometheus_namespace: str | None = None
+    prometheus_bearer_token: str | None = None
+    prometheus_ca_file: str | None = None
+    fpm: bool = True
+
+
+def _section(data: Mapping[str, Any], name: str, keys: set[str], problems: list[str]) -> dict[str, Any]:
+    sec = data.get(name) or {}
+    if not isinstance(sec, Mapping):
+        problems.append(f"{name}={sec!r}: expected a mapping")
+        return {}
+    for k in sec:
+        if k not in keys:
+            problems.append(f"{name}.{k}: unknown setting (expected one of {', '.join(sorted(keys))})")
+    return dict(sec)
+
+
+def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: str | None = None) -> StackConfig:
+    """Validate plain data (parsed YAML) into a :class:`StackConfig`; relative paths against ``base_dir``."""
+    problems: list[str] = []
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    for k in data:
+        if k not in _TOP_KEYS:
+            problems.append(f"{k}: unknown setting (expected one of {', '.join(sorted(_TOP_KEYS))})")
+    try:
+        planner = config_from_mapping(data.get("planner") or {}, source=None)
+    except ConfigError as e:
+        problems.extend("planner." + p for p in e.problems)
+        planner = PlannerConfig()
+    kw: dict[str, Any] = {}
+
+    def path(key: str, v: Any) -> Path | None:
+        if v is None:
+            return None
+        if not isinstance(v, str) or not v:
+            problems.append(f"{key}={v!r}: expected a path")
+            return None
+        p = Path(v)
+        return p if p.is_absolute() else (base_dir / p).resolve()
+
+    kw["profile"] = path("profile", data.get("profile"))
+    if kw["profile"] is not None and not kw["profile"].exists():
+        problems.append(f"profile={str(kw['profile'])!r}: file not found")
+    if planner.throughput_enabled and kw["profile"] is None:
+        problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
+    kw["warm_start_trace"] = path("warm_start_trace", data.get("warm_start_trace"))
+    kw["state_dir"] = path("state_dir", data.get("state_dir", ".dynoplan")) or base_dir / ".dynoplan"
+    conn = data.get("connector", "local")
+    if conn not in ("local", "virtual"):
+        problems.append(f"connector={conn!r}: expected local or virtual")
+    kw["connector"] = conn
+
+    def num(key: str, v: Any, integer: bool = False, minimum: float = 0.0, strict: bool = True) -> Any:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (not integer or isinstance(v, int))
+        ok = ok and (v > minimum if strict else v >= minimum)
+        if not ok:
+            problems.append(f"{key}={v!r}: expected {'an integer' if integer else 'a number'} "
+                            f"{'>' if strict else '>='} {minimum:g}")
+        return v
+
+    svc = _section(data, "service", {"host", "port", "token"}, problems)
+    kw["service_host"] = str(svc.get("host", "127.0.0.1"))
+    kw["service_port"] = num("service.port", svc.get("port", 8090), True, 0, strict=False)
+    kw["token"] = svc.get("token")
+    fe = _section(data, "frontend", {"port", "router", "poll_s", "model_name"}, problems)
+    kw["frontend_port"] = num("frontend.port", fe.get("port", 8080), True, 0, strict=False)
+    kw["frontend_router"] = fe.get("router", "least_loaded")
+    if kw["frontend_router"] not in ("round_robin", "least_loaded", "kv"):
+        problems.append(f"frontend.router={kw['frontend_router']!r}: expected round_robin, least_loaded or kv")
+    kw["frontend_poll_s"] = num("frontend.poll_s", fe.get("poll_s", 0.25))
+    kw["model_name"] = str(fe.get("model_name", "mocker"))
+    fl = _section(data, "fleet", {"initial", "worker_args", "drain_grace_s", "drain_timeout_s", "ready_timeout_s"}, problems)
+    initial = fl.get("initial") or {}
+    if not isinstance(initial, Mapping):
+        problems.append(f"fleet.initial={initial!r}: expected a mapping pool -> replicas")
+        initial = {}
+    init: dict[str, int] = {}
+    for p in planner.pools:
+        v = initial.get(p, planner.limits(p).min_replicas or 1)
+        init[p] = num(f"fleet.initial.{p}", v, True, 0, strict=False)
+    for p in initial:
+        if p not in planner.pools:
+            problems.append(f"fleet.initial.{p}: pool not planned in mode {planner.mode!r} "
+                            f"(expected {', '.join(planner.pools)})")
+    kw["initial"] = init
+    wa = fl.get("worker_args") or {}
+    if not isinstance(wa, Mapping) or not all(isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v)
+                                              for v in wa.values()):
+        problems.append(f"fleet.worker_args={wa!r}: expected a mapping pool -> list of flags")
+        wa = {}
+    kw["worker_args"] = {p: tuple(str(x) for x in v) for p, v in wa.items()}
+    for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s"):
+        if k in fl:
+            kw[k] = num(f"fleet.{k}", fl[k])
+    pr = _section(data, "prometheus", {"enabled", "url", "port", "scrape_interval_s", "timeout_s", "namespace",
+                                       "bearer_token", "ca_file"}, problems)
+    en = pr.get("enabled", "auto")
+    en = {True: "true", False: "false"}.get(en, en)
+    if en not in ("auto", "true", "false"):
+        problems.append(f"prometheus.enabled={en!r}: expected auto, true or false")
+    kw["prometheus_enabled"] = en
+    kw["prometheus_url"] = pr.get("url")
+    kw["prometheus_port"] = num("prometheus.port", pr.get("port", 0), True, 0, strict=False)
+    kw["prometheus_scrape_interval_s"] = num("prometheus.scrape_interval_s", pr.get("scrape_interval_s", 1.0))
+    kw["prometheus_timeout_s"] = num("prometheus.timeout_s", pr.get("timeout_s", 5.0))
+    kw["prometheus_namespace"] = pr.get("namespace")
+    kw["prometheus_bearer_token"] = pr.get("bearer_token")
+    kw["prometheus_ca_file"] = pr.get("ca_file")
+    fpm = data.get("fpm", True)
+    if not isinstance(fpm, bool):
+        problems.append(f"fpm={fpm!r}: expected true or false")
+    kw["fpm"] = bool(fpm)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return StackConfig(planner=planner, **kw)
+
+
+def load_stack_config(path: str | Path) -> StackConfig:
+    """Read and validate a stack YAML file. Raises ConfigError naming the file."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read stack file: {e.strerror}", source=str(p)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse stack file: {str(e).splitlines()[0]}", source=str(p)) from None
+    return stack_config_from_mapping(data or {}, p.resolve().parent, source=str(p))

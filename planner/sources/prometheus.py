@@ -1,0 +1,249 @@
+"""Frontend traffic over one throughput interval, from Prometheus or from the frontend directly.
+
+Figures (DESIGN.md "Metrics facts"; Dynamo planner's Prometheus client): for each of the frontend
+histograms ``dynamo_frontend_time_to_first_token_seconds``, ``..._inter_token_latency_seconds``,
+``..._request_duration_seconds``, ``..._input_sequence_tokens``, ``..._output_sequence_tokens`` the
+interval mean is ``sum(increase(X_sum{sel}[w])) / sum(increase(X_count{sel}[w]))``; the request count is
+``sum(increase(dynamo_frontend_requests_started_total{sel}[w]))``. ``sel`` filters on the ``model``
+label and, when configured, a namespace label. Latencies are converted to milliseconds (TTFT, ITL) and
+seconds (request duration).
+
+Unknown is never zero: an unreachable server, an error answer, a timeout or an *empty* result (the
+series do not exist) give ``None``. A window with no requests gives ``num_requests == 0`` and NaN means
+(PromQL's 0/0), which the planner core reads as "no traffic" (that still allows scale-down).
+
+:class:`DirectScrapeTrafficSource` is the fallback of ``dynoplan up`` when no ``prometheus`` binary is
+installed: it scrapes the frontend's ``/metrics`` every ``scrape_interval_s`` and takes differences of
+the cumulative ``_sum``/``_count``/``_total`` values between the newest sample and the sample closest to
+``w`` seconds before it (no extrapolation, unlike PromQL's ``increase``).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from planner.core import TrafficWindow
+from planner.errors import ConfigError
+
+HISTOGRAMS: dict[str, str] = {
+    "ttft": "dynamo_frontend_time_to_first_token_seconds",
+    "itl": "dynamo_frontend_inter_token_latency_seconds",
+    "duration": "dynamo_frontend_request_duration_seconds",
+    "isl": "dynamo_frontend_input_sequence_tokens",
+    "osl": "dynamo_frontend_output_sequence_tokens",
+}
+REQUESTS_STARTED = "dynamo_frontend_requests_started_total"
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusSourceSettings:
+    """Where and how to query.
+
+    - ``url``: Prometheus base URL, e.g. ``http://127.0.0.1:9090``.
+    - ``model``: value of the frontend's ``model`` label to keep (None = every model).
+    - ``namespace`` / ``namespace_label``: an extra label filter (None = none), e.g. a Kubernetes
+      namespace label added by the scrape config.
+    - ``timeout_s``: per-query HTTP timeout, seconds (default 5).
+    - ``bearer_token``: sent as ``Authorization: Bearer ...`` (None = no auth).
+    - ``ca_file``: CA bundle to verify an https server (None = system CAs); ``insecure_skip_verify``
+      disables verification (tests only).
+    """
+
+    url: str
+    model: str | None = None
+    namespace: str | None = None
+    namespace_label: str = "namespace"
+    timeout_s: float = 5.0
+    bearer_token: str | None = None
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))):
+            problems.append(f"prometheus.url={self.url!r}: expected an http:// or https:// URL")
+        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            problems.append(f"prometheus.timeout_s={self.timeout_s!r}: expected seconds > 0")
+        if problems:
+            raise ConfigError(problems)
+
+
+def label_selector(model: str | None, namespace: str | None, namespace_label: str = "namespace") -> str:
+    """PromQL label matcher, e.g. ``{model="m",namespace="ns"}`` ('' when there is no filter)."""
+    parts = []
+    if model is not None:
+        parts.append(f'model="{_esc(model)}"')
+    if namespace is not None:
+        parts.append(f'{namespace_label}="{_esc(namespace)}"')
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _duration(window_s: float) -> str:
+    return f"{max(1, int(round(window_s * 1000)))}ms"
+
+
+def interval_queries(window_s: float, selector: str = "") -> dict[str, str]:
+    """The PromQL of every figure over a window of ``window_s`` seconds (see the module docstring)."""
+    w = _duration(window_s)
+    out = {k: f"sum(increase({m}_sum{selector}[{w}])) / sum(increase({m}_count{selector}[{w}]))"
+           for k, m in HISTOGRAMS.items()}
+    out["num_requests"] = f"sum(increase({REQUESTS_STARTED}{selector}[{w}]))"
+    return out
+
+
+def window_from_values(window_s: float, v: dict[str, float]) -> TrafficWindow:
+    """A TrafficWindow from figures in Prometheus units (seconds, tokens); ms conversion here."""
+    n = v["num_requests"]
+    if n <= 0:
+        return TrafficWindow(window_s, max(0.0, n))
+    return TrafficWindow(duration_s=window_s, num_requests=n, mean_isl_tokens=v["isl"], mean_osl_tokens=v["osl"],
+                         mean_ttft_ms=v["ttft"] * 1000.0, mean_itl_ms=v["itl"] * 1000.0,
+                         mean_request_duration_s=v["duration"])
+
+
+class PrometheusTrafficSource:
+    """Reads a :class:`~planner.core.TrafficWindow` from a Prometheus server (prometheus-api-client).
+
+    :meth:`read` is blocking (HTTP); the live service calls it in a worker thread. ``last_error`` holds
+    the reason of the last ``None``.
+    """
+
+    def __init__(self, settings: PrometheusSourceSettings) -> None:
+        from prometheus_api_client import PrometheusConnect
+
+        self.settings = settings
+        headers = {"Authorization": f"Bearer {settings.bearer_token}"} if settings.bearer_token else None
+        self._prom = PrometheusConnect(url=settings.url, headers=headers, disable_ssl=settings.insecure_skip_verify,
+                                       timeout=settings.timeout_s)
+        if settings.ca_file and not settings.insecure_skip_verify:
+            self._prom._session.verify = settings.ca_file
+        self.selector = label_selector(settings.model, settings.namespace, settings.namespace_label)
+        self.last_error: str | None = None
+
+    def query(self, promql: str) -> float | None:
+        """One instant query -> its single value (NaN kept), None when the result is empty.
+
+        Raises whatever the client raises on a transport/HTTP error.
+        """
+        res = self._prom.custom_query(promql, timeout=self.settings.timeout_s)
+        if not res:
+            return None
+        return float(res[0]["value"][1])
+
+    def read(self, window_s: float) -> TrafficWindow | None:
+        """The last ``window_s`` seconds of frontend traffic, or None when unknown (see module doc)."""
+        values: dict[str, float] = {}
+        try:
+            for key, q in interval_queries(window_s, self.selector).items():
+                val = self.query(q)
+                if val is None:
+                    self.last_error = f"empty result for {q}"
+                    return None
+                values[key] = val
+        except Exception as e:  # noqa: BLE001 - any transport or server error is "unknown"
+            self.last_error = f"{type(e).__name__}: {str(e)[:200]}"
+            return None
+        self.last_error = None
+        return window_from_values(window_s, values)
+
+
+def parse_cumulative(text: str, model: str | None) -> dict[str, float]:
+    """Sum of every ``<histogram>_sum``/``_count`` and ``requests_started_total`` sample of the frontend
+    exposition ``text`` (matching ``model`` when given). Keys are metric sample names."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {m + s for m in HISTOGRAMS.values() for s in ("_sum", "_count")} | {REQUESTS_STARTED}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in wanted and (model is None or s.labels.get("model") == model):
+                out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+class DirectScrapeTrafficSource:
+    """Fallback without Prometheus: scrapes ``frontend_url``/metrics in a background thread.
+
+    ``scrape_interval_s`` (default 1 s) between samples; samples older than ``keep_s`` are dropped.
+    ``clock`` (default ``time.time``) is injectable for tests. Call :meth:`start` then :meth:`read`;
+    :meth:`close` stops the thread.
+    """
+
+    def __init__(self, frontend_url: str, model: str | None = None, scrape_interval_s: float = 1.0,
+                 keep_s: float = 3600.0, timeout_s: float = 2.0, clock: Callable[[], float] = time.time) -> None:
+        self.url = frontend_url.rstrip("/") + "/metrics"
+        self.model = model
+        self.scrape_interval_s = scrape_interval_s
+        self.keep_s = keep_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.samples: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def scrape_once(self) -> bool:
+        import requests
+
+        try:
+            r = requests.get(self.url, timeout=self.timeout_s)
+            r.raise_for_status()
+            vals = parse_cumulative(r.text, self.model)
+        except Exception as e:  # noqa: BLE001
+            self.last_error = f"{type(e).__name__}: {str(e)[:200]}"
+            return False
+        now = self.clock()
+        with self._lock:
+            self.samples.append((now, vals))
+            while self.samples and now - self.samples[0][0] > self.keep_s:
+                self.samples.popleft()
+        self.last_error = None
+        return True
+
+    def start(self) -> "DirectScrapeTrafficSource":
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.scrape_once()
+                self._stop.wait(self.scrape_interval_s)
+
+        self._thread = threading.Thread(target=loop, name="direct-scrape", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def read(self, window_s: float) -> TrafficWindow | None:
+        """Differences between the newest sample and the one nearest ``window_s`` before it; None when
+        the newest sample is stale (> 3 scrape intervals old) or there are fewer than two samples."""
+        with self._lock:
+            samples = list(self.samples)
+        if len(samples) < 2:
+            return None
+        t1, new = samples[-1]
+        if self.clock() - t1 > 3 * self.scrape_interval_s + self.timeout_s:
+            return None
+        t0, old = min(samples[:-1], key=lambda s: abs((t1 - s[0]) - window_s))
+
+        def d(name: str) -> float:
+            return max(0.0, new.get(name, math.nan) - old.get(name, math.nan))
+
+        if REQUESTS_STARTED not in new:
+            return None
+        v: dict[str, Any] = {"num_requests": d(REQUESTS_STARTED)}
+        for k, m in HISTOGRAMS.items():
+            c = d(m + "_count")
+            v[k] = d(m + "_sum") / c if c > 0 else math.nan
+        return window_from_values(window_s, v)
