@@ -1,0 +1,335 @@
+"""One planner loop per DynoPlanner: observe the DGD and Prometheus, ``Planner.tick``, act, report.
+
+:class:`KubernetesConnector` reads pools from the DGD (spec replicas, ready replicas from the DGD status)
+and scales with a conditional JSON merge patch of ``spec.services.<name>.replicas``; a 409 (someone edited
+the DGD since it was read) is reported, not retried blindly: the next tick re-reads and the planner
+adopts the edit. :class:`PlannerLoop` owns the planner of one DynoPlanner and runs until stopped.
+
+Event reasons (constant): ``ScaledUp``, ``ScaledDown``, ``Rebalanced``, ``AdvisoryDecision``,
+``ScaleConflict``, ``InvalidSpec``, ``TargetNotFound``. Condition types on the DynoPlanner: ``SpecValid``,
+``TargetFound``, ``MetricsAvailable``, ``Ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+from planner.core import Observations, Planner, PlannerConfig, PoolLimits, PoolState, TickResult, load_profile
+from planner.core.metrics import PlannerMetrics
+from planner.errors import PlannerError
+from planner.operator.errors import SpecError
+from planner.operator.kube import Conflict, Gone, Kube, now_iso
+from planner.operator.reconcile import divide_budget, replica_patch, set_condition
+from planner.operator.spec import DgdSpec, PlannerSpec, ServiceSpec, parse_dgd, parse_planner, resolve_pools
+
+log = logging.getLogger("dynoplan.operator.planner")
+
+REASON_UP, REASON_DOWN, REASON_REBALANCE = "ScaledUp", "ScaledDown", "Rebalanced"
+REASON_ADVISORY, REASON_CONFLICT = "AdvisoryDecision", "ScaleConflict"
+REASON_INVALID, REASON_NOT_FOUND = "InvalidSpec", "TargetNotFound"
+
+
+@dataclass
+class BudgetBook:
+    """Namespace-wide shared GPU budget: every planner records its need/min/current; caps are divided by
+    :func:`~planner.operator.reconcile.divide_budget`. One per operator process (in ``kopf.Memo``); ticks
+    that touch it hold ``lock`` so caps and patches are computed one planner at a time."""
+
+    total_gpus: int
+    entries: dict[tuple[str, str, str], tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+    def cap(self, key: tuple[str, str, str], need: int, minimum: int, current: int) -> int:
+        """Record ``key``'s need/min/current GPUs and return its cap (key = namespace, budget, planner)."""
+        self.entries[key] = (need, minimum, current)
+        group = {k[2]: v for k, v in self.entries.items() if k[:2] == key[:2]}
+        alloc = divide_budget(self.total_gpus, {n: v[0] for n, v in group.items()},
+                              {n: v[1] for n, v in group.items()}, {n: v[2] for n, v in group.items()})
+        return alloc[key[2]]
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        self.entries.pop(key, None)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one read of the DGD gave: body, typed spec, pool -> service, pool -> state."""
+
+    body: dict[str, Any]
+    dgd: DgdSpec
+    services: dict[str, ServiceSpec]
+    pools: dict[str, PoolState]
+
+
+class KubernetesConnector:
+    """Reads and scales the pools of one DGD."""
+
+    def __init__(self, kube: Kube, plan: PlannerSpec) -> None:
+        self.kube = kube
+        self.plan = plan
+
+    async def observe(self) -> Observed | None:
+        """The DGD's pools, or None when the DGD does not exist. Raises SpecError when it lacks the
+        services the planner's mode needs. Ready replicas come from ``status.services.<name>.readyReplicas``
+        (None = unknown when the status has no entry)."""
+        body = await self.kube.get_dgd(self.plan.namespace, self.plan.target)
+        if body is None:
+            return None
+        dgd = parse_dgd(body)
+        services = resolve_pools(self.plan, dgd)
+        st = ((body.get("status") or {}).get("services") or {})
+        pools = {}
+        for pool, s in services.items():
+            ready = (st.get(s.name) or {}).get("readyReplicas")
+            pools[pool] = PoolState(1 if s.replicas is None else int(s.replicas), None if ready is None else int(ready))
+        return Observed(body, dgd, services, pools)
+
+    async def scale(self, obs: Observed, targets: Mapping[str, int]) -> dict[str, Any] | None:
+        """Merge-patch the changed pools' replicas, conditional on the resourceVersion read in ``obs``.
+
+        Returns the patch applied (None when nothing changed). Raises Conflict (409) when the DGD changed
+        since it was read, Gone when it was deleted.
+        """
+        patch = replica_patch({p: s.name for p, s in obs.services.items()},
+                              {p: st.replicas for p, st in obs.pools.items()}, targets)
+        if patch is None:
+            return None
+        await self.kube.patch_dgd(self.plan.namespace, self.plan.target, patch,
+                                  resource_version=obs.body["metadata"]["resourceVersion"])
+        return patch
+
+
+class LoopMetrics:
+    """Merges the per-planner registries into one collector (``PlannerMetrics`` registers fixed metric
+    names, so each planner loop gets its own ``CollectorRegistry``; families of the same name are merged
+    so ``/metrics`` carries one family with a series per planner label set)."""
+
+    def __init__(self) -> None:
+        self.registries: dict[tuple[str, str], Any] = {}
+
+    def collect(self) -> Any:
+        merged: dict[str, Any] = {}
+        for reg in list(self.registries.values()):
+            for fam in reg.collect():
+                if fam.name in merged:
+                    merged[fam.name].samples.extend(fam.samples)
+                else:
+                    merged[fam.name] = fam
+        return list(merged.values())
+
+
+def _num(x: float) -> float | None:
+    return round(float(x), 6) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+class PlannerLoop:
+    """The planner of one DynoPlanner. ``step()`` is one iteration (returns seconds to sleep);
+    ``run(stopped)`` repeats it until the kopf daemon's stop flag is set."""
+
+    def __init__(self, body: Mapping[str, Any], kube: Kube, *, defaults: PlannerConfig,
+                 traffic_factory: Callable[[PlannerSpec], Any], metrics_registry: Any,
+                 budget: BudgetBook | None, min_sleep_s: float, max_sleep_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.body = body  # kopf's live view of the DynoPlanner
+        self.kube = kube
+        self.defaults = defaults
+        self.traffic_factory = traffic_factory
+        self.registry = metrics_registry
+        self.budget = budget
+        self.min_sleep_s, self.max_sleep_s = min_sleep_s, max_sleep_s
+        self.clock = clock
+        self.planner: Planner | None = None
+        self._planner_key: Any = None
+        self._metrics: PlannerMetrics | None = None
+        self._sla: Any = None
+        self.conditions: list[dict[str, Any]] = list(((body.get("status") or {}).get("conditions")) or [])
+        self.last_result: TickResult | None = None
+        self._last_status: dict[str, Any] | None = None
+
+    @property
+    def ref(self) -> dict[str, Any]:
+        m = self.body["metadata"]
+        return {"apiVersion": self.body.get("apiVersion"), "kind": self.body.get("kind"),
+                "metadata": {"name": m["name"], "namespace": m["namespace"], "uid": m.get("uid")}}
+
+    def _cond(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        self.conditions = set_condition(self.conditions, type_, "True" if ok else "False", reason, message, now_iso())
+
+    async def _status(self, extra: Mapping[str, Any] | None = None) -> None:
+        m = self.body["metadata"]
+        status = {"observedGeneration": m.get("generation"), "conditions": self.conditions, **(extra or {})}
+        if status == self._last_status:
+            return
+        try:
+            await self.kube.patch_planner_status(m["namespace"], m["name"], status)
+            self._last_status = status
+        except Gone:
+            pass
+
+    async def _invalid(self, err: SpecError, type_: str = "SpecValid", reason: str = REASON_INVALID) -> float:
+        first = not any(c["type"] == type_ and c["status"] == "False" and c.get("message") == str(err)
+                        for c in self.conditions)
+        self._cond(type_, False, reason, str(err))
+        self._cond("Ready", False, reason, str(err))
+        await self._status()
+        if first:
+            log.warning("invalid spec", extra={"planner": self.body["metadata"]["name"], "error": str(err)})
+            try:
+                await self.kube.event(self.ref, "Warning", reason, str(err))
+            except Gone:
+                pass
+        return self.max_sleep_s
+
+    async def step(self) -> float:
+        """One iteration: parse, observe, tick when due, act, report. Returns seconds to sleep."""
+        try:
+            plan = parse_planner(self.body, self.defaults)
+        except SpecError as e:
+            return await self._invalid(e)
+        self._cond("SpecValid", True, "Valid", "spec parsed")
+        conn = KubernetesConnector(self.kube, plan)
+        try:
+            obs = await conn.observe()
+        except SpecError as e:
+            return await self._invalid(e)
+        if obs is None:
+            self._cond("TargetFound", False, REASON_NOT_FOUND, f"DynamoGraphDeployment {plan.target} not found")
+            self._cond("Ready", False, REASON_NOT_FOUND, f"DynamoGraphDeployment {plan.target} not found")
+            await self._status()
+            return self.max_sleep_s
+        self._cond("TargetFound", True, "Found", f"DynamoGraphDeployment {plan.target}")
+
+        cfg = dataclasses.replace(plan.config, **{
+            p: dataclasses.replace(plan.config.limits(p), gpus_per_engine=s.gpus_per_engine)
+            for p, s in obs.services.items()})
+        if cfg.load_enabled:
+            return await self._invalid(SpecError(
+                f"DynoPlanner {plan.namespace}/{plan.name}",
+                "spec.load.enabled=true: the operator has no ForwardPassMetrics source yet; expected false"))
+        key = (cfg, plan.profile)
+        if self.planner is None or key != self._planner_key:
+            try:
+                profile = load_profile(plan.profile) if plan.profile else None
+                self.planner = Planner(cfg, profile)
+            except PlannerError as e:
+                return await self._invalid(SpecError(f"DynoPlanner {plan.namespace}/{plan.name}", str(e)))
+            self._planner_key = key
+            self._start_s = self.clock()
+            self._next_s = self._start_s
+            if self._metrics is None and self.registry is not None:
+                from prometheus_client import CollectorRegistry, Gauge
+
+                own = CollectorRegistry()
+                labels = {"namespace": plan.namespace, "planner": plan.name}
+                self._metrics = PlannerMetrics(own, labels)
+                self._sla = (Gauge("dynoplan_planner_ttft_target_ms", "TTFT SLA target, ms", list(labels), registry=own),
+                             Gauge("dynoplan_planner_itl_target_ms", "ITL SLA target, ms", list(labels), registry=own),
+                             labels)
+                self.registry.registries[(plan.namespace, plan.name)] = own
+            if self._metrics is not None:
+                self._sla[0].labels(**self._sla[2]).set(cfg.ttft_ms)
+                self._sla[1].labels(**self._sla[2]).set(cfg.itl_ms)
+
+        now = self.clock()
+        if now < self._next_s:
+            return min(max(self._next_s - now, self.min_sleep_s), self.max_sleep_s)
+
+        if self.budget is not None and plan.shared_budget:
+            return await self._tick_shared(plan, conn, obs, cfg, now)
+        return await self._tick(plan, conn, obs, cfg, now)
+
+    async def _tick_shared(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
+                           now: float) -> float:
+        assert self.budget is not None
+        async with self.budget.lock:
+            gpus = {p: cfg.limits(p).gpus_per_engine for p in cfg.pools}
+            current = sum(obs.pools[p].replicas * gpus[p] for p in cfg.pools)
+            minimum = sum(cfg.limits(p).min_replicas * gpus[p] for p in cfg.pools)
+            prev = self.last_result.diagnostics.throughput_replicas if self.last_result else {}
+            need = sum(int(prev.get(p, obs.pools[p].replicas)) * gpus[p] for p in cfg.pools)
+            key = (plan.namespace, str(plan.shared_budget), plan.name)
+            cap = self.budget.cap(key, max(need, minimum), minimum, current)
+            assert self.planner is not None
+            self.planner.config = dataclasses.replace(cfg, max_gpu_budget=max(min(cap, cfg.max_gpu_budget), minimum),
+                                                      min_gpu_budget=min(cfg.min_gpu_budget, max(cap, minimum)))
+            return await self._tick(plan, conn, obs, self.planner.config, now, cap=cap)
+
+    async def _tick(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
+                    now: float, cap: int | None = None) -> float:
+        assert self.planner is not None
+        traffic = await self.traffic_factory(plan).window(cfg.adjustment_interval_s) if cfg.throughput_enabled else None
+        self._cond("MetricsAvailable", traffic is not None or not cfg.throughput_enabled,
+                   "Read" if traffic is not None else "Unknown",
+                   "traffic read from Prometheus" if traffic is not None else "Prometheus read failed or no series")
+        result = self.planner.tick(now, Observations(obs.pools, traffic, passes=(), passes_ok=True))
+        self.last_result = result
+        self._next_s = result.next_tick_s
+        if self._metrics is not None:
+            self._metrics.update(result)
+        d = result.decision
+        name = plan.name
+        applied: dict[str, Any] | None = None
+        if d.targets is not None:
+            cur = {p: s.replicas for p, s in obs.pools.items()}
+            change = ", ".join(f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items())
+                               if cur.get(p) != n)
+            msg = f"decision {d.decision_id}: {change or 'no change'} ({', '.join(r.value for r in d.reasons) or d.reason.value})"
+            if plan.advisory:
+                await self.kube.event(self.ref, "Normal", REASON_ADVISORY, msg)
+            else:
+                try:
+                    applied = await conn.scale(obs, d.targets)
+                except Conflict:
+                    log.info("scale conflict; re-reading", extra={"planner": name, "decision": d.decision_id})
+                    await self.kube.event(self.ref, "Warning", REASON_CONFLICT,
+                                          f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning")
+                    self._next_s = now  # re-read at once on the next step
+                except Gone:
+                    applied = None
+                if applied is not None:
+                    ups = any(d.targets[p] > cur.get(p, 0) for p in d.targets)
+                    downs = any(d.targets[p] < cur.get(p, 0) for p in d.targets)
+                    reason = REASON_REBALANCE if ups and downs else REASON_UP if ups else REASON_DOWN
+                    await self.kube.event(obs.body, "Normal", reason, msg)
+                    await self.kube.event(self.ref, "Normal", reason, msg)
+                    log.info("scaled", extra={"planner": name, "decision": d.decision_id, "patch": applied,
+                                              "reason": d.reason.value})
+        diag = result.diagnostics
+        desired = dict(d.targets) if d.targets is not None else {p: s.replicas for p, s in obs.pools.items()}
+        self._cond("Ready", True, "Planning", f"last reason {d.reason.value}")
+        status: dict[str, Any] = {
+            "desiredReplicas": {("worker" if p == "agg" else p): int(n) for p, n in desired.items()},
+            "observed": {"requestsPerSecond": _num(diag.observed.requests_per_second) if diag.observed else None,
+                         "ttftMs": _num(diag.observed.mean_ttft_ms) if diag.observed else None,
+                         "itlMs": _num(diag.observed.mean_itl_ms) if diag.observed else None},
+            "predicted": {"requestsPerSecond": _num(diag.predicted_requests_per_second)},
+            "lastDecision": {"reason": d.reason.value, "time": now_iso(),
+                             **({"id": int(d.decision_id)} if d.decision_id is not None else {})},
+        }
+        if cap is not None:
+            status["sharedBudget"] = {"name": plan.shared_budget, "capGpus": int(cap)}
+        await self._status(status)
+        now2 = self.clock()
+        return min(max(self._next_s - now2, self.min_sleep_s), self.max_sleep_s)
+
+    async def run(self, stopped: Any) -> None:
+        """Repeat :meth:`step` until ``stopped`` (kopf ``DaemonStopped`` flag: ``stopped.wait(s)``)."""
+        while not stopped:
+            try:
+                delay = await self.step()
+            except (Conflict, Gone) as e:  # raced with an edit/deletion: re-read next step
+                log.info("retrying after %s", type(e).__name__, extra={"planner": self.body["metadata"]["name"]})
+                delay = self.min_sleep_s
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - API down/restarting etc.: keep the planner's state, retry
+                log.warning("planner step failed: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+                            extra={"planner": self.body["metadata"]["name"]})
+                delay = self.max_sleep_s
+            await stopped.wait(delay)

@@ -1,0 +1,222 @@
+"""Parse DynamoGraphDeployment and DynoPlanner bodies into typed, validated config (no I/O).
+
+Everything the CRD schema cannot express is checked here and raised as one
+:class:`~planner.operator.errors.SpecError` listing every problem (the handlers turn it into a status
+condition, not a retry loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from planner.core import PlannerConfig, config_from_mapping
+from planner.errors import ConfigError
+from planner.operator.errors import SpecError
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DGD_GROUP, DGD_VERSION, DGD_PLURAL, DGD_KIND = "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment"
+DPL_GROUP, DPL_VERSION, DPL_PLURAL, DPL_KIND = "dynoplan.dev", "v1alpha1", "dynoplanners", "DynoPlanner"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """One DGD service: name, component types, replicas (None = unset, treated as 1), GPUs per engine
+    (``nvidia.com/gpu`` limit, else request, else 1 -- mocker workers use no GPU but occupy an engine slot),
+    image/command/args of the main container, envs."""
+
+    name: str
+    component_type: str | None
+    sub_component_type: str | None
+    replicas: int | None
+    gpus_per_engine: int
+    image: str | None
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    envs: tuple[tuple[str, str], ...]
+    resources: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DgdSpec:
+    """A parsed DGD: ``namespace``, ``name``, ``uid``, ``generation``, services by name, backend."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    backend: str | None
+    services: Mapping[str, ServiceSpec]
+    envs: tuple[tuple[str, str], ...] = ()
+
+
+def _gpus(resources: Any, where: str, problems: list[str]) -> int:
+    if not isinstance(resources, Mapping):
+        return 1
+    for part in ("limits", "requests"):
+        v = (resources.get(part) or {}).get(GPU_RESOURCE)
+        if v is None:
+            continue
+        try:
+            n = int(str(v))
+        except ValueError:
+            n = -1
+        if n < 1:
+            problems.append(f"{where}.resources.{part}.{GPU_RESOURCE}={v!r}: expected an integer >= 1")
+            return 1
+        return n
+    return 1
+
+
+def _envs(raw: Any) -> tuple[tuple[str, str], ...]:
+    return tuple((str(e["name"]), str(e.get("value", ""))) for e in (raw or []) if isinstance(e, Mapping) and "name" in e)
+
+
+def parse_dgd(body: Mapping[str, Any]) -> DgdSpec:
+    """Typed view of a DGD body (the schema already checked types and bounds).
+
+    Raises SpecError for what the schema cannot express (e.g. a non-integer GPU count).
+    """
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    where = f"DynamoGraphDeployment {meta.get('namespace')}/{meta.get('name')}"
+    problems: list[str] = []
+    services: dict[str, ServiceSpec] = {}
+    for name, s in (spec.get("services") or {}).items():
+        s = s or {}
+        main = ((s.get("extraPodSpec") or {}).get("mainContainer") or {})
+        services[name] = ServiceSpec(
+            name=name, component_type=s.get("componentType"), sub_component_type=s.get("subComponentType"),
+            replicas=s.get("replicas"), gpus_per_engine=_gpus(s.get("resources"), f"spec.services.{name}", problems),
+            image=main.get("image"), command=tuple(main.get("command") or ()), args=tuple(main.get("args") or ()),
+            envs=_envs(s.get("envs")), resources=s.get("resources"))
+    if not services:
+        problems.append("spec.services={}: expected at least one service")
+    if problems:
+        raise SpecError(where, problems)
+    return DgdSpec(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
+                   generation=int(meta.get("generation") or 0), backend=spec.get("backendFramework"),
+                   services=services, envs=_envs(spec.get("envs")))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSpec:
+    """A parsed DynoPlanner: target DGD, planner config, pool -> DGD service names (explicit ones only),
+    advisory flag, metrics source, shared budget name."""
+
+    namespace: str
+    name: str
+    target: str
+    config: PlannerConfig
+    services: Mapping[str, str]
+    advisory: bool
+    prometheus_url: str | None
+    model: str | None
+    metrics_namespace: str | None
+    shared_budget: str | None
+    profile: str | None
+
+
+# spec path -> PlannerConfig key
+_SPEC_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("mode",), "mode"),
+    (("sla", "ttftMs"), "ttft_ms"), (("sla", "itlMs"), "itl_ms"),
+    (("throughput", "enabled"), "throughput_enabled"),
+    (("throughput", "adjustmentIntervalS"), "adjustment_interval_s"),
+    (("throughput", "predictor"), "predictor"),
+    (("throughput", "correctionFactors"), "correction_enabled"),
+    (("load", "enabled"), "load_enabled"), (("load", "intervalS"), "load_adjustment_interval_s"),
+    (("load", "scaleDownSensitivity"), "load_sensitivity"),
+    (("replicas", "minPrefill"), "prefill_min_replicas"), (("replicas", "maxPrefill"), "prefill_max_replicas"),
+    (("replicas", "minDecode"), "decode_min_replicas"), (("replicas", "maxDecode"), "decode_max_replicas"),
+    (("replicas", "minWorker"), "agg_min_replicas"), (("replicas", "maxWorker"), "agg_max_replicas"),
+    (("budget", "maxGpus"), "max_gpu_budget"), (("budget", "minGpus"), "min_gpu_budget"),
+)
+
+
+def _dig(d: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    cur: Any = d
+    for p in path:
+        if not isinstance(cur, Mapping) or p not in cur:
+            return None
+        cur = cur[p]
+    return cur
+
+
+def planner_overrides(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """PlannerConfig keys set by a DynoPlanner spec: the typed fields, then ``spec.settings`` (any
+    PlannerConfig key, snake_case or camelCase) on top."""
+    out: dict[str, Any] = {}
+    for path, key in _SPEC_KEYS:
+        v = _dig(spec, path)
+        if v is not None:
+            out[key] = v
+    for k, v in (spec.get("settings") or {}).items():
+        out[_snake(k)] = v
+    return out
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+
+
+def parse_planner(body: Mapping[str, Any], defaults: PlannerConfig | None = None) -> PlannerSpec:
+    """Typed view of a DynoPlanner body on top of ``defaults`` (the operator's planner defaults).
+
+    Raises SpecError listing every invalid planner setting (field, value, expectation).
+    """
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    where = f"DynoPlanner {meta.get('namespace')}/{meta.get('name')}"
+    try:
+        cfg = config_from_mapping(planner_overrides(spec), base=defaults or PlannerConfig())
+    except ConfigError as e:
+        raise SpecError(where, e.problems) from None
+    target = _dig(spec, ("targetRef", "name"))
+    if not target:
+        raise SpecError(where, "spec.targetRef.name: expected the name of a DynamoGraphDeployment")
+    m = spec.get("metrics") or {}
+    b = spec.get("budget") or {}
+    services = {k: str(v) for k, v in (spec.get("services") or {}).items() if v}
+    if "worker" in services:
+        services["agg"] = services.pop("worker")
+    return PlannerSpec(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), target=str(target),
+                       config=cfg, services=services, advisory=bool(spec.get("advisory", False)),
+                       prometheus_url=m.get("prometheusUrl"), model=m.get("model"),
+                       metrics_namespace=m.get("namespace"), shared_budget=b.get("sharedBudget"),
+                       profile=_dig(spec, ("throughput", "profile")))
+
+
+def resolve_pools(plan: PlannerSpec, dgd: DgdSpec) -> dict[str, ServiceSpec]:
+    """Pool (prefill/decode/agg) -> the DGD service it scales.
+
+    Explicit names from the planner spec win; otherwise the unique service with that
+    ``subComponentType`` (prefill/decode), or for ``agg`` the unique ``worker`` service without one.
+    Raises SpecError when a pool's service is missing or ambiguous.
+    """
+    problems: list[str] = []
+    out: dict[str, ServiceSpec] = {}
+    for pool in plan.config.pools:
+        name = plan.services.get(pool)
+        if name is not None:
+            if name not in dgd.services:
+                problems.append(f"spec.services.{'worker' if pool == 'agg' else pool}={name!r}: no such service in "
+                                f"DynamoGraphDeployment {dgd.name} (has {', '.join(sorted(dgd.services))})")
+                continue
+            out[pool] = dgd.services[name]
+            continue
+        if pool == "agg":
+            cands = [s for s in dgd.services.values() if s.component_type in ("worker", "main") and not s.sub_component_type]
+            expect = "one service with componentType worker and no subComponentType"
+        else:
+            cands = [s for s in dgd.services.values() if s.sub_component_type == pool or s.component_type == pool]
+            expect = f"one service with subComponentType {pool}"
+        if len(cands) != 1:
+            problems.append(f"mode {plan.config.mode}: DynamoGraphDeployment {dgd.name} has {len(cands)} "
+                            f"{pool} services ({', '.join(s.name for s in cands) or 'none'}); expected {expect}"
+                            f" or spec.services.{'worker' if pool == 'agg' else pool}")
+            continue
+        out[pool] = cands[0]
+    if problems:
+        raise SpecError(f"DynoPlanner {plan.namespace}/{plan.name}", problems)
+    return out

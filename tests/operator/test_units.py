@@ -1,0 +1,168 @@
+"""Unit tests of the operator's pure parts: spec parsing, reconcile functions, budget division, settings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner.core import PlannerConfig
+from planner.operator.errors import SettingsError, SpecError
+from planner.operator.reconcile import (HASH_ANNOTATION, child_actions, child_name, desired_children, dgd_status,
+                                        divide_budget, replica_patch, set_condition)
+from planner.operator.settings import OperatorSettings, settings_from_env
+from planner.operator.spec import parse_dgd, parse_planner, resolve_pools
+
+
+def dgd_body(**services):
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u-1", "generation": 3},
+            "spec": {"backendFramework": "vllm", "services": services}}
+
+
+DISAGG = dict(
+    Frontend={"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}},
+    Prefill={"componentType": "worker", "subComponentType": "prefill", "replicas": 2,
+             "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+    Decode={"componentType": "worker", "subComponentType": "decode", "replicas": 1},
+    Planner={"componentType": "planner", "replicas": 1},
+)
+
+
+def planner_body(**spec):
+    return {"metadata": {"name": "p", "namespace": "ns", "generation": 1},
+            "spec": {"targetRef": {"name": "g"}, **spec}}
+
+
+def test_parse_dgd_reads_gpus_per_engine_and_defaults_to_one():
+    d = parse_dgd(dgd_body(**DISAGG))
+    assert d.services["Prefill"].gpus_per_engine == 2
+    assert d.services["Decode"].gpus_per_engine == 1
+    assert d.generation == 3 and d.backend == "vllm"
+
+
+def test_parse_dgd_bad_gpu_count_names_the_field():
+    with pytest.raises(SpecError, match=r"spec.services.Decode.resources.limits.nvidia.com/gpu='x'"):
+        parse_dgd(dgd_body(Decode={"subComponentType": "decode", "resources": {"limits": {"nvidia.com/gpu": "x"}}}))
+
+
+def test_planner_spec_maps_typed_fields_and_settings_over_defaults():
+    base = PlannerConfig(predictor="kalman", ttft_ms=400.0)
+    p = parse_planner(planner_body(sla={"itlMs": 30}, replicas={"maxDecode": 5, "minWorker": 2},
+                                   settings={"scaleDownHysteresis": 0.2}, throughput={"adjustmentIntervalS": 60}), base)
+    c = p.config
+    assert (c.predictor, c.ttft_ms, c.itl_ms, c.decode.max_replicas, c.agg.min_replicas) == ("kalman", 400.0, 30.0, 5, 2)
+    assert c.scale_down_hysteresis == 0.2 and c.adjustment_interval_s == 60.0
+
+
+def test_planner_spec_invalid_values_all_reported():
+    with pytest.raises(SpecError) as e:
+        parse_planner(planner_body(settings={"nope": 1, "sizing": "bogus"}))
+    msg = str(e.value)
+    assert "nope: unknown setting" in msg and "sizing='bogus'" in msg
+
+
+def test_resolve_pools_by_subcomponent_and_explicit_names():
+    d = parse_dgd(dgd_body(**DISAGG))
+    pools = resolve_pools(parse_planner(planner_body()), d)
+    assert {k: v.name for k, v in pools.items()} == {"prefill": "Prefill", "decode": "Decode"}
+    with pytest.raises(SpecError, match="has 0 agg services"):
+        resolve_pools(parse_planner(planner_body(mode="agg")), d)
+    with pytest.raises(SpecError, match=r"spec.services.decode='Nope': no such service"):
+        resolve_pools(parse_planner(planner_body(services={"decode": "Nope"})), d)
+
+
+def test_desired_children_owner_refs_labels_and_no_planner_service():
+    kids = desired_children(parse_dgd(dgd_body(**DISAGG)), "img:1")
+    names = [(k["kind"], k["metadata"]["name"]) for k in kids]
+    assert names == [("Deployment", "g-decode"), ("Service", "g-decode"), ("Deployment", "g-frontend"),
+                     ("Service", "g-frontend"), ("Deployment", "g-prefill"), ("Service", "g-prefill")]
+    dep = kids[4]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["metadata"]["ownerReferences"][0] == {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+                                                     "name": "g", "uid": "u-1", "controller": True,
+                                                     "blockOwnerDeletion": True}
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "img:1" and c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert kids[2]["spec"]["template"]["spec"]["containers"][0]["args"] == ["frontend"]
+    assert child_name("My_DGD", "VllmWorker") == "my-dgd-vllmworker"
+
+
+def test_child_actions_idempotent_and_deletes_orphans():
+    kids = desired_children(parse_dgd(dgd_body(**DISAGG)), "img")
+    acts = child_actions(kids, [])
+    assert [a.verb for a in acts] == ["apply"] * 6
+    assert child_actions(kids, kids) == []
+    # Decode replicas changed -> only its Deployment is re-applied; a stale child is deleted.
+    changed = desired_children(parse_dgd(dgd_body(**{**DISAGG, "Decode": {**DISAGG["Decode"], "replicas": 3}})), "img")
+    stale = {"kind": "Service", "metadata": {"name": "g-old", "annotations": {HASH_ANNOTATION: "x"}}}
+    acts = child_actions(changed, kids + [stale])
+    assert [(a.verb, a.kind, a.name) for a in acts] == [("apply", "Deployment", "g-decode"), ("delete", "Service", "g-old")]
+
+
+def test_dgd_status_ready_only_when_every_service_ready():
+    d = parse_dgd(dgd_body(**DISAGG))
+    deps = {n: {"status": {"readyReplicas": r, "updatedReplicas": r, "availableReplicas": r}}
+            for n, r in (("Frontend", 1), ("Prefill", 1), ("Decode", 1))}
+    s = dgd_status(d, deps, None, "2026-01-01T00:00:00Z")
+    assert s["services"]["Prefill"] == {"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}
+    assert s["state"] == "pending" and s["conditions"][0]["status"] == "False"
+    assert "Prefill 1/2" in s["conditions"][0]["message"] and "Planner" not in s["services"]
+    deps["Prefill"]["status"]["readyReplicas"] = 2
+    s2 = dgd_status(d, deps, s, "2026-01-01T00:01:00Z")
+    assert s2["state"] == "successful" and s2["conditions"][0]["status"] == "True"
+    assert s2["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:01:00Z"
+    s3 = dgd_status(d, deps, s2, "2026-01-01T00:02:00Z")
+    assert s3["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:01:00Z"  # unchanged status keeps it
+
+
+def test_replica_patch_only_changed_pools():
+    svc = {"prefill": "Prefill", "decode": "Decode"}
+    assert replica_patch(svc, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 3}) == \
+        {"spec": {"services": {"Decode": {"replicas": 3}}}}
+    assert replica_patch(svc, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 2}) is None
+
+
+def test_set_condition_replaces_one_type():
+    c = set_condition([{"type": "A", "status": "True"}, {"type": "B", "status": "False"}], "B", "True", "r", "m", "t")
+    assert [x["type"] for x in c] == ["A", "B"] and c[1]["status"] == "True"
+
+
+def test_divide_budget_by_need_hand_computed():
+    # 10 GPUs, mins 1+1, extra needs 6 and 2 -> 8 remaining split 6:2 exactly.
+    assert divide_budget(10, {"a": 7, "b": 3}, {"a": 1, "b": 1}, {"a": 1, "b": 1}) == {"a": 7, "b": 3}
+    # 6 GPUs, extra needs 6 and 2 (sum 8 > 4 left): shares 3.0 and 1.0.
+    assert divide_budget(6, {"a": 7, "b": 3}, {"a": 1, "b": 1}, {"a": 1, "b": 1}) == {"a": 4, "b": 2}
+    # b still holds 5 GPUs it must give back: a may only grow into what is free now (8 - 5 = 3).
+    assert divide_budget(8, {"a": 7, "b": 1}, {"a": 1, "b": 1}, {"a": 1, "b": 5}) == {"a": 3, "b": 1}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 40), st.dictionaries(st.sampled_from("abcde"), st.tuples(st.integers(0, 12), st.integers(0, 3),
+                                                                              st.integers(0, 12)), min_size=1))
+def test_divide_budget_never_exceeded(total, spec):
+    needs = {k: v[0] for k, v in spec.items()}
+    mins = {k: v[1] for k, v in spec.items()}
+    cur = {k: v[2] for k, v in spec.items()}
+    alloc = divide_budget(total, needs, mins, cur)
+    assert set(alloc) == set(needs) and all(v >= 0 for v in alloc.values())
+    if sum(cur.values()) <= total and sum(mins.values()) <= total:
+        # Even before anyone shrinks, what each holds or may grow to fits in the budget.
+        assert sum(max(cur[k], alloc[k]) for k in alloc) <= total
+    if sum(mins.values()) <= total and sum(max(n, m) for n, m in zip(needs.values(), mins.values())) <= total \
+            and all(cur[k] <= max(needs[k], mins[k]) for k in cur):
+        assert all(alloc[k] >= max(needs[k], mins[k]) for k in alloc)  # enough for all: everyone gets its need
+
+
+def test_operator_settings_env_and_errors():
+    s = settings_from_env({"DYNOPLAN_OPERATOR_RECONCILE_DGD": "false", "DYNOPLAN_OPERATOR_SHARED_GPU_BUDGET": "16"})
+    assert s.reconcile_dgd is False and s.shared_gpu_budget == 16
+    with pytest.raises(SettingsError) as e:
+        settings_from_env({"DYNOPLAN_OPERATOR_HEALTH_PORT": "70000", "DYNOPLAN_OPERATOR_DGD_RESYNC_S": "-1"})
+    assert "health_port=70000" in str(e.value) and "dgd_resync_s=-1.0" in str(e.value)
+    with pytest.raises(SettingsError, match="bogus: unknown operator setting"):
+        from planner.operator.settings import settings_from_mapping
+        settings_from_mapping({"bogus": 1})
+    assert OperatorSettings().planner_max_sleep_s == 5.0 and not math.isnan(OperatorSettings().dgd_resync_s)
