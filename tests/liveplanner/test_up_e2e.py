@@ -1,0 +1,83 @@
+"""End to end: ``dynoplan up`` (frontend, workers, planner, real Prometheus), a load step up then down
+from ``dynoplan loadgen`` at time compression 2, the dashboard open in real headless Chromium.
+
+Expected from the hand-computable profile (tests/liveplanner/stack.py): 12 req/s x 200 tokens / 1000
+tokens/s/GPU = 2.4 -> 3 replicas (= max_replicas); 1.5 req/s -> 0.3 -> 1 replica (hysteresis 10%:
+ceil(0.33) = 1 < 3, so the scale-down is not held).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.liveplanner.stack import UpStack, stack_file, step_trace
+
+pytestmark = pytest.mark.integration
+
+LAST_Y = ("(() => { const d = document.getElementById('replicas').data;"
+          " if (!d || !d.length || !d[0].y.length) return null; return d[0].y[d[0].y.length - 1]; })()")
+MAX_Y = "(() => Math.max(...document.getElementById('replicas').data[0].y))()"
+
+
+def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
+    cfg = stack_file(tmp_path)
+    # trace time: 6 req/s for 30 s then 0.75 req/s for 48 s; at compression 2: 12 req/s for 15 s, 1.5 req/s for 24 s
+    trace = tmp_path / "step.jsonl"
+    n = step_trace(trace, [(6.0, 30.0), (0.75, 48.0)])
+    with UpStack(cfg) as up:
+        assert up.prometheus_url, "prometheus is installed: up must start it"
+        assert up.spec() == 1
+        page = chromium.open(up.planner_url + "/", wait_for="window.dashboardReady === true")
+        try:
+            assert page.evaluate(LAST_Y) == 1
+            result: dict = {}
+            th = threading.Thread(target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(
+                trace, "--time-compression", "2"))))
+            th.start()
+            seen = [1]
+            change_checked = False
+            while th.is_alive() or seen[-1] != 1:
+                s = up.spec()
+                if s is not None and s != seen[-1]:
+                    seen.append(s)
+                    if not change_checked:  # the first replica change reaches the chart within a few seconds
+                        page.wait_for(f"{LAST_Y} === {s}", timeout_s=5)
+                        change_checked = True
+                assert len(seen) < 20, seen
+                if not th.is_alive() and time.monotonic() > result.setdefault("t_end", time.monotonic()) + 40:
+                    break
+                time.sleep(0.2)
+            th.join()
+            assert result["rc"] == 0, (result.get("rep", {}).get("errors"), result["err"][-2000:])
+            rep = result["rep"]
+            assert rep["completed_requests"] == n and rep["failed_requests"] == 0, rep.get("errors")
+            assert max(seen) == 3 and seen[-1] == 1, seen
+            st = up.state_json()
+            reasons = [d["reason"] for d in st["decisions"]][::-1]
+            assert "scale_up_throughput" in reasons and "scale_down_throughput" in reasons, st["decisions"]
+            assert reasons.index("scale_up_throughput") < len(reasons) - 1 - reasons[::-1].index("scale_down_throughput")
+            assert st["pools"]["agg"] == {"spec": 1, "ready": 1}
+            # Prometheus and the dashboard show the same replica counts (now and the peak)
+            page.wait_for(f"{LAST_Y} === 1", timeout_s=5)
+            prom = up.prometheus_url
+
+            def q(expr: str) -> float | None:
+                r = requests.get(prom + "/api/v1/query", params={"query": expr}, timeout=5).json()["data"]["result"]
+                return float(r[0]["value"][1]) if r else None
+
+            sel = '{pool="agg",kind="spec"}'
+            up.wait(lambda: q(f"dynoplan_planner_replicas{sel}") == 1, 10, "prometheus sees 1 replica")
+            assert q(f"dynoplan_planner_replicas{sel}") == page.evaluate(LAST_Y) == 1
+            assert q(f"max_over_time(dynoplan_planner_replicas{sel}[10m])") == page.evaluate(MAX_Y) == 3
+            up.wait(lambda: q("dynamo_planner_num_decode_replicas") == 1, 10, "core gauge after the next tick")
+            assert q("max_over_time(dynamo_planner_num_decode_replicas[10m])") == 3
+            # the frontend served every request; the workers that were drained are gone
+            assert q("sum(dynamo_frontend_requests_started_total)") == n
+            assert len([w for w in up.fleet()["workers"]]) == 1
+            assert page.errors() == []
+        finally:
+            page.close()
