@@ -478,8 +478,7 @@ class SglangCore:
                     node = r.node
                     if (page == 1 and node.content is r.content and node.lock_ref == 1  # type: ignore[union-attr]
                             and not node.children and node.start + node.length == r.cached):  # type: ignore[union-attr]
-                        node.length += 1  # type: ignore[union-attr]  (own leaf: the decode page joins its tail)
-                        node.tail += 1  # type: ignore[union-attr]
+                        node.length += 1  # type: ignore[union-attr]  (the decode page extends its own leaf)
                         kv.clock += 1
                         node.time = kv.clock  # type: ignore[union-attr]
                         r.cached += 1
@@ -760,7 +759,6 @@ class SglangCore:
             if (node.content is r.content and node.lock_ref == 1 and not node.children  # type: ignore[union-attr]
                     and node.start + node.length == r.cached):  # type: ignore[union-attr]
                 node.length += k  # type: ignore[union-attr]
-                node.tail += k  # type: ignore[union-attr]
                 node.time = clock  # type: ignore[union-attr]
                 r.cached += k
                 moved += k

@@ -10,13 +10,13 @@ Model (DESIGN.md "SGLang mode"; SGLang ``RadixCache`` semantics as modelled by t
 
       free + evictable + protected + private == total_tokens
 
-- Eviction frees unlocked leaves, least recently used first (``last access`` is a logical clock bumped
-  on every match or insert), a whole node at a time, until at least the requested number of tokens is
-  free; a freed leaf may expose its parent as a new leaf candidate.
-- Decode appends one page at a time to a request's own leaf. SGLang makes every such page its own tree
-  node; here they are kept as the node's *tail* (``tail`` tokens at the end of the node), evicted a page
-  at a time from the end, which is the same order SGLang's per-page nodes are evicted in (a chain's pages
-  are older than its tip, so once the tip is the oldest leaf the chain goes tip-first).
+- Eviction frees pages of unlocked leaves, least recently used leaf first (``last access`` is a logical
+  clock bumped on every match or insert), page by page from the leaf's end, until at least the requested
+  number of tokens is free; an emptied leaf may expose its parent as a new leaf candidate. (SGLang keeps
+  pages as a chain of nodes whose pages below the tip are older than every other leaf once the tip is the
+  oldest, so they go tip-first; the reference replay's partial prefix reuse after retraction shows it.)
+- Decode appends one page at a time to a request's own leaf (the node grows instead of gaining a
+  one-page child: same eviction order, far fewer nodes).
 
 Sequence content (:class:`SeqContent`): a sequence is a list of segments ``(start position, key)``; the
 token at position ``x`` is identified by the key of the segment containing ``x``. Keys are *chained*
@@ -136,7 +136,7 @@ class SeqContent:
 class RadixNode:
     """One tree node: ``length`` tokens of ``content`` starting at position ``start`` (its depth)."""
 
-    __slots__ = ("parent", "children", "content", "start", "length", "tail", "lock_ref", "time", "uid")
+    __slots__ = ("parent", "children", "content", "start", "length", "lock_ref", "time", "uid")
 
     def __init__(self, parent: "RadixNode | None", content: SeqContent | None, start: int, length: int,
                  time: int, uid: int) -> None:
@@ -145,8 +145,6 @@ class RadixNode:
         self.content = content
         self.start = start
         self.length = length
-        self.tail = 0
-        """Tokens at the end appended one page at a time by decode (evicted page by page, last first)."""
         self.lock_ref = 0
         self.time = time
         self.uid = uid
@@ -262,9 +260,6 @@ class RadixCache:
         self._uid += 1
         mid = RadixNode(parent, child.content, child.start, at, child.time, self._uid)
         mid.lock_ref = child.lock_ref
-        base = child.length - child.tail
-        mid.tail = at - base if at > base else 0
-        child.tail = child.tail if child.tail < child.length - at else child.length - at
         page = self.page
         parent.children[child.content.page_id(child.start, page)] = mid
         child.start += at
@@ -310,7 +305,7 @@ class RadixCache:
         """Insert ``content[pos:end]`` (page-aligned) below ``node`` (at depth ``pos``, locked by the
         caller). Returns (deepest node, tokens that were already cached). The caller moves the lock to
         the returned node and frees its duplicate slots. ``as_tail``: decode pages, appended to the
-        caller's own leaf when possible."""
+        caller's own leaf when it is that (unshared, childless) leaf's continuation."""
         page = self.page
         self.clock += 1
         now = self.clock
@@ -322,7 +317,6 @@ class RadixCache:
                         and node.lock_ref == 1 and node.start + node.length == pos):
                     add = end - pos
                     node.length += add
-                    node.tail += add
                     node.time = now
                     self.protected_size += add
                     return node, dup
@@ -372,24 +366,15 @@ class RadixCache:
             if node.time != t or node.lock_ref or node.children or node.parent is None or node.length == 0:
                 heapq.heappop(heap)
                 continue
-            need = num_tokens - freed
-            if node.tail:
-                k = -(-need // page) * page
-                if k < node.tail:
-                    node.tail -= k
-                    node.length -= k
-                    self.evictable_size -= k
-                    self.free += k
-                    freed += k
-                    continue
-                k = node.tail
-                node.tail = 0
+            # pages go one at a time from the end of the leaf (SGLang: one node per page, tip first;
+            # the pages below the tip are older than every other leaf, so they follow it)
+            k = -(-(num_tokens - freed) // page) * page
+            if k < node.length:
                 node.length -= k
                 self.evictable_size -= k
                 self.free += k
                 freed += k
-                if freed >= num_tokens and node.length:
-                    continue
+                continue
             heapq.heappop(heap)
             if node.length:
                 self.evictable_size -= node.length
@@ -419,8 +404,8 @@ class RadixCache:
             n = stack.pop()
             if n.lock_ref < 0:
                 raise SimulationError("negative lock_ref")
-            if n.length <= 0 or n.length % self.page or n.tail > n.length:
-                raise SimulationError(f"bad radix node length {n.length} (tail {n.tail})")
+            if n.length <= 0 or n.length % self.page:
+                raise SimulationError(f"bad radix node length {n.length}")
             if n.lock_ref:
                 pr += n.length
             else:

@@ -242,14 +242,7 @@ def test_chunk_size_is_configurable():
 
 # ---------------------------------------------------------------------------------------------- radix cache
 def _store(cache: RadixCache, key: int, n: int):
-    content = SeqContent([0], [key])
-    _, node = cache.match_and_lock(content, n)
-    cache.take(n)
-    new, dup = cache.insert(content, node, 0, n, False)
-    cache.to_tree(n - dup)
-    cache.inc_lock(new)
-    cache.dec_lock(node)
-    return new
+    return _store_content(cache, SeqContent([0], [key]), n)
 
 
 def test_radix_evicts_unlocked_leaves_lru_only():
@@ -260,9 +253,11 @@ def test_radix_evicts_unlocked_leaves_lru_only():
     cache.dec_lock(x)  # x unlocked first (older), then y
     cache.dec_lock(y)
     assert (cache.free, cache.evictable_size, cache.protected_size) == (10, 60, 30)
-    assert cache.evict(15) == 30  # whole least-recently-used leaf: x
-    assert cache.match_len(SeqContent([0], [1]), 30) == 0 and cache.match_len(SeqContent([0], [2]), 30) == 30
-    assert cache.evict(1000) == 30  # only y is evictable; the locked node survives
+    assert cache.evict(15) == 15  # pages from the end of the least recently used leaf: x
+    assert cache.match_len(SeqContent([0], [1]), 30) == 15 and cache.match_len(SeqContent([0], [2]), 30) == 30
+    assert cache.evict(20) == 20  # the rest of x (15), then 5 pages of y
+    assert cache.match_len(SeqContent([0], [1]), 30) == 0 and cache.match_len(SeqContent([0], [2]), 30) == 25
+    assert cache.evict(1000) == 25  # only y was left evictable; the locked node survives
     assert (cache.free, cache.evictable_size, cache.protected_size) == (70, 0, 30)
     cache.check_invariants()
 
@@ -275,22 +270,37 @@ def test_radix_touch_refreshes_lru_order():
     cache.dec_lock(y)
     _, n = cache.match_and_lock(SeqContent([0], [1]), 30)  # x used again: now the most recent
     cache.dec_lock(n)
-    assert cache.evict(1) == 30
+    assert cache.evict(30) == 30
     assert cache.match_len(SeqContent([0], [1]), 30) == 30 and cache.match_len(SeqContent([0], [2]), 30) == 0
 
 
-def test_radix_decode_tail_is_evicted_page_by_page_from_the_end():
+def test_radix_decode_pages_extend_the_own_leaf_and_evict_from_the_end():
     cache = RadixCache(100, 1)
     content = SeqContent([0], [7])
     node = _store_content(cache, content, 20)
     cache.take(5)
-    same, dup = cache.insert(content, node, 20, 25, True)  # decode pages join the leaf's tail
+    same, dup = cache.insert(content, node, 20, 25, True)  # decode pages extend the request's own leaf
     cache.to_tree(5)
-    assert same is node and node.length == 25 and node.tail == 5 and dup == 0
+    assert same is node and node.length == 25 and dup == 0
     cache.dec_lock(node)
-    assert cache.evict(3) == 3 and node.length == 22  # tail pages go first, newest first
+    assert cache.evict(3) == 3 and node.length == 22  # newest pages go first
     assert cache.match_len(content, 25) == 22
-    assert cache.evict(3) == 2 + 20  # rest of the tail, then the whole base node
+    assert cache.evict(100) == 22
+    cache.check_invariants()
+
+
+def test_radix_parent_becomes_a_leaf_after_its_child_is_evicted():
+    cache = RadixCache(4096, 1)
+    a = SeqContent.for_request((1, 2), 1024, 10)
+    b = SeqContent.for_request((1, 3), 1024, 11)
+    na = _store_content(cache, a, 1024)
+    cache.dec_lock(na)
+    nb = _store_content(cache, b, 1024)  # splits a's node at 512: shared parent, two children
+    cache.dec_lock(nb)
+    assert cache.evict(512) == 512  # a's own half (least recently used leaf)
+    assert cache.match_len(a, 1024) == 512 and cache.match_len(b, 1024) == 1024
+    assert cache.evict(1024) == 1024  # b's half, then the shared parent, now a leaf
+    assert cache.evictable_size == 0 and cache.free == 4096
     cache.check_invariants()
 
 
@@ -314,10 +324,12 @@ def test_radix_shared_prefix_split_and_duplicate_accounting():
 
 
 def _store_content(cache, content, n):
-    _, node = cache.match_and_lock(content, n)
-    cache.take(n)
-    new, dup = cache.insert(content, node, 0, n, False)
-    cache.to_tree(n - dup)
+    """What a request does: match and lock its cached prefix, allocate the rest, store it, move the lock."""
+    matched, node = cache.match_and_lock(content, n)
+    cache.take(n - matched)
+    new, dup = cache.insert(content, node, matched, n, False)
+    cache.to_tree(n - matched - dup)
+    cache.give_back(dup)
     cache.inc_lock(new)
     cache.dec_lock(node)
     return new
