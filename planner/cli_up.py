@@ -229,8 +229,9 @@ def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> None:
-    """Start the initial fleet through the same LocalConnector the planner uses; wait until ready."""
+def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> list[subprocess.Popen[bytes]]:
+    """Start the initial fleet through the same LocalConnector the planner uses; wait until ready.
+    Returns the worker processes (``up`` is their parent and reaps them when they exit)."""
     from planner.connectors.local import LocalConnector, LocalFleetSettings
 
     cfg = stack_cfg.planner
@@ -254,6 +255,7 @@ def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> None:
             await conn.close(stop_workers=False)
 
     asyncio.run(go())
+    return [w.proc for w in conn.workers if w.proc is not None]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -316,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
                 st.wait_ok("prometheus", prom_url + "/-/ready", 60)
         st.info["prometheus_url"] = prom_url
         st.save()
-        _start_initial_workers(stack_cfg, state_dir)
+        initial_workers = _start_initial_workers(stack_cfg, state_dir)
         planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
                         "--port", str(pl_port), "--frontend-url", fe_url]
         if prom_url:
@@ -342,6 +344,8 @@ def run(args: argparse.Namespace) -> int:
                 st.spawn("planner", planner_argv)
                 st.info["planner_restarts"] = restarts
                 st.save()
+            for w in initial_workers:
+                w.poll()  # reap a worker that exited (else it stays a zombie child of up)
             for name in ("frontend", "prometheus"):
                 q = st.procs.get(name)
                 if q is not None and q.poll() is not None:

@@ -91,17 +91,25 @@ def free_port() -> int:
 
 
 def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs. A zombie (exited, not yet reaped by its parent — e.g. a worker adopted
+    from another process) counts as dead; our own zombie children are reaped here."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child still "exists": reap it
+    try:
         done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
+        if done == pid:
+            return False
     except ChildProcessError:
-        return True
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -1,0 +1,112 @@
+"""Faults against a running ``dynoplan up`` stack (real processes, real Prometheus).
+
+- a worker killed (SIGKILL) mid-stream: the requests it carried are either re-routed by the frontend
+  (counted in ``dynamo_frontend_request_retries_total``) or fail cleanly (counted by the load
+  generator with an error kind); nothing hangs; the fleet replaces the worker;
+- Prometheus stopped and restarted: the planner holds with ``hold_metrics_unknown`` (never reads the
+  outage as zero demand), then resumes;
+- the planner killed: ``up`` restarts it and it adopts the running fleet (same worker pids, same spec,
+  no decision) instead of resetting it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.infra._proc import free_port
+from tests.liveplanner.stack import UpStack, stack_file, step_trace
+
+pytestmark = pytest.mark.integration
+
+
+def _tp_ticks(st: dict, after: float) -> list[dict]:
+    return [t for t in st["ticks"] if "throughput" in t["loops"] and t["t"] > after]
+
+
+def test_prometheus_outage_then_planner_restart(tmp_path, prometheus_factory):
+    fe_port, pl_port = free_port(), free_port()
+    prom = prometheus_factory({"frontend": [f"127.0.0.1:{fe_port}"], "planner": [f"127.0.0.1:{pl_port}"]},
+                              scrape_interval_s=0.5)
+    cfg = stack_file(tmp_path, planner={"agg": {"min_replicas": 2, "max_replicas": 3}},
+                     service={"port": pl_port}, frontend={"port": fe_port, "poll_s": 0.2},
+                     prometheus={"enabled": False, "url": prom.url})
+    with UpStack(cfg) as up:
+        # min_replicas 2 > the initial 1: the planner raises the fleet, and waits for readiness
+        up.wait(lambda: up.state_json()["pools"]["agg"] == {"spec": 2, "ready": 2}, 60, "fleet of 2 ready")
+        t0 = time.time()
+        up.wait(lambda: any(t["observed_rps"] == 0.0 for t in _tp_ticks(up.state_json(), t0)), 30,
+                "a throughput tick with known (zero) traffic")
+        # --- Prometheus down: hold, never zero demand
+        prom.stop_process()
+        t_down = time.time()
+        up.wait(lambda: any(t["reason"] == "hold_metrics_unknown" and t["observed_rps"] is None
+                            for t in _tp_ticks(up.state_json(), t_down + 0.5)), 30, "hold_metrics_unknown")
+        st = up.state_json()
+        assert st["pools"]["agg"]["spec"] == 2 and st["traffic_error"]
+        assert "dynoplan_planner_traffic_unknown_total" in requests.get(up.planner_url + "/metrics", timeout=5).text
+        # --- Prometheus back: the planner resumes reading
+        prom.start_process()
+        t_up = time.time()
+        up.wait(lambda: any(t["observed_rps"] is not None for t in _tp_ticks(up.state_json(), t_up)), 30,
+                "throughput loop resumes")
+        assert up.state_json()["pools"]["agg"]["spec"] == 2
+        # --- planner killed: up restarts it; it adopts the running fleet
+        before = {w["name"]: w["pid"] for w in up.fleet()["workers"]}
+        assert len(before) == 2
+        old_pid = up.stack_info()["planner_pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        up.wait(lambda: up.stack_info().get("planner_pid") != old_pid, 30, "planner restarted by up")
+        up.wait(lambda: requests.get(up.planner_url + "/health", timeout=1).ok, 60, "new planner serving")
+        up.wait(lambda: len(_tp_ticks(up.state_json(), 0)) >= 2, 30, "two throughput ticks of the new planner")
+        st = up.state_json()
+        assert st["ticks"][0]["reason"] == "hold_warming_up"
+        assert st["decisions"] == []  # nothing reset, nothing re-decided
+        assert st["pools"]["agg"] == {"spec": 2, "ready": 2}
+        assert {w["name"]: w["pid"] for w in up.fleet()["workers"]} == before
+        assert up.stack_info()["planner_restarts"] == 1
+
+
+def test_worker_killed_mid_stream(tmp_path):
+    slow = ["--speedup-ratio", "2", "--num-gpu-blocks", "2048", "--block-size", "16", "--trace-block-size", "16"]
+    cfg = stack_file(tmp_path, planner={"agg": {"min_replicas": 2, "max_replicas": 2}},
+                     fleet={"initial": {"agg": 2}, "worker_args": {"agg": slow}, "drain_grace_s": 1.0},
+                     prometheus={"enabled": False})
+    trace = tmp_path / "steady.jsonl"
+    n = step_trace(trace, [(8.0, 6.0)], isl=200, osl=100)
+    with UpStack(cfg) as up:
+        assert "notice: prometheus is not installed" not in up.log.read_text()  # enabled: false, no notice needed
+        assert up.prometheus_url is None
+        fleet = up.fleet()["workers"]
+        assert len(fleet) == 2
+        victim = fleet[0]
+        result: dict = {}
+        th = threading.Thread(target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(trace))))
+        th.start()
+        # kill when the victim is streaming (it has outstanding requests)
+        up.wait(lambda: sum(requests.get(victim["url"] + "/info", timeout=1).json()["outstanding"]) >= 2, 30,
+                "victim busy")
+        os.kill(victim["pid"], signal.SIGKILL)
+        th.join(120)
+        assert not th.is_alive()
+        rep = result["rep"]
+        assert rep["completed_requests"] + rep["failed_requests"] == n  # every request accounted for
+        assert sum(rep["errors"].values()) == rep["failed_requests"]  # each failure has a kind
+        fe_metrics = requests.get(up.frontend_url + "/metrics", timeout=5).text
+        retries = sum(float(line.split()[-1]) for line in fe_metrics.splitlines()
+                      if line.startswith("dynamo_frontend_request_retries_total"))
+        assert retries + rep["failed_requests"] >= 1, (retries, rep["errors"])  # the kill was felt and counted
+        # the fleet recovers: the dead worker is replaced and serves
+        up.wait(lambda: up.state_json()["pools"]["agg"] == {"spec": 2, "ready": 2}
+                and victim["name"] not in {w["name"] for w in up.fleet()["workers"]}, 60, "fleet recovered")
+        events = up.state_json()["fleet_events"]
+        assert any(e["event"] == "died" and e["worker"] == victim["name"] for e in events)
+        again = tmp_path / "again.jsonl"
+        m = step_trace(again, [(4.0, 2.0)], isl=200, osl=10)
+        rc, rep2, err = up.loadgen(again)
+        assert rc == 0 and rep2["completed_requests"] == m and rep2["failed_requests"] == 0, err
