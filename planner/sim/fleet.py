@@ -201,14 +201,17 @@ class DynamicFleet:
             w.core.finalize()
 
     # ------------------------------------------------------------------ observation side
-    def take_fpm(self) -> list[tuple[str, ForwardPassMetrics]]:
-        """(pool, pass) of every pass run since the previous call (empty unless collect_fpm)."""
+    def take_fpm(self, max_per_worker: int | None = None) -> list[tuple[str, ForwardPassMetrics]]:
+        """(pool, pass) of the passes run since the previous call (empty unless collect_fpm); with
+        ``max_per_worker``, only each worker's most recent ones."""
         out: list[tuple[str, ForwardPassMetrics]] = []
         for w in self._workers:
             fpm = w.core.fpm
-            if len(fpm) > w.fpm_seen:
-                out.extend((w.pool, p) for p in fpm[w.fpm_seen:])
-                w.fpm_seen = len(fpm)
+            n = len(fpm)
+            if n > w.fpm_seen:
+                lo = w.fpm_seen if max_per_worker is None else max(w.fpm_seen, n - max_per_worker)
+                out.extend((w.pool, fpm[k]) for k in range(lo, n))
+                w.fpm_seen = n
         return out
 
     def pool_counts(self, pool: str) -> PoolCounts:

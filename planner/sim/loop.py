@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
-from planner.core import ForwardPassMetrics, TrafficWindow
+from planner.core import ForwardPassMetrics, QueuedRequests, ScheduledRequests, TrafficWindow
 from planner.sim.errors import SimulationConfigError
 from planner.sim.fleet import make_fleet
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, window
@@ -47,7 +47,7 @@ class SimSettings:
     router: str = "round_robin"
     """Routing among ready workers: round_robin | least_loaded."""
     seed: int = 0
-    fpm_per_engine: int = 64
+    fpm_per_engine: int = 16
     """Most recent passes per engine relayed to the policy per tick."""
     gpus_per_worker: Mapping[str, int] = field(default_factory=dict)
     """GPUs per worker by pool (default 1)."""
@@ -147,7 +147,7 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         if t >= next_tick:
             passes: tuple[ForwardPassMetrics, ...] = ()
             if policy.needs_fpm:
-                passes = _relay(fleet.take_fpm(), settings.fpm_per_engine)
+                passes = _relay(fleet.take_fpm(settings.fpm_per_engine), settings.fpm_per_engine)
             view = View(now_s=t, counts={p: fleet.pool_counts(p) for p in pools},
                         engines={p: fleet.engine_states(p) for p in pools},
                         traffic=lambda d, _t=t: traffic(d, _t), passes=passes)
@@ -194,7 +194,15 @@ def _relay(raw: list[tuple[str, Any]], per_engine: int) -> tuple[ForwardPassMetr
     out = []
     for (pool, _, _), ps in sorted(by_engine.items()):
         for p in ps[-per_engine:]:
-            out.append(ForwardPassMetrics.from_mapping(p, pool=pool))
+            s, q = p.scheduled_requests, p.queued_requests
+            out.append(ForwardPassMetrics(
+                p.worker_id, p.dp_rank, p.wall_time,
+                ScheduledRequests(s.num_prefill_requests, s.sum_prefill_tokens, s.var_prefill_length,
+                                  s.sum_prefill_kv_tokens, s.num_decode_requests, s.sum_decode_kv_tokens,
+                                  s.var_decode_kv_tokens),
+                QueuedRequests(q.num_prefill_requests, q.sum_prefill_tokens, q.var_prefill_length,
+                               q.num_decode_requests, q.sum_decode_kv_tokens, q.var_decode_kv_tokens),
+                pool, p.timestamp_ms / 1000.0))
     return tuple(out)
 
 
