@@ -1,0 +1,116 @@
+"""Speed and quality of ``dynoplan simulate`` (issue 5), figures only, no assertions.
+
+Speed: an hour-long trace (bundled Azure conversation trace, 1x) with the planner in the loop, in a child
+process: wall time, CPU time (user + system, from ``wait4``; the box is shared, so CPU time is the
+steadier figure), peak resident memory, and the ratio wall / trace duration against the issue's target of
+1/100. The reference replay (Dynamo Mocker 1.6.1, static 2 workers, same trace, no planner) runs in the
+same session for a speed ratio.
+
+Quality: the issue's targets, each a ``dynoplan simulate --compare`` run (60 s start-up delay):
+  (1) Azure 1x, SLA TTFT 200 / ITL 10 ms, aggregated: planner >= 99.9 % attainment at <= 2.6 GPU-h
+  (2) Azure 8x arrival speed, SLA 500 / 50 ms, aggregated: planner >= 99 % at <= 0.45 GPU-h
+  (3) disaggregated on both: beat the smallest static P+D fleet reaching 99.5 % by >= 10 % GPU-h
+
+Usage:  .venv/bin/python bench/bench_simulate.py [--cases speed,q1,q2,q3] [--policies "planner ..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "examples" / "traces" / "azure_llm_conv_2023.csv"
+REFERENCE = os.environ.get("REFERENCE_REPLAY", "/work/shared/tools/reference-replay")
+DYNOPLAN = [str(ROOT / ".venv" / "bin" / "dynoplan")]
+
+QUALITY = {
+    "q1": dict(args=["--sla-ttft-ms", "200", "--sla-itl-ms", "10"], target_att=0.999, target_gpu_h=2.6,
+               compare=["planner", "static:2", "static:3", "throughput-only", "hpa", "saturation"]),
+    "q2": dict(args=["--arrival-speedup", "8", "--sla-ttft-ms", "500", "--sla-itl-ms", "50"], target_att=0.99,
+               target_gpu_h=0.45, compare=["planner", "static:3", "static:4", "throughput-only", "hpa", "saturation"]),
+}
+
+
+def run_child(cmd: list[str]) -> dict:
+    """Run ``cmd``; wall time, CPU time and peak RSS of the child (wait4)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    out, err = p.stdout.read(), p.stderr.read()  # type: ignore[union-attr]
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err.decode()[-2000:]}")
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024.0,
+            "stdout": out.decode(), "stderr": err.decode()}
+
+
+def speed(policy: str) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        r = run_child([*DYNOPLAN, "simulate", "--trace", str(TRACE), "--sla-ttft-ms", "200", "--sla-itl-ms", "10",
+                       "--compare", policy, "--quiet", "--out", d])
+        doc = json.loads(Path(d, "details.json").read_text())
+    dur = next(iter(doc["policies"].values()))["duration_s"]
+    print(f"speed  {policy:<32} trace {dur:7.0f} s  wall {r['wall_s']:6.1f} s  cpu {r['cpu_s']:6.1f} s  "
+          f"peak RSS {r['peak_rss_mb']:6.0f} MB  wall/duration 1/{dur / r['wall_s']:.0f}  cpu/duration "
+          f"1/{dur / r['cpu_s']:.0f}  (target < 1/100)")
+    if Path(REFERENCE).exists():
+        with tempfile.TemporaryDirectory() as d:
+            ref = run_child([REFERENCE, "--trace", str(TRACE), "--workers", "2", "--engine",
+                             json.dumps({"engine": {"block_size": 64}}), "--json", str(Path(d) / "r.json")])
+        if ref is not None:
+            print(f"       reference replay static 2 (no planner): wall {ref['wall_s']:6.1f} s  cpu {ref['cpu_s']:6.1f} s  "
+                  f"peak RSS {ref['peak_rss_mb']:6.0f} MB  -> dynoplan/reference cpu ratio {r['cpu_s'] / ref['cpu_s']:.2f}")
+
+
+def quality(case: str, compare: list[str] | None) -> None:
+    q = QUALITY[case]
+    pols = compare or q["compare"]
+    with tempfile.TemporaryDirectory() as d:
+        r = run_child([*DYNOPLAN, "simulate", "--trace", str(TRACE), *q["args"], "--compare", *pols, "--quiet",
+                       "--out", d])
+        doc = json.loads(Path(d, "summary.json").read_text())
+    print(f"\n{case}: dynoplan simulate --trace {TRACE.relative_to(ROOT)} {' '.join(q['args'])} --compare {' '.join(pols)}"
+          f"   (wall {r['wall_s']:.0f} s)")
+    print(f"  {'policy':<34}{'SLA att.':>10}{'TTFT att.':>11}{'ITL att.':>10}{'GPU-h':>8}{'p99 TTFT':>10}{'p99 ITL':>9}"
+          f"{'mean rep':>10}{'max rep':>9}{'events':>8}")
+    for name, s in doc["policies"].items():
+        mean = ",".join(f"{v:.2f}" for v in s["mean_replicas"].values())
+        mx = ",".join(str(v) for v in s["max_replicas"].values())
+        print(f"  {name:<34}{100 * s['sla_attainment']:>9.2f}%{100 * s['ttft_attainment']:>10.2f}%"
+              f"{100 * s['itl_attainment']:>9.2f}%{s['gpu_hours']:>8.3f}{s['p99_ttft_ms']:>10.1f}{s['p99_itl_ms']:>9.2f}"
+              f"{mean:>10}{mx:>9}{s['scale_events']:>8}")
+    p = doc["policies"].get("planner")
+    if p:
+        ok = p["sla_attainment"] >= q["target_att"] and p["gpu_hours"] <= q["target_gpu_h"]
+        print(f"  target: planner >= {100 * q['target_att']:.1f}% at <= {q['target_gpu_h']} GPU-h -> "
+              f"{'MET' if ok else 'NOT MET'} ({100 * p['sla_attainment']:.2f}% at {p['gpu_hours']:.3f} GPU-h)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="speed,q1,q2,q3")
+    ap.add_argument("--policies", help="space-separated --compare list for the quality cases")
+    args = ap.parse_args()
+    cases = args.cases.split(",")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (2-core box shared with other developers)")
+    if "speed" in cases:
+        speed("planner")
+        speed("planner:load_enabled=true")
+    for c in ("q1", "q2"):
+        if c in cases:
+            quality(c, args.policies.split() if args.policies else None)
+    if "q3" in cases:
+        print("\nq3 (disaggregated): not run — needs the pooled P/D fleet (mocker.fleet.Fleet with prefill/decode "
+              "pools and KV transfer); planner.sim's interim fleet drives aggregated pools only.")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
