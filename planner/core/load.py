@@ -26,6 +26,7 @@ Estimates for one engine from its latest pass:
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -78,6 +79,7 @@ class PassTimeRegression:
 
     def __init__(self, features: Sequence[str], *, n_buckets: int = 16, per_bucket: int = 32, min_samples: int = 8) -> None:
         self.features = tuple(features)
+        self._get = operator.attrgetter(*self.features)
         self.n_buckets = n_buckets
         self.min_samples = min_samples
         self._buckets: list[deque[tuple[tuple[float, ...], float]]] = [deque(maxlen=per_bucket) for _ in range(n_buckets)]
@@ -89,16 +91,23 @@ class PassTimeRegression:
         return sum(len(b) for b in self._buckets)
 
     def add(self, pass_: ForwardPassMetrics) -> bool:
-        """File one pass; False when skipped (idle heartbeat or non-finite wall time)."""
+        """File one pass; False when skipped (idle heartbeat or non-finite wall time). Hot path: one call
+        per engine pass (hundreds per load tick), so it avoids generic helpers."""
         w = pass_.wall_time
-        if not (math.isfinite(w) and w > 0):
+        if not (0.0 < w < math.inf):
             self.skipped_idle += 1
             return False
-        s = pass_.scheduled_requests
-        x = tuple(float(getattr(s, f)) for f in self.features)
-        return self.add_sample(x, w)
+        x = self._get(pass_.scheduled_requests)
+        if len(self.features) == 1:
+            x = (x,)
+        total = sum(x)
+        b = int(math.log2(1.0 + total)) if total > 0 else 0
+        self._buckets[b if b < self.n_buckets else self.n_buckets - 1].append((x, w))
+        self._dirty = True
+        return True
 
     def add_sample(self, x: Sequence[float], wall_time_s: float) -> bool:
+        """File one (token counts, wall time in s) sample; False when the wall time is not positive."""
         if not (math.isfinite(wall_time_s) and wall_time_s > 0):
             self.skipped_idle += 1
             return False
