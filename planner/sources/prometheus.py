@@ -122,8 +122,11 @@ class PrometheusTrafficSource:
 
         self.settings = settings
         headers = {"Authorization": f"Bearer {settings.bearer_token}"} if settings.bearer_token else None
+        from urllib3.util.retry import Retry
+
+        # no client-side retries: a failed read is "unknown" for this tick; the next tick reads again
         self._prom = PrometheusConnect(url=settings.url, headers=headers, disable_ssl=settings.insecure_skip_verify,
-                                       timeout=settings.timeout_s)
+                                       timeout=settings.timeout_s, retry=Retry(total=0, raise_on_status=False))
         if settings.ca_file and not settings.insecure_skip_verify:
             self._prom._session.verify = settings.ca_file
         self.selector = label_selector(settings.model, settings.namespace, settings.namespace_label)

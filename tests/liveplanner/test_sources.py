@@ -1,0 +1,161 @@
+"""Metric sources against real processes: a live frontend + worker, a real Prometheus, the workers'
+ZMQ FPM stream.
+
+Exactness: Prometheus' ``increase`` extrapolates to the window edges, but ``_sum`` and ``_count`` of one
+histogram are scraped at the same instants and extrapolated by the same factor, so the interval *means*
+(ISL, OSL, TTFT, ...) equal the exact means of the requests in the window; only the request count is
+approximate (within 10% here). The direct-scrape fallback differences cumulative values without
+extrapolation, so its means must agree with Prometheus' to float precision.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import requests
+from aiohttp import ClientSession, web
+
+from planner.errors import ConfigError
+from planner.sources.fpm import FpmSubscriber
+from planner.sources.prometheus import (DirectScrapeTrafficSource, PrometheusSourceSettings, PrometheusTrafficSource,
+                                        interval_queries, label_selector)
+from tests.infra._proc import free_port, wait_until
+from tests.live.procs import LiveStack
+
+pytestmark = pytest.mark.integration
+
+WORKER = ("--speedup-ratio", "20", "--num-gpu-blocks", "2048", "--block-size", "16", "--trace-block-size", "16")
+
+
+def test_queries_and_selector_shape():
+    assert label_selector("m", None) == '{model="m"}'
+    assert label_selector("m", "ns", "k8s_ns") == '{model="m",k8s_ns="ns"}'
+    assert label_selector(None, None) == ""
+    q = interval_queries(180, '{model="m"}')
+    assert q["ttft"] == ('sum(increase(dynamo_frontend_time_to_first_token_seconds_sum{model="m"}[180000ms])) / '
+                         'sum(increase(dynamo_frontend_time_to_first_token_seconds_count{model="m"}[180000ms]))')
+    assert q["num_requests"] == 'sum(increase(dynamo_frontend_requests_started_total{model="m"}[180000ms]))'
+
+
+def test_settings_errors_name_the_field():
+    with pytest.raises(ConfigError) as e:
+        PrometheusSourceSettings(url="localhost:9090", timeout_s=0)
+    assert "prometheus.url='localhost:9090'" in str(e.value) and "prometheus.timeout_s=0" in str(e.value)
+
+
+def test_unreachable_is_unknown_not_zero():
+    src = PrometheusTrafficSource(PrometheusSourceSettings(url=f"http://127.0.0.1:{free_port()}", timeout_s=1))
+    assert src.read(10.0) is None and src.last_error
+
+
+async def _token_proxy(target: str, token: str) -> tuple[web.AppRunner, str]:
+    """A reverse proxy that demands ``Authorization: Bearer token`` in front of a real Prometheus."""
+    session = ClientSession()
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {token}":
+            return web.Response(status=401, text="unauthorized")
+        async with session.get(target + request.path_qs) as r:
+            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    app.on_cleanup.append(lambda _: session.close())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
+    import asyncio
+    import threading
+
+    with LiveStack() as st:
+        w = st.worker("w", *WORKER, "--worker-id", "1")
+        fe = st.frontend("fe", "--workers", w)
+        prom = prometheus_factory({"frontend": [fe.removeprefix("http://")]}, scrape_interval_s=0.5)
+        prom.wait_for_scrapes(2)
+        direct = DirectScrapeTrafficSource(fe, model="mocker", scrape_interval_s=0.25).start()
+        try:
+            t0 = time.time()
+            n = 40
+            rc, rep, err = st.loadgen("--url", fe, "--trace-block-size", "16", "--trace",
+                                      f"synthetic:poisson?rate=40&num_requests={n}&isl=uniform:100:600&osl=uniform:5:40&seed=7")
+            assert rc == 0 and rep["completed_requests"] == n, err
+            prom.wait_for_scrapes(3)
+            time.sleep(0.6)
+            window = time.time() - t0 + 2.0
+            src = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="mocker"))
+            tw = src.read(window)
+            assert tw is not None, src.last_error
+            dw = direct.read(window)
+            assert dw is not None, direct.last_error
+            assert dw.num_requests == n  # no extrapolation
+            assert abs(tw.num_requests - n) <= 0.1 * n
+            isl = prom.query_scalar("dynamo_frontend_input_sequence_tokens_sum") / n
+            osl = rep["total_output_tokens"] / n
+            for w_ in (tw, dw):
+                assert w_.mean_isl_tokens == pytest.approx(isl, rel=1e-9)
+                assert w_.mean_osl_tokens == pytest.approx(osl, rel=1e-9)
+            for f in ("mean_ttft_ms", "mean_itl_ms", "mean_request_duration_s"):
+                assert getattr(tw, f) == pytest.approx(getattr(dw, f), rel=1e-6), f
+                assert getattr(tw, f) > 0
+            # a model nobody serves: empty result = unknown
+            other = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="nobody"))
+            assert other.read(window) is None and "empty result" in other.last_error
+            # a quiet window: zero requests (known), NaN means
+            time.sleep(2.5)
+            quiet = src.read(1.5)
+            assert quiet is not None and quiet.num_requests == 0 and math.isnan(quiet.mean_ttft_ms)
+            # bearer token through an authenticating proxy in front of the real server
+            loop = asyncio.new_event_loop()
+            th = threading.Thread(target=loop.run_forever, daemon=True)
+            th.start()
+            runner, purl = asyncio.run_coroutine_threadsafe(_token_proxy(prom.url, "tok"), loop).result(10)
+            try:
+                ok = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker", bearer_token="tok"))
+                got = ok.read(window)
+                assert got is not None and got.mean_isl_tokens == pytest.approx(isl, rel=1e-9)
+                bad = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker", bearer_token="nope"))
+                assert bad.read(window) is None and "401" in bad.last_error
+            finally:
+                asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+                loop.call_soon_threadsafe(loop.stop)
+                th.join(5)
+        finally:
+            direct.close()
+
+
+def test_fpm_subscriber_tags_pool_keeps_latest_and_drops_stale():
+    with LiveStack() as st:
+        w = st.worker("w", *WORKER, "--worker-id", "7", "--heartbeat-s", "0.2")
+        info = requests.get(w + "/info", timeout=5).json()
+        fake_now = [time.time()]
+        sub = FpmSubscriber(stale_s=5.0, clock=lambda: fake_now[0])
+        try:
+            sub.set_endpoints({info["fpm_endpoint"]: "agg"})
+            got: list = []
+
+            def some_passes() -> bool:
+                requests.post(w + "/v1/completions", json={"model": "mocker", "prompt": "hi", "max_tokens": 4,
+                                                           "input_length": 100}, timeout=10)
+                got.extend(sub.drain())
+                return any(p.wall_time > 0 for p in got)
+
+            wait_until(some_passes, 30, "ForwardPassMetrics over ZMQ")
+            assert {p.pool for p in got} == {"agg"} and {p.worker_id for p in got} == {7}
+            assert all(p.timestamp_s == fake_now[0] for p in got)
+            assert sum(p.scheduled_requests.sum_prefill_tokens for p in got) >= 100
+            assert set(sub.latest()) == {(7, 0)}
+            sub.set_endpoints({})  # the worker leaves: its socket is closed by the receive thread
+            time.sleep(0.5)
+            sub.drain()
+            assert set(sub.latest()) == {(7, 0)}  # not yet stale
+            fake_now[0] += 6.0  # nothing received "for 6 s" on the subscriber's clock
+            assert sub.latest() == {}
+        finally:
+            sub.close()
