@@ -160,12 +160,13 @@ class ControlPlane:
 
     def __init__(self, base_dir: Path | None = None, keep_dir: bool = False,
                  controller_manager: bool = False) -> None:
-        self._own_dir = base_dir is None
-        self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="dynoplan-k8s-"))
-        self._keep_dir = keep_dir
+        # Binaries first: a missing one raises before any temp dir exists.
         self.etcd_bin = binary_path("etcd")
         self.apiserver_bin = binary_path("kube-apiserver")
         self.controller_manager_bin = binary_path("kube-controller-manager") if controller_manager else None
+        self._own_dir = base_dir is None
+        self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="dynoplan-k8s-"))
+        self._keep_dir = keep_dir
         self.pki = _make_pki(self.base_dir)
         self.admin_token = secrets.token_hex(16)
         tokens = self.base_dir / "tokens.csv"

@@ -288,3 +288,10 @@ def _deployment_lifecycle(cp: ControlPlane) -> None:
         # Owner references are honoured by the garbage collector: deleting the Deployment removes its Pods.
         apps.delete_namespaced_deployment("worker", ns, propagation_policy="Background")
         wait_until(lambda: pods(0), 60, "pods garbage-collected")
+
+
+def test_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("DYNOPLAN_KUBE_APISERVER", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match=r"kube-apiserver binary not found at .*nope; build it with"):
+        ControlPlane()
+    assert list(tmp_path.iterdir()) == []
