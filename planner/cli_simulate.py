@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--startup-delay-s", type=_nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
     s.add_argument("--sla-ttft-ms", type=_positive_float, default=500.0, metavar="MS", help="TTFT target (default 500)")
     s.add_argument("--sla-itl-ms", type=_positive_float, default=50.0, metavar="MS", help="ITL target (default 50)")
-    s.add_argument("--router", choices=("round_robin", "least_loaded"), default="round_robin", help="routing among ready workers")
+    s.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing among ready workers (default round_robin)")
     s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
     s.add_argument("--initial-replicas", metavar="N|P+D", help="fleet at t=0 for dynamic policies (default 1 per pool)")
     s.add_argument("--auto-attainment", type=_positive_float, default=0.995, metavar="F", help="static:auto target (default 0.995)")

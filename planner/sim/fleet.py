@@ -30,6 +30,7 @@ from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 from planner.sim.errors import SimulationConfigError
 
 ROUTING: tuple[str, ...] = ("round_robin", "least_loaded")
+"""Routers of the interim fleet (the pooled fleet also has ``kv``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,10 +244,69 @@ class DynamicFleet:
         return [(w.pool, w.worker_id, w.requested_ms, w.ready_ms, w.released_ms) for w in self._workers]
 
 
+class PooledFleet:
+    """Adapter of ``mocker.fleet.Fleet`` (pooled, aggregated or disaggregated) to this module's API:
+    :class:`EngineState` per ready engine, ``take_fpm(max_per_worker)``, ``worker_spans()``."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+
+    def add_worker(self, pool: str, now_ms: float, startup_delay_ms: float = 0.0) -> int:
+        return int(self.fleet.add_worker(pool, now_ms, startup_delay_ms))
+
+    def remove_worker(self, pool: str, now_ms: float, worker_id: int | None = None) -> int:
+        return int(self.fleet.remove_worker(pool, now_ms, worker_id))
+
+    def submit(self, req: TraceRequest, now_ms: float) -> RequestRecord:
+        return self.fleet.submit(req, now_ms)  # type: ignore[no-any-return]
+
+    def advance_until(self, t_ms: float) -> None:
+        self.fleet.advance_until(t_ms)
+
+    def finish(self) -> None:
+        self.fleet.finish()
+
+    def take_fpm(self, max_per_worker: int | None = None) -> list[tuple[str, ForwardPassMetrics]]:
+        return list(self.fleet.take_fpm())
+
+    def pool_counts(self, pool: str) -> PoolCounts:
+        c = self.fleet.pool_counts(pool)
+        return PoolCounts(c.requested, c.ready, c.draining, c.queued_at_fleet)
+
+    def engine_states(self, pool: str) -> list[EngineState]:
+        return [EngineState(e.worker_id, e.num_waiting, e.num_running, e.kv_usage) for e in self.fleet.engine_states(pool)]
+
+    def gpu_seconds(self, now_ms: float, gpus_per_worker: Mapping[str, int] | None = None) -> dict[str, float]:
+        return dict(self.fleet.gpu_seconds(now_ms, dict(gpus_per_worker or {}) or None))
+
+    def worker_spans(self) -> list[tuple[str, int, float, float, float | None]]:
+        out = []
+        for name, p in self.fleet.pools.items():
+            for w in p.workers:
+                out.append((name, int(w.worker_id), float(w.requested_ms), float(w.ready_ms), w.released_ms))
+        return out
+
+
+def pooled_fleet_available() -> bool:
+    """True when ``mocker.fleet.Fleet`` (developer G's pooled fleet) can be imported."""
+    try:
+        from mocker.fleet import Fleet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def make_fleet(engines: Mapping[str, EngineConfig], *, router: str = "round_robin", seed: int = 0,
-               collect_fpm: bool = False, single_step: bool = False) -> DynamicFleet:
-    """The pooled fleet for ``engines`` ({"agg": cfg} or {"prefill": cfg, "decode": cfg})."""
+               collect_fpm: bool = False, single_step: bool = False, transfer: Any = None) -> Any:
+    """The pooled fleet for ``engines`` ({"agg": cfg} or {"prefill": cfg, "decode": cfg}): ``mocker.fleet.Fleet``
+    when available (aggregated and disaggregated), else the interim :class:`DynamicFleet` (aggregated only)."""
+    if pooled_fleet_available():
+        from mocker.fleet import Fleet
+
+        kw: dict[str, Any] = {"transfer": transfer} if transfer is not None else {}
+        return PooledFleet(Fleet(dict(engines), router=router, seed=seed, collect_fpm=collect_fpm,
+                                 single_step=single_step, **kw))
     return DynamicFleet(dict(engines), router=router, seed=seed, collect_fpm=collect_fpm, single_step=single_step)
 
 
-__all__ = ["DynamicFleet", "EngineState", "PoolCounts", "ROUTING", "make_fleet"]
+__all__ = ["DynamicFleet", "EngineState", "PoolCounts", "PooledFleet", "ROUTING", "make_fleet", "pooled_fleet_available"]

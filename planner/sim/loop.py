@@ -50,7 +50,7 @@ class SimSettings:
     fpm_per_engine: int = 16
     """Most recent passes per engine relayed to the policy per tick."""
     gpus_per_worker: Mapping[str, int] = field(default_factory=dict)
-    """GPUs per worker by pool (default 1)."""
+    """GPUs per worker by pool (default: the engine's ``dp_size``)."""
     max_tail_s: float = 3600.0
     """Stop this long after the last arrival even if requests are still unserved (they count as misses)."""
 
@@ -102,7 +102,7 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
     snap_t: list[float] = [0.0]
     last_arrival_s = requests[order[-1]].arrival_ms / 1000.0 if order else 0.0
     pools = tuple(engines)
-    gpw = {p: int(settings.gpus_per_worker.get(p, 1)) for p in pools}
+    gpw = {p: int(settings.gpus_per_worker.get(p, engines[p].dp_size)) for p in pools}
     timeline: list[dict[str, Any]] = []
     decisions: list[dict[str, Any]] = []
     last_step: dict[str, Any] = {"reason": "", "predicted_rps": math.nan, "estimated_ttft_ms": math.nan,
