@@ -291,7 +291,10 @@ def _deployment_lifecycle(cp: ControlPlane) -> None:
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch, tmp_path):
+    import tempfile
+
     monkeypatch.setenv("DYNOPLAN_KUBE_APISERVER", str(tmp_path / "nope"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a leaked mkdtemp would land
     with pytest.raises(FileNotFoundError, match=r"kube-apiserver binary not found at .*nope; build it with"):
         ControlPlane()
     assert list(tmp_path.iterdir()) == []
