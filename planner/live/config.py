@@ -41,6 +41,7 @@ from typing import Any, Mapping
 import yaml
 
 from planner.core import PlannerConfig, config_from_mapping
+from planner.core.config import MODES
 from planner.errors import ConfigError
 
 _TOP_KEYS = {"planner", "profile", "warm_start_trace", "connector", "state_dir", "service", "frontend", "fleet",
@@ -102,7 +103,9 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         planner = config_from_mapping(data.get("planner") or {}, source=None)
     except ConfigError as e:
         problems.extend("planner." + p for p in e.problems)
-        planner = PlannerConfig()
+        raw = data.get("planner") if isinstance(data.get("planner"), Mapping) else {}
+        mode = raw.get("mode", "disagg")  # keep checking the other sections against the intended mode
+        planner = PlannerConfig(mode=mode) if mode in MODES else PlannerConfig()
     kw: dict[str, Any] = {}
 
     def path(key: str, v: Any) -> Path | None:
