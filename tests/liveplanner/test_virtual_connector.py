@@ -17,6 +17,7 @@ import requests
 from planner.connectors.virtual import VirtualConnector, VirtualConnectorClient, VirtualConnectorError
 from planner.core import Planner, PlannerConfig, PoolLimits, TrafficWindow, load_profile
 from planner.live.service import PlannerService
+from tests.infra._proc import wait_until
 from tests.liveplanner.stack import write_profile
 
 pytestmark = pytest.mark.integration
@@ -118,6 +119,10 @@ def test_wait_get_complete_and_timeout(virtual_planner):
     r = requests.post(st.url + "/v1/virtual/decision/3/complete", json={"replicas": {"agg": -1}},
                       headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
     assert r.status_code == 400 and "replicas.agg=-1" in r.json()["error"]
+    # a change made outside the planner is reported and adopted (not overwritten)
+    assert c.report_replicas({"agg": 2}).replicas == {"agg": 2}
+    wait_until(lambda: any(t["reason"] == "adopted_external_change" for t in
+                           requests.get(st.url + "/api/state", timeout=5).json()["ticks"]), 10, "adopted")
     # decision ids survive a planner restart (state file)
     saved = VirtualConnector(("agg",), {"agg": 1}, state_file=tmp_path / "virtual.json")
     assert saved.info.decision_id >= 3 and saved.to_wire_id(1) == saved.info.decision_id + 1
@@ -128,3 +133,17 @@ def test_wait_rejects_bad_query(virtual_planner):
     r = requests.get(st.url + "/v1/virtual/decision/wait", params={"after": "x"},
                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
     assert r.status_code == 400
+
+
+def test_openapi_document_matches_the_served_routes():
+    from pathlib import Path
+
+    import yaml
+    from aiohttp import web
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "docs" / "virtual-connector.openapi.yaml").read_text())
+    documented = {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops}
+    app = web.Application()
+    VirtualConnector(("agg",), {"agg": 1}).add_routes(app)
+    served = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
+    assert served == documented
