@@ -94,17 +94,16 @@ def test_extend_pass_runs_before_decode_and_running_requests_wait():
 
 
 # ---------------------------------------------------------------------------------------------- admission budget
-@pytest.mark.parametrize("osl_b,conservativeness,admitted", [(300, 1.0, True), (360, 1.0, False), (300, 2.0, False)])
+@pytest.mark.parametrize("osl_b,conservativeness,admitted", [(300, 1.0, True), (349, 1.0, True), (350, 1.0, False), (300, 2.0, False)])
 def test_admission_budget_uses_new_token_ratio(osl_b, conservativeness, admitted):
-    """Pool 1000 tokens. Pass 1: A (100 prompt, 500 out) prefills and holds 101 slots. Pass 2 budget:
-    rem_total = free 899 - min(499, 4096) * ratio, ratio = 0.7c - (0.7c - 0.098c)/600 after one decay;
-    B needs prompt 200 + min(osl_b, 4096) < rem_total."""
+    """Pool 1000 tokens. Pass 1 (extend): A (100 prompt, 500 out) prefills and holds 101 slots; an extend pass
+    leaves new_token_ratio at 0.7c. Pass 2 budget: rem_total = free 899 - min(499, 4096) * 0.7c; B needs
+    prompt 200 + min(osl_b, 4096) < rem_total (c=1: 549.7)."""
     core = SglangCore(cfg(num_gpu_blocks=1000, sglang={"schedule_conservativeness": conservativeness}))
     core.add_request(req(0, 0, 100, 500), 0.0)
     o1 = core.step(0.0)
-    init = 0.7 * conservativeness
-    ratio = init - (init - init * 0.14) / 600
-    assert core.new_token_ratio == pytest.approx(ratio, rel=1e-12)
+    ratio = 0.7 * conservativeness
+    assert core.new_token_ratio == ratio
     assert core.kv.free == 899
     rem_total = 899 - 499 * ratio
     core.add_request(req(1, o1.end_ms, 200, osl_b), o1.end_ms)
@@ -116,14 +115,14 @@ def test_admission_budget_uses_new_token_ratio(osl_b, conservativeness, admitted
 def test_new_token_ratio_decays_linearly_to_floor():
     core = SglangCore(cfg())
     core.add_request(req(0, 0, 10, 700), 0.0)
-    for _ in range(650):
+    for _ in range(650):  # 1 extend pass + 649 decode passes
         core.step(core.next_pass_ms)
-    assert core.new_token_ratio == pytest.approx(0.7 * 0.14, rel=1e-9)  # floor reached after 600 passes
+    assert core.new_token_ratio == pytest.approx(0.7 * 0.14, rel=1e-9)  # floor reached after 600 decodes
     core2 = SglangCore(cfg())
     core2.add_request(req(0, 0, 10, 700), 0.0)
     for _ in range(300):
         core2.step(core2.next_pass_ms)
-    assert core2.new_token_ratio == pytest.approx(0.7 - 300 * (0.7 - 0.098) / 600, rel=1e-9)
+    assert core2.new_token_ratio == pytest.approx(0.7 - 299 * (0.7 - 0.098) / 600, rel=1e-9)
 
 
 def test_clip_max_new_tokens_caps_the_reserve():
@@ -202,15 +201,20 @@ def test_retraction_picks_shortest_output_and_keeps_its_prefix_cached():
     assert core.kv.evictable_size >= held_before - 2
 
 
-def test_new_token_ratio_resets_on_retraction():
+def test_new_token_ratio_after_retraction_is_sglangs_estimate():
+    """A and B (100 + 200 each) decode in lockstep in a 300-token pool until one more token each no longer
+    fits: A is retracted (tie on output length: the first) and the ratio becomes
+    min(1, (B's output tokens before the pass + 20 * 1) / 200), not decayed in that pass."""
     core = SglangCore(cfg(num_gpu_blocks=300, sglang={"clip_max_new_tokens": 10}))
     for i in range(2):
         core.add_request(req(i, 0, 100, 200), 0.0)
     o = core.step(0.0)
     while not o.preempted:
         o = core.step(o.end_ms)
-    init = 0.7
-    assert core.new_token_ratio == pytest.approx(init - (init - init * 0.14) / 600, rel=1e-12)
+    assert o.preempted == [0]
+    b_before = core.requests[1].generated - 1
+    assert b_before == 50
+    assert core.new_token_ratio == pytest.approx((b_before + 20) / 200, rel=1e-12)
 
 
 def test_every_request_finishes_under_memory_pressure():
