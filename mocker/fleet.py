@@ -1,41 +1,719 @@
-"""Virtual-time fleet: N aggregated workers replaying a trace as fast as the CPU allows.
+"""Virtual-time fleet: pools of workers (aggregated, or prefill + decode) replaying requests as fast as the
+CPU allows, with workers added and removed while it runs.
 
-Discrete-event loop: arrivals, in (time, input order) order, are the fleet's events; each worker is an
-independent engine core (:mod:`mocker.engine`) advanced lazily to the next event time that concerns it
-(only the chosen worker for round-robin; every worker when the router needs their state). Inside a worker,
-passes are events too: between arrivals, completions, block-boundary crossings and preemptions a
-decode-only batch evolves predictably, so whole stretches of passes are computed at once with numpy
-(:meth:`VllmCore.advance_until`). ``single_step=True`` runs one pass at a time instead; both give identical
-records (tested).
+Two entry points:
 
-Semantics shared with the reference replay (Dynamo Mocker 1.6.1): an arrival joins the worker's waiting
-queue and is considered at the first pass that starts at or after it (an idle worker starts a pass at the
+- :class:`Fleet` — the dynamic fleet a driver (the closed-loop simulation, ``planner/sim``) advances tick by
+  tick: ``add_worker`` / ``remove_worker`` / ``submit`` / ``advance_until`` / ``finish``, plus the
+  observations a planner reads (``take_fpm``, ``pool_counts``, ``engine_states``, ``gpu_seconds``).
+- :func:`run_replay` — a fixed fleet replaying a whole trace (``dynoplan replay``); a thin wrapper over
+  :class:`Fleet` using its lazy fast path.
+
+Discrete-event loop. Fleet events live in a heap keyed ``(time_ms, seq)`` with ``seq`` from a per-Fleet
+counter; time never goes back (asserted). Events: a starting worker becomes ready; a prefill finishes
+(disaggregated: the decode worker is chosen, the KV transfer starts); a transfer ends (the request joins the
+decode worker). Each worker is an independent engine core per DP rank (:mod:`mocker.engine`), advanced
+lazily to the time of the next event that concerns it (only the chosen core for round-robin; every core of
+the pool when the router needs their state). Inside a core, passes are events too, fast-forwarded in
+stretches (:meth:`VllmCore.advance_until`); ``single_step=True`` runs one pass at a time instead (identical
+records, tested).
+
+Semantics shared with the reference replay (Dynamo Mocker 1.6.1): an arrival joins the chosen core's waiting
+queue and is considered at the first pass that starts at or after it (an idle core starts a pass at the
 arrival); ``duration_ms`` = last finish - first arrival; ``worker_seconds`` = workers * duration (the
-reference's ``decode_worker_seconds``).
+reference's ``decode_worker_seconds``; disaggregated: ``prefill_worker_seconds`` + ``decode_worker_seconds``,
+each pool's workers * duration).
+
+Disaggregated requests (reference ``disagg.rs`` facts: the prefill request is the original with
+``max_output_tokens = 1``; the decode request is the original): the prefill worker computes the prompt and
+the first token; at the end of that pass the decode worker is chosen by the decode pool's router, the KV
+transfer takes :meth:`KvTransferConfig.transfer_ms` (:mod:`mocker.transfer`), then the request joins the
+decode core *prefilled* (:meth:`VllmCore.add_prefilled_request`: no recompute) and emits all its
+``output_length`` tokens there, the first at the end of its first decode pass (so TTFT = prefill queue +
+prefill + transfer + one decode pass, as the reference reports it). The user's record carries
+``prefill_worker_id`` and ``worker_id`` = the decode worker; ``admit_ms`` and ``cached_tokens`` come from
+the prefill admission.
+
+Worker lifecycle (dynamic fleets): ``add_worker(pool, now, delay)`` -> *starting* (GPU time counts from
+``now``) -> *ready* at ``now + delay`` (routable; requests that found no ready worker wait in a FIFO fleet
+queue and are dispatched then) -> ``remove_worker`` -> *draining* (no new requests; finishes what it
+holds, including coordinated-handoff holds) -> *released* when empty, at the end of its last pass (GPU time
+stops). Removing a starting worker releases it at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from math import inf
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from mocker.errors import ConfigError
+from mocker.errors import ConfigError, SimulationError
+from mocker.kv.manager import engine_block_keys
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 from mocker.routers import ROUTERS
+from mocker.transfer import KvTransferConfig
+
+POOLS_AGG = ("agg",)
+POOLS_DISAGG = ("prefill", "decode")
+
+_READY, _PREFILL_DONE, _ACTIVATE = 0, 1, 2
+# flight phases (disaggregated requests)
+_QUEUED, _PREFILL, _WAIT_DECODE, _TRANSFER, _DECODE, _DONE, _CANCELLED = range(7)
 
 
 @dataclass(frozen=True)
+class PoolCounts:
+    """Worker counts of one pool at a moment."""
+
+    requested: int
+    """Workers asked for and not being removed: starting + ready."""
+    ready: int
+    """Workers that receive requests."""
+    draining: int
+    """Removed workers still finishing what they hold (GPU time still counted)."""
+    queued_at_fleet: int
+    """Requests waiting at the fleet for a ready worker of this pool."""
+
+    @property
+    def starting(self) -> int:
+        return self.requested - self.ready
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """One DP rank of a ready worker, for saturation / HPA-style policies."""
+
+    pool: str
+    worker_id: int
+    dp_rank: int
+    num_waiting: int
+    """Requests queued in the engine (not yet admitted, or preempted)."""
+    num_running: int
+    """Requests in the running batch."""
+    kv_usage: float
+    """Active KV blocks / total blocks (0..1), as vLLM's ``kv_cache_usage_perc``."""
+
+
+class _Worker:
+    __slots__ = ("pool", "worker_id", "cores", "requested_ms", "ready_ms", "drain_ms", "released_ms", "state",
+                 "inflight", "holds")
+
+    def __init__(self, pool: str, worker_id: int, cores: list[Any], requested_ms: float, ready_ms: float) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.cores = cores
+        self.requested_ms = requested_ms
+        self.ready_ms = ready_ms
+        self.drain_ms: float | None = None
+        self.released_ms: float | None = None
+        self.state = "starting"  # starting | ready | draining | released
+        self.inflight: list[_Flight] = []  # prefill pool: requests whose prefill end is not yet seen
+        self.holds = 0  # coordinated handoffs holding / reserving KV on this worker
+
+
+class _Pool:
+    __slots__ = ("name", "cfg", "router", "needs_state", "on_routed", "workers", "ready", "cores", "queue",
+                 "next_id", "by_id")
+
+    def __init__(self, name: str, cfg: EngineConfig, router: Any) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.router = router
+        self.needs_state: bool = router.needs_state
+        self.on_routed: Callable[[RequestRecord], None] | None = getattr(router, "on_routed", None)
+        self.workers: list[_Worker] = []
+        self.ready: list[_Worker] = []
+        self.cores: list[Any] = []  # ranks of ready workers, in readiness order: what the router sees
+        self.queue: deque[Any] = deque()
+        self.next_id = 0
+        self.by_id: dict[int, _Worker] = {}
+
+    def rebuild(self) -> None:
+        self.cores = [c for w in self.ready for c in w.cores]
+
+
+class _Flight:
+    """A disaggregated request between pools."""
+
+    __slots__ = ("rid", "req", "rec", "prec", "pcore", "dcore", "phase", "hold", "reserve")
+
+    def __init__(self, rid: int, req: TraceRequest, rec: RequestRecord) -> None:
+        self.rid = rid
+        self.req = req
+        self.rec = rec
+        self.prec: RequestRecord | None = None
+        self.pcore: Any = None
+        self.dcore: Any = None
+        self.phase = _QUEUED
+        self.hold: tuple[Any, int] | None = None     # (source core, blocks) held during the transfer
+        self.reserve: tuple[Any, int] | None = None  # (destination core, blocks) reserved during the transfer
+
+
+class Fleet:
+    """A virtual-time fleet of engine pools. See the module docstring for semantics.
+
+    ``engines``: ``{"agg": cfg}`` (aggregated) or ``{"prefill": cfg_p, "decode": cfg_d}`` (disaggregated;
+    each cfg's ``dp_size`` = DP ranks per worker). ``router``: default router of every pool (``ROUTERS``
+    names); ``routers``: per-pool override, e.g. ``{"decode": "least_loaded"}`` (the decode pool's ``kv``
+    router uses overlap weight 0, as Dynamo's decode router). ``transfer``: KV transfer of a disaggregated
+    fleet (default: no delay, direct handoff). ``seed``: routers' tie-breaking generator.
+    ``collect_fpm``: keep per-pass ForwardPassMetrics (read with :meth:`take_fpm`). ``single_step``: no
+    fast-forward (equivalence tests).
+
+    API (times in ms of the virtual clock, never decreasing across calls; a call with an earlier time raises
+    SimulationError)::
+
+        add_worker(pool, now_ms, startup_delay_ms=0.0) -> worker_id      # per-pool ids 0, 1, 2, ...
+        remove_worker(pool, now_ms, worker_id=None) -> worker_id         # None: newest starting, else least loaded
+        submit(req, now_ms) -> RequestRecord                             # filled in as the request runs
+        cancel(record, now_ms) -> bool                                   # releases every hold/reservation once
+        advance_until(t_ms)                                              # fleet events and every core up to t
+        finish()                                                         # run everything submitted to completion
+        take_fpm() -> list[tuple[pool, ForwardPassMetrics]]              # passes since the last call, by time
+        pool_counts(pool) -> PoolCounts
+        engine_states(pool) -> list[EngineState]                         # per DP rank of each ready worker
+        gpu_seconds(now_ms, gpus_per_worker=None) -> {pool: GPU-seconds} # default GPUs/worker = dp_size
+        records -> list[RequestRecord]                                   # in submit order
+        completed -> int                                                 # requests finished (not failed)
+
+    Errors: ConfigError for a bad configuration or an unknown pool / worker; SimulationError when time goes
+    back.
+    """
+
+    def __init__(self, engines: dict[str, EngineConfig], *, router: str = "round_robin",
+                 routers: dict[str, str] | None = None, transfer: KvTransferConfig | None = None, seed: int = 0,
+                 collect_fpm: bool = False, single_step: bool = False) -> None:
+        p: list[str] = []
+        names = tuple(engines) if isinstance(engines, dict) else ()
+        if set(names) not in ({"agg"}, {"prefill", "decode"}):
+            p.append(f"engines={sorted(names)!r}: expected pools {{'agg'}} or {{'prefill', 'decode'}}")
+        routers = dict(routers or {})
+        for pool_name, r in [("*", router), *routers.items()]:
+            if r not in ROUTERS:
+                p.append(f"router={r!r} (pool {pool_name}): unknown router, expected one of {', '.join(ROUTERS)}")
+        for k in routers:
+            if k not in names:
+                p.append(f"routers[{k!r}]: no such pool, expected one of {', '.join(names)}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            p.append(f"seed={seed!r}: expected an integer")
+        if transfer is not None and not isinstance(transfer, KvTransferConfig):
+            p.append(f"transfer={transfer!r}: expected a KvTransferConfig")
+        if p:
+            raise ConfigError(p)
+        for cfg in engines.values():
+            cfg.validate()
+        self.disagg = "prefill" in engines
+        if self.disagg:
+            for name in POOLS_DISAGG:
+                if engines[name].engine == "trtllm":
+                    raise ConfigError(f"engine=trtllm ({name} pool): disaggregated serving is not supported for "
+                                      "TensorRT-LLM (the reference rejects it too); use vllm")
+                if engines[name].engine == "sglang":
+                    raise ConfigError(f"engine=sglang ({name} pool): disaggregated serving needs a prefilled-request "
+                                      "entry point in the SGLang core (not there yet); use vllm")
+        self.transfer = transfer if transfer is not None else KvTransferConfig()
+        self.collect_fpm = collect_fpm
+        self.single_step = single_step
+        self.seed = seed
+        self.pools: dict[str, _Pool] = {}
+        for name, cfg in engines.items():
+            rname = routers.get(name, router)
+            r = ROUTERS[rname](0, seed)
+            if name == "decode" and rname == "kv":
+                r.overlap_score_weight = 0.0  # Dynamo's decode router: no prefix-overlap credit
+            self.pools[name] = _Pool(name, cfg, r)
+        self.entry = self.pools["prefill" if self.disagg else "agg"]
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._clock = -inf
+        self._draining: list[_Worker] = []
+        self._where: list[Any] = []  # by internal request id: the agg core, or the _Flight
+        self.records: list[RequestRecord] = []
+        """Every submitted request's record, in submit order."""
+        self._fpm_taken: dict[int, int] = {}
+        self._pf_to = -inf  # prefill cores advanced to this time
+        self.holds_taken = 0
+        """Coordinated handoffs: holds + reservations taken (each is released exactly once)."""
+        self.holds_released = 0
+        if single_step:
+            self._adv = lambda c, h: c.advance_single_step(h)
+        else:
+            self._adv = lambda c, h: c.advance_until(h)
+
+    # ================================================================== clock
+    def _tick(self, t: float) -> None:
+        if t < self._clock:
+            raise SimulationError(f"fleet clock went back: {t} ms < {self._clock} ms")
+        self._clock = t
+
+    def _push(self, t: float, kind: int, obj: Any) -> None:
+        self._seq += 1
+        heappush(self._heap, (t, self._seq, kind, obj))
+
+    # ================================================================== workers
+    def _pool(self, pool: str) -> _Pool:
+        p = self.pools.get(pool)
+        if p is None:
+            raise ConfigError(f"pool={pool!r}: no such pool, expected one of {', '.join(self.pools)}")
+        return p
+
+    def add_worker(self, pool: str, now_ms: float, startup_delay_ms: float = 0.0) -> int:
+        """Request a worker for ``pool`` at ``now_ms``; it becomes routable at ``now_ms + startup_delay_ms``
+        (GPU time counts from ``now_ms``). Returns its worker id (per pool, 0, 1, 2, ...)."""
+        p = self._pool(pool)
+        if not (isinstance(startup_delay_ms, (int, float)) and startup_delay_ms >= 0 and startup_delay_ms < inf):
+            raise ConfigError(f"startup_delay_ms={startup_delay_ms!r}: expected a finite number >= 0")
+        self._events_to(now_ms)
+        wid = p.next_id
+        p.next_id += 1
+        cfg = p.cfg
+        cores = [make_engine(cfg, worker_id=wid, dp_rank=r, collect_fpm=self.collect_fpm) for r in range(cfg.dp_size)]
+        w = _Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
+        p.workers.append(w)
+        p.by_id[wid] = w
+        if startup_delay_ms == 0:
+            self._make_ready(w, float(now_ms))
+        else:
+            self._push(w.ready_ms, _READY, w)
+        return wid
+
+    def remove_worker(self, pool: str, now_ms: float, worker_id: int | None = None) -> int:
+        """Stop routing to a worker at once; it drains what it holds and is released when empty.
+
+        ``worker_id=None`` picks the newest not-yet-ready worker, else the least loaded ready one (fewest
+        running + waiting requests over its ranks; newest on ties). Returns the removed worker's id. Raises
+        ConfigError when the pool has no such (or no removable) worker."""
+        p = self._pool(pool)
+        self._events_to(now_ms)
+        if worker_id is None:
+            starting = [w for w in p.workers if w.state == "starting"]
+            if starting:
+                w = starting[-1]
+            elif p.ready:
+                for x in p.ready:
+                    for c in x.cores:
+                        self._adv(c, now_ms)
+                w = min(reversed(p.ready), key=lambda x: sum(c.num_running + c.num_waiting for c in x.cores))
+            else:
+                raise ConfigError(f"pool {pool!r}: no worker to remove")
+        else:
+            w = p.by_id.get(worker_id)  # type: ignore[assignment]
+            if w is None or w.state not in ("starting", "ready"):
+                raise ConfigError(f"worker_id={worker_id!r}: not a starting or ready worker of pool {pool!r}")
+        if w.state == "ready":
+            p.ready.remove(w)
+            p.rebuild()
+        w.state = "draining"
+        w.drain_ms = float(now_ms)
+        self._draining.append(w)
+        self._check_draining(now_ms)
+        return w.worker_id
+
+    def _make_ready(self, w: _Worker, t: float) -> None:
+        p = self.pools[w.pool]
+        w.state = "ready"
+        p.ready.append(w)
+        p.rebuild()
+        q = p.queue
+        while q and p.cores:
+            item = q.popleft()
+            if p.name == "decode":
+                self._route_decode(item, t)
+            else:
+                self._dispatch(item[0], item[1], item[2], t)
+
+    def _worker_idle(self, w: _Worker) -> bool:
+        return not w.holds and not w.inflight and not any(c.has_work() for c in w.cores)
+
+    def _check_draining(self, t: float) -> None:
+        """Advance draining workers to ``t``; release those that hold nothing, at the end of their last pass."""
+        keep = []
+        for w in self._draining:
+            for c in w.cores:
+                self._adv(c, t)
+            if self._worker_idle(w):
+                w.released_ms = max([w.drain_ms or 0.0] + [c.next_pass_ms for c in w.cores])
+                w.state = "released"
+            else:
+                keep.append(w)
+        self._draining = keep
+
+    # ================================================================== requests
+    def submit(self, req: TraceRequest, now_ms: float) -> RequestRecord:
+        """Route ``req`` arriving at ``now_ms`` among the ready workers of the entry pool (agg or prefill); with
+        none ready it waits in the fleet queue (FIFO). Returns its record (``arrival_ms = now_ms``)."""
+        if self._heap or self.disagg or self._draining or now_ms < self._clock:
+            self._events_to(now_ms)
+        else:
+            self._clock = now_ms
+        rec = RequestRecord(request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length,
+                            output_length=req.output_length)
+        records = self.records
+        rid = len(records)
+        records.append(rec)
+        ireq = req if req.request_id == rid else dataclasses.replace(req, request_id=rid)
+        p = self.entry
+        cores = p.cores
+        if not self.disagg and cores:  # the aggregated fast path (inlined _dispatch)
+            if p.needs_state:
+                for c in cores:
+                    self._adv(c, now_ms)
+                c = cores[p.router.choose(ireq, now_ms, cores)]
+            else:
+                c = cores[p.router.choose(ireq, now_ms, cores)]
+                self._adv(c, now_ms)
+            c.add_request(ireq, now_ms, rec)
+            self._where.append(c)
+            if p.on_routed is not None:
+                p.on_routed(rec)
+            return rec
+        if self.disagg:
+            fl = _Flight(rid, ireq, rec)
+            self._where.append(fl)
+            item: Any = fl
+        else:
+            self._where.append(None)
+            item = ireq
+        if p.cores:
+            self._dispatch(item, rec, rid, now_ms)
+        else:
+            p.queue.append((item, rec, rid))
+        return rec
+
+    def _dispatch(self, item: Any, rec: RequestRecord, rid: int, t: float) -> None:
+        p = self.entry
+        cores = p.cores
+        adv = self._adv
+        if p.needs_state:
+            for c in cores:
+                adv(c, t)
+        if self.disagg:
+            fl: _Flight = item
+            preq = dataclasses.replace(fl.req, output_length=1)
+            c = cores[p.router.choose(preq, t, cores)]
+            if not p.needs_state:
+                adv(c, t)
+            prec = RequestRecord(request_id=rid, arrival_ms=rec.arrival_ms, input_length=preq.input_length,
+                                 output_length=1)
+            fl.prec = prec
+            fl.pcore = c
+            fl.phase = _PREFILL
+            c.add_request(preq, t, prec)
+            rec.prefill_worker_id = c.worker_id
+            p.by_id[c.worker_id].inflight.append(fl)
+            if p.on_routed is not None:
+                p.on_routed(prec)
+            if t < self._pf_to:
+                self._pf_to = t
+        else:
+            c = cores[p.router.choose(item, t, cores)]
+            if not p.needs_state:
+                adv(c, t)
+            c.add_request(item, t, rec)
+            self._where[rid] = c
+            if p.on_routed is not None:
+                p.on_routed(rec)
+
+    def cancel(self, record: RequestRecord, now_ms: float) -> bool:
+        """Cancel a submitted request wherever it is (fleet queue, prefill, transfer, decode). Every KV hold
+        and reservation it has is released exactly once. Returns False if it already ended."""
+        self._events_to(now_ms)
+        rid = next((i for i, r in enumerate(self.records) if r is record), None)
+        if rid is None or record.status != "pending":
+            return False
+        where = self._where[rid]
+        if not self.disagg:
+            if where is None:
+                self.entry.queue = deque(x for x in self.entry.queue if x[2] != rid)
+            else:
+                self._adv(where, now_ms)
+                if not where.cancel(rid, now_ms):
+                    return False
+            record.status = "cancelled"
+            record.finish_ms = now_ms
+            return True
+        fl: _Flight = where
+        if fl.phase == _QUEUED:
+            self.entry.queue = deque(x for x in self.entry.queue if x[2] != rid)
+        elif fl.phase == _PREFILL:
+            self._adv(fl.pcore, now_ms)
+            fl.pcore.cancel(rid, now_ms)
+            w = self.pools["prefill"].by_id[fl.pcore.worker_id]
+            if fl in w.inflight:
+                w.inflight.remove(fl)
+        elif fl.phase == _WAIT_DECODE:
+            self.pools["decode"].queue = deque(x for x in self.pools["decode"].queue if x is not fl)
+        elif fl.phase == _TRANSFER:
+            self._release_holds(fl)
+        elif fl.phase == _DECODE:
+            self._adv(fl.dcore, now_ms)
+            if not fl.dcore.cancel(rid, now_ms):
+                return False
+        else:
+            return False
+        fl.phase = _CANCELLED
+        record.status = "cancelled"
+        record.finish_ms = now_ms
+        self._check_draining(now_ms)
+        return True
+
+    # ================================================================== disaggregation
+    def _collect_prefill(self, t: float) -> None:
+        """Advance prefill cores to ``t``; every prefill seen ending becomes a PREFILL_DONE event."""
+        self._pf_to = t
+        adv = self._adv
+        for w in self.pools["prefill"].workers:
+            if w.state == "released" or w.state == "starting":
+                continue
+            for c in w.cores:
+                adv(c, t)
+            if w.inflight:
+                keep = []
+                for fl in w.inflight:
+                    if fl.prec.finish_ms is not None:  # type: ignore[union-attr]
+                        self._push(fl.prec.finish_ms, _PREFILL_DONE, fl)  # type: ignore[union-attr]
+                    else:
+                        keep.append(fl)
+                w.inflight = keep
+
+    def _on_prefill_done(self, fl: _Flight, t: float) -> None:
+        if fl.phase != _PREFILL:
+            return
+        rec, prec = fl.rec, fl.prec
+        assert prec is not None
+        if rec.admit_ms is None:
+            rec.admit_ms = prec.admit_ms
+        rec.cached_tokens = prec.cached_tokens
+        rec.num_preemptions += prec.num_preemptions
+        if prec.status != "finished":  # rejected on the prefill worker (prompt can never fit)
+            rec.status = prec.status
+            rec.finish_ms = prec.finish_ms
+            fl.phase = _DONE
+            return
+        self._route_decode(fl, t)
+
+    def _route_decode(self, fl: _Flight, t: float) -> None:
+        p = self.pools["decode"]
+        cores = p.cores
+        if not cores:
+            fl.phase = _WAIT_DECODE
+            p.queue.append(fl)
+            return
+        adv = self._adv
+        if p.needs_state:
+            for c in cores:
+                adv(c, t)
+        c = cores[p.router.choose(fl.req, t, cores)]
+        tr = self.transfer
+        coordinated = tr.handoff == "coordinated"
+        if coordinated or tr.timing == "destination_missing":
+            adv(c, t)
+        fl.dcore = c
+        if p.on_routed is not None:
+            p.on_routed(fl.rec)
+        req = fl.req
+        hit = 0
+        if tr.timing == "destination_missing" and req.hash_ids is not None and c.kv.caching:
+            keys = engine_block_keys(req.hash_ids, req.input_length, c.block_size, c.trace_block_size)
+            hit = min(c.kv.match_prefix(keys)[0] * c.block_size, req.input_length)
+        delay = tr.transfer_ms(tr.charged_tokens(req.input_length, hit))
+        fl.phase = _TRANSFER
+        if coordinated:
+            # the destination reserves at its next pass boundary (now if idle); the transfer starts then
+            start = c.next_pass_ms if c.next_pass_ms > t else t
+            self._take_holds(fl, c)
+            self._push(start + delay, _ACTIVATE, fl)
+        elif delay == 0.0:
+            self._activate(fl, t)
+        else:
+            self._push(t + delay, _ACTIVATE, fl)
+
+    def _take_holds(self, fl: _Flight, dst: Any) -> None:
+        """Coordinated handoff: the source holds the prompt's KV blocks, the destination reserves blocks for
+        prompt + first token (vLLM source-first; SGLang destination-first). Each is capped by what is
+        available (a source whose blocks were reused at once holds what it can)."""
+        src = fl.pcore
+        req = fl.req
+
+        def take(core: Any, tokens: int) -> tuple[Any, int]:
+            n = min(-(-tokens // core.block_size), core.kv.available())
+            core.kv.allocate_private(n)
+            core.external_private_blocks += n
+            self.pools["prefill" if core is src else "decode"].by_id[core.worker_id].holds += 1
+            self.holds_taken += 1
+            return core, n
+
+        order = ("dst", "src") if self.pools["decode"].cfg.engine == "sglang" else ("src", "dst")
+        for side in order:
+            if side == "src":
+                fl.hold = take(src, req.input_length)
+            else:
+                fl.reserve = take(dst, req.input_length + 1)
+
+    def _release_holds(self, fl: _Flight) -> None:
+        for attr, pool in (("reserve", "decode"), ("hold", "prefill")):
+            h = getattr(fl, attr)
+            if h is None:
+                continue
+            core, n = h
+            core.kv.release([], n)
+            core.external_private_blocks -= n
+            self.pools[pool].by_id[core.worker_id].holds -= 1
+            self.holds_released += 1
+            setattr(fl, attr, None)
+
+    def _activate(self, fl: _Flight, t: float) -> None:
+        if fl.phase != _TRANSFER:
+            return
+        c = fl.dcore
+        self._adv(c, t)
+        if fl.reserve is not None:  # the reservation becomes the request's own allocation at admission
+            rc, n = fl.reserve
+            rc.kv.release([], n)
+            rc.external_private_blocks -= n
+            self.pools["decode"].by_id[rc.worker_id].holds -= 1
+            self.holds_released += 1
+            fl.reserve = None
+        fl.phase = _DECODE
+        c.add_prefilled_request(fl.req, t, fl.rec)
+        self._where[fl.rid] = fl
+        if fl.hold is not None:  # source releases after the destination activated
+            self._release_holds(fl)
+
+    # ================================================================== time
+    def _events_to(self, t: float) -> None:
+        """Process fleet events up to ``t`` (inclusive), advancing only the cores they concern."""
+        self._tick(t)
+        heap = self._heap
+        disagg = self.disagg
+        if not heap and not disagg and not self._draining:
+            return
+        while True:
+            if disagg:
+                top = heap[0][0] if heap else inf
+                b = top if top < t else t
+                if b > self._pf_to:
+                    self._collect_prefill(b)
+            if not heap or heap[0][0] > t:
+                break
+            et, _, kind, obj = heappop(heap)
+            if kind == _READY:
+                if obj.state == "starting":
+                    self._make_ready(obj, et)
+            elif kind == _PREFILL_DONE:
+                self._on_prefill_done(obj, et)
+            else:
+                self._activate(obj, et)
+        if self._draining:
+            self._check_draining(t)
+
+    def advance_until(self, t_ms: float) -> None:
+        """Process fleet events (readiness, prefill ends and handoffs, releases) and advance every core of
+        every live worker to ``t_ms`` (all passes starting before it), so observations are current."""
+        self._events_to(t_ms)
+        adv = self._adv
+        for p in self.pools.values():
+            for w in p.ready:
+                for c in w.cores:
+                    adv(c, t_ms)
+
+    def finish(self, until_ms: float = inf) -> None:
+        """Run everything submitted to completion (or until ``until_ms``: passes starting later are not run,
+        later handoffs not made), then fill every record's token times. Requests still queued at the fleet
+        with no worker ever becoming ready stay ``pending``."""
+        self._events_to(until_ms)
+        adv = self._adv
+        for p in self.pools.values():
+            for w in p.workers:
+                for c in w.cores:
+                    adv(c, until_ms)
+        if self._draining:
+            self._check_draining(until_ms)
+        for p in self.pools.values():
+            for w in p.workers:
+                for c in w.cores:
+                    c.finalize()
+
+    # ================================================================== observations
+    @property
+    def completed(self) -> int:
+        """Requests that finished (all their tokens emitted) so far."""
+        pool = self.pools["decode" if self.disagg else "agg"]
+        return sum(c.finished_total for w in pool.workers for c in w.cores)
+
+    def take_fpm(self) -> list[tuple[str, ForwardPassMetrics]]:
+        """(pool, ForwardPassMetrics) of every pass run since the last call, ordered by (pass end time, pool,
+        worker_id, dp_rank). Needs ``collect_fpm=True`` (else always empty). Passes are run lazily: call
+        :meth:`advance_until` first to include every pass up to now."""
+        out: list[tuple[float, str, int, int, int, ForwardPassMetrics]] = []
+        for name, p in self.pools.items():
+            for w in p.workers:
+                for c in w.cores:
+                    key = id(c)
+                    start = self._fpm_taken.get(key, 0)
+                    fpm = c.fpm
+                    for k in range(start, len(fpm)):
+                        f = fpm[k]
+                        out.append((f.timestamp_ms, name, w.worker_id, c.dp_rank, k, f))
+                    self._fpm_taken[key] = len(fpm)
+        out.sort(key=lambda x: x[:5])
+        return [(x[1], x[5]) for x in out]
+
+    def pool_counts(self, pool: str) -> PoolCounts:
+        """Worker counts and fleet-queue length of ``pool`` now."""
+        p = self._pool(pool)
+        starting = sum(1 for w in p.workers if w.state == "starting")
+        draining = sum(1 for w in p.workers if w.state == "draining")
+        return PoolCounts(requested=starting + len(p.ready), ready=len(p.ready), draining=draining,
+                          queued_at_fleet=len(p.queue))
+
+    def engine_states(self, pool: str) -> list[EngineState]:
+        """Per DP rank of each ready worker (readiness order): queue, batch and KV usage as of the last time
+        the core was advanced (call :meth:`advance_until` first for current values)."""
+        p = self._pool(pool)
+        return [EngineState(pool, w.worker_id, c.dp_rank, c.num_waiting, c.num_running,
+                            c.active_blocks() / c.cfg.num_gpu_blocks) for w in p.ready for c in w.cores]
+
+    def gpu_seconds(self, now_ms: float, gpus_per_worker: dict[str, int] | None = None) -> dict[str, float]:
+        """GPU-seconds per pool up to ``now_ms``: every worker from its request until its release (or now),
+        times its GPUs (default: ``dp_size`` of the pool's engine)."""
+        out: dict[str, float] = {}
+        for name, p in self.pools.items():
+            g = (gpus_per_worker or {}).get(name, p.cfg.dp_size)
+            total = 0.0
+            for w in p.workers:
+                end = w.released_ms if w.released_ms is not None and w.released_ms <= now_ms else now_ms
+                if end > w.requested_ms:
+                    total += end - w.requested_ms
+            out[name] = total / 1000.0 * g
+        return out
+
+    def worker_ids(self, pool: str, state: str | None = None) -> list[int]:
+        """Ids of the pool's workers (optionally only those in ``state``: starting|ready|draining|released)."""
+        return [w.worker_id for w in self._pool(pool).workers if state is None or w.state == state]
+
+    def cores(self, pool: str) -> list[Any]:
+        """Every engine core (all ranks, all workers ever added) of ``pool``, in worker order."""
+        return [c for w in self._pool(pool).workers for c in w.cores]
+
+
+# ====================================================================== fixed-fleet replay
+@dataclass(frozen=True)
 class FleetConfig:
-    """Fleet settings, validated at construction (ConfigError listing every problem)."""
+    """Fleet settings of :func:`run_replay`, validated at construction (ConfigError listing every problem).
+
+    Disaggregated when ``num_prefill_workers`` and ``num_decode_workers`` are both > 0 (then
+    ``num_workers`` is ignored)."""
 
     num_workers: int = 1
-    """Aggregated workers (each one engine core)."""
+    """Aggregated workers (each ``dp_size`` engine cores)."""
     router: str = "round_robin"
-    """round_robin | least_loaded | kv"""
+    """round_robin | least_loaded | kv (every pool)"""
     arrival_speedup: float = 1.0
     """Arrival times are divided by this (dimensionless, > 0)."""
     max_time_ms: float | None = None
@@ -44,6 +722,12 @@ class FleetConfig:
     """Disable fast-forward (one pass at a time; for equivalence tests)."""
     seed: int = 0
     """Seed of the router's tie-breaking generator."""
+    num_prefill_workers: int = 0
+    """Prefill workers of a disaggregated fleet."""
+    num_decode_workers: int = 0
+    """Decode workers of a disaggregated fleet."""
+    transfer: KvTransferConfig | None = None
+    """KV transfer between the pools (disaggregated only; default: no delay, direct handoff)."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -58,8 +742,19 @@ class FleetConfig:
             p.append(f"max_time_ms={self.max_time_ms!r}: expected a number > 0 or None")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             p.append(f"seed={self.seed!r}: expected an integer")
+        for name in ("num_prefill_workers", "num_decode_workers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                p.append(f"{name}={v!r}: expected an integer >= 0")
+        if not p and (self.num_prefill_workers > 0) != (self.num_decode_workers > 0):
+            p.append(f"num_prefill_workers={self.num_prefill_workers}, num_decode_workers={self.num_decode_workers}: "
+                     "a disaggregated fleet needs both > 0")
         if p:
             raise ConfigError(p)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.num_prefill_workers > 0 and self.num_decode_workers > 0
 
 
 @dataclass
@@ -67,64 +762,61 @@ class ReplayResult:
     records: list[RequestRecord]
     """One per input request, in input order."""
     fpm: list[ForwardPassMetrics]
-    """Per-pass metrics (empty unless collect_fpm=True), grouped by worker, in time order per worker."""
+    """Per-pass metrics (empty unless collect_fpm=True), grouped by worker (prefill pool first), in time
+    order per worker."""
     duration_ms: float
     """First arrival -> last finish (ms); 0 when nothing finished."""
     worker_seconds: float
-    """Sum over workers of their lifetime (= num_workers * duration, s)."""
+    """Sum over workers of their lifetime (= workers * duration, s)."""
     num_workers: int
     engine: EngineConfig
+    prefill_worker_seconds: float = 0.0
+    """Disaggregated: prefill workers * duration (s); 0 for an aggregated fleet."""
+    num_prefill_workers: int = 0
+    num_decode_workers: int = 0
 
 
 def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: FleetConfig, *,
                progress: Callable[[int, int], None] | None = None,
                collect_fpm: bool = False) -> ReplayResult:
-    """Replay ``requests`` through ``fleet.num_workers`` engines configured by ``engine``.
+    """Replay ``requests`` through a fixed fleet: ``fleet.num_workers`` aggregated engines configured by
+    ``engine``, or ``num_prefill_workers`` + ``num_decode_workers`` (``engine`` with ``worker_type``
+    prefill / decode). Uses :class:`Fleet`'s lazy fast path (cores advanced only when an event concerns them).
 
     Raises ConfigError on an invalid configuration (e.g. an engine without a core).
     """
     engine.validate()
     n = len(requests)
-    workers = [make_engine(engine, worker_id=w, collect_fpm=collect_fpm) for w in range(fleet.num_workers)]
-    router = ROUTERS[fleet.router](fleet.num_workers, fleet.seed)
-    needs_state = router.needs_state
-    on_routed = getattr(router, "on_routed", None)
+    if fleet.disaggregated:
+        pools = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
+        counts = {"prefill": fleet.num_prefill_workers, "decode": fleet.num_decode_workers}
+    else:
+        pools = {"agg": engine}
+        counts = {"agg": fleet.num_workers}
+    fl = Fleet(pools, router=fleet.router, transfer=fleet.transfer, seed=fleet.seed, collect_fpm=collect_fpm,
+               single_step=fleet.single_step)
     stop = inf if fleet.max_time_ms is None else float(fleet.max_time_ms)
     speed = float(fleet.arrival_speedup)
-    if fleet.single_step:
-        def advance(w, h):  # type: ignore[no-untyped-def]
-            w.advance_single_step(h)
-    else:
-        def advance(w, h):  # type: ignore[no-untyped-def]
-            w.advance_until(h)
-    records: list[RequestRecord | None] = [None] * n
     order = sorted(range(n), key=lambda i: (requests[i].arrival_ms, i))
+    t0 = 0.0
+    if order:
+        a0 = requests[order[0]].arrival_ms
+        t0 = min(0.0, a0 / speed if speed != 1.0 else float(a0))
+    for name, k in counts.items():
+        for _ in range(k):
+            fl.add_worker(name, t0)
+    records: list[RequestRecord | None] = [None] * n
     every = max(1, n // 100)
-    replace = dataclasses.replace
-    done = 0
+    submit = fl.submit
     for done, i in enumerate(order):
         req = requests[i]
         t = req.arrival_ms / speed if speed != 1.0 else float(req.arrival_ms)
         if t >= stop:
             break
-        if needs_state:
-            for w in workers:
-                advance(w, t)
-        wid = router.choose(req, t, workers)
-        w = workers[wid]
-        if not needs_state:
-            advance(w, t)
-        rec = RequestRecord(request_id=req.request_id, arrival_ms=t, input_length=req.input_length,
-                            output_length=req.output_length)
-        w.add_request(replace(req, request_id=i) if req.request_id != i else req, t, rec)
-        records[i] = rec
-        if on_routed is not None:
-            on_routed(rec)
+        records[i] = submit(req, t)
         if progress is not None and done % every == 0:
-            progress(sum(x.finished_total for x in workers), n)
-    for w in workers:
-        advance(w, stop)
-        w.finalize()
+            progress(fl.completed, n)
+    fl.finish(stop)
     out: list[RequestRecord] = []
     for i, rec in enumerate(records):
         if rec is None:
@@ -137,9 +829,13 @@ def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: Fl
     duration = (max(finishes) - first) if finishes else 0.0
     fpm: list[ForwardPassMetrics] = []
     if collect_fpm:
-        for w in workers:
-            fpm.extend(w.fpm)
+        for name in pools:
+            for c in fl.cores(name):
+                fpm.extend(c.fpm)
     if progress is not None:
-        progress(sum(x.finished_total for x in workers), n)
-    return ReplayResult(records=out, fpm=fpm, duration_ms=duration, worker_seconds=fleet.num_workers * duration / 1000.0,
-                        num_workers=fleet.num_workers, engine=engine)
+        progress(fl.completed, n)
+    nw = sum(counts.values())
+    return ReplayResult(records=out, fpm=fpm, duration_ms=duration, worker_seconds=nw * duration / 1000.0,
+                        num_workers=nw, engine=engine,
+                        prefill_worker_seconds=counts.get("prefill", 0) * duration / 1000.0,
+                        num_prefill_workers=counts.get("prefill", 0), num_decode_workers=counts.get("decode", 0))

@@ -206,12 +206,13 @@ def build_report(
     }
     gpus = int(getattr(result.engine, "dp_size", 1))
     worker_seconds = float(result.worker_seconds)
+    prefill_seconds = float(getattr(result, "prefill_worker_seconds", 0.0))  # disaggregated fleets (mocker.fleet)
     rep |= {
         "num_workers": int(result.num_workers),
         "worker_seconds": worker_seconds,
-        "prefill_worker_seconds": 0.0,
-        "decode_worker_seconds": worker_seconds,
-        "prefill_gpus_per_worker": 0,
+        "prefill_worker_seconds": prefill_seconds,
+        "decode_worker_seconds": worker_seconds - prefill_seconds,
+        "prefill_gpus_per_worker": gpus if prefill_seconds else 0,
         "decode_gpus_per_worker": gpus,
         "gpu_hours": worker_seconds * gpus / 3600.0,
     }

@@ -1,10 +1,12 @@
 """Routers of the virtual-time fleet: which aggregated worker gets an arriving request.
 
 Registry (plain dict): ``ROUTERS = {"round_robin": RoundRobinRouter, "least_loaded": LeastLoadedRouter,
-"kv": KvRouter}``. A router sees the workers as they are at the arrival time (the fleet advances them first
-when ``needs_state`` is true).
+"kv": KvRouter}``. A router sees the engine cores (one per DP rank of every ready worker of a pool, in
+readiness order) as they are at the arrival time (the fleet advances them first when ``needs_state`` is
+true) and returns an index into that list. The list may change between calls (workers added, removed);
+routers keep per-core state keyed by ``(worker_id, dp_rank)``, never by position.
 
-- round_robin: request k (in arrival order) -> worker k mod N (the reference's order).
+- round_robin: request k (in arrival order) -> core k mod N, N = cores offered now (the reference's order).
 - least_loaded: fewest active KV blocks plus blocks of queued prompts, then fewest requests, then lowest id.
 - kv: Dynamo KV router cost (overlap_score_weight 1.0, temperature 0):
   ``logit_w = prefill_blocks_w + decode_blocks_w`` with ``prefill_blocks_w = (prompt tokens the router has
@@ -41,7 +43,7 @@ class RoundRobinRouter:
         self.k = 0
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
-        w = self.k % self.n
+        w = self.k % (len(workers) or self.n)
         self.k += 1
         return w
 
@@ -122,8 +124,9 @@ class KvRouter:
     def __init__(self, num_workers: int, seed: int = 0) -> None:
         self.n = num_workers
         self.rng = np.random.default_rng(seed)
-        self.views = [_RouterWorkerView() for _ in range(num_workers)]
-        self._pending: tuple[int, list[int], int, int] | None = None
+        self.views: dict[tuple[int, int], _RouterWorkerView] = {}
+        """The router's book per engine core, keyed (worker_id, dp_rank): cores come and go with the fleet."""
+        self._pending: tuple[_RouterWorkerView, list[int], int, int] | None = None
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
         w0 = workers[0]
@@ -137,7 +140,13 @@ class KvRouter:
             n_unique = 1 if req.input_length % bs else 0
         logits = []
         overlaps = []
-        for w, view in zip(workers, self.views):
+        views = self.views
+        chosen_views = []
+        for w in workers:
+            view = views.get((w.worker_id, w.dp_rank))
+            if view is None:
+                view = views[(w.worker_id, w.dp_rank)] = _RouterWorkerView()
+            chosen_views.append(view)
             view.refresh()
             overlap = w.kv.match_prefix(keys_l)[0] if keys_l else 0
             overlaps.append(overlap)
@@ -147,16 +156,15 @@ class KvRouter:
         m = min(logits)
         best = [i for i, v in enumerate(logits) if v == m]
         choice = best[0] if len(best) == 1 else best[int(self.rng.integers(len(best)))]
-        self._pending = (choice, keys_l, req.input_length - overlaps[choice] * bs, n_unique)
+        self._pending = (chosen_views[choice], keys_l, req.input_length - overlaps[choice] * bs, n_unique)
         return choice
 
     def on_routed(self, record) -> None:  # type: ignore[no-untyped-def]
         """Book the request just placed by :meth:`choose` (its record tells when prefill and decode end)."""
         if self._pending is None:
             return
-        wid, keys, new_tokens, n_unique = self._pending
+        view, keys, new_tokens, n_unique = self._pending
         self._pending = None
-        view = self.views[wid]
         for k in keys:
             view.blocks[k] = view.blocks.get(k, 0) + 1
         view.unique += n_unique

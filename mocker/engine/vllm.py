@@ -116,6 +116,8 @@ class VllmCore:
         self.next_pass_ms = 0.0
         self.pass_index = 0
         self.reserved_blocks = 0
+        self.external_private_blocks = 0
+        """Private blocks held for a driver (disaggregated handoff holds and reservations, :mod:`mocker.fleet`)."""
         self.preemptions_total = 0
         self.finished_total = 0
         self._ends_py: list[float] = []
@@ -153,6 +155,22 @@ class VllmCore:
         self.requests[r.request_id] = r
         self.all_requests.append(r)
         self.waiting.append(r)
+        return record
+
+    def add_prefilled_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
+        """Disaggregated decode side: queue a request whose prompt KV and first token were computed by a
+        prefill worker. Nothing is recomputed: at admission its blocks for prompt + that token are allocated
+        (prefix-cache hits shared) and the pass computes only the token's KV, as a decode request; it then
+        emits ``output_length`` tokens here, the first at the end of its admission pass (as the reference's
+        decode worker: 374-token prompt admitted at 23.0049 ms -> first token at 28.7641 ms)."""
+        record = self.add_request(req, now_ms, record)
+        r = self.requests[req.request_id]
+        # Internally: prompt P-1 computed + 1 "generated" token whose KV is not (the last prompt token's), so the
+        # first pass is a decode at P tokens (the reference's decode pass lengths P, P+1, ...) and emits g == 2.
+        r.prompt_len -= 1
+        r.computed = r.prompt_len
+        r.generated = 1
+        r.output_len += 1
         return record
 
     def cancel(self, request_id: int, now_ms: float) -> bool:
@@ -244,7 +262,7 @@ class VllmCore:
             raise SimulationError("a request is both waiting and running")
         if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting):
             raise SimulationError("a request appears twice in a queue")
-        held = sum(r.private_blocks for r in self.running)
+        held = sum(r.private_blocks for r in self.running) + self.external_private_blocks
         if held != self.kv.private_in_use:
             raise SimulationError(f"private blocks held by requests {held} != pool count {self.kv.private_in_use}")
         for r in self.running:
@@ -517,7 +535,7 @@ class VllmCore:
                 r.emit_last = p
             else:
                 r.note_emit(p)
-            if g == 1:
+            if g == 1 or (g == 2 and r.record.first_token_ms is None):  # g == 2: a prefilled request
                 r.record.first_token_ms = end
             if g >= r.output_len:
                 r.transition(State.FINISHED)

@@ -1,0 +1,95 @@
+"""KV-cache transfer model of a disaggregated (prefill/decode) fleet.
+
+After a prefill worker has computed a request's prompt (and its first token), the prompt's KV cache moves
+to a decode worker. The transfer takes (DESIGN.md "KV transfer (P/D)"; Dynamo Mocker's
+``kv_transfer_bandwidth`` / ``kv_transfer_bytes_per_token``)::
+
+    transfer_ms = charged_tokens * kv_bytes_per_token / (bandwidth_gbps * 1e9 B/s) * 1000
+
+rounded to whole nanoseconds like every pass time (:func:`mocker.timing.round_ns`). ``charged_tokens``:
+
+- ``full_prompt``: the whole prompt (ISL);
+- ``destination_missing``: only the prompt blocks the destination's prefix cache lacks (a full hit costs 0).
+
+Bandwidth 0 disables the delay. Checked against the reference: 374 tokens x 131072 B at 64 GB/s = 0.765952 ms
+between the end of the prefill pass and the decode admission; 1000 tokens -> 2.048 ms.
+
+Handoff paths (:class:`KvTransferConfig.handoff`):
+
+- ``direct``: the prefill request completes and frees its KV at the end of its pass; the decode worker is
+  chosen then, and the request joins its waiting queue after the transfer (admitted like any arrival).
+- ``coordinated`` (default; the reference replay's timeline): at the end of the prefill pass the source
+  keeps (holds) the prompt KV; the destination reserves capacity for it at its next pass boundary (at once
+  if idle) and the transfer starts then; when it ends the destination activates the request (it joins the
+  decode core and is admitted at the next pass start) and then the source releases its hold. Reference
+  facts (per-request ``source_held_ms``, ``destination_reserved_ms``, ``destination_activated_ms``): a
+  91-token prompt held at 4727.8866 ms, reserved at the busy destination's pass end 4729.2151 ms, admitted
+  at its following pass start 4734.9790 ms. vLLM orders the steps source-first (hold, then reserve), SGLang
+  destination-first (reserve, then hold); the order only matters for which side is charged first when a
+  request is cancelled between the steps. Every hold and reservation is released exactly once — on
+  activation, on cancellation or on failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mocker.errors import ConfigError
+from mocker.timing import round_ns
+
+TIMING_MODES: tuple[str, ...] = ("full_prompt", "destination_missing")
+HANDOFF_PATHS: tuple[str, ...] = ("direct", "coordinated")
+
+
+@dataclass(frozen=True, slots=True)
+class KvTransferConfig:
+    """How prompt KV moves from a prefill to a decode worker. Validated at construction (ConfigError
+    listing every problem)."""
+
+    bandwidth_gbps: float = 0.0
+    """Link bandwidth in GB/s (1 GB/s = 1e9 bytes/s); 0 disables the transfer delay."""
+    kv_bytes_per_token: int | None = None
+    """KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, see :mod:`mocker.modelcfg`);
+    required when ``bandwidth_gbps > 0``."""
+    timing: Literal["full_prompt", "destination_missing"] = "full_prompt"
+    """Which prompt tokens are charged: all, or only those whose blocks the destination lacks."""
+    handoff: Literal["direct", "coordinated"] = "coordinated"
+    """Handoff path (module docstring)."""
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        bw = self.bandwidth_gbps
+        if not isinstance(bw, (int, float)) or isinstance(bw, bool) or not (bw >= 0) or bw == float("inf"):
+            p.append(f"kv_transfer_bandwidth={bw!r}: expected a finite number of GB/s >= 0 (0 disables)")
+        b = self.kv_bytes_per_token
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b <= 0):
+            p.append(f"kv_bytes_per_token={b!r}: expected a positive integer (bytes)")
+        if not p and bw > 0 and b is None:
+            p.append(f"kv_bytes_per_token=None: needed when kv_transfer_bandwidth={bw!r} > 0 "
+                     "(set it directly or from a model config.json)")
+        if self.timing not in TIMING_MODES:
+            p.append(f"kv_transfer_timing={self.timing!r}: expected one of {', '.join(TIMING_MODES)}")
+        if self.handoff not in HANDOFF_PATHS:
+            p.append(f"handoff={self.handoff!r}: expected one of {', '.join(HANDOFF_PATHS)}")
+        if p:
+            raise ConfigError(p)
+
+    @property
+    def enabled(self) -> bool:
+        """True when transfers take time (bandwidth > 0)."""
+        return self.bandwidth_gbps > 0
+
+    def transfer_ms(self, charged_tokens: int) -> float:
+        """Transfer time in ms of ``charged_tokens`` tokens of KV (0.0 when disabled or nothing charged)."""
+        if charged_tokens <= 0 or not self.bandwidth_gbps > 0:
+            return 0.0
+        assert self.kv_bytes_per_token is not None
+        return round_ns(charged_tokens * self.kv_bytes_per_token / (self.bandwidth_gbps * 1e9) * 1000.0)
+
+    def charged_tokens(self, prompt_tokens: int, destination_hit_tokens: int) -> int:
+        """Tokens charged for a prompt of ``prompt_tokens`` when the destination already holds the first
+        ``destination_hit_tokens`` of it (block-aligned prefix-cache hit)."""
+        if self.timing == "full_prompt":
+            return prompt_tokens
+        return max(0, prompt_tokens - destination_hit_tokens)
