@@ -5,6 +5,8 @@ Runs both simulators side by side, in the same session, on:
   (a)  Azure conversation trace, 4 workers, round_robin, block size 64 (default engine otherwise)
   (b)  Mooncake conversation trace, 8 workers, KV-aware routing (reference ``--router kv_router``)
   (a1) as (a) with 1 worker
+  (d)  as (a) disaggregated: 2 prefill + 2 decode workers, KV transfer 64 GB/s x 131072 B/token (not in the
+       default --cases; run with --cases d)
 
 and prints, per case: the relative difference of mean/p50/p90/p99 TTFT, ITL and E2E (both reports use the
 reference's key names; for (b), whose reference breaks KV-router ties at random, against the mean of
@@ -39,6 +41,10 @@ CASES = {
               engine={"block_size": 64}, tol=0.005),
     "b": dict(trace=TRACES / "mooncake_conversation.jsonl", workers=8, router="kv", ref_router="kv_router",
               engine={}, tol=0.02),
+    # (d) disaggregated: 2 prefill + 2 decode workers, KV transfer 64 GB/s x 131072 B/token (reference --disagg)
+    "d": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
+              engine={}, tol=0.01, disagg=dict(prefill=2, decode=2, kv_transfer_bandwidth=64,
+                                                  kv_transfer_bytes_per_token=131072)),
     "a1": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=1, router="round_robin", ref_router="round_robin",
                engine={"block_size": 64}, tol=0.005),
 }
@@ -57,7 +63,14 @@ def child(case: str, out: str) -> None:
     t0 = time.perf_counter()
     reqs = load_trace(c["trace"])
     t1 = time.perf_counter()
-    res = run_replay(reqs, EngineConfig.from_mapping(c["engine"]), FleetConfig(num_workers=c["workers"], router=c["router"]))
+    if "disagg" in c:
+        from mocker.transfer import KvTransferConfig
+        d = c["disagg"]
+        fc = FleetConfig(num_prefill_workers=d["prefill"], num_decode_workers=d["decode"], router=c["router"],
+                         transfer=KvTransferConfig(d["kv_transfer_bandwidth"], d["kv_transfer_bytes_per_token"]))
+    else:
+        fc = FleetConfig(num_workers=c["workers"], router=c["router"])
+    res = run_replay(reqs, EngineConfig.from_mapping(c["engine"]), fc)
     t2 = time.perf_counter()
     rep = build_report(res)
     t3 = time.perf_counter()
@@ -135,6 +148,11 @@ def main() -> None:
             ref_json, ref_per = tmp / f"{case}_ref.json", tmp / f"{case}_ref.jsonl"
             cmd = [REFERENCE, "--trace", str(c["trace"]), "--workers", str(c["workers"]), "--router", c["ref_router"],
                    "--engine", json.dumps({"engine": c["engine"]}), "--per-request", str(ref_per), "--json", str(ref_json)]
+            if "disagg" in c:
+                d = c["disagg"]
+                cmd[cmd.index("--engine") + 1] = json.dumps({"engine": {**c["engine"], **{
+                    k: d[k] for k in ("kv_transfer_bandwidth", "kv_transfer_bytes_per_token")}}})
+                cmd += ["--disagg", "--prefill-workers", str(d["prefill"]), "--decode-workers", str(d["decode"])]
             _, rss_r = run_child(cmd)
             ref = json.loads(ref_json.read_text())
             ref_reports.append(ref)

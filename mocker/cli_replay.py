@@ -20,6 +20,8 @@ from typing import Any, Callable, NoReturn
 
 from mocker.config import ENGINES, EngineConfig
 from mocker.errors import ConfigError
+from mocker.modelcfg import KV_CACHE_DTYPES
+from mocker.transfer import HANDOFF_PATHS, TIMING_MODES
 
 ROUTERS = ("round_robin", "least_loaded", "kv")
 
@@ -94,6 +96,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--max-time-s", type=_positive_float, metavar="S", help="stop the simulation at S simulated seconds")
     f.add_argument("--single-step", action="store_true", help="advance one engine pass at a time (reference mode, slower)")
 
+    d = parser.add_argument_group("disaggregation (prefill/decode pools) and data parallelism")
+    d.add_argument("--prefill-workers", type=_positive_int, metavar="N", help="prefill workers (with --decode-workers: disaggregated fleet)")
+    d.add_argument("--decode-workers", type=_positive_int, metavar="N", help="decode workers (with --prefill-workers)")
+    d.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
+                   help="prefill->decode KV transfer bandwidth in GB/s (1e9 B/s); 0 = no delay (default 0)")
+    d.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
+    d.add_argument("--model-config", metavar="config.json",
+                   help="Hugging Face config.json: kv bytes/token = layers x 2 x kv_heads x head_dim x dtype bytes")
+    d.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV cache dtype for --model-config (default auto = the model's torch_dtype)")
+    d.add_argument("--kv-transfer-timing", choices=TIMING_MODES, default="full_prompt",
+                   help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)")
+    d.add_argument("--handoff", choices=HANDOFF_PATHS, default="coordinated",
+                   help="prefill->decode handoff path (default coordinated, the reference's timeline)")
+    d.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
+
     e = parser.add_argument_group("engine (override --engine-config)")
     e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
     e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
@@ -137,10 +155,39 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "preemption_mode": args.preemption_mode,
         "timing": args.timing,
         "trace_block_size": args.trace_block_size,
+        "dp_size": args.dp_size,
         "enable_prefix_caching": False if args.no_prefix_caching else None,
         "enable_chunked_prefill": False if args.no_chunked_prefill else None,
     }
     return base.replace(**overrides)
+
+
+def transfer_config_from_args(args: argparse.Namespace) -> Any:
+    """(num_prefill_workers, num_decode_workers, KvTransferConfig | None) from the disaggregation flags.
+    Raises ConfigError naming the flag on an inconsistent combination."""
+    from mocker.modelcfg import kv_bytes_per_token_from_file
+    from mocker.transfer import KvTransferConfig
+
+    p, d = args.prefill_workers, args.decode_workers
+    if (p is None) != (d is None):
+        raise ConfigError("--prefill-workers and --decode-workers: give both for a disaggregated fleet (or neither)")
+    if p is None:
+        given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
+                                ("--kv-bytes-per-token", args.kv_bytes_per_token),
+                                ("--model-config", args.model_config)) if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only for a disaggregated fleet (give --prefill-workers and --decode-workers)")
+        return 0, 0, None
+    if args.kv_bytes_per_token is not None and args.model_config is not None:
+        raise ConfigError("--kv-bytes-per-token and --model-config: give one of them, not both")
+    kv_bytes = args.kv_bytes_per_token
+    if args.model_config is not None:
+        kv_bytes = kv_bytes_per_token_from_file(args.model_config, args.kv_cache_dtype)
+    bw = args.kv_transfer_bandwidth or 0.0
+    if bw > 0 and kv_bytes is None:
+        raise ConfigError(f"--kv-transfer-bandwidth {bw:g}: needs --kv-bytes-per-token or --model-config")
+    return p, d, KvTransferConfig(bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes, timing=args.kv_transfer_timing,
+                                  handoff=args.handoff)
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -152,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from mocker.traces import load_trace
 
     engine = engine_config_from_args(args)
+    n_prefill, n_decode, transfer = transfer_config_from_args(args)
     requests = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
 
     from mocker.fleet import FleetConfig, run_replay  # after input validation: user errors surface first
@@ -162,6 +210,9 @@ def run(args: argparse.Namespace) -> int:
         max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,
         single_step=args.single_step,
         seed=args.seed,
+        num_prefill_workers=n_prefill,
+        num_decode_workers=n_decode,
+        transfer=transfer,
     )
     err = Console(stderr=True)
     show_progress = not args.quiet and err.is_terminal

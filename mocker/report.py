@@ -351,6 +351,9 @@ def render_table(report: dict[str, Any]) -> Table:
         ("preemptions", _fmt(report.get("num_preemptions"))),
         ("worker-seconds / GPU-hours", f"{report['worker_seconds']:,.1f} / {report['gpu_hours']:.3f}"),
     ]
+    if report.get("prefill_worker_seconds"):  # disaggregated fleet
+        rows.append(("prefill / decode worker-seconds",
+                     f"{report['prefill_worker_seconds']:,.1f} / {report['decode_worker_seconds']:,.1f}"))
     if "goodput_completed_requests" in report:
         targets = ", ".join(
             f"{k[4:-3].upper()} <= {report[k]:g} ms" for k in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms") if report.get(k) is not None
