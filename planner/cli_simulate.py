@@ -39,6 +39,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
     e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
     e.add_argument("--trace-block-size", type=_positive_int, metavar="N", help="tokens per trace hash id (default 512)")
+    e.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
+
+
+def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode)."""
+    d = parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)")
+    d.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
+                   help="prefill->decode KV transfer bandwidth in GB/s; 0 = no delay (default 0)")
+    d.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
+    d.add_argument("--model-config", metavar="config.json", help="Hugging Face config.json giving the KV bytes per token")
+
+
+def _replay_namespace(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` completed with ``dynoplan replay``'s defaults for flags simulate does not offer, so the
+    replay module's own ``engine_config_from_args`` / ``transfer_config_from_args`` read them."""
+    from mocker import cli_replay
+
+    p = argparse.ArgumentParser(add_help=False)
+    cli_replay.add_arguments(p)
+    base = vars(p.parse_args(["--trace", "-"]))
+    return argparse.Namespace(**{**base, **{k: v for k, v in vars(args).items() if k in base or not k.startswith("_")}})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,12 +84,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
     p.add_argument("--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)")
+    p.add_argument("--attainment-target", type=_positive_float, metavar="F",
+                   help="planner SLA-attainment feedback: share of requests that should meet the SLA (default off)")
     p.add_argument("--profile", metavar="FILE.npz", help="performance profile (default: profile the engine now)")
     p.add_argument("--warm-start", metavar="TRACE", help="warm-start the predictors from this trace's intervals")
     o = parser.add_argument_group("output")
     o.add_argument("--out", metavar="DIR", help="write summary.json, details.json, timeline.csv, requests.jsonl, report.html")
     o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     add_engine_arguments(parser)
+    add_transfer_arguments(parser)
 
 
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
@@ -85,6 +109,14 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
     return dict(zip(pools, nums))
 
 
+def _attainment(v: float | None) -> float | None:
+    from planner.sim.errors import SimulationConfigError
+
+    if v is not None and not 0 < v < 1:
+        raise SimulationConfigError(f"--attainment-target={v!r}: expected 0 < value < 1")
+    return v
+
+
 def build_context(args: argparse.Namespace) -> Any:
     """Trace, engines, settings, planner config and profile from the flags (raises on user mistakes)."""
     from mocker.traces import load_trace
@@ -94,7 +126,17 @@ def build_context(args: argparse.Namespace) -> Any:
     from planner.sim.profile import profile_engine
     from planner.sim.runner import RunContext
 
-    engine = engine_config_from_args(args)
+    rargs = _replay_namespace(args)
+    engine = engine_config_from_args(rargs)
+    transfer = None
+    if args.mode == "disagg":
+        from mocker import cli_replay
+
+        if hasattr(cli_replay, "transfer_config_from_args"):
+            rargs.prefill_workers = rargs.decode_workers = 1
+            transfer = cli_replay.transfer_config_from_args(rargs)[2]
+    elif any(getattr(args, k, None) is not None for k in ("kv_transfer_bandwidth", "kv_bytes_per_token", "model_config")):
+        raise SimulationConfigError("--kv-transfer-bandwidth/--kv-bytes-per-token/--model-config: only with --mode disagg")
     reqs = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
     if args.arrival_speedup != 1.0:
         from mocker.traces import scale_arrivals
@@ -117,10 +159,11 @@ def build_context(args: argparse.Namespace) -> Any:
         load_config(args.planner_config, overrides)
     profile = load_profile(args.profile) if args.profile else profile_engine(engine)
     warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s) if args.warm_start else ()
-    settings = SimSettings(startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
+    settings = SimSettings(transfer=transfer, startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
                            sample_interval_s=args.sample_interval_s, router=args.router, seed=args.seed)
     return RunContext(reqs, engines, settings, cfg, profile, warm, args.auto_attainment,
-                      _parse_initial(args.initial_replicas, tuple(engines)), args.max_replicas)
+                      _parse_initial(args.initial_replicas, tuple(engines)), args.max_replicas,
+                      _attainment(args.attainment_target))
 
 
 def run(args: argparse.Namespace) -> int:

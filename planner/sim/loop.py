@@ -28,7 +28,7 @@ from mocker.records import RequestRecord, TraceRequest
 from planner.core import ForwardPassMetrics, QueuedRequests, ScheduledRequests, TrafficWindow
 from planner.sim.errors import SimulationConfigError
 from planner.sim.fleet import make_fleet
-from planner.sim.metrics import CounterSnapshot, FrontendCounters, window
+from planner.sim.metrics import CounterSnapshot, FrontendCounters, sla_miss_shares, window
 from planner.sim.policies import Policy, View
 
 
@@ -51,6 +51,8 @@ class SimSettings:
     """Most recent passes per engine relayed to the policy per tick."""
     gpus_per_worker: Mapping[str, int] = field(default_factory=dict)
     """GPUs per worker by pool (default: the engine's ``dp_size``)."""
+    transfer: Any = None
+    """KV transfer of a disaggregated fleet (``mocker.transfer.KvTransferConfig``; None = no delay)."""
     max_tail_s: float = 3600.0
     """Stop this long after the last arrival even if requests are still unserved (they count as misses)."""
 
@@ -90,14 +92,15 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
     if set(policy.pools) != set(engines):
         raise SimulationConfigError(f"policy {policy.name!r} plans pools {list(policy.pools)}: expected the fleet's "
                                     f"{list(engines)}")
-    fleet = make_fleet(engines, router=settings.router, seed=settings.seed, collect_fpm=policy.needs_fpm)
+    fleet = make_fleet(engines, router=settings.router, seed=settings.seed, collect_fpm=policy.needs_fpm,
+                       transfer=settings.transfer)
     delay_ms = settings.startup_delay_s * 1000.0
     for pool, n in policy.initial_replicas().items():
         for _ in range(n):
             fleet.add_worker(pool, 0.0, 0.0)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_ms, i))
     records: list[RequestRecord | None] = [None] * len(requests)
-    counters = FrontendCounters()
+    counters = FrontendCounters(settings.sla_ttft_ms, settings.sla_itl_ms)
     snaps: list[CounterSnapshot] = [counters.scrape(0.0)]
     snap_t: list[float] = [0.0]
     last_arrival_s = requests[order[-1]].arrival_ms / 1000.0 if order else 0.0
@@ -119,6 +122,12 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         if k < 0 or now - snaps[k].t_s <= 0:
             return None
         return window(snaps[-1], snaps[k])
+
+    def misses(d: float, now: float) -> tuple[float, float]:
+        k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
+        if k < 0 or now - snaps[k].t_s <= 0:
+            return math.nan, math.nan
+        return sla_miss_shares(snaps[-1], snaps[k])
 
     while True:
         t = min(next_tick, next_sample)
@@ -150,7 +159,8 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
                 passes = _relay(fleet.take_fpm(settings.fpm_per_engine), settings.fpm_per_engine)
             view = View(now_s=t, counts={p: fleet.pool_counts(p) for p in pools},
                         engines={p: fleet.engine_states(p) for p in pools},
-                        traffic=lambda d, _t=t: traffic(d, _t), passes=passes)
+                        traffic=lambda d, _t=t: traffic(d, _t), passes=passes,
+                        sla_misses=lambda d, _t=t: misses(d, _t))
             step = policy.tick(view)
             last_step = {"reason": step.reason, "predicted_rps": step.predicted_rps,
                          "estimated_ttft_ms": step.estimated_ttft_ms, "estimated_itl_ms": step.estimated_itl_ms}

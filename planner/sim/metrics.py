@@ -7,8 +7,9 @@ seconds``) and the counter ``dynamo_frontend_requests_started_total``; the plann
 keeps the same cumulative ``_sum``/``_count`` pairs, observed at the virtual time each event happens:
 
 - requests started and ISL: at arrival;
-- TTFT: when the first token is emitted (``first_token_ms``);
-- ITL, OSL, request duration: when the request finishes. A live frontend observes each inter-token gap
+- TTFT: when the first token is emitted (``first_token_ms``), also counted in an SLA bucket
+  (``le=`` the TTFT target) as a Prometheus histogram with a bucket boundary at the target gives;
+- ITL, OSL, request duration: when the request finishes (plus an SLA bucket of per-request mean ITL). A live frontend observes each inter-token gap
   as it is emitted; adding a finished request's ``E2E - TTFT`` to the ITL sum and ``tokens - 1`` to its
   count gives the same totals once the request is done (only the split across a window boundary of a
   request still running differs).
@@ -41,12 +42,20 @@ class CounterSnapshot:
     osl_sum_tokens: float = 0.0
     finished: int = 0
     duration_sum_s: float = 0.0
+    ttft_within_sla: int = 0
+    """First tokens whose TTFT <= the TTFT target (a histogram's ``le=target`` bucket)."""
+    itl_within_sla: int = 0
+    """Finished requests whose own mean ITL <= the ITL target (single-token requests count as within)."""
 
 
 class FrontendCounters:
     """Cumulative frontend counters fed with records as requests arrive (see module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sla_ttft_ms: float = math.inf, sla_itl_ms: float = math.inf) -> None:
+        self.sla_ttft_ms = sla_ttft_ms
+        self.sla_itl_ms = sla_itl_ms
+        self._ttft_ok = 0
+        self._itl_ok = 0
         self._started = 0
         self._isl = 0.0
         self._ttft_sum = 0.0
@@ -77,6 +86,8 @@ class FrontendCounters:
             if ft is not None and ft <= t_ms:
                 self._ttft_sum += ft - r.arrival_ms
                 self._ttft_n += 1
+                if ft - r.arrival_ms <= self.sla_ttft_ms:
+                    self._ttft_ok += 1
             elif r.status in ("failed", "cancelled") and r.finish_ms is not None and r.finish_ms <= t_ms:
                 pass
             else:
@@ -94,11 +105,15 @@ class FrontendCounters:
                     if r.first_token_ms is not None and r.output_length > 1:
                         self._itl_sum += fin - r.first_token_ms
                         self._itl_n += r.output_length - 1
+                        if (fin - r.first_token_ms) / (r.output_length - 1) <= self.sla_itl_ms:
+                            self._itl_ok += 1
+                    else:
+                        self._itl_ok += 1
             else:
                 keep.append(r)
         self._wait_finish = keep
         return CounterSnapshot(t_s, self._started, self._isl, self._ttft_sum, self._ttft_n, self._itl_sum, self._itl_n,
-                               self._osl, self._fin, self._dur)
+                               self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -118,3 +133,13 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
         mean_itl_ms=_ratio(new.itl_sum_ms - old.itl_sum_ms, new.itl_count - old.itl_count),
         mean_request_duration_s=_ratio(new.duration_sum_s - old.duration_sum_s, new.finished - old.finished),
     )
+
+
+def sla_miss_shares(new: CounterSnapshot, old: CounterSnapshot) -> tuple[float, float]:
+    """(share of first tokens over the TTFT target, share of finished requests over the ITL target) between
+    two scrapes — ``1 - increase(bucket{le=target}) / increase(count)``; NaN when nothing was observed."""
+    nt = new.ttft_count - old.ttft_count
+    nf = new.finished - old.finished
+    t = 1.0 - (new.ttft_within_sla - old.ttft_within_sla) / nt if nt > 0 else math.nan
+    i = 1.0 - (new.itl_within_sla - old.itl_within_sla) / nf if nf > 0 else math.nan
+    return t, i

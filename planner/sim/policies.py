@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence
 
 from planner.core import ForwardPassMetrics, Observations, PerformanceProfile, Planner, PlannerConfig, PoolState, TrafficWindow
@@ -49,6 +49,8 @@ class View:
     traffic: Callable[[float], TrafficWindow | None]
     """``traffic(d)``: frontend interval averages over the last ``d`` seconds (None if not scraped)."""
     passes: tuple[ForwardPassMetrics, ...] = ()
+    sla_misses: Callable[[float], tuple[float, float]] = lambda d: (math.nan, math.nan)
+    """``sla_misses(d)``: shares of TTFT and ITL SLA misses over the last ``d`` seconds (NaN if none)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,18 @@ class PlannerPolicy:
     profile: PerformanceProfile | None
     warm_start: Sequence[TrafficWindow] = ()
     initial: dict[str, int] | None = None
+    attainment_target: float | None = None
+    """SLA-attainment feedback (None = off): the share of requests that should meet each SLA. Every
+    ``adjustment_interval_s`` the observed miss shares of the interval are compared with ``1 - target``;
+    the planner's internal TTFT/ITL targets are tightened (x ``feedback_down``) while misses exceed it and
+    relaxed (x ``feedback_up``, up to the SLA) while they stay under half of it."""
+    feedback_down: float = 0.8
+    feedback_up: float = 1.05
+    feedback_floor: float = 0.3
+    """Internal targets never go below SLA x this."""
     _planner: Planner | None = None
+    _scale: dict[str, float] = field(default_factory=lambda: {"ttft": 1.0, "itl": 1.0})
+    _next_feedback_s: float | None = None
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -121,6 +134,8 @@ class PlannerPolicy:
     def tick(self, view: View) -> Step:
         if self._planner is None:
             self._planner = Planner(self.config, self.profile, self.warm_start)
+        if self.attainment_target is not None:
+            self._feedback(view)
         obs = Observations(
             pools={p: PoolState(view.counts[p].requested, view.counts[p].ready) for p in self.pools},
             traffic=view.traffic(self.config.adjustment_interval_s),
@@ -129,6 +144,26 @@ class PlannerPolicy:
         d = res.diagnostics
         return Step(res.decision.targets, res.decision.reason.value, res.next_tick_s,
                     d.predicted_requests_per_second, d.estimated_ttft_ms, d.estimated_itl_ms)
+
+    def _feedback(self, view: View) -> None:
+        assert self._planner is not None and self.attainment_target is not None
+        iv = self.config.adjustment_interval_s
+        if self._next_feedback_s is None:
+            self._next_feedback_s = view.now_s + iv
+            return
+        if view.now_s + 1e-9 < self._next_feedback_s:
+            return
+        self._next_feedback_s += iv
+        allowed = 1.0 - self.attainment_target
+        for key, miss in zip(("ttft", "itl"), view.sla_misses(iv)):
+            if not math.isfinite(miss):
+                continue
+            if miss > allowed:
+                self._scale[key] = max(self.feedback_floor, self._scale[key] * self.feedback_down)
+            elif miss < allowed / 2:
+                self._scale[key] = min(1.0, self._scale[key] * self.feedback_up)
+        self._planner.config = replace(self.config, ttft_ms=self.config.ttft_ms * self._scale["ttft"],
+                                       itl_ms=self.config.itl_ms * self._scale["itl"])
 
 
 # ---------------------------------------------------------------------------------------------- HPA

@@ -38,6 +38,8 @@ class RunContext:
     auto_attainment: float = 0.995
     initial: Mapping[str, int] | None = None
     max_replicas: int = 64
+    attainment_target: float | None = None
+    """The planner's SLA-attainment feedback target (None = off; see PlannerPolicy)."""
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -111,8 +113,19 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
                     raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
                 k, v = part.split("=", 1)
                 kv[k.strip()] = v.strip()
+            att = kv.pop("attainment_target", None)
             cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}")
-        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
+        else:
+            att = None
+        target = ctx.attainment_target
+        if att is not None:
+            try:
+                target = None if att.lower() in ("none", "off") else float(att)
+            except ValueError:
+                target = -1.0
+            if target is not None and not 0 < target < 1:
+                raise SimulationConfigError(f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off")
+        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx), attainment_target=target)
     if s == "throughput-only":
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
                       scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean")
