@@ -394,7 +394,8 @@ class Fleet:
                 adv(c, t)
         if self.disagg:
             fl: _Flight = item
-            preq = dataclasses.replace(fl.req, output_length=1)
+            q = fl.req
+            preq = TraceRequest(q.request_id, q.arrival_ms, q.input_length, 1, q.hash_ids)
             c = cores[p.router.choose(preq, t, cores)]
             if not p.needs_state:
                 adv(c, t)
