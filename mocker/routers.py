@@ -137,7 +137,7 @@ class KvRouter:
             n_unique = -(-req.input_length // bs)
         else:
             keys_l = keys
-            n_unique = 1 if req.input_length % bs else 0
+            n_unique = 0  # the router tracks full-block hashes only (Dynamo's sequence hashes for tracking)
         logits = []
         overlaps = []
         views = self.views
