@@ -283,3 +283,40 @@ def test_profile_cli_writes_a_loadable_profile(tmp_path):
     # one decoding request at low usage: pass time = decode(p) polynomial, p tiny -> ~5.74 ms + small
     assert 5.7 < prof.decode.itl_ms[0, 0] < 7.0
     assert prof.decode.max_kv_tokens == 16384 * 64
+
+
+def test_sla_bucket_counters_and_miss_shares():
+    from planner.sim.metrics import sla_miss_shares
+
+    c = FrontendCounters(sla_ttft_ms=55.0, sla_itl_ms=50.0)
+    s0 = c.scrape(0.0)
+    a = RequestRecord(0, 100.0, 300, 11, first_token_ms=150.0, finish_ms=1150.0, status="finished")  # 50 ms, ITL 100
+    b = RequestRecord(1, 200.0, 500, 1, first_token_ms=260.0, finish_ms=260.0, status="finished")    # 60 ms, 1 token
+    c.on_arrival(a)
+    c.on_arrival(b)
+    s1 = c.scrape(2.0)
+    assert (s1.ttft_within_sla, s1.itl_within_sla) == (1, 1)
+    assert sla_miss_shares(s1, s0) == (0.5, 0.5)
+    t, i = sla_miss_shares(c.scrape(3.0), s1)
+    assert math.isnan(t) and math.isnan(i)
+
+
+def test_attainment_feedback_tightens_then_relaxes_internal_targets():
+    from planner.sim.fleet import PoolCounts
+    from planner.sim.policies import PlannerPolicy
+
+    ctx = _ctx()
+    pol = make_policy("planner:attainment_target=0.99", ctx)
+    assert isinstance(pol, PlannerPolicy) and pol.attainment_target == 0.99
+    misses = iter([(0.0, 0.05), (0.0, 0.05), (0.001, 0.0), (0.0, 0.0)])
+    itl = []
+    for k in range(5):
+        v = View(now_s=60.0 * k, counts={"agg": PoolCounts(1, 1, 0, 0)}, engines={"agg": []},
+                 traffic=lambda d: None, sla_misses=lambda d: next(misses))
+        pol.tick(v)
+        itl.append(pol._planner.config.itl_ms)  # type: ignore[union-attr]
+    # t=0 arms the feedback; t=60, 120: ITL misses 5 % > 1 % -> x0.8 each; t=180, 240: under 0.5 % -> x1.05
+    assert itl == pytest.approx([10.0, 8.0, 6.4, 6.72, 7.056])
+    assert pol._planner.config.ttft_ms == pytest.approx(200.0)  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="attainment_target"):
+        make_policy("planner:attainment_target=2", ctx)
