@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import kopf
+import urllib3
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter
 
@@ -72,6 +73,29 @@ async def reconcile_dgd(body: Any, memo: Any) -> dict[str, Any] | None:
     return None
 
 
+async def _guarded_reconcile(body: Any, memo: Any) -> None:
+    """reconcile_dgd with API and connection errors as kopf temporary errors (retried in 2 s)."""
+    try:
+        await reconcile_dgd(body, memo)
+    except Gone:
+        return
+    except ApiException as e:
+        raise kopf.TemporaryError(_api_error(e), delay=2) from None
+    except (urllib3.exceptions.HTTPError, OSError) as e:  # apiserver down or restarting
+        raise kopf.TemporaryError(f"API unreachable: {type(e).__name__}", delay=2) from None
+
+
+def _api_error(e: ApiException) -> str:
+    """One line from an API error: status, reason and the server's message."""
+    import json
+
+    try:
+        msg = json.loads(e.body or "{}").get("message", "")
+    except ValueError:
+        msg = ""
+    return f"API error {e.status} {e.reason}: {msg}".strip()
+
+
 def _differs(prev: dict[str, Any], new: dict[str, Any]) -> bool:
     return any(prev.get(k) != v for k, v in new.items())
 
@@ -84,13 +108,21 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING       # kopf's own Events only for problems
         settings.watching.connect_timeout = 5.0
-        settings.watching.server_timeout = 60.0
+        settings.watching.server_timeout = 60  # int: the apiserver rejects "60.0"
         settings.watching.client_timeout = 70.0
         settings.networking.request_timeout = 30.0
         settings.persistence.finalizer = "dynoplan.dev/finalizer"
+        # No cluster-wide CRD/namespace scanning: the watched namespace and resources are fixed, so the
+        # operator needs no cluster-scoped RBAC (kopf scans only for dynamic discovery).
+        settings.scanning.disabled = bool(memo.op_settings.namespace)
         memo.http = aiohttp.ClientSession()
         memo.reconciles = Counter("dynoplan_operator_reconciles", "Reconcile actions taken", ["kind", "action"],
                                   registry=memo.registry)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        # In a Pod: the mounted ServiceAccount token; elsewhere: $KUBECONFIG (same as kube.py).
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -105,21 +137,11 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         async def dgd_event(type: str, body: Any, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
             if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
                 return
-            try:
-                await reconcile_dgd(body, memo)
-            except Gone:
-                return
-            except ApiException as e:
-                raise kopf.TemporaryError(f"API error {e.status}: {e.reason}", delay=2) from None
+            await _guarded_reconcile(body, memo)
 
         @kopf.timer(DGD_GROUP, DGD_VERSION, DGD_PLURAL, interval=settings.dgd_resync_s, registry=registry)
         async def dgd_resync(body: Any, memo: kopf.Memo, **_: Any) -> None:
-            try:
-                await reconcile_dgd(body, memo)
-            except Gone:
-                return
-            except ApiException as e:
-                raise kopf.TemporaryError(f"API error {e.status}: {e.reason}", delay=2) from None
+            await _guarded_reconcile(body, memo)
 
     @kopf.daemon(DPL_GROUP, DPL_VERSION, DPL_PLURAL, cancellation_timeout=10.0, registry=registry)
     async def planner_daemon(body: Any, memo: kopf.Memo, stopped: Any, **_: Any) -> None:

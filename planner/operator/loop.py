@@ -192,7 +192,6 @@ class PlannerLoop:
             plan = parse_planner(self.body, self.defaults)
         except SpecError as e:
             return await self._invalid(e)
-        self._cond("SpecValid", True, "Valid", "spec parsed")
         conn = KubernetesConnector(self.kube, plan)
         try:
             obs = await conn.observe()
@@ -236,6 +235,7 @@ class PlannerLoop:
                 self._sla[0].labels(**self._sla[2]).set(cfg.ttft_ms)
                 self._sla[1].labels(**self._sla[2]).set(cfg.itl_ms)
 
+        self._cond("SpecValid", True, "Valid", "spec and target services valid")
         now = self.clock()
         if now < self._next_s:
             return min(max(self._next_s - now, self.min_sleep_s), self.max_sleep_s)

@@ -1,0 +1,374 @@
+"""The operator against the real control plane (etcd + kube-apiserver built from Go modules, RBAC on).
+
+The chart is rendered with the pinned helm and server-side applied; the operator runs as a subprocess
+(`dynoplan operator`) with the environment of the chart's Deployment and the chart ServiceAccount's token
+(TokenRequest), so every call it makes is checked by the chart's Role. Traffic comes from a small real
+HTTP server speaking Prometheus' ``/api/v1/query`` API with values the test sets.
+
+There is no kubelet/scheduler/controller-manager here: Deployments never get ready Pods by themselves, so
+where readiness matters the test writes Deployment ``status.readyReplicas`` through the status
+subresource (as a kubelet + ReplicaSet controller would), and the operator propagates it to the DGD.
+
+Expected replicas (hand-computed with tests.planner.helpers.profile()): 16 requests per 2 s interval,
+ISL 2000, OSL 450, ITL target 30 ms -> prefill 16*2000/2 = 16000 tok/s / 8000 tok/s/GPU = 2;
+decode 16*450/2 = 3600 tok/s / 1500 tok/s/GPU (usage 0.5 meets 30 ms) = 2.4 -> 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import kubernetes
+import pytest
+import requests
+import yaml
+from kubernetes.client.rest import ApiException
+
+from planner.core import save_profile
+from tests.infra._proc import free_port, start_process, stop_process, tail, wait_until
+from tests.planner.helpers import profile
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "dynoplan"
+DGD = ("nvidia.com", "v1alpha1", "dynamographdeployments")
+DPL = ("dynoplan.dev", "v1alpha1", "dynoplanners")
+RELEASE = "t"
+SA = f"{RELEASE}-dynoplan"
+
+
+class PromAPI:
+    """A real HTTP server answering ``GET /api/v1/query`` for ``sum(increase(dynamo_frontend_X[w]))``
+    with ``values[X]`` (an empty vector when X is absent, a 503 when ``down``)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.down = False
+        self.queries = 0
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                u = urlparse(self.path)
+                q = parse_qs(u.query).get("query", [""])[0]
+                outer.queries += 1
+                m = re.search(r"dynamo_frontend_(\w+)", q)
+                if outer.down or u.path != "/api/v1/query" or not m:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                v = outer.values.get(m.group(1))
+                result = [] if v is None else [{"metric": {}, "value": [time.time(), repr(float(v))]}]
+                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def set_traffic(self, n: float, isl: float, osl: float) -> None:
+        self.values = {"requests_started_total": n, "request_duration_seconds_count": n,
+                       "input_sequence_tokens_sum": n * isl, "input_sequence_tokens_count": n,
+                       "output_sequence_tokens_sum": n * osl, "output_sequence_tokens_count": n}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Env:
+    """Namespace, clients, chart-derived operator environment and the operator process."""
+
+    def __init__(self, k8s, helm_bin, tmp: Path) -> None:
+        self.k8s = k8s
+        self.ns = f"op-{uuid.uuid4().hex[:6]}"
+        self.tmp = tmp
+        self.admin = k8s.admin_client()
+        self.co = kubernetes.client.CustomObjectsApi(self.admin)
+        self.apps = kubernetes.client.AppsV1Api(self.admin)
+        self.core = kubernetes.client.CoreV1Api(self.admin)
+        self.prom = PromAPI()
+        self.proc = None
+        self.log = tmp / "operator.log"
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.rendered = k8s.helm("template", RELEASE, str(CHART), "--namespace", self.ns, "--include-crds",
+                                 "--set", "operator.settings.dgd_resync_s=1",
+                                 "--set", "operator.settings.planner_max_sleep_s=1",
+                                 "--set", f"operator.settings.prometheus_url={self.prom.url}",
+                                 "--set", "planner.predictor=constant",
+                                 "--set", "planner.adjustment_interval_s=2",
+                                 "--set", "planner.load_adjustment_interval_s=1",
+                                 "--set", "planner.itl_ms=30").stdout
+        self.core.create_namespace({"metadata": {"name": self.ns}})
+        self.docs = [d for d in yaml.safe_load_all(self.rendered) if d]
+        k8s.server_side_apply(self.rendered, namespace=self.ns)
+        self.kubeconfig = k8s.service_account_kubeconfig(self.ns, SA, tmp / "sa.kubeconfig", create=False)
+        self.profile = tmp / "profile.npz"
+        save_profile(profile(), self.profile)
+
+    def operator_env(self) -> dict[str, str]:
+        """The env of the chart's operator container (values -> env), with test-local paths and ports."""
+        dep = next(d for d in self.docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+        cm = next(d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("planner-defaults"))
+        defaults = self.tmp / "planner.yaml"
+        defaults.write_text(cm["data"]["planner.yaml"])
+        env.update({"DYNOPLAN_OPERATOR_NAMESPACE": self.ns, "DYNOPLAN_OPERATOR_PLANNER_DEFAULTS_FILE": str(defaults),
+                    "DYNOPLAN_OPERATOR_HEALTH_PORT": str(self.health_port),
+                    "DYNOPLAN_OPERATOR_METRICS_PORT": str(self.metrics_port)})
+        return {**{k: v for k, v in os.environ.items() if not k.startswith("DYNOPLAN_OPERATOR_")}, **env,
+                "KUBECONFIG": str(self.kubeconfig)}
+
+    def start_operator(self) -> None:
+        self.proc = start_process([str(Path(sys.executable).parent / "dynoplan"), "operator"], self.log,
+                                  env=self.operator_env())
+        wait_until(lambda: requests.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2).ok, 60,
+                   "operator /healthz", self.proc, self.log)
+
+    def stop_operator(self) -> None:
+        stop_process(self.proc)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop_operator()
+        self.prom.close()
+        self.admin.close()
+
+    # -------------------------------------------------------------- helpers
+    def dgd(self, name: str) -> dict:
+        return self.co.get_namespaced_custom_object(*DGD[:2], self.ns, DGD[2], name)
+
+    def planner(self, name: str) -> dict:
+        return self.co.get_namespaced_custom_object(*DPL[:2], self.ns, DPL[2], name)
+
+    def events(self, name: str) -> list:
+        return [e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == name]
+
+    def wait(self, check, what: str, timeout_s: float = 30) -> None:
+        wait_until(check, timeout_s, what, self.proc, self.log, interval_s=0.2)
+
+    def set_ready(self, dep_name: str, ready: int) -> None:
+        """Play kubelet + ReplicaSet controller: write the Deployment's status through the subresource."""
+        self.apps.patch_namespaced_deployment_status(dep_name, self.ns, {"status": {
+            "replicas": ready, "readyReplicas": ready, "availableReplicas": ready, "updatedReplicas": ready}})
+
+
+def dgd_manifest(name: str, prefill: int = 1, decode: int = 1, **extra_services) -> dict:
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": name},
+            "spec": {"backendFramework": "vllm", "services": {
+                "Frontend": {"componentType": "frontend", "replicas": 1,
+                             "extraPodSpec": {"mainContainer": {"image": "dynoplan:test", "args": ["frontend"]}}},
+                "Prefill": {"componentType": "worker", "subComponentType": "prefill", "replicas": prefill},
+                "Decode": {"componentType": "worker", "subComponentType": "decode", "replicas": decode},
+                **extra_services}}}
+
+
+def planner_manifest(name: str, target: str, profile_path: Path, **spec) -> dict:
+    return {"apiVersion": "dynoplan.dev/v1alpha1", "kind": "DynoPlanner", "metadata": {"name": name},
+            "spec": {"targetRef": {"name": target}, "mode": "disagg",
+                     "throughput": {"profile": str(profile_path)}, **spec}}
+
+
+@pytest.fixture(scope="module")
+def env(k8s, helm_bin, tmp_path_factory):
+    e = Env(k8s, helm_bin, tmp_path_factory.mktemp("operator"))
+    try:
+        e.start_operator()
+        yield e
+    finally:
+        if e.proc is not None and e.proc.poll() is not None:
+            print(tail(e.log))
+        e.close()
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def test_chart_service_account_rbac_is_least_privilege(env):
+    """The chart's ServiceAccount can do what the operator does and nothing much more."""
+    token = env.k8s.service_account_token(env.ns, SA, create=False)
+    with kubernetes.client.ApiClient(env.k8s.configuration_for_token(token)) as sa:
+        co = kubernetes.client.CustomObjectsApi(sa)
+        core = kubernetes.client.CoreV1Api(sa)
+        apps = kubernetes.client.AppsV1Api(sa)
+        assert co.list_namespaced_custom_object(*DGD[:2], env.ns, DGD[2])["items"] == []
+        apps.list_namespaced_deployment(env.ns)
+        for forbidden in (lambda: core.list_namespaced_secret(env.ns),
+                          lambda: core.list_namespaced_pod(env.ns),
+                          lambda: co.delete_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "x"),
+                          lambda: co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("x")),
+                          lambda: apps.list_namespaced_deployment("default"),
+                          lambda: core.list_namespace()):
+            with pytest.raises(ApiException) as denied:
+                forbidden()
+            assert denied.value.status == 403
+
+
+def test_invalid_dgd_rejected_by_schema(env):
+    for bad, field in ((dgd_manifest("bad1", decode=-1), "replicas"),
+                       ({**dgd_manifest("bad2"), "spec": {"services": {"W": {"componentType": "gpu"}}}}, "componentType"),
+                       ({**dgd_manifest("bad3"), "spec": {"services": {}}}, "services")):
+        with pytest.raises(ApiException) as e:
+            env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], bad)
+        assert e.value.status == 422 and field in e.value.body
+    with pytest.raises(ApiException) as e:
+        env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest("p", "g", env.profile, mode="bogus"))
+    assert e.value.status == 422 and "mode" in e.value.body
+
+
+def test_dgd_reconciled_into_deployments_services_and_status(env):
+    env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("g"))
+    uid = env.dgd("g")["metadata"]["uid"]
+
+    def children() -> bool:
+        names = {d.metadata.name for d in env.apps.list_namespaced_deployment(env.ns, label_selector="dynoplan.dev/dgd=g").items}
+        return names == {"g-frontend", "g-prefill", "g-decode"}
+
+    env.wait(children, "Deployments of DGD g")
+    dep = env.apps.read_namespaced_deployment("g-frontend", env.ns)
+    assert dep.metadata.owner_references[0].uid == uid and dep.metadata.owner_references[0].controller
+    assert dep.spec.template.spec.containers[0].image == "dynoplan:test"
+    assert dep.spec.template.spec.containers[0].args == ["frontend"]
+    assert env.core.read_namespaced_service("g-decode", env.ns).spec.selector == {
+        "dynoplan.dev/dgd": "g", "dynoplan.dev/service": "Decode"}
+    env.wait(lambda: (env.dgd("g").get("status") or {}).get("state") == "pending", "DGD status pending")
+    st = env.dgd("g")["status"]
+    assert st["services"]["Prefill"] == {"replicas": 1, "updatedReplicas": 0, "readyReplicas": 0, "availableReplicas": 0}
+    assert st["conditions"][0]["type"] == "Ready" and st["conditions"][0]["status"] == "False"
+    for n in ("g-frontend", "g-prefill", "g-decode"):
+        env.set_ready(n, 1)
+    env.wait(lambda: env.dgd("g")["status"]["state"] == "successful", "DGD Ready")
+    assert env.dgd("g")["status"]["conditions"][0]["status"] == "True"
+
+
+def test_planner_scales_dgd_deployments_status_and_events(env):
+    env.prom.set_traffic(16, 2000, 450)
+    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest("p", "g", env.profile))
+
+    def scaled() -> bool:
+        s = env.dgd("g")["spec"]["services"]
+        return (s["Prefill"]["replicas"], s["Decode"]["replicas"]) == (2, 3)
+
+    env.wait(scaled, "planner scales the DGD to prefill 2, decode 3")
+    env.wait(lambda: env.apps.read_namespaced_deployment("g-decode", env.ns).spec.replicas == 3
+             and env.apps.read_namespaced_deployment("g-prefill", env.ns).spec.replicas == 2, "Deployments follow")
+    env.wait(lambda: (env.planner("p").get("status") or {}).get("desiredReplicas") == {"prefill": 2, "decode": 3},
+             "planner status")
+    st = env.planner("p")["status"]
+    assert st["lastDecision"]["reason"] in ("scale_up_throughput", "hold_pending")
+    assert st["observed"]["requestsPerSecond"] == pytest.approx(8.0)
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {
+        "MetricsAvailable": "True", "Ready": "True", "SpecValid": "True", "TargetFound": "True"}
+    ev = env.events("g")
+    ups = [e for e in ev if e.reason == "ScaledUp"]
+    assert len(ups) == 1 and "Prefill 1->2" in ups[0].message and "Decode 1->3" in ups[0].message
+    # Until the new Pods are ready the decision is pending: no second scaling action.
+    time.sleep(3)
+    assert len([e for e in env.events("g") if e.reason.startswith("Scaled")]) == 1
+    env.set_ready("g-prefill", 2)
+    env.set_ready("g-decode", 3)
+    env.wait(lambda: env.dgd("g")["status"]["state"] == "successful", "DGD ready at 2/3")
+    # The operator's /metrics carries the planner gauges with per-planner labels.
+    text = requests.get(f"http://127.0.0.1:{env.metrics_port}/metrics", timeout=5).text
+    assert f'dynamo_planner_num_decode_replicas{{namespace="{env.ns}",planner="p"}} 3.0' in text
+    assert f'dynoplan_planner_itl_target_ms{{namespace="{env.ns}",planner="p"}} 30.0' in text
+
+
+def test_conflicting_edit_is_409_and_manual_edit_adopted(env):
+    from planner.operator.kube import Conflict, Kube
+    from planner.operator.loop import KubernetesConnector
+    from planner.operator.spec import parse_planner
+
+    plan = parse_planner({**env.planner("p"), "metadata": {**env.planner("p")["metadata"], "namespace": env.ns}})
+    conn = KubernetesConnector(Kube(env.admin), plan)
+    obs = asyncio.run(conn.observe())
+    assert {p: s.replicas for p, s in obs.pools.items()} == {"prefill": 2, "decode": 3}
+    # A user edits decode to 4 after the connector read the DGD: the conditional merge patch is a 409.
+    env.co.patch_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "g", {"spec": {"services": {"Decode": {"replicas": 4}}}})
+    with pytest.raises(Conflict):
+        asyncio.run(conn.scale(obs, {"prefill": 2, "decode": 5}))
+    assert env.dgd("g")["spec"]["services"]["Decode"]["replicas"] == 4
+    # The running planner adopts the manual edit instead of overwriting it.
+    env.set_ready("g-decode", 4)
+    env.wait(lambda: (env.planner("p").get("status") or {}).get("desiredReplicas", {}).get("decode") == 4,
+             "planner adopts decode=4")
+    time.sleep(4)  # two throughput intervals
+    assert env.dgd("g")["spec"]["services"]["Decode"]["replicas"] == 4
+
+
+def test_apiserver_restart_mid_run(env):
+    generation = env.dgd("g")["metadata"]["generation"]
+    env.k8s.restart_apiserver(down_s=3.0)
+    assert env.proc.poll() is None
+    # Demand for prefill doubles: after the restart the operator reconnects and scales prefill 2 -> 4.
+    # Decode demand 32*300/2 = 4800 tok/s = 3.2 GPUs -> 4, which is what the user set (steady state).
+    env.prom.set_traffic(32, 2000, 300)
+    env.wait(lambda: env.dgd("g")["spec"]["services"]["Prefill"]["replicas"] == 4, "scale after apiserver restart", 60)
+    assert env.dgd("g")["metadata"]["generation"] > generation
+    env.wait(lambda: env.apps.read_namespaced_deployment("g-prefill", env.ns).spec.replicas == 4, "Deployment follows")
+    env.set_ready("g-prefill", 4)
+
+
+def test_operator_restart_resumes_without_spurious_scale(env):
+    env.wait(lambda: env.dgd("g")["status"]["state"] == "successful", "DGD ready before restart")
+    before = env.dgd("g")
+    n_events = len([e for e in env.events("g") if e.reason.startswith("Scaled")])
+    t0 = env.planner("p")["status"]["lastDecision"]["time"]
+    env.stop_operator()
+    env.start_operator()
+    env.wait(lambda: env.planner("p")["status"]["lastDecision"]["time"] > t0, "restarted planner ticks", 30)
+    time.sleep(5)  # > two throughput intervals of the new planner
+    after = env.dgd("g")
+    assert after["spec"]["services"] == before["spec"]["services"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert len([e for e in env.events("g") if e.reason.startswith("Scaled")]) == n_events
+
+
+def test_invalid_planner_spec_is_a_condition_not_a_retry_loop(env):
+    # Mode agg needs a worker service without subComponentType; g has none (the schema cannot say so).
+    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest("bad", "g", env.profile, mode="agg"))
+    env.wait(lambda: any(c["type"] == "SpecValid" and c["status"] == "False"
+                         for c in (env.planner("bad").get("status") or {}).get("conditions", [])), "InvalidSpec condition")
+    cond = next(c for c in env.planner("bad")["status"]["conditions"] if c["type"] == "SpecValid")
+    assert cond["reason"] == "InvalidSpec" and "has 0 agg services" in cond["message"]
+    time.sleep(3)
+    assert len([e for e in env.events("bad") if e.reason == "InvalidSpec"]) == 1
+    env.co.delete_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], "bad")
+
+
+def test_dgd_deleted_while_planner_runs(env):
+    env.co.delete_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "g")
+
+    def gone() -> bool:
+        try:
+            env.dgd("g")
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    env.wait(gone, "DGD deleted (finalizer released by the operator)")
+    env.wait(lambda: any(c["type"] == "TargetFound" and c["status"] == "False"
+                         for c in env.planner("p")["status"]["conditions"]), "TargetFound=False")
+    time.sleep(2)
+    assert gone() and env.proc.poll() is None
+    assert requests.get(f"http://127.0.0.1:{env.health_port}/healthz", timeout=5).ok
+    assert "Traceback" not in env.log.read_text()
