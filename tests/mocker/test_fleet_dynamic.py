@@ -153,7 +153,8 @@ def test_every_request_terminates_exactly_once(ops, disagg, router, handoff):
         t += dt
         pool = pools[k % len(pools)]
         if op == "submit":
-            recs.append(fl.submit(TraceRequest(k, t, isl, osl, (k % 4, k) if k % 2 else None), t))
+            ids = (k % 4,) + tuple(range(1000 * k, 1000 * k + (isl - 1) // 512))  # shared first block
+            recs.append(fl.submit(TraceRequest(k, t, isl, osl, ids if k % 2 else None), t))
         elif op == "add":
             fl.add_worker(pool, t, startup_delay_ms=delay)
         elif op == "remove" and fl.pool_counts(pool).requested > 1:
