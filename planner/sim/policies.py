@@ -145,6 +145,19 @@ class PlannerPolicy:
         return Step(res.decision.targets, res.decision.reason.value, res.next_tick_s,
                     d.predicted_requests_per_second, d.estimated_ttft_ms, d.estimated_itl_ms)
 
+    def _floor(self, key: str) -> float:
+        """Lowest internal target / SLA: ``feedback_floor``, and never below what one idle engine achieves
+        (the profile's smallest TTFT or ITL, +5 %) — a target no fleet size can meet would only make the
+        load loop add workers without end."""
+        f = self.feedback_floor
+        prof = self.profile
+        if prof is not None:
+            if key == "ttft" and prof.prefill is not None:
+                f = max(f, 1.05 * float(prof.prefill.ttft_ms.min()) / self.config.ttft_ms)
+            if key == "itl" and prof.decode is not None:
+                f = max(f, 1.05 * float(prof.decode.itl_ms.min()) / self.config.itl_ms)
+        return min(1.0, f)
+
     def _feedback(self, view: View) -> None:
         assert self._planner is not None and self.attainment_target is not None
         iv = self.config.adjustment_interval_s
@@ -159,7 +172,7 @@ class PlannerPolicy:
             if not math.isfinite(miss):
                 continue
             if miss > allowed:
-                self._scale[key] = max(self.feedback_floor, self._scale[key] * self.feedback_down)
+                self._scale[key] = max(self._floor(key), self._scale[key] * self.feedback_down)
             elif miss < allowed / 2:
                 self._scale[key] = min(1.0, self._scale[key] * self.feedback_up)
         self._planner.config = replace(self.config, ttft_ms=self.config.ttft_ms * self._scale["ttft"],
