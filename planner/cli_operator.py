@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     s = settings_from_env(**_overrides(args))
     defaults = load_config(s.planner_defaults_file) if s.planner_defaults_file else PlannerConfig()
+    api = kubernetes.client.ApiClient(load_client_configuration())  # credentials first: a user error exits 2
     kopf.configure(log_format=kopf.LogFormat.JSON if s.log_format == "json" else kopf.LogFormat.FULL)
     logging.getLogger("dynoplan").setLevel(logging.INFO)
     registry = CollectorRegistry()
@@ -58,17 +57,12 @@ def run(args: argparse.Namespace) -> int:
     registry.register(loop_metrics)
     if s.metrics_port:
         start_http_server(s.metrics_port, registry=registry)
-    api = kubernetes.client.ApiClient(load_client_configuration())
     memo = kopf.Memo(op_settings=s, kube=Kube(api), defaults=defaults, registry=registry, loop_metrics=loop_metrics, loops={},
                      budget=BudgetBook(s.shared_gpu_budget) if s.shared_gpu_budget else None)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         kopf.run(registry=build_registry(s), memo=memo, standalone=s.standalone, peering_name=s.peering_name,
                  namespaces=[s.namespace] if s.namespace else (), clusterwide=not s.namespace,
-                 liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz" if s.health_port else None,
-                 stop_flag=stop)
+                 liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz" if s.health_port else None)  # kopf handles SIGINT/SIGTERM itself
     finally:
         api.close()
     return 0

@@ -212,6 +212,26 @@ class _Stack:
             self.stop(name)
 
 
+def _leftover_stack_pids(state_dir: Path) -> list[int]:
+    """Pids of a previous ``up`` in ``state_dir`` (stack.json) that still run *and* are still ours
+    (their command line names this state dir), e.g. after ``up`` itself was SIGKILLed."""
+    try:
+        info = json.loads((state_dir / "stack.json").read_text())
+    except (OSError, ValueError):
+        return []
+    out = []
+    for k, v in info.items():
+        if not k.endswith("_pid") or k == "pid" or not isinstance(v, int):
+            continue
+        try:
+            cmd = Path(f"/proc/{v}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(state_dir) in cmd:
+            out.append(v)
+    return out
+
+
 def _prometheus_binary() -> str | None:
     return os.environ.get("DYNOPLAN_PROMETHEUS") or shutil.which("prometheus")
 
@@ -271,7 +291,10 @@ def run(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
     left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", [])]
+    left += _leftover_stack_pids(state_dir)
     if left:
+        print(f"notice: stopping {len(left)} process(es) left by a previous run in {state_dir}", file=sys.stderr,
+              flush=True)
         stop_pids(left)
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")

@@ -42,7 +42,10 @@ def load_client_configuration() -> kubernetes.client.Configuration:
     try:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=cfg)
+        try:
+            kubernetes.config.load_kube_config(client_configuration=cfg)
+        except (kubernetes.config.ConfigException, OSError) as e:
+            raise OperatorError(f"no Kubernetes credentials: not in a Pod and no usable kubeconfig ({e})") from None
     return cfg
 
 

@@ -355,6 +355,22 @@ def test_invalid_planner_spec_is_a_condition_not_a_retry_loop(env):
     env.co.delete_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], "bad")
 
 
+def test_advisory_planner_reports_without_patching(env):
+    env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("h"))
+    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2],
+                                           planner_manifest("adv", "h", env.profile, advisory=True))
+    env.wait(lambda: any(e.reason == "AdvisoryDecision" for e in env.events("adv")), "AdvisoryDecision event")
+    ev = next(e for e in env.events("adv") if e.reason == "AdvisoryDecision")
+    # Traffic is 32 req/2 s, ISL 2000, OSL 300: prefill 32000/8000 = 4, decode 4800/1500 = 3.2 -> 4.
+    assert "Prefill 1->4" in ev.message and "Decode 1->4" in ev.message
+    assert env.planner("adv")["status"]["desiredReplicas"] == {"prefill": 4, "decode": 4}
+    h = env.dgd("h")
+    assert (h["spec"]["services"]["Prefill"]["replicas"], h["spec"]["services"]["Decode"]["replicas"]) == (1, 1)
+    assert h["metadata"]["generation"] == 1 and not [e for e in env.events("h") if e.reason.startswith("Scaled")]
+    env.co.delete_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], "adv")
+    env.co.delete_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "h")
+
+
 def test_dgd_deleted_while_planner_runs(env):
     env.co.delete_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "g")
 

@@ -166,3 +166,21 @@ def test_operator_settings_env_and_errors():
         from planner.operator.settings import settings_from_mapping
         settings_from_mapping({"bogus": 1})
     assert OperatorSettings().planner_max_sleep_s == 5.0 and not math.isnan(OperatorSettings().dgd_resync_s)
+
+
+def test_cli_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    from planner.cli import main
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["operator", "--health-port", "70000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "health_port=70000: expected a port 0..65535" in err[0]
+    bad = tmp_path / "p.yaml"
+    bad.write_text("ttft_ms: -1\n")
+    assert main(["operator", "--planner-defaults-file", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ttft_ms=-1" in err[0]
+    assert main(["operator"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no Kubernetes credentials" in err[0]
