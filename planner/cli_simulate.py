@@ -198,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
             "policies": {p.name: getattr(p, "replicas", None) for p in policies}}
     doc = write_outputs(runs, args.out, meta) if args.out else summary_document(runs)
     if not args.quiet:
-        Console().print(render_table(doc, title=f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=max(out.width, 180))
+        out.print(render_table(doc, title=f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
                                                 f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)"))
         err.print("wall time per policy (s): " + ", ".join(f"{k}={v}" for k, v in walls.items()))
     return 0
