@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("engine (override --engine-config)")
     e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
     e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
-    e.add_argument("--block-size", type=_positive_int, metavar="N", help="tokens per KV block (default: vllm 64, trtllm 32, sglang 1)")
+    e.add_argument("--block-size", "--page-size", type=_positive_int, metavar="N", help="tokens per KV block (SGLang: page size; default: vllm 64, trtllm 32, sglang 1)")
     e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
     e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
     e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")

@@ -412,3 +412,31 @@ def test_cached_prefix_is_not_charged_to_the_budget():
     rec2 = core.add_request(req(2, t, 1024, 1, (1, 2)), t)
     out = core.step(t)
     assert rec2.cached_tokens == 1023 and out.end_ms - t == pytest.approx(pre(1), abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+def _cli(argv: list[str]) -> int:
+    from planner.cli import main  # the `dynoplan` entry point
+
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse errors exit through parser.error
+        return int(e.code or 0)
+
+
+def test_cli_replay_engine_sglang_page_size(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:50.9951690,396,109\n")
+    out = tmp_path / "r.json"
+    rc = _cli(["replay", "--trace", str(trace), "--engine", "sglang", "--page-size", "16", "--report-json", str(out),
+               "--quiet"])
+    assert rc == 0
+    import json
+
+    rep = json.loads(out.read_text())
+    assert rep["completed_requests"] == 2
+    assert rep["mean_ttft_ms"] == pytest.approx((pre(374) + pre(396)) / 2, abs=1e-6)  # each alone
+    rc = _cli(["replay", "--trace", str(trace), "--engine", "sglang", "--page-size", "0"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--page-size" in err and "'0'" in err and len(err.splitlines()) == 1
