@@ -313,7 +313,11 @@ class SglangCore:
         dup_len = -(-IN_BATCH_PREFIX_THRESHOLD // page) * page
         seen: set[tuple[int, ...]] = set()
         scored = []
+        # a request in the middle of a chunked prefill holds KV and continues first (SGLang's chunked_req)
+        head = [r for r in waiting if r.materialized]
         for i, r in enumerate(waiting):
+            if r.materialized:
+                continue
             plen = self.kv.match_len(r.content, r.seq_len)
             dep = False
             if plen <= IN_BATCH_PREFIX_THRESHOLD and r.seq_len >= dup_len:
@@ -324,7 +328,7 @@ class SglangCore:
                     seen.add(ident)
             scored.append((dep, -plen, i, r))
         scored.sort(key=lambda t: (t[0], t[1], t[2]))
-        self.waiting = deque(t[3] for t in scored)
+        self.waiting = deque(head + [t[3] for t in scored])
 
     def _admit(self, now: float) -> tuple[list[SglangRequest], list[tuple[int, int, int]], bool, list[int]]:
         """get_new_batch_prefill: returns (admitted, [(prompt_len, prefix, computed)], oom, rejected ids)."""
