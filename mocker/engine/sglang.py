@@ -5,7 +5,8 @@ mocker, checked request by request against ``reference-replay --engine '{"engine
 
 1. Waiting order: ``fifo`` keeps arrival order; ``lpm`` sorts by longest cached prefix (stable), pushing
    requests whose first 32 tokens duplicate an earlier waiting request's (and that have <= 32 cached
-   tokens) to the back; with more than 128 waiting requests ``lpm`` falls back to fifo.
+   tokens) to the back; with more than 128 waiting requests ``lpm`` falls back to fifo. A request in the
+   middle of a chunked prefill always stays first.
 2. Admission (``get_new_batch_prefill``): budget ``rem_total = free + evictable - sum over running of
    min(remaining output, clip_max_new_tokens) * new_token_ratio``; ``rem_input = max_prefill_tokens``;
    ``rem_chunk = chunked_prefill_size``. In queue order, while running + admitted < max_num_seqs: a fresh
