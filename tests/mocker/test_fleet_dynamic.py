@@ -176,3 +176,25 @@ def test_every_request_terminates_exactly_once(ops, disagg, router, handoff):
             assert not c.has_work() and c.kv.private_in_use == 0
         assert fl.pool_counts(p).draining == 0
     assert fl.holds_taken == fl.holds_released
+
+
+@pytest.mark.parametrize("router", ["round_robin", "kv"])
+@pytest.mark.parametrize("handoff", ["direct", "coordinated"])
+def test_disaggregated_run_replay_equals_driving_the_fleet_by_hand(router, handoff):
+    reqs = [TraceRequest(i, 23.0 * i, 300 + 41 * i, 10 + i % 7, (i % 3,) + tuple(range(100 * i, 100 * i + 4)))
+            for i in range(40)]
+    tr = KvTransferConfig(64, 131072, handoff=handoff, timing="destination_missing")
+    res = run_replay(reqs, EngineConfig(), FleetConfig(num_prefill_workers=2, num_decode_workers=2, router=router,
+                                                       transfer=tr))
+    fl = Fleet({"prefill": EngineConfig(worker_type="prefill"), "decode": EngineConfig(worker_type="decode")},
+               router=router, transfer=tr)
+    for p in ("prefill", "prefill", "decode", "decode"):
+        fl.add_worker(p, 0.0)
+    mine = []
+    for r in reqs:
+        fl.advance_until(r.arrival_ms)
+        mine.append(fl.submit(r, r.arrival_ms))
+    fl.finish()
+    key = [(r.prefill_worker_id, r.worker_id, r.token_times_ms) for r in mine]
+    assert key == [(r.prefill_worker_id, r.worker_id, r.token_times_ms) for r in res.records]
+    assert all(r.status == "finished" for r in mine)
