@@ -45,9 +45,13 @@ class BudgetBook:
     entries: dict[tuple[str, str, str], tuple[int, int, int]] = dataclasses.field(default_factory=dict)
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
-    def cap(self, key: tuple[str, str, str], need: int, minimum: int, current: int) -> int:
-        """Record ``key``'s need/min/current GPUs and return its cap (key = namespace, budget, planner)."""
+    def record(self, key: tuple[str, str, str], need: int, minimum: int, current: int) -> None:
+        """Record ``key``'s need/min/current GPUs (key = namespace, budget name, planner). Every planner
+        records on every step, so all planners sharing a budget are known before any of them scales."""
         self.entries[key] = (need, minimum, current)
+
+    def cap(self, key: tuple[str, str, str]) -> int:
+        """``key``'s GPU cap from the recorded entries of its (namespace, budget) group."""
         group = {k[2]: v for k, v in self.entries.items() if k[:2] == key[:2]}
         alloc = divide_budget(self.total_gpus, {n: v[0] for n, v in group.items()},
                               {n: v[1] for n, v in group.items()}, {n: v[2] for n, v in group.items()})
@@ -236,6 +240,8 @@ class PlannerLoop:
                 self._sla[1].labels(**self._sla[2]).set(cfg.itl_ms)
 
         self._cond("SpecValid", True, "Valid", "spec and target services valid")
+        if self.budget is not None and plan.shared_budget:
+            self.budget.record(*self._budget_entry(plan, obs, cfg))
         now = self.clock()
         if now < self._next_s:
             return min(max(self._next_s - now, self.min_sleep_s), self.max_sleep_s)
@@ -244,21 +250,37 @@ class PlannerLoop:
             return await self._tick_shared(plan, conn, obs, cfg, now)
         return await self._tick(plan, conn, obs, cfg, now)
 
+    def _budget_entry(self, plan: PlannerSpec, obs: Observed, cfg: PlannerConfig) -> tuple[Any, int, int, int]:
+        """(key, need, minimum, current) GPUs of this planner for the shared budget. Need = the last
+        unconstrained throughput requirement (current spec before the first one)."""
+        gpus = {p: cfg.limits(p).gpus_per_engine for p in cfg.pools}
+        current = sum(obs.pools[p].replicas * gpus[p] for p in cfg.pools)
+        minimum = sum(cfg.limits(p).min_replicas * gpus[p] for p in cfg.pools)
+        prev = self.last_result.diagnostics.throughput_replicas if self.last_result else {}
+        need = sum(int(prev.get(p, obs.pools[p].replicas)) * gpus[p] for p in cfg.pools)
+        return (plan.namespace, str(plan.shared_budget), plan.name), max(need, minimum), minimum, current
+
     async def _tick_shared(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
                            now: float) -> float:
-        assert self.budget is not None
+        """A tick under the shared budget: the cap is computed and the patch made while holding the
+        book's lock, so no two planners of the group grow into the same free GPUs."""
+        assert self.budget is not None and self.planner is not None
         async with self.budget.lock:
-            gpus = {p: cfg.limits(p).gpus_per_engine for p in cfg.pools}
-            current = sum(obs.pools[p].replicas * gpus[p] for p in cfg.pools)
-            minimum = sum(cfg.limits(p).min_replicas * gpus[p] for p in cfg.pools)
-            prev = self.last_result.diagnostics.throughput_replicas if self.last_result else {}
-            need = sum(int(prev.get(p, obs.pools[p].replicas)) * gpus[p] for p in cfg.pools)
-            key = (plan.namespace, str(plan.shared_budget), plan.name)
-            cap = self.budget.cap(key, max(need, minimum), minimum, current)
-            assert self.planner is not None
+            key, need, minimum, current = self._budget_entry(plan, obs, cfg)
+            self.budget.record(key, need, minimum, current)
+            cap = self.budget.cap(key)
             self.planner.config = dataclasses.replace(cfg, max_gpu_budget=max(min(cap, cfg.max_gpu_budget), minimum),
                                                       min_gpu_budget=min(cfg.min_gpu_budget, max(cap, minimum)))
-            return await self._tick(plan, conn, obs, self.planner.config, now, cap=cap)
+            delay = await self._tick(plan, conn, obs, self.planner.config, now, cap=cap)
+            # Record what the spec holds now (a patch may have changed it) for the next planner's cap.
+            key, need, minimum, _ = self._budget_entry(plan, obs, cfg)
+            targets = self.last_result.decision.targets if self.last_result else None
+            if targets is not None and not plan.advisory:
+                gpus = {p: cfg.limits(p).gpus_per_engine for p in cfg.pools}
+                current = sum(max(int(targets.get(p, obs.pools[p].replicas)), obs.pools[p].replicas) * gpus[p]
+                              for p in cfg.pools)
+            self.budget.record(key, need, minimum, current)
+            return delay
 
     async def _tick(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
                     now: float, cap: int | None = None) -> float:

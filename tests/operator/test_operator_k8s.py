@@ -140,9 +140,9 @@ class Env:
         return {**{k: v for k, v in os.environ.items() if not k.startswith("DYNOPLAN_OPERATOR_")}, **env,
                 "KUBECONFIG": str(self.kubeconfig)}
 
-    def start_operator(self) -> None:
+    def start_operator(self, **extra_env: str) -> None:
         self.proc = start_process([str(Path(sys.executable).parent / "dynoplan"), "operator"], self.log,
-                                  env=self.operator_env())
+                                  env={**self.operator_env(), **extra_env})
         wait_until(lambda: requests.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2).ok, 60,
                    "operator /healthz", self.proc, self.log)
 
@@ -388,3 +388,39 @@ def test_dgd_deleted_while_planner_runs(env):
     assert gone() and env.proc.poll() is None
     assert requests.get(f"http://127.0.0.1:{env.health_port}/healthz", timeout=5).ok
     assert "Traceback" not in env.log.read_text()
+
+
+def test_shared_gpu_budget_divided_by_need_never_exceeded(env):
+    """Two DGDs share 6 GPUs. Each needs prefill 4 + decode 4 = 8 (32 req/2 s, ISL 2000, OSL 300); the
+    minimums (1+1 each) come first and the 2 GPUs left are split by need (6:6) -> a cap of 3 GPUs each,
+    which the planner core spends as prefill 2 + decode 1 (budget shrink). The sum never exceeds 6."""
+    env.stop_operator()
+    env.start_operator(DYNOPLAN_OPERATOR_SHARED_GPU_BUDGET="6")
+    env.prom.set_traffic(32, 2000, 300)
+    for name in ("s1", "s2"):
+        env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest(name))
+    for name in ("s1", "s2"):
+        env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest(
+            name, name, env.profile, budget={"sharedBudget": "pool", "maxGpus": 8}))
+
+    def gpus(name: str) -> int:
+        s = env.dgd(name)["spec"]["services"]
+        return s["Prefill"]["replicas"] + s["Decode"]["replicas"]
+
+    seen: list[int] = []
+
+    def both_capped() -> bool:
+        total = gpus("s1") + gpus("s2")
+        seen.append(total)
+        return gpus("s1") == 3 and gpus("s2") == 3
+
+    env.wait(both_capped, "both DGDs scaled to their 3-GPU share", 40)
+    for name in ("s1", "s2"):
+        s = env.dgd(name)["spec"]["services"]
+        assert (s["Prefill"]["replicas"], s["Decode"]["replicas"]) == (2, 1)
+        st = env.planner(name)["status"]
+        assert st["sharedBudget"] == {"name": "pool", "capGpus": 3}
+        assert st["desiredReplicas"] == {"prefill": 2, "decode": 1}
+    assert max(seen) <= 6
+    time.sleep(3)
+    assert gpus("s1") + gpus("s2") == 6
