@@ -123,7 +123,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="a,b,a1")
     ap.add_argument("--repeat", type=int, default=1, help="runs per simulator and case; the fastest counts for speed")
-    ap.add_argument("--ref-runs-b", type=int, default=3,
+    ap.add_argument("--ref-runs-b", type=int, default=5,
                     help="reference runs for (b): its KV router breaks ties at random, so fidelity is measured "
                          "against the mean of these runs and their own spread is printed")
     ap.add_argument("--json", help="write all figures here")
