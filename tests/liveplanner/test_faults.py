@@ -110,3 +110,24 @@ def test_worker_killed_mid_stream(tmp_path):
         m = step_trace(again, [(4.0, 2.0)], isl=200, osl=10)
         rc, rep2, err = up.loadgen(again)
         assert rc == 0 and rep2["completed_requests"] == m and rep2["failed_requests"] == 0, err
+
+
+def test_up_killed_then_started_again_stops_the_leftovers(tmp_path):
+    cfg = stack_file(tmp_path, prometheus={"enabled": False})
+    first = UpStack(cfg)
+    try:
+        left = set(first.stack_info()[k] for k in ("frontend_pid", "planner_pid")) | {
+            w["pid"] for w in first.fleet()["workers"]}
+        os.kill(first.proc.pid, signal.SIGKILL)  # up dies without cleaning up
+        first.proc.wait(10)
+        from tests.liveplanner.stack import pid_alive
+
+        assert all(pid_alive(p) for p in left)
+        with UpStack(cfg, log_name="up2.log") as second:
+            assert "notice: stopping" in second.log.read_text()
+            assert not any(pid_alive(p) for p in left)
+            assert second.spec() == 1
+    finally:
+        first.seen_pids.clear()  # the second run owns the cleanup
+        if first.proc.poll() is None:
+            first.stop()
