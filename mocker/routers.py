@@ -126,6 +126,8 @@ class KvRouter:
         self.rng = np.random.default_rng(seed)
         self.views: dict[tuple[int, int], _RouterWorkerView] = {}
         """The router's book per engine core, keyed (worker_id, dp_rank): cores come and go with the fleet."""
+        self._cores_ref: object = None  # the core list seen last (the fleet builds a new list on every change)
+        self._cores_views: list[_RouterWorkerView] = []
         self._pending: tuple[_RouterWorkerView, list[int], int, int] | None = None
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
@@ -140,13 +142,17 @@ class KvRouter:
             n_unique = 0  # the router tracks full-block hashes only (Dynamo's sequence hashes for tracking)
         logits = []
         overlaps = []
-        views = self.views
-        chosen_views = []
-        for w in workers:
-            view = views.get((w.worker_id, w.dp_rank))
-            if view is None:
-                view = views[(w.worker_id, w.dp_rank)] = _RouterWorkerView()
-            chosen_views.append(view)
+        if workers is not self._cores_ref or len(workers) != len(self._cores_views):  # the fleet's core list changed
+            views = self.views
+            cv = []
+            for w in workers:
+                view = views.get((w.worker_id, w.dp_rank))
+                if view is None:
+                    view = views[(w.worker_id, w.dp_rank)] = _RouterWorkerView()
+                cv.append(view)
+            self._cores_ref, self._cores_views = workers, cv
+        chosen_views = self._cores_views
+        for w, view in zip(workers, chosen_views):
             view.refresh()
             overlap = w.kv.match_prefix(keys_l)[0] if keys_l else 0
             overlaps.append(overlap)
