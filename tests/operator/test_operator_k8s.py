@@ -235,6 +235,21 @@ def test_invalid_dgd_rejected_by_schema(env):
     assert e.value.status == 422 and "mode" in e.value.body
 
 
+def test_chart_example_resources_pass_the_real_schema(env):
+    """The chart's example DGD, DynoPlanner and load Job are accepted by the apiserver (dry run)."""
+    out = env.k8s.helm("template", RELEASE, str(CHART), "--namespace", env.ns, "--set", "example.enabled=true",
+                       "--show-only", "templates/example.yaml").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    kinds = {d["kind"]: d for d in docs}
+    assert sorted(kinds) == ["DynamoGraphDeployment", "DynoPlanner", "Job"] and len(docs) == 3
+    dgd, dpl, job = kinds["DynamoGraphDeployment"], kinds["DynoPlanner"], kinds["Job"]
+    made = env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd, dry_run="All")
+    assert made["spec"]["services"]["VllmWorker"]["replicas"] == 1
+    made = env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], dpl, dry_run="All")
+    assert made["spec"]["mode"] == "agg" and made["spec"]["replicas"] == {"minWorker": 1, "maxWorker": 4}
+    kubernetes.client.BatchV1Api(env.admin).create_namespaced_job(env.ns, job, dry_run="All")
+
+
 def test_dgd_reconciled_into_deployments_services_and_status(env):
     env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("g"))
     uid = env.dgd("g")["metadata"]["uid"]
