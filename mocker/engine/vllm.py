@@ -229,16 +229,20 @@ class VllmCore:
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
         self._co_sync_all()
-        ends = self.pass_end_times()
+        # one float object per pass, shared by the lists of every request that emitted in it
+        ends = self.pass_end_times().tolist()
         for r in self.all_requests:
             ranges = r.all_emit_ranges()
             if not ranges:
                 continue
             if len(ranges) == 1:
                 a, b = ranges[0]
-                r.record.token_times_ms = ends[a:b + 1].tolist()
+                r.record.token_times_ms = ends[a:b + 1]
             else:
-                r.record.token_times_ms = np.concatenate([ends[a:b + 1] for a, b in ranges]).tolist()
+                tt: list[float] = []
+                for a, b in ranges:
+                    tt += ends[a:b + 1]
+                r.record.token_times_ms = tt
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property
