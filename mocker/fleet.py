@@ -150,8 +150,8 @@ class _Flight:
         self.pcore: Any = None
         self.dcore: Any = None
         self.phase = _QUEUED
-        self.hold: tuple[Any, int] | None = None     # (source core, blocks) held during the transfer
-        self.reserve: tuple[Any, int] | None = None  # (destination core, blocks) reserved during the transfer
+        self.hold: tuple[Any, _Worker, int] | None = None     # (source core, worker, blocks) held in transfer
+        self.reserve: tuple[Any, _Worker, int] | None = None  # (destination core, worker, blocks) reserved
 
 
 class Fleet:
@@ -240,6 +240,7 @@ class Fleet:
         self.holds_taken = 0
         """Coordinated handoffs: holds + reservations taken (each is released exactly once)."""
         self.holds_released = 0
+        self._dst_first = self.disagg and self.pools["decode"].cfg.engine == "sglang"
         if single_step:
             self._adv = lambda c, h: c.advance_single_step(h)
         else:
@@ -536,37 +537,47 @@ class Fleet:
 
     def _take_holds(self, fl: _Flight, dst: Any) -> None:
         """Coordinated handoff: the source holds the prompt's KV blocks, the destination reserves blocks for
-        prompt + first token (vLLM source-first; SGLang destination-first). Each is capped by what is
-        available (a source whose blocks were reused at once holds what it can)."""
+        prompt + first token (vLLM source-first; SGLang destination-first: the order only decides which side
+        is served first when blocks are short). Each is capped by what is available. A hold is
+        ``(core, worker, blocks)``."""
         src = fl.pcore
-        req = fl.req
+        isl = fl.req.input_length
+        sw = self.pools["prefill"].by_id[src.worker_id]
+        dw = self.pools["decode"].by_id[dst.worker_id]
+        if self._dst_first:
+            fl.reserve = self._take(dst, dw, isl + 1)
+            fl.hold = self._take(src, sw, isl)
+        else:
+            fl.hold = self._take(src, sw, isl)
+            fl.reserve = self._take(dst, dw, isl + 1)
 
-        def take(core: Any, tokens: int) -> tuple[Any, int]:
-            n = min(-(-tokens // core.block_size), core.kv.available())
-            core.kv.allocate_private(n)
-            core.external_private_blocks += n
-            self.pools["prefill" if core is src else "decode"].by_id[core.worker_id].holds += 1
-            self.holds_taken += 1
-            return core, n
+    def _take(self, core: Any, w: _Worker, tokens: int) -> tuple[Any, _Worker, int]:
+        kv = core.kv
+        n = -(-tokens // core.block_size)
+        avail = kv.available() if n > kv.free else n
+        if n > avail:
+            n = avail
+        kv.allocate_private(n)
+        core.external_private_blocks += n
+        w.holds += 1
+        self.holds_taken += 1
+        return core, w, n
 
-        order = ("dst", "src") if self.pools["decode"].cfg.engine == "sglang" else ("src", "dst")
-        for side in order:
-            if side == "src":
-                fl.hold = take(src, req.input_length)
-            else:
-                fl.reserve = take(dst, req.input_length + 1)
+    def _give(self, h: tuple[Any, _Worker, int]) -> None:
+        core, w, n = h
+        core.kv.release([], n)
+        core.external_private_blocks -= n
+        w.holds -= 1
+        self.holds_released += 1
 
     def _release_holds(self, fl: _Flight) -> None:
-        for attr, pool in (("reserve", "decode"), ("hold", "prefill")):
-            h = getattr(fl, attr)
-            if h is None:
-                continue
-            core, n = h
-            core.kv.release([], n)
-            core.external_private_blocks -= n
-            self.pools[pool].by_id[core.worker_id].holds -= 1
-            self.holds_released += 1
-            setattr(fl, attr, None)
+        """Release the flight's reservation and hold (each at most once: the fields are cleared)."""
+        if fl.reserve is not None:
+            self._give(fl.reserve)
+            fl.reserve = None
+        if fl.hold is not None:
+            self._give(fl.hold)
+            fl.hold = None
 
     def _activate(self, fl: _Flight, t: float) -> None:
         if fl.phase != _TRANSFER:
@@ -574,17 +585,13 @@ class Fleet:
         c = fl.dcore
         self._adv(c, t)
         if fl.reserve is not None:  # the reservation becomes the request's own allocation at admission
-            rc, n = fl.reserve
-            rc.kv.release([], n)
-            rc.external_private_blocks -= n
-            self.pools["decode"].by_id[rc.worker_id].holds -= 1
-            self.holds_released += 1
+            self._give(fl.reserve)
             fl.reserve = None
         fl.phase = _DECODE
         c.add_prefilled_request(fl.req, t, fl.rec)
-        self._where[fl.rid] = fl
-        if fl.hold is not None:  # source releases after the destination activated
-            self._release_holds(fl)
+        if fl.hold is not None:  # the source releases after the destination activated
+            self._give(fl.hold)
+            fl.hold = None
 
     # ================================================================== time
     def _events_to(self, t: float) -> None:
