@@ -245,3 +245,22 @@ def test_cli_disaggregated_replay_and_errors(tmp_path, capsys):
         assert code == 2
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("handoff", ["direct", "coordinated"])
+def test_decode_side_failure_releases_holds_and_fails_the_request(handoff):
+    """A prompt that fits the prefill worker but can never fit the decode worker: the request fails on the
+    decode side; the reservation (capped at what the destination has) and the hold are released once."""
+    fl = Fleet({"prefill": EngineConfig(), "decode": EngineConfig(num_gpu_blocks=8)},
+               transfer=KvTransferConfig(64, 131072, handoff=handoff))
+    fl.add_worker("prefill", 0.0)
+    fl.add_worker("decode", 0.0)
+    bad = fl.submit(TraceRequest(0, 0.0, 2000, 5, None), 0.0)   # 32 blocks > 8 on the decode worker
+    ok = fl.submit(TraceRequest(1, 1.0, 100, 5, None), 1.0)
+    fl.finish()
+    assert bad.status == "failed" and bad.first_token_ms is None and bad.prefill_worker_id == 0
+    assert ok.status == "finished" and len(ok.token_times_ms) == 5
+    assert fl.holds_taken == fl.holds_released == (4 if handoff == "coordinated" else 0)
+    for c in fl.cores("prefill") + fl.cores("decode"):
+        c.check_invariants()
+        assert c.kv.private_in_use == 0
