@@ -175,6 +175,7 @@ class Fleet:
         advance_until(t_ms)                                              # fleet events and every core up to t
         finish()                                                         # run everything submitted to completion
         take_fpm() -> list[tuple[pool, ForwardPassMetrics]]              # passes since the last call, by time
+        take_finished() -> list[RequestRecord]                           # terminal since the last call, by finish
         pool_counts(pool) -> PoolCounts
         engine_states(pool) -> list[EngineState]                         # per DP rank of each ready worker
         gpu_seconds(now_ms, gpus_per_worker=None) -> {pool: GPU-seconds} # default GPUs/worker = dp_size
@@ -236,6 +237,8 @@ class Fleet:
         self.records: list[RequestRecord] = []
         """Every submitted request's record, in submit order."""
         self._fpm_taken: dict[int, int] = {}
+        self._fin_scanned = 0
+        self._pending_ids: list[int] = []
         self._pf_to = -inf  # prefill cores advanced to this time
         self.holds_taken = 0
         """Coordinated handoffs: holds + reservations taken (each is released exactly once)."""
@@ -653,6 +656,28 @@ class Fleet:
         """Requests that finished (all their tokens emitted) so far."""
         pool = self.pools["decode" if self.disagg else "agg"]
         return sum(c.finished_total for w in pool.workers for c in w.cores)
+
+    def take_finished(self) -> list[RequestRecord]:
+        """Records that reached a terminal status (finished, failed, cancelled) since the last call, ordered by
+        (finish_ms, submit order). Call :meth:`advance_until` first (cores advance lazily). ``token_times_ms``
+        is filled only by :meth:`finish`; meanwhile a record's mean ITL is
+        ``(finish_ms - first_token_ms) / (output_length - 1)``."""
+        recs = self.records
+        start = self._fin_scanned
+        pend = self._pending_ids
+        pend.extend(range(start, len(recs)))
+        self._fin_scanned = len(recs)
+        done: list[tuple[float, int]] = []
+        keep: list[int] = []
+        for i in pend:
+            r = recs[i]
+            if r.status != "pending":
+                done.append((r.finish_ms if r.finish_ms is not None else -inf, i))
+            else:
+                keep.append(i)
+        self._pending_ids = keep
+        done.sort()
+        return [recs[i] for _, i in done]
 
     def take_fpm(self) -> list[tuple[str, ForwardPassMetrics]]:
         """(pool, ForwardPassMetrics) of every pass run since the last call, ordered by (pass end time, pool,

@@ -198,3 +198,23 @@ def test_disaggregated_run_replay_equals_driving_the_fleet_by_hand(router, hando
     key = [(r.prefill_worker_id, r.worker_id, r.token_times_ms) for r in mine]
     assert key == [(r.prefill_worker_id, r.worker_id, r.token_times_ms) for r in res.records]
     assert all(r.status == "finished" for r in mine)
+
+
+def test_take_finished_returns_each_terminal_record_once_in_finish_order():
+    fl = agg()
+    fl.add_worker("agg", 0.0)
+    recs = [fl.submit(TraceRequest(i, 10.0 * i, 200, 30 - 5 * i), 10.0 * i) for i in range(5)]
+    fl.advance_until(60.0)
+    first = fl.take_finished()
+    assert all(r.status == "finished" and r.finish_ms <= 60.0 + 30 for r in first)
+    fl.advance_until(10_000.0)
+    rest = fl.take_finished()
+    assert fl.take_finished() == []
+    got = first + rest
+    assert sorted(id(r) for r in got) == sorted(id(r) for r in recs)
+    assert [r.finish_ms for r in rest] == sorted(r.finish_ms for r in rest)
+    # ITL from the live record fields = the mean gap of the token times filled at finish()
+    fl.finish()
+    for r in recs:
+        t = r.token_times_ms
+        assert (r.finish_ms - r.first_token_ms) / (r.output_length - 1) == pytest.approx((t[-1] - t[0]) / (len(t) - 1))
