@@ -78,7 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--sla-itl-ms", type=_positive_float, default=50.0, metavar="MS", help="ITL target (default 50)")
     s.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing among ready workers (default round_robin)")
     s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
-    s.add_argument("--initial-replicas", metavar="N|P+D", help="fleet at t=0 for dynamic policies (default 1 per pool)")
+    s.add_argument("--initial-replicas", metavar="N|P+D|auto",
+                   help="fleet at t=0 for dynamic policies (default auto: sized by the throughput formulas for the "
+                        "trace's first adjustment interval, as an operator would have deployed it)")
     s.add_argument("--auto-attainment", type=_positive_float, default=0.995, metavar="F", help="static:auto target (default 0.995)")
     s.add_argument("--max-replicas", type=_positive_int, default=64, metavar="N", help="per-pool cap for baselines and static:auto")
     p = parser.add_argument_group("planner")
@@ -98,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
     from planner.sim.errors import SimulationConfigError
 
-    if text is None:
+    if text is None or text == "auto":
         return None
     try:
         nums = [int(x) for x in text.split("+")]

@@ -64,13 +64,18 @@ def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[T
             for c, a, b in zip(cnt, isl, osl)]
 
 
-def peak_replicas(ctx: RunContext) -> dict[str, int]:
-    """``static:peak`` sizing (module docstring)."""
+def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
+    """``static:peak`` sizing (module docstring); ``first=True`` sizes the trace's first interval instead."""
     if ctx.profile is None:
-        raise SimulationConfigError("static:peak: needs a profile (--profile FILE.npz, or let simulate profile the engine)")
+        raise SimulationConfigError("static:peak / initial fleet 'auto': needs a profile (--profile FILE.npz, or let "
+                                    "simulate profile the engine)")
     cfg = ctx.config
     wins = trace_windows(ctx.requests, cfg.adjustment_interval_s)
-    peak = max(wins, key=lambda w: w.num_requests)
+    if not wins:
+        return {p: 1 for p in ctx.pools}
+    peak = wins[0] if first else max(wins, key=lambda w: w.num_requests)
+    if peak.num_requests <= 0:
+        return {p: 1 for p in ctx.pools}
     d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens)
     out = {}
     for pool in ctx.pools:
@@ -85,7 +90,14 @@ def peak_replicas(ctx: RunContext) -> dict[str, int]:
 
 
 def _initial(ctx: RunContext) -> dict[str, int]:
-    return dict(ctx.initial) if ctx.initial else {p: 1 for p in ctx.pools}
+    """Fleet at t = 0 of the dynamic policies: ``ctx.initial``, or when None ("auto") what an operator would
+    have deployed for the load at the start — the throughput formulas on the trace's first adjustment
+    interval (as ``static:peak`` does for the busiest one); 1 per pool without a profile."""
+    if ctx.initial:
+        return dict(ctx.initial)
+    if ctx.profile is None:
+        return {p: 1 for p in ctx.pools}
+    return peak_replicas(ctx, first=True)
 
 
 def _kv_target_from_sla(ctx: RunContext) -> float:
