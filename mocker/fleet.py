@@ -227,6 +227,8 @@ class Fleet:
             r = ROUTERS[rname](0, seed)
             if name == "decode" and rname == "kv":
                 r.overlap_score_weight = 0.0  # Dynamo's decode router: no prefix-overlap credit
+            if name == "prefill" and rname == "kv":
+                r.track_active_blocks = False  # Dynamo's prefill router: router_track_active_blocks = false
             self.pools[name] = _Pool(name, cfg, r)
         self.entry = self.pools["prefill" if self.disagg else "agg"]
         self._heap: list[tuple[float, int, int, Any]] = []

@@ -120,6 +120,8 @@ class _RouterWorkerView:
 class KvRouter:
     needs_state = True
     overlap_score_weight = 1.0
+    track_active_blocks = True
+    """False: the decode-blocks term is left out (Dynamo's prefill router in a disaggregated fleet)."""
 
     def __init__(self, num_workers: int, seed: int = 0) -> None:
         self.n = num_workers
@@ -157,7 +159,7 @@ class KvRouter:
             overlap = w.kv.match_prefix(keys_l)[0] if keys_l else 0
             overlaps.append(overlap)
             prefill_tokens = view.prefill_tokens + req.input_length - overlap * bs
-            decode_blocks = view.active_blocks() + view.new_blocks(keys_l, n_unique)
+            decode_blocks = view.active_blocks() + view.new_blocks(keys_l, n_unique) if self.track_active_blocks else 0
             logits.append(self.overlap_score_weight * prefill_tokens / bs + decode_blocks)
         m = min(logits)
         best = [i for i, v in enumerate(logits) if v == m]
