@@ -1,0 +1,398 @@
+"""KVBM lower KV tiers (G2 host, G3 disk, G4 object) and their processor-shared links; metadata only.
+
+Tiers (DESIGN.md "KVBM tiers"): G1 is the device block pool of the engine core; G2 is per-worker host memory
+(``num_g2_blocks`` each); G3 is a disk tier shared by the fleet (``num_g3_blocks``); G4 is a shared object
+tier of unbounded size (``g4=True``). Blocks are identified by their prefix-cache key; only keys move, never
+content. Flow modelled here:
+
+* offload: a cached block leaving G1 is queued for G2; every ``offload_batch_size`` queued blocks become one
+  transfer on the worker's G1->G2 link and land in G2 when it completes. A block evicted from a full G2 (LRU)
+  moves to G3 over the G2->G3 link, one from a full G3 to G4 over G3->G4 (dropped when the next tier is
+  absent).
+* onboard: for a prompt's keys after its G1 hits, the leading run found in G2, G3 or G4 is brought back.
+  G3/G4 blocks are first staged into the worker's G2 (G3->G2 / G4->G2 links), then all of them cross the
+  G2->G1 link; the ticket completes when that last transfer does.
+
+Links: each directional link has its own bandwidth and is processor-shared (DESIGN.md): n transfers in
+flight progress at bandwidth/n each, so a transfer speeds up when a peer finishes. Time of a lone transfer =
+bytes / bandwidth (1 MB at 1 GB/s = 1 ms, decimal units). G1<->G2 links are per worker (each GPU's host
+link); G2<->G3, G2<->G4 and G3->G4 links are shared by the fleet (one disk, one object store). Bandwidth 0
+means the link is instantaneous.
+
+Defaults of the bandwidths are assumptions, not reference values: 25 GB/s host<->device (PCIe Gen4 x16
+effective), 5 GB/s host<->disk (NVMe), 1 GB/s to/from object storage.
+
+Nothing reads a clock: every method takes ``now_ms`` and a driver advances the hierarchy with
+:meth:`TierHierarchy.advance`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from mocker.errors import ConfigError, SimulationError
+
+GB = 1e9
+"""Bytes per GB (decimal, as link bandwidths are quoted)."""
+
+
+# ---------------------------------------------------------------------------------------------- links
+class ProcessorSharingLink:
+    """One directional link of ``bandwidth_gbps`` GB/s shared equally by the transfers in flight.
+
+    Exact processor sharing in virtual time: between events every active transfer receives
+    bandwidth / n bytes per ms. Completion times are exact up to float rounding (completions within
+    1e-9 bytes are merged).
+    """
+
+    __slots__ = ("name", "bytes_per_ms", "now_ms", "_active", "_seq", "transfers", "bytes_moved")
+
+    def __init__(self, name: str, bandwidth_gbps: float) -> None:
+        if not isinstance(bandwidth_gbps, (int, float)) or isinstance(bandwidth_gbps, bool) or not bandwidth_gbps >= 0:
+            raise ConfigError(f"{name} bandwidth={bandwidth_gbps!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
+        self.name = name
+        self.bytes_per_ms = bandwidth_gbps * GB / 1000.0
+        self.now_ms = 0.0
+        self._active: dict[int, list] = {}
+        """transfer id -> [remaining bytes, tag]"""
+        self._seq = 0
+        self.transfers = 0
+        self.bytes_moved = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        """Transfers currently sharing the link."""
+        return len(self._active)
+
+    def _progress(self, to_ms: float) -> None:
+        dt = to_ms - self.now_ms
+        if dt > 0 and self._active:
+            share = self.bytes_per_ms * dt / len(self._active)
+            for st in self._active.values():
+                st[0] -= share
+        if to_ms > self.now_ms:
+            self.now_ms = to_ms
+
+    def next_completion_ms(self) -> float | None:
+        """When the next in-flight transfer finishes if nothing else arrives (None when idle)."""
+        if not self._active:
+            return None
+        if self.bytes_per_ms == 0:
+            return self.now_ms
+        rem = min(st[0] for st in self._active.values())
+        return self.now_ms + max(rem, 0.0) * len(self._active) / self.bytes_per_ms
+
+    def submit(self, now_ms: float, nbytes: float, tag: object) -> int:
+        """Start a transfer of ``nbytes`` bytes at ``now_ms`` (must not precede earlier calls). Returns its id.
+
+        Call :meth:`advance` to ``now_ms`` first so that completions before it are reported in order.
+        """
+        if now_ms < self.now_ms - 1e-9:
+            raise SimulationError(f"link {self.name}: submit at {now_ms} ms before link time {self.now_ms} ms")
+        if nbytes < 0:
+            raise SimulationError(f"link {self.name}: negative transfer size {nbytes}")
+        self._progress(now_ms)
+        self._seq += 1
+        self._active[self._seq] = [float(nbytes), tag]
+        self.transfers += 1
+        self.bytes_moved += nbytes
+        return self._seq
+
+    def advance(self, to_ms: float) -> list[tuple[float, object]]:
+        """Move the link to ``to_ms``; return (finish time ms, tag) of every transfer finished by then, in
+        finish order (ties by submission order)."""
+        done: list[tuple[float, object]] = []
+        while self._active:
+            t = self.next_completion_ms()
+            assert t is not None
+            if t > to_ms:
+                break
+            self._progress(t)
+            if self.bytes_per_ms == 0:
+                fin = list(self._active)
+            else:
+                eps = 1e-9
+                fin = [i for i, st in self._active.items() if st[0] <= eps]
+                if not fin:  # float rounding: finish the smallest
+                    fin = [min(self._active, key=lambda i: self._active[i][0])]
+            for i in fin:
+                done.append((t, self._active.pop(i)[1]))
+        self._progress(to_ms)
+        return done
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """Lower-tier settings (``g1_backend=kvbm`` only). Errors: :class:`ConfigError` from :meth:`validate`."""
+
+    bytes_per_block: int
+    """KV bytes of one block = block_size * kv_bytes_per_token (bytes)."""
+    num_g2_blocks: int = 0
+    """Host blocks per worker (0 = no G2)."""
+    num_g3_blocks: int = 0
+    """Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage through it)."""
+    g4: bool = False
+    """Shared object tier of unbounded size (needs G2)."""
+    offload_batch_size: int = 16
+    """Blocks per G1->G2 offload transfer (blocks)."""
+    bw_g1_g2_gbps: float = 25.0
+    """Device->host (offload) bandwidth per worker (GB/s; assumption: PCIe Gen4 x16 effective)."""
+    bw_g2_g1_gbps: float = 25.0
+    """Host->device (onboard) bandwidth per worker (GB/s)."""
+    bw_g2_g3_gbps: float = 5.0
+    """Host->disk bandwidth, shared (GB/s; assumption: NVMe)."""
+    bw_g3_g2_gbps: float = 5.0
+    """Disk->host bandwidth, shared (GB/s)."""
+    bw_g3_g4_gbps: float = 1.0
+    """Disk->object bandwidth, shared (GB/s; assumption)."""
+    bw_g4_g2_gbps: float = 1.0
+    """Object->host bandwidth, shared (GB/s)."""
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        for name in ("bytes_per_block", "offload_batch_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v <= 0:
+                p.append(f"{name}={v!r}: expected a positive integer")
+        for name in ("num_g2_blocks", "num_g3_blocks"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                p.append(f"{name}={v!r}: expected an integer >= 0")
+        if (self.num_g3_blocks or self.g4) and not self.num_g2_blocks:
+            p.append(f"num_g2_blocks={self.num_g2_blocks!r}: G3/G4 hits stage through G2; expected num_g2_blocks > 0")
+        for name in ("bw_g1_g2_gbps", "bw_g2_g1_gbps", "bw_g2_g3_gbps", "bw_g3_g2_gbps", "bw_g3_g4_gbps", "bw_g4_g2_gbps"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                p.append(f"{name}={v!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
+        return p
+
+    def validate(self) -> "TierConfig":
+        p = self.problems()
+        if p:
+            raise ConfigError(p)
+        return self
+
+
+@dataclass(slots=True)
+class OnboardTicket:
+    """A prompt's blocks being brought back to G1 from lower tiers."""
+
+    worker_id: int
+    keys: list[int]
+    """Keys onboarded, prompt order (all end up in G1)."""
+    from_tier: dict[str, int]
+    """Blocks found per tier ('G2', 'G3', 'G4')."""
+    start_ms: float
+    staged_ms: float | None = None
+    """When every G3/G4 block reached G2 (== start when none)."""
+    done_ms: float | None = None
+    """When the G2->G1 transfer finished."""
+    _pending: int = 0
+
+
+TierListener = Callable[[str, str, int, Sequence[int]], None]
+"""listener(kind 'stored'|'removed', tier 'G2'|'G3'|'G4', worker_id (-1 shared), keys)."""
+
+
+class TierHierarchy:
+    """G2 per worker, shared G3 and G4, and their links, for ``num_workers`` workers (ids 0..n-1)."""
+
+    def __init__(self, cfg: TierConfig, num_workers: int, listener: TierListener | None = None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.listener = listener
+        self.g2: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_workers)]
+        """per worker: resident host blocks, LRU first"""
+        self.g3: OrderedDict[int, None] = OrderedDict()
+        self.g4: set[int] = set()
+        self._pending_offload: list[list[int]] = [[] for _ in range(num_workers)]
+        self._in_flight_g2: list[set[int]] = [set() for _ in range(num_workers)]
+        self.links: dict[str, ProcessorSharingLink] = {}
+        for w in range(num_workers):
+            self.links[f"G1->G2/{w}"] = ProcessorSharingLink(f"G1->G2/{w}", cfg.bw_g1_g2_gbps)
+            self.links[f"G2->G1/{w}"] = ProcessorSharingLink(f"G2->G1/{w}", cfg.bw_g2_g1_gbps)
+        for name, bw in (("G2->G3", cfg.bw_g2_g3_gbps), ("G3->G2", cfg.bw_g3_g2_gbps),
+                         ("G3->G4", cfg.bw_g3_g4_gbps), ("G4->G2", cfg.bw_g4_g2_gbps)):
+            self.links[name] = ProcessorSharingLink(name, bw)
+        self.now_ms = 0.0
+        self.completed: list[OnboardTicket] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _emit(self, kind: str, tier: str, worker: int, keys: Sequence[int]) -> None:
+        if self.listener is not None and keys:
+            self.listener(kind, tier, worker, keys)
+
+    def _insert_g2(self, w: int, keys: Sequence[int]) -> None:
+        g2 = self.g2[w]
+        stored = [k for k in keys if k not in g2]
+        for k in keys:
+            g2[k] = None
+            g2.move_to_end(k)
+        self._emit("stored", "G2", w, stored)
+        over = len(g2) - self.cfg.num_g2_blocks
+        if over > 0:
+            evicted = [g2.popitem(last=False)[0] for _ in range(over)]
+            self._emit("removed", "G2", w, evicted)
+            if self.cfg.num_g3_blocks:
+                down = [k for k in evicted if k not in self.g3]
+                if down:
+                    self.links["G2->G3"].submit(self.now_ms, len(down) * self.cfg.bytes_per_block, ("g3", down))
+
+    def _insert_g3(self, keys: Sequence[int]) -> None:
+        g3 = self.g3
+        stored = [k for k in keys if k not in g3]
+        for k in keys:
+            g3[k] = None
+            g3.move_to_end(k)
+        self._emit("stored", "G3", -1, stored)
+        over = len(g3) - self.cfg.num_g3_blocks
+        if over > 0:
+            evicted = [g3.popitem(last=False)[0] for _ in range(over)]
+            self._emit("removed", "G3", -1, evicted)
+            if self.cfg.g4:
+                down = [k for k in evicted if k not in self.g4]
+                if down:
+                    self.links["G3->G4"].submit(self.now_ms, len(down) * self.cfg.bytes_per_block, ("g4", down))
+
+    # ------------------------------------------------------------------ driver
+    def next_event_ms(self) -> float | None:
+        """Earliest pending link completion (None when every link is idle)."""
+        ts = [t for t in (l.next_completion_ms() for l in self.links.values()) if t is not None]
+        return min(ts) if ts else None
+
+    def advance(self, to_ms: float) -> list[OnboardTicket]:
+        """Process every link completion up to ``to_ms`` in time order; return onboard tickets completed."""
+        out: list[OnboardTicket] = []
+        while True:
+            t = self.next_event_ms()
+            if t is None or t > to_ms:
+                break
+            self.now_ms = max(self.now_ms, t)
+            for name, link in self.links.items():
+                for fin_ms, tag in link.advance(t):
+                    self._complete(name, fin_ms, tag, out)
+        self.now_ms = max(self.now_ms, to_ms)
+        for link in self.links.values():
+            link.advance(self.now_ms)
+        self.completed.extend(out)
+        return out
+
+    def _complete(self, link: str, fin_ms: float, tag: object, out: list[OnboardTicket]) -> None:
+        kind = tag[0]  # type: ignore[index]
+        if kind == "g2":  # offload batch landed in host memory
+            _, w, keys = tag  # type: ignore[misc]
+            self._in_flight_g2[w].difference_update(keys)
+            self._insert_g2(w, keys)
+        elif kind == "g3":
+            self._insert_g3(tag[1])  # type: ignore[index]
+        elif kind == "g4":
+            new = [k for k in tag[1] if k not in self.g4]  # type: ignore[index]
+            self.g4.update(new)
+            self._emit("stored", "G4", -1, new)
+        elif kind == "stage":  # a G3/G4 part of an onboard reached G2
+            ticket: OnboardTicket = tag[1]  # type: ignore[index]
+            self._insert_g2(ticket.worker_id, tag[2])  # type: ignore[index]
+            ticket._pending -= 1
+            if ticket._pending == 0:
+                self._start_onboard(ticket, fin_ms)
+        elif kind == "onboard":
+            ticket = tag[1]  # type: ignore[index]
+            ticket.done_ms = fin_ms
+            out.append(ticket)
+        else:  # pragma: no cover - internal tags only
+            raise SimulationError(f"unknown transfer tag {tag!r} on {link}")
+
+    def _start_onboard(self, ticket: OnboardTicket, now_ms: float) -> None:
+        ticket.staged_ms = now_ms
+        g2 = self.g2[ticket.worker_id]
+        for k in ticket.keys:  # recently used: onboarded blocks stay in G2 as most recent
+            if k in g2:
+                g2.move_to_end(k)
+        self.links[f"G2->G1/{ticket.worker_id}"].submit(
+            now_ms, len(ticket.keys) * self.cfg.bytes_per_block, ("onboard", ticket))
+
+    # ------------------------------------------------------------------ operations
+    def offload(self, now_ms: float, worker_id: int, keys: Sequence[int], *, flush: bool = False) -> int:
+        """Queue cached blocks leaving G1 for G2; start one G1->G2 transfer per full batch (all of the queue
+        when ``flush``). Returns the transfers started. Blocks already in (or on the way to) G2 are skipped."""
+        if not self.cfg.num_g2_blocks:
+            return 0
+        self.advance(now_ms)
+        q = self._pending_offload[worker_id]
+        g2, fl = self.g2[worker_id], self._in_flight_g2[worker_id]
+        for k in keys:
+            if k in g2:
+                g2.move_to_end(k)
+            elif k not in fl:
+                q.append(k)
+                fl.add(k)
+        b = self.cfg.offload_batch_size
+        started = 0
+        while len(q) >= b or (flush and q):
+            batch, q[:] = q[:b], q[b:]
+            self.links[f"G1->G2/{worker_id}"].submit(now_ms, len(batch) * self.cfg.bytes_per_block,
+                                                     ("g2", worker_id, batch))
+            started += 1
+        return started
+
+    def lookup(self, worker_id: int, keys: Sequence[int]) -> list[str]:
+        """Tier of each leading key found below G1 ('G2', 'G3', 'G4'), stopping at the first miss."""
+        g2 = self.g2[worker_id]
+        tiers: list[str] = []
+        for k in keys:
+            if k in g2:
+                tiers.append("G2")
+            elif k in self.g3:
+                tiers.append("G3")
+            elif k in self.g4:
+                tiers.append("G4")
+            else:
+                break
+        return tiers
+
+    def onboard(self, now_ms: float, worker_id: int, keys: Sequence[int]) -> OnboardTicket | None:
+        """Start bringing the leading run of ``keys`` (the prompt's keys after its G1 hits) found in lower
+        tiers back to G1. Returns None when the first key is in no tier. G3/G4 blocks are staged through G2
+        first (their transfers run concurrently); then one G2->G1 transfer carries the whole run."""
+        self.advance(now_ms)
+        tiers = self.lookup(worker_id, keys)
+        if not tiers:
+            return None
+        run = list(keys[:len(tiers)])
+        count = {t: tiers.count(t) for t in ("G2", "G3", "G4") if t in tiers}
+        ticket = OnboardTicket(worker_id, run, count, now_ms)
+        for tier, link in (("G3", "G3->G2"), ("G4", "G4->G2")):
+            part = [k for k, t in zip(run, tiers) if t == tier]
+            if part:
+                ticket._pending += 1
+                self.links[link].submit(now_ms, len(part) * self.cfg.bytes_per_block, ("stage", ticket, part))
+        if ticket._pending == 0:
+            self._start_onboard(ticket, now_ms)
+        return ticket
+
+    def run_until_idle(self) -> list[OnboardTicket]:
+        """Advance until no transfer is in flight; return tickets completed meanwhile."""
+        out: list[OnboardTicket] = []
+        while (t := self.next_event_ms()) is not None:
+            out += self.advance(t)
+        return out
+
+    def check_invariants(self) -> None:
+        """G2/G3 within capacity; every offload queue entry is tracked as in flight."""
+        for w, g2 in enumerate(self.g2):
+            if len(g2) > self.cfg.num_g2_blocks:
+                raise SimulationError(f"G2 of worker {w} holds {len(g2)} > {self.cfg.num_g2_blocks} blocks")
+            if not set(self._pending_offload[w]) <= self._in_flight_g2[w]:
+                raise SimulationError(f"worker {w}: queued offloads not tracked")
+        if len(self.g3) > self.cfg.num_g3_blocks:
+            raise SimulationError(f"G3 holds {len(self.g3)} > {self.cfg.num_g3_blocks} blocks")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+__all__ = ["GB", "ProcessorSharingLink", "TierConfig", "TierHierarchy", "OnboardTicket", "TierListener"]
