@@ -54,6 +54,7 @@ from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.errors import ConfigError, SimulationError
 from mocker.kv.manager import engine_block_keys
+from mocker.kvevents import EventingKvManager, KvEvent, KvEventIndex
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 from mocker.routers import ROUTERS
 from mocker.transfer import KvTransferConfig
@@ -188,7 +189,8 @@ class Fleet:
 
     def __init__(self, engines: dict[str, EngineConfig], *, router: str = "round_robin",
                  routers: dict[str, str] | None = None, transfer: KvTransferConfig | None = None, seed: int = 0,
-                 collect_fpm: bool = False, single_step: bool = False) -> None:
+                 collect_fpm: bool = False, single_step: bool = False, kv_events: bool = False,
+                 kv_event_lag_ms: float = 0.0) -> None:
         p: list[str] = []
         names = tuple(engines) if isinstance(engines, dict) else ()
         if set(names) not in ({"agg"}, {"prefill", "decode"}):
@@ -202,6 +204,10 @@ class Fleet:
                 p.append(f"routers[{k!r}]: no such pool, expected one of {', '.join(names)}")
         if not isinstance(seed, int) or isinstance(seed, bool):
             p.append(f"seed={seed!r}: expected an integer")
+        if not (isinstance(kv_event_lag_ms, (int, float)) and 0 <= kv_event_lag_ms < inf):
+            p.append(f"kv_event_lag_ms={kv_event_lag_ms!r}: expected a finite number of ms >= 0")
+        if kv_events and isinstance(engines, dict) and any(c.engine == "sglang" for c in engines.values()):
+            p.append("kv_events=True: needs the vLLM / TensorRT-LLM block manager (not the SGLang radix cache yet)")
         if transfer is not None and not isinstance(transfer, KvTransferConfig):
             p.append(f"transfer={transfer!r}: expected a KvTransferConfig")
         if p:
@@ -231,6 +237,12 @@ class Fleet:
                 r.track_active_blocks = False  # Dynamo's prefill router: router_track_active_blocks = false
             self.pools[name] = _Pool(name, cfg, r)
         self.entry = self.pools["prefill" if self.disagg else "agg"]
+        self.kv_events = kv_events
+        self._kv_index: dict[str, KvEventIndex] = {}
+        if kv_events:
+            for name, pool in self.pools.items():
+                if isinstance(pool.router, ROUTERS["kv"]):
+                    pool.router.index = self._kv_index[name] = KvEventIndex(kv_event_lag_ms)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._clock = -inf
@@ -279,6 +291,9 @@ class Fleet:
         p.next_id += 1
         cfg = p.cfg
         cores = [make_engine(cfg, worker_id=wid, dp_rank=r, collect_fpm=self.collect_fpm) for r in range(cfg.dp_size)]
+        if self.kv_events:
+            for c in cores:  # a fresh core: swap its empty block manager for the event-recording one
+                c.kv = EventingKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
         w = _Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
         p.workers.append(w)
         p.by_id[wid] = w
@@ -369,6 +384,8 @@ class Fleet:
             if p.needs_state:
                 for c in cores:
                     self._adv(c, now_ms)
+                if self._kv_index:
+                    self._drain_kv_events(p, now_ms)
                 c = cores[p.router.choose(ireq, now_ms, cores)]
             else:
                 c = cores[p.router.choose(ireq, now_ms, cores)]
@@ -398,6 +415,8 @@ class Fleet:
         if p.needs_state:
             for c in cores:
                 adv(c, t)
+            if self._kv_index:
+                self._drain_kv_events(p, t)
         if self.disagg:
             fl: _Flight = item
             q = fl.req
@@ -469,6 +488,20 @@ class Fleet:
         self._check_draining(now_ms)
         return True
 
+    def _drain_kv_events(self, p: _Pool, t: float) -> None:
+        """Stamp the pool's new KV events at ``t`` (the cores were just advanced to it) and let the router's
+        index catch up to ``t - lag``."""
+        index = self._kv_index.get(p.name)
+        if index is None:
+            return
+        for w in p.workers:
+            for c in w.cores:
+                ev = c.kv.events
+                if ev:
+                    index.push([KvEvent(k, h, par, w.worker_id, c.dp_rank, t) for k, h, par in ev])
+                    ev.clear()
+        index.catch_up(t)
+
     # ================================================================== disaggregation
     def _collect_prefill(self, t: float) -> None:
         """Advance prefill cores to ``t``; every prefill seen ending becomes a PREFILL_DONE event."""
@@ -515,6 +548,8 @@ class Fleet:
         if p.needs_state:
             for c in cores:
                 adv(c, t)
+            if self._kv_index:
+                self._drain_kv_events(p, t)
         c = cores[p.router.choose(fl.req, t, cores)]
         tr = self.transfer
         coordinated = tr.handoff == "coordinated"

@@ -131,6 +131,8 @@ class KvRouter:
         self._cores_ref: object = None  # the core list seen last (the fleet builds a new list on every change)
         self._cores_views: list[_RouterWorkerView] = []
         self._pending: tuple[_RouterWorkerView, list[int], int, int] | None = None
+        self.index = None
+        """A :class:`mocker.kvevents.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
         w0 = workers[0]
@@ -154,9 +156,15 @@ class KvRouter:
                 cv.append(view)
             self._cores_ref, self._cores_views = workers, cv
         chosen_views = self._cores_views
+        index = self.index
         for w, view in zip(workers, chosen_views):
             view.refresh()
-            overlap = w.kv.match_prefix(keys_l)[0] if keys_l else 0
+            if not keys_l:
+                overlap = 0
+            elif index is None:
+                overlap = w.kv.match_prefix(keys_l)[0]
+            else:
+                overlap = index.match_prefix(w.worker_id, w.dp_rank, keys_l)
             overlaps.append(overlap)
             prefill_tokens = view.prefill_tokens + req.input_length - overlap * bs
             decode_blocks = view.active_blocks() + view.new_blocks(keys_l, n_unique) if self.track_active_blocks else 0
