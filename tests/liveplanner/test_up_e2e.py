@@ -25,9 +25,9 @@ MAX_Y = "(() => Math.max(...document.getElementById('replicas').data[0].y))()"
 
 def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
     cfg = stack_file(tmp_path)
-    # trace time: 6 req/s for 30 s then 0.75 req/s for 48 s; at compression 2: 12 req/s for 15 s, 1.5 req/s for 24 s
+    # trace time: 6 req/s for 24 s then 0.75 req/s for 30 s; at compression 2: 12 req/s for 12 s, 1.5 req/s for 15 s
     trace = tmp_path / "step.jsonl"
-    n = step_trace(trace, [(6.0, 30.0), (0.75, 48.0)])
+    n = step_trace(trace, [(6.0, 24.0), (0.75, 30.0)])
     with UpStack(cfg) as up:
         assert up.prometheus_url, "prometheus is installed: up must start it"
         assert up.spec() == 1
