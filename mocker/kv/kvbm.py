@@ -1,0 +1,204 @@
+"""``g1_backend=kvbm``: a G1 block pool whose inactive pool is lineage-aware (evict leaves before ancestors).
+
+The native pool (:class:`mocker.kv.manager.BlockKvManager`) evicts the least recently freed inactive block,
+which can evict a prefix block while a block chained after it stays cached — a block nobody can hit any more,
+as prefix matching stops at the first miss. KVBM's inactive pool instead evicts only *leaves*: inactive
+blocks with no cached child; among leaves, least recently freed first. When an ancestor's last cached child
+goes, it becomes a leaf again and competes with its original release time. If no inactive block is a leaf
+(every inactive block has an active descendant), the oldest inactive block is evicted anyway and its
+children are orphaned, so that :meth:`available` stays exact (free + every inactive block).
+
+Lineage: a block's parent is the block before it in the same prompt. The manager learns it from the keys a
+request registers in one call and, at the latest, from :meth:`release` (keys in block order) — a block can
+only be evicted after its release, so every evictable block's lineage is known by then. A duplicate block
+held privately is skipped in a request's key list, so the recorded "parent" may be a further ancestor; the
+eviction rule (descendants before ancestors) holds either way.
+
+Optional listener (:class:`mocker.kv.events.KvListener`): ``on_stored([(hash, parent hash or None)])`` when
+blocks are registered, ``on_removed([hash])`` when they are evicted; with no listener nothing is called.
+The engine core uses this class exactly like the native pool (same methods, same invariant).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Sequence
+
+from mocker.errors import SimulationError
+from mocker.kv.manager import BlockKvManager
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mocker.kv.events import KvListener
+
+
+class KvbmBlockManager(BlockKvManager):
+    """Lineage-aware G1 pool of ``num_blocks`` blocks (see module docstring). Raises
+    :class:`SimulationError` on an allocation beyond :meth:`available` (a scheduler bug)."""
+
+    __slots__ = ("parent", "children", "_leaves", "_seq", "listener", "evicted")
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
+                 listener: "KvListener | None" = None) -> None:
+        super().__init__(num_blocks, enable_prefix_caching)
+        self.inactive: OrderedDict[int, int] = OrderedDict()  # type: ignore[assignment]
+        """inactive key -> release sequence number, oldest first"""
+        self.parent: dict[int, int] = {}
+        """cached key -> cached parent key (absent = root or unknown)"""
+        self.children: dict[int, set[int]] = {}
+        """cached key -> its cached children"""
+        self._leaves: list[tuple[int, int]] = []
+        """heap of (release seq, key) of inactive leaf candidates (lazy deletion)"""
+        self._seq = 0
+        self.listener = listener
+        self.evicted = 0
+        """blocks evicted so far (count)"""
+
+    # ------------------------------------------------------------------ lineage
+    def _link(self, key: int, parent: int | None) -> None:
+        if parent is None or key in self.parent or parent == key:
+            return
+        if parent in self.active or parent in self.inactive:
+            self.parent[key] = parent
+            self.children.setdefault(parent, set()).add(key)
+
+    def _register(self, keys: Sequence[int], first_parent: int | None) -> None:
+        prev = first_parent
+        for k in keys:
+            self._link(k, prev)
+            prev = k
+        if self.listener is not None and keys:
+            self.listener.on_stored([(k, self.parent.get(k)) for k in keys])
+
+    def _evict_one(self) -> int:
+        inactive, children, heap = self.inactive, self.children, self._leaves
+        key = None
+        while heap:
+            seq, k = heapq.heappop(heap)
+            if inactive.get(k) == seq and not children.get(k):
+                key = k
+                break
+        if key is None:
+            if not inactive:
+                raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
+            key = next(iter(inactive))  # no inactive leaf: oldest inactive, children orphaned
+            for c in children.pop(key, ()):
+                self.parent.pop(c, None)
+        del inactive[key]
+        children.pop(key, None)
+        p = self.parent.pop(key, None)
+        if p is not None:
+            sib = children.get(p)
+            if sib is not None:
+                sib.discard(key)
+                if not sib:
+                    del children[p]
+                    ps = inactive.get(p)
+                    if ps is not None:
+                        heapq.heappush(heap, (ps, p))
+        self.evicted += 1
+        return key
+
+    def _take_fresh(self) -> None:
+        if self.free > 0:
+            self.free -= 1
+        else:
+            k = self._evict_one()
+            if self.listener is not None:
+                self.listener.on_removed([k])
+
+    def _take_many(self, n: int) -> None:
+        take = min(n, self.free)
+        self.free -= take
+        if n - take > self.free + len(self.inactive):
+            raise SimulationError(f"KV allocation of {n} blocks exceeds available {take + len(self.inactive)}")
+        removed = [self._evict_one() for _ in range(n - take)]
+        if removed and self.listener is not None:
+            self.listener.on_removed(removed)
+
+    # ------------------------------------------------------------------ BlockKvManager API
+    def acquire_cached(self, key: int) -> None:
+        active = self.active
+        if key in active:
+            active[key] += 1
+        else:
+            del self.inactive[key]
+            active[key] = 1
+
+    def _is_new(self, key: int | None) -> bool:
+        return key is not None and self.caching and key not in self.active and key not in self.inactive
+
+    def allocate_full(self, key: int | None) -> bool:
+        self._take_fresh()
+        if self._is_new(key):
+            self.active[key] = 1  # type: ignore[index]
+            self._register([key], None)  # type: ignore[list-item]
+            return True
+        self.private_in_use += 1
+        return False
+
+    def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
+        if len(keys) > self.available():
+            raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
+        registered: list[int] = []
+        for key in keys:
+            self._take_fresh()
+            if self._is_new(key):
+                self.active[key] = 1
+                registered.append(key)
+            else:
+                self.private_in_use += 1
+        if registered:
+            # parents: the previous key of the same call (registered or already cached)
+            pos = {k: i for i, k in enumerate(keys)}
+            for k in registered:
+                i = pos[k]
+                self._link(k, keys[i - 1] if i > 0 else None)
+            if self.listener is not None:
+                self.listener.on_stored([(k, self.parent.get(k)) for k in registered])
+        return registered
+
+    def promote_private(self, key: int | None) -> bool:
+        if self._is_new(key):
+            self.private_in_use -= 1
+            self.active[key] = 1  # type: ignore[index]
+            self._register([key], None)  # type: ignore[list-item]
+            return True
+        return False
+
+    def allocate_private(self, n: int) -> None:
+        if n <= 0:
+            return
+        self._take_many(n)
+        self.private_in_use += n
+
+    def release(self, keys: list[int], n_private: int) -> None:
+        active, inactive, children = self.active, self.inactive, self.children
+        prev = None
+        for k in keys:  # learn lineage (block order)
+            if k not in self.parent and prev is not None:
+                self._link(k, prev)
+            prev = k
+        for k in reversed(keys):
+            c = active[k] - 1
+            if c:
+                active[k] = c
+            else:
+                del active[k]
+                self._seq += 1
+                inactive[k] = self._seq
+                if not children.get(k):
+                    heapq.heappush(self._leaves, (self._seq, k))
+        self.private_in_use -= n_private
+        self.free += n_private
+
+    def check_invariants(self) -> None:
+        """Base conservation check, plus: lineage only between cached blocks, children map == parent map."""
+        super().check_invariants()
+        cached = self.active.keys() | self.inactive.keys()
+        for k, p in self.parent.items():
+            if k not in cached or p not in cached or k not in self.children.get(p, ()):
+                raise SimulationError(f"kvbm lineage broken: block {k} parent {p}")
+        n = sum(len(c) for c in self.children.values())
+        if n != len(self.parent):
+            raise SimulationError(f"kvbm lineage: {n} child links != {len(self.parent)} parent links")
