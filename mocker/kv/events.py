@@ -1,0 +1,233 @@
+"""KV events per tier, the listener interface block pools call, and a KV-aware router fed only by events.
+
+Event fields follow Dynamo's KV events: ``stored`` (block hash, parent hash, tier) when a block enters a
+worker's cache tier, ``removed`` (block hash, tier) when it leaves. Tiers: ``G1`` device (the engine's
+block pool), ``G2`` host, ``G3`` disk, ``G4`` object (:mod:`mocker.kv.tiers`).
+
+Pieces:
+
+* :class:`KvListener` — what a block pool calls: ``on_stored([(hash, parent hash or None)])`` and
+  ``on_removed([hash])``. Only called when a listener is set (:class:`mocker.kv.kvbm.KvbmBlockManager`,
+  :class:`ListeningBlockKvManager`), so the default pool pays nothing.
+* :class:`KvEventLog` — a listener that stamps and buffers :class:`KvEvent` for one (worker, DP rank); a
+  driver drains it and stamps events with the time it drained them (virtual time, never a clock).
+* :class:`KvEventIndex` — the router's view: replays events at least ``lag_ms`` old into per-(worker, rank,
+  tier) block sets. With lag 0 and events drained before each routing decision, the index equals the
+  caches (invariant tested with hypothesis).
+* :class:`EventKvRouter` — picks a worker by cost = overlap-weighted prefill blocks + decode blocks
+  (Dynamo KV router's cost with ``overlap_score_weight`` 1.0), reading overlaps from the index instead of
+  worker state; ties go to the lowest worker id.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from mocker.kv.manager import BlockKvManager
+
+TIERS: tuple[str, ...] = ("G1", "G2", "G3", "G4")
+
+
+class KvListener(Protocol):
+    """Receiver of a block pool's cache changes (metadata only)."""
+
+    def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
+        """``blocks``: (block hash, parent hash or None) of blocks registered in the cache, in order."""
+
+    def on_removed(self, blocks: Sequence[int]) -> None:
+        """``blocks``: hashes of blocks evicted from the cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvent:
+    """One cache change of one worker tier."""
+
+    kind: str
+    """``stored`` or ``removed``."""
+    block_hash: int
+    parent_hash: int | None
+    worker_id: int
+    dp_rank: int
+    tier: str
+    time_ms: float
+    """When the driver published it (ms, virtual time)."""
+
+
+class KvEventLog:
+    """A :class:`KvListener` buffering events of one (worker, DP rank, tier) until :meth:`drain`."""
+
+    __slots__ = ("worker_id", "dp_rank", "tier", "_buf", "emitted")
+
+    def __init__(self, worker_id: int, dp_rank: int = 0, tier: str = "G1") -> None:
+        if tier not in TIERS:
+            raise ValueError(f"tier={tier!r}: expected one of {', '.join(TIERS)}")
+        self.worker_id, self.dp_rank, self.tier = worker_id, dp_rank, tier
+        self._buf: list[tuple[str, int, int | None]] = []
+        self.emitted = 0
+
+    def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
+        self._buf.extend(("stored", h, p) for h, p in blocks)
+
+    def on_removed(self, blocks: Sequence[int]) -> None:
+        self._buf.extend(("removed", h, None) for h in blocks)
+
+    def drain(self, now_ms: float) -> list[KvEvent]:
+        """Every buffered change as :class:`KvEvent` stamped ``now_ms`` (emission order)."""
+        out = [KvEvent(k, h, p, self.worker_id, self.dp_rank, self.tier, now_ms) for k, h, p in self._buf]
+        self._buf.clear()
+        self.emitted += len(out)
+        return out
+
+
+def tier_listener_adapter(logs: Callable[[str, int], KvEventLog]) -> Callable[[str, str, int, Sequence[int]], None]:
+    """Adapt :class:`mocker.kv.tiers.TierHierarchy`'s listener (kind, tier, worker, keys) to event logs;
+    ``logs(tier, worker)`` returns the log of that tier (worker -1 = shared tier)."""
+
+    def listen(kind: str, tier: str, worker: int, keys: Sequence[int]) -> None:
+        log = logs(tier, worker)
+        if kind == "stored":
+            log.on_stored([(k, None) for k in keys])
+        else:
+            log.on_removed(keys)
+
+    return listen
+
+
+class ListeningBlockKvManager(BlockKvManager):
+    """The native pool (:class:`BlockKvManager`, unchanged policy: least recently freed first) reporting its
+    cache changes to ``listener``. Evicted keys are read before the allocation that evicts them (the
+    native order is the inactive dict's order), registered keys are the methods' return values."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
+                 listener: KvListener | None = None) -> None:
+        super().__init__(num_blocks, enable_prefix_caching)
+        self.listener = listener
+
+    def _about_to_evict(self, n: int) -> None:
+        if n > 0 and self.listener is not None:
+            it = iter(self.inactive)
+            self.listener.on_removed([next(it) for _ in range(min(n, len(self.inactive)))])
+
+    def allocate_full(self, key: int | None) -> bool:
+        self._about_to_evict(0 if self.free > 0 else 1)
+        ok = super().allocate_full(key)
+        if ok and self.listener is not None:
+            self.listener.on_stored([(key, None)])  # type: ignore[list-item]
+        return ok
+
+    def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
+        # evictions interleave with registrations; a key evicted and re-registered in the same call is
+        # reported removed then stored, which replays to the same final state
+        self._about_to_evict(len(keys) - self.free)
+        reg = super().allocate_full_many(keys)
+        if reg and self.listener is not None:
+            pos = {k: i for i, k in enumerate(keys)}
+            self.listener.on_stored([(k, keys[pos[k] - 1] if pos[k] else None) for k in reg])
+        return reg
+
+    def promote_private(self, key: int | None) -> bool:
+        ok = super().promote_private(key)
+        if ok and self.listener is not None:
+            self.listener.on_stored([(key, None)])  # type: ignore[list-item]
+        return ok
+
+    def allocate_private(self, n: int) -> None:
+        if n > self.free:
+            self._about_to_evict(min(n - self.free, len(self.inactive)))
+        super().allocate_private(n)
+
+
+class KvEventIndex:
+    """Router-side index of cached blocks per (worker, DP rank, tier), fed by events ``lag_ms`` late."""
+
+    def __init__(self, lag_ms: float = 0.0) -> None:
+        if isinstance(lag_ms, bool) or not isinstance(lag_ms, (int, float)) or not lag_ms >= 0:
+            raise ValueError(f"kv_event_lag_ms={lag_ms!r}: expected a number >= 0 (ms)")
+        self.lag_ms = float(lag_ms)
+        self.blocks: dict[tuple[int, int, str], set[int]] = {}
+        self._queue: deque[KvEvent] = deque()
+        self.applied = 0
+
+    def publish(self, events: Sequence[KvEvent]) -> None:
+        """Queue events (publication order; times non-decreasing)."""
+        self._queue.extend(events)
+
+    def catch_up(self, now_ms: float) -> None:
+        """Apply every queued event published at or before ``now_ms - lag_ms``."""
+        q, limit = self._queue, now_ms - self.lag_ms
+        while q and q[0].time_ms <= limit:
+            e = q.popleft()
+            key = (e.worker_id, e.dp_rank, e.tier)
+            s = self.blocks.get(key)
+            if s is None:
+                s = self.blocks[key] = set()
+            if e.kind == "stored":
+                s.add(e.block_hash)
+            else:
+                s.discard(e.block_hash)
+            self.applied += 1
+
+    @property
+    def pending(self) -> int:
+        """Events published but not applied yet."""
+        return len(self._queue)
+
+    def cached(self, worker_id: int, dp_rank: int = 0, tier: str = "G1") -> set[int]:
+        """The blocks the index believes are in that tier (a live set: do not modify)."""
+        return self.blocks.get((worker_id, dp_rank, tier), set())
+
+    def overlap(self, worker_id: int, keys: Sequence[int], dp_rank: int = 0, tier: str = "G1") -> int:
+        """Leading blocks of ``keys`` the index believes the worker holds in ``tier``."""
+        s = self.blocks.get((worker_id, dp_rank, tier))
+        if not s:
+            return 0
+        n = 0
+        for k in keys:
+            if k not in s:
+                break
+            n += 1
+        return n
+
+
+OverlapFn = Callable[[int, Sequence[int]], int]
+"""overlap(worker_id, keys) -> leading cached blocks."""
+
+
+class EventKvRouter:
+    """KV-aware worker choice: minimise ``overlap_weight * (request blocks - overlap) + decode blocks``.
+
+    ``overlap`` is a function (worker, keys) -> cached leading blocks: :meth:`KvEventIndex.overlap` for the
+    event-fed router, a worker's own ``match_prefix`` for the state-reading one, so both share this code.
+    ``decode_blocks[w]`` is the router's own count of blocks of requests it sent to w and not yet finished
+    (Dynamo tracks active blocks router-side, not from workers). Source of the cost: Dynamo KV router docs
+    (cost = overlap_score_weight * prefill blocks + decode blocks, lowest wins).
+    """
+
+    def __init__(self, num_workers: int, overlap: OverlapFn, overlap_weight: float = 1.0) -> None:
+        self.overlap = overlap
+        self.overlap_weight = overlap_weight
+        self.decode_blocks = [0] * num_workers
+
+    def choose(self, keys: Sequence[int]) -> int:
+        """Worker id for a request with prompt block ``keys`` (ties: lowest id)."""
+        n = len(keys)
+        best, best_cost = 0, None
+        for w, load in enumerate(self.decode_blocks):
+            cost = self.overlap_weight * (n - self.overlap(w, keys)) + load
+            if best_cost is None or cost < best_cost:
+                best, best_cost = w, cost
+        return best
+
+    def on_dispatch(self, worker_id: int, blocks: int) -> None:
+        self.decode_blocks[worker_id] += blocks
+
+    def on_finish(self, worker_id: int, blocks: int) -> None:
+        self.decode_blocks[worker_id] -= blocks
+
+
+__all__ = ["TIERS", "KvListener", "KvEvent", "KvEventLog", "KvEventIndex", "ListeningBlockKvManager",
+           "EventKvRouter", "tier_listener_adapter"]
