@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     memo = kopf.Memo(op_settings=s, kube=Kube(api), defaults=defaults, registry=registry, loop_metrics=loop_metrics, loops={},
                      budget=BudgetBook(s.shared_gpu_budget) if s.shared_gpu_budget else None)
     try:
-        kopf.run(registry=build_registry(s), memo=memo, standalone=s.standalone, peering_name=s.peering_name,
+        kopf.run(registry=build_registry(s), memo=memo, standalone=s.standalone,
+                 # kopf makes peering mandatory whenever a name is given (pausing without the CRD).
+                 peering_name=None if s.standalone else s.peering_name,
                  namespaces=[s.namespace] if s.namespace else (), clusterwide=not s.namespace,
                  liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz" if s.health_port else None)  # kopf handles SIGINT/SIGTERM itself
     finally:

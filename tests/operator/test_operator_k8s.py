@@ -98,7 +98,7 @@ class PromAPI:
 class Env:
     """Namespace, clients, chart-derived operator environment and the operator process."""
 
-    def __init__(self, k8s, helm_bin, tmp: Path) -> None:
+    def __init__(self, k8s, helm_bin, tmp: Path, extra_sets: tuple[str, ...] = ()) -> None:
         self.k8s = k8s
         self.ns = f"op-{uuid.uuid4().hex[:6]}"
         self.tmp = tmp
@@ -118,7 +118,8 @@ class Env:
                                  "--set", "planner.predictor=constant",
                                  "--set", "planner.adjustment_interval_s=2",
                                  "--set", "planner.load_adjustment_interval_s=1",
-                                 "--set", "planner.itl_ms=30").stdout
+                                 "--set", "planner.itl_ms=30",
+                                 *[a for kv in extra_sets for a in ("--set", kv)]).stdout
         self.core.create_namespace({"metadata": {"name": self.ns}})
         self.docs = [d for d in yaml.safe_load_all(self.rendered) if d]
         k8s.server_side_apply(self.rendered, namespace=self.ns)
