@@ -81,8 +81,8 @@ def child(case: str, out: str) -> None:
                                          report_s=t3 - t2, n=len(reqs))))
 
 
-def run_child(cmd: list[str]) -> tuple[float, int]:
-    """Run a child process; returns (wall seconds, peak RSS in MiB) from wait4."""
+def run_child(cmd: list[str]) -> tuple[float, int, float]:
+    """Run a child process; returns (wall seconds, peak RSS in MiB, CPU seconds user+system) from wait4."""
     t = time.perf_counter()
     with tempfile.TemporaryFile() as errf:  # a file, not a pipe: a chatty child must not block on a full pipe
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
@@ -93,7 +93,7 @@ def run_child(cmd: list[str]) -> tuple[float, int]:
         err = errf.read().decode(errors="replace")
     if p.returncode != 0:
         raise SystemExit(f"child failed ({' '.join(cmd[:4])} ...): {err[-2000:]}")
-    return wall, ru.ru_maxrss // 1024
+    return wall, ru.ru_maxrss // 1024, ru.ru_utime + ru.ru_stime
 
 
 # ------------------------------------------------------------------------------------------ comparison
@@ -139,10 +139,12 @@ def main() -> None:
         c = CASES[case]
         best_mine = best_ref = None
         ref_reports: list[dict] = []
+        cpu_mine = cpu_ref = float("inf")
         for k in range(max(a.repeat, a.ref_runs_b if case == "b" else 1)):
             mine_out = tmp / f"{case}_mine.json"
-            wall_m, rss_m = run_child([sys.executable, __file__, "--child", case, "--out", str(mine_out)])
+            wall_m, rss_m, cpu_m = run_child([sys.executable, __file__, "--child", case, "--out", str(mine_out)])
             mine = json.loads(mine_out.read_text())
+            cpu_mine = min(cpu_mine, cpu_m)
             if best_mine is None or mine["wall_s"] < best_mine[0]["wall_s"]:
                 best_mine = (mine, rss_m)
             ref_json, ref_per = tmp / f"{case}_ref.json", tmp / f"{case}_ref.jsonl"
@@ -153,7 +155,8 @@ def main() -> None:
                 cmd[cmd.index("--engine") + 1] = json.dumps({"engine": {**c["engine"], **{
                     k: d[k] for k in ("kv_transfer_bandwidth", "kv_transfer_bytes_per_token")}}})
                 cmd += ["--disagg", "--prefill-workers", str(d["prefill"]), "--decode-workers", str(d["decode"])]
-            _, rss_r = run_child(cmd)
+            _, rss_r, cpu_r = run_child(cmd)
+            cpu_ref = min(cpu_ref, cpu_r)
             ref = json.loads(ref_json.read_text())
             ref_reports.append(ref)
             if best_ref is None or ref["outer_wall_s"] < best_ref[0]["outer_wall_s"]:
@@ -177,6 +180,7 @@ def main() -> None:
             dynoplan_report_s=mine["report_s"], reference_wall_s=ref["outer_wall_s"],
             reference_internal_wall_s=ref.get("wall_time_ms", float("nan")) / 1000.0,
             dynoplan_peak_rss_mib=rss_m, reference_peak_rss_mib=rss_r,
+            dynoplan_process_cpu_s=cpu_mine, reference_process_cpu_s=cpu_ref, cpu_ratio=cpu_ref / cpu_mine,
             prefix_cache_reused_ratio=(rep.get("prefix_cache_reused_ratio"), ref.get("prefix_cache_reused_ratio")),
         )
         print_case(case, c, results[case])
@@ -207,15 +211,17 @@ def print_case(case: str, c: dict, r: dict) -> None:
     print(f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = parse {r['dynoplan_parse_s']:.2f}"
           f" + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), reference "
           f"{r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}")
+    print(f"process CPU (user+sys, whole child incl. start-up): dynoplan {r['dynoplan_process_cpu_s']:.2f} s, reference "
+          f"{r['reference_process_cpu_s']:.2f} s, ratio {r['cpu_ratio']:.2f} (less sensitive to other load than wall time)")
     print(f"peak RSS: dynoplan {r['dynoplan_peak_rss_mib']} MiB, reference {r['reference_peak_rss_mib']} MiB")
 
 
 def print_summary(results: dict) -> None:
-    print("\ncase  max|diff|  within-0.1%  dynoplan req/s  reference req/s  ratio  RSS MiB (ours/ref)")
+    print("\ncase  max|diff|  within-0.1%  dynoplan req/s  reference req/s  ratio  CPU ratio  RSS MiB (ours/ref)")
     for case, r in results.items():
         print(f"{case:<5} {r['max_abs_rel_diff'] * 100:>8.3f}%  {r['per_request_within_0p1pct'] * 100:>10.2f}%  "
               f"{r['dynoplan_req_per_s']:>14.0f}  {r['reference_req_per_s']:>15.0f}  {r['speed_ratio']:>5.2f}  "
-              f"{r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}")
+              f"{r['cpu_ratio']:>9.2f}  {r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}")
 
 
 if __name__ == "__main__":
