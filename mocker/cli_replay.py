@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--workers", type=_positive_int, default=1, metavar="N", help="aggregated workers (default 1)")
     f.add_argument("--router", choices=ROUTERS, default="round_robin", help="request router (default round_robin)")
     f.add_argument("--max-time-s", type=_positive_float, metavar="S", help="stop the simulation at S simulated seconds")
+    f.add_argument("--kv-events", action="store_true", help="the kv router reads workers' KV events, not their caches")
+    f.add_argument("--kv-event-lag-ms", type=_nonneg_float, default=0.0, metavar="MS",
+                   help="delay before the router sees a KV event (with --kv-events; default 0)")
     f.add_argument("--single-step", action="store_true", help="advance one engine pass at a time (reference mode, slower)")
 
     d = parser.add_argument_group("disaggregation (prefill/decode pools) and data parallelism")
@@ -210,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
         max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,
         single_step=args.single_step,
         seed=args.seed,
+        kv_events=args.kv_events,
+        kv_event_lag_ms=args.kv_event_lag_ms,
         num_prefill_workers=n_prefill,
         num_decode_workers=n_decode,
         transfer=transfer,

@@ -797,7 +797,11 @@ class FleetConfig:
     num_decode_workers: int = 0
     """Decode workers of a disaggregated fleet."""
     transfer: KvTransferConfig | None = None
-    """KV transfer between the pools (disaggregated only; default: no delay, direct handoff)."""
+    """KV transfer between the pools (disaggregated only; default: no delay, coordinated handoff)."""
+    kv_events: bool = False
+    """The kv router reads workers' KV events (:mod:`mocker.kvevents`) instead of their caches."""
+    kv_event_lag_ms: float = 0.0
+    """Delay (ms) before the router sees a KV event."""
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -864,7 +868,7 @@ def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: Fl
         pools = {"agg": engine}
         counts = {"agg": fleet.num_workers}
     fl = Fleet(pools, router=fleet.router, transfer=fleet.transfer, seed=fleet.seed, collect_fpm=collect_fpm,
-               single_step=fleet.single_step)
+               single_step=fleet.single_step, kv_events=fleet.kv_events, kv_event_lag_ms=fleet.kv_event_lag_ms)
     stop = inf if fleet.max_time_ms is None else float(fleet.max_time_ms)
     speed = float(fleet.arrival_speedup)
     order = sorted(range(n), key=lambda i: (requests[i].arrival_ms, i))

@@ -169,3 +169,19 @@ def test_event_router_with_lag_completes_everything(lag_ms):
     choices, recs = _route_workload(_shared_prefix_workload(), eng, 3, lag_ms, compare_state=False)
     _check(recs)
     assert all(r.status == "finished" for r in recs) and len(recs) == 60
+
+
+def test_cli_kv_events_flags(tmp_path):
+    from planner.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        f'{{"timestamp": {100 * i}, "input_length": 1024, "output_length": 3, "hash_ids": [{i % 3}, {50 + i}]}}\n'
+        for i in range(12)))
+    outs = []
+    for extra in ([], ["--kv-events"], ["--kv-events", "--kv-event-lag-ms", "0"]):
+        out = tmp_path / f"r{len(outs)}.jsonl"
+        assert main(["replay", "--trace", str(trace), "--workers", "3", "--router", "kv", "--quiet",
+                     "--per-request", str(out), *extra]) in (0, None)
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] == outs[2]  # lag 0: the events router routes as the cache-reading one
