@@ -13,7 +13,8 @@ worker's pool), collects passes in a background thread, and offers
 - :meth:`FpmSubscriber.latest`: the latest pass per (worker_id, dp_rank) received within ``stale_s``
   seconds (older entries are dropped: the engine is gone or silent; live workers send an idle heartbeat
   every second);
-- :meth:`FpmSubscriber.set_endpoints`: the current ``{endpoint: pool}`` (workers come and go).
+- :meth:`FpmSubscriber.set_endpoints`: the current ``{endpoint: pool}`` (workers come and go; the
+  engines of an endpoint that is removed are forgotten at once).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class FpmSubscriber:
         self._wanted: dict[str, str] = {}
         self._buf: collections.deque[ForwardPassMetrics] = collections.deque(maxlen=max_buffer)
         self._latest: dict[tuple[int, int], tuple[ForwardPassMetrics, float]] = {}
+        self._ep_engines: dict[str, set[tuple[int, int]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.errors = 0
@@ -58,6 +60,9 @@ class FpmSubscriber:
             wanted = dict(self._wanted)
         for ep in [e for e in self._socks if e not in wanted or wanted[e] != self._socks[e][1]]:
             self._socks.pop(ep)[0].close(0)
+            with self._lock:  # the worker left: forget its engines now rather than after stale_s
+                for key in self._ep_engines.pop(ep, set()):
+                    self._latest.pop(key, None)
         for ep, pool in wanted.items():
             if ep not in self._socks:
                 s = self._ctx.socket(zmq.SUB)
@@ -79,21 +84,21 @@ class FpmSubscriber:
                     poller.register(s, zmq.POLLIN)
                 registered = set(self._socks)
                 events = dict(poller.poll(200))
-                by_sock = {s: pool for s, pool in self._socks.values()}
+                by_sock = {s: (ep, pool) for ep, (s, pool) in self._socks.items()}
                 for s in events:
                     for _ in range(1000):
                         try:
                             frames = s.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._ingest(frames, by_sock[s])
+                        self._ingest(frames, *by_sock[s])
                 self.ok = True
             except zmq.ZMQError:
                 self.errors += 1
                 self.ok = False
                 time.sleep(0.2)
 
-    def _ingest(self, frames: list[bytes], pool: str) -> None:
+    def _ingest(self, frames: list[bytes], endpoint: str, pool: str) -> None:
         if len(frames) != 2 or frames[0] != b"fpm":
             return
         try:
@@ -107,6 +112,7 @@ class FpmSubscriber:
             self.received += 1
             self._buf.append(p)
             self._latest[(p.worker_id, p.dp_rank)] = (p, now)
+            self._ep_engines.setdefault(endpoint, set()).add((p.worker_id, p.dp_rank))
 
     def drain(self) -> tuple[ForwardPassMetrics, ...]:
         """Passes received since the previous call (oldest first)."""

@@ -87,11 +87,12 @@ def pid_alive(pid: int) -> bool:
 class UpStack:
     """``dynoplan up --config STACK`` as a real process; records every pid it ever sees."""
 
-    def __init__(self, config: Path, state_dir: Path | None = None, log_name: str = "up.log") -> None:
+    def __init__(self, config: Path, state_dir: Path | None = None, log_name: str = "up.log",
+                 env: dict[str, str] | None = None) -> None:
         self.config = config
         self.state = state_dir or config.parent / "state"
         self.log = config.parent / log_name
-        self.proc = start_process(DYNOPLAN + ["up", "--config", str(config)], self.log)
+        self.proc = start_process(DYNOPLAN + ["up", "--config", str(config)], self.log, env=env)
         self.seen_pids: set[int] = set()
         try:
             wait_until(lambda: "ready" in self.log.read_text().splitlines(), 120, "dynoplan up", self.proc, self.log)

@@ -76,13 +76,15 @@ def test_prometheus_outage_then_planner_restart(tmp_path, prometheus_factory):
 def test_worker_killed_mid_stream(tmp_path):
     slow = ["--speedup-ratio", "2", "--num-gpu-blocks", "2048", "--block-size", "16", "--trace-block-size", "16"]
     cfg = stack_file(tmp_path, planner={"agg": {"min_replicas": 2, "max_replicas": 2}},
-                     fleet={"initial": {"agg": 2}, "worker_args": {"agg": slow}, "drain_grace_s": 1.0},
-                     prometheus={"enabled": False})
+                     fleet={"initial": {"agg": 2}, "worker_args": {"agg": slow}, "drain_grace_s": 1.0})
     trace = tmp_path / "steady.jsonl"
     n = step_trace(trace, [(8.0, 6.0)], isl=200, osl=200)
-    up = UpStack(cfg)
+    # prometheus.enabled is auto and no binary can be found: up says so and the planner scrapes directly
+    env = {k: v for k, v in os.environ.items() if k != "DYNOPLAN_PROMETHEUS"}
+    env["PATH"] = str(tmp_path / "empty-bin")
+    up = UpStack(cfg, env=env)
     try:
-        assert "notice: prometheus is not installed" not in up.log.read_text()  # enabled: false, no notice needed
+        assert "notice: prometheus is not installed" in up.log.read_text()
         assert up.prometheus_url is None
         fleet = up.fleet()["workers"]
         assert len(fleet) == 2
@@ -106,6 +108,8 @@ def test_worker_killed_mid_stream(tmp_path):
         # the fleet recovers: the dead worker is replaced and serves
         up.wait(lambda: up.state_json()["pools"]["agg"] == {"spec": 2, "ready": 2}
                 and victim["name"] not in {w["name"] for w in up.fleet()["workers"]}, 60, "fleet recovered")
+        # the direct-scrape fallback fed the throughput loop with real (non-zero) traffic
+        assert any(t["observed_rps"] for t in up.state_json()["ticks"])
         events = up.state_json()["fleet_events"]
         assert any(e["event"] == "died" and e["worker"] == victim["name"] for e in events)
         again = tmp_path / "again.jsonl"
@@ -117,7 +121,7 @@ def test_worker_killed_mid_stream(tmp_path):
         os.kill(up.proc.pid, signal.SIGKILL)
         up.proc.wait(10)
         assert all(pid_alive(p) for p in left)
-        with UpStack(cfg, log_name="up2.log") as second:
+        with UpStack(cfg, log_name="up2.log", env=env) as second:
             assert "notice: stopping" in second.log.read_text()
             assert not any(pid_alive(p) for p in left)
             assert second.spec() == 2

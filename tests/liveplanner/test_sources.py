@@ -132,7 +132,7 @@ def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
 
 def test_fpm_subscriber_tags_pool_keeps_latest_and_drops_stale():
     with LiveStack() as st:
-        w = st.worker("w", *WORKER, "--worker-id", "7", "--heartbeat-s", "0.2")
+        w = st.worker("w", *WORKER, "--worker-id", "7", "--heartbeat-s", "60")
         info = requests.get(w + "/info", timeout=5).json()
         fake_now = [time.time()]
         sub = FpmSubscriber(stale_s=5.0, clock=lambda: fake_now[0])
@@ -147,15 +147,21 @@ def test_fpm_subscriber_tags_pool_keeps_latest_and_drops_stale():
                 return any(p.wall_time > 0 for p in got)
 
             wait_until(some_passes, 30, "ForwardPassMetrics over ZMQ")
+            time.sleep(0.3)  # the last passes of the (finished) request are delivered before the clock moves
+            got.extend(sub.drain())
             assert {p.pool for p in got} == {"agg"} and {p.worker_id for p in got} == {7}
             assert all(p.timestamp_s == fake_now[0] for p in got)
             assert sum(p.scheduled_requests.sum_prefill_tokens for p in got) >= 100
             assert set(sub.latest()) == {(7, 0)}
-            sub.set_endpoints({})  # the worker leaves: its socket is closed by the receive thread
-            time.sleep(0.5)
-            sub.drain()
-            assert set(sub.latest()) == {(7, 0)}  # not yet stale
-            fake_now[0] += 6.0  # nothing received "for 6 s" on the subscriber's clock
+            fake_now[0] += 4.0
+            assert set(sub.latest()) == {(7, 0)}  # 4 s < stale_s: kept
+            fake_now[0] += 2.0  # nothing received for 6 s on the subscriber's clock (heartbeat every 60 s)
             assert sub.latest() == {}
+            # a new pass brings the engine back; the worker then leaves the fleet: forgotten at once
+            got.clear()
+            wait_until(some_passes, 30, "more passes")
+            assert set(sub.latest()) == {(7, 0)}
+            sub.set_endpoints({})
+            wait_until(lambda: sub.latest() == {}, 10, "engines of a removed endpoint dropped")
         finally:
             sub.close()

@@ -61,6 +61,9 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             assert "scale_up_throughput" in reasons and "scale_down_throughput" in reasons, st["decisions"]
             assert reasons.index("scale_up_throughput") < len(reasons) - 1 - reasons[::-1].index("scale_down_throughput")
             assert st["pools"]["agg"] == {"spec": 1, "ready": 1}
+            # FPM reached the planner over ZMQ: per-engine state of the serving worker
+            assert [e["pool"] for e in st["engines"]] == ["agg"]
+            assert page.evaluate("document.getElementById('queues').data[0].x.length") >= 1
             # Prometheus and the dashboard show the same replica counts (now and the peak)
             page.wait_for(f"{LAST_Y} === 1", timeout_s=5)
             prom = up.prometheus_url
