@@ -82,6 +82,30 @@ class EngineConfig:
     """Data-parallel ranks per logical worker, each with independent scheduler and KV state."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     """SGLang-only knobs."""
+    g1_backend: Literal["native", "kvbm"] = "native"
+    """G1 (device) block pool: ``native`` (LRU inactive pool) or ``kvbm`` (lineage-aware, :mod:`mocker.kv.kvbm`)."""
+    num_g2_blocks: int = 0
+    """KVBM G2 host blocks per worker (0 = none; needs g1_backend='kvbm')."""
+    num_g3_blocks: int = 0
+    """KVBM G3 disk blocks shared by the fleet (0 = none; needs g1_backend='kvbm' and G2)."""
+    g4: bool = False
+    """KVBM G4 shared object tier (needs g1_backend='kvbm' and G2)."""
+    offload_batch_size: int = 16
+    """Blocks per G1->G2 offload transfer (blocks)."""
+    bw_g1_g2_gbps: float = 25.0
+    """Device->host link bandwidth per worker (GB/s; 0 = instantaneous). Defaults: see mocker.kv.tiers."""
+    bw_g2_g1_gbps: float = 25.0
+    """Host->device link bandwidth per worker (GB/s)."""
+    bw_g2_g3_gbps: float = 5.0
+    """Host->disk link bandwidth, shared (GB/s)."""
+    bw_g3_g2_gbps: float = 5.0
+    """Disk->host link bandwidth, shared (GB/s)."""
+    bw_g3_g4_gbps: float = 1.0
+    """Disk->object link bandwidth, shared (GB/s)."""
+    bw_g4_g2_gbps: float = 1.0
+    """Object->host link bandwidth, shared (GB/s)."""
+    gpu_memory_fraction: float | None = None
+    """With ``timing='aic:...'``: size num_gpu_blocks from this share of GPU memory (0 < f <= 1)."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -121,10 +145,24 @@ class EngineConfig:
             p.append(f"preemption_mode={self.preemption_mode!r}: expected 'lifo' or 'fifo'")
         if not isinstance(self.speedup_ratio, (int, float)) or isinstance(self.speedup_ratio, bool) or not self.speedup_ratio > 0:
             p.append(f"speedup_ratio={self.speedup_ratio!r}: expected a number > 0")
-        if not isinstance(self.timing, str) or not (self.timing == "polynomial" or self.timing.endswith(".npz")):
-            p.append(f"timing={self.timing!r}: expected 'polynomial' or a path to a .npz profile")
+        if not isinstance(self.timing, str) or not (self.timing == "polynomial" or self.timing.endswith(".npz")
+                                                    or self.timing.startswith("aic:")):
+            p.append(f"timing={self.timing!r}: expected 'polynomial', a path to a .npz profile or 'aic:model=...,system=...'")
+        elif self.timing.startswith("aic:"):
+            from mocker.timing_aic import AicSpecError, parse_spec
+
+            try:
+                parse_spec(self.timing)
+            except AicSpecError as e:
+                p.append(str(e))
         elif self.timing.endswith(".npz") and not Path(self.timing).is_file():
             p.append(f"timing={self.timing!r}: profile file not found")
+        f = self.gpu_memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
+            p.append(f"gpu_memory_fraction={f!r}: expected a number in (0, 1]")
+        elif f is not None and not (isinstance(self.timing, str) and self.timing.startswith("aic:")):
+            p.append(f"gpu_memory_fraction={f!r}: sizes the KV cache from an AIConfigurator model; expected timing='aic:...'")
+        p += self._kv_tier_problems()
         if not _is_int(self.trace_block_size) or self.trace_block_size <= 0:
             p.append(f"trace_block_size={self.trace_block_size!r}: expected a positive integer")
         if self.worker_type not in ("aggregated", "prefill", "decode"):
@@ -138,6 +176,34 @@ class EngineConfig:
             v = getattr(s, name)
             if not _is_int(v) or v <= 0:
                 p.append(f"sglang.{name}={v!r}: expected a positive integer")
+        return p
+
+    def _kv_tier_problems(self) -> list[str]:
+        """G1 backend and KVBM lower-tier settings (DESIGN.md "KVBM tiers")."""
+        p: list[str] = []
+        if self.g1_backend not in ("native", "kvbm"):
+            p.append(f"g1_backend={self.g1_backend!r}: expected 'native' or 'kvbm'")
+            return p
+        for name in ("num_g2_blocks", "num_g3_blocks"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                p.append(f"{name}={v!r}: expected an integer >= 0")
+        if not isinstance(self.g4, bool):
+            p.append(f"g4={self.g4!r}: expected true or false")
+        if not _is_int(self.offload_batch_size) or self.offload_batch_size <= 0:
+            p.append(f"offload_batch_size={self.offload_batch_size!r}: expected a positive integer")
+        for name in ("bw_g1_g2_gbps", "bw_g2_g1_gbps", "bw_g2_g3_gbps", "bw_g3_g2_gbps", "bw_g3_g4_gbps", "bw_g4_g2_gbps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                p.append(f"{name}={v!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
+        lower = [f"{n}={getattr(self, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
+        if self.g1_backend == "native" and lower:
+            p.append(f"g1_backend='native': lower KV tiers configured ({', '.join(lower)}); "
+                     f"expected g1_backend='kvbm' (KVBM owns G2/G3/G4)")
+        if self.g1_backend == "kvbm" and self.engine == "sglang":
+            p.append("g1_backend='kvbm': modelled for the vllm and trtllm block pools; expected 'native' with engine='sglang'")
+        if (self.num_g3_blocks or self.g4) and not self.num_g2_blocks:
+            p.append(f"num_g2_blocks={self.num_g2_blocks!r}: G3/G4 hits stage through G2; expected num_g2_blocks > 0")
         return p
 
     def validate(self) -> "EngineConfig":

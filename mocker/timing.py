@@ -186,4 +186,8 @@ def load_timing(cfg: EngineConfig) -> TimingModel:
     """The timing source named by ``cfg.timing`` ('polynomial' or a ``.npz`` path)."""
     if cfg.timing == "polynomial":
         return PolynomialTiming(cfg.total_kv_tokens)
+    if cfg.timing.startswith("aic:"):  # optional AIConfigurator source (mocker.timing_aic)
+        from mocker.timing_aic import load_aic_timing
+
+        return load_aic_timing(cfg.timing)
     return NpzTiming(cfg.timing)

@@ -223,6 +223,15 @@ def load_aic_timing(timing: str, grid: str = "default") -> Any:
     return NpzTiming(ensure_profile(timing, grid))
 
 
+def resolve_kv_capacity(cfg: Any, *, blocks_given: bool) -> Any:
+    """``cfg`` with num_gpu_blocks sized by :func:`aic_num_gpu_blocks` when ``cfg.gpu_memory_fraction`` is set
+    and the blocks were not given explicitly; otherwise ``cfg`` unchanged. Raises ConfigError."""
+    if cfg.gpu_memory_fraction is None or blocks_given:
+        return cfg
+    return cfg.replace(num_gpu_blocks=aic_num_gpu_blocks(cfg.timing, cfg.effective_block_size,
+                                                         cfg.gpu_memory_fraction))
+
+
 def _main(argv: list[str]) -> int:
     import argparse
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from mocker.config import EngineConfig
 from mocker.errors import SimulationError
+from mocker.kv.kvbm import make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.request import EngineRequest, State
@@ -103,7 +104,7 @@ class VllmCore:
         self.lifo = cfg.preemption_mode == "lifo"
         self.speedup = float(cfg.speedup_ratio)
         self.trace_block_size = cfg.trace_block_size
-        self.kv = BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        self.kv = BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching) if cfg.g1_backend == "native" else make_g1_pool(cfg)
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
         self._monotone_decode = isinstance(self.timing, PolynomialTiming)
         self.collect_fpm = collect_fpm

@@ -9,7 +9,8 @@ Pieces:
 * :class:`KvListener` — what a block pool calls: ``on_stored([(hash, parent hash or None)])`` and
   ``on_removed([hash])``. Only called when a listener is set (:class:`mocker.kv.kvbm.KvbmBlockManager`,
   :class:`ListeningBlockKvManager`), so the default pool pays nothing.
-* :class:`KvEventLog` — a listener that stamps and buffers :class:`KvEvent` for one (worker, DP rank); a
+* :class:`KvEventLog` — a listener that stamps and buffers :class:`mocker.kvevents.KvEvent` (the record the
+  fleet's G1 event path uses) for one (worker, DP rank); a
   driver drains it and stamps events with the time it drained them (virtual time, never a clock).
 * :class:`KvEventIndex` — the router's view: replays events at least ``lag_ms`` old into per-(worker, rank,
   tier) block sets. With lag 0 and events drained before each routing decision, the index equals the
@@ -22,10 +23,10 @@ Pieces:
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from mocker.kv.manager import BlockKvManager
+from mocker.kvevents import KvEvent  # the fleet's event record (fields: kind, block_hash, parent_hash, worker_id, dp_rank, time_ms, tier)
 
 TIERS: tuple[str, ...] = ("G1", "G2", "G3", "G4")
 
@@ -38,21 +39,6 @@ class KvListener(Protocol):
 
     def on_removed(self, blocks: Sequence[int]) -> None:
         """``blocks``: hashes of blocks evicted from the cache."""
-
-
-@dataclass(frozen=True, slots=True)
-class KvEvent:
-    """One cache change of one worker tier."""
-
-    kind: str
-    """``stored`` or ``removed``."""
-    block_hash: int
-    parent_hash: int | None
-    worker_id: int
-    dp_rank: int
-    tier: str
-    time_ms: float
-    """When the driver published it (ms, virtual time)."""
 
 
 class KvEventLog:
@@ -75,7 +61,9 @@ class KvEventLog:
 
     def drain(self, now_ms: float) -> list[KvEvent]:
         """Every buffered change as :class:`KvEvent` stamped ``now_ms`` (emission order)."""
-        out = [KvEvent(k, h, p, self.worker_id, self.dp_rank, self.tier, now_ms) for k, h, p in self._buf]
+        w, r, tier = self.worker_id, self.dp_rank, self.tier
+        out = [KvEvent(kind=k, block_hash=h, parent_hash=p, worker_id=w, dp_rank=r, time_ms=now_ms, tier=tier)
+               for k, h, p in self._buf]
         self._buf.clear()
         self.emitted += len(out)
         return out

@@ -29,6 +29,7 @@ from mocker.errors import SimulationError
 from mocker.kv.manager import BlockKvManager
 
 if TYPE_CHECKING:  # pragma: no cover
+    from mocker.config import EngineConfig
     from mocker.kv.events import KvListener
 
 
@@ -202,3 +203,21 @@ class KvbmBlockManager(BlockKvManager):
         n = sum(len(c) for c in self.children.values())
         if n != len(self.parent):
             raise SimulationError(f"kvbm lineage: {n} child links != {len(self.parent)} parent links")
+
+
+def make_g1_pool(cfg: "EngineConfig") -> BlockKvManager:
+    """The G1 block pool ``cfg.g1_backend`` names for a vLLM / TRT-LLM core.
+
+    Raises :class:`ConfigError` when lower tiers (G2/G3/G4) are configured: they are modelled and tested
+    standalone (:mod:`mocker.kv.tiers`) but the replay engine core does not yet onboard from them, and a
+    setting that silently does nothing would be worse than a clear refusal.
+    """
+    from mocker.errors import ConfigError
+
+    if cfg.g1_backend == "native":
+        return BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+    lower = [f"{n}={getattr(cfg, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(cfg, n)]
+    if lower:
+        raise ConfigError(f"{', '.join(lower)}: KVBM lower tiers are modelled standalone (mocker.kv.tiers) but the "
+                          f"replay engine core does not onboard from them yet; expected none with g1_backend='kvbm'")
+    return KvbmBlockManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)

@@ -395,4 +395,36 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-__all__ = ["GB", "ProcessorSharingLink", "TierConfig", "TierHierarchy", "OnboardTicket", "TierListener"]
+
+
+LINKS: tuple[str, ...] = ("g1_g2", "g2_g1", "g2_g3", "g3_g2", "g3_g4", "g4_g2")
+
+
+def parse_bandwidth_flags(items: Sequence[str]) -> dict[str, float]:
+    """``["g2_g1=12.5", ...]`` -> ``{"bw_g2_g1_gbps": 12.5}``. Raises ConfigError naming the bad item."""
+    out: dict[str, float] = {}
+    for item in items:
+        link, sep, val = item.partition("=")
+        try:
+            v = float(val)
+        except ValueError:
+            v = -1.0
+        if not sep or link not in LINKS or not v >= 0:
+            raise ConfigError(f"--tier-bandwidth {item!r}: expected LINK=GBPS with LINK one of {', '.join(LINKS)} "
+                              f"and GBPS a number >= 0")
+        out[f"bw_{link}_gbps"] = v
+    return out
+
+
+def tier_config(cfg: "object", kv_bytes_per_token: int) -> TierConfig:
+    """The :class:`TierConfig` of an :class:`mocker.config.EngineConfig` (bytes per block = block size x
+    ``kv_bytes_per_token``)."""
+    g = getattr
+    return TierConfig(bytes_per_block=g(cfg, "effective_block_size") * kv_bytes_per_token,
+                      num_g2_blocks=g(cfg, "num_g2_blocks"), num_g3_blocks=g(cfg, "num_g3_blocks"), g4=g(cfg, "g4"),
+                      offload_batch_size=g(cfg, "offload_batch_size"),
+                      **{f"bw_{l}_gbps": g(cfg, f"bw_{l}_gbps") for l in LINKS}).validate()
+
+
+__all__ = ["GB", "LINKS", "ProcessorSharingLink", "TierConfig", "TierHierarchy", "OnboardTicket", "TierListener",
+           "parse_bandwidth_flags", "tier_config"]

@@ -114,8 +114,8 @@ def test_kvbm_random_requests_never_strand_a_child_while_a_leaf_is_evictable(ops
         for _ in range(min(free_first, len(held))):
             k, p = held.pop(0)
             kv.release(k, p)
-        hits, _ = kv.match_prefix(keys)
-        if len(keys) - hits > kv.available():
+        hits, act = kv.match_prefix(keys)
+        if len(keys) - act > kv.available():  # inactive hits leave the evictable pool when acquired
             continue
         for k in keys[:hits]:
             kv.acquire_cached(k)
@@ -131,3 +131,26 @@ def test_kvbm_random_requests_never_strand_a_child_while_a_leaf_is_evictable(ops
         kv.release(k, p)
     kv.check_invariants()
     assert kv.available() == 12
+
+
+def test_g1_backend_config_errors_and_engine_pool_choice():
+    from mocker.config import EngineConfig
+    from mocker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"g1_backend='native': lower KV tiers configured \(num_g2_blocks=64, g4=True\); "
+                                          r"expected g1_backend='kvbm'"):
+        EngineConfig(num_g2_blocks=64, g4=True).validate()
+    with pytest.raises(ConfigError, match=r"g1_backend='lru': expected 'native' or 'kvbm'"):
+        EngineConfig(g1_backend="lru").validate()
+    with pytest.raises(ConfigError, match=r"num_g2_blocks=0: G3/G4 hits stage through G2"):
+        EngineConfig(g1_backend="kvbm", num_g3_blocks=10).validate()
+    with pytest.raises(ConfigError, match=r"bw_g2_g1_gbps=-1: expected a number >= 0"):
+        EngineConfig(g1_backend="kvbm", bw_g2_g1_gbps=-1).validate()
+    with pytest.raises(ConfigError, match=r"g1_backend='kvbm': modelled for the vllm and trtllm"):
+        EngineConfig(engine="sglang", g1_backend="kvbm").validate()
+    assert type(make_engine(EngineConfig()).kv) is BlockKvManager
+    assert type(make_engine(EngineConfig(g1_backend="kvbm", engine="trtllm")).kv) is KvbmBlockManager
+    with pytest.raises(ConfigError, match=r"num_g2_blocks=8: KVBM lower tiers are modelled standalone"):
+        make_engine(EngineConfig(g1_backend="kvbm", num_g2_blocks=8))
+    cfg = EngineConfig.from_mapping({"engine": {"backend": "vllm", "g1_backend": "kvbm"}})
+    assert cfg.g1_backend == "kvbm"
