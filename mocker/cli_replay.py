@@ -126,7 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
     e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
+    e.add_argument("--timing", metavar="polynomial|FILE.npz|aic:SPEC", help="timing model (default polynomial; aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)")
+    e.add_argument("--gpu-memory-fraction", type=_positive_float, metavar="F", help="with --timing aic:...: KV blocks from this share of GPU memory (when --num-gpu-blocks is not given)")
+    k = parser.add_argument_group("KV tiers (KVBM)")
+    k.add_argument("--g1-backend", choices=("native", "kvbm"), help="G1 block pool: native LRU or kvbm lineage-aware (default native)")
+    k.add_argument("--num-g2-blocks", type=_nonneg_int, metavar="N", help="G2 host blocks per worker (needs --g1-backend kvbm)")
+    k.add_argument("--num-g3-blocks", type=_nonneg_int, metavar="N", help="G3 disk blocks, shared (needs --g1-backend kvbm)")
+    k.add_argument("--g4", action="store_true", help="G4 shared object tier (needs --g1-backend kvbm)")
+    k.add_argument("--offload-batch-size", type=_positive_int, metavar="N", help="blocks per G1->G2 offload transfer (default 16)")
+    k.add_argument("--tier-bandwidth", action="append", default=[], metavar="LINK=GBPS", help="link bandwidth, LINK one of g1_g2 g2_g1 g2_g3 g3_g2 g3_g4 g4_g2 (repeatable)")
 
     o = parser.add_argument_group("output")
     o.add_argument("--report-json", metavar="FILE", help="write the summary report (reference key names)")
@@ -161,8 +169,15 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "dp_size": args.dp_size,
         "enable_prefix_caching": False if args.no_prefix_caching else None,
         "enable_chunked_prefill": False if args.no_chunked_prefill else None,
+        "g1_backend": args.g1_backend, "num_g2_blocks": args.num_g2_blocks, "num_g3_blocks": args.num_g3_blocks,
+        "g4": True if args.g4 else None, "offload_batch_size": args.offload_batch_size,
+        "gpu_memory_fraction": args.gpu_memory_fraction,
     }
-    return base.replace(**overrides)
+    from mocker.kv.tiers import parse_bandwidth_flags  # KVBM flags (kv tiers owner's hook)
+    from mocker.timing_aic import resolve_kv_capacity
+
+    overrides.update(parse_bandwidth_flags(args.tier_bandwidth))
+    return resolve_kv_capacity(base.replace(**overrides), blocks_given=args.num_gpu_blocks is not None)
 
 
 def transfer_config_from_args(args: argparse.Namespace) -> Any:

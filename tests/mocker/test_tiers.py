@@ -139,3 +139,30 @@ def test_tier_config_errors_name_field_and_value():
     assert "offload_batch_size=-1" in msg
     assert "num_g2_blocks=0: G3/G4 hits stage through G2" in msg
     assert "bw_g2_g3_gbps=-2" in msg
+
+
+def _trace(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        f'{{"timestamp": {100 * i}, "input_length": 1024, "output_length": 3, "hash_ids": [{i % 3}, {50 + i}]}}\n'
+        for i in range(12)))
+    return trace
+
+
+def test_cli_kvbm_flags_run_and_errors_are_one_line(tmp_path, capsys):
+    from planner.cli import main
+
+    trace = _trace(tmp_path)
+    out = tmp_path / "r.jsonl"
+    assert main(["replay", "--trace", str(trace), "--workers", "2", "--router", "kv", "--quiet",
+                 "--g1-backend", "kvbm", "--per-request", str(out)]) in (0, None)
+    assert len(out.read_text().splitlines()) == 12
+    for flags, msg in (
+        (["--num-g2-blocks", "8"], "g1_backend='native': lower KV tiers configured (num_g2_blocks=8)"),
+        (["--g1-backend", "kvbm", "--g4"], "num_g2_blocks=0: G3/G4 hits stage through G2"),
+        (["--tier-bandwidth", "g2_g1=-3"], "--tier-bandwidth 'g2_g1=-3': expected LINK=GBPS"),
+    ):
+        capsys.readouterr()
+        assert main(["replay", "--trace", str(trace), "--quiet", *flags]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1

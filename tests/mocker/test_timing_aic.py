@@ -67,3 +67,20 @@ def test_real_aiconfigurator_profile_offline(monkeypatch, tmp_path):
     assert blocks == expect and blocks > 1000
     with pytest.raises(ConfigError, match=r"gpu_memory_fraction=0.05: the model .* leaves no room"):
         aic_num_gpu_blocks(SPEC, 64, 0.05, grid="small")
+
+
+def test_cli_aic_without_package_is_one_line_error(monkeypatch, tmp_path, capsys):
+    try:
+        import aiconfigurator_core  # noqa: F401
+        pytest.skip("aiconfigurator-core importable in this interpreter")
+    except ImportError:
+        pass
+    from planner.cli import main
+
+    monkeypatch.delenv("DYNOPLAN_AIC_PYTHON", raising=False)
+    monkeypatch.setenv("DYNOPLAN_AIC_CACHE", str(tmp_path))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 100, "output_length": 2}\n')
+    assert main(["replay", "--trace", str(trace), "--quiet", "--timing", SPEC]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs the optional package aiconfigurator-core" in err and len(err.splitlines()) == 1
