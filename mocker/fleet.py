@@ -258,8 +258,11 @@ class Fleet:
         """Coordinated handoffs: holds + reservations taken (each is released exactly once)."""
         self.holds_released = 0
         self._dst_first = self.disagg and self.pools["decode"].cfg.engine == "sglang"
+        self._stalled: set[Any] = set()
         if single_step:
-            self._adv = lambda c, h: c.advance_single_step(h)
+            self._adv = lambda c, h: self._advance_guarded(c, h, c.advance_single_step)
+        elif self.disagg and self.transfer.handoff == "coordinated":
+            self._adv = lambda c, h: self._advance_guarded(c, h, c.advance_until)
         else:
             self._adv = lambda c, h: c.advance_until(h)
 
@@ -475,7 +478,7 @@ class Fleet:
         elif fl.phase == _WAIT_DECODE:
             self.pools["decode"].queue = deque(x for x in self.pools["decode"].queue if x is not fl)
         elif fl.phase == _TRANSFER:
-            self._release_holds(fl)
+            self._release_holds(fl, now_ms)
         elif fl.phase == _DECODE:
             self._adv(fl.dcore, now_ms)
             if not fl.dcore.cancel(rid, now_ms):
@@ -603,20 +606,37 @@ class Fleet:
         self.holds_taken += 1
         return core, w, n
 
-    def _give(self, h: tuple[Any, _Worker, int]) -> None:
+    def _give(self, h: tuple[Any, _Worker, int], t: float) -> None:
         core, w, n = h
         core.kv.release([], n)
         core.external_private_blocks -= n
         w.holds -= 1
         self.holds_released += 1
+        if core in self._stalled:  # capacity came back: the idle core's next pass starts now
+            self._stalled.discard(core)
+            if core.next_pass_ms < t:
+                core.next_pass_ms = t
 
-    def _release_holds(self, fl: _Flight) -> None:
+    def _advance_guarded(self, c: Any, h: float, advance: Callable[[float], None]) -> None:
+        """Advance ``c``; a core with nothing running whose waiting request does not fit only because of
+        handoff holds/reservations idles (stalled) until one is released, instead of failing."""
+        if c in self._stalled:
+            return
+        try:
+            advance(h)
+        except SimulationError:
+            if getattr(c, "external_private_blocks", 0) and not c.running:
+                self._stalled.add(c)
+                return
+            raise
+
+    def _release_holds(self, fl: _Flight, t: float) -> None:
         """Release the flight's reservation and hold (each at most once: the fields are cleared)."""
         if fl.reserve is not None:
-            self._give(fl.reserve)
+            self._give(fl.reserve, t)
             fl.reserve = None
         if fl.hold is not None:
-            self._give(fl.hold)
+            self._give(fl.hold, t)
             fl.hold = None
 
     def _activate(self, fl: _Flight, t: float) -> None:
@@ -625,12 +645,12 @@ class Fleet:
         c = fl.dcore
         self._adv(c, t)
         if fl.reserve is not None:  # the reservation becomes the request's own allocation at admission
-            self._give(fl.reserve)
+            self._give(fl.reserve, t)
             fl.reserve = None
         fl.phase = _DECODE
         c.add_prefilled_request(fl.req, t, fl.rec)
         if fl.hold is not None:  # the source releases after the destination activated
-            self._give(fl.hold)
+            self._give(fl.hold, t)
             fl.hold = None
 
     # ================================================================== time

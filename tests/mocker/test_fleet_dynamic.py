@@ -218,3 +218,19 @@ def test_take_finished_returns_each_terminal_record_once_in_finish_order():
     for r in recs:
         t = r.token_times_ms
         assert (r.finish_ms - r.first_token_ms) / (r.output_length - 1) == pytest.approx((t[-1] - t[0]) / (len(t) - 1))
+
+
+def test_core_blocked_only_by_handoff_reservations_waits_instead_of_failing():
+    """Regression (hypothesis): two coordinated handoffs reserve most of a small decode worker; the first one
+    activated cannot be admitted until the other's reservation is released. It waits; nothing fails."""
+    eng = EngineConfig(num_gpu_blocks=256, block_size=16, max_num_batched_tokens=512)
+    fl = Fleet({"prefill": eng, "decode": eng}, transfer=KvTransferConfig(1.0, 100_000, handoff="coordinated"))
+    fl.add_worker("prefill", 0.0)
+    fl.add_worker("decode", 0.0)
+    recs = [fl.submit(TraceRequest(k, 0.0, isl, 1), 0.0) for k, isl in enumerate((1, 1, 1888, 2176, 1))]
+    fl.finish()
+    assert all(r.status == "finished" for r in recs)
+    assert fl.holds_taken == fl.holds_released
+    for c in fl.cores("prefill") + fl.cores("decode"):
+        c.check_invariants()
+        assert c.kv.private_in_use == 0 and not c.has_work()
