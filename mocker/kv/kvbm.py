@@ -221,3 +221,29 @@ def make_g1_pool(cfg: "EngineConfig") -> BlockKvManager:
         raise ConfigError(f"{', '.join(lower)}: KVBM lower tiers are modelled standalone (mocker.kv.tiers) but the "
                           f"replay engine core does not onboard from them yet; expected none with g1_backend='kvbm'")
     return KvbmBlockManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+
+
+class _TupleSink:
+    """Listener appending (kind, hash, parent) tuples to a list (the fleet's ``kv.events`` format)."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: list[tuple[str, int, int | None]]) -> None:
+        self.events = events
+
+    def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
+        self.events.extend(("stored", h, p) for h, p in blocks)
+
+    def on_removed(self, blocks: Sequence[int]) -> None:
+        self.events.extend(("removed", h, None) for h in blocks)
+
+
+class EventingKvbmBlockManager(KvbmBlockManager):
+    """A :class:`KvbmBlockManager` exposing its changes as ``events`` (list of (kind, hash, parent hash)),
+    the interface the fleet's KV-event path drains (:class:`mocker.kvevents.EventingKvManager`'s)."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        self.events: list[tuple[str, int, int | None]] = []
+        super().__init__(num_blocks, enable_prefix_caching, listener=_TupleSink(self.events))

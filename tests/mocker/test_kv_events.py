@@ -185,3 +185,28 @@ def test_cli_kv_events_flags(tmp_path):
                      "--per-request", str(out), *extra]) in (0, None)
         outs.append(out.read_text())
     assert outs[0] == outs[1] == outs[2]  # lag 0: the events router routes as the cache-reading one
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), engines())
+def test_eventing_kvbm_pool_events_replay_to_its_cache(reqs, eng):
+    """The fleet-format (``kv.events`` tuples) kvbm pool: replaying its events gives exactly its cache."""
+    from mocker.kv.kvbm import EventingKvbmBlockManager
+
+    core = make_engine(eng)
+    core.kv = EventingKvbmBlockManager(eng.num_gpu_blocks, eng.enable_prefix_caching)
+    seen: set[int] = set()
+
+    def replay():
+        for kind, h, _ in core.kv.events:
+            (seen.add if kind == "stored" else seen.discard)(h)
+        core.kv.events.clear()
+        assert seen == _cache(core.kv)
+
+    for r in sorted(reqs, key=lambda r: r.arrival_ms):
+        core.advance_until(r.arrival_ms)
+        replay()
+        core.add_request(r, r.arrival_ms)
+    while core.has_work():
+        core.step(core.next_pass_ms)
+        replay()
