@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -141,7 +142,17 @@ def test_service_account_token_is_bound_by_rbac(k8s: ControlPlane, k8s_admin):
             "metadata": {"name": "widget-reader"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "widget-reader"},
             "subjects": [{"kind": "ServiceAccount", "name": "nobody", "namespace": ns}]})
-        assert co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"] == []
+        # The RBAC authorizer learns new bindings through its informer cache: allow it a few seconds.
+        deadline = time.monotonic() + 20.0
+        while True:
+            try:
+                items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+                break
+            except ApiException as e:
+                if e.status != 403 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert items == []
         with pytest.raises(ApiException) as still_denied:
             co.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "x"}, "spec": {}})
