@@ -55,6 +55,12 @@ __all__ = [
 DEFAULT_TRACE_BLOCK_SIZE = 512
 """Tokens per trace hash id (Mooncake release format; reference ``--trace-block-size`` default)."""
 
+MAX_TRACE_TOKENS = 2**31 - 1
+"""Largest accepted prompt or output length in a trace row (tokens). A bound, not a model limit: token
+counts are held in int64 numpy arrays and the Azure loader allocates ``ceil(ISL / trace_block_size)``
+hash ids per request, so an unbounded length would overflow or exhaust memory instead of failing with a
+line-precise error. 2**31 - 1 is far above any context window in use."""
+
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MOONCAKE_ALIASES: dict[str, tuple[str, ...]] = {
     "timestamp": ("timestamp", "created_time"),
@@ -146,8 +152,9 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     try:
         isl_a = np.asarray([r[i_isl] for r in rows]).astype(np.int64)
         osl_a = np.asarray([r[i_osl] for r in rows]).astype(np.int64)
-        ok = bool((isl_a > 0).all() and (osl_a > 0).all())
-    except ValueError:
+        ok = bool((isl_a > 0).all() and (osl_a > 0).all()
+                  and (isl_a <= MAX_TRACE_TOKENS).all() and (osl_a <= MAX_TRACE_TOKENS).all())
+    except (ValueError, OverflowError):
         ok = False
     if not ok:
         _azure_check_rows(p, cols, header)
@@ -221,10 +228,10 @@ class _MooncakeRow(msgspec.Struct):
 
     timestamp: Annotated[float, msgspec.Meta(ge=0)] | None = None
     created_time: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    input_length: Annotated[int, msgspec.Meta(gt=0)] | None = None
-    input_tokens: Annotated[int, msgspec.Meta(gt=0)] | None = None
-    output_length: Annotated[int, msgspec.Meta(gt=0)] | None = None
-    output_tokens: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    input_length: Annotated[int, msgspec.Meta(gt=0, le=MAX_TRACE_TOKENS)] | None = None
+    input_tokens: Annotated[int, msgspec.Meta(gt=0, le=MAX_TRACE_TOKENS)] | None = None
+    output_length: Annotated[int, msgspec.Meta(gt=0, le=MAX_TRACE_TOKENS)] | None = None
+    output_tokens: Annotated[int, msgspec.Meta(gt=0, le=MAX_TRACE_TOKENS)] | None = None
     hash_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=1)] | None = None
 
 
@@ -284,8 +291,8 @@ def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> None:
         raise TraceError(p, lineno, "timestamp", f"{ts!r}: expected a finite number of milliseconds >= 0")
     for name in ("input_length", "output_length"):
         v = _mooncake_field(row, name, p, lineno)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise TraceError(p, lineno, name, f"{v!r}: expected a positive integer")
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v > MAX_TRACE_TOKENS:
+            raise TraceError(p, lineno, name, f"{v!r}: expected a positive integer <= {MAX_TRACE_TOKENS}")
     hids = row.get("hash_ids")
     if hids is not None:
         if not isinstance(hids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids):
@@ -310,8 +317,8 @@ def _positive_int(text: str, path: str, line: int, field: str) -> int:
         v = int(s)
     except ValueError:
         raise TraceError(path, line, field, f"{text!r}: expected a positive integer") from None
-    if v <= 0:
-        raise TraceError(path, line, field, f"{v}: expected a positive integer")
+    if v <= 0 or v > MAX_TRACE_TOKENS:
+        raise TraceError(path, line, field, f"{v}: expected a positive integer <= {MAX_TRACE_TOKENS}")
     return v
 
 

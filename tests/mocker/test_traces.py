@@ -104,6 +104,19 @@ def test_azure_malformed_rows_name_line_and_field(tmp_path: Path, rows: str, lin
     assert f"{p}:{line}" in str(e) and field in str(e)
 
 
+@pytest.mark.parametrize("isl, osl, field", [
+    ("99999999999999999999999", "4", "ContextTokens"),  # > int64: used to escape as OverflowError
+    ("100000000000", "4", "ContextTokens"),  # fits int64 but ~2e8 hash ids: used to exhaust memory
+    ("374", str(2**31), "GeneratedTokens"),
+])
+def test_azure_huge_lengths_are_trace_errors(tmp_path: Path, isl: str, osl: str, field: str) -> None:
+    p = write(tmp_path, "huge.csv", AZ_HEADER + f"2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,{isl},{osl}\n")
+    with pytest.raises(TraceError, match=r"expected a positive integer <= 2147483647") as ei:
+        load_trace(p)
+    assert (ei.value.line, ei.value.field) == (3, field)
+    assert len(load_trace(write(tmp_path, "max.csv", AZ_HEADER + f"2023-11-16 18:15:46.0,1,{2**31 - 1}\n"))) == 1
+
+
 def test_azure_missing_column_and_empty(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as ei:
         load_trace(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.0,3\n"))
@@ -164,6 +177,16 @@ def test_mooncake_malformed_rows(tmp_path: Path, rows: str, line: int, field: st
     with pytest.raises(TraceError, match=msg) as ei:
         load_trace(p)
     assert (ei.value.path, ei.value.line, ei.value.field) == (str(p), line, field)
+
+
+@pytest.mark.parametrize("row, field", [
+    ('{"timestamp": 0, "input_length": 100000000000000000000000000, "output_length": 5}', "input_length"),
+    ('{"timestamp": 0, "input_length": 5, "output_tokens": 2147483648}', "output_length"),
+])
+def test_mooncake_huge_lengths_are_trace_errors(tmp_path: Path, row: str, field: str) -> None:
+    with pytest.raises(TraceError, match=r"expected a positive integer <= 2147483647") as ei:
+        load_trace(write(tmp_path, "huge.jsonl", row + "\n"))
+    assert (ei.value.line, ei.value.field) == (1, field)
 
 
 def test_mooncake_empty(tmp_path: Path) -> None:
