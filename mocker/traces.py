@@ -135,7 +135,9 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
             rows = [r for r in reader if r and (len(r) > 1 or r[0].strip())]
         except StopIteration:
             raise TraceError(p, None, None, "empty file: expected a header row TIMESTAMP,ContextTokens,GeneratedTokens") from None
-        except (csv.Error, UnicodeDecodeError) as e:
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        except csv.Error as e:
             raise TraceError(p, reader.line_num, None, f"unreadable CSV: {e}") from None
     norm = [h.strip().lower() for h in header]
     cols: list[int] = []
@@ -311,6 +313,19 @@ def _mooncake_field(row: dict[str, Any], name: str, path: str, line: int) -> Any
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _not_utf8(path: str | Path) -> TraceError:
+    """A TraceError naming the line and byte of the first non-UTF-8 byte (the text reader only knows the
+    offset inside its read buffer, so the file is decoded once more as a whole)."""
+    data = Path(path).read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        return TraceError(str(path), line, None, f"byte 0x{data[e.start]:02x} at column {col}: expected UTF-8 text")
+    return TraceError(str(path), None, None, "expected UTF-8 text")  # pragma: no cover - caller saw a decode error
+
+
 def _positive_int(text: str, path: str, line: int, field: str) -> int:
     s = text.strip()
     try:

@@ -117,6 +117,14 @@ def test_azure_huge_lengths_are_trace_errors(tmp_path: Path, isl: str, osl: str,
     assert len(load_trace(write(tmp_path, "max.csv", AZ_HEADER + f"2023-11-16 18:15:46.0,1,{2**31 - 1}\n"))) == 1
 
 
+def test_azure_non_utf8_names_line_and_column(tmp_path: Path) -> None:
+    p = tmp_path / "latin1.csv"
+    p.write_bytes((AZ_HEADER + "2023-11-16 18:15:46.0,374,44\n" * 3000).encode() + b"2023-11-16 18:15:47.0,37\xff4,44\n")
+    with pytest.raises(TraceError, match=r"byte 0xff at column 25: expected UTF-8 text") as ei:
+        load_trace(p)
+    assert ei.value.line == 3002  # was reported as line 0 (the csv reader's count before its first buffer)
+
+
 def test_azure_missing_column_and_empty(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as ei:
         load_trace(write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.0,3\n"))
