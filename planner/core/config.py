@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -289,6 +290,16 @@ def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
     return dataclasses.MISSING
 
 
+def _unknown_hint(key: str) -> str:
+    """What the user probably meant by an unknown top-level ``key``: a pool key without its pool, or the
+    closest setting names (difflib ratio >= 0.6); empty when nothing is close."""
+    if key in _POOL_KEYS:
+        return (f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
+                f"or {key} under a prefill:/decode:/agg: section)")
+    close = difflib.get_close_matches(key, list(_TOP), n=3)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
 def config_from_mapping(data: Mapping[str, Any], *, source: str | None = None,
                         base: PlannerConfig | None = None) -> PlannerConfig:
     """Build a :class:`PlannerConfig` from plain data, on top of ``base`` (default: the defaults).
@@ -322,7 +333,7 @@ def config_from_mapping(data: Mapping[str, Any], *, source: str | None = None,
         elif k in _TOP:
             top[k] = value
         else:
-            problems.append(f"{k}: unknown setting")
+            problems.append(f"{k}: unknown setting{_unknown_hint(k)}")
     kwargs: dict[str, Any] = {}
     for k, v in top.items():
         cv = _coerce(k, v, _TOP[k].type, problems)

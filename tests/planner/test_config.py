@@ -79,3 +79,18 @@ def test_file_errors_name_the_file(tmp_path):
     neg.write_text("adjustment_interval_s: -5\n")
     with pytest.raises(ConfigError, match=r"neg.yaml: adjustment_interval_s=-5.0: expected a finite number > 0"):
         load_config(neg)
+
+
+def test_unknown_setting_names_what_was_meant():
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"min_replicas": 5, "max_replicas": 2, "predicter": "kalman", "zzz": 1})
+    assert set(ei.value.problems) == {
+        "min_replicas: unknown setting (pool limits are per pool: prefill_min_replicas, decode_min_replicas, "
+        "agg_min_replicas, or min_replicas under a prefill:/decode:/agg: section)",
+        "max_replicas: unknown setting (pool limits are per pool: prefill_max_replicas, decode_max_replicas, "
+        "agg_max_replicas, or max_replicas under a prefill:/decode:/agg: section)",
+        "predicter: unknown setting (did you mean predictor or predictor_log1p?)",
+        "zzz: unknown setting",
+    }
+    with pytest.raises(ConfigError, match=r"agg.min_replicas=5: expected <= agg.max_replicas=2"):
+        config_from_mapping({"mode": "agg", "agg_min_replicas": 5, "agg_max_replicas": 2})
