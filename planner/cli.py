@@ -2,7 +2,8 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
 lazily so that ``dynoplan replay`` does not import the planner's heavy dependencies (and vice versa).
-User mistakes (any ``MockerError`` / ``PlannerError``) print one line to stderr and exit 2; no traceback.
+User mistakes (any ``MockerError`` / ``PlannerError``, or a path that cannot be read or created) print one
+line to stderr and exit 2; no traceback.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+_PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+"""OSErrors that name a user-given path (``filename`` set); anything else is a bug and keeps its traceback."""
+
+
 class _OneLineErrorParser(argparse.ArgumentParser):
     """argparse that reports a bad flag or value as one line on stderr (exit 2), without the usage dump."""
 
@@ -66,6 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except errors as e:  # a user mistake: one clear line, no traceback
         print(f"dynoplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except _PATH_ERRORS as e:
+        if e.filename is None:
+            raise
+        # A path the user gave that cannot be read or created (e.g. --out under a missing or read-only
+        # directory): one line naming the path. Subcommands that can save their result elsewhere should
+        # catch this themselves first.
+        print(f"dynoplan {args.command}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return 2
 
 
