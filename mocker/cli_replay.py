@@ -256,6 +256,18 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         Console().print(render_table(report))
 
+    failed = [r for r in result.records if r.status == "failed"]
+    if failed:  # the engine rejects a prompt that can never fit its KV cache; say so rather than exit silently
+        longest = max(r.input_length for r in failed)
+        print(
+            f"dynoplan replay: warning: {len(failed)} of {len(result.records)} requests failed: a prompt that can "
+            f"never fit in a worker's KV cache (longest failed prompt {longest} tokens; num_gpu_blocks="
+            f"{engine.num_gpu_blocks} x block_size={engine.effective_block_size} = "
+            f"{engine.num_gpu_blocks * engine.effective_block_size} "
+            "tokens); they count as not completed",
+            file=sys.stderr,
+        )
+
     failures: list[str] = []
     json_saved = False
     if args.report_json:

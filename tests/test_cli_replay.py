@@ -201,3 +201,19 @@ def test_unwritable_per_request_without_report_json_prints_report(tmp_path: Path
     rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--per-request", str(tmp_path))  # a directory
     assert_one_line_error(rc, err, "--per-request", "report printed to stdout")
     assert json.loads(out)["completed_requests"] == 150
+
+
+def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 2 blocks x 64 tokens = 128 tokens of KV cache; the 600-token prompts can never be admitted
+    rj = tmp_path / "r.json"
+    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20",
+                       "--num-gpu-blocks", "2", "--quiet", "--report-json", str(rj))
+    assert rc == 0 and out == ""
+    assert err == ("dynoplan replay: warning: 3 of 3 requests failed: a prompt that can never fit in a worker's KV "
+                   "cache (longest failed prompt 600 tokens; num_gpu_blocks=2 x block_size=64 = 128 tokens); "
+                   "they count as not completed\n")
+    rep = json.loads(rj.read_text())
+    assert (rep["num_requests"], rep["completed_requests"]) == (3, 0)
+    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=100&osl=20",
+                       "--num-gpu-blocks", "4", "--quiet")
+    assert (rc, err) == (0, "")  # 100 + 20 tokens fit in 256: no warning
