@@ -142,19 +142,22 @@ class KvbmBlockManager(BlockKvManager):
         if len(keys) > self.available():
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
         registered: list[int] = []
+        active, inactive, caching = self.active, self.inactive, self.caching
+        prev: int | None = None
+        link = self._link
         for key in keys:
-            self._take_fresh()
-            if self._is_new(key):
-                self.active[key] = 1
+            if self.free > 0:
+                self.free -= 1
+            else:
+                self._take_fresh()
+            if caching and key not in active and key not in inactive:
+                active[key] = 1
                 registered.append(key)
+                link(key, prev)  # parent: the previous key of the same call (registered or cached)
             else:
                 self.private_in_use += 1
+            prev = key
         if registered:
-            # parents: the previous key of the same call (registered or already cached)
-            pos = {k: i for i, k in enumerate(keys)}
-            for k in registered:
-                i = pos[k]
-                self._link(k, keys[i - 1] if i > 0 else None)
             if self.listener is not None:
                 self.listener.on_stored([(k, self.parent.get(k)) for k in registered])
         return registered
