@@ -79,7 +79,7 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             up.wait(lambda: q("dynamo_planner_num_decode_replicas") == 1, 10, "core gauge after the next tick")
             assert q("max_over_time(dynamo_planner_num_decode_replicas[10m])") == 3
             # the frontend served every request; the workers that were drained are gone
-            assert q("sum(dynamo_frontend_requests_started_total)") == n
+            up.wait(lambda: q("sum(dynamo_frontend_requests_started_total)") == n, 10, "last requests scraped")
             assert len([w for w in up.fleet()["workers"]]) == 1
             assert page.errors() == []
         finally:
