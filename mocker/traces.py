@@ -61,6 +61,12 @@ counts are held in int64 numpy arrays and the Azure loader allocates ``ceil(ISL 
 hash ids per request, so an unbounded length would overflow or exhaust memory instead of failing with a
 line-precise error. 2**31 - 1 is far above any context window in use."""
 
+MAX_SYNTHETIC_REQUESTS = 10_000_000
+"""Largest synthetic workload (requests: ``num_requests``, or ``rate * duration_s`` when that is smaller).
+A memory bound: each request holds its hash-id tuple and per-request records (the bundled one-hour
+Azure trace has 19,366 requests); beyond it numpy fails with a traceback or the machine runs out of
+memory."""
+
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _MOONCAKE_ALIASES: dict[str, tuple[str, ...]] = {
     "timestamp": ("timestamp", "created_time"),
@@ -354,7 +360,8 @@ def _check_monotone(arrival: np.ndarray, lines: list[int], path: str, field: str
 class LengthDist:
     """A token-length distribution: ``fixed`` (a), ``uniform`` (integers in [a, b]) or ``lognormal``
     (arithmetic mean a tokens, log-space sigma b; mu = ln(a) - b^2/2 so the mean is a). Samples are
-    rounded to integers and clipped to >= 1."""
+    rounded to integers and clipped to [1, MAX_TRACE_TOKENS]; a, b <= MAX_TRACE_TOKENS for fixed/uniform
+    and the lognormal mean."""
 
     kind: str
     a: float
@@ -366,7 +373,7 @@ class LengthDist:
         if self.kind == "uniform":
             return rng.integers(int(self.a), int(self.b), size=n, endpoint=True, dtype=np.int64)
         mu = math.log(self.a) - self.b * self.b / 2.0
-        return np.maximum(1, np.rint(rng.lognormal(mu, self.b, size=n))).astype(np.int64)
+        return np.clip(np.rint(rng.lognormal(mu, self.b, size=n)), 1, MAX_TRACE_TOKENS).astype(np.int64)
 
     @classmethod
     def parse(cls, text: str, field: str, spec: str) -> "LengthDist":
@@ -374,17 +381,20 @@ class LengthDist:
         try:
             if len(parts) == 1:
                 v = int(parts[0])
-                if v <= 0:
+                if v <= 0 or v > MAX_TRACE_TOKENS:
                     raise ValueError
                 return cls("fixed", v)
             kind, nums = parts[0], [float(x) for x in parts[1:]]
-            if kind == "uniform" and len(nums) == 2 and nums[0] >= 1 and nums[1] >= nums[0] and all(x == int(x) for x in nums):
+            if (kind == "uniform" and len(nums) == 2 and nums[0] >= 1 and MAX_TRACE_TOKENS >= nums[1] >= nums[0]
+                    and all(x == int(x) for x in nums)):
                 return cls("uniform", nums[0], nums[1])
-            if kind == "lognormal" and len(nums) == 2 and nums[0] >= 1 and nums[1] >= 0 and all(math.isfinite(x) for x in nums):
+            if (kind == "lognormal" and len(nums) == 2 and MAX_TRACE_TOKENS >= nums[0] >= 1 and nums[1] >= 0
+                    and all(math.isfinite(x) for x in nums)):
                 return cls("lognormal", nums[0], nums[1])
         except ValueError:
             pass
-        raise TraceError(spec, None, field, f"{text!r}: expected a positive integer, 'uniform:MIN:MAX' or 'lognormal:MEAN:SIGMA'")
+        raise TraceError(spec, None, field, f"{text!r}: expected a positive integer, 'uniform:MIN:MAX' or "
+                         f"'lognormal:MEAN:SIGMA' (tokens, at most {MAX_TRACE_TOKENS})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +465,11 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     n = num("num_requests", int, lambda v: v > 0, "a positive integer")
     if duration_s is None and n is None:
         raise TraceError(spec, None, "duration_s", "missing: give duration_s=S and/or num_requests=N")
+    expected_n = min(n if n is not None else math.inf, rate * duration_s if duration_s is not None else math.inf)
+    if expected_n > MAX_SYNTHETIC_REQUESTS:
+        key = "num_requests" if n is not None and n == expected_n else "duration_s"
+        raise TraceError(spec, None, key, f"{params[key]!r}: about {expected_n:.3g} requests; expected at most "
+                         f"{MAX_SYNTHETIC_REQUESTS:,} (num_requests, or rate x duration_s)")
     shape = num("shape", float, pos_float, "a number > 0", 1.0)
     if "shape" in params and kind != "gamma":
         raise TraceError(spec, None, "shape", f"only meaningful for gamma arrivals, not {kind}")

@@ -282,6 +282,13 @@ def test_synthetic_shared_prefix_groups() -> None:
         ("synthetic:poisson?rate=1&num_requests=3&shape=2", "shape"),
         ("synthetic:poisson?rate=1&num_requests=3&color=red", "color"),
         ("synthetic:poisson?rate=1&num_requests=3&prefix_groups=2", "prefix_groups"),
+        # size bounds (duration_s=1e300 used to end in a numpy "Maximum allowed dimension exceeded" traceback)
+        ("synthetic:poisson?rate=5&duration_s=1e300", "duration_s"),
+        ("synthetic:poisson?rate=5&num_requests=10000001", "num_requests"),
+        ("synthetic:poisson?rate=5&num_requests=20000000&duration_s=2000001", "duration_s"),
+        ("synthetic:poisson?rate=1&num_requests=3&isl=3000000000", "isl"),
+        ("synthetic:poisson?rate=1&num_requests=3&osl=uniform:1:3000000000", "osl"),
+        ("synthetic:poisson?rate=1&num_requests=3&isl=lognormal:3e9:0.1", "isl"),
     ],
 )
 def test_synthetic_bad_specs(spec: str, field: str) -> None:
@@ -348,3 +355,14 @@ def test_mooncake_round_trip(rows: list[tuple[int, int, int, bool, tuple[str, st
         got = load_trace(p)
     assert [(r.arrival_ms, r.input_length, r.output_length, r.hash_ids) for r in got] == expect
     assert [r.request_id for r in got] == list(range(len(rows)))
+
+
+def test_synthetic_size_bounds_are_inclusive_and_lognormal_is_clipped() -> None:
+    # rate x duration_s within the bound even though num_requests alone is above it: the smaller one counts
+    w = parse_synthetic_spec("synthetic:constant?rate=1&duration_s=3&num_requests=10000001&isl=2147483647")
+    reqs = synthesize(w)
+    assert [r.arrival_ms for r in reqs] == [0.0, 1000.0, 2000.0] and {r.input_length for r in reqs} == {2**31 - 1}
+    # a heavy lognormal tail never yields a length above the trace bound (or an int64 overflow)
+    w = parse_synthetic_spec("synthetic:constant?rate=1&num_requests=200&osl=lognormal:2000000000:3&seed=3")
+    osl = [r.output_length for r in synthesize(w)]
+    assert max(osl) == 2**31 - 1 and min(osl) >= 1
