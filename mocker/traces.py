@@ -87,6 +87,8 @@ def load_trace(spec: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_
     if not isinstance(trace_block_size, int) or isinstance(trace_block_size, bool) or trace_block_size <= 0:
         raise TraceError(str(spec), None, "trace_block_size", f"{trace_block_size!r}: expected a positive integer")
     s = str(spec)
+    if not s.strip():
+        raise TraceError("--trace", None, None, f"{s!r}: expected a trace file path or a synthetic:KIND?... spec")
     if s.startswith("synthetic:"):
         return synthesize(parse_synthetic_spec(s, default_seed=seed), trace_block_size=trace_block_size)
     path = Path(s)

@@ -140,6 +140,13 @@ def test_missing_file_is_trace_error(tmp_path: Path) -> None:
         load_trace(tmp_path / "nope.csv")
 
 
+@pytest.mark.parametrize("spec", ["", "  "])
+def test_empty_trace_spec_says_what_is_expected(spec: str) -> None:
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec)  # was "'': not a regular file" (the current directory)
+    assert str(ei.value) == f"--trace: {spec!r}: expected a trace file path or a synthetic:KIND?... spec"
+
+
 # ---------------------------------------------------------------------------------------------- Mooncake
 def test_mooncake_small_and_aliases(tmp_path: Path) -> None:
     p = write(
