@@ -41,10 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from mocker.cli_replay import engine_config_from_args
+    from planner.cli_simulate import _replay_namespace
     from planner.core import save_profile
     from planner.sim.profile import ProfileSweep, profile_engine
 
-    engine = engine_config_from_args(args)
+    engine = engine_config_from_args(_replay_namespace(args))
     kw = {k: v for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
           if v is not None}
     prof = profile_engine(engine, ProfileSweep(gpus_per_engine=args.gpus_per_engine, **kw))
