@@ -152,6 +152,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             base = EngineConfig.from_yaml(args.engine_config)
         except OSError as e:  # a directory, no permission, ...
             raise ConfigError(f"cannot read engine config: {e.strerror or e}", source=args.engine_config) from None
+        except UnicodeDecodeError as e:  # a binary or Latin-1 file
+            raise ConfigError(f"byte 0x{e.object[e.start]:02x} at offset {e.start}: expected a UTF-8 YAML file",
+                              source=args.engine_config) from None
         except ConfigError as e:  # YAML parser messages span several lines: keep the CLI error on one
             raise ConfigError([" ".join(p.split()) for p in e.problems], source=e.source) from None
     else:

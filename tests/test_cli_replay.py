@@ -217,3 +217,10 @@ def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: p
     rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=100&osl=20",
                        "--num-gpu-blocks", "4", "--quiet")
     assert (rc, err) == (0, "")  # 100 + 20 tokens fit in 256: no warning
+
+
+def test_engine_config_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    y = tmp_path / "latin1.yaml"
+    y.write_bytes(b"block_size: 16\n# caf\xe9\n")
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--engine-config", str(y))
+    assert_one_line_error(rc, err, str(y), "byte 0xe9 at offset 20: expected a UTF-8 YAML file")  # was a traceback
