@@ -373,6 +373,9 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
             text = p.read_text()
         except OSError as e:
             raise ConfigError(f"cannot read config file: {e.strerror}", source=src) from None
+        except UnicodeDecodeError as e:  # a binary or Latin-1 file
+            raise ConfigError(f"cannot read config file: byte 0x{e.object[e.start]:02x} at offset {e.start}: "
+                              "expected UTF-8 text", source=src) from None
         try:
             if p.suffix.lower() == ".json":
                 loaded = json.loads(text)

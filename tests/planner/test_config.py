@@ -94,3 +94,11 @@ def test_unknown_setting_names_what_was_meant():
     }
     with pytest.raises(ConfigError, match=r"agg.min_replicas=5: expected <= agg.max_replicas=2"):
         config_from_mapping({"mode": "agg", "agg_min_replicas": 5, "agg_max_replicas": 2})
+
+
+def test_config_file_not_utf8_names_file_and_byte(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"ttft_ms: 300\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as ei:  # was a UnicodeDecodeError traceback from dynoplan simulate --config
+        load_config(bad)
+    assert str(ei.value) == f"{bad}: cannot read config file: byte 0xe9 at offset 18: expected UTF-8 text"
