@@ -141,7 +141,7 @@ class _Pool:
 class _Flight:
     """A disaggregated request between pools."""
 
-    __slots__ = ("rid", "req", "rec", "prec", "pcore", "dcore", "phase", "hold", "reserve")
+    __slots__ = ("rid", "req", "rec", "prec", "pcore", "pkeys", "dcore", "phase", "hold", "reserve")
 
     def __init__(self, rid: int, req: TraceRequest, rec: RequestRecord) -> None:
         self.rid = rid
@@ -149,10 +149,11 @@ class _Flight:
         self.rec = rec
         self.prec: RequestRecord | None = None
         self.pcore: Any = None
+        self.pkeys: list[int] | None = None  # prefix-cache keys of the prompt's full blocks on the prefill core
         self.dcore: Any = None
         self.phase = _QUEUED
-        self.hold: tuple[Any, _Worker, int] | None = None     # (source core, worker, blocks) held in transfer
-        self.reserve: tuple[Any, _Worker, int] | None = None  # (destination core, worker, blocks) reserved
+        self.hold: tuple[Any, _Worker, list[int], int] | None = None     # (core, worker, pinned keys, private)
+        self.reserve: tuple[Any, _Worker, list[int], int] | None = None  # reserved on the destination
 
 
 class Fleet:
@@ -258,7 +259,9 @@ class Fleet:
         """Coordinated handoffs: holds + reservations taken (each is released exactly once)."""
         self.holds_released = 0
         self._dst_first = self.disagg and self.pools["decode"].cfg.engine == "sglang"
+        self._coordinated = self.disagg and self.transfer.handoff == "coordinated"
         self._stalled: set[Any] = set()
+        self._core_holds: dict[int, int] = {}  # id(core) -> live holds / reservations on it
         if single_step:
             self._adv = lambda c, h: self._advance_guarded(c, h, c.advance_single_step)
         elif self.disagg and self.transfer.handoff == "coordinated":
@@ -433,6 +436,9 @@ class Fleet:
             fl.pcore = c
             fl.phase = _PREFILL
             c.add_request(preq, t, prec)
+            er = c.requests.get(rid) if self._coordinated else None
+            if er is not None:
+                fl.pkeys = er.block_keys
             rec.prefill_worker_id = c.worker_id
             p.by_id[c.worker_id].inflight.append(fl)
             if p.on_routed is not None:
@@ -588,28 +594,41 @@ class Fleet:
         sw = self.pools["prefill"].by_id[src.worker_id]
         dw = self.pools["decode"].by_id[dst.worker_id]
         if self._dst_first:
-            fl.reserve = self._take(dst, dw, isl + 1)
-            fl.hold = self._take(src, sw, isl)
+            fl.reserve = self._take(dst, dw, isl + 1, None)
+            fl.hold = self._take(src, sw, isl, fl.pkeys)
         else:
-            fl.hold = self._take(src, sw, isl)
-            fl.reserve = self._take(dst, dw, isl + 1)
+            fl.hold = self._take(src, sw, isl, fl.pkeys)
+            fl.reserve = self._take(dst, dw, isl + 1, None)
 
-    def _take(self, core: Any, w: _Worker, tokens: int) -> tuple[Any, _Worker, int]:
+    def _take(self, core: Any, w: _Worker, tokens: int, keys: list[int] | None) -> tuple[Any, _Worker, list[int], int]:
+        """Hold ``tokens`` of KV on ``core``: the source pins its prompt's cached blocks (``keys``, just
+        released by the finished prefill request, so nothing else is evicted) plus private blocks for the rest;
+        a reservation is private blocks. Capped by what is available."""
         kv = core.kv
         n = -(-tokens // core.block_size)
+        pinned: list[int] = []
+        if keys:
+            hits = kv.match_prefix(keys)[0]
+            if hits:
+                pinned = keys[:hits]
+                for k in pinned:
+                    kv.acquire_cached(k)
+                n -= hits
         avail = kv.available() if n > kv.free else n
         if n > avail:
             n = avail
         kv.allocate_private(n)
         core.external_private_blocks += n
         w.holds += 1
+        self._core_holds[id(core)] = self._core_holds.get(id(core), 0) + 1
         self.holds_taken += 1
-        return core, w, n
+        return core, w, pinned, n
 
-    def _give(self, h: tuple[Any, _Worker, int], t: float) -> None:
-        core, w, n = h
-        core.kv.release([], n)
+    def _give(self, h: tuple[Any, _Worker, list[int], int], t: float) -> None:
+        core, w, pinned, n = h
+        core.kv.release(pinned, n)
         core.external_private_blocks -= n
+        self._core_holds[id(core)] -= 1
         w.holds -= 1
         self.holds_released += 1
         if core in self._stalled:  # capacity came back: the idle core's next pass starts now
@@ -625,7 +644,7 @@ class Fleet:
         try:
             advance(h)
         except SimulationError:
-            if getattr(c, "external_private_blocks", 0) and not c.running:
+            if self._core_holds.get(id(c)) and not c.running:
                 self._stalled.add(c)
                 return
             raise

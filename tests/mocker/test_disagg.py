@@ -264,3 +264,17 @@ def test_decode_side_failure_releases_holds_and_fails_the_request(handoff):
     for c in fl.cores("prefill") + fl.cores("decode"):
         c.check_invariants()
         assert c.kv.private_in_use == 0
+
+
+def test_source_hold_pins_its_own_cached_prompt_blocks():
+    """1000-token prompt with hash ids: 15 full blocks are cached on the prefill worker when its prefill ends;
+    the coordinated hold pins those 15 (no other block evicted) and holds 1 private block for the tail."""
+    fl = disagg(transfer=SLOW)
+    fl.submit(TraceRequest(0, 0.0, 1000, 3, (1, 2)), 0.0)
+    fl.advance_until(100.0)
+    (src,) = fl.cores("prefill")
+    assert len(src.kv.active) == 15 and src.kv.private_in_use == 1
+    assert src.kv.num_active_blocks() == 16
+    fl.finish()
+    assert len(src.kv.active) == 0 and src.kv.private_in_use == 0 and len(src.kv.inactive) == 15
+    assert fl.holds_taken == fl.holds_released == 2
