@@ -172,14 +172,15 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "dp_size": args.dp_size,
         "enable_prefix_caching": False if args.no_prefix_caching else None,
         "enable_chunked_prefill": False if args.no_chunked_prefill else None,
-        "g1_backend": args.g1_backend, "num_g2_blocks": args.num_g2_blocks, "num_g3_blocks": args.num_g3_blocks,
-        "g4": True if args.g4 else None, "offload_batch_size": args.offload_batch_size,
-        "gpu_memory_fraction": args.gpu_memory_fraction,
     }
+    # KV-tier and capacity flags exist on `replay` only; other commands sharing this function omit them.
+    for name in ("g1_backend", "num_g2_blocks", "num_g3_blocks", "offload_batch_size", "gpu_memory_fraction"):
+        overrides[name] = getattr(args, name, None)
+    overrides["g4"] = True if getattr(args, "g4", False) else None
     from mocker.kv.tiers import parse_bandwidth_flags  # KVBM flags (kv tiers owner's hook)
     from mocker.timing_aic import resolve_kv_capacity
 
-    overrides.update(parse_bandwidth_flags(args.tier_bandwidth))
+    overrides.update(parse_bandwidth_flags(getattr(args, "tier_bandwidth", [])))
     return resolve_kv_capacity(base.replace(**overrides), blocks_given=args.num_gpu_blocks is not None)
 
 
