@@ -21,6 +21,9 @@ from planner.operator.spec import DGD_GROUP, DGD_PLURAL, DGD_VERSION, DPL_GROUP,
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 FIELD_MANAGER = "dynoplan-operator"
+REQUEST_TIMEOUT_S = (5.0, 15.0)
+"""(connect, read) timeout of every API call, seconds: a call on a dead connection fails instead of
+holding one of the event loop's worker threads forever."""
 
 
 class Conflict(OperatorError):
@@ -60,6 +63,7 @@ class Kube:
 
     @staticmethod
     async def _call(fn: Any, *args: Any, **kw: Any) -> Any:
+        kw.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
         try:
             return await asyncio.to_thread(fn, *args, **kw)
         except ApiException as e:

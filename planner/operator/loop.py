@@ -18,9 +18,9 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Callable, Mapping
 
-from planner.core import Observations, Planner, PlannerConfig, PoolLimits, PoolState, TickResult, load_profile
+from planner.core import Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
 from planner.core.metrics import PlannerMetrics
 from planner.errors import PlannerError
 from planner.operator.errors import SpecError
@@ -152,6 +152,7 @@ class PlannerLoop:
         self._planner_key: Any = None
         self._metrics: PlannerMetrics | None = None
         self._sla: Any = None
+        self._next_s = 0.0
         self.conditions: list[dict[str, Any]] = list(((body.get("status") or {}).get("conditions")) or [])
         self.last_result: TickResult | None = None
         self._last_status: dict[str, Any] | None = None
@@ -223,8 +224,7 @@ class PlannerLoop:
             except PlannerError as e:
                 return await self._invalid(SpecError(f"DynoPlanner {plan.namespace}/{plan.name}", str(e)))
             self._planner_key = key
-            self._start_s = self.clock()
-            self._next_s = self._start_s
+            self._next_s = self.clock()  # first tick now (the core warms up; throughput is due one interval later)
             if self._metrics is None and self.registry is not None:
                 from prometheus_client import CollectorRegistry, Gauge
 
