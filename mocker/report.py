@@ -369,8 +369,9 @@ def render_table(report: dict[str, Any]) -> Table:
     for s in stats:
         lat.add_column("p50" if s == "median" else s, justify="right", no_wrap=True)
     labels = {"ttft": "TTFT", "ttst": "TTST", "tpot": "TPOT", "itl": "ITL", "e2e_latency": "E2E"}
+    none_done = report["completed_requests"] == 0  # no samples: "-" rather than 0.00 ms, which reads as instant
     for name in DISTRIBUTIONS:
-        lat.add_row(labels[name], *(f"{report[f'{s}_{name}_ms']:.2f}" for s in stats))
+        lat.add_row(labels[name], *("-" if none_done else f"{report[f'{s}_{name}_ms']:.2f}" for s in stats))
 
     outer = Table.grid(padding=(1, 0))
     outer.add_column()

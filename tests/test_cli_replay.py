@@ -214,6 +214,10 @@ def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: p
                    "they count as not completed\n")
     rep = json.loads(rj.read_text())
     assert (rep["num_requests"], rep["completed_requests"]) == (3, 0)
+    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20",
+                       "--num-gpu-blocks", "2")
+    ttft_row = next(ln for ln in out.splitlines() if "TTFT" in ln)
+    assert [c.strip() for c in ttft_row.split("\u2502")[1:-1]] == ["TTFT"] + ["-"] * 6  # was 0.00 ms everywhere
     rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=100&osl=20",
                        "--num-gpu-blocks", "4", "--quiet")
     assert (rc, err) == (0, "")  # 100 + 20 tokens fit in 256: no warning
