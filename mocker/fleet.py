@@ -55,6 +55,7 @@ from mocker.engine import make_engine
 from mocker.errors import ConfigError, SimulationError
 from mocker.kv.manager import engine_block_keys
 from mocker.kvevents import EventingKvManager, KvEvent, KvEventIndex
+from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 from mocker.routers import ROUTERS
 from mocker.transfer import KvTransferConfig
@@ -299,7 +300,7 @@ class Fleet:
         cores = [make_engine(cfg, worker_id=wid, dp_rank=r, collect_fpm=self.collect_fpm) for r in range(cfg.dp_size)]
         if self.kv_events:
             for c in cores:  # a fresh core: swap its empty block manager for the event-recording one
-                c.kv = EventingKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+                c.kv = (EventingKvManager if cfg.g1_backend == "native" else EventingKvbmBlockManager)(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
         w = _Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
         p.workers.append(w)
         p.by_id[wid] = w
