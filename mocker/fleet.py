@@ -164,9 +164,10 @@ class Fleet:
     each cfg's ``dp_size`` = DP ranks per worker). ``router``: default router of every pool (``ROUTERS``
     names); ``routers``: per-pool override, e.g. ``{"decode": "least_loaded"}`` (the decode pool's ``kv``
     router uses overlap weight 0, as Dynamo's decode router). ``transfer``: KV transfer of a disaggregated
-    fleet (default: no delay, direct handoff). ``seed``: routers' tie-breaking generator.
+    fleet (default: no delay, coordinated handoff). ``seed``: routers' tie-breaking generator.
     ``collect_fpm``: keep per-pass ForwardPassMetrics (read with :meth:`take_fpm`). ``single_step``: no
-    fast-forward (equivalence tests).
+    fast-forward (equivalence tests). ``kv_events`` / ``kv_event_lag_ms``: the ``kv`` router reads the
+    workers' KV events (seen ``kv_event_lag_ms`` late) instead of their caches (:mod:`mocker.kvevents`).
 
     API (times in ms of the virtual clock, never decreasing across calls; a call with an earlier time raises
     SimulationError)::
