@@ -3,8 +3,9 @@
 The native pool (:class:`mocker.kv.manager.BlockKvManager`) evicts the least recently freed inactive block,
 which can evict a prefix block while a block chained after it stays cached — a block nobody can hit any more,
 as prefix matching stops at the first miss. KVBM's inactive pool instead evicts only *leaves*: inactive
-blocks with no cached child; among leaves, least recently freed first. When an ancestor's last cached child
-goes, it becomes a leaf again and competes with its original release time. If no inactive block is a leaf
+blocks with no cached child, least recently freed first. An inactive block met at the head of the eviction
+order while it still has cached children is moved to the back (an ancestor outlives its descendants; the
+order among leaves stays least-recently-freed, and the common case stays O(1)). If no inactive block is a leaf
 (every inactive block has an active descendant), the oldest inactive block is evicted anyway and its
 children are orphaned, so that :meth:`available` stays exact (free + every inactive block).
 
@@ -21,7 +22,6 @@ The engine core uses this class exactly like the native pool (same methods, same
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Sequence
 
@@ -37,20 +37,17 @@ class KvbmBlockManager(BlockKvManager):
     """Lineage-aware G1 pool of ``num_blocks`` blocks (see module docstring). Raises
     :class:`SimulationError` on an allocation beyond :meth:`available` (a scheduler bug)."""
 
-    __slots__ = ("parent", "children", "_leaves", "_seq", "listener", "evicted")
+    __slots__ = ("parent", "children", "listener", "evicted")
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
                  listener: "KvListener | None" = None) -> None:
         super().__init__(num_blocks, enable_prefix_caching)
-        self.inactive: OrderedDict[int, int] = OrderedDict()  # type: ignore[assignment]
-        """inactive key -> release sequence number, oldest first"""
+        self.inactive: OrderedDict[int, None] = OrderedDict()
+        """inactive keys, least recently freed first"""
         self.parent: dict[int, int] = {}
         """cached key -> cached parent key (absent = root or unknown)"""
         self.children: dict[int, set[int]] = {}
         """cached key -> its cached children"""
-        self._leaves: list[tuple[int, int]] = []
-        """heap of (release seq, key) of inactive leaf candidates (lazy deletion)"""
-        self._seq = 0
         self.listener = listener
         self.evicted = 0
         """blocks evicted so far (count)"""
@@ -72,33 +69,28 @@ class KvbmBlockManager(BlockKvManager):
             self.listener.on_stored([(k, self.parent.get(k)) for k in keys])
 
     def _evict_one(self) -> int:
-        inactive, children, heap = self.inactive, self.children, self._leaves
-        key = None
-        while heap:
-            seq, k = heapq.heappop(heap)
-            if inactive.get(k) == seq and not children.get(k):
-                key = k
+        inactive, children = self.inactive, self.children
+        for _ in range(len(inactive)):
+            k = next(iter(inactive))
+            if k not in children:  # a leaf (children holds only non-empty sets)
+                del inactive[k]
                 break
-        if key is None:
+            inactive.move_to_end(k)  # an ancestor of cached blocks outlives them
+        else:
             if not inactive:
                 raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
-            key = next(iter(inactive))  # no inactive leaf: oldest inactive, children orphaned
-            for c in children.pop(key, ()):
-                self.parent.pop(c, None)
-        del inactive[key]
-        children.pop(key, None)
-        p = self.parent.pop(key, None)
+            k = next(iter(inactive))  # no inactive leaf: oldest inactive, children orphaned
+            del inactive[k]
+            for c in children.pop(k):
+                del self.parent[c]
+        p = self.parent.pop(k, None)
         if p is not None:
-            sib = children.get(p)
-            if sib is not None:
-                sib.discard(key)
-                if not sib:
-                    del children[p]
-                    ps = inactive.get(p)
-                    if ps is not None:
-                        heapq.heappush(heap, (ps, p))
+            sib = children[p]
+            sib.discard(k)
+            if not sib:
+                del children[p]
         self.evicted += 1
-        return key
+        return k
 
     def _take_fresh(self) -> None:
         if self.free > 0:
@@ -143,20 +135,32 @@ class KvbmBlockManager(BlockKvManager):
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
         registered: list[int] = []
         active, inactive, caching = self.active, self.inactive, self.caching
+        parent, children = self.parent, self.children
+        removed: list[int] | None = [] if self.listener is not None else None
         prev: int | None = None
-        link = self._link
         for key in keys:
             if self.free > 0:
                 self.free -= 1
             else:
-                self._take_fresh()
+                ev = self._evict_one()
+                if removed is not None:
+                    removed.append(ev)
             if caching and key not in active and key not in inactive:
                 active[key] = 1
                 registered.append(key)
-                link(key, prev)  # parent: the previous key of the same call (registered or cached)
+                # parent: the previous key of the same call when still cached (a new key has no lineage yet)
+                if prev is not None and prev != key and (prev in active or prev in inactive):
+                    parent[key] = prev
+                    ch = children.get(prev)
+                    if ch is None:
+                        children[prev] = {key}
+                    else:
+                        ch.add(key)
             else:
                 self.private_in_use += 1
             prev = key
+        if removed:
+            self.listener.on_removed(removed)  # type: ignore[union-attr]
         if registered:
             if self.listener is not None:
                 self.listener.on_stored([(k, self.parent.get(k)) for k in registered])
@@ -189,10 +193,7 @@ class KvbmBlockManager(BlockKvManager):
                 active[k] = c
             else:
                 del active[k]
-                self._seq += 1
-                inactive[k] = self._seq
-                if not children.get(k):
-                    heapq.heappush(self._leaves, (self._seq, k))
+                inactive[k] = None
         self.private_in_use -= n_private
         self.free += n_private
 
