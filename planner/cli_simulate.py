@@ -80,8 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
     s.add_argument("--initial-replicas", metavar="N|P+D|auto",
                    help="fleet at t=0 for dynamic policies (default auto: sized by the throughput formulas for the "
-                        "trace's first adjustment interval, as an operator would have deployed it)")
-    s.add_argument("--auto-attainment", type=_positive_float, default=0.995, metavar="F", help="static:auto target (default 0.995)")
+                        "trace's first adjustment interval, as an operator would have deployed it); each pool "
+                        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
+                        "(else exit 2, no clamping)")
+    s.add_argument("--auto-attainment", type=_share, default=0.995, metavar="F", help="static:auto target, 0 < F <= 1 (default 0.995)")
     s.add_argument("--max-replicas", type=_positive_int, default=64, metavar="N", help="per-pool cap for baselines and static:auto")
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
@@ -95,6 +97,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     add_engine_arguments(parser)
     add_transfer_arguments(parser)
+
+
+def _share(text: str) -> float:
+    """argparse type: a share 0 < F <= 1 (an attainment target)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a share 0 < F <= 1")
+    return v
+
+
+def _check_out_dir(path: str) -> None:
+    """Create ``--out DIR`` and prove it writable before any simulation runs (a late failure would lose the
+    results). Raises SimulationConfigError naming the path."""
+    import os
+    import tempfile
+
+    from planner.sim.errors import SimulationConfigError
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SimulationConfigError(f"--out {path}: exists and is not a directory, expected a directory (created if missing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise SimulationConfigError(f"--out {path}: not a writable directory: {e.strerror or e}") from None
+
+
+def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
+    """Each pool of ``--initial-replicas`` within the planner's [min_replicas, max_replicas] (max: the pool's
+    ``max_replicas``, else ``max_gpu_budget // gpus_per_engine``) and the fleet's GPUs within
+    ``max_gpu_budget``. Rejects rather than clamps. Raises SimulationConfigError."""
+    from planner.sim.errors import SimulationConfigError
+
+    if not initial:
+        return
+    gpus = 0
+    for pool, n in initial.items():
+        lim = cfg.limits(pool)
+        hi = cfg.max_gpu_budget // lim.gpus_per_engine
+        if lim.max_replicas is not None:
+            hi = min(hi, lim.max_replicas)
+        if not lim.min_replicas <= n <= hi:
+            raise SimulationConfigError(f"--initial-replicas {pool}={n}: expected {lim.min_replicas} <= N <= {hi} "
+                                        f"(planner {pool}.min_replicas / max_replicas, max_gpu_budget={cfg.max_gpu_budget})")
+        gpus += n * lim.gpus_per_engine
+    if gpus > cfg.max_gpu_budget:
+        raise SimulationConfigError(f"--initial-replicas: {gpus} GPUs, expected <= max_gpu_budget={cfg.max_gpu_budget}")
 
 
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
@@ -159,12 +212,14 @@ def build_context(args: argparse.Namespace) -> Any:
     base = {"max_gpu_budget": 64}
     cfg = load_config(args.planner_config, {**base, **overrides}) if args.planner_config is None else \
         load_config(args.planner_config, overrides)
+    initial = _parse_initial(args.initial_replicas, tuple(engines))
+    _check_initial(initial, cfg)
     profile = load_profile(args.profile) if args.profile else profile_engine(engine)
     warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s) if args.warm_start else ()
     settings = SimSettings(transfer=transfer, startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
                            sample_interval_s=args.sample_interval_s, router=args.router, seed=args.seed)
     return RunContext(reqs, engines, settings, cfg, profile, warm, args.auto_attainment,
-                      _parse_initial(args.initial_replicas, tuple(engines)), args.max_replicas,
+                      initial, args.max_replicas,
                       _attainment(args.attainment_target))
 
 
@@ -175,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
     from planner.sim.report import render_table, summary_document, write_outputs
     from planner.sim.runner import make_policy
 
+    if args.out:
+        _check_out_dir(args.out)
     ctx = build_context(args)
     policies = [make_policy(spec, ctx) for spec in dict.fromkeys(args.compare)]
     err = Console(stderr=True)

@@ -1,0 +1,101 @@
+"""``dynoplan simulate`` / ``dynoplan profile`` bad input: one line on stderr, exit 2, nothing simulated first."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from planner.cli import main as cli_main
+
+TRACE = "synthetic:poisson?rate=2&duration_s=20&isl=256&osl=16&seed=1"
+
+
+def _one_line(capsys, rc: int, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_out_existing_file_rejected_before_simulating(tmp_path, capsys, monkeypatch):
+    import planner.cli_simulate as cs
+
+    def boom(args):  # build_context runs the (expensive) profile sweep: must not be reached
+        raise AssertionError("simulation started before --out was validated")
+
+    monkeypatch.setattr(cs, "build_context", boom)
+    f = tmp_path / "file.txt"
+    f.write_text("keep me")
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--out", str(f)])
+    _one_line(capsys, rc, "--out", str(f), "not a directory")
+    assert f.read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
+def test_out_unwritable_rejected_before_simulating(tmp_path, capsys, monkeypatch):
+    import planner.cli_simulate as cs
+
+    monkeypatch.setattr(cs, "build_context", lambda a: (_ for _ in ()).throw(AssertionError("simulated")))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--out", str(ro / "sub")])
+    finally:
+        ro.chmod(0o700)
+    _one_line(capsys, rc, "--out", "not a writable directory")
+
+
+def test_out_under_a_file_rejected_before_simulating(tmp_path, capsys, monkeypatch):
+    import planner.cli_simulate as cs
+
+    monkeypatch.setattr(cs, "build_context", lambda a: (_ for _ in ()).throw(AssertionError("simulated")))
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--out", str(f / "sub")])
+    _one_line(capsys, rc, "--out", "not a writable directory")
+
+
+@pytest.mark.parametrize("value", ["2", "0", "-0.5", "1.0000001", "nan", "x"])
+def test_auto_attainment_outside_0_1_rejected_at_parse_time(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["simulate", "--trace", TRACE, "--quiet", "--auto-attainment", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--auto-attainment" in err and "0 < F <= 1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_auto_attainment_1_accepted_by_the_parser():
+    from planner.cli import build_parser
+
+    args = build_parser().parse_args(["simulate", "--trace", TRACE, "--auto-attainment", "1"])
+    assert args.auto_attainment == 1.0
+
+
+@pytest.mark.parametrize("argv, needles", [
+    # default planner settings of simulate: max_gpu_budget 64, min_replicas 1, 1 GPU per engine
+    (["--initial-replicas", "99999"], ("agg=99999", "1 <= N <= 64", "max_gpu_budget=64")),
+    (["--initial-replicas", "65"], ("agg=65", "1 <= N <= 64")),
+    (["--initial-replicas", "0"], ("agg=0", "1 <= N <= 64")),
+    (["--mode", "disagg", "--initial-replicas", "40+30"], ("70 GPUs", "max_gpu_budget=64")),
+    (["--planner-set", "max_gpu_budget=8", "--initial-replicas", "9"], ("agg=9", "1 <= N <= 8")),
+])
+def test_initial_replicas_out_of_planner_bounds_rejected(capsys, monkeypatch, argv, needles):
+    import planner.sim.profile as prof
+
+    monkeypatch.setattr(prof, "profile_engine", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", *argv])
+    _one_line(capsys, rc, "--initial-replicas", *needles)
+
+
+def test_initial_replicas_check_accepts_the_bounds():
+    from planner.cli_simulate import _check_initial
+    from planner.core import PlannerConfig
+
+    cfg = PlannerConfig(mode="disagg", max_gpu_budget=8)
+    _check_initial({"prefill": 1, "decode": 7}, cfg)  # 8 GPUs == budget
+    _check_initial(None, cfg)
