@@ -7,6 +7,7 @@ engine flags as ``dynoplan replay`` — ``--timing FILE.npz`` profiles a calibra
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from mocker.cli_replay import _one_line_error, _positive_int
 
@@ -25,11 +26,28 @@ def _float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
 
 
+def out_path(text: str) -> Path:
+    """The file ``--out`` names: ``text`` with ``.npz`` appended when it does not end in it (numpy's
+    ``savez`` rule, so the printed path is the written one). Raises SimulationConfigError when the path or
+    its ``.npz`` form is an existing directory or its parent is not a directory."""
+    from planner.sim.errors import SimulationConfigError
+
+    p = Path(text if text.endswith(".npz") else text + ".npz")
+    for q in (Path(text), p):
+        if q.is_dir():
+            raise SimulationConfigError(f"--out {q}: is a directory, expected a FILE.npz path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise SimulationConfigError(f"--out {text}: parent directory {parent} does not exist or is not a directory")
+    return p
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from planner.cli_simulate import add_engine_arguments
 
     parser.error = _one_line_error("dynoplan profile")  # type: ignore[method-assign]
-    parser.add_argument("--out", required=True, metavar="FILE.npz", help="profile to write")
+    parser.add_argument("--out", required=True, metavar="FILE.npz",
+                        help="profile to write ('.npz' is appended when missing, as numpy does; not a directory)")
     parser.add_argument("--isl", type=_int_list, metavar="N,N,...", help="prefill ISL grid (tokens)")
     parser.add_argument("--kv-usage", type=_float_list, metavar="F,F,...", help="decode KV-usage grid (fractions)")
     parser.add_argument("--context", type=_int_list, metavar="N,N,...", help="decode context-length grid (tokens)")
@@ -45,16 +63,17 @@ def run(args: argparse.Namespace) -> int:
     from planner.core import save_profile
     from planner.sim.profile import ProfileSweep, profile_engine
 
+    out = out_path(args.out)  # before the sweep: a bad --out must not cost the profile
     engine = engine_config_from_args(_replay_namespace(args))
     kw = {k: v for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
           if v is not None}
     prof = profile_engine(engine, ProfileSweep(gpus_per_engine=args.gpus_per_engine, **kw))
     try:
-        save_profile(prof, args.out)
+        save_profile(prof, out)
     except OSError as e:
         from planner.sim.errors import SimulationConfigError
 
-        raise SimulationConfigError(f"--out {args.out}: cannot write: {e.strerror or e}") from None
-    Console(stderr=True).print(f"wrote {args.out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
+        raise SimulationConfigError(f"--out {out}: cannot write: {e.strerror or e}") from None
+    Console(stderr=True).print(f"wrote {out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
                                f"{prof.decode.kv_usage.size}x{prof.decode.context_length.size} grid")  # type: ignore[union-attr]
     return 0

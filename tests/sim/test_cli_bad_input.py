@@ -99,3 +99,36 @@ def test_initial_replicas_check_accepts_the_bounds():
     cfg = PlannerConfig(mode="disagg", max_gpu_budget=8)
     _check_initial({"prefill": 1, "decode": 7}, cfg)  # 8 GPUs == budget
     _check_initial(None, cfg)
+
+
+PROFILE_GRID = ["--isl", "128,512", "--kv-usage", "0.01,0.1", "--context", "256,1024"]
+
+
+def test_profile_out_without_suffix_prints_the_written_path(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "500")
+    rc = cli_main(["profile", "--out", str(tmp_path / "x"), *PROFILE_GRID])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert (tmp_path / "x.npz").is_file() and not (tmp_path / "x").exists()
+    assert f"wrote {tmp_path / 'x.npz'}:" in err
+
+
+def test_profile_out_with_suffix_is_kept(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "500")
+    assert cli_main(["profile", "--out", str(tmp_path / "p.npz"), *PROFILE_GRID]) == 0
+    assert f"wrote {tmp_path / 'p.npz'}:" in capsys.readouterr().err
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["p.npz"]
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda t: (t / "d").mkdir() or t / "d", "is a directory"),
+    (lambda t: (t / "d.npz").mkdir() or t / "d.npz", "is a directory"),
+    (lambda t: (t / "d2.npz").mkdir() or t / "d2", "is a directory"),
+    (lambda t: t / "missing" / "p.npz", "parent directory"),
+])
+def test_profile_bad_out_rejected_before_the_sweep(tmp_path, capsys, monkeypatch, make, needle):
+    import planner.sim.profile as prof
+
+    monkeypatch.setattr(prof, "profile_engine", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
+    rc = cli_main(["profile", "--out", str(make(tmp_path)), *PROFILE_GRID])
+    _one_line(capsys, rc, "--out", needle)
