@@ -89,6 +89,8 @@ def kv_bytes_per_token_from_file(path: str | Path, kv_cache_dtype: str = "auto")
         raise ConfigError("model config file not found", source=str(p)) from None
     except OSError as e:
         raise ConfigError(f"cannot read model config: {e.strerror or e}", source=str(p)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not a text file (not UTF-8), expected a Hugging Face config.json", source=str(p)) from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"not valid JSON: {e.msg} at line {e.lineno}", source=str(p)) from None
     return kv_bytes_per_token_from_mapping(data, kv_cache_dtype, source=str(p))

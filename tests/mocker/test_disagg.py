@@ -278,3 +278,20 @@ def test_source_hold_pins_its_own_cached_prompt_blocks():
     fl.finish()
     assert len(src.kv.active) == 0 and src.kv.private_in_use == 0 and len(src.kv.inactive) == 15
     assert fl.holds_taken == fl.holds_released == 2
+
+
+def test_cli_model_config_binary_file_is_one_line(tmp_path, capsys):
+    from planner.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 374, "output_length": 4, "hash_ids": [1]}\n')
+    blob = tmp_path / "model.safetensors"
+    blob.write_bytes(bytes(range(256)) * 4)  # 0x80.. are invalid UTF-8 start bytes
+    rc = main(["replay", "--trace", str(trace), "--prefill-workers", "1", "--decode-workers", "1",
+               "--kv-transfer-bandwidth", "64", "--model-config", str(blob), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert str(blob) in err and "not a text file" in err
+    with pytest.raises(ConfigError, match="not a text file"):
+        kv_bytes_per_token_from_file(blob)
