@@ -223,13 +223,18 @@ class EngineConfig:
         """Build from a dict (e.g. parsed YAML). Unknown keys are errors.
 
         Accepts the reference's nesting ``{"engine": {"backend": ..., ...}}`` as well as a flat mapping;
-        ``backend`` is an alias of ``engine``.
+        ``backend`` is an alias of ``engine``. A key given both inside ``engine:`` and at the top level is
+        ambiguous: ConfigError naming it (neither silently wins).
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a mapping of engine settings, got {type(data).__name__}", source=source)
         flat: dict[str, Any] = dict(data)
         if isinstance(flat.get("engine"), Mapping):
             inner = dict(flat.pop("engine"))
+            both = sorted(str(k) for k in set(inner) & set(flat))
+            if both:
+                raise ConfigError([f"{k}: given both under engine: ({inner[k]!r}) and at the top level ({flat[k]!r}), "
+                                   "expected it in one place" for k in both], source=source)
             flat = {**flat, **inner}
         if "backend" in flat:
             flat["engine"] = flat.pop("backend")

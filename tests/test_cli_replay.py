@@ -78,6 +78,8 @@ def test_bad_synthetic_spec(capsys: pytest.CaptureFixture[str]) -> None:
         ("engine: {backend: tpu}\n", ("engine='tpu'", "unknown engine")),
         ("colour: blue\n", ("colour", "unknown setting")),
         ("- 1\n- 2\n", ("mapping",)),
+        ("engine: {block_size: 16}\nblock_size: 32\n", ("block_size", "both under engine:", "16", "32")),
+        ("engine: {backend: vllm, max_num_seqs: 4}\nbackend: sglang\n", ("backend", "both under engine:")),
     ],
 )
 def test_bad_engine_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, needles: tuple[str, ...]) -> None:
@@ -85,6 +87,13 @@ def test_bad_engine_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], y
     y.write_text(yaml_text)
     rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(y))
     assert_one_line_error(rc, err, "engine.yaml", *needles)
+
+
+def test_engine_config_nested_and_flat_without_overlap_still_merge() -> None:
+    from mocker.config import EngineConfig
+
+    cfg = EngineConfig.from_mapping({"engine": {"backend": "vllm", "block_size": 16}, "max_num_seqs": 4})
+    assert (cfg.engine, cfg.block_size, cfg.max_num_seqs) == ("vllm", 16, 4)
 
 
 def test_engine_config_missing_or_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
