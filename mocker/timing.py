@@ -132,6 +132,12 @@ class NpzTiming:
         except (OSError, ValueError) as e:
             raise ConfigError(f"timing={path!r}: cannot read profile: {e}") from None
         missing = [k for k in self.REQUIRED if k not in data]
+        if missing and {"decode_kv_usage", "decode_itl_ms"} <= set(data.files):
+            # the planner's performance profile (`dynoplan profile`: decode over KV-usage fraction, ITL in ms,
+            # throughput per GPU) is a different file from this engine timing profile
+            raise ConfigError(f"timing={path!r}: this looks like a planner performance profile (dynoplan profile: "
+                              "decode_kv_usage, decode_itl_ms, ...); --timing needs an engine timing profile with "
+                              f"arrays {', '.join(self.REQUIRED)} (planner profiles go to simulate --profile)")
         if missing:
             raise ConfigError(f"timing={path!r}: missing arrays {', '.join(missing)}; expected {', '.join(self.REQUIRED)}")
         px = np.asarray(data["prefill_isl"], dtype=np.float64)

@@ -96,6 +96,24 @@ def test_engine_config_nested_and_flat_without_overlap_still_merge() -> None:
     assert (cfg.engine, cfg.block_size, cfg.max_num_seqs) == ("vllm", 16, 4)
 
 
+def test_planner_profile_as_timing_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prof = tmp_path / "planner.npz"
+    assert main(["profile", "--out", str(prof), "--isl", "128,512", "--kv-usage", "0.01,0.1",
+                 "--context", "256,1024"]) == 0
+    capsys.readouterr()
+    rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", "--timing", str(prof))
+    assert_one_line_error(rc, err, "planner.npz", "looks like a planner performance profile",
+                          "engine timing profile", "decode_active_kv_tokens, decode_context_length, decode_itl",
+                          "simulate --profile")
+    other = tmp_path / "other.npz"
+    import numpy as np
+
+    np.savez(other, prefill_isl=np.array([1.0]))
+    rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", "--timing", str(other))
+    assert_one_line_error(rc, err, "other.npz", "missing arrays prefill_ttft_ms")
+    assert "planner performance profile" not in err
+
+
 def test_engine_config_missing_or_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(tmp_path / "none.yaml"))
     assert_one_line_error(rc, err, "none.yaml", "not found")
