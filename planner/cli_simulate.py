@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
     p.add_argument("--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)")
     p.add_argument("--attainment-target", type=_positive_float, metavar="F",
-                   help="planner SLA-attainment feedback: share of requests that should meet the SLA (default off)")
+                   help="planner SLA-attainment target (PlannerConfig.sla_attainment_target): share of requests that should meet each SLA (default 0.995)")
     p.add_argument("--profile", metavar="FILE.npz", help="performance profile (default: profile the engine now)")
     p.add_argument("--warm-start", metavar="TRACE", help="warm-start the predictors from this trace's intervals")
     o = parser.add_argument_group("output")

@@ -131,6 +131,25 @@ class PlannerConfig:
     """No scale-down of a pool within this long after it was scaled up (0 = off)."""
     external_change_grace_s: float = 180.0
     """After adopting a replica count set by someone else, leave that pool alone this long."""
+    load_max_scale_up_factor: float = 2.0
+    """Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this))
+    replicas (at least +1); 1.0 = the reference's +1 per interval."""
+    prefill_queueing: bool = True
+    """Throughput loop: divide the prefill requirement by the M/D/1 utilisation cap
+    ``2 (T - S) / (2 (T - S) + S)`` (:func:`planner.core.throughput.prefill_utilisation_cap`); False = size
+    at 100 % utilisation (reference)."""
+    agg_prefill_interference: bool = True
+    """Throughput loop, aggregated pool: size decode for ``itl x (1 - lambda x P)`` (prefill passes stall
+    decode; :func:`planner.core.throughput.size_agg_decode`); False = decode sized alone (reference)."""
+    sla_attainment_target: float | None = 0.995
+    """Share of requests that should meet the TTFT target and (separately) the ITL target, 0 < f < 1; None
+    = off. When the traffic window carries SLA-bucket counts, each throughput interval compares the
+    observed shares with it: below target, the pool requirement's headroom factor grows by
+    ``1 + attainment_gain x (miss / allowed - 1)`` (at most x2 per interval, up to ``attainment_max_headroom``);
+    while misses stay under half the allowed share, it shrinks by ``attainment_relax`` toward 1."""
+    attainment_gain: float = 0.5
+    attainment_relax: float = 0.95
+    attainment_max_headroom: float = 4.0
 
     def __post_init__(self) -> None:
         problems = _validate(self)
@@ -169,7 +188,18 @@ def _validate(c: PlannerConfig) -> list[str]:
     for n in ("adjustment_interval_s", "load_adjustment_interval_s", "ttft_ms", "itl_ms", "engine_stale_s",
               "pending_timeout_s"):
         pos(n, getattr(c, n))
-    for n in ("scale_down_hysteresis", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
+    if c.sla_attainment_target is not None and not (
+            isinstance(c.sla_attainment_target, (int, float)) and 0 < c.sla_attainment_target < 1):
+        p.append(f"sla_attainment_target={c.sla_attainment_target!r}: expected 0 < value < 1 or null")
+    if not (isinstance(c.load_max_scale_up_factor, (int, float)) and math.isfinite(c.load_max_scale_up_factor)
+            and c.load_max_scale_up_factor >= 1):
+        p.append(f"load_max_scale_up_factor={c.load_max_scale_up_factor!r}: expected a finite number >= 1")
+    if not (isinstance(c.attainment_relax, (int, float)) and 0 < c.attainment_relax <= 1):
+        p.append(f"attainment_relax={c.attainment_relax!r}: expected 0 < value <= 1")
+    if not (isinstance(c.attainment_max_headroom, (int, float)) and math.isfinite(c.attainment_max_headroom)
+            and c.attainment_max_headroom >= 1):
+        p.append(f"attainment_max_headroom={c.attainment_max_headroom!r}: expected a finite number >= 1")
+    for n in ("attainment_gain", "scale_down_hysteresis", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
               "kalman_q_trend", "kalman_r"):
         nonneg(n, getattr(c, n))
     if (isinstance(c.load_adjustment_interval_s, (int, float)) and isinstance(c.adjustment_interval_s, (int, float))

@@ -112,6 +112,11 @@ class TrafficWindow:
     ``mean_*`` are NaN (not 0) when there were no requests; ``mean_request_duration_s`` is optional (used
     for the expected-ITL correction factor; estimated as TTFT + OSL x ITL when absent). ``mix``: optional
     request mix (for ``sizing="percentile"``/``"mix"``).
+
+    SLA buckets (optional, NaN = not reported): ``num_ttft_observed`` first tokens in the window, of which
+    ``num_ttft_within_sla`` had TTFT <= the TTFT target (a histogram's ``le=target`` bucket);
+    ``num_finished`` requests finished, of which ``num_itl_within_sla`` had their own mean ITL <= the ITL
+    target. Used by the SLA-attainment feedback (``PlannerConfig.sla_attainment_target``).
     """
 
     duration_s: float
@@ -122,10 +127,25 @@ class TrafficWindow:
     mean_itl_ms: float = math.nan
     mean_request_duration_s: float = math.nan
     mix: tuple[LengthBucket, ...] = ()
+    num_ttft_observed: float = math.nan
+    num_ttft_within_sla: float = math.nan
+    num_finished: float = math.nan
+    num_itl_within_sla: float = math.nan
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ObservationError(f"TrafficWindow.duration_s={self.duration_s!r}: expected seconds > 0")
+        for total, ok in (("num_ttft_observed", "num_ttft_within_sla"), ("num_finished", "num_itl_within_sla")):
+            t, k = getattr(self, total), getattr(self, ok)
+            if not math.isnan(k) and not (k >= 0 and (math.isnan(t) or k <= t)):
+                raise ObservationError(f"TrafficWindow.{ok}={k!r}: expected 0 <= value <= {total}={t!r}")
+
+    def attainment(self) -> tuple[float, float]:
+        """(TTFT, ITL) shares within the SLA in this window; NaN where not reported or nothing observed."""
+        def share(ok: float, total: float) -> float:
+            return ok / total if math.isfinite(ok) and math.isfinite(total) and total > 0 else math.nan
+        return (share(self.num_ttft_within_sla, self.num_ttft_observed),
+                share(self.num_itl_within_sla, self.num_finished))
 
     @property
     def requests_per_second(self) -> float:

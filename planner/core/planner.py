@@ -37,7 +37,7 @@ from planner.core.observations import ForwardPassMetrics, LengthBucket, Observat
 from planner.core.predictors import _single_thread_blas, make_predictor
 from planner.core.reasons import ACTION_REASONS, Reason
 from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
-                                     size_decode, size_prefill)
+                                     size_pool)
 from planner.errors import ConfigError, ObservationError
 
 _EPS = 1e-9
@@ -89,6 +89,8 @@ class Diagnostics:
     """GPUs of the current spec (replicas x gpus_per_engine)."""
     gpu_hours: float
     """GPU-hours of the spec integrated over ticks so far."""
+    headroom: Mapping[str, float] = field(default_factory=dict)
+    """SLA-attainment headroom factors on the TTFT (prefill) and ITL (decode) requirements."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data (NaN/inf -> None, enums -> their names)."""
@@ -167,6 +169,10 @@ class Planner:
         self._last_isl_tokens = math.nan
         self.p_correction = 1.0
         self.d_correction = 1.0
+        self.headroom = {"ttft": 1.0, "itl": 1.0}
+        self._window_sized: dict[str, bool] = {}
+        """Per pool: at the last throughput tick, ready replicas already met the requirement computed then."""
+        """SLA-attainment headroom factors (>= 1) on the prefill (TTFT) and decode (ITL) requirements."""
         self._next_thpt_s: float | None = None
         self._next_load_s: float | None = None
         self._last_up_s: dict[str, float] = {}
@@ -199,7 +205,8 @@ class Planner:
     def _predictor_name(self) -> str:
         return str(getattr(self._pred_req, "chosen", self._pred_req.name))
 
-    def _run_throughput(self, traffic: TrafficWindow | None, decode_replicas: int | None) -> bool:
+    def _run_throughput(self, traffic: TrafficWindow | None, decode_replicas: int | None,
+                        ready: Mapping[str, int] | None = None) -> bool:
         """Feed and size; False when the traffic is unknown (nothing learned, nothing sized)."""
         cfg = self.config
         if traffic is None:
@@ -219,30 +226,57 @@ class Planner:
                 dur = traffic.mean_request_duration_s
                 if not math.isfinite(dur):
                     dur = (traffic.mean_ttft_ms + traffic.mean_osl_tokens * traffic.mean_itl_ms) / 1000.0
+                interfering = prof.prefill if ("agg" in cfg.pools and cfg.agg_prefill_interference) else None
                 self.d_correction = clamp_correction(
                     decode_correction(traffic.mean_itl_ms, traffic.num_requests, traffic.mean_isl_tokens,
-                                      traffic.mean_osl_tokens, dur, decode_replicas, traffic.duration_s, prof.decode),
+                                      traffic.mean_osl_tokens, dur, decode_replicas, traffic.duration_s, prof.decode,
+                                      interfering),
                     self.d_correction)
+        self._update_headroom(traffic, ready)
         demand = Demand(self._pred_req.predict_next(), self._pred_isl.predict_next(), self._pred_osl.predict_next(),
                         self._last_mix)
         self._demand = demand
         if not demand.known:
             return False
         interval = cfg.adjustment_interval_s
-        exact: dict[str, float] = {}
-        for pool in cfg.pools:
-            lim = cfg.limits(pool)
-            parts = []
-            if pool in ("prefill", "agg") and prof.prefill is not None:
-                parts.append(size_prefill(demand, interval, self.p_correction, prof.prefill, lim.gpus_per_engine,
-                                          cfg.sizing, cfg.sizing_percentile).replicas_exact)
-            if pool in ("decode", "agg") and prof.decode is not None:
-                parts.append(size_decode(demand, interval, self.d_correction, cfg.itl_ms, prof.decode,
-                                         lim.gpus_per_engine, cfg.sizing, cfg.sizing_percentile).replicas_exact)
-            exact[pool] = max(parts) if parts else 0.0
+        exact = {pool: size_pool(pool, demand, cfg, prof, self.p_correction, self.d_correction,
+                                 (self.headroom["ttft"], self.headroom["itl"])) for pool in cfg.pools}
         self._thpt_exact = exact
         self._thpt_required = {p: ceil_replicas(x) for p, x in exact.items()}
+        self._window_sized = {p: ready is not None and p in ready and ready[p] >= self._thpt_required[p]
+                              for p in cfg.pools}
         return True
+
+    def _update_headroom(self, traffic: TrafficWindow, ready: Mapping[str, int] | None) -> None:
+        """SLA-attainment feedback (``PlannerConfig.sla_attainment_target``): per SLA, ``miss`` = share of
+        the window's requests over the target, ``allowed = 1 - target``; ``miss > allowed`` -> headroom x
+        ``min(2, 1 + gain x (miss / allowed - 1))`` (capped at ``attainment_max_headroom``);
+        ``miss < allowed / 2`` -> headroom x ``attainment_relax`` (floored at 1); otherwise unchanged.
+        A window without SLA buckets (NaN) changes nothing.
+
+        Headroom only grows when the misses are not explained by a fleet still catching up: for every pool
+        the SLA concerns (TTFT: prefill/agg, ITL: decode/agg), the fleet ready at the previous throughput
+        tick already met the requirement computed then (no scale-up was under way; true at the first tick,
+        whose fleet was deployed for the load) and still does now (``ready`` = ready replicas per pool)."""
+        cfg = self.config
+        prev = self._thpt_required
+        settled_pool = {p: self._window_sized.get(p, True) and ready is not None and p in ready
+                        and ready[p] >= prev.get(p, 0) for p in cfg.pools}
+        if cfg.sla_attainment_target is None:
+            return
+        allowed = 1.0 - cfg.sla_attainment_target
+        for key, att in zip(("ttft", "itl"), traffic.attainment()):
+            if not math.isfinite(att):
+                continue
+            miss = 1.0 - att
+            h = self.headroom[key]
+            pools = [p for p in cfg.pools if p in (("prefill", "agg") if key == "ttft" else ("decode", "agg"))]
+            settled = all(settled_pool[p] for p in pools)
+            if miss > allowed and settled:
+                h = min(cfg.attainment_max_headroom, h * min(2.0, 1.0 + cfg.attainment_gain * (miss / allowed - 1.0)))
+            elif miss < allowed / 2.0:
+                h = max(1.0, h * cfg.attainment_relax)
+            self.headroom[key] = h
 
     def _hysteresis_goal(self, pool: str, current: int) -> tuple[int, Reason]:
         req = self._thpt_required[pool]
@@ -262,6 +296,13 @@ class Planner:
             out.append(estimate_engine(pool, p, self._regressions[pool].fit(), hint, cfg.max_num_batched_tokens,
                                        (load_scale or {}).get(pool, 1.0)))
         return out
+
+    def _proportional_step(self, current: int, ratio: float) -> int:
+        """Load-loop scale-up when every engine's estimated TTFT is ``ratio`` x the target: the queue's work
+        spreads over more engines, so ``ceil(current x min(ratio, load_max_scale_up_factor)) - current``
+        replicas are added (at least 1; factor 1 = the reference's +1)."""
+        f = min(ratio, self.config.load_max_scale_up_factor)
+        return max(1, ceil_replicas(max(current, 1) * f) - current) if math.isfinite(f) else 1
 
     def _load_step(self, pool: str, current: int, ests: list[EngineEstimate], passes_ok: bool) -> tuple[int, Reason]:
         cfg = self.config
@@ -283,7 +324,10 @@ class Planner:
             return 0, (Reason.HOLD_REGRESSION_WARMING_UP if fit is None else Reason.HOLD_REGRESSION_DEGENERATE)
         if all(any(val > sla for _, val, sla in values(e)) for e in engs):  # type: ignore[operator]
             ttft_over = need_ttft and all(e.estimated_ttft_ms > cfg.ttft_ms for e in engs)  # type: ignore[operator]
-            return +1, (Reason.SCALE_UP_TTFT if ttft_over else Reason.SCALE_UP_ITL)
+            if ttft_over:
+                return self._proportional_step(current, min(e.estimated_ttft_ms / cfg.ttft_ms for e in engs)), \
+                    Reason.SCALE_UP_TTFT  # type: ignore[operator]
+            return +1, Reason.SCALE_UP_ITL
         if current > cfg.limits(pool).min_replicas and all(
                 all(val < sla * cfg.load_sensitivity for _, val, sla in values(e)) for e in engs):  # type: ignore[operator]
             n = len(engs)
@@ -315,7 +359,7 @@ class Planner:
             observed=obs.traffic if "throughput" in loops else None,
             predicted_num_requests=d.num_requests, predicted_isl_tokens=d.isl_tokens, predicted_osl_tokens=d.osl_tokens,
             predicted_requests_per_second=d.num_requests / interval if math.isfinite(d.num_requests) else math.nan,
-            predictor=self._predictor_name(), p_correction=self.p_correction, d_correction=self.d_correction,
+            predictor=self._predictor_name(), p_correction=self.p_correction, d_correction=self.d_correction, headroom=dict(self.headroom),
             throughput_replicas_exact=dict(self._thpt_exact), throughput_replicas=dict(self._thpt_required),
             engines=tuple(ests), regressions={p: r.fit() for p, r in self._regressions.items()},
             estimated_ttft_ms=max(ttfts) if ttfts else math.nan, estimated_itl_ms=max(itls) if itls else math.nan,
@@ -384,7 +428,9 @@ class Planner:
             elif known_pools and "agg" in cfg.pools:
                 st = pools["agg"]  # type: ignore[index]
                 dec_rep = st.ready_replicas if st.ready_replicas is not None else st.replicas
-            thpt_ok = self._run_throughput(obs.traffic, dec_rep)
+            rdy = ({p: (pools[p].ready_replicas if pools[p].ready_replicas is not None else pools[p].replicas)  # type: ignore[index]
+                    for p in cfg.pools} if known_pools else None)
+            thpt_ok = self._run_throughput(obs.traffic, dec_rep, rdy)
         ests = self._engine_estimates(now_s) if cfg.load_enabled else []
 
         def finish(decision: Decision) -> TickResult:

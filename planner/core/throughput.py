@@ -17,6 +17,20 @@ Sizing modes (``config.sizing``): ``mean`` evaluates throughput/GPU at the mean 
 next_req x mean); ``mix`` sums the GPU-seconds each bucket of the mix needs,
 ``sum_b share_b x next_req x len_b / I / thpt(len_b)``, with bucket lengths scaled so their mean equals
 the predicted mean. With no mix observed, all modes reduce to ``mean``.
+
+Beyond the reference (each rule can be switched off in :class:`~planner.core.config.PlannerConfig`):
+
+- queueing headroom for prefill (:func:`prefill_utilisation_cap`): arrivals are random, so an engine run
+  at 100 % prefill utilisation queues without bound. Modelling one engine's prefill as an M/D/1 queue
+  (Poisson arrivals, service time ``S`` = TTFT of one prompt at the predicted ISL), the Pollaczek-Khinchine
+  mean wait is ``Wq = rho x S / (2 (1 - rho))``; requiring ``Wq + S <= T`` (T = TTFT target) gives
+  ``rho_max = 2 (T - S) / (2 (T - S) + S)``; the prefill requirement is divided by ``rho_max``.
+- prefill interference in aggregated engines (:func:`size_agg_decode`): every prefill pass stalls the
+  decode batch for ``P`` = prefill time of one prompt, so with per-engine arrival rate ``lambda`` a decode
+  token's mean gap is ``itl_decode / (1 - lambda x P)`` (the share ``lambda x P`` of the engine's time goes
+  to prefill), and its decode token throughput is that of the decode-only profile x ``(1 - lambda x P)``.
+  Decode is therefore sized for the ITL budget ``itl_target x (1 - lambda x P)`` and the replicas divided
+  by ``(1 - lambda x P)``, where ``lambda = rate / replicas`` depends on the answer (least fixed point).
 """
 
 from __future__ import annotations
@@ -27,7 +41,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.core.interpolation import DecodeProfile, PrefillProfile
+from planner.core.config import PlannerConfig
+from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
 from planner.core.observations import LengthBucket
 
 CORRECTION_MIN, CORRECTION_MAX = 0.1, 10.0
@@ -58,8 +73,12 @@ def prefill_correction(observed_ttft_ms: float, observed_isl: float, prefill: Pr
 
 def decode_correction(observed_itl_ms: float, num_requests: float, observed_isl: float, observed_osl: float,
                       request_duration_s: float, decode_replicas: int, interval_s: float,
-                      decode: DecodeProfile) -> float:
-    """actual / expected ITL, expected at the KV usage implied by the observed concurrency."""
+                      decode: DecodeProfile, prefill: PrefillProfile | None = None) -> float:
+    """actual / expected ITL, expected at the KV usage implied by the observed concurrency.
+
+    ``prefill`` (aggregated engines only): the expected ITL includes the prefill interference of the
+    observed arrivals, ``itl / (1 - lambda x P)`` (module docstring), so the factor does not count it twice.
+    """
     vals = (observed_itl_ms, num_requests, observed_isl, observed_osl, request_duration_s)
     if not all(math.isfinite(v) for v in vals) or decode_replicas <= 0:
         return math.nan
@@ -67,7 +86,24 @@ def decode_correction(observed_itl_ms: float, num_requests: float, observed_isl:
     concurrency = num_requests / decode_replicas * request_duration_s / interval_s
     kv_usage = concurrency * context / decode.max_kv_tokens
     expected = decode.itl_ms_at(kv_usage, context)
+    if prefill is not None:
+        u = num_requests / interval_s / decode_replicas * prefill.ttft_ms_at(observed_isl) / 1000.0
+        expected = expected / (1.0 - u) if u < 1.0 else math.nan
     return observed_itl_ms / expected if expected > 0 else math.nan
+
+
+def prefill_utilisation_cap(service_ms: float, ttft_target_ms: float) -> float:
+    """Highest prefill utilisation of one engine keeping the M/D/1 mean TTFT within the target.
+
+    ``rho_max = 2 (T - S) / (2 (T - S) + S)`` with ``S = service_ms``, ``T = ttft_target_ms``
+    (Pollaczek-Khinchine mean wait with deterministic service, ``Wq = rho S / (2 (1 - rho))``, solved for
+    ``Wq + S = T``). Returns 1.0 (no cap) when ``S >= T`` (no fleet size can meet the target, so adding
+    replicas for it would only grow without bound) or when an input is not finite and positive.
+    """
+    s, t = service_ms, ttft_target_ms
+    if not (math.isfinite(s) and math.isfinite(t) and s > 0 and t > 0) or s >= t:
+        return 1.0
+    return 2.0 * (t - s) / (2.0 * (t - s) + s)
 
 
 @dataclass(frozen=True)
@@ -160,7 +196,8 @@ def size_decode(demand: Demand, interval_s: float, d_corr: float, itl_target_ms:
             w, isl, osl = mix
             context = weighted_percentile(isl + osl / 2.0, w, percentile)
         pt = decode.best_thpt_per_gpu(corrected_itl, context)
-        exact = demand.num_requests * demand.osl_tokens / interval_s / pt.thpt_per_gpu / gpus_per_engine
+        exact = (demand.num_requests * demand.osl_tokens / interval_s / pt.thpt_per_gpu / gpus_per_engine
+                 if pt.thpt_per_gpu > 0 else math.inf)  # no throughput at the only usable point: infeasible
         return PoolSizing(exact, ceil_replicas(exact), pt.thpt_per_gpu, pt.meets_itl)
     w, isl, osl = mix
     gpu_s, met = 0.0, True
@@ -171,3 +208,72 @@ def size_decode(demand: Demand, interval_s: float, d_corr: float, itl_target_ms:
     exact = gpu_s / gpus_per_engine
     thpt = demand.num_requests * demand.osl_tokens / interval_s / gpu_s if gpu_s > 0 else math.nan
     return PoolSizing(exact, ceil_replicas(exact), thpt, met)
+
+
+def size_agg_decode(demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, decode: DecodeProfile,
+                    prefill: PrefillProfile, gpus_per_engine: int, sizing: str = "mean",
+                    percentile: float = 90.0, max_replicas: float = 1e6) -> PoolSizing:
+    """Decode replicas of an aggregated pool, counting prefill interference (module docstring).
+
+    ``f(n) = size_decode(itl_target x (1 - u)) / (1 - u)``, ``u = load / n`` with ``load = rate x P`` (engine-seconds of prefill
+    per second) falls as ``n`` grows; the answer is the least ``n > load`` with ``f(n) <= n``, found by
+    doubling then bisection (relative tolerance 1e-6). Capped at ``max_replicas`` when no ``n`` qualifies.
+    """
+    base = size_decode(demand, interval_s, d_corr, itl_target_ms, decode, gpus_per_engine, sizing, percentile)
+    if demand.num_requests <= 0 or not math.isfinite(base.replicas_exact):
+        return base
+    load = demand.num_requests / interval_s * prefill.ttft_ms_at(demand.isl_tokens) / 1000.0
+
+    def f(n: float) -> PoolSizing:
+        u = load / n
+        r = size_decode(demand, interval_s, d_corr, itl_target_ms * (1.0 - u), decode, gpus_per_engine, sizing,
+                        percentile)
+        # the engine decodes only a share 1 - u of the time: its token throughput shrinks by that share too
+        return PoolSizing(r.replicas_exact / (1.0 - u), r.replicas, r.thpt_per_gpu * (1.0 - u), r.meets_itl)
+
+    lo = max(base.replicas_exact, load)  # f(lo) > lo or lo == load: infeasible at or below lo
+    hi = max(lo * 2.0, _EPS)
+    res = f(hi)
+    while res.replicas_exact > hi and hi < max_replicas:
+        lo, hi = hi, hi * 2.0
+        res = f(hi)
+    if res.replicas_exact > hi:
+        return PoolSizing(max_replicas, ceil_replicas(max_replicas), res.thpt_per_gpu, False)
+    while hi - lo > 1e-6 * hi:
+        mid = 0.5 * (lo + hi)
+        r = f(mid)
+        if r.replicas_exact <= mid:
+            hi, res = mid, r
+        else:
+            lo = mid
+    return PoolSizing(hi, ceil_replicas(hi), res.thpt_per_gpu, res.meets_itl)  # thpt: effective (x (1 - u))
+
+
+def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: PerformanceProfile, p_corr: float = 1.0,
+              d_corr: float = 1.0, headroom: tuple[float, float] = (1.0, 1.0)) -> float:
+    """Fractional replicas ``pool`` needs for ``demand`` over ``config.adjustment_interval_s``, with every
+    sizing rule the config enables: prefill (x 1/``prefill_utilisation_cap`` when ``prefill_queueing``) for
+    prefill/agg pools, decode (with prefill interference for agg when ``agg_prefill_interference``) for
+    decode/agg pools; the larger of the two for agg. ``headroom``: (TTFT, ITL) factors multiplying the
+    prefill and decode parts. 0.0 when the profile lacks the halves the pool needs; ``max_gpu_budget //
+    gpus_per_engine`` when no throughput meets the target."""
+    cfg, interval = config, config.adjustment_interval_s
+    g = cfg.limits(pool).gpus_per_engine
+    parts = []
+    if pool in ("prefill", "agg") and profile.prefill is not None:
+        x = size_prefill(demand, interval, p_corr, profile.prefill, g, cfg.sizing, cfg.sizing_percentile).replicas_exact
+        if cfg.prefill_queueing and demand.num_requests > 0:
+            service = profile.prefill.ttft_ms_at(demand.isl_tokens) * min(1.0, p_corr)
+            x /= prefill_utilisation_cap(service, cfg.ttft_ms)
+        parts.append(x * headroom[0])
+    if pool in ("decode", "agg") and profile.decode is not None:
+        if pool == "agg" and cfg.agg_prefill_interference and profile.prefill is not None:
+            x = size_agg_decode(demand, interval, d_corr, cfg.itl_ms, profile.decode, profile.prefill, g,
+                                cfg.sizing, cfg.sizing_percentile).replicas_exact
+        else:
+            x = size_decode(demand, interval, d_corr, cfg.itl_ms, profile.decode, g, cfg.sizing,
+                            cfg.sizing_percentile).replicas_exact
+        parts.append(x * headroom[1])
+    x = max(parts) if parts else 0.0
+    # infeasible (no throughput meets the target): everything the GPU budget allows, never "0 replicas"
+    return x if math.isfinite(x) else float(cfg.max_gpu_budget // g)

@@ -132,6 +132,10 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
         mean_ttft_ms=_ratio(new.ttft_sum_ms - old.ttft_sum_ms, new.ttft_count - old.ttft_count),
         mean_itl_ms=_ratio(new.itl_sum_ms - old.itl_sum_ms, new.itl_count - old.itl_count),
         mean_request_duration_s=_ratio(new.duration_sum_s - old.duration_sum_s, new.finished - old.finished),
+        num_ttft_observed=float(new.ttft_count - old.ttft_count),
+        num_ttft_within_sla=float(new.ttft_within_sla - old.ttft_within_sla),
+        num_finished=float(new.finished - old.finished),
+        num_itl_within_sla=float(new.itl_within_sla - old.itl_within_sla),
     )
 
 

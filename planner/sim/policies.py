@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
 from planner.core import ForwardPassMetrics, Observations, PerformanceProfile, Planner, PlannerConfig, PoolState, TrafficWindow
@@ -105,18 +105,7 @@ class PlannerPolicy:
     profile: PerformanceProfile | None
     warm_start: Sequence[TrafficWindow] = ()
     initial: dict[str, int] | None = None
-    attainment_target: float | None = None
-    """SLA-attainment feedback (None = off): the share of requests that should meet each SLA. Every
-    ``adjustment_interval_s`` the observed miss shares of the interval are compared with ``1 - target``;
-    the planner's internal TTFT/ITL targets are tightened (x ``feedback_down``) while misses exceed it and
-    relaxed (x ``feedback_up``, up to the SLA) while they stay under half of it."""
-    feedback_down: float = 0.8
-    feedback_up: float = 1.05
-    feedback_floor: float = 0.3
-    """Internal targets never go below SLA x this."""
     _planner: Planner | None = None
-    _scale: dict[str, float] = field(default_factory=lambda: {"ttft": 1.0, "itl": 1.0})
-    _next_feedback_s: float | None = None
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -134,8 +123,6 @@ class PlannerPolicy:
     def tick(self, view: View) -> Step:
         if self._planner is None:
             self._planner = Planner(self.config, self.profile, self.warm_start)
-        if self.attainment_target is not None:
-            self._feedback(view)
         obs = Observations(
             pools={p: PoolState(view.counts[p].requested, view.counts[p].ready) for p in self.pools},
             traffic=view.traffic(self.config.adjustment_interval_s),
@@ -144,39 +131,6 @@ class PlannerPolicy:
         d = res.diagnostics
         return Step(res.decision.targets, res.decision.reason.value, res.next_tick_s,
                     d.predicted_requests_per_second, d.estimated_ttft_ms, d.estimated_itl_ms)
-
-    def _floor(self, key: str) -> float:
-        """Lowest internal target / SLA: ``feedback_floor``, and never below what one idle engine achieves
-        (the profile's smallest TTFT or ITL, +5 %) — a target no fleet size can meet would only make the
-        load loop add workers without end."""
-        f = self.feedback_floor
-        prof = self.profile
-        if prof is not None:
-            if key == "ttft" and prof.prefill is not None:
-                f = max(f, 1.05 * float(prof.prefill.ttft_ms.min()) / self.config.ttft_ms)
-            if key == "itl" and prof.decode is not None:
-                f = max(f, 1.05 * float(prof.decode.itl_ms.min()) / self.config.itl_ms)
-        return min(1.0, f)
-
-    def _feedback(self, view: View) -> None:
-        assert self._planner is not None and self.attainment_target is not None
-        iv = self.config.adjustment_interval_s
-        if self._next_feedback_s is None:
-            self._next_feedback_s = view.now_s + iv
-            return
-        if view.now_s + 1e-9 < self._next_feedback_s:
-            return
-        self._next_feedback_s += iv
-        allowed = 1.0 - self.attainment_target
-        for key, miss in zip(("ttft", "itl"), view.sla_misses(iv)):
-            if not math.isfinite(miss):
-                continue
-            if miss > allowed:
-                self._scale[key] = max(self._floor(key), self._scale[key] * self.feedback_down)
-            elif miss < allowed / 2:
-                self._scale[key] = min(1.0, self._scale[key] * self.feedback_up)
-        self._planner.config = replace(self.config, ttft_ms=self.config.ttft_ms * self._scale["ttft"],
-                                       itl_ms=self.config.itl_ms * self._scale["itl"])
 
 
 # ---------------------------------------------------------------------------------------------- HPA

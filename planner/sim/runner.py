@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 from mocker.config import EngineConfig
 from mocker.records import TraceRequest
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
-from planner.core.throughput import Demand, ceil_replicas, size_decode, size_prefill
+from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
 from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, StaticPolicy
@@ -77,16 +77,7 @@ def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
     if peak.num_requests <= 0:
         return {p: 1 for p in ctx.pools}
     d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens)
-    out = {}
-    for pool in ctx.pools:
-        parts = []
-        g = cfg.limits(pool).gpus_per_engine
-        if pool in ("prefill", "agg") and ctx.profile.prefill is not None:
-            parts.append(size_prefill(d, cfg.adjustment_interval_s, 1.0, ctx.profile.prefill, g).replicas_exact)
-        if pool in ("decode", "agg") and ctx.profile.decode is not None:
-            parts.append(size_decode(d, cfg.adjustment_interval_s, 1.0, cfg.itl_ms, ctx.profile.decode, g).replicas_exact)
-        out[pool] = max(1, ceil_replicas(max(parts) if parts else 1.0))
-    return out
+    return {pool: max(1, ceil_replicas(size_pool(pool, d, cfg, ctx.profile))) for pool in ctx.pools}
 
 
 def _initial(ctx: RunContext) -> dict[str, int]:
@@ -137,7 +128,9 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
                 target = -1.0
             if target is not None and not 0 < target < 1:
                 raise SimulationConfigError(f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off")
-        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx), attainment_target=target)
+        if target is not None or att is not None:
+            cfg = replace(cfg, sla_attainment_target=target)
+        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
     if s == "throughput-only":
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
                       scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean")

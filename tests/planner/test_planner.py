@@ -12,15 +12,19 @@ from planner.core.reasons import Reason
 from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffic, training_passes
 
 
+# The reference planner's rules (DESIGN.md); the rules beyond it have their own tests below.
+REFERENCE_RULES = dict(prefill_queueing=False, agg_prefill_interference=False, load_max_scale_up_factor=1.0)
+
+
 def thpt_config(**kw):
-    base = dict(predictor="constant", itl_ms=30.0, correction_enabled=False, max_gpu_budget=16)
+    base = dict(predictor="constant", itl_ms=30.0, correction_enabled=False, max_gpu_budget=16, **REFERENCE_RULES)
     base.update(kw)
     return PlannerConfig(**base)
 
 
 def load_config_(**kw):
     base = dict(mode="decode", throughput_enabled=False, load_enabled=True, itl_ms=50.0, regression_min_samples=4,
-                max_gpu_budget=16)
+                max_gpu_budget=16, **REFERENCE_RULES)
     base.update(kw)
     return PlannerConfig(**base)
 

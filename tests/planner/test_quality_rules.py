@@ -1,0 +1,135 @@
+"""Sizing and feedback rules beyond the reference planner, each against hand-computed values.
+
+Profile (tests/planner/helpers.py): prefill TTFT 200 ms and 8000 tok/s/GPU at ISL 2000; decode ITL = 10 + 40 x
+usage ms, thpt = 3000 x usage tok/s/GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.core.config import PlannerConfig
+from planner.core.observations import TrafficWindow
+from planner.core.planner import Planner
+from planner.core.throughput import Demand, prefill_utilisation_cap, size_agg_decode, size_decode, size_pool
+from planner.errors import ConfigError, ObservationError
+from tests.planner.helpers import Fleet, profile
+
+
+def test_prefill_utilisation_cap_md1():
+    # S = 40, T = 200: 2 x 160 / (2 x 160 + 40) = 320 / 360
+    assert prefill_utilisation_cap(40.0, 200.0) == pytest.approx(320.0 / 360.0)
+    # the cap keeps the M/D/1 mean TTFT (Wq + S, Wq = rho S / (2 (1 - rho))) at the target
+    rho = prefill_utilisation_cap(35.0, 500.0)
+    assert rho * 35.0 / (2 * (1 - rho)) + 35.0 == pytest.approx(500.0)
+    # infeasible or unknown -> no cap (never unbounded scale-up)
+    assert prefill_utilisation_cap(250.0, 200.0) == 1.0
+    assert prefill_utilisation_cap(math.nan, 200.0) == 1.0
+
+
+def test_prefill_queueing_in_pool_sizing():
+    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0)
+    d = Demand(3600.0, 2000.0, 150.0)
+    # reference: 3600 x 2000 / 180 / 8000 = 5; S = 200 ms, T = 500 ms -> rho_max = 600 / 800 = 0.75 -> 6.667
+    assert size_pool("prefill", d, cfg, profile()) == pytest.approx(5.0 / 0.75)
+    off = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_queueing=False)
+    assert size_pool("prefill", d, off, profile()) == pytest.approx(5.0)
+
+
+def test_agg_decode_counts_prefill_interference():
+    # 180 requests / 180 s = 1 req/s, ISL 2000 -> P = 0.2 s, load = 0.2 engine; OSL 150 -> 150 tok/s.
+    # With u = 0.2 / n: ITL budget b = 30 (1 - u), best usage (b - 10) / 40, thpt 75 (b - 10) x (1 - u);
+    # n = 150 / (75 (20 - 6/n) (1 - 0.2/n))  <=>  20 n^2 - 12 n + 1.2 = 0  ->  n = 0.3 + sqrt(3) / 10.
+    d = Demand(180.0, 2000.0, 150.0)
+    prof = profile()
+    alone = size_decode(d, 180.0, 1.0, 30.0, prof.decode, 1)
+    assert alone.replicas_exact == pytest.approx(0.1)
+    res = size_agg_decode(d, 180.0, 1.0, 30.0, prof.decode, prof.prefill, 1)
+    # the decode profile is scanned on a 0.005 usage grid, so the answer is within 1 % of the exact root
+    assert res.replicas_exact == pytest.approx(0.3 + math.sqrt(3) / 10, rel=0.01)
+    assert res.replicas_exact >= 0.3 + math.sqrt(3) / 10 - 1e-9  # grid rounding only ever adds capacity
+    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0)
+    # agg pool: max(prefill 180 x 2000 / 180 / 8000 / 0.75 = 0.333, decode 0.473)
+    assert size_pool("agg", d, cfg, prof) == pytest.approx(res.replicas_exact)
+    ref = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_prefill_interference=False, prefill_queueing=False)
+    assert size_pool("agg", d, ref, prof) == pytest.approx(0.25)  # max(0.25 prefill, 0.1 decode)
+
+
+def test_agg_decode_infeasible_is_bounded():
+    # ITL target 10 ms = the profile's idle ITL, where its throughput is 0: infeasible (inf, not a division
+    # error); the pool then asks for the whole GPU budget, never "0 replicas"
+    d = Demand(180.0, 2000.0, 150.0)
+    prof = profile()
+    res = size_agg_decode(d, 180.0, 1.0, 10.0, prof.decode, prof.prefill, 1)
+    assert math.isinf(res.replicas_exact) and not res.meets_itl
+    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=10.0, max_gpu_budget=8), prof) == 8.0
+    # 12 ms alone: usage 0.05 -> 150 tok/s/GPU -> 1 replica; with interference at n = 2: u = 0.1, budget
+    # 10.8 ms -> usage 0.02 -> 60 x 0.9 = 54 tok/s/GPU -> 2.78 > 2 replicas: capped at max_replicas = 2
+    res = size_agg_decode(d, 180.0, 1.0, 12.0, prof.decode, prof.prefill, 1, max_replicas=2.0)
+    assert res.replicas_exact == 2.0 and not res.meets_itl
+
+
+def _window(n: float, finished: float, itl_ok: float) -> TrafficWindow:
+    return TrafficWindow(180.0, n, 2000.0, 150.0, num_ttft_observed=n, num_ttft_within_sla=n,
+                         num_finished=finished, num_itl_within_sla=itl_ok)
+
+
+def test_attainment_feedback_adds_headroom_only_for_a_settled_fleet_and_relaxes():
+    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                        max_gpu_budget=64, sla_attainment_target=0.99)
+    pl, fleet = Planner(cfg, profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    # decode: 3600 x 150 / 180 / 1500 = 2. ITL misses 10 % > 1 % allowed: x min(2, 1 + 0.5 (10 - 1)) = x2 -> 4
+    r = pl.tick(180.0, fleet.obs(_window(3600, 100, 90)))
+    assert r.diagnostics.headroom["itl"] == pytest.approx(2.0) and r.decision.targets == {"decode": 4}
+    fleet.apply(r.decision)
+    # misses again, but the window was served while scaling up (2 ready < 4 required at 180 s): no growth
+    r = pl.tick(360.0, fleet.obs(_window(3600, 100, 90)))
+    assert r.diagnostics.headroom["itl"] == pytest.approx(2.0) and r.decision.targets is None
+    # a full window at the requirement still misses 2 %: x (1 + 0.5 (2 - 1)) = x1.5 -> 3 -> 6 replicas
+    r = pl.tick(540.0, fleet.obs(_window(3600, 100, 98)))
+    assert r.diagnostics.headroom["itl"] == pytest.approx(3.0) and r.decision.targets == {"decode": 6}
+    fleet.apply(r.decision)
+    # 0.7 % misses: between allowed/2 and allowed -> unchanged
+    r = pl.tick(720.0, fleet.obs(_window(3600, 1000, 993)))
+    assert r.diagnostics.headroom["itl"] == pytest.approx(3.0)
+    # no misses: x0.95 -> 2.85 -> 5.7 required, ceil(5.7 x 1.1) = 7 >= 6: the hysteresis band holds
+    r = pl.tick(900.0, fleet.obs(_window(3600, 100, 100)))
+    assert r.diagnostics.headroom["itl"] == pytest.approx(2.85) and r.decision.targets is None
+    # TTFT buckets all within the SLA: the TTFT headroom never moved
+    assert r.diagnostics.headroom["ttft"] == 1.0
+
+
+def test_attainment_feedback_off_and_without_buckets():
+    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                        max_gpu_budget=64, sla_attainment_target=None)
+    pl, fleet = Planner(cfg, profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(180.0, fleet.obs(_window(3600, 100, 50))).diagnostics.headroom["itl"] == 1.0
+    on = Planner(PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                               max_gpu_budget=64), profile())
+    on.tick(0.0, fleet.obs())
+    # a window without SLA buckets (NaN) changes nothing
+    assert on.tick(180.0, fleet.obs(TrafficWindow(180.0, 3600, 2000.0, 150.0))).diagnostics.headroom["itl"] == 1.0
+
+
+def test_attainment_config_and_window_errors():
+    for kw, field in ((dict(sla_attainment_target=1.0), "sla_attainment_target"),
+                      (dict(attainment_relax=0.0), "attainment_relax"),
+                      (dict(attainment_max_headroom=0.5), "attainment_max_headroom"),
+                      (dict(load_max_scale_up_factor=0.5), "load_max_scale_up_factor")):
+        with pytest.raises(ConfigError, match=field):
+            PlannerConfig(**kw)
+    with pytest.raises(ObservationError, match="num_itl_within_sla"):
+        TrafficWindow(180.0, 10, num_finished=3, num_itl_within_sla=4)
+
+
+@pytest.mark.parametrize("current,ratio,expected", [(3, 1.5, 2), (3, 10.0, 3), (3, 1.01, 1), (1, 40.0, 1),
+                                                     (0, 5.0, 2), (4, math.inf, 4), (4, math.nan, 1)])
+def test_proportional_load_scale_up(current, ratio, expected):
+    # ceil(current x min(ratio, 2)) - current, at least 1: 3 x 1.5 = 4.5 -> 5 (+2); 3 x 2 = 6 (+3);
+    # 3 x 1.01 -> 4 (+1); 1 x 2 = 2 (+1); from 0: max(0, 1) x 2 = 2; inf -> doubled; NaN -> +1
+    pl = Planner(PlannerConfig(mode="decode", throughput_enabled=False, load_enabled=True), None)
+    assert pl._proportional_step(current, ratio) == expected
