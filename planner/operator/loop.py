@@ -153,6 +153,7 @@ class PlannerLoop:
         self._metrics: PlannerMetrics | None = None
         self._sla: Any = None
         self._next_s = 0.0
+        self._thpt_need: dict[str, int] = {}  # last throughput-loop requirement (ticks without it keep it)
         self.conditions: list[dict[str, Any]] = list(((body.get("status") or {}).get("conditions")) or [])
         self.last_result: TickResult | None = None
         self._last_status: dict[str, Any] | None = None
@@ -256,7 +257,7 @@ class PlannerLoop:
         gpus = {p: cfg.limits(p).gpus_per_engine for p in cfg.pools}
         current = sum(obs.pools[p].replicas * gpus[p] for p in cfg.pools)
         minimum = sum(cfg.limits(p).min_replicas * gpus[p] for p in cfg.pools)
-        prev = self.last_result.diagnostics.throughput_replicas if self.last_result else {}
+        prev = self._thpt_need
         need = sum(int(prev.get(p, obs.pools[p].replicas)) * gpus[p] for p in cfg.pools)
         return (plan.namespace, str(plan.shared_budget), plan.name), max(need, minimum), minimum, current
 
@@ -291,6 +292,8 @@ class PlannerLoop:
                    "traffic read from Prometheus" if traffic is not None else "Prometheus read failed or no series")
         result = self.planner.tick(now, Observations(obs.pools, traffic, passes=(), passes_ok=True))
         self.last_result = result
+        if result.diagnostics.throughput_replicas:
+            self._thpt_need = {p: int(n) for p, n in result.diagnostics.throughput_replicas.items()}
         self._next_s = result.next_tick_s
         if self._metrics is not None:
             self._metrics.update(result)

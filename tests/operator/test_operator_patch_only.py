@@ -34,7 +34,7 @@ def test_patch_only_operator_scales_replicas_and_creates_nothing(env):
             with pytest.raises(ApiException) as denied:
                 forbidden()
             assert denied.value.status == 403
-    env.prom.set_traffic(16, 2000, 450)
+    env.prom.set_traffic(15, 2000, 450)
     env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("g"))
     env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest("p", "g", env.profile))
 
