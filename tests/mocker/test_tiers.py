@@ -166,3 +166,32 @@ def test_cli_kvbm_flags_run_and_errors_are_one_line(tmp_path, capsys):
         assert main(["replay", "--trace", str(trace), "--quiet", *flags]) == 2
         err = capsys.readouterr().err
         assert msg in err and len(err.strip().splitlines()) == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["off", "on", "flush"]), st.integers(0, 1), st.floats(0, 3),
+                          st.lists(st.integers(0, 15), min_size=1, max_size=5)), max_size=30),
+       st.integers(1, 4), st.integers(0, 6), st.booleans())
+def test_random_offload_onboard_keep_capacity_and_order(ops, g2, g3, g4):
+    """Random offloads/onboards on 2 workers: capacities hold, every ticket completes with
+    start <= staged <= done, and a ticket onboards exactly the leading run found below G1 at its start."""
+    h = TierHierarchy(cfg(num_g2_blocks=g2, num_g3_blocks=g3, g4=g4, offload_batch_size=2), 2)
+    t, tickets = 0.0, []
+    for kind, w, dt, keys in ops:
+        t += dt
+        if kind == "on":
+            h.advance(t)  # transfers landing by t count (onboard advances first too)
+            expect = len(h.lookup(w, keys))
+            tk = h.onboard(t, w, keys)
+            assert (tk is None) == (expect == 0)
+            if tk is not None:
+                assert tk.keys == list(keys[:expect]) and sum(tk.from_tier.values()) == expect
+                tickets.append(tk)
+        else:
+            h.offload(t, w, keys, flush=kind == "flush")
+        h.check_invariants()
+    h.run_until_idle()
+    h.check_invariants()
+    for tk in tickets:
+        assert tk.done_ms is not None and tk.start_ms <= tk.staged_ms <= tk.done_ms
+    assert all(link.in_flight == 0 for link in h.links.values())
