@@ -131,6 +131,8 @@ class RankDriver:
         """Delivery lag (wall ms) beyond which passes are batched between event-loop yields."""
         self._last_yield_ms = 0.0
         self._pending: "collections.deque[TraceRequest]" = collections.deque()
+        self._prefilled: set[int] = set()
+        """Pending request ids whose prompt KV was handed off by a prefill worker (disaggregated decode)."""
         self._core_ms = 0.0
         self._last_arrival_ms = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -161,11 +163,16 @@ class RankDriver:
         """Requests submitted and not yet finished or cancelled."""
         return len(self.streams)
 
-    def submit(self, req: TraceRequest) -> StreamState:
+    def submit(self, req: TraceRequest, prefilled: bool = False) -> StreamState:
         """Queue ``req`` (its ``arrival_ms`` is replaced by the wall-clock stamp). Returns its stream.
 
-        The core receives it when its timeline reaches the stamp (see the module docstring).
+        The core receives it when its timeline reaches the stamp (see the module docstring). ``prefilled``:
+        a disaggregated decode request whose prompt KV arrived from a prefill worker; it is admitted with the
+        core's ``add_prefilled_request`` (prompt KV present, no prefill pass: the offline fleet's P/D rule,
+        :mod:`mocker.fleet`). A core without that method raises ValueError (refused, a 400).
         """
+        if prefilled and not hasattr(self.core, "add_prefilled_request"):
+            raise ValueError(f"engine core {type(self.core).__name__} cannot admit a prefilled (handed-off) request")
         t = max(self.clock.now_ms(), self._last_arrival_ms)
         self._last_arrival_ms = t
         stamped = TraceRequest(req.request_id, t, req.input_length, req.output_length, req.hash_ids)
@@ -173,6 +180,8 @@ class RankDriver:
                                output_length=req.output_length)
         st = StreamState(record=record, queue=asyncio.Queue(), hash_ids=req.hash_ids)
         self.streams[req.request_id] = st
+        if prefilled:
+            self._prefilled.add(req.request_id)
         self._pending.append(stamped)
         self._wake.set()
         return st
@@ -185,6 +194,7 @@ class RankDriver:
         for i, r in enumerate(self._pending):
             if r.request_id == request_id:
                 del self._pending[i]
+                self._prefilled.discard(request_id)
                 st.record.status = "cancelled"
                 return
         self.core.cancel(request_id, max(self._core_ms, st.record.arrival_ms))
@@ -195,6 +205,11 @@ class RankDriver:
         while pend and pend[0].arrival_ms <= now:
             req = pend.popleft()
             st = self.streams.get(req.request_id)
+            if req.request_id in self._prefilled:
+                self._prefilled.discard(req.request_id)
+                if st is not None:
+                    st.record = self.core.add_prefilled_request(req, req.arrival_ms, st.record)  # type: ignore[attr-defined]
+                continue
             if st is None:
                 continue
             st.record = self.core.add_request(req, req.arrival_ms, st.record)

@@ -22,9 +22,11 @@ Routing (``--router``)
 Disaggregated pools
 -------------------
 When prefill and decode workers are present, a request is sent first to a prefill worker with
-``max_tokens: 1`` (prompt + first token; that token is streamed to the client at once), then to a decode
-worker with ``prefill_done: true`` and ``max_tokens - 1``; the decode worker applies the KV transfer
-delay (``pd_mode="direct"``). With ``pd_mode="bootstrap"`` both legs are sent at once: the prefill leg
+``max_tokens: 1`` (prompt KV + first token; that token is not streamed), then to a decode worker with
+``prefill_done: true`` and the client's ``max_tokens``; the decode worker applies the KV transfer delay,
+admits the prompt KV without recomputing it and emits every client token, the first at the end of its
+first decode pass — TTFT = prefill queue + prefill + transfer + one decode pass, the offline fleet's and
+the reference's disaggregated TTFT (:mod:`mocker.fleet`) (``pd_mode="direct"``). With ``pd_mode="bootstrap"`` both legs are sent at once: the prefill leg
 carries ``bootstrap_room``, the decode leg the prefill worker's ``bootstrap_host``/``bootstrap_port`` and
 the room, and the decode worker waits on that TCP port for the prefill to finish
 (:mod:`mocker.live.worker`, "Coordinated bootstrap").
@@ -425,11 +427,12 @@ class Frontend:
         """Yield the text of each output token, in order, surviving worker failures (see module doc)."""
         first_role, decode_role = self._pool_roles()
         produced = 0
+        prefilled = False  # disaggregated: the prefill leg finished (its token is not the client's, see module doc)
         failed: set[str] = set()
         retries = 0
         while produced < p.output_length:
-            disagg = decode_role is not None and produced == 0
-            role = first_role if (produced == 0 or decode_role is None) else decode_role
+            disagg = decode_role is not None and produced == 0 and not prefilled
+            role = first_role if ((produced == 0 and not prefilled) or decode_role is None) else decode_role
             h = self._pick(role, p, failed)
             if h is None:
                 if produced == 0 and not failed:
@@ -439,7 +442,7 @@ class Frontend:
             body.pop("stream_options", None)
             body["stream"] = True
             remaining = p.output_length - produced
-            if produced:
+            if produced or prefilled:
                 # a later leg: the prompt is given by length (text is not needed by a simulated engine)
                 body.pop("prompt", None)
                 body["messages"] = None
@@ -451,7 +454,7 @@ class Frontend:
             want = 1 if disagg else remaining
             body["max_tokens"] = want
             body.pop("max_completion_tokens", None)
-            if disagg and self.s.pd_mode == "bootstrap" and h.bootstrap_port and p.output_length > 1:
+            if disagg and self.s.pd_mode == "bootstrap" and h.bootstrap_port:
                 d = self._pick("decode", p, failed)
                 if d is not None:
                     try:
@@ -468,6 +471,9 @@ class Frontend:
                         continue
             try:
                 async for piece in self._stream_from(h, p, body, want):
+                    if disagg:  # the prefill leg's token: the decode worker emits all the client's tokens
+                        prefilled = True
+                        continue
                     produced += 1
                     yield piece
             except WorkerFailed:
@@ -479,7 +485,8 @@ class Frontend:
                 continue
 
     async def _bootstrap_legs(self, ph: WorkerHandle, dh: WorkerHandle, p: ParsedRequest, p_body: dict[str, Any]):  # type: ignore[no-untyped-def]
-        """Send the prefill and the decode leg at once; yield the prefill's token, then the decode's."""
+        """Send the prefill and the decode leg at once; drain the prefill's token, yield the decode's (all
+        ``output_length`` of them: the decode worker admits the handed-off prompt and emits every token)."""
         self._room += 1
         room = self._room
         p_body = dict(p_body, bootstrap_room=room)
@@ -488,14 +495,14 @@ class Frontend:
         d_body.pop("prompt", None)
         d_body.pop("max_completion_tokens", None)
         host = ph.url.split("://", 1)[1].rsplit(":", 1)[0]
-        d_body.update(messages=None, stream=True, prefill_done=True, input_length=p.input_length, max_tokens=p.output_length - 1,
+        d_body.update(messages=None, stream=True, prefill_done=True, input_length=p.input_length, max_tokens=p.output_length,
                       bootstrap_room=room, bootstrap_host=host, bootstrap_port=ph.bootstrap_port)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
 
         async def decode_leg() -> None:
             try:
-                async for piece in self._stream_from(dh, p, d_body, p.output_length - 1):
+                async for piece in self._stream_from(dh, p, d_body, p.output_length):
                     queue.put_nowait(piece)
                 queue.put_nowait(done)
             except BaseException as e:  # handed to the consumer, which re-raises it
@@ -503,8 +510,8 @@ class Frontend:
 
         task = asyncio.get_running_loop().create_task(decode_leg())
         try:
-            async for piece in self._stream_from(ph, p, p_body, 1):
-                yield piece
+            async for _ in self._stream_from(ph, p, p_body, 1):
+                pass
             while True:
                 item = await queue.get()
                 if item is done:

@@ -15,10 +15,11 @@ with the fewest outstanding requests (lowest index on ties). Speedup: see :mod:`
 Disaggregated roles (``EngineConfig.worker_type``): a ``prefill`` worker computes the prompt and the first
 token only (output length forced to 1); a ``decode`` worker receives requests whose prompt KV was
 transferred (extension field ``prefill_done: true``): it waits the modelled KV transfer time
-(``prompt tokens * kv_bytes_per_token / kv_transfer_bandwidth``; DESIGN.md "KV transfer", 0 = off) and
-then generates the remaining ``max_tokens`` tokens. Limitation: the engine core has no "prompt KV
-already present" admission yet, so the decode core still runs a prefill pass for the prompt (its TTFT
-leg is overstated by one prefill; the tokens and their count are right).
+(``prompt tokens * kv_bytes_per_token / kv_transfer_bandwidth``; DESIGN.md "KV transfer", 0 = off; not
+divided by the speedup ratio, as the offline fleet and the reference) and
+then admits it with the core's ``add_prefilled_request`` (prompt KV present, no prefill pass, as the
+offline fleet's decode side, :mod:`mocker.fleet`): it emits ``max_tokens`` tokens, the first at the end of
+its admission pass (a decode pass).
 
 Coordinated bootstrap (prefill role with ``bootstrap_port``): the frontend sends the request to the
 prefill worker (``bootstrap_room: R``) and to the decode worker (``prefill_done: true``,
@@ -54,6 +55,7 @@ from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_
 from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
+from mocker.transfer import KvTransferConfig
 
 BOOTSTRAP_ROOM_TTL_S = 60.0
 """How long a prefill worker remembers a finished bootstrap room (s)."""
@@ -408,7 +410,8 @@ class Worker:
         rid = self._next_rid
         drv = min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
         try:
-            st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids))
+            st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
+                            prefilled=self.cfg.worker_type == "decode" and prefill_done)
         except (MockerError, ValueError) as e:  # the core refused the request: a 400, never a crash
             return self._error(RequestError(f"request refused by the engine: {e}"))
         if room is not None and self.cfg.worker_type == "prefill":
@@ -525,7 +528,10 @@ class Worker:
     def _transfer_delay_s(self, prompt_tokens: int) -> float:
         if self.s.kv_bytes_per_token <= 0 or self.s.kv_transfer_bandwidth_gbps <= 0:
             return 0.0
-        return prompt_tokens * self.s.kv_bytes_per_token / (self.s.kv_transfer_bandwidth_gbps * 1e9) / self.cfg.speedup_ratio
+        # Not divided by the speedup ratio: the offline fleet's model (mocker.transfer), checked against the
+        # reference (Dynamo Mocker 1.6.1 --disagg, speedup_ratio 10, ISL 374, 131072 B/token at 64 GB/s: decode
+        # admitted 0.765952 ms after the prefill pass, the unscaled transfer time; TTFT 3.565769 ms).
+        return KvTransferConfig(self.s.kv_transfer_bandwidth_gbps, self.s.kv_bytes_per_token).transfer_ms(prompt_tokens) / 1000.0
 
 
 def _record_dict(r: RequestRecord) -> dict[str, Any]:

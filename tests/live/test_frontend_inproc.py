@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+
+import pytest
 
 import aiohttp
 from aiohttp.test_utils import TestServer
@@ -149,11 +152,83 @@ def test_disaggregated_prefill_then_decode():
             (prec,) = pw[1].records
             (drec,) = dw[1].records
             assert prec.output_length == 1 and len(prec.token_times_ms) == 1
-            assert drec.output_length == 5 and drec.input_length == prec.input_length
+            # the decode worker emits every client token (the prefill leg's token is not the client's)
+            assert drec.output_length == 6 and len(drec.token_times_ms) == 6 and drec.input_length == prec.input_length
         finally:
             await fsrv.close()
             for w in (pw, dw):
                 await w[0].close()
+    asyncio.run(go())
+
+
+def test_disaggregated_decode_admits_prefilled_and_ttft_matches_offline():
+    """The decode worker admits the handed-off prompt (core.add_prefilled_request): its passes carry no
+    prefill tokens, and TTFT = prefill + transfer + one decode pass, as the offline disaggregated replay.
+
+    Hand check (reference Dynamo Mocker 1.6.1 --disagg facts, tests/mocker/test_disagg.py): ISL 374 OSL 4 alone,
+    64 GB/s, 131072 B/token: prefill pass 22.238914 ms, transfer 374*131072/64e9 s = 0.765952 ms, decode
+    admitted at 23.004866 ms, first token 28.764127 ms (one decode pass of 5.759261 ms at 374 KV tokens).
+    At speedup 10 the engine passes are divided by 10, the transfer is not (reference at speedup_ratio 10: TTFT
+    3.565769 ms = 2.2238914 + 0.765952 + 0.5759261).
+    """
+    from mocker.fleet import FleetConfig, run_replay
+    from mocker.transfer import KvTransferConfig
+
+    speedup = 10.0
+    off = run_replay([TraceRequest(0, 0.0, 374, 4, None)], EngineConfig(speedup_ratio=speedup),
+                     FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072)))
+    (orec,) = off.records
+    assert orec.first_token_ms == pytest.approx(3.565769, abs=1e-6)
+
+    async def go():
+        ws = []
+        for wid, role in enumerate(("prefill", "decode")):
+            w = Worker(WorkerSettings(engine=EngineConfig(speedup_ratio=speedup, worker_type=role), port=0, worker_id=wid,
+                                      kv_bytes_per_token=131072, kv_transfer_bandwidth_gbps=64.0), core_factory=factory())
+            srv = TestServer(w.app, handler_cancellation=True)
+            await srv.start_server()
+            ws.append((srv, w))
+        (psrv, pw), (dsrv, dw) = ws
+        fpms = []
+        drv = dw.drivers[0]
+        hook = drv.on_pass
+
+        def on_pass(rank, outcome, finished, lag):  # type: ignore[no-untyped-def]
+            fpms.append(outcome.fpm)
+            hook(rank, outcome, finished, lag)
+
+        drv.on_pass = on_pass
+        fsrv, fe = await start_frontend([url(psrv), url(dsrv)])
+        try:
+            async with aiohttp.ClientSession() as s:
+                t0 = time.monotonic()
+                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 374, "max_tokens": 4, "stream": True})
+                ttft_client_ms = None
+                async for line in r.content:
+                    if line.startswith(b"data: {") and ttft_client_ms is None:
+                        ttft_client_ms = (time.monotonic() - t0) * 1000.0
+                assert r.status == 200
+            (prec,) = pw.records
+            (drec,) = dw.records
+            # decode side: 4 passes, all decode, none with prefill tokens; KV tokens 374, 375, 376, 377
+            assert len(fpms) == 4 and len(drec.token_times_ms) == 4
+            assert all(f.scheduled_requests.num_prefill_requests == 0 and f.scheduled_requests.sum_prefill_tokens == 0 for f in fpms)
+            assert all(f.scheduled_requests.num_decode_requests == 1 for f in fpms)
+            assert [f.scheduled_requests.sum_decode_kv_tokens for f in fpms] == [374, 375, 376, 377]
+            prefill_ms = prec.first_token_ms - prec.arrival_ms
+            decode_first_ms = drec.first_token_ms - drec.arrival_ms
+            assert prefill_ms == pytest.approx(22.238914 / speedup, abs=1e-6)
+            assert decode_first_ms == pytest.approx((28.764127 - 23.004866) / speedup, abs=1e-6)
+            # the decode arrival is stamped after the transfer sleep: at least the transfer after the prefill's token
+            # (both workers' clocks start within this test, so only the lower bound holds across processes' clocks)
+            transfer_ms = 374 * 131072 / 64e9 * 1000.0
+            # the engine-side legs add up to the offline TTFT; the client sees it plus HTTP hops, never less
+            assert prefill_ms + transfer_ms + decode_first_ms == pytest.approx(orec.first_token_ms - orec.arrival_ms, abs=1e-6)
+            assert ttft_client_ms >= orec.first_token_ms - orec.arrival_ms
+        finally:
+            await fsrv.close()
+            for srv, _ in ws:
+                await srv.close()
     asyncio.run(go())
 
 
@@ -257,7 +332,7 @@ def test_disaggregated_bootstrap_handoff():
             assert [b["usage"]["completion_tokens"] for b in bodies] == [4, 4, 4]
             assert pw.bootstrap_served == 3  # every decode leg waited on the prefill worker's bootstrap port
             assert sorted(r.input_length for r in pw.records) == [50, 51, 52]
-            assert sorted((r.input_length, r.output_length) for r in dw.records) == [(50, 3), (51, 3), (52, 3)]
+            assert sorted((r.input_length, r.output_length) for r in dw.records) == [(50, 4), (51, 4), (52, 4)]  # every client token
             # a decode leg naming a room no prefill will ever finish does not hang the decode worker forever:
             # a bad bootstrap port is an immediate 502
             async with aiohttp.ClientSession() as s:

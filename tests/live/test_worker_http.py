@@ -351,10 +351,13 @@ def test_fuzzed_bodies_never_crash_the_server():
 
 
 def test_kv_transfer_delay_formula():
-    """DESIGN.md KV transfer: time = tokens * kv_bytes_per_token / bandwidth, divided by the speedup."""
+    """DESIGN.md KV transfer: time = tokens * kv_bytes_per_token / bandwidth, NOT divided by the speedup (the
+    offline fleet and the reference at speedup_ratio 10: 374 tokens x 131072 B at 64 GB/s = 0.765952 ms)."""
     cfg = EngineConfig(speedup_ratio=10.0, worker_type="decode")
     w = Worker(WorkerSettings(engine=cfg, kv_bytes_per_token=1_000_000, kv_transfer_bandwidth_gbps=1.0))
-    assert w._transfer_delay_s(1000) == pytest.approx(0.1)  # 1e9 bytes at 1e9 B/s = 1 s, / 10
+    assert w._transfer_delay_s(1000) == pytest.approx(1.0)  # 1e9 bytes at 1e9 B/s = 1 s
+    w = Worker(WorkerSettings(engine=cfg, kv_bytes_per_token=131072, kv_transfer_bandwidth_gbps=64.0))
+    assert w._transfer_delay_s(374) == pytest.approx(0.765952e-3, abs=1e-12)
     assert Worker(WorkerSettings(engine=cfg))._transfer_delay_s(1000) == 0.0  # bandwidth 0 disables
 
 
