@@ -53,7 +53,7 @@ from mocker.errors import SimulationError
 from mocker.kv.kvbm import make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
-from mocker.request import EngineRequest, State
+from mocker.request import TERMINAL, EngineRequest, State
 from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
 from mocker.timing import (PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing,
                            round_ns)
@@ -123,6 +123,10 @@ class VllmCore:
         self.finished_total = 0
         self._ends_py: list[float] = []
         self._ends_chunks: list[np.ndarray] = []
+        self._ends_base = 0
+        """Pass index of the first kept end time (> 0 only after :meth:`release_finished`)."""
+        self._added = 0
+        """Requests ever added: the next request's index (``all_requests`` may be released)."""
         # per-pass scratch
         self._budget = 0
         self._bc = self._bisl = self._bpre = 0
@@ -150,7 +154,8 @@ class VllmCore:
         keys = None
         if self.kv.caching and req.hash_ids is not None:
             keys = engine_block_keys(req.hash_ids, req.input_length, self.block_size, self.trace_block_size)
-        r = EngineRequest(req.request_id, len(self.all_requests), req.input_length, req.output_length, keys, record)
+        r = EngineRequest(req.request_id, self._added, req.input_length, req.output_length, keys, record)
+        self._added += 1
         if not self.running and not self.waiting:
             self.next_pass_ms = max(self.next_pass_ms, now_ms)
         self.requests[r.request_id] = r
@@ -219,7 +224,8 @@ class VllmCore:
             self._pass(self.next_pass_ms, False)
 
     def pass_end_times(self) -> np.ndarray:
-        """End time (ms) of every pass run so far, indexed by pass number."""
+        """End time (ms) of every pass run so far, indexed by pass number minus ``_ends_base`` (0 unless
+        :meth:`release_finished` dropped the ends no live request needs)."""
         self._flush_ends()
         if not self._ends_chunks:
             return np.zeros(0)
@@ -227,22 +233,47 @@ class VllmCore:
             self._ends_chunks = [np.concatenate(self._ends_chunks)]
         return self._ends_chunks[0]
 
+    def release_finished(self) -> list[ForwardPassMetrics]:
+        """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
+
+        For a long-running wall-clock driver (:mod:`mocker.live.driver`) that keeps each request's record and
+        token times itself: afterwards ``all_requests`` holds only live requests, the kept pass end times
+        start at the earliest pass a live request emitted in (so :meth:`finalize` stays right for them),
+        and ``fpm`` is empty. Returns the ForwardPassMetrics collected since the previous call (oldest
+        first). The offline replay never calls it (its records are unchanged). Raises nothing.
+        """
+        self._co_sync_all()
+        self.all_requests = [r for r in self.all_requests if r.state not in TERMINAL]
+        keep = self.pass_index
+        for r in self.all_requests:
+            ranges = r.all_emit_ranges()
+            if ranges:
+                keep = min(keep, ranges[0][0])
+        self._flush_ends()
+        if keep > self._ends_base and self._ends_chunks:
+            ends = np.concatenate(self._ends_chunks) if len(self._ends_chunks) > 1 else self._ends_chunks[0]
+            self._ends_chunks = [ends[keep - self._ends_base:].copy()]
+            self._ends_base = keep
+        out, self.fpm = self.fpm, []
+        return out
+
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
         self._co_sync_all()
         # one float object per pass, shared by the lists of every request that emitted in it
         ends = self.pass_end_times().tolist()
+        base = self._ends_base
         for r in self.all_requests:
             ranges = r.all_emit_ranges()
             if not ranges:
                 continue
             if len(ranges) == 1:
                 a, b = ranges[0]
-                r.record.token_times_ms = ends[a:b + 1]
+                r.record.token_times_ms = ends[a - base:b - base + 1]
             else:
                 tt: list[float] = []
                 for a, b in ranges:
-                    tt += ends[a:b + 1]
+                    tt += ends[a - base:b - base + 1]
                 r.record.token_times_ms = tt
 
     # ------------------------------------------------------------------ metrics for routers / live worker
@@ -679,7 +710,7 @@ class VllmCore:
                 tot += c
                 k += 1
             k_cap = k
-        if k_cap < 2:
+        if k_cap < 1:
             return False
         now = self.next_pass_ms
         s0 = self._co_c + n * p
@@ -710,9 +741,8 @@ class VllmCore:
                     t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
                     ends_l.append(t)
             k = len(ends_l)
-            if k < 2:
-                return False
-            ends = np.array(ends_l)
+            ends = None
+            end = ends_l[-1]
         else:
             s_arr = s0 + n * np.arange(k_try, dtype=np.int64)
             d = decode_pass_ms_array(self.timing, s_arr, n, self.speedup)
@@ -721,9 +751,8 @@ class VllmCore:
             acc[1:] = d
             ends = np.cumsum(acc)[1:]
             k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
-            if k < 2:
-                return False
             ends = ends[:k]
+            end = float(ends[-1])
         # blocks allocated over passes p .. p+k-1: full phase cycles plus a partial one
         full, part = divmod(k, bs)
         new_blocks = full * n
@@ -731,7 +760,6 @@ class VllmCore:
             a = p % bs
             new_blocks += sum(hist[a:a + part]) if a + part <= bs else sum(hist[a:]) + sum(hist[:a + part - bs])
         kv.allocate_private(new_blocks)
-        end = float(ends[-1])
         p_after = p + k
         fin = False
         fin_state = State.FINISHED
@@ -745,8 +773,11 @@ class VllmCore:
             fin = True
         if fin:
             self.running = [r for r in running if r.state is not fin_state]
-        self._flush_ends()
-        self._ends_chunks.append(ends)
+        if ends is None:  # a short stretch: its end times join the per-pass list (one array at the end)
+            self._ends_py += ends_l
+        else:
+            self._flush_ends()
+            self._ends_chunks.append(ends)
         self.pass_index = p_after
         self.next_pass_ms = end
         return True

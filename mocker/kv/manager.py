@@ -137,9 +137,22 @@ class BlockKvManager:
 
     def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
         """:meth:`allocate_full` for several blocks; returns the keys registered (the rest are private)."""
-        registered: list[int] = []
         active, inactive = self.active, self.inactive
         caching = self.caching
+        n = len(keys)
+        if (caching and n > 1 and n <= self.free + len(inactive) and active.keys().isdisjoint(keys)
+                and inactive.keys().isdisjoint(keys)):
+            fresh = dict.fromkeys(keys, 1)
+            if len(fresh) == n and None not in fresh:
+                # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
+                # them) -> the same evictions (least recently freed first) and registrations as the loop below
+                take = n if n <= self.free else self.free
+                self.free -= take
+                for _ in range(n - take):
+                    inactive.popitem(last=False)
+                active.update(fresh)
+                return list(keys)
+        registered: list[int] = []
         for key in keys:
             if self.free > 0:
                 self.free -= 1
