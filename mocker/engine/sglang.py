@@ -56,7 +56,7 @@ from mocker.engine.vllm import PassOutcome, _var
 from mocker.errors import SimulationError
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
-from mocker.request import EngineRequest, State
+from mocker.request import TERMINAL, EngineRequest, State
 from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
 from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
@@ -130,6 +130,10 @@ class SglangCore:
         self.finished_total = 0
         self._ends_py: list[float] = []
         self._ends_chunks: list[np.ndarray] = []
+        self._ends_base = 0
+        """Pass index of the first kept end time (> 0 only after :meth:`release_finished`)."""
+        self._added = 0
+        """Requests ever added: the next request's index (``all_requests`` may be released)."""
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
@@ -144,7 +148,8 @@ class SglangCore:
                                    output_length=req.output_length)
         record.worker_id = self.worker_id
         record.dp_rank = self.dp_rank
-        idx = len(self.all_requests)
+        idx = self._added
+        self._added += 1
         content = SeqContent.for_request(req.hash_ids if self.caching else None, req.input_length,
                                          UNIQUE_BASE + idx, self.trace_block_size)
         r = SglangRequest(req.request_id, idx, req.input_length, req.output_length, content, record)
@@ -194,7 +199,8 @@ class SglangCore:
             self._pass(self.next_pass_ms, False)
 
     def pass_end_times(self) -> np.ndarray:
-        """End time (ms) of every pass run so far, indexed by pass number."""
+        """End time (ms) of every pass run so far, indexed by pass number minus ``_ends_base`` (0 unless
+        :meth:`release_finished` dropped the ends no live request needs)."""
         if self._ends_py:
             self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
             self._ends_py = []
@@ -204,18 +210,44 @@ class SglangCore:
             self._ends_chunks = [np.concatenate(self._ends_chunks)]
         return self._ends_chunks[0]
 
+    def release_finished(self) -> list[ForwardPassMetrics]:
+        """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
+
+        For a long-running wall-clock driver (:mod:`mocker.live.driver`) that keeps each request's record and
+        token times itself: afterwards ``all_requests`` holds only live requests, the kept pass end times
+        start at the earliest pass a live request emitted in (so :meth:`finalize` stays right for them),
+        and ``fpm`` is empty. Returns the ForwardPassMetrics collected since the previous call (oldest
+        first). The offline replay never calls it (its records are unchanged). Raises nothing.
+        """
+        self.all_requests = [r for r in self.all_requests if r.state not in TERMINAL]
+        keep = self.pass_index
+        for r in self.all_requests:
+            ranges = r.all_emit_ranges()
+            if ranges:
+                keep = min(keep, ranges[0][0])
+        if self._ends_py:
+            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
+            self._ends_py = []
+        if keep > self._ends_base and self._ends_chunks:
+            ends = np.concatenate(self._ends_chunks) if len(self._ends_chunks) > 1 else self._ends_chunks[0]
+            self._ends_chunks = [ends[keep - self._ends_base:].copy()]
+            self._ends_base = keep
+        out, self.fpm = self.fpm, []
+        return out
+
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
         ends = self.pass_end_times()
+        base = self._ends_base
         for r in self.all_requests:
             ranges = r.all_emit_ranges()
             if not ranges:
                 continue
             if len(ranges) == 1:
                 a, b = ranges[0]
-                r.record.token_times_ms = ends[a:b + 1].tolist()
+                r.record.token_times_ms = ends[a - base:b - base + 1].tolist()
             else:
-                r.record.token_times_ms = np.concatenate([ends[a:b + 1] for a, b in ranges]).tolist()
+                r.record.token_times_ms = np.concatenate([ends[a - base:b - base + 1] for a, b in ranges]).tolist()
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property

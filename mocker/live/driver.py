@@ -248,9 +248,11 @@ class RankDriver:
                 if len(st.record.token_times_ms) < len(st.token_times_ms):
                     st.record.token_times_ms = st.token_times_ms
                 finished_records.append(st.record)
-            kept = getattr(self.core, "fpm", None)
-            if isinstance(kept, list):
-                kept.clear()  # the core appends every FPM when collecting; the live worker streams them instead
+            release = getattr(self.core, "release_finished", None)
+            if release is not None and (done_ids or self.passes % 64 == 0):
+                # the live worker streams FPMs and keeps records itself: the core forgets finished requests,
+                # the pass end times no live request needs and its collected FPMs (memory stays bounded)
+                release()
             fpm = outcome_fpm(outcome)
             if fpm is not None:
                 self.latest_fpm = fpm

@@ -64,8 +64,8 @@ def test_input_length_extension_sets_prompt_length():
         r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 300, "max_tokens": 2})
         d = await r.json()
         assert d["usage"]["prompt_tokens"] == 300
-        (rec,) = f.engines[0].all_requests
-        assert rec.record.input_length == 300 and rec.record.status == "finished"
+        (rec,) = w.records  # the core itself has released it (release_finished)
+        assert rec.input_length == 300 and rec.status == "finished" and f.engines[0].all_requests == []
     run(_with_worker(body))
 
 
@@ -377,4 +377,26 @@ def test_kv_usage_gauge_is_active_blocks_over_capacity():
         assert running == 1.0
         assert 13 / 100 <= usage <= core.active_blocks() / 100 + 1e-9
         r.close()
+    run(_with_worker(body, cfg=cfg))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_core_holds_no_finished_request_state_after_many_requests(engine):
+    """A long-running worker's core forgets finished requests, their pass end times and its FPM list
+    (core.release_finished, called by the driver): memory does not grow with the number served."""
+    cfg = EngineConfig(engine=engine, speedup_ratio=200.0, num_gpu_blocks=64, block_size=16, trace_block_size=16)
+
+    async def body(s, w, f):
+        n = 12
+        rs = await asyncio.gather(*[s.post("/v1/completions", json={"model": "mocker", "input_length": 40 + i, "max_tokens": 3 + i % 4})
+                                    for i in range(n)])
+        assert [r.status for r in rs] == [200] * n
+        bodies = [await r.json() for r in rs]
+        assert sum(b["usage"]["completion_tokens"] for b in bodies) == sum(3 + i % 4 for i in range(n))
+        core = f.engines[0]
+        assert len(w.records) == n and all(r.status == "finished" for r in w.records)
+        assert core.all_requests == [] and core.requests == {} and core.fpm == []
+        assert core.pass_end_times().size == 0 and core._ends_base == core.pass_index > 0
+        # the records the worker kept are whole: every token time of the engine timeline is there
+        assert sorted(len(r.token_times_ms) for r in w.records) == sorted(3 + i % 4 for i in range(n))
     run(_with_worker(body, cfg=cfg))
