@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence
 
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
+from mocker.engine.vllm import VllmCore
 from mocker.errors import ConfigError, SimulationError
 from mocker.kv.manager import engine_block_keys
 from mocker.kvevents import EventingKvManager, KvEvent, KvEventIndex
@@ -669,7 +670,12 @@ class Fleet:
             self._give(fl.reserve, t)
             fl.reserve = None
         fl.phase = _DECODE
-        c.add_prefilled_request(fl.req, t, fl.rec)
+        keys = fl.pkeys  # the prefill core's prompt keys: reused when the decode core would compute the same
+        if (keys is not None and type(c).add_prefilled_request is VllmCore.add_prefilled_request
+                and c.block_size == fl.pcore.block_size and c.trace_block_size == fl.pcore.trace_block_size):
+            c.add_prefilled_request(fl.req, t, fl.rec, keys)
+        else:
+            c.add_prefilled_request(fl.req, t, fl.rec)
         if fl.hold is not None:  # the source releases after the destination activated
             self._give(fl.hold, t)
             fl.hold = None

@@ -142,8 +142,11 @@ class VllmCore:
         self._co_heap: list[tuple[int, int, int, EngineRequest]] = []
 
     # ================================================================== public API
-    def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
-        """Queue a request arriving at ``now_ms``. Returns its record (filled in as it runs)."""
+    def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
+                    block_keys: list[int] | None = None) -> RequestRecord:
+        """Queue a request arriving at ``now_ms``. Returns its record (filled in as it runs). ``block_keys``:
+        the prompt's keys when the caller already has them (they must equal :func:`engine_block_keys` for this
+        core's block sizes; never mutated); computed here otherwise."""
         if req.request_id in self.requests:
             raise SimulationError(f"request {req.request_id} is already active on worker {self.worker_id}")
         if record is None:
@@ -153,7 +156,9 @@ class VllmCore:
         record.dp_rank = self.dp_rank
         keys = None
         if self.kv.caching and req.hash_ids is not None:
-            keys = engine_block_keys(req.hash_ids, req.input_length, self.block_size, self.trace_block_size)
+            keys = block_keys
+            if keys is None:
+                keys = engine_block_keys(req.hash_ids, req.input_length, self.block_size, self.trace_block_size)
         r = EngineRequest(req.request_id, self._added, req.input_length, req.output_length, keys, record)
         self._added += 1
         if not self.running and not self.waiting:
@@ -163,13 +168,14 @@ class VllmCore:
         self.waiting.append(r)
         return record
 
-    def add_prefilled_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
+    def add_prefilled_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
+                              block_keys: list[int] | None = None) -> RequestRecord:
         """Disaggregated decode side: queue a request whose prompt KV and first token were computed by a
         prefill worker. Nothing is recomputed: at admission its blocks for prompt + that token are allocated
         (prefix-cache hits shared) and the pass computes only the token's KV, as a decode request; it then
         emits ``output_length`` tokens here, the first at the end of its admission pass (as the reference's
         decode worker: 374-token prompt admitted at 23.0049 ms -> first token at 28.7641 ms)."""
-        record = self.add_request(req, now_ms, record)
+        record = self.add_request(req, now_ms, record, block_keys)
         r = self.requests[req.request_id]
         # Internally: prompt P-1 computed + 1 "generated" token whose KV is not (the last prompt token's), so the
         # first pass is a decode at P tokens (the reference's decode pass lengths P, P+1, ...) and emits g == 2.
