@@ -497,6 +497,10 @@ class Planner:
         if due_load:
             for p in cfg.pools:
                 delta, r = self._load_step(p, current[p], ests, obs.passes_ok)
+                if delta < 0 and cfg.throughput_enabled and p not in self._thpt_required:
+                    # both loops on, no throughput floor yet (first interval): the fleet was sized for the
+                    # load by someone; the load loop's young regression alone does not remove capacity
+                    delta, r = 0, Reason.HOLD_THROUGHPUT_FLOOR
                 goal[p] = current[p] + delta
                 pool_reasons[p] = r
         if cfg.load_enabled and self._thpt_required:

@@ -475,3 +475,13 @@ def test_missing_pool_in_observation_is_unknown():
     pl.tick(0.0, Observations({"prefill": PoolState(1, 1), "decode": PoolState(1, 1)}))
     r = pl.tick(180.0, Observations({"prefill": PoolState(1, 1)}, traffic(3600)))
     assert r.decision.targets is None and r.decision.reason == Reason.HOLD_METRICS_UNKNOWN
+
+
+def test_load_loop_does_not_scale_down_before_the_first_throughput_floor():
+    # same passes as test_load_scales_down_only_when_n_minus_1_absorb (2 x 80k -> absorbed: the load loop
+    # alone scales 2 -> 1); with the throughput loop on and its first interval not yet run, it holds
+    pl = Planner(load_config_(throughput_enabled=True, predictor="constant", correction_enabled=False), profile())
+    fleet = Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(10.0, fleet.obs(passes=steady_passes(10.0, [80000, 80000])))
+    assert r.decision.targets is None and r.decision.pool_reasons["decode"] == Reason.HOLD_THROUGHPUT_FLOOR
