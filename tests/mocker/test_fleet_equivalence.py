@@ -39,3 +39,22 @@ def test_fast_equals_single_step_on_seeded_workloads(eng, workers, router):
     assert all(r.status in ("finished", "failed") for r in fast.records)
     if eng.num_gpu_blocks == 300:
         assert sum(r.num_preemptions for r in fast.records) > 0  # the scenario does exercise preemption
+
+
+@pytest.mark.parametrize("eng,handoff", [
+    (EngineConfig(), "coordinated"),
+    (EngineConfig(num_gpu_blocks=400, block_size=16), "coordinated"),  # KV pressure on both pools
+    (EngineConfig(), "direct"),
+])
+def test_fast_equals_single_step_disaggregated(eng, handoff):
+    """The disaggregated fleet (prefill-only passes, KV transfer, decode cores advanced to every prefill end and
+    activation: many one-pass cohort stretches) gives the same records fast-forwarded as one pass at a time."""
+    from mocker.transfer import KvTransferConfig
+    reqs = workload(250, seed=11, rate_per_s=40.0)
+    tr = KvTransferConfig(64, 131072, handoff=handoff)
+    cfg = dict(num_prefill_workers=2, num_decode_workers=2, router="round_robin", transfer=tr)
+    fast = run_replay(reqs, eng, FleetConfig(**cfg))
+    slow = run_replay(reqs, eng, FleetConfig(**cfg, single_step=True))
+    assert [dataclasses.asdict(r) for r in fast.records] == [dataclasses.asdict(r) for r in slow.records]
+    assert all(r.status in ("finished", "failed") for r in fast.records)
+    assert sum(r.status == "finished" for r in fast.records) > 200
