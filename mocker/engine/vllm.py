@@ -732,14 +732,21 @@ class VllmCore:
             timing, speed = self.timing, self.speedup
             if self._monotone_decode and speed == 1.0:
                 tot_kv = timing.total_kv_tokens  # type: ignore[attr-defined]
-                for j in range(k_try):
-                    if j and t >= horizon:
+                da, db, dc, dmin = _DA, _DB, _DC, _DMIN
+                append = ends_l.append
+                for s_kv in range(s0, s0 + n * k_try, n):  # s0 + n * j for j = 0 .. k_try - 1
+                    p_ = s_kv / tot_kv
+                    v = da * p_ * p_ + db * p_ + dc
+                    ns = round((v if v > dmin else dmin) / 1000.0 * 1e9)
+                    # round_ns: seconds + sub-second remainder; for a sub-second pass the seconds part is 0 and
+                    # 0 + x == x exactly, so ns / 1e9 is the same float
+                    if ns < 1_000_000_000:
+                        t = t + (ns / 1e9) * 1000.0
+                    else:
+                        t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
+                    append(t)
+                    if t >= horizon:
                         break
-                    p_ = (s0 + n * j) / tot_kv
-                    v = _DA * p_ * p_ + _DB * p_ + _DC
-                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)
-                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
-                    ends_l.append(t)
             else:
                 for j in range(k_try):
                     if j and t >= horizon:
