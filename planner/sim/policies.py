@@ -7,7 +7,8 @@ replica targets per pool (``None`` = no change), a reason, and when to tick next
 ``planner``                   dynoplan's planner (:class:`planner.core.Planner`) with the run's config;
 ``planner:k=v,k=v``           a variant: PlannerConfig fields overridden (``planner:predictor=kalman``)
 ``throughput-only``           the reference planner's throughput loop alone: constant predictor, no load
-                              loop, no scale-down hysteresis (Dynamo Planner design)
+                              loop, no scale-down hysteresis, none of dynoplan's sizing rules (queueing cap,
+                              agg interference, SLA-attainment headroom) (Dynamo Planner design)
 ``static:N`` / ``static:P+D`` a fixed fleet (aggregated N, or P prefill + D decode workers)
 ``static:peak``               a fixed fleet sized by the throughput formulas for the trace's busiest
                               adjustment interval (resolved by the runner)

@@ -181,6 +181,9 @@ def test_static_auto_is_the_smallest_fleet_meeting_the_target():
 def test_throughput_only_is_the_reference_throughput_loop():
     p = make_policy("throughput-only", _ctx())
     assert (p.config.predictor, p.config.load_enabled, p.config.scale_down_hysteresis) == ("constant", False, 0.0)
+    # none of dynoplan's own sizing rules
+    assert (p.config.prefill_queueing, p.config.agg_prefill_interference, p.config.sla_attainment_target,
+            p.config.load_max_scale_up_factor) == (False, False, None, 1.0)
     v = make_policy("planner:predictor=kalman,load_enabled=true", _ctx())
     assert v.config.predictor == "kalman" and v.config.load_enabled
 
