@@ -721,7 +721,9 @@ class VllmCore:
         now = self.next_pass_ms
         s0 = self._co_c + n * p
         k_try = k_cap
-        if horizon != inf and self._monotone_decode:
+        if horizon != inf and self._monotone_decode and k_cap > _SCALAR_MAX:
+            # the first pass is the shortest (monotone): an upper bound on the passes before the horizon; a
+            # scalar stretch (k_cap <= _SCALAR_MAX) stops at the horizon by itself
             d0 = decode_pass_ms(self.timing, s0, n, self.speedup)
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > _FAST_CHUNK:
