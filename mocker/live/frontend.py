@@ -53,10 +53,11 @@ import zmq.asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
 from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
-from mocker.live.publish import KV_TOPIC, decode_kv_event
+from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
 
 ROUTERS = ("round_robin", "least_loaded", "kv")
 
@@ -101,6 +102,11 @@ class WorkerHandle:
     role: str = "unknown"
     worker_id: int = -1
     trace_block_size: int = 512
+    block_size: int = 512
+    """Engine KV block size (tokens)."""
+    kv_block_ids: str = "trace"
+    """What the worker's KV events name: ``engine`` block keys (the core's own cache changes,
+    :func:`mocker.kv.manager.engine_block_keys`) or ``trace`` prompt block ids (``hash_ids``)."""
     max_model_len: int = 1 << 30
     ready: bool = False
     listed: bool = True
@@ -227,6 +233,8 @@ class Frontend:
         h.role = info.get("worker_type", "aggregated")
         h.worker_id = int(info.get("worker_id", -1))
         h.trace_block_size = int(info.get("trace_block_size", 512))
+        h.block_size = int(info.get("block_size", h.trace_block_size))
+        h.kv_block_ids = str(info.get("kv_block_ids", "trace"))
         h.max_model_len = int(info.get("max_model_len", h.max_model_len))
         h.kv_endpoint = info.get("kv_events_endpoint")
         h.bootstrap_port = info.get("bootstrap_port")
@@ -306,10 +314,17 @@ class Frontend:
     @staticmethod
     def kv_cost(h: WorkerHandle, p: ParsedRequest) -> float:
         """Blocks to prefill (prompt blocks after the longest cached leading run) + load in blocks."""
+        ids: Any = p.hash_ids or ()
         bs = max(1, h.trace_block_size)
+        if h.kv_block_ids == "engine" and p.hash_ids:
+            bs = max(1, h.block_size)
+            try:
+                ids = [wire_block_id(k) for k in engine_block_keys(p.hash_ids, p.input_length, bs, h.trace_block_size) or ()]
+            except ValueError:  # hash_ids shorter than the prompt: no match possible
+                ids = ()
         n_blocks = -(-p.input_length // bs)
         overlap = 0
-        for b in p.hash_ids or ():
+        for b in ids:
             if b not in h.cached:
                 break
             overlap += 1

@@ -24,10 +24,23 @@ FPM_TOPIC = b"fpm"
 KV_TOPIC = b"kv"
 
 
+WIRE_ID_MASK = (1 << 64) - 1
+
+
+def wire_block_id(key: int) -> int:
+    """A block key as sent in :class:`KvEvent` (unsigned 64-bit, msgpack's integer range): ``key mod 2**64``.
+
+    Engine block keys (:func:`mocker.kv.manager.engine_block_keys`) are Python ints that can exceed 64 bits
+    (chained hash x engine blocks per trace block); producers and routers both apply this map."""
+    return key & WIRE_ID_MASK
+
+
 class KvEvent(msgspec.Struct, frozen=True):
     """Blocks of prompt content a worker's cache gained (``stored``) or lost (``removed``).
 
-    ``block_ids`` are the request-level prompt block ids (``hash_ids``), the unit routers match on.
+    ``block_ids``: the engine block keys the core cached or evicted (:func:`mocker.kv.manager.engine_block_keys`)
+    when the worker's ``/info`` says ``kv_block_ids: engine`` (native vLLM/TRT-LLM pool with prefix caching),
+    else the request-level prompt block ids (``hash_ids``, a worker-side LRU mirror: SGLang, KVBM).
     """
 
     worker_id: int

@@ -48,11 +48,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mocker.config import EngineConfig
 from mocker.errors import MockerError
+from mocker.kv.manager import BlockKvManager
+from mocker.kvevents import EventingKvManager
 from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
-from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm
+from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
 from mocker.transfer import KvTransferConfig
@@ -107,6 +109,10 @@ class WorkerSettings:
 
 class _KvMirror:
     """Prompt block ids a rank holds, as seen from finished prefills, bounded like the real cache.
+
+    Only for cores whose pool cannot report its changes (SGLang radix cache, KVBM G1, prefix caching off);
+    a native vLLM/TRT-LLM pool publishes its real stores and evictions (``EventingKvManager``, engine block
+    keys as :func:`mocker.live.publish.wire_block_id`; ``/info`` says ``kv_block_ids: engine``).
 
     Stored when a request's first token is out (its prompt is then cached); least recently used ids are
     removed once more than ``capacity`` ids are held (capacity = KV tokens / tokens per id).
@@ -191,6 +197,11 @@ class Worker:
             self.fpm_pub = Publisher(self._zmq, self.s.fpm_endpoint)
         if self.s.kv_events_endpoint:
             self.kv_pub = Publisher(self._zmq, self.s.kv_events_endpoint)
+        for core in cores:
+            if self.kv_pub is not None and type(getattr(core, "kv", None)) is BlockKvManager and core.kv.caching:
+                # a fresh core: swap its empty native pool for the one recording every cache change (the
+                # offline fleet's kv_events path, mocker.fleet); its events are the core's real stores/evictions
+                core.kv = EventingKvManager(core.kv.num_blocks, core.kv.caching)
         for rank, core in enumerate(cores):
             d = RankDriver(core, rank, self.clock, on_pass=self._on_pass)
             d.start()
@@ -254,6 +265,9 @@ class Worker:
         emitted = outcome_emissions(outcome)
         c["generation_tokens"].inc(len(emitted))
         drv = self.drivers[rank] if rank < len(self.drivers) else None
+        core_events = isinstance(getattr(core, "kv", None), EventingKvManager)
+        if core_events:
+            self._publish_core_kv_events(rank, core.kv.events)  # type: ignore[union-attr]
         for rid in emitted:  # first token out -> its prompt blocks are cached on this rank
             if rid in self._first_token_seen or drv is None:
                 continue
@@ -266,11 +280,37 @@ class Worker:
             if room is not None:
                 self._resolve_room(room, "ready", st.record.input_length)
             hid = st.hash_ids
-            if hid:
+            if hid and not core_events:
                 self._kv_touch(rank, hid)
         for rec in finished:
             self._first_token_seen.discard(rec.request_id)
             self._observe_finished(rank, rec)
+
+    def _publish_core_kv_events(self, rank: int, events: list[tuple[str, int, int | None]]) -> None:
+        """Publish the core's recorded cache changes (engine block keys), one KvEvent per run of one kind,
+        in the order they happened; then forget them."""
+        if not events:
+            return
+        if self.kv_pub is not None:
+            i = 0
+            while i < len(events):
+                kind = events[i][0]
+                j = i
+                while j < len(events) and events[j][0] == kind:
+                    j += 1
+                self._kv_event_id += 1
+                self.kv_pub.publish(KV_TOPIC, KvEvent(self.s.worker_id, rank, self._kv_event_id, kind,  # type: ignore[arg-type]
+                                                      [wire_block_id(e[1]) for e in events[i:j]]))
+                i = j
+        events.clear()
+
+    def _cached_keys(self, rank: int) -> list[int]:
+        """Block ids a rank's cache holds: the core's cached engine keys (KV events from the core), else the
+        mirror's prompt block ids."""
+        kv = getattr(self.drivers[rank].core, "kv", None) if rank < len(self.drivers) else None
+        if isinstance(kv, EventingKvManager):
+            return [wire_block_id(k) for k in (*kv.active, *kv.inactive)]
+        return list(self.kv_mirror[rank].lru)
 
     def _kv_touch(self, rank: int, ids: tuple[int, ...]) -> None:
         stored, removed = self.kv_mirror[rank].touch(ids)
@@ -352,11 +392,13 @@ class Worker:
             "kv_events_endpoint": self.kv_pub.endpoint if self.kv_pub else None,
             "outstanding": [d.outstanding for d in self.drivers],
             "bootstrap_port": self.bootstrap_port,
+            "kv_block_ids": "engine" if self.drivers and isinstance(getattr(self.drivers[0].core, "kv", None), EventingKvManager)
+            else "trace",
         })
 
     async def _kv_state(self, request: web.Request) -> web.Response:
         return web.json_response({"event_id": self._kv_event_id,
-                                  "ranks": {str(i): list(m.lru) for i, m in enumerate(self.kv_mirror)}})
+                                  "ranks": {str(i): self._cached_keys(i) for i in range(len(self.kv_mirror))}})
 
     async def _records(self, request: web.Request) -> web.Response:
         return web.Response(body=msgspec.json.encode([_record_dict(r) for r in self.records]), content_type="application/json")

@@ -93,7 +93,10 @@ def test_kv_events_reach_frontend_and_route_repeat_prefix():
                         break
                     await asyncio.sleep(0.02)
                 holder = [h for h in fe.handles.values() if h.cached]
-                assert len(holder) == 1 and holder[0].cached == {11, 12, 13, 14}
+                # the worker's events are its core's cache changes: the prompt's 4 engine block keys (block 16)
+                from mocker.kv.manager import engine_block_keys
+                from mocker.live.publish import wire_block_id
+                assert len(holder) == 1 and holder[0].cached == {wire_block_id(k) for k in engine_block_keys([11, 12, 13, 14], 64, 16, 16)}
                 for _ in range(3):
                     await s.post(url(fsrv) + "/v1/completions", json=body)
             counts = [len(w[1].records) for w in ws]

@@ -400,3 +400,57 @@ def test_core_holds_no_finished_request_state_after_many_requests(engine):
         # the records the worker kept are whole: every token time of the engine timeline is there
         assert sorted(len(r.token_times_ms) for r in w.records) == sorted(3 + i % 4 for i in range(n))
     run(_with_worker(body, cfg=cfg))
+
+
+@pytest.mark.parametrize("trace_block_size", [16, 512])  # 512/16: engine keys beyond 64 bits -> wire ids
+def test_kv_events_replay_to_the_cores_cached_blocks(trace_block_size):
+    """KV events come from the core's block pool (real stores and evictions, engine block keys): replaying
+    every published event in order gives exactly the set of blocks the core's cache holds (active + evictable),
+    through evictions (64 blocks; 6 prompts of 25 distinct blocks, two sharing a prefix)."""
+    import zmq
+    import zmq.asyncio
+
+    from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
+
+    async def body(s, w, f):
+        info = await (await s.get("/info")).json()
+        assert info["kv_block_ids"] == "engine"
+        ctx = zmq.asyncio.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
+        sub.connect(info["kv_events_endpoint"])
+        try:
+            await asyncio.sleep(0.2)  # PUB/SUB join
+            cached: set[int] = set()
+            last_id = 0
+            kinds = set()
+            prompts = [[1000 * i + j for j in range(25)] for i in range(5)] + [[0 + j for j in range(20)] + [7, 8, 9, 10, 11]]
+            for ids in prompts:  # one at a time: each one's blocks are cached after it finishes
+                r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 400, "hash_ids": ids, "max_tokens": 3})
+                assert r.status == 200
+            await asyncio.sleep(0.1)
+            while True:
+                try:
+                    _, payload = await asyncio.wait_for(sub.recv_multipart(), 0.5)
+                except asyncio.TimeoutError:
+                    break
+                ev = decode_kv_event(payload)
+                assert ev.event_id == last_id + 1  # no gap
+                last_id = ev.event_id
+                kinds.add(ev.kind)
+                if ev.kind == "stored":
+                    assert not cached & set(ev.block_ids)
+                    cached.update(ev.block_ids)
+                else:
+                    assert set(ev.block_ids) <= cached
+                    cached.difference_update(ev.block_ids)
+            core = f.engines[0]
+            truth = {wire_block_id(k) for k in (*core.kv.active, *core.kv.inactive)}
+            assert kinds == {"stored", "removed"}  # evictions happened (6 x 25 blocks > 64)
+            assert cached == truth and len(truth) <= 64
+            st = await (await s.get("/kv_state")).json()
+            assert set(st["ranks"]["0"]) == truth and st["event_id"] == last_id
+        finally:
+            sub.close(0)
+            ctx.term()
+    run(_with_worker(body, cfg=EngineConfig(speedup_ratio=100.0, num_gpu_blocks=64, block_size=16, trace_block_size=trace_block_size)))
