@@ -21,24 +21,14 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from mocker.cli_replay import (_nonneg_float, _nonneg_int, _one_line_error, _positive_float, _positive_int,
-                               engine_config_from_args)
+                               add_engine_arguments, engine_config_from_args)
 from mocker.config import ENGINES
 from mocker.errors import ConfigError
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    e = parser.add_argument_group("engine (as in replay; override --engine-config)")
-    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
-    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
-    e.add_argument("--block-size", type=_positive_int, metavar="N", help="tokens per KV block (default: vllm 64, trtllm 32, sglang 1)")
-    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
-    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
-    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
-    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
-    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
-    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
+    add_engine_arguments(parser, "engine (as in replay; override --engine-config)")
+    e = parser.add_argument_group("worker layout")
     e.add_argument("--trace-block-size", type=_positive_int, metavar="N",
                    help="tokens per prompt block id (hash_ids) in requests and KV events (default 512)")
     e.add_argument("--worker-type", choices=("aggregated", "prefill", "decode"), help="role in a disaggregated pool (default aggregated)")

@@ -76,6 +76,26 @@ def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
 
 
 # ---------------------------------------------------------------------------------------------- parser
+def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (override --engine-config)") -> None:
+    """The engine flags shared by ``replay``, ``simulate``, ``profile`` and ``mocker serve`` (same names, same meaning).
+
+    Read back with :func:`engine_config_from_args`.
+    """
+    e = parser.add_argument_group(title)
+    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
+    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
+    e.add_argument("--block-size", "--page-size", type=_positive_int, metavar="N", help="tokens per KV block (SGLang: page size; default: vllm 64, trtllm 32, sglang 1)")
+    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
+    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
+    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
+    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
+    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
+    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    e.add_argument("--timing", metavar="polynomial|FILE.npz|aic:SPEC", help="timing model (default polynomial; aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)")
+    e.add_argument("--gpu-memory-fraction", type=_positive_float, metavar="F", help="with --timing aic:...: KV blocks from this share of GPU memory (when --num-gpu-blocks is not given)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``replay`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
     parser.error = _one_line_error("dynoplan replay")  # type: ignore[method-assign]
@@ -115,19 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prefill->decode handoff path (default coordinated, the reference's timeline)")
     d.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
 
-    e = parser.add_argument_group("engine (override --engine-config)")
-    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
-    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
-    e.add_argument("--block-size", "--page-size", type=_positive_int, metavar="N", help="tokens per KV block (SGLang: page size; default: vllm 64, trtllm 32, sglang 1)")
-    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
-    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
-    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
-    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
-    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
-    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    e.add_argument("--timing", metavar="polynomial|FILE.npz|aic:SPEC", help="timing model (default polynomial; aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)")
-    e.add_argument("--gpu-memory-fraction", type=_positive_float, metavar="F", help="with --timing aic:...: KV blocks from this share of GPU memory (when --num-gpu-blocks is not given)")
+    add_engine_arguments(parser)
     k = parser.add_argument_group("KV tiers (KVBM)")
     k.add_argument("--g1-backend", choices=("native", "kvbm"), help="G1 block pool: native LRU or kvbm lineage-aware (default native)")
     k.add_argument("--num-g2-blocks", type=_nonneg_int, metavar="N", help="G2 host blocks per worker (needs --g1-backend kvbm)")

@@ -17,27 +17,18 @@ import sys
 import time
 from typing import Any
 
-from mocker.cli_replay import (ENGINES, _nonneg_float, _nonneg_int, _positive_float, _positive_int,
+from mocker.cli_replay import (_nonneg_float, _nonneg_int, _positive_float, _positive_int,
                                engine_config_from_args)
+from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
 
 POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
                "hpa[:kv|running[:target]] | saturation")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine flags of ``dynoplan replay`` (same names and meaning)."""
-    e = parser.add_argument_group("engine (override --engine-config; as in dynoplan replay)")
-    e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
-    e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
-    e.add_argument("--block-size", type=_positive_int, metavar="N", help="tokens per KV block (default: vllm 64, trtllm 32, sglang 1)")
-    e.add_argument("--num-gpu-blocks", type=_positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
-    e.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="max running sequences (default 256)")
-    e.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="per-pass token budget (default 8192)")
-    e.add_argument("--speedup-ratio", type=_positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
-    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="preemption victim (default lifo)")
-    e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    e.add_argument("--timing", metavar="polynomial|FILE.npz", help="timing model (default polynomial)")
+    """The engine flags of ``dynoplan replay`` (same names and meaning), plus trace block size and DP ranks."""
+    _add_replay_engine_arguments(parser, "engine (override --engine-config; as in dynoplan replay)")
+    e = parser.add_argument_group("engine layout")
     e.add_argument("--trace-block-size", type=_positive_int, metavar="N", help="tokens per trace hash id (default 512)")
     e.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
 
