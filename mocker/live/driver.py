@@ -163,8 +163,13 @@ class RankDriver:
         """Requests submitted and not yet finished or cancelled."""
         return len(self.streams)
 
-    def submit(self, req: TraceRequest, prefilled: bool = False) -> StreamState:
+    def submit(self, req: TraceRequest, prefilled: bool = False, arrival_ms: float | None = None) -> StreamState:
         """Queue ``req`` (its ``arrival_ms`` is replaced by the wall-clock stamp). Returns its stream.
+
+        ``arrival_ms``: the stamp to use (this clock's ms) — the worker passes the time the HTTP request
+        reached its handler, so time spent reading and parsing the body under load does not delay the
+        arrival on the engine timeline; default: now. Stamps never go back (a stamp earlier than the
+        previous one is raised to it), so arrivals reach the core in order.
 
         The core receives it when its timeline reaches the stamp (see the module docstring). ``prefilled``:
         a disaggregated decode request whose prompt KV arrived from a prefill worker; it is admitted with the
@@ -173,7 +178,7 @@ class RankDriver:
         """
         if prefilled and not hasattr(self.core, "add_prefilled_request"):
             raise ValueError(f"engine core {type(self.core).__name__} cannot admit a prefilled (handed-off) request")
-        t = max(self.clock.now_ms(), self._last_arrival_ms)
+        t = max(self.clock.now_ms() if arrival_ms is None else float(arrival_ms), self._last_arrival_ms)
         self._last_arrival_ms = t
         stamped = TraceRequest(req.request_id, t, req.input_length, req.output_length, req.hash_ids)
         record = RequestRecord(request_id=req.request_id, arrival_ms=t, input_length=req.input_length,

@@ -414,6 +414,7 @@ class Worker:
         return web.json_response(e.body(), status=e.status)
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        received_ms = self.clock.now_ms()  # the arrival on the engine timeline: before the body is read and parsed
         if not self.ready:
             return web.json_response(RequestError("worker is not ready", status=503, type_="ServiceUnavailable").body(), status=503)
         try:
@@ -445,15 +446,15 @@ class Worker:
                 if status != "ready":
                     return web.json_response(RequestError(f"prefill of bootstrap room {room} {status}", status=502,
                                                           type_="BadGateway").body(), status=502)
-            delay_s = self._transfer_delay_s(p.input_length)
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
+                received_ms = self.clock.now_ms()  # the prompt KV is ready now
+            received_ms += self._transfer_delay_s(p.input_length) * 1000.0  # arrives after the transfer
+            await self.clock.sleep_until(received_ms)
         self._next_rid += 1
         rid = self._next_rid
         drv = min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
         try:
             st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
-                            prefilled=self.cfg.worker_type == "decode" and prefill_done)
+                            prefilled=self.cfg.worker_type == "decode" and prefill_done, arrival_ms=received_ms)
         except (MockerError, ValueError) as e:  # the core refused the request: a 400, never a crash
             return self._error(RequestError(f"request refused by the engine: {e}"))
         if room is not None and self.cfg.worker_type == "prefill":

@@ -454,3 +454,40 @@ def test_kv_events_replay_to_the_cores_cached_blocks(trace_block_size):
             sub.close(0)
             ctx.term()
     run(_with_worker(body, cfg=EngineConfig(speedup_ratio=100.0, num_gpu_blocks=64, block_size=16, trace_block_size=trace_block_size)))
+
+
+def test_driver_uses_the_receipt_stamp_and_keeps_arrivals_in_order():
+    """RankDriver.submit(arrival_ms=...): the worker's HTTP receipt time is the arrival on the engine timeline
+    (parsing under load does not shift it); a stamp earlier than the previous one is raised to it (order kept);
+    the engine-side TTFT of a lone request is still exactly one prefill pass from that stamp."""
+    from mocker.engine import make_engine
+    from mocker.live.driver import RankDriver, WallClock
+    from mocker.records import TraceRequest
+
+    async def go():
+        clock = WallClock()
+        core = make_engine(EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16), collect_fpm=True)
+        drv = RankDriver(core, 0, clock)
+        drv.start()
+        try:
+            await asyncio.sleep(0.05)
+            t_recv = clock.now_ms() - 20.0  # received 20 ms ago (e.g. the body took that long to read)
+            a = drv.submit(TraceRequest(1, 0.0, 100, 2, None), arrival_ms=t_recv)
+            b = drv.submit(TraceRequest(2, 0.0, 100, 2, None), arrival_ms=t_recv - 5.0)
+            assert a.record.arrival_ms == t_recv and b.record.arrival_ms == t_recv  # never earlier than a's
+            c = drv.submit(TraceRequest(3, 0.0, 100, 2, None))
+            assert c.record.arrival_ms >= t_recv + 20.0
+            for st in (a, b, c):
+                while not (await st.queue.get()).finished:
+                    pass
+            # the engine timeline is the offline one of the stamped arrivals (a and b together at t_recv)
+            off = make_engine(EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16))
+            recs = [off.add_request(TraceRequest(i, 0.0, 100, 2, None), 0.0) for i in (1, 2)]
+            off.advance_until(c.record.arrival_ms - t_recv)
+            recs.append(off.add_request(TraceRequest(3, 0.0, 100, 2, None), c.record.arrival_ms - t_recv))
+            off.advance_until(float("inf"))
+            for live, o in zip((a, b, c), recs):
+                assert live.record.first_token_ms - t_recv == pytest.approx(o.first_token_ms, abs=1e-6)
+        finally:
+            await drv.stop()
+    run(go())
