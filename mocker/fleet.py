@@ -44,6 +44,7 @@ stops). Removing a starting worker releases it at once.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -905,7 +906,22 @@ def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: Fl
     prefill / decode). Uses :class:`Fleet`'s lazy fast path (cores advanced only when an event concerns them).
 
     Raises ConfigError on an invalid configuration (e.g. an engine without a core).
+
+    The cyclic garbage collector is paused while it runs (restored after, also on error): the replay builds
+    long-lived objects (records, requests, heaps) but no cyclic garbage, so the collector's repeated scans
+    of them were pure overhead (about 6% of the Azure disaggregated replay).
     """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run_replay(requests, engine, fleet, progress, collect_fpm)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: FleetConfig,
+                progress: Callable[[int, int], None] | None, collect_fpm: bool) -> ReplayResult:
     engine.validate()
     n = len(requests)
     if fleet.disaggregated:
