@@ -135,6 +135,8 @@ class RankDriver:
         """Pending request ids whose prompt KV was handed off by a prefill worker (disaggregated decode)."""
         self._core_ms = 0.0
         self._last_arrival_ms = 0.0
+        self._pass_start_ms = 0.0
+        """Start (core ms) of the pass in flight or last run: no stamp goes below it (see :meth:`submit`)."""
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
         self.max_lag_ms = 0.0
@@ -169,7 +171,10 @@ class RankDriver:
         ``arrival_ms``: the stamp to use (this clock's ms) — the worker passes the time the HTTP request
         reached its handler, so time spent reading and parsing the body under load does not delay the
         arrival on the engine timeline; default: now. Stamps never go back (a stamp earlier than the
-        previous one is raised to it), so arrivals reach the core in order.
+        previous one is raised to it), so arrivals reach the core in order; nor earlier than the start of
+        the pass in flight (offline, such an arrival would have joined that pass; here it joins the next one,
+        so it is stamped at the pass start), which keeps the live engine timeline equal to an offline replay
+        of the stamped arrivals.
 
         The core receives it when its timeline reaches the stamp (see the module docstring). ``prefilled``:
         a disaggregated decode request whose prompt KV arrived from a prefill worker; it is admitted with the
@@ -178,7 +183,7 @@ class RankDriver:
         """
         if prefilled and not hasattr(self.core, "add_prefilled_request"):
             raise ValueError(f"engine core {type(self.core).__name__} cannot admit a prefilled (handed-off) request")
-        t = max(self.clock.now_ms() if arrival_ms is None else float(arrival_ms), self._last_arrival_ms)
+        t = max(self.clock.now_ms() if arrival_ms is None else float(arrival_ms), self._last_arrival_ms, self._pass_start_ms)
         self._last_arrival_ms = t
         stamped = TraceRequest(req.request_id, t, req.input_length, req.output_length, req.hash_ids)
         record = RequestRecord(request_id=req.request_id, arrival_ms=t, input_length=req.input_length,
@@ -230,6 +235,7 @@ class RankDriver:
                 self._core_ms = max(self._core_ms, self._pending[0].arrival_ms)  # an idle core starts at the arrival
             now = self._core_ms
             self._admit_due(now)
+            self._pass_start_ms = now
             outcome = self.core.step(now)
             end = float(outcome.end_ms)
             await self.clock.sleep_until(end)

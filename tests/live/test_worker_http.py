@@ -491,3 +491,31 @@ def test_driver_uses_the_receipt_stamp_and_keeps_arrivals_in_order():
         finally:
             await drv.stop()
     run(go())
+
+
+def test_driver_stamp_never_before_the_pass_in_flight():
+    """A receipt stamp earlier than the start of the pass in flight is raised to that start (offline, it
+    would have joined that pass; live it joins the next), so the live timeline stays the offline one."""
+    from mocker.engine import make_engine
+    from mocker.live.driver import RankDriver, WallClock
+    from mocker.records import TraceRequest
+
+    async def go():
+        clock = WallClock()
+        core = make_engine(EngineConfig(speedup_ratio=1.0, num_gpu_blocks=2048, block_size=16), collect_fpm=True)
+        drv = RankDriver(core, 0, clock)
+        drv.start()
+        try:
+            a = drv.submit(TraceRequest(1, 0.0, 64, 400, None))
+            await a.queue.get()  # first token out: decode passes are running
+            await asyncio.sleep(0.02)
+            start = drv._pass_start_ms
+            assert start > a.record.arrival_ms
+            b = drv.submit(TraceRequest(2, 0.0, 64, 2, None), arrival_ms=a.record.arrival_ms)
+            assert b.record.arrival_ms >= start
+            drv.cancel(1)
+            while not (await b.queue.get()).finished:
+                pass
+        finally:
+            await drv.stop()
+    run(go())
