@@ -27,6 +27,7 @@ timeline catches up; ``lag_ms`` records how late each delivery was.
 from __future__ import annotations
 
 import asyncio
+import logging
 import collections
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 
+
+_log = logging.getLogger(__name__)
 
 class PassLike(Protocol):
     """What the driver reads from the core's step outcome."""
@@ -125,6 +128,8 @@ class RankDriver:
         self.dp_rank = dp_rank
         self.clock = clock
         self.on_pass = on_pass
+        self.hook_errors = 0
+        """Passes whose ``on_pass`` hook raised (logged; the engine keeps running)."""
         self.streams: dict[int, StreamState] = {}
         self._wake = asyncio.Event()
         self.batch_lag_ms = batch_lag_ms
@@ -268,7 +273,11 @@ class RankDriver:
             if fpm is not None:
                 self.latest_fpm = fpm
             if self.on_pass is not None:  # streams of this pass's finished requests are still registered here
-                self.on_pass(self.dp_rank, outcome, finished_records, lag)
+                try:
+                    self.on_pass(self.dp_rank, outcome, finished_records, lag)
+                except Exception:  # a failing observer (metrics, FPM/KV publishing) must not stop the engine
+                    self.hook_errors += 1
+                    _log.exception("pass hook failed on dp_rank %d (engine keeps running)", self.dp_rank)
             for rid in done_ids:
                 st = self.streams.pop(rid, None)
                 if st is not None:

@@ -519,3 +519,34 @@ def test_driver_stamp_never_before_the_pass_in_flight():
         finally:
             await drv.stop()
     run(go())
+
+
+def test_driver_keeps_running_when_a_pass_hook_raises():
+    """A failing observer (metrics / FPM / KV-event publishing) is counted and logged; the engine goes on and
+    every request still finishes with all its tokens."""
+    from mocker.engine import make_engine
+    from mocker.live.driver import RankDriver, WallClock
+    from mocker.records import TraceRequest
+
+    calls = []
+
+    def bad_hook(rank, outcome, finished, lag):
+        calls.append(rank)
+        raise RuntimeError("publisher down")
+
+    async def go():
+        clock = WallClock()
+        core = make_engine(EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16))
+        drv = RankDriver(core, 0, clock, on_pass=bad_hook)
+        drv.start()
+        try:
+            streams = [drv.submit(TraceRequest(i, 0.0, 50, 3, None)) for i in (1, 2)]
+            for st in streams:
+                while not (await st.queue.get()).finished:
+                    pass
+            assert [st.record.status for st in streams] == ["finished", "finished"]
+            assert [len(st.record.token_times_ms) for st in streams] == [3, 3]
+            assert drv.hook_errors == len(calls) >= 3  # one prefill pass + two decode passes at least
+        finally:
+            await drv.stop()
+    run(go())
