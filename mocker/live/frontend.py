@@ -55,7 +55,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
-from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
+from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
 
@@ -586,14 +586,4 @@ class Frontend:
 
 async def serve(settings: FrontendSettings, on_bound=None) -> None:  # type: ignore[no-untyped-def]
     fe = Frontend(settings)
-    runner = web.AppRunner(fe.app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    if on_bound is not None:
-        on_bound(port)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    await serve_app(fe.app, settings.host, settings.port, on_bound)

@@ -16,10 +16,13 @@ Errors follow the OpenAI shape ``{"error": {"message", "type", "param", "code"}}
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
+
+from aiohttp import web
 
 from mocker.live.tokenizer import block_hash_ids, render_chat, tokenize
 
@@ -248,3 +251,22 @@ def response_id(kind: Kind, n: int) -> str:
 def now_s() -> int:
     """``created`` timestamp (Unix seconds) of response bodies."""
     return int(time.time())
+
+
+async def serve_app(app: web.Application, host: str, port: int, on_bound: Callable[[int], None] | None = None) -> None:
+    """Serve ``app`` on ``host:port`` (0 = any free port) until cancelled, then clean up.
+
+    ``on_bound(port)`` is called once the socket listens, with the port actually bound. Used by the worker
+    and the frontend.
+    """
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    if on_bound is not None:
+        on_bound(bound)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -52,7 +52,7 @@ from mocker.kv.manager import BlockKvManager
 from mocker.kvevents import EventingKvManager
 from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
-from mocker.live.protocol import (ParsedRequest, RequestError, chunk_body, full_body, now_s, parse_request,
+from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
@@ -588,14 +588,4 @@ async def serve(settings: WorkerSettings, core_factory: CoreFactory | None = Non
                 on_bound: Callable[[int], None] | None = None) -> None:
     """Run a worker until cancelled. ``on_bound(port)`` is called once the socket listens."""
     w = Worker(settings, core_factory)
-    runner = web.AppRunner(w.app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    if on_bound is not None:
-        on_bound(port)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    await serve_app(w.app, settings.host, settings.port, on_bound)
