@@ -56,7 +56,7 @@ from mocker.engine import make_engine
 from mocker.engine.vllm import VllmCore
 from mocker.errors import ConfigError, SimulationError
 from mocker.kv.manager import engine_block_keys
-from mocker.kvevents import EventingKvManager, KvEvent, KvEventIndex
+from mocker.kv.events import EventingKvManager, KvEvent, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 from mocker.routers import ROUTERS
@@ -169,7 +169,7 @@ class Fleet:
     fleet (default: no delay, coordinated handoff). ``seed``: routers' tie-breaking generator.
     ``collect_fpm``: keep per-pass ForwardPassMetrics (read with :meth:`take_fpm`). ``single_step``: no
     fast-forward (equivalence tests). ``kv_events`` / ``kv_event_lag_ms``: the ``kv`` router reads the
-    workers' KV events (seen ``kv_event_lag_ms`` late) instead of their caches (:mod:`mocker.kvevents`).
+    workers' KV events (seen ``kv_event_lag_ms`` late) instead of their caches (:mod:`mocker.kv.events`).
 
     API (times in ms of the virtual clock, never decreasing across calls; a call with an earlier time raises
     SimulationError)::
@@ -511,7 +511,7 @@ class Fleet:
             for c in w.cores:
                 ev = c.kv.events
                 if ev:
-                    index.push([KvEvent(k, h, par, w.worker_id, c.dp_rank, t) for k, h, par in ev])
+                    index.publish([KvEvent(k, h, par, w.worker_id, c.dp_rank, t) for k, h, par in ev])
                     ev.clear()
         index.catch_up(t)
 
@@ -847,7 +847,7 @@ class FleetConfig:
     transfer: KvTransferConfig | None = None
     """KV transfer between the pools (disaggregated only; default: no delay, coordinated handoff)."""
     kv_events: bool = False
-    """The kv router reads workers' KV events (:mod:`mocker.kvevents`) instead of their caches."""
+    """The kv router reads workers' KV events (:mod:`mocker.kv.events`) instead of their caches."""
     kv_event_lag_ms: float = 0.0
     """Delay (ms) before the router sees a KV event."""
 

@@ -132,7 +132,7 @@ class KvRouter:
         self._cores_views: list[_RouterWorkerView] = []
         self._pending: tuple[_RouterWorkerView, list[int], int, int] | None = None
         self.index = None
-        """A :class:`mocker.kvevents.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
+        """A :class:`mocker.kv.events.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
         w0 = workers[0]
@@ -164,7 +164,7 @@ class KvRouter:
             elif index is None:
                 overlap = w.kv.match_prefix(keys_l)[0]
             else:
-                overlap = index.match_prefix(w.worker_id, w.dp_rank, keys_l)
+                overlap = index.overlap(w.worker_id, keys_l, w.dp_rank)
             overlaps.append(overlap)
             prefill_tokens = view.prefill_tokens + req.input_length - overlap * bs
             decode_blocks = view.active_blocks() + view.new_blocks(keys_l, n_unique) if self.track_active_blocks else 0

@@ -1,20 +1,29 @@
-"""KV events per tier, the listener interface block pools call, and a KV-aware router fed only by events.
+"""KV events: what a worker reports as blocks enter and leave its cache tiers, the listener interface block
+pools call, the router-side index built from the events, and a KV-aware router fed only by that index.
 
 Event fields follow Dynamo's KV events: ``stored`` (block hash, parent hash, tier) when a block enters a
 worker's cache tier, ``removed`` (block hash, tier) when it leaves. Tiers: ``G1`` device (the engine's
-block pool), ``G2`` host, ``G3`` disk, ``G4`` object (:mod:`mocker.kv.tiers`).
+block pool), ``G2`` host, ``G3`` disk, ``G4`` object (:mod:`mocker.kv.tiers`). A KV-aware router reads these
+events instead of the workers' caches — the offline fleet with ``Fleet(..., kv_events=True)``, optionally
+``kv_event_lag_ms`` late (it may then route on a prefix already evicted or miss one just stored, as a real
+router does), and the live frontend (:mod:`mocker.live.frontend`) from the workers' ZMQ event streams.
 
 Pieces:
 
+* :class:`KvEvent` — one cache change of one (worker, DP rank, tier), stamped with the time it was drained.
 * :class:`KvListener` — what a block pool calls: ``on_stored([(hash, parent hash or None)])`` and
   ``on_removed([hash])``. Only called when a listener is set (:class:`mocker.kv.kvbm.KvbmBlockManager`,
   :class:`ListeningBlockKvManager`), so the default pool pays nothing.
-* :class:`KvEventLog` — a listener that stamps and buffers :class:`mocker.kvevents.KvEvent` (the record the
-  fleet's G1 event path uses) for one (worker, DP rank); a
-  driver drains it and stamps events with the time it drained them (virtual time, never a clock).
+* :class:`TupleSink` — a listener appending ``(kind, hash, parent)`` tuples to a list;
+  :class:`EventingKvManager` is the native pool with such a sink as ``.events`` (the interface the fleet's
+  and the live worker's event paths drain).
+* :class:`KvEventLog` — a listener that buffers events of one (worker, DP rank, tier) and stamps them when a
+  driver drains them (virtual time, never a clock).
+* :class:`RadixEventAdapter` — turns the SGLang radix cache's token-range changes
+  (:class:`mocker.kv.radix.RadixCache` ``listener``) into block events named by engine block keys.
 * :class:`KvEventIndex` — the router's view: replays events at least ``lag_ms`` old into per-(worker, rank,
-  tier) block sets. With lag 0 and events drained before each routing decision, the index equals the
-  caches (invariant tested with hypothesis).
+  tier) block sets (or applies them at once: :meth:`KvEventIndex.apply`). With lag 0 and events drained
+  before each routing decision, the index equals the caches (invariant tested with hypothesis).
 * :class:`EventKvRouter` — picks a worker by cost = overlap-weighted prefill blocks + decode blocks
   (Dynamo KV router's cost with ``overlap_score_weight`` 1.0), reading overlaps from the index instead of
   worker state; ties go to the lowest worker id.
@@ -23,12 +32,28 @@ Pieces:
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, Sequence
 
 from mocker.kv.manager import BlockKvManager
-from mocker.kvevents import KvEvent  # the fleet's event record (fields: kind, block_hash, parent_hash, worker_id, dp_rank, time_ms, tier)
 
 TIERS: tuple[str, ...] = ("G1", "G2", "G3", "G4")
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvent:
+    """One cache change of one engine core (one DP rank of one worker)."""
+
+    kind: str
+    """``stored`` or ``removed``."""
+    block_hash: int
+    parent_hash: int | None
+    """The previous block of the same prompt when the pool saw it (None otherwise)."""
+    worker_id: int
+    dp_rank: int
+    time_ms: float
+    """When the driver drained it (an upper bound of when it happened)."""
+    tier: str = "G1"
 
 
 class KvListener(Protocol):
@@ -39,6 +64,21 @@ class KvListener(Protocol):
 
     def on_removed(self, blocks: Sequence[int]) -> None:
         """``blocks``: hashes of blocks evicted from the cache."""
+
+
+class TupleSink:
+    """A :class:`KvListener` appending ``(kind, hash, parent hash or None)`` tuples to ``events``."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: list[tuple[str, int, int | None]]) -> None:
+        self.events = events
+
+    def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
+        self.events.extend(("stored", h, p) for h, p in blocks)
+
+    def on_removed(self, blocks: Sequence[int]) -> None:
+        self.events.extend(("removed", h, None) for h in blocks)
 
 
 class KvEventLog:
@@ -129,8 +169,75 @@ class ListeningBlockKvManager(BlockKvManager):
         super().allocate_private(n)
 
 
+class EventingKvManager(ListeningBlockKvManager):
+    """The native pool recording every cache change as ``events``: a list of (kind, block hash, parent hash)
+    tuples that the driver (offline fleet, live worker) drains and clears."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        self.events: list[tuple[str, int, int | None]] = []
+        super().__init__(num_blocks, enable_prefix_caching, listener=TupleSink(self.events))
+
+
+class RadixEventAdapter:
+    """Listener of :class:`mocker.kv.radix.RadixCache` (``listener(kind, content, start, end)``: tokens
+    ``[start, end)`` of sequence ``content`` entered or left the tree) reporting whole pages to a
+    :class:`KvListener` as engine block keys.
+
+    A page is reported when it lies inside one trace-keyed prompt segment of the content: its key is
+    ``chained trace key * q + page index within the trace block`` with ``q = trace_block_size // page_size`` —
+    exactly :func:`mocker.kv.manager.engine_block_keys` of a prompt holding it (the radix cache's own
+    ``match_prefix`` decodes the same map), so a router matching a request's engine block keys finds it.
+    Pages holding request-unique tokens (output, or content without ``hash_ids``) are nobody else's prefix
+    and are not reported; neither is anything when ``trace_block_size % page_size != 0`` (no such map).
+    Each reported page is held at most once by the tree (equal page keys mean equal prefixes, one path),
+    so replaying the events gives the set of cached prefix pages exactly.
+    """
+
+    __slots__ = ("page", "q", "sink", "unique_base")
+
+    def __init__(self, page_size: int, trace_block_size: int, sink: KvListener, unique_base: int = 1 << 64) -> None:
+        self.page = page_size
+        self.q = trace_block_size // page_size if trace_block_size % page_size == 0 else 0
+        self.sink = sink
+        self.unique_base = unique_base
+
+    def page_keys(self, content, start: int, end: int) -> list[int]:  # type: ignore[no-untyped-def]
+        """Engine block keys of the reportable pages in tokens ``[start, end)`` of ``content``."""
+        q, page = self.q, self.page
+        if not q or end <= start:
+            return []
+        out = []
+        bounds, keys, ub = content.bounds, content.keys, self.unique_base
+        nseg = len(bounds)
+        tbs = q * page
+        pos = start - start % page
+        i = 0
+        while pos < end:
+            while i + 1 < nseg and bounds[i + 1] <= pos:
+                i += 1
+            seg_end = bounds[i + 1] if i + 1 < nseg else None
+            k = keys[i]
+            if (seg_end is None or pos + page <= seg_end) and k < ub and nseg > 1 and pos >= start:
+                out.append(k * q + (pos % tbs) // page)
+            pos += page
+        return out
+
+    def __call__(self, kind: str, content, start: int, end: int) -> None:  # type: ignore[no-untyped-def]
+        keys = self.page_keys(content, start, end)
+        if not keys:
+            return
+        if kind == "stored":
+            self.sink.on_stored([(k, None) for k in keys])
+        else:
+            self.sink.on_removed(keys)
+
+
 class KvEventIndex:
-    """Router-side index of cached blocks per (worker, DP rank, tier), fed by events ``lag_ms`` late."""
+    """Router-side index of cached blocks per (worker, DP rank, tier), fed by events ``lag_ms`` late
+    (:meth:`publish` + :meth:`catch_up`), or at once (:meth:`apply`, :meth:`replace`: the live frontend,
+    whose events arrive when they arrive). Raises ValueError for a negative or non-numeric lag."""
 
     def __init__(self, lag_ms: float = 0.0) -> None:
         if isinstance(lag_ms, bool) or not isinstance(lag_ms, (int, float)) or not lag_ms >= 0:
@@ -159,6 +266,32 @@ class KvEventIndex:
                 s.discard(e.block_hash)
             self.applied += 1
 
+    def apply(self, kind: str, worker_id: int, dp_rank: int, blocks: Iterable[int], tier: str = "G1") -> None:
+        """Apply one event now: ``kind`` ``stored`` / ``removed`` of ``blocks``, or ``cleared`` (all gone).
+        Raises ValueError for another kind."""
+        key = (worker_id, dp_rank, tier)
+        s = self.blocks.get(key)
+        if s is None:
+            s = self.blocks[key] = set()
+        if kind == "stored":
+            s.update(blocks)
+        elif kind == "removed":
+            s.difference_update(blocks)
+        elif kind == "cleared":
+            s.clear()
+        else:
+            raise ValueError(f"kind={kind!r}: expected 'stored', 'removed' or 'cleared'")
+        self.applied += 1
+
+    def replace(self, worker_id: int, dp_rank: int, blocks: Iterable[int], tier: str = "G1") -> None:
+        """Set the blocks of one (worker, rank, tier) from a snapshot."""
+        self.blocks[(worker_id, dp_rank, tier)] = set(blocks)
+
+    def forget(self, worker_id: int) -> None:
+        """Drop every rank and tier of a worker (it left)."""
+        for key in [k for k in self.blocks if k[0] == worker_id]:
+            del self.blocks[key]
+
     @property
     def pending(self) -> int:
         """Events published but not applied yet."""
@@ -168,8 +301,8 @@ class KvEventIndex:
         """The blocks the index believes are in that tier (a live set: do not modify)."""
         return self.blocks.get((worker_id, dp_rank, tier), set())
 
-    def overlap(self, worker_id: int, keys: Sequence[int], dp_rank: int = 0, tier: str = "G1") -> int:
-        """Leading blocks of ``keys`` the index believes the worker holds in ``tier``."""
+    def overlap(self, worker_id: int, keys: Iterable[int], dp_rank: int = 0, tier: str = "G1") -> int:
+        """Leading blocks of ``keys`` the index believes the worker's rank holds in ``tier``."""
         s = self.blocks.get((worker_id, dp_rank, tier))
         if not s:
             return 0
@@ -217,5 +350,5 @@ class EventKvRouter:
         self.decode_blocks[worker_id] -= blocks
 
 
-__all__ = ["TIERS", "KvListener", "KvEvent", "KvEventLog", "KvEventIndex", "ListeningBlockKvManager",
-           "EventKvRouter", "tier_listener_adapter"]
+__all__ = ["TIERS", "KvListener", "KvEvent", "KvEventLog", "KvEventIndex", "TupleSink", "ListeningBlockKvManager",
+           "EventingKvManager", "RadixEventAdapter", "EventKvRouter", "tier_listener_adapter"]

@@ -244,7 +244,7 @@ class _TupleSink:
 
 class EventingKvbmBlockManager(KvbmBlockManager):
     """A :class:`KvbmBlockManager` exposing its changes as ``events`` (list of (kind, hash, parent hash)),
-    the interface the fleet's KV-event path drains (:class:`mocker.kvevents.EventingKvManager`'s)."""
+    the interface the fleet's KV-event path drains (:class:`mocker.kv.events.EventingKvManager`'s)."""
 
     __slots__ = ("events",)
 

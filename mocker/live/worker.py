@@ -49,7 +49,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from mocker.config import EngineConfig
 from mocker.errors import MockerError
 from mocker.kv.manager import BlockKvManager
-from mocker.kvevents import EventingKvManager
+from mocker.kv.events import EventingKvManager
 from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
