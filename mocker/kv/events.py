@@ -224,6 +224,17 @@ class RadixEventAdapter:
             pos += page
         return out
 
+    def tree_keys(self, root) -> list[int]:  # type: ignore[no-untyped-def]
+        """Engine block keys of every reportable page held in the tree below ``root`` (a snapshot: what
+        replaying every event so far gives)."""
+        out: list[int] = []
+        stack = list(root.children.values())
+        while stack:
+            n = stack.pop()
+            out.extend(self.page_keys(n.content, n.start, n.start + n.length))
+            stack.extend(n.children.values())
+        return out
+
     def __call__(self, kind: str, content, start: int, end: int) -> None:  # type: ignore[no-untyped-def]
         keys = self.page_keys(content, start, end)
         if not keys:

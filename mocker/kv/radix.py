@@ -173,6 +173,9 @@ class RadixCache:
         self.root = RadixNode(None, None, 0, 0, 0, 0)
         self.root.lock_ref = 1  # never evictable
         self._heap: list[tuple[int, int, RadixNode]] = []
+        self.listener = None
+        """Optional ``listener(kind, content, start, end)``: tokens ``[start, end)`` of ``content`` were
+        ``stored`` in / ``removed`` from the tree (KV events, :class:`mocker.kv.events.RadixEventAdapter`)."""
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
@@ -319,11 +322,15 @@ class RadixCache:
                     node.length += add
                     node.time = now
                     self.protected_size += add
+                    if self.listener is not None:
+                        self.listener("stored", content, pos, end)
                     return node, dup
                 new = self._new_node(node, content, pos, end - pos)
                 new.lock_ref = 0
                 self.evictable_size += new.length  # caller locks it next (moves it to protected)
                 heapq.heappush(self._heap, (new.time, new.uid, new))
+                if self.listener is not None:
+                    self.listener("stored", content, pos, end)
                 return new, dup
             n = child.length if child.length < end - pos else end - pos
             c = child.content.common(content, pos, n)  # type: ignore[union-attr]
@@ -371,12 +378,16 @@ class RadixCache:
             k = -(-(num_tokens - freed) // page) * page
             if k < node.length:
                 node.length -= k
+                if self.listener is not None:
+                    self.listener("removed", node.content, node.start + node.length, node.start + node.length + k)
                 self.evictable_size -= k
                 self.free += k
                 freed += k
                 continue
             heapq.heappop(heap)
             if node.length:
+                if self.listener is not None:
+                    self.listener("removed", node.content, node.start, node.start + node.length)
                 self.evictable_size -= node.length
                 self.free += node.length
                 freed += node.length
