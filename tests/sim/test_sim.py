@@ -13,7 +13,7 @@ from mocker.records import RequestRecord, TraceRequest
 from mocker.traces import load_trace
 from planner.cli import main as cli_main
 from planner.core import PlannerConfig
-from planner.sim.fleet import DynamicFleet, EngineState
+from planner.sim.fleet import EngineState, make_fleet
 from planner.sim.loop import SimSettings, simulate
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, window
 from planner.sim.policies import HpaPolicy, SaturationPolicy, Step, View
@@ -34,7 +34,7 @@ def req(i: int, t_ms: float, isl: int = 374, osl: int = 10) -> TraceRequest:
 
 # ---------------------------------------------------------------------------------------------- fleet / connector
 def test_startup_delay_queues_at_fleet_until_ready():
-    f = DynamicFleet({"agg": ENGINE})
+    f = make_fleet({"agg": ENGINE})
     f.add_worker("agg", 0.0, startup_delay_ms=60_000.0)
     rec = f.submit(req(0, 1_000.0), 1_000.0)
     c = f.pool_counts("agg")
@@ -51,7 +51,7 @@ def test_startup_delay_queues_at_fleet_until_ready():
 
 
 def test_drain_on_scale_down_loses_and_duplicates_nothing():
-    f = DynamicFleet({"agg": ENGINE})
+    f = make_fleet({"agg": ENGINE})
     f.add_worker("agg", 0.0)
     f.add_worker("agg", 0.0)
     recs = [f.submit(req(i, i * 10.0, osl=200), i * 10.0) for i in range(10)]  # round robin: 5 each
@@ -73,7 +73,7 @@ def test_drain_on_scale_down_loses_and_duplicates_nothing():
 
 
 def test_removing_a_starting_worker_releases_it_at_once():
-    f = DynamicFleet({"agg": ENGINE})
+    f = make_fleet({"agg": ENGINE})
     f.add_worker("agg", 0.0)
     wid = f.add_worker("agg", 1_000.0, startup_delay_ms=60_000.0)
     assert f.remove_worker("agg", 11_000.0) == wid
@@ -81,7 +81,7 @@ def test_removing_a_starting_worker_releases_it_at_once():
 
 
 def test_gpu_seconds_hand_computed():
-    f = DynamicFleet({"agg": ENGINE})
+    f = make_fleet({"agg": ENGINE})
     f.add_worker("agg", 0.0)                                   # 0 .. 1000 s
     f.add_worker("agg", 100_000.0, startup_delay_ms=60_000.0)  # 100 .. 400 s (start-up counted)
     f.advance_until(400_000.0)
