@@ -15,9 +15,12 @@ Routing (``--router``)
 ----------------------
 - ``round_robin``: next worker in URL order.
 - ``least_loaded``: fewest in-flight requests, then fewest in-flight prompt+output tokens, then URL.
-- ``kv``: cost = (prompt blocks not cached on the worker) + (in-flight tokens / tokens per block), lowest
-  wins; the cached blocks are the worker's KV events (ZMQ SUB, :mod:`mocker.live.publish`), matched as
-  the longest leading run of the request's ``hash_ids`` — Dynamo's KV router cost with overlap weight 1.
+- ``kv``: per (worker, DP rank): cost = (prompt blocks not cached on that rank) + (tokens in flight on that
+  rank / tokens per block), lowest wins (ties: URL order, then rank); the request is sent with the
+  extension field ``dp_rank`` so the worker runs it on that rank. The cached blocks are the workers' KV
+  events (ZMQ SUB, :mod:`mocker.live.publish`) kept in a :class:`mocker.kv.events.KvEventIndex` per
+  (worker, rank), matched as the longest leading run of the request's engine block keys — Dynamo's KV
+  router cost with overlap weight 1.
 
 Disaggregated pools
 -------------------
@@ -53,6 +56,7 @@ import zmq.asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
 from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
@@ -112,7 +116,11 @@ class WorkerHandle:
     listed: bool = True
     inflight: int = 0
     inflight_tokens: int = 0
-    cached: set[int] = field(default_factory=set)
+    index_id: int = 0
+    """This worker's key in the frontend's KV index (frontend-local: worker ids need not be unique)."""
+    dp_size: int = 1
+    rank_inflight_tokens: list[int] = field(default_factory=lambda: [0])
+    """Prompt + output tokens in flight per DP rank, of the requests sent with a ``dp_rank``."""
     kv_endpoint: str | None = None
     sub_task: asyncio.Task[None] | None = None
     last_event_id: int = 0
@@ -128,6 +136,9 @@ class Frontend:
         self.s = settings
         self.metrics = FrontendMetrics(settings.model_name)
         self.handles: dict[str, WorkerHandle] = {}
+        self.kv_index = KvEventIndex()
+        """Cached engine block keys per (worker ``index_id``, DP rank), from the workers' KV events."""
+        self._next_index_id = 0
         self._rr = 0
         self._rid = 0
         self._room = 0
@@ -185,7 +196,8 @@ class Frontend:
         for u in urls:
             h = self.handles.get(u)
             if h is None:
-                self.handles[u] = WorkerHandle(u)
+                self._next_index_id += 1
+                self.handles[u] = WorkerHandle(u, index_id=self._next_index_id)
             else:
                 h.listed = True
         for u, h in list(self.handles.items()):
@@ -194,6 +206,7 @@ class Frontend:
                 if h.inflight == 0:
                     if h.sub_task:
                         h.sub_task.cancel()
+                    self.kv_index.forget(h.index_id)
                     del self.handles[u]
         self._update_worker_gauge()
 
@@ -236,6 +249,9 @@ class Frontend:
         h.block_size = int(info.get("block_size", h.trace_block_size))
         h.kv_block_ids = str(info.get("kv_block_ids", "trace"))
         h.max_model_len = int(info.get("max_model_len", h.max_model_len))
+        h.dp_size = max(1, int(info.get("dp_size", 1)))
+        if len(h.rank_inflight_tokens) != h.dp_size:
+            h.rank_inflight_tokens = [0] * h.dp_size
         h.kv_endpoint = info.get("kv_events_endpoint")
         h.bootstrap_port = info.get("bootstrap_port")
         if h.kv_endpoint and h.sub_task is None and self.s.router == "kv":
@@ -274,12 +290,7 @@ class Frontend:
                     await self._resync(h)  # a gap: PUB dropped something
                     continue
                 h.last_event_id = ev.event_id
-                if ev.kind == "stored":
-                    h.cached.update(ev.block_ids)
-                elif ev.kind == "removed":
-                    h.cached.difference_update(ev.block_ids)
-                else:
-                    h.cached.clear()
+                self.kv_index.apply(ev.kind, h.index_id, ev.dp_rank, ev.block_ids)
         except asyncio.CancelledError:
             pass
         finally:
@@ -290,7 +301,9 @@ class Frontend:
         try:
             async with self._session.get(h.url + "/kv_state", timeout=aiohttp.ClientTimeout(total=5)) as r:
                 st = await r.json()
-            h.cached = {b for ids in st["ranks"].values() for b in ids}
+            self.kv_index.forget(h.index_id)
+            for rank, ids in st["ranks"].items():
+                self.kv_index.replace(h.index_id, int(rank), ids)
             h.last_event_id = int(st["event_id"])
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError):
             h.last_event_id = 0
@@ -300,20 +313,28 @@ class Frontend:
         return sorted((h for h in self.handles.values() if h.ready and h.listed and h.role == role and h.url not in exclude),
                       key=lambda h: h.url)
 
-    def _pick(self, role: str, p: ParsedRequest, exclude: set[str]) -> WorkerHandle | None:
+    def _pick(self, role: str, p: ParsedRequest, exclude: set[str]) -> tuple[WorkerHandle, int | None] | None:
+        """(worker, DP rank or None = the worker chooses) for the next leg, or None if no worker is ready."""
         c = self._candidates(role, exclude)
         if not c:
             return None
         if self.s.router == "round_robin":
             self._rr += 1
-            return c[self._rr % len(c)]
+            return c[self._rr % len(c)], None
         if self.s.router == "least_loaded":
-            return min(c, key=lambda h: (h.inflight, h.inflight_tokens))
-        return min(c, key=lambda h: self.kv_cost(h, p))
+            return min(c, key=lambda h: (h.inflight, h.inflight_tokens)), None
+        best: tuple[WorkerHandle, int] | None = None
+        best_cost = 0.0
+        for h in c:  # URL order, then rank: the first of equal costs wins
+            for rank in range(h.dp_size):
+                cost = self.kv_cost(h, p, rank)
+                if best is None or cost < best_cost:
+                    best, best_cost = (h, rank), cost
+        return best
 
-    @staticmethod
-    def kv_cost(h: WorkerHandle, p: ParsedRequest) -> float:
-        """Blocks to prefill (prompt blocks after the longest cached leading run) + load in blocks."""
+    def kv_cost(self, h: WorkerHandle, p: ParsedRequest, rank: int = 0) -> float:
+        """Blocks to prefill on ``rank`` of ``h`` (prompt blocks after the longest leading run the KV index
+        holds for that rank) + that rank's in-flight tokens in blocks."""
         ids: Any = p.hash_ids or ()
         bs = max(1, h.trace_block_size)
         if h.kv_block_ids == "engine" and p.hash_ids:
@@ -323,12 +344,9 @@ class Frontend:
             except ValueError:  # hash_ids shorter than the prompt: no match possible
                 ids = ()
         n_blocks = -(-p.input_length // bs)
-        overlap = 0
-        for b in ids:
-            if b not in h.cached:
-                break
-            overlap += 1
-        return (n_blocks - min(overlap, n_blocks)) + h.inflight_tokens / bs
+        overlap = self.kv_index.overlap(h.index_id, ids, rank)
+        load = h.rank_inflight_tokens[rank] if rank < len(h.rank_inflight_tokens) else 0
+        return (n_blocks - min(overlap, n_blocks)) + load / bs
 
     def _pool_roles(self) -> tuple[str, str | None]:
         """(role for the first leg, role for the decode leg or None) given the workers present."""
@@ -357,7 +375,8 @@ class Frontend:
 
     async def _workers(self, request: web.Request) -> web.Response:
         return web.json_response([{"url": h.url, "role": h.role, "ready": h.ready, "listed": h.listed, "inflight": h.inflight,
-                                   "cached_blocks": len(h.cached)} for h in sorted(self.handles.values(), key=lambda h: h.url)])
+                                   "cached_blocks": sum(len(self.kv_index.cached(h.index_id, r)) for r in range(h.dp_size))}
+                                  for h in sorted(self.handles.values(), key=lambda h: h.url)])
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion")
@@ -448,11 +467,12 @@ class Frontend:
         while produced < p.output_length:
             disagg = decode_role is not None and produced == 0 and not prefilled
             role = first_role if ((produced == 0 and not prefilled) or decode_role is None) else decode_role
-            h = self._pick(role, p, failed)
-            if h is None:
+            picked = self._pick(role, p, failed)
+            if picked is None:
                 if produced == 0 and not failed:
                     raise RequestError("no ready worker to serve the request", status=503, type_="ServiceUnavailable")
                 raise RequestError(f"all workers failed after {produced} tokens", status=503, type_="ServiceUnavailable")
+            h, rank = picked
             body = dict(p.raw)
             body.pop("stream_options", None)
             body["stream"] = True
@@ -469,16 +489,19 @@ class Frontend:
             want = 1 if disagg else remaining
             body["max_tokens"] = want
             body.pop("max_completion_tokens", None)
+            body.pop("dp_rank", None)
+            if rank is not None:
+                body["dp_rank"] = rank
             if disagg and self.s.pd_mode == "bootstrap" and h.bootstrap_port:
                 d = self._pick("decode", p, failed)
                 if d is not None:
                     try:
-                        async for piece in self._bootstrap_legs(h, d, p, body):
+                        async for piece in self._bootstrap_legs(h, d[0], p, body, d[1]):
                             produced += 1
                             yield piece
                         return
                     except WorkerFailed:
-                        failed.add(h.url if produced == 0 else d.url)
+                        failed.add(h.url if produced == 0 else d[0].url)
                         retries += 1
                         self.metrics.retries.labels(self.s.model_name).inc()
                         if retries > self.s.max_retries:
@@ -499,7 +522,8 @@ class Frontend:
                     raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable") from None
                 continue
 
-    async def _bootstrap_legs(self, ph: WorkerHandle, dh: WorkerHandle, p: ParsedRequest, p_body: dict[str, Any]):  # type: ignore[no-untyped-def]
+    async def _bootstrap_legs(self, ph: WorkerHandle, dh: WorkerHandle, p: ParsedRequest, p_body: dict[str, Any],  # type: ignore[no-untyped-def]
+                              d_rank: int | None = None):
         """Send the prefill and the decode leg at once; drain the prefill's token, yield the decode's (all
         ``output_length`` of them: the decode worker admits the handed-off prompt and emits every token)."""
         self._room += 1
@@ -509,6 +533,9 @@ class Frontend:
         d_body.pop("stream_options", None)
         d_body.pop("prompt", None)
         d_body.pop("max_completion_tokens", None)
+        d_body.pop("dp_rank", None)
+        if d_rank is not None:
+            d_body["dp_rank"] = d_rank
         host = ph.url.split("://", 1)[1].rsplit(":", 1)[0]
         d_body.update(messages=None, stream=True, prefill_done=True, input_length=p.input_length, max_tokens=p.output_length,
                       bootstrap_room=room, bootstrap_host=host, bootstrap_port=ph.bootstrap_port)
@@ -542,8 +569,12 @@ class Frontend:
         assert self._session is not None
         url = h.url + ("/v1/completions" if p.kind == "completion" else "/v1/chat/completions")
         tokens = p.input_length + want
+        rank = body.get("dp_rank")
+        ranked = isinstance(rank, int) and 0 <= rank < len(h.rank_inflight_tokens)
         h.inflight += 1
         h.inflight_tokens += tokens
+        if ranked:
+            h.rank_inflight_tokens[rank] += tokens
         got = 0
         try:
             async with self._session.post(url, json=body) as r:
@@ -580,6 +611,8 @@ class Frontend:
         finally:
             h.inflight -= 1
             h.inflight_tokens -= tokens
+            if ranked:
+                h.rank_inflight_tokens[rank] -= tokens
             if not h.listed and h.inflight == 0:
                 self._sync_sources(reread=False)
 

@@ -38,9 +38,9 @@ def wire_block_id(key: int) -> int:
 class KvEvent(msgspec.Struct, frozen=True):
     """Blocks of prompt content a worker's cache gained (``stored``) or lost (``removed``).
 
-    ``block_ids``: the engine block keys the core cached or evicted (:func:`mocker.kv.manager.engine_block_keys`)
-    when the worker's ``/info`` says ``kv_block_ids: engine`` (native vLLM/TRT-LLM pool with prefix caching),
-    else the request-level prompt block ids (``hash_ids``, a worker-side LRU mirror: SGLang, KVBM).
+    ``block_ids``: the engine block keys the core cached or evicted (:func:`mocker.kv.manager.engine_block_keys`,
+    as :func:`wire_block_id`; the worker's ``/info`` says ``kv_block_ids: engine``). A producer that can only
+    name request-level prompt block ids (``hash_ids``) says ``kv_block_ids: trace``.
     """
 
     worker_id: int

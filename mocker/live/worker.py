@@ -6,11 +6,19 @@ Endpoints
 ``GET /health`` (process up), ``GET /ready`` (engine loops running; 503 before), ``GET /metrics``
 (Prometheus text, :class:`mocker.live.metrics.WorkerMetrics`), ``GET /fpm`` (latest ForwardPassMetrics
 per DP rank, JSON), ``GET /info`` (worker id, role, engine, block sizes, ZMQ endpoints),
-``GET /kv_state`` (prompt block ids cached per rank, for router resynchronisation),
+``GET /kv_state`` (engine block keys cached per rank and the last KV event id, for router resynchronisation),
 ``GET /records`` (finished requests on the engine timeline, ms since the worker started).
 
-Each DP rank has its own core and :class:`mocker.live.driver.RankDriver`; a request goes to the rank
-with the fewest outstanding requests (lowest index on ties). Speedup: see :mod:`mocker.live.driver`.
+Each DP rank has its own core and :class:`mocker.live.driver.RankDriver`; a request goes to the rank its
+extension field ``dp_rank`` names (a KV-aware router's choice; out of range = 400), else to the rank with the
+fewest outstanding requests (lowest index on ties). Speedup: see :mod:`mocker.live.driver`.
+
+KV events (ZMQ PUB, :mod:`mocker.live.publish`) are the cores' real cache changes, drained after every pass:
+a native vLLM/TRT-LLM pool with prefix caching and a KVBM G1 pool record their stores and evictions
+(:class:`mocker.kv.events.EventingKvManager`, :class:`mocker.kv.kvbm.EventingKvbmBlockManager`); the
+SGLang radix cache reports token ranges entering and leaving its tree, mapped to whole pages
+(:class:`mocker.kv.events.RadixEventAdapter`). Blocks are named by engine block keys
+(:func:`mocker.kv.manager.engine_block_keys` of the prompt, sent as :func:`mocker.live.publish.wire_block_id`).
 
 Disaggregated roles (``EngineConfig.worker_type``): a ``prefill`` worker computes the prompt and the first
 token only (output length forced to 1); a ``decode`` worker receives requests whose prompt KV was
@@ -48,8 +56,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from mocker.config import EngineConfig
 from mocker.errors import MockerError
+from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
+from mocker.kv.kvbm import EventingKvbmBlockManager, KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
-from mocker.kv.events import EventingKvManager
+from mocker.kv.radix import RadixCache
 from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
@@ -107,36 +117,6 @@ class WorkerSettings:
         return p
 
 
-class _KvMirror:
-    """Prompt block ids a rank holds, as seen from finished prefills, bounded like the real cache.
-
-    Only for cores whose pool cannot report its changes (SGLang radix cache, KVBM G1, prefix caching off);
-    a native vLLM/TRT-LLM pool publishes its real stores and evictions (``EventingKvManager``, engine block
-    keys as :func:`mocker.live.publish.wire_block_id`; ``/info`` says ``kv_block_ids: engine``).
-
-    Stored when a request's first token is out (its prompt is then cached); least recently used ids are
-    removed once more than ``capacity`` ids are held (capacity = KV tokens / tokens per id).
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-        self.lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
-
-    def touch(self, ids: tuple[int, ...]) -> tuple[list[int], list[int]]:
-        stored = []
-        for h in ids:
-            if h in self.lru:
-                self.lru.move_to_end(h)
-            else:
-                self.lru[h] = None
-                stored.append(h)
-        removed = []
-        while len(self.lru) > self.capacity:
-            h, _ = self.lru.popitem(last=False)
-            removed.append(h)
-        return stored, removed
-
-
 def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> EngineCore:
     from mocker.engine import make_engine  # lazy: the engine core (developer A's package)
 
@@ -161,8 +141,11 @@ class Worker:
         self.fpm_pub: Publisher | None = None
         self.kv_pub: Publisher | None = None
         self._kv_event_id = 0
-        ids_capacity = self.cfg.total_kv_tokens // max(1, self.cfg.trace_block_size)
-        self.kv_mirror = [_KvMirror(ids_capacity) for _ in range(self.cfg.dp_size)]
+        self._kv_events: list[list[tuple[str, int, int | None]] | None] = []
+        """Per rank: the core's recorded cache changes (kind, engine block key, parent), drained after each
+        pass; None = the core has no prefix cache to report."""
+        self._kv_snapshot: list[Callable[[], list[int]] | None] = []
+        """Per rank: the engine block keys the core's cache holds now."""
         self._first_token_seen: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._child_cache: dict[int, dict[str, Any]] = {}
@@ -198,10 +181,7 @@ class Worker:
         if self.s.kv_events_endpoint:
             self.kv_pub = Publisher(self._zmq, self.s.kv_events_endpoint)
         for core in cores:
-            if self.kv_pub is not None and type(getattr(core, "kv", None)) is BlockKvManager and core.kv.caching:
-                # a fresh core: swap its empty native pool for the one recording every cache change (the
-                # offline fleet's kv_events path, mocker.fleet); its events are the core's real stores/evictions
-                core.kv = EventingKvManager(core.kv.num_blocks, core.kv.caching)
+            self._attach_kv_events(core)
         for rank, core in enumerate(cores):
             d = RankDriver(core, rank, self.clock, on_pass=self._on_pass)
             d.start()
@@ -226,6 +206,28 @@ class Worker:
                 p.close()
         if self._zmq is not None:
             self._zmq.term()
+
+    def _attach_kv_events(self, core: Any) -> None:
+        """Make a fresh core's cache report its real changes (the offline fleet's kv_events path): a native
+        vLLM/TRT-LLM pool with prefix caching is swapped for :class:`EventingKvManager`, a KVBM G1 pool for
+        :class:`EventingKvbmBlockManager` (both empty, same policy); the SGLang radix cache gets a
+        :class:`RadixEventAdapter` listener. Other cores (no prefix cache) report nothing."""
+        kv = getattr(core, "kv", None)
+        events: list[tuple[str, int, int | None]] | None = None
+        snap: Callable[[], list[int]] | None = None
+        if self.kv_pub is not None:
+            if type(kv) in (BlockKvManager, KvbmBlockManager) and kv.caching:
+                kv = core.kv = (EventingKvManager if type(kv) is BlockKvManager else EventingKvbmBlockManager)(kv.num_blocks, kv.caching)
+            if isinstance(kv, (EventingKvManager, EventingKvbmBlockManager)):
+                events = kv.events
+                snap = lambda kv=kv: [*kv.active, *kv.inactive]  # noqa: E731
+            elif type(kv) is RadixCache:
+                events = []
+                ad = RadixEventAdapter(kv.page, self.cfg.trace_block_size, TupleSink(events))
+                kv.listener = ad
+                snap = lambda kv=kv, ad=ad: ad.tree_keys(kv.root)  # noqa: E731
+        self._kv_events.append(events)
+        self._kv_snapshot.append(snap)
 
     # ------------------------------------------------------------------ engine hooks
     def _children(self, rank: int) -> dict[str, Any]:
@@ -265,9 +267,9 @@ class Worker:
         emitted = outcome_emissions(outcome)
         c["generation_tokens"].inc(len(emitted))
         drv = self.drivers[rank] if rank < len(self.drivers) else None
-        core_events = isinstance(getattr(core, "kv", None), EventingKvManager)
-        if core_events:
-            self._publish_core_kv_events(rank, core.kv.events)  # type: ignore[union-attr]
+        ev = self._kv_events[rank] if rank < len(self._kv_events) else None
+        if ev:
+            self._publish_core_kv_events(rank, ev)
         for rid in emitted:  # first token out -> its prompt blocks are cached on this rank
             if rid in self._first_token_seen or drv is None:
                 continue
@@ -279,9 +281,6 @@ class Worker:
             room = self._room_of.pop(rid, None)
             if room is not None:
                 self._resolve_room(room, "ready", st.record.input_length)
-            hid = st.hash_ids
-            if hid and not core_events:
-                self._kv_touch(rank, hid)
         for rec in finished:
             self._first_token_seen.discard(rec.request_id)
             self._observe_finished(rank, rec)
@@ -305,21 +304,13 @@ class Worker:
         events.clear()
 
     def _cached_keys(self, rank: int) -> list[int]:
-        """Block ids a rank's cache holds: the core's cached engine keys (KV events from the core), else the
-        mirror's prompt block ids."""
-        kv = getattr(self.drivers[rank].core, "kv", None) if rank < len(self.drivers) else None
-        if isinstance(kv, EventingKvManager):
-            return [wire_block_id(k) for k in (*kv.active, *kv.inactive)]
-        return list(self.kv_mirror[rank].lru)
-
-    def _kv_touch(self, rank: int, ids: tuple[int, ...]) -> None:
-        stored, removed = self.kv_mirror[rank].touch(ids)
-        if self.kv_pub is None:
-            return
-        for kind, blocks in (("removed", removed), ("stored", stored)):
-            if blocks:
-                self._kv_event_id += 1
-                self.kv_pub.publish(KV_TOPIC, KvEvent(self.s.worker_id, rank, self._kv_event_id, kind, blocks))  # type: ignore[arg-type]
+        """Wire ids of the engine block keys a rank's cache holds now (after publishing its pending changes,
+        so the snapshot and the event id agree)."""
+        ev = self._kv_events[rank] if rank < len(self._kv_events) else None
+        if ev:
+            self._publish_core_kv_events(rank, ev)
+        snap = self._kv_snapshot[rank] if rank < len(self._kv_snapshot) else None
+        return [wire_block_id(k) for k in snap()] if snap is not None else []
 
     def _observe_finished(self, rank: int, rec: RequestRecord) -> None:
         m, name, r = self.metrics, self.s.model_name, str(rank)
@@ -392,13 +383,12 @@ class Worker:
             "kv_events_endpoint": self.kv_pub.endpoint if self.kv_pub else None,
             "outstanding": [d.outstanding for d in self.drivers],
             "bootstrap_port": self.bootstrap_port,
-            "kv_block_ids": "engine" if self.drivers and isinstance(getattr(self.drivers[0].core, "kv", None), EventingKvManager)
-            else "trace",
+            "kv_block_ids": "engine",
         })
 
     async def _kv_state(self, request: web.Request) -> web.Response:
-        return web.json_response({"event_id": self._kv_event_id,
-                                  "ranks": {str(i): self._cached_keys(i) for i in range(len(self.kv_mirror))}})
+        ranks = {str(i): self._cached_keys(i) for i in range(len(self.drivers))}
+        return web.json_response({"event_id": self._kv_event_id, "ranks": ranks})
 
     async def _records(self, request: web.Request) -> web.Response:
         return web.Response(body=msgspec.json.encode([_record_dict(r) for r in self.records]), content_type="application/json")
@@ -430,6 +420,11 @@ class Worker:
             room = body.get("bootstrap_room")
             if room is not None and (isinstance(room, bool) or not isinstance(room, int) or room < 0):
                 raise RequestError("'bootstrap_room' must be a non-negative integer", param="bootstrap_room")
+            want_rank = body.get("dp_rank")
+            if want_rank is not None and (isinstance(want_rank, bool) or not isinstance(want_rank, int)
+                                          or not 0 <= want_rank < len(self.drivers)):
+                raise RequestError(f"'dp_rank' must be an integer in 0..{len(self.drivers) - 1} (this worker's DP ranks), "
+                                   f"got {want_rank!r}", param="dp_rank")
             b_host, b_port = body.get("bootstrap_host"), body.get("bootstrap_port")
             if room is not None and prefill_done and (not isinstance(b_host, str) or isinstance(b_port, bool)
                                                       or not isinstance(b_port, int) or not 0 < b_port < 65536):
@@ -451,7 +446,7 @@ class Worker:
             await self.clock.sleep_until(received_ms)
         self._next_rid += 1
         rid = self._next_rid
-        drv = min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
+        drv = self.drivers[want_rank] if want_rank is not None else min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
         try:
             st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
                             prefilled=self.cfg.worker_type == "decode" and prefill_done, arrival_ms=received_ms)

@@ -71,13 +71,32 @@ def test_round_robin_spreads_and_metrics():
 
 
 def test_kv_router_prefers_cached_prefix():
-    h1, h2 = WorkerHandle("http://a", trace_block_size=16), WorkerHandle("http://b", trace_block_size=16)
-    h1.cached = {1, 2, 3}
+    fe = Frontend(FrontendSettings(workers=("http://a", "http://b"), router="kv"))
+    h1 = WorkerHandle("http://a", trace_block_size=16, index_id=1)
+    h2 = WorkerHandle("http://b", trace_block_size=16, index_id=2, dp_size=2, rank_inflight_tokens=[0, 0])
+    fe.kv_index.apply("stored", 1, 0, [1, 2, 3])
+    fe.kv_index.apply("stored", 2, 1, [1, 2])
     p = ParsedRequest("completion", "mocker", 64, 4, False, False, (1, 2, 3, 4), {})
-    # 4 blocks; a holds the first 3 -> 1 to prefill; b -> 4
-    assert Frontend.kv_cost(h1, p) == 1 and Frontend.kv_cost(h2, p) == 4
-    h1.inflight_tokens = 16 * 4  # a is busier by 4 blocks: 1 + 4 > 4
-    assert Frontend.kv_cost(h1, p) == 5
+    # 4 blocks; a holds the first 3 -> 1 to prefill; b's rank 1 the first 2 -> 2; b's rank 0 nothing -> 4
+    assert fe.kv_cost(h1, p) == 1 and fe.kv_cost(h2, p, 1) == 2 and fe.kv_cost(h2, p, 0) == 4
+    h1.rank_inflight_tokens[0] = 16 * 4  # a is busier by 4 blocks: 1 + 4 > 2
+    assert fe.kv_cost(h1, p) == 5
+    fe.handles = {"http://a": h1, "http://b": h2}
+    h1.ready = h2.ready = True
+    h1.role = h2.role = "aggregated"
+    assert fe._pick("aggregated", p, set()) == (h2, 1)
+    h2.rank_inflight_tokens[1] = 16 * 3  # b1: 2 + 3 = 5, a: 5, b0: 4 + 0
+    assert fe._pick("aggregated", p, set()) == (h2, 0)
+    h2.rank_inflight_tokens[0] = 16  # all three cost 5: the first in URL order, then rank
+    assert fe._pick("aggregated", p, set()) == (h1, 0)
+
+
+async def _until(cond, tries=250):
+    for _ in range(tries):
+        if cond():
+            return True
+        await asyncio.sleep(0.02)
+    return cond()
 
 
 def test_kv_events_reach_frontend_and_route_repeat_prefix():
@@ -88,15 +107,12 @@ def test_kv_events_reach_frontend_and_route_repeat_prefix():
             async with aiohttp.ClientSession() as s:
                 body = {"model": "mocker", "input_length": 64, "hash_ids": [11, 12, 13, 14], "max_tokens": 2}
                 await s.post(url(fsrv) + "/v1/completions", json=body)
-                for _ in range(100):
-                    if any(h.cached for h in fe.handles.values()):
-                        break
-                    await asyncio.sleep(0.02)
-                holder = [h for h in fe.handles.values() if h.cached]
+                await _until(lambda: any(fe.kv_index.blocks.values()))
+                holder = [k for k, v in fe.kv_index.blocks.items() if v]
                 # the worker's events are its core's cache changes: the prompt's 4 engine block keys (block 16)
                 from mocker.kv.manager import engine_block_keys
                 from mocker.live.publish import wire_block_id
-                assert len(holder) == 1 and holder[0].cached == {wire_block_id(k) for k in engine_block_keys([11, 12, 13, 14], 64, 16, 16)}
+                assert len(holder) == 1 and fe.kv_index.blocks[holder[0]] == {wire_block_id(k) for k in engine_block_keys([11, 12, 13, 14], 64, 16, 16)}
                 for _ in range(3):
                     await s.post(url(fsrv) + "/v1/completions", json=body)
             counts = [len(w[1].records) for w in ws]
@@ -105,6 +121,103 @@ def test_kv_events_reach_frontend_and_route_repeat_prefix():
             await fsrv.close()
             for w in ws:
                 await w[0].close()
+    asyncio.run(go())
+
+
+def _core_keys(core):
+    """Engine block keys a core's cache holds (the truth the frontend's index must equal)."""
+    from mocker.kv.events import RadixEventAdapter, TupleSink
+
+    kv = core.kv
+    if hasattr(kv, "root"):
+        return set(RadixEventAdapter(kv.page, kv.trace_block_size, TupleSink([])).tree_keys(kv.root))
+    return set(kv.active) | set(kv.inactive)
+
+
+def test_kv_router_routes_to_the_dp_rank_holding_the_prefix():
+    """A worker with 2 DP ranks: two different prompts sent together land on different ranks (the second sees
+    the first's load); the frontend's index then holds each prompt's blocks under its rank, equal to that
+    rank's core cache; repeats of each prompt go to the rank holding it."""
+    from mocker.live.publish import wire_block_id
+
+    async def go():
+        cfg = EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, dp_size=2)
+        f = factory()
+        w = Worker(WorkerSettings(engine=cfg, port=0), core_factory=f)
+        wsrv = TestServer(w.app, handler_cancellation=True)
+        await wsrv.start_server()
+        fsrv, fe = await start_frontend([url(wsrv)], router="kv")
+        h = fe.handles[url(wsrv)]
+        a = {"model": "mocker", "input_length": 96, "hash_ids": [1, 2, 3, 4, 5, 6], "max_tokens": 4}
+        b = {"model": "mocker", "input_length": 96, "hash_ids": [7, 8, 9, 10, 11, 12], "max_tokens": 4}
+        try:
+            assert h.dp_size == 2
+            async with aiohttp.ClientSession() as s:
+                post = lambda body: s.post(url(fsrv) + "/v1/completions", json=body)  # noqa: E731
+                r1, r2 = await asyncio.gather(post(a), post(b))
+                assert r1.status == r2.status == 200
+                rank_of = {rec.request_id: rec.dp_rank for rec in w.records}
+                assert sorted(rank_of.values()) == [0, 1]
+                truth = [{wire_block_id(k) for k in _core_keys(c)} for c in f.engines]
+                assert await _until(lambda: [fe.kv_index.cached(h.index_id, r) for r in (0, 1)] == truth)
+                assert all(len(t) == 6 for t in truth) and not truth[0] & truth[1]
+                from mocker.kv.manager import engine_block_keys
+                a_keys = {wire_block_id(k) for k in engine_block_keys(a["hash_ids"], 96, 16, 16)}
+                a_rank = 0 if truth[0] == a_keys else 1
+                assert truth[a_rank] == a_keys
+                n0 = len(w.records)
+                for _ in range(3):
+                    assert (await post(a)).status == 200
+                    assert (await post(b)).status == 200
+                new = list(w.records)[n0:]
+                assert len(new) == 6
+                assert [r.dp_rank for r in new] == [a_rank, 1 - a_rank] * 3
+                assert sum(r.cached_tokens for r in new) == 6 * 96 - 6 * 16  # all but the last block: prefix hits
+        finally:
+            await fsrv.close()
+            await wsrv.close()
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("engine", ["vllm-native", "vllm-kvbm", "sglang"])
+def test_frontend_index_equals_the_workers_cache_through_evictions(engine):
+    """Real KV events from the cache itself (native pool, KVBM pool, SGLang radix tree): after a request
+    finishes the frontend's index holds exactly the worker's cached blocks; prompts beyond the cache's
+    capacity evict the first one and its removed events reach the frontend (index == cache again)."""
+    from mocker.kv.manager import engine_block_keys
+    from mocker.live.publish import wire_block_id
+
+    kw = dict(speedup_ratio=100.0, num_gpu_blocks=24, block_size=16, trace_block_size=32)
+    cfg = {"vllm-native": EngineConfig(**kw), "vllm-kvbm": EngineConfig(g1_backend="kvbm", **kw),
+           "sglang": EngineConfig(engine="sglang", **kw)}[engine]
+
+    async def go():
+        f = factory()
+        w = Worker(WorkerSettings(engine=cfg, port=0), core_factory=f)
+        wsrv = TestServer(w.app, handler_cancellation=True)
+        await wsrv.start_server()
+        fsrv, fe = await start_frontend([url(wsrv)], router="kv")
+        h = fe.handles[url(wsrv)]
+        core = f.engines[0]
+        truth = lambda: {wire_block_id(k) for k in _core_keys(core)}  # noqa: E731
+        try:
+            async with aiohttp.ClientSession() as s:
+                first = [100, 101, 102]
+                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 96, "hash_ids": first, "max_tokens": 3})
+                assert r.status == 200
+                want = {wire_block_id(k) for k in engine_block_keys(first, 96, 16, 32)}
+                assert await _until(lambda: fe.kv_index.cached(h.index_id, 0) == truth())
+                assert want <= fe.kv_index.cached(h.index_id, 0)  # the prompt's 6 blocks (output blocks: unique, if any)
+                for i in range(1, 6):  # 5 more distinct 6-block prompts: 36 > 24 blocks
+                    ids = [100 * i + 1000 + j for j in range(3)]
+                    r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 96, "hash_ids": ids, "max_tokens": 3})
+                    assert r.status == 200
+                assert await _until(lambda: fe.kv_index.cached(h.index_id, 0) == truth())
+                assert not want <= fe.kv_index.cached(h.index_id, 0)  # evicted: removed events arrived
+                assert h.last_event_id == w._kv_event_id
+        finally:
+            await fsrv.close()
+            await wsrv.close()
     asyncio.run(go())
 
 

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from mocker.live.protocol import RequestError, parse_request
 from mocker.live.tokenizer import block_hash_ids, count_tokens, render_chat, tokenize
-from mocker.live.worker import _KvMirror
 
 
 def test_tokenizer_pieces_by_hand():
@@ -70,11 +69,3 @@ def test_parse_errors_name_the_field(body, param):
     with pytest.raises(RequestError) as e:
         _p(body)
     assert e.value.param == param and e.value.status == 400
-
-
-def test_kv_mirror_lru_stored_and_removed():
-    m = _KvMirror(3)
-    assert m.touch((1, 2, 3)) == ([1, 2, 3], [])
-    assert m.touch((1,)) == ([], [])        # 1 becomes most recent
-    assert m.touch((4, 5)) == ([4, 5], [2, 3])
-    assert list(m.lru) == [1, 4, 5]

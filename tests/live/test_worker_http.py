@@ -550,3 +550,17 @@ def test_driver_keeps_running_when_a_pass_hook_raises():
         finally:
             await drv.stop()
     run(go())
+
+
+def test_dp_rank_field_picks_the_rank_and_bad_values_are_400():
+    async def body(s, w, f):
+        for bad in (2, -1, True, "1", 1.0):
+            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 2, "dp_rank": bad})
+            assert r.status == 400
+            err = (await r.json())["error"]
+            assert err["param"] == "dp_rank" and "0..1" in err["message"]
+        for rank in (1, 1, 0, 1):
+            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 2, "dp_rank": rank})
+            assert r.status == 200
+        assert [r.dp_rank for r in w.records] == [1, 1, 0, 1]  # one at a time: the least-loaded choice would be 0 each time
+    run(_with_worker(body, dp_size=2))
