@@ -9,7 +9,7 @@ write the result through :mod:`~planner.operator.kube`. Dependencies come from `
 - ``memo.registry``: the ``prometheus_client.CollectorRegistry`` served on ``/metrics``
 - ``memo.loop_metrics``: :class:`~planner.operator.loop.LoopMetrics` (registered on ``memo.registry``)
 - ``memo.budget``: the shared :class:`~planner.operator.loop.BudgetBook` (or None)
-- ``memo.http``: an ``aiohttp.ClientSession`` (created at start-up, closed at clean-up)
+- ``memo.loops``: the running :class:`~planner.operator.loop.PlannerLoop` per (namespace, name) (the probe)
 
 An invalid DGD becomes a ``Ready=False`` / ``InvalidSpec`` condition (no retry loop); API errors are
 kopf temporary errors (retried with back-off).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import aiohttp
 import kopf
 import urllib3
 from kubernetes.client.rest import ApiException
@@ -33,7 +32,7 @@ from planner.operator.reconcile import (LABEL_DGD, LABEL_SERVICE, child_actions,
                                         set_condition)
 from planner.operator.settings import OperatorSettings
 from planner.operator.spec import DGD_GROUP, DGD_PLURAL, DGD_VERSION, DPL_GROUP, DPL_PLURAL, DPL_VERSION, parse_dgd
-from planner.operator.traffic import PrometheusTraffic
+from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
 
 log = logging.getLogger("dynoplan.operator")
 
@@ -112,10 +111,14 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 70.0
         settings.networking.request_timeout = 30.0
         settings.persistence.finalizer = "dynoplan.dev/finalizer"
+        # A deleted DGD keeps kopf's finalizer until its resync timer (and a DynoPlanner until its daemon)
+        # has exited. A timer caught mid-reconcile is re-checked only after `cancellation_polling` (kopf's
+        # default 60 s): deletions then hung for a minute. Re-check every second instead.
+        settings.background.cancellation_polling = 1.0
+        settings.background.instant_exit_timeout = 0.1
         # No cluster-wide CRD/namespace scanning: the watched namespace and resources are fixed, so the
         # operator needs no cluster-scoped RBAC (kopf scans only for dynamic discovery).
         settings.scanning.disabled = bool(memo.op_settings.namespace)
-        memo.http = aiohttp.ClientSession()
         memo.reconciles = Counter("dynoplan_operator_reconciles", "Reconcile actions taken", ["kind", "action"],
                                   registry=memo.registry)
 
@@ -123,10 +126,6 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     def login(**kwargs: Any) -> Any:
         # In a Pod: the mounted ServiceAccount token; elsewhere: $KUBECONFIG (same as kube.py).
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-
-    @kopf.on.cleanup(registry=registry)
-    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        await memo.http.close()
 
     @kopf.on.probe(id="planners", registry=registry)
     def probe_planners(memo: kopf.Memo, **_: Any) -> int:
@@ -148,9 +147,10 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         s: OperatorSettings = memo.op_settings
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
 
-        def traffic(plan: Any) -> PrometheusTraffic:
-            sel = f'model="{plan.model}"' if plan.model else ""
-            return PrometheusTraffic(memo.http, plan.prometheus_url or s.prometheus_url, s.prometheus_timeout_s, sel)
+        def traffic(plan: Any) -> PrometheusTrafficSource:
+            return PrometheusTrafficSource(PrometheusSourceSettings(
+                url=plan.prometheus_url or s.prometheus_url, model=plan.model, namespace=plan.metrics_namespace,
+                timeout_s=s.prometheus_timeout_s))
 
         loop = PlannerLoop(body, memo.kube, defaults=memo.defaults, traffic_factory=traffic,
                            metrics_registry=memo.loop_metrics, budget=memo.budget,
@@ -160,6 +160,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         try:
             await loop.run(stopped)
         finally:
+            await loop.close()
             memo.loops.pop(key, None)
             memo.loop_metrics.registries.pop(key, None)
             if memo.budget is not None:

@@ -60,6 +60,7 @@ class Kube:
         self.co = kubernetes.client.CustomObjectsApi(api)
         self.apps = kubernetes.client.AppsV1Api(api)
         self.core = kubernetes.client.CoreV1Api(api)
+        self.discovery = kubernetes.client.DiscoveryV1Api(api)
 
     @staticmethod
     async def _call(fn: Any, *args: Any, **kw: Any) -> Any:
@@ -125,6 +126,12 @@ class Kube:
             await self._call(fn, name, namespace)
         except Gone:
             pass
+
+    async def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        """EndpointSlices of Service ``service`` (label ``kubernetes.io/service-name``), as plain dicts."""
+        res = await self._call(self.discovery.list_namespaced_endpoint_slice, namespace,
+                               label_selector=f"kubernetes.io/service-name={service}")
+        return [self.api.sanitize_for_serialization(it) for it in res.items]
 
     # ------------------------------------------------------------------ events
     async def event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:

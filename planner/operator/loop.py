@@ -1,9 +1,14 @@
-"""One planner loop per DynoPlanner: observe the DGD and Prometheus, ``Planner.tick``, act, report.
+"""One planner loop per DynoPlanner: observe the DGD, Prometheus and the workers' FPM, ``Planner.tick``,
+act, report.
 
 :class:`KubernetesConnector` reads pools from the DGD (spec replicas, ready replicas from the DGD status)
 and scales with a conditional JSON merge patch of ``spec.services.<name>.replicas``; a 409 (someone edited
 the DGD since it was read) is reported, not retried blindly: the next tick re-reads and the planner
-adopts the edit. :class:`PlannerLoop` owns the planner of one DynoPlanner and runs until stopped.
+adopts the edit. It also finds the workers' ForwardPassMetrics endpoints (:meth:`KubernetesConnector.fpm_endpoints`:
+the ready endpoints of each pool's Service, port named ``fpm``). :class:`FpmFeed` subscribes to them with
+:class:`planner.sources.fpm.FpmSubscriber` for the load loop; traffic for the throughput loop comes from
+:class:`planner.sources.prometheus.PrometheusTrafficSource`. :class:`PlannerLoop` owns the planner of one
+DynoPlanner and runs until stopped.
 
 Event reasons (constant): ``ScaledUp``, ``ScaledDown``, ``Rebalanced``, ``AdvisoryDecision``,
 ``ScaleConflict``, ``InvalidSpec``, ``TargetNotFound``. Condition types on the DynoPlanner: ``SpecValid``,
@@ -14,18 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from planner.core import Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
+from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
 from planner.core.metrics import PlannerMetrics
 from planner.errors import PlannerError
 from planner.operator.errors import SpecError
 from planner.operator.kube import Conflict, Gone, Kube, now_iso
-from planner.operator.reconcile import divide_budget, replica_patch, set_condition
+from planner.operator.reconcile import FPM_PORT_NAME, child_name, divide_budget, replica_patch, set_condition
 from planner.operator.spec import DgdSpec, PlannerSpec, ServiceSpec, parse_dgd, parse_planner, resolve_pools
 
 log = logging.getLogger("dynoplan.operator.planner")
@@ -108,6 +114,72 @@ class KubernetesConnector:
                                   resource_version=obs.body["metadata"]["resourceVersion"])
         return patch
 
+    async def fpm_endpoints(self, obs: Observed) -> dict[str, str]:
+        """``{zmq endpoint: pool}`` of every ready worker of the planned pools.
+
+        The Service of pool service ``s`` is ``<dgd>-<s>`` (:func:`~planner.operator.reconcile.child_name`,
+        the reconciler's name); its EndpointSlices (label ``kubernetes.io/service-name``) give the ready
+        addresses and the port named ``fpm`` (``tcp://<address>:<port>``, IPv6 in brackets). Endpoints whose
+        ``ready`` condition is false are skipped (unknown counts as ready, as the EndpointSlice API says).
+        """
+        out: dict[str, str] = {}
+        for pool, svc in obs.services.items():
+            for sl in await self.kube.list_endpoint_slices(self.plan.namespace, child_name(obs.dgd.name, svc.name)):
+                ports = [p.get("port") for p in (sl.get("ports") or []) if p.get("name") == FPM_PORT_NAME]
+                if not ports or ports[0] is None:
+                    continue
+                for ep in sl.get("endpoints") or []:
+                    if (ep.get("conditions") or {}).get("ready") is False:
+                        continue
+                    for addr in ep.get("addresses") or []:
+                        host = f"[{addr}]" if ":" in addr else addr
+                        out[f"tcp://{host}:{int(ports[0])}"] = pool
+        return out
+
+
+class FpmFeed:
+    """ForwardPassMetrics of one DGD's workers for the load loop, through one
+    :class:`~planner.sources.fpm.FpmSubscriber` (its own receive thread; stamps on ``clock``).
+
+    Every replica of a Deployment runs the same arguments, so the ``worker_id`` a worker puts in its FPM
+    is not unique in Kubernetes. An engine is identified by its endpoint instead: each (endpoint,
+    worker_id) pair gets a small integer id for the lifetime of the feed (never reused), which replaces
+    ``worker_id`` in the passes handed to the core (DP ranks are kept).
+    """
+
+    SEP = "|"
+
+    def __init__(self, clock: Callable[[], float], stale_s: float = 10.0) -> None:
+        from planner.sources.fpm import FpmSubscriber
+
+        self.sub = FpmSubscriber(stale_s=stale_s, clock=clock)
+        self._ids: dict[tuple[str, int], int] = {}
+        self._next_id = itertools.count()
+        self.endpoints: dict[str, str] = {}
+
+    def set_endpoints(self, endpoints: Mapping[str, str]) -> None:
+        """Subscribe to exactly ``{endpoint: pool}`` (the subscriber tags passes with ``pool|endpoint``)."""
+        self.endpoints = dict(endpoints)
+        self.sub.set_endpoints({ep: f"{pool}{self.SEP}{ep}" for ep, pool in self.endpoints.items()})
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.sub.ok)
+
+    def drain(self) -> tuple[ForwardPassMetrics, ...]:
+        """Passes received since the previous call, pool restored, worker ids made unique per endpoint."""
+        out = []
+        for p in self.sub.drain():
+            pool, _, ep = p.pool.partition(self.SEP)
+            key = (ep, p.worker_id)
+            if key not in self._ids:
+                self._ids[key] = next(self._next_id)
+            out.append(dataclasses.replace(p, pool=pool, worker_id=self._ids[key]))
+        return tuple(out)
+
+    def close(self) -> None:
+        self.sub.close()
+
 
 class LoopMetrics:
     """Merges the per-planner registries into one collector (``PlannerMetrics`` registers fixed metric
@@ -139,11 +211,20 @@ class PlannerLoop:
     def __init__(self, body: Mapping[str, Any], kube: Kube, *, defaults: PlannerConfig,
                  traffic_factory: Callable[[PlannerSpec], Any], metrics_registry: Any,
                  budget: BudgetBook | None, min_sleep_s: float, max_sleep_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 fpm_factory: Callable[[Callable[[], float]], Any] | None = None) -> None:
+        """``traffic_factory(plan)``: an object with a blocking ``read(window_s) -> TrafficWindow | None``
+        (:class:`~planner.sources.prometheus.PrometheusTrafficSource`; called again only when the plan's
+        metrics settings change). ``fpm_factory(clock)``: the FPM feed of the load loop (default
+        :class:`FpmFeed`), created when a spec enables the load loop and closed by :meth:`close`."""
         self.body = body  # kopf's live view of the DynoPlanner
         self.kube = kube
         self.defaults = defaults
         self.traffic_factory = traffic_factory
+        self.fpm_factory = fpm_factory or (lambda clock: FpmFeed(clock))
+        self._traffic: Any = None
+        self._traffic_key: Any = None
+        self.fpm: Any = None
         self.registry = metrics_registry
         self.budget = budget
         self.min_sleep_s, self.max_sleep_s = min_sleep_s, max_sleep_s
@@ -214,9 +295,11 @@ class PlannerLoop:
             p: dataclasses.replace(plan.config.limits(p), gpus_per_engine=s.gpus_per_engine)
             for p, s in obs.services.items()})
         if cfg.load_enabled:
-            return await self._invalid(SpecError(
-                f"DynoPlanner {plan.namespace}/{plan.name}",
-                "spec.load.enabled=true: the operator has no ForwardPassMetrics source yet; expected false"))
+            if self.fpm is None:
+                self.fpm = self.fpm_factory(self.clock)
+            self.fpm.set_endpoints(await conn.fpm_endpoints(obs))
+        elif self.fpm is not None:
+            await self.close()
         key = (cfg, plan.profile)
         if self.planner is None or key != self._planner_key:
             try:
@@ -286,11 +369,29 @@ class PlannerLoop:
     async def _tick(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
                     now: float, cap: int | None = None) -> float:
         assert self.planner is not None
-        traffic = await self.traffic_factory(plan).window(cfg.adjustment_interval_s) if cfg.throughput_enabled else None
-        self._cond("MetricsAvailable", traffic is not None or not cfg.throughput_enabled,
-                   "Read" if traffic is not None else "Unknown",
-                   "traffic read from Prometheus" if traffic is not None else "Prometheus read failed or no series")
-        result = self.planner.tick(now, Observations(obs.pools, traffic, passes=(), passes_ok=True))
+        traffic = None
+        if cfg.throughput_enabled:
+            tkey = (plan.prometheus_url, plan.model, plan.metrics_namespace)
+            if self._traffic is None or tkey != self._traffic_key:
+                self._traffic, self._traffic_key = self.traffic_factory(plan), tkey
+            traffic = await asyncio.to_thread(self._traffic.read, cfg.adjustment_interval_s)
+        passes: tuple[ForwardPassMetrics, ...] = ()
+        passes_ok = True
+        if cfg.load_enabled and self.fpm is not None:
+            passes, passes_ok = self.fpm.drain(), self.fpm.ok
+        problems = []
+        if cfg.throughput_enabled and traffic is None:
+            err = getattr(self._traffic, "last_error", None)
+            problems.append(f"Prometheus read unknown ({err})" if err else "Prometheus read unknown")
+        if cfg.load_enabled and not passes_ok:
+            problems.append("FPM subscriber error")
+        read = [n for n, on in (("traffic from Prometheus", cfg.throughput_enabled),
+                                (f"FPM from {len(self.fpm.endpoints) if self.fpm else 0} worker endpoints",
+                                 cfg.load_enabled)) if on]
+        self._cond("MetricsAvailable", not problems, "Unknown" if problems else "Read",
+                   "; ".join(problems) if problems else "read " + " and ".join(read))
+        result = await asyncio.to_thread(self.planner.tick, now,
+                                         Observations(obs.pools, traffic, passes=passes, passes_ok=passes_ok))
         self.last_result = result
         if result.diagnostics.throughput_replicas:
             self._thpt_need = {p: int(n) for p, n in result.diagnostics.throughput_replicas.items()}
@@ -342,6 +443,12 @@ class PlannerLoop:
         await self._status(status)
         now2 = self.clock()
         return min(max(self._next_s - now2, self.min_sleep_s), self.max_sleep_s)
+
+    async def close(self) -> None:
+        """Stop the FPM feed (its receive thread), if any."""
+        fpm, self.fpm = self.fpm, None
+        if fpm is not None:
+            await asyncio.to_thread(fpm.close)
 
     async def run(self, stopped: Any) -> None:
         """Repeat :meth:`step` until ``stopped`` (kopf ``DaemonStopped`` flag: ``stopped.wait(s)``)."""

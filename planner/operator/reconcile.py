@@ -26,6 +26,26 @@ MANAGER = "dynoplan-operator"
 HASH_ANNOTATION = "dynoplan.dev/spec-hash"
 HTTP_PORT = 8000
 """Port every mocker role serves HTTP on inside its Pod (OpenAI API, /health, /ready, /metrics)."""
+FPM_PORT_NAME = "fpm"
+"""Name of the container/Service port of a worker's ForwardPassMetrics ZMQ PUB socket; the planner's load
+loop finds the workers through the EndpointSlices' port of this name."""
+_FPM_FLAG = "--fpm-endpoint"
+
+
+def fpm_port(args: Sequence[str]) -> int | None:
+    """The TCP port of a ``--fpm-endpoint tcp://HOST:PORT`` (or ``--fpm-endpoint=...``) argument of a
+    ``dynoplan mocker serve`` command line; None when absent, ``off``, not TCP or port 0 (any free port,
+    which nothing outside the Pod could find)."""
+    val = None
+    for i, a in enumerate(args):
+        if a == _FPM_FLAG and i + 1 < len(args):
+            val = args[i + 1]
+        elif a.startswith(_FPM_FLAG + "="):
+            val = a.split("=", 1)[1]
+    if not val or not val.startswith("tcp://"):
+        return None
+    port = val.rsplit(":", 1)[-1]
+    return int(port) if port.isdigit() and 0 < int(port) <= 65535 else None
 
 
 def child_name(dgd: str, service: str) -> str:
@@ -47,7 +67,9 @@ def desired_children(dgd: DgdSpec, default_image: str) -> list[dict[str, Any]]:
 
     Each carries an owner reference to the DGD (garbage collection), the labels
     ``dynoplan.dev/dgd``/``dynoplan.dev/service`` and a spec hash annotation. Pods run non-root with a
-    read-only root filesystem; readiness is the process's ``GET /ready`` on port 8000.
+    read-only root filesystem; readiness is the process's ``GET /ready`` on port 8000. A service whose
+    args publish FPM on a fixed TCP port (:func:`fpm_port`) also gets a container and Service port named
+    ``fpm`` (the planner's load loop subscribes to it through the Service's EndpointSlices).
     """
     out: list[dict[str, Any]] = []
     for name in sorted(dgd.services):
@@ -76,6 +98,9 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
         container["command"] = list(s.command)
     if s.args:
         container["args"] = list(s.args)
+    fport = fpm_port(s.args)
+    if fport is not None:
+        container["ports"].append({"name": FPM_PORT_NAME, "containerPort": fport})
     if s.resources:
         container["resources"] = {k: dict(v) for k, v in s.resources.items() if k in ("requests", "limits") and v}
     pod_spec = {"containers": [container], "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
@@ -86,6 +111,8 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
                 "template": {"metadata": {"labels": labels, "annotations": {
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT)}}, "spec": pod_spec}}
     svc_spec = {"selector": selector, "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http"}]}
+    if fport is not None:
+        svc_spec["ports"].append({"name": FPM_PORT_NAME, "port": fport, "targetPort": FPM_PORT_NAME})
     meta = {"name": cname, "namespace": dgd.namespace, "labels": labels, "ownerReferences": [_owner(dgd)]}
     return [
         {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -184,3 +184,70 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
     assert main(["operator"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no Kubernetes credentials" in err[0]
+
+
+@pytest.mark.parametrize("args, port", [
+    (["mocker", "serve", "--fpm-endpoint", "tcp://0.0.0.0:5557"], 5557),
+    (["mocker", "serve", "--fpm-endpoint=tcp://*:6000", "--port", "8000"], 6000),
+    (["mocker", "serve", "--fpm-endpoint", "off"], None),
+    (["mocker", "serve", "--fpm-endpoint", "tcp://127.0.0.1:0"], None),  # any free port: unreachable
+    (["mocker", "serve", "--fpm-endpoint", "ipc:///tmp/x"], None),
+    (["mocker", "serve"], None),
+    (["mocker", "serve", "--fpm-endpoint"], None),
+])
+def test_fpm_port_from_worker_args(args, port):
+    from planner.operator.reconcile import fpm_port
+
+    assert fpm_port(args) == port
+
+
+def test_desired_children_expose_the_fpm_port_only_when_fixed():
+    body = dgd_body(W={"componentType": "worker", "replicas": 2, "extraPodSpec": {"mainContainer": {
+        "args": ["mocker", "serve", "--fpm-endpoint", "tcp://0.0.0.0:5557"]}}},
+        F={"componentType": "frontend", "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}})
+    kids = {(k["kind"], k["metadata"]["name"]): k for k in desired_children(parse_dgd(body), "img")}
+    w = kids[("Deployment", "g-w")]["spec"]["template"]["spec"]["containers"][0]
+    assert w["ports"] == [{"name": "http", "containerPort": 8000}, {"name": "fpm", "containerPort": 5557}]
+    assert kids[("Service", "g-w")]["spec"]["ports"][1] == {"name": "fpm", "port": 5557, "targetPort": "fpm"}
+    f = kids[("Deployment", "g-f")]["spec"]["template"]["spec"]["containers"][0]
+    assert [p["name"] for p in f["ports"]] == ["http"] and len(kids[("Service", "g-f")]["spec"]["ports"]) == 1
+
+
+def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
+    """Two real ZMQ publishers (the live worker's Publisher), both worker_id 0 as every replica of a
+    Deployment would be: the feed gives each endpoint its own engine id and restores the pool."""
+    import time
+
+    import zmq
+
+    from mocker.live.publish import FPM_TOPIC, Publisher, idle_fpm
+    from mocker.records import ForwardPassMetrics as MockerFpm, QueuedRequests, ScheduledRequests
+    from planner.operator.loop import FpmFeed
+
+    ctx = zmq.Context()
+    pubs = [Publisher(ctx, "tcp://127.0.0.1:0") for _ in range(2)]
+    feed = FpmFeed(clock=time.monotonic)
+    try:
+        feed.set_endpoints({pubs[0].endpoint: "prefill", pubs[1].endpoint: "decode"})
+        got: list = []
+        deadline = time.monotonic() + 20
+        # PUB/SUB joins asynchronously: publish until both streams arrive
+        while time.monotonic() < deadline and {p.pool for p in got} != {"prefill", "decode"}:
+            pubs[0].publish(FPM_TOPIC, MockerFpm(0, 0, 0.012, ScheduledRequests(num_prefill_requests=1, sum_prefill_tokens=300),
+                                                      QueuedRequests()))
+            pubs[1].publish(FPM_TOPIC, idle_fpm(0, 0, 0.0))
+            time.sleep(0.05)
+            got += feed.drain()
+        by_pool = {p.pool: p for p in got}
+        assert set(by_pool) == {"prefill", "decode"}
+        assert by_pool["prefill"].worker_id != by_pool["decode"].worker_id
+        assert by_pool["prefill"].scheduled_requests.sum_prefill_tokens == 300 and by_pool["prefill"].wall_time == 0.012
+        assert by_pool["decode"].wall_time == 0.0
+        # ids are stable per endpoint
+        assert len({(p.pool, p.worker_id) for p in got}) == 2
+        assert all(p.timestamp_s <= time.monotonic() for p in got)  # stamped on the loop's clock
+    finally:
+        feed.close()
+        for p in pubs:
+            p.close()
+        ctx.term()
