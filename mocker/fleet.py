@@ -48,7 +48,7 @@ import gc
 from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
-from math import inf
+from math import inf, nextafter
 from typing import Any, Callable, Sequence
 
 from mocker.config import EngineConfig
@@ -56,6 +56,7 @@ from mocker.engine import make_engine
 from mocker.engine.vllm import VllmCore
 from mocker.errors import ConfigError, SimulationError
 from mocker.kv.manager import engine_block_keys
+from mocker.kv.radix import SeqContent
 from mocker.kv.events import EventingKvManager, KvEvent, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
@@ -65,9 +66,9 @@ from mocker.transfer import KvTransferConfig
 POOLS_AGG = ("agg",)
 POOLS_DISAGG = ("prefill", "decode")
 
-_READY, _PREFILL_DONE, _ACTIVATE = 0, 1, 2
+_READY, _PREFILL_DONE, _ACTIVATE, _RESERVE = 0, 1, 2, 3
 # flight phases (disaggregated requests)
-_QUEUED, _PREFILL, _WAIT_DECODE, _TRANSFER, _DECODE, _DONE, _CANCELLED = range(7)
+_QUEUED, _PREFILL, _WAIT_DECODE, _TRANSFER, _DECODE, _DONE, _CANCELLED, _RESERVING = range(8)
 
 
 @dataclass(frozen=True)
@@ -225,9 +226,11 @@ class Fleet:
                 if engines[name].engine == "trtllm":
                     raise ConfigError(f"engine=trtllm ({name} pool): disaggregated serving is not supported for "
                                       "TensorRT-LLM (the reference rejects it too); use vllm")
-                if engines[name].engine == "sglang":
-                    raise ConfigError(f"engine=sglang ({name} pool): disaggregated serving needs a prefilled-request "
-                                      "entry point in the SGLang core (not there yet); use vllm")
+            fams = {name: engines[name].engine == "sglang" for name in POOLS_DISAGG}
+            if fams["prefill"] != fams["decode"]:
+                raise ConfigError(f"engines prefill={engines['prefill'].engine!r}, decode={engines['decode'].engine!r}: "
+                                  "a disaggregated fleet needs the same KV layout on both pools (both sglang, or "
+                                  "both vllm)")
         self.transfer = transfer if transfer is not None else KvTransferConfig()
         self.collect_fpm = collect_fpm
         self.single_step = single_step
@@ -262,8 +265,12 @@ class Fleet:
         self.holds_taken = 0
         """Coordinated handoffs: holds + reservations taken (each is released exactly once)."""
         self.holds_released = 0
-        self._dst_first = self.disagg and self.pools["decode"].cfg.engine == "sglang"
+        self._sg = self.disagg and self.pools["decode"].cfg.engine == "sglang"
+        """SGLang pools: holds are token slots and radix-tree locks (SglangCore.hold_tokens)."""
         self._coordinated = self.disagg and self.transfer.handoff == "coordinated"
+        self._dst_first = self._sg and self._coordinated
+        """SGLang coordinated handoff: the destination reserves before the prefill starts (module docstring)."""
+        self._pending_res: dict[int, deque[_Flight]] = {}  # id(decode core) -> flights waiting to reserve
         self._stalled: set[Any] = set()
         self._core_holds: dict[int, int] = {}  # id(core) -> live holds / reservations on it
         if single_step:
@@ -354,12 +361,13 @@ class Fleet:
         while q and p.cores:
             item = q.popleft()
             if p.name == "decode":
-                self._route_decode(item, t)
+                (self._route_decode_first if self._dst_first else self._route_decode)(item, t)
             else:
                 self._dispatch(item[0], item[1], item[2], t)
 
     def _worker_idle(self, w: _Worker) -> bool:
-        return not w.holds and not w.inflight and not any(c.has_work() for c in w.cores)
+        return (not w.holds and not w.inflight and not any(c.has_work() for c in w.cores)
+                and not any(self._pending_res.get(id(c)) for c in w.cores))
 
     def _check_draining(self, t: float) -> None:
         """Advance draining workers to ``t``; release those that hold nothing, at the end of their last pass."""
@@ -408,6 +416,9 @@ class Fleet:
         if self.disagg:
             fl = _Flight(rid, ireq, rec)
             self._where.append(fl)
+            if self._dst_first:  # SGLang coordinated: the destination reserves before the prefill starts
+                self._route_decode_first(fl, now_ms)
+                return rec
             item: Any = fl
         else:
             self._where.append(None)
@@ -442,7 +453,7 @@ class Fleet:
             c.add_request(preq, t, prec)
             er = c.requests.get(rid) if self._coordinated else None
             if er is not None:
-                fl.pkeys = er.block_keys
+                fl.pkeys = er.content if self._sg else er.block_keys
             rec.prefill_worker_id = c.worker_id
             p.by_id[c.worker_id].inflight.append(fl)
             if p.on_routed is not None:
@@ -479,12 +490,16 @@ class Fleet:
         fl: _Flight = where
         if fl.phase == _QUEUED:
             self.entry.queue = deque(x for x in self.entry.queue if x[2] != rid)
+            self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
         elif fl.phase == _PREFILL:
             self._adv(fl.pcore, now_ms)
             fl.pcore.cancel(rid, now_ms)
             w = self.pools["prefill"].by_id[fl.pcore.worker_id]
             if fl in w.inflight:
                 w.inflight.remove(fl)
+            self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
+        elif fl.phase == _RESERVING:
+            pass  # still waiting for its destination's reservation: skipped when its turn comes
         elif fl.phase == _WAIT_DECODE:
             self.pools["decode"].queue = deque(x for x in self.pools["decode"].queue if x is not fl)
         elif fl.phase == _TRANSFER:
@@ -547,8 +562,12 @@ class Fleet:
             rec.status = prec.status
             rec.finish_ms = prec.finish_ms
             fl.phase = _DONE
+            self._release_holds(fl, t)  # SGLang: the destination's reservation
             return
-        self._route_decode(fl, t)
+        if self._dst_first:
+            self._transfer_reserved(fl, t)
+        else:
+            self._route_decode(fl, t)
 
     def _route_decode(self, fl: _Flight, t: float) -> None:
         p = self.pools["decode"]
@@ -573,9 +592,8 @@ class Fleet:
             p.on_routed(fl.rec)
         req = fl.req
         hit = 0
-        if tr.timing == "destination_missing" and req.hash_ids is not None and c.kv.caching:
-            keys = engine_block_keys(req.hash_ids, req.input_length, c.block_size, c.trace_block_size)
-            hit = min(c.kv.match_prefix(keys)[0] * c.block_size, req.input_length)
+        if tr.timing == "destination_missing" and req.hash_ids is not None:
+            hit = self._destination_hit_tokens(c, req)
         delay = tr.transfer_ms(tr.charged_tokens(req.input_length, hit))
         fl.phase = _TRANSFER
         if coordinated:
@@ -588,26 +606,115 @@ class Fleet:
         else:
             self._push(t + delay, _ACTIVATE, fl)
 
+    def _destination_hit_tokens(self, c: Any, req: TraceRequest) -> int:
+        """Leading prompt tokens the destination core already caches (block/page aligned; 0 without prefix
+        caching): what ``destination_missing`` does not charge."""
+        if self._sg:
+            if not c.caching:
+                return 0
+            content = SeqContent.for_request(req.hash_ids, req.input_length, -1, c.trace_block_size)
+            return c.kv.match_len(content, req.input_length)
+        if not c.kv.caching:
+            return 0
+        keys = engine_block_keys(req.hash_ids, req.input_length, c.block_size, c.trace_block_size)
+        return min(c.kv.match_prefix(keys)[0] * c.block_size, req.input_length)
+
+    # ---------------------------------------------------------------- SGLang: destination first
+    def _route_decode_first(self, fl: _Flight, t: float) -> None:
+        """SGLang coordinated handoff, step 1 (at arrival): the decode router picks the destination, which
+        reserves prompt + 1 tokens at once when idle, else at its next pass boundary, one reservation per
+        boundary while it is busy (reference replay: three requests arriving together at a busy decode
+        worker reserved at three successive pass ends, at an idle one all at the arrival); the prefill is
+        dispatched once reserved."""
+        p = self.pools["decode"]
+        cores = p.cores
+        if not cores:
+            fl.phase = _WAIT_DECODE
+            p.queue.append(fl)
+            return
+        adv = self._adv
+        if p.needs_state:
+            for c in cores:
+                adv(c, t)
+            if self._kv_index:
+                self._drain_kv_events(p, t)
+        c = cores[p.router.choose(fl.req, t, cores)]
+        adv(c, t)
+        fl.dcore = c
+        if p.on_routed is not None:
+            p.on_routed(fl.rec)
+        fl.phase = _RESERVING
+        pend = self._pending_res.get(id(c))
+        if pend is None:
+            pend = self._pending_res[id(c)] = deque()
+        pend.append(fl)
+        if len(pend) == 1:  # else a _RESERVE event of this core is outstanding
+            self._on_reserve(c, t)
+
+    def _on_reserve(self, c: Any, t: float) -> None:
+        """Grant pending reservations on decode core ``c`` at ``t``: one at a pass boundary of a busy core,
+        all while it stays idle; otherwise wait for the end of the pass in flight. Keeps exactly one
+        ``_RESERVE`` event outstanding while reservations are pending."""
+        pend = self._pending_res[id(c)]
+        self._adv(c, t)
+        nb = c.next_pass_ms
+        if c.has_work() and nb > t and c not in self._stalled:  # mid-pass: wait for its end
+            self._push(nb, _RESERVE, c)
+            return
+        while pend:
+            fl = pend.popleft()
+            if fl.phase != _RESERVING:  # cancelled meanwhile
+                continue
+            self._grant_reservation(fl, t)
+            if c.has_work():
+                break
+        if pend:  # the next boundary is the end of the pass starting now: look just after it started
+            self._push(nextafter(t, inf), _RESERVE, c)
+
+    def _grant_reservation(self, fl: _Flight, t: float) -> None:
+        c = fl.dcore
+        fl.reserve = self._take(c, self.pools["decode"].by_id[c.worker_id], fl.req.input_length + 1, None)
+        fl.phase = _QUEUED
+        p = self.entry
+        if p.cores:
+            self._dispatch(fl, fl.rec, fl.rid, t)
+        else:
+            p.queue.append((fl, fl.rec, fl.rid))
+
+    def _transfer_reserved(self, fl: _Flight, t: float) -> None:
+        """SGLang coordinated handoff, step 2 (prefill done): the source holds the prompt's KV and the transfer
+        to the already reserved destination starts at once; step 3 is :meth:`_activate`."""
+        c = fl.dcore
+        tr = self.transfer
+        src = fl.pcore
+        fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], fl.req.input_length, fl.pkeys)
+        hit = 0
+        if tr.timing == "destination_missing" and fl.req.hash_ids is not None:
+            self._adv(c, t)
+            hit = self._destination_hit_tokens(c, fl.req)
+        fl.phase = _TRANSFER
+        self._push(t + tr.transfer_ms(tr.charged_tokens(fl.req.input_length, hit)), _ACTIVATE, fl)
+
     def _take_holds(self, fl: _Flight, dst: Any) -> None:
-        """Coordinated handoff: the source holds the prompt's KV blocks, the destination reserves blocks for
-        prompt + first token (vLLM source-first; SGLang destination-first: the order only decides which side
-        is served first when blocks are short). Each is capped by what is available. A hold is
-        ``(core, worker, blocks)``."""
+        """vLLM coordinated handoff (source-first): the source holds the prompt's KV blocks, then the
+        destination reserves blocks for prompt + first token. Each is capped by what is available. (SGLang
+        orders them destination-first: :meth:`_route_decode_first`.)"""
         src = fl.pcore
         isl = fl.req.input_length
-        sw = self.pools["prefill"].by_id[src.worker_id]
-        dw = self.pools["decode"].by_id[dst.worker_id]
-        if self._dst_first:
-            fl.reserve = self._take(dst, dw, isl + 1, None)
-            fl.hold = self._take(src, sw, isl, fl.pkeys)
-        else:
-            fl.hold = self._take(src, sw, isl, fl.pkeys)
-            fl.reserve = self._take(dst, dw, isl + 1, None)
+        fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], isl, fl.pkeys)
+        fl.reserve = self._take(dst, self.pools["decode"].by_id[dst.worker_id], isl + 1, None)
 
     def _take(self, core: Any, w: _Worker, tokens: int, keys: list[int] | None) -> tuple[Any, _Worker, list[int], int]:
         """Hold ``tokens`` of KV on ``core``: the source pins its prompt's cached blocks (``keys``, just
         released by the finished prefill request, so nothing else is evicted) plus private blocks for the rest;
-        a reservation is private blocks. Capped by what is available."""
+        a reservation is private blocks. Capped by what is available. SGLang cores: token slots and a tree
+        lock (:meth:`SglangCore.hold_tokens`; ``keys`` is then the prompt's content)."""
+        if self._sg:
+            node, n = core.hold_tokens(keys, tokens)
+            w.holds += 1
+            self._core_holds[id(core)] = self._core_holds.get(id(core), 0) + 1
+            self.holds_taken += 1
+            return core, w, node, n
         kv = core.kv
         n = -(-tokens // core.block_size)
         pinned: list[int] = []
@@ -630,8 +737,11 @@ class Fleet:
 
     def _give(self, h: tuple[Any, _Worker, list[int], int], t: float) -> None:
         core, w, pinned, n = h
-        core.kv.release(pinned, n)
-        core.external_private_blocks -= n
+        if self._sg:
+            core.release_hold(pinned, n)
+        else:
+            core.kv.release(pinned, n)
+            core.external_private_blocks -= n
         self._core_holds[id(core)] -= 1
         w.holds -= 1
         self.holds_released += 1
@@ -703,8 +813,10 @@ class Fleet:
                     self._make_ready(obj, et)
             elif kind == _PREFILL_DONE:
                 self._on_prefill_done(obj, et)
-            else:
+            elif kind == _ACTIVATE:
                 self._activate(obj, et)
+            else:
+                self._on_reserve(obj, et)
         if self._draining:
             self._check_draining(t)
 

@@ -121,6 +121,9 @@ class SglangCore:
         self.collect_fpm = collect_fpm
         self.fpm: list[ForwardPassMetrics] = []
         self.waiting: deque[SglangRequest] = deque()
+        self.prefilled: deque[SglangRequest] = deque()
+        """Disaggregated decode side: requests whose prompt KV arrived from a prefill worker, waiting for
+        decode-side admission (:meth:`add_prefilled_request`), in activation order."""
         self.running: list[SglangRequest] = []
         self.requests: dict[int, SglangRequest] = {}
         self.all_requests: list[SglangRequest] = []
@@ -134,6 +137,10 @@ class SglangCore:
         """Pass index of the first kept end time (> 0 only after :meth:`release_finished`)."""
         self._added = 0
         """Requests ever added: the next request's index (``all_requests`` may be released)."""
+        self.external_tokens = 0
+        """Private token slots held for a driver (disaggregated handoff holds and reservations, :mod:`mocker.fleet`)."""
+        self.external_locks = 0
+        """Tree paths locked for a driver (a source's hold on its computed prompt)."""
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
@@ -153,11 +160,36 @@ class SglangCore:
         content = SeqContent.for_request(req.hash_ids if self.caching else None, req.input_length,
                                          UNIQUE_BASE + idx, self.trace_block_size)
         r = SglangRequest(req.request_id, idx, req.input_length, req.output_length, content, record)
-        if not self.running and not self.waiting:
+        if not self.running and not self.waiting and not self.prefilled:
             self.next_pass_ms = max(self.next_pass_ms, now_ms)
         self.requests[r.request_id] = r
         self.all_requests.append(r)
         self.waiting.append(r)
+        return record
+
+    def add_prefilled_request(self, req: TraceRequest, now_ms: float,
+                              record: RequestRecord | None = None) -> RequestRecord:
+        """Disaggregated decode side: queue a request whose prompt KV and first token were computed by a
+        prefill worker (the transfer has ended). Nothing is recomputed: at the first pass that starts at or
+        after ``now_ms`` with room for it, it is admitted straight into the running batch (its prompt slots
+        allocated, the destination's cached prefix shared) and that pass decodes it, as SGLang's decode
+        worker does (no extend pass); it emits ``output_length`` tokens here, the first at the end of that
+        pass (reference, ISL 374 alone at 64 GB/s x 131072 B/token: admitted at 23.004866 ms, first token
+        29.964348 = + one decode pass at 374 of 16384 tokens).
+
+        Admission (in arrival order, while running < max_num_seqs): the prompt's uncached pages plus one
+        page per running request (this one included) for the pass's new tokens must fit free + evictable;
+        a head that does not fit waits (requests behind it too). A prompt that can never fit is rejected
+        (``failed``). Raises SimulationError for a duplicate id, ValueError when ``hash_ids`` is too short.
+        """
+        record = self.add_request(req, now_ms, record)
+        r = self.waiting.pop()
+        # as VllmCore.add_prefilled_request: prompt P-1 computed + 1 "generated" token (the prefill worker's
+        # first token) whose KV the first decode pass computes, so decode passes run at P, P+1, ... tokens
+        r.prompt_len -= 1
+        r.generated = 1
+        r.output_len += 1
+        self.prefilled.append(r)
         return record
 
     def cancel(self, request_id: int, now_ms: float) -> bool:
@@ -167,6 +199,8 @@ class SglangCore:
             return False
         if r in self.running:
             self.running.remove(r)
+        elif r.node is None and r in self.prefilled:
+            self.prefilled.remove(r)
         else:
             self.waiting.remove(r)
         self._release(r)
@@ -177,7 +211,7 @@ class SglangCore:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.prefilled)
 
     def step(self, now_ms: float) -> PassOutcome:
         """Run one pass starting at ``now_ms`` (>= the end of the previous pass)."""
@@ -189,13 +223,13 @@ class SglangCore:
 
     def advance_until(self, horizon_ms: float) -> None:
         """Run every pass that starts before ``horizon_ms``, fast-forwarding stretches of decode passes."""
-        while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+        while (self.running or self.waiting or self.prefilled) and self.next_pass_ms < horizon_ms:
             if not self._stretch(horizon_ms):
                 self._pass(self.next_pass_ms, False)
 
     def advance_single_step(self, horizon_ms: float) -> None:
         """Like :meth:`advance_until`, one pass at a time (reference mode for equivalence tests)."""
-        while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
+        while (self.running or self.waiting or self.prefilled) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
 
     def pass_end_times(self) -> np.ndarray:
@@ -256,7 +290,7 @@ class SglangCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.prefilled)
 
     def active_blocks(self) -> int:
         """Pages held by requests (private + locked tree pages)."""
@@ -268,11 +302,17 @@ class SglangCore:
         self.kv.check_invariants()
         run_ids = {id(r) for r in self.running}
         wait_ids = {id(r) for r in self.waiting}
-        if run_ids & wait_ids:
-            raise SimulationError("a request is both waiting and running")
-        if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting):
+        pre_ids = {id(r) for r in self.prefilled}
+        if run_ids & wait_ids or pre_ids & (run_ids | wait_ids):
+            raise SimulationError("a request is in two of waiting, prefilled and running")
+        if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting) or len(pre_ids) != len(self.prefilled):
             raise SimulationError("a request appears twice in a queue")
-        private = 0
+        for r in self.prefilled:
+            if r.node is not None or r.allocated or r.materialized:
+                raise SimulationError(f"prefilled request {r.request_id} holds KV before its decode admission")
+        if self.external_tokens < 0 or self.external_locks < 0:
+            raise SimulationError(f"negative external holds: {self.external_tokens} tokens, {self.external_locks} locks")
+        private = self.external_tokens
         for r in list(self.running) + list(self.waiting):
             if r.node is None:
                 if r.materialized or r.allocated or r.cached:
@@ -283,7 +323,7 @@ class SglangCore:
                                       f"allocated {r.allocated} inconsistent")
             private += r.allocated - r.cached
         if private != self.kv.private:
-            raise SimulationError(f"private slots held by requests {private} != pool count {self.kv.private}")
+            raise SimulationError(f"private slots held by requests and holds {private} != pool count {self.kv.private}")
         for r in self.running:
             if r.state not in (State.PREFILLING, State.DECODING) or r.node is None:
                 raise SimulationError(f"running request {r.request_id} in state {r.state.name}")
@@ -336,6 +376,71 @@ class SglangCore:
         kv.dec_lock(r.node)  # type: ignore[arg-type]
         r.node = None
         r.materialized = r.allocated = r.cached = 0
+
+    # ================================================================== driver holds (disaggregation)
+    def hold_tokens(self, content: SeqContent | None, tokens: int) -> tuple[RadixNode | None, int]:
+        """Hold ``tokens`` token slots for a driver (:mod:`mocker.fleet` coordinated handoff): with ``content``
+        (a source's hold on the prompt it just computed) the cached prefix of ``content[:tokens]`` is locked
+        in the tree (so it cannot be evicted; nothing else is) and private slots cover the rest; without it
+        (a destination's reservation) all are private slots, evicting unlocked leaves LRU-first if the free
+        pool is short. The private slots are capped at free + evictable. Returns ``(locked node or None,
+        private slots)`` for :meth:`release_hold`. Raises nothing."""
+        kv = self.kv
+        node: RadixNode | None = None
+        matched = 0
+        if content is not None and self.caching:
+            matched, node = kv.match_and_lock(content, tokens)
+            if matched == 0:
+                kv.dec_lock(node)
+                node = None
+            else:
+                self.external_locks += 1
+        n = -(-(tokens - matched) // self.page) * self.page
+        cap = kv.free + kv.evictable_size
+        if n > cap:
+            n = cap // self.page * self.page
+        if n > kv.free:
+            kv.evict(n - kv.free)
+        kv.take(n)
+        self.external_tokens += n
+        return node, n
+
+    def release_hold(self, node: RadixNode | None, private_tokens: int) -> None:
+        """Release a hold taken by :meth:`hold_tokens` (exactly once: the caller forgets it)."""
+        kv = self.kv
+        kv.give_back(private_tokens)
+        self.external_tokens -= private_tokens
+        if node is not None:
+            kv.dec_lock(node)
+            self.external_locks -= 1
+
+    def _admit_prefilled(self) -> None:
+        """Decode-side admission of transferred requests (:meth:`add_prefilled_request`), in order."""
+        kv = self.kv
+        page = self.page
+        q = self.prefilled
+        running = self.running
+        while q and len(running) < self.max_seqs:
+            r = q[0]
+            n = r.seq_len
+            if self.caching:
+                matched, node = kv.match_and_lock(r.content, n)
+            else:
+                matched, node = 0, kv.root
+            need = -(-n // page) * page - matched
+            if need + page * (len(running) + 1) > kv.free + kv.evictable_size:
+                kv.dec_lock(node)
+                return
+            if need > kv.free:
+                kv.evict(need - kv.free)
+            kv.take(need)
+            q.popleft()
+            r.node = node
+            r.cached = matched
+            r.allocated = matched + need
+            r.materialized = r.computed = n
+            r.transition(State.PREFILLING)
+            running.append(r)
 
     # ================================================================== the pass
     def _policy(self) -> None:
@@ -511,7 +616,7 @@ class SglangCore:
             else:
                 r.note_emit(p)
             emitters.append(r)
-            if g == 1:
+            if g == 1 or (g == 2 and r.record.first_token_ms is None):  # g == 2: a prefilled request
                 r.record.first_token_ms = end
             if g >= r.output_len:
                 r.transition(State.FINISHED)
@@ -541,6 +646,8 @@ class SglangCore:
 
     def _pass(self, now: float, want_outcome: bool) -> PassOutcome | None:
         self._policy()
+        if self.prefilled:
+            self._admit_prefilled()
         can_run, items, oom, rejected = self._admit(now)
         if oom:
             self.new_token_ratio = self.init_ratio
@@ -600,9 +707,19 @@ class SglangCore:
             else:
                 end = now
                 finished, emitters = [], []
+                if (self.waiting or self.prefilled) and not rejected and (self.external_tokens or self.external_locks):
+                    # a driver's handoff holds take the room: idle until one is released (mocker.fleet stalls
+                    # the core on this error and resumes it at the release)
+                    raise SimulationError(f"worker {self.worker_id}: the queue head does not fit while handoff "
+                                          "holds are live")
                 if self.waiting and not rejected:
                     # nothing runs and the head cannot be admitted on an idle engine: it never will be
                     r = self.waiting.popleft()
+                    self._release(r)
+                    self._reject(r, now)
+                    rejected.append(r.request_id)
+                elif self.prefilled and not rejected:
+                    r = self.prefilled.popleft()
                     self._release(r)
                     self._reject(r, now)
                     rejected.append(r.request_id)
@@ -635,7 +752,7 @@ class SglangCore:
         pre = [it for it in items if it[2] > 0]
         pre_len = [it[0] for it in pre]
         qp = [r.prompt_len for r in self.waiting if r.generated == 0]
-        qd = [r.seq_len for r in self.waiting if r.generated > 0]
+        qd = [r.seq_len for r in self.waiting if r.generated > 0] + [r.seq_len for r in self.prefilled]
         return ForwardPassMetrics(
             worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
             scheduled_requests=ScheduledRequests(
@@ -655,7 +772,7 @@ class SglangCore:
         Bulk LRU eviction frees the same leaves as pass-by-pass eviction would. False if not applicable."""
         running = self.running
         n = len(running)
-        if n == 0 or self.page != 1:
+        if n == 0 or self.page != 1 or self.prefilled:
             return False
         k_cap = 1 << 60
         s0 = 0

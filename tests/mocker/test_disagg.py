@@ -170,11 +170,11 @@ def test_requests_wait_for_a_decode_worker():
 
 
 # ------------------------------------------------------------------------------------------ refusals
-def test_trtllm_and_sglang_disaggregation_are_config_errors():
+def test_trtllm_and_mixed_kv_layout_disaggregation_are_config_errors():
     with pytest.raises(ConfigError, match="TensorRT-LLM"):
         Fleet({"prefill": EngineConfig(engine="trtllm"), "decode": EngineConfig(engine="trtllm")})
-    with pytest.raises(ConfigError, match="engine=sglang"):
-        Fleet({"prefill": EngineConfig(engine="sglang"), "decode": EngineConfig(engine="sglang")})
+    with pytest.raises(ConfigError, match="prefill='vllm', decode='sglang'.*same KV layout"):
+        Fleet({"prefill": EngineConfig(), "decode": EngineConfig(engine="sglang")})
     with pytest.raises(ConfigError, match="num_decode_workers=0"):
         FleetConfig(num_prefill_workers=2)
     with pytest.raises(ConfigError, match="expected pools"):
