@@ -438,6 +438,10 @@ class PlannerLoop:
             "lastDecision": {"reason": d.reason.value, "time": now_iso(),
                              **({"id": int(d.decision_id)} if d.decision_id is not None else {})},
         }
+        if cfg.load_enabled:
+            status["load"] = {"fpmEndpoints": len(self.fpm.endpoints) if self.fpm is not None else 0,
+                              "engines": len(diag.engines), "estimatedTtftMs": _num(diag.estimated_ttft_ms),
+                              "estimatedItlMs": _num(diag.estimated_itl_ms)}
         if cap is not None:
             status["sharedBudget"] = {"name": plan.shared_budget, "capGpus": int(cap)}
         await self._status(status)
