@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--standalone", action="store_const", const="true", default=None,
                    help="no kopf peering (single replica)")
     p.add_argument("--peering-name", help="kopf peering name (HA)")
+    p.add_argument("--peering-priority", type=int,
+                   help="kopf peering priority; the highest live peer is active (default 0 = from the host name)")
     p.add_argument("--health-port", type=int, help="liveness/readiness port (/healthz; 0 = off)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0 = off)")
     p.add_argument("--dgd-resync-s", type=float, help="DGD reconcile period, s")
@@ -31,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
     keys = ("namespace", "reconcile_dgd", "prometheus_url", "shared_gpu_budget", "planner_defaults_file",
-            "worker_image", "standalone", "peering_name", "health_port", "metrics_port", "dgd_resync_s",
+            "worker_image", "standalone", "peering_name", "peering_priority", "health_port", "metrics_port", "dgd_resync_s",
             "planner_max_sleep_s", "log_format")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.operator.handlers import build_registry
     from planner.operator.kube import Kube, load_client_configuration
     from planner.operator.loop import BudgetBook, LoopMetrics
-    from planner.operator.settings import settings_from_env
+    from planner.operator.settings import effective_peering_priority, settings_from_env
 
     s = settings_from_env(**_overrides(args))
     defaults = load_config(s.planner_defaults_file) if s.planner_defaults_file else PlannerConfig()
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         kopf.run(registry=build_registry(s), memo=memo, standalone=s.standalone,
                  # kopf makes peering mandatory whenever a name is given (pausing without the CRD).
-                 peering_name=None if s.standalone else s.peering_name,
+                 peering_name=None if s.standalone else s.peering_name, priority=effective_peering_priority(s),
                  namespaces=[s.namespace] if s.namespace else (), clusterwide=not s.namespace,
                  liveness_endpoint=f"http://0.0.0.0:{s.health_port}/healthz" if s.health_port else None)  # kopf handles SIGINT/SIGTERM itself
     finally:

@@ -46,6 +46,10 @@ class OperatorSettings:
     """Run without kopf peering (single replica, no KopfPeering resource)."""
     peering_name: str = "dynoplan"
     """kopf peering (namespaced KopfPeering) name for HA: one active operator per peering."""
+    peering_priority: int = 0
+    """This replica's kopf peering priority: the live peer with the highest priority is active, the others
+    pause until it is gone. 0 = derived from the host name (the Pod name), so replicas differ: kopf pauses
+    *every* operator when two peers have the same priority."""
     health_port: int = 8080
     """Port of the liveness/readiness endpoint ``/healthz`` (0 = off)."""
     metrics_port: int = 9100
@@ -65,6 +69,9 @@ class OperatorSettings:
             v = getattr(self, n)
             if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535):
                 p.append(f"{n}={v!r}: expected a port 0..65535")
+        if not (isinstance(self.peering_priority, int) and not isinstance(self.peering_priority, bool)
+                and 0 <= self.peering_priority < 2**31):
+            p.append(f"peering_priority={self.peering_priority!r}: expected an integer 0..2147483647 (0 = from the host name)")
         if not (isinstance(self.shared_gpu_budget, int) and self.shared_gpu_budget >= 0):
             p.append(f"shared_gpu_budget={self.shared_gpu_budget!r}: expected an integer >= 0")
         if self.log_format not in ("json", "plain"):
@@ -73,6 +80,18 @@ class OperatorSettings:
             p.append(f"prometheus_url={self.prometheus_url!r}: expected an http(s) URL")
         if p:
             raise SettingsError(p)
+
+
+def effective_peering_priority(settings: OperatorSettings, host: str | None = None) -> int:
+    """``settings.peering_priority``, or when 0 a stable value in 1..2**31-1 from ``host`` (default: the
+    host name, which is the Pod name in Kubernetes): SHA-256 of the name, first 4 bytes, top bit cleared."""
+    if settings.peering_priority:
+        return settings.peering_priority
+    import hashlib
+    import socket
+
+    name = host if host is not None else socket.gethostname()
+    return max(1, int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") & 0x7FFFFFFF)
 
 
 def settings_from_mapping(data: Mapping[str, Any]) -> OperatorSettings:
