@@ -39,17 +39,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.errors import ConfigError, PlannerError
+from planner.errors import ConfigError, PlannerError, ProfileError
 
 DYNOPLAN = (sys.executable, "-m", "planner.cli")
 
 
 # ============================================================================== dynoplan planner
+def _port_arg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a TCP port from 0 (any free port) to 65535")
+    return v
+
+
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
     parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
     parser.add_argument("--host", help="override service.host")
-    parser.add_argument("--port", type=int, help="override service.port (0 = any free port)")
+    parser.add_argument("--port", type=_port_arg, help="override service.port (0 = any free port)")
     parser.add_argument("--prometheus-url", help="read traffic from this Prometheus (overrides prometheus.url)")
     parser.add_argument("--frontend-url", help="without Prometheus: scrape this frontend's /metrics directly")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -59,8 +69,18 @@ def _build_planner(stack: Any) -> Any:
     from planner.core import Planner, load_profile
     from planner.core.traces import read_trace_intervals
 
-    profile = load_profile(stack.profile) if stack.profile else None
-    warm = read_trace_intervals(stack.warm_start_trace, stack.planner.adjustment_interval_s) if stack.warm_start_trace else ()
+    try:
+        profile = load_profile(stack.profile) if stack.profile else None
+    except (ProfileError, OSError, ValueError) as e:
+        msg = str(e).removeprefix(f"{stack.profile}: ")
+        raise ConfigError(f"profile={str(stack.profile)!r}: expected a performance profile .npz "
+                          f"(`dynoplan profile --out FILE`): {msg}") from None
+    try:
+        warm = (read_trace_intervals(stack.warm_start_trace, stack.planner.adjustment_interval_s)
+                if stack.warm_start_trace else ())
+    except (OSError, ValueError) as e:
+        msg = str(e).removeprefix(f"{stack.warm_start_trace}: ")
+        raise ConfigError(f"warm_start_trace={str(stack.warm_start_trace)!r}: cannot read the trace: {msg}") from None
     return Planner(stack.planner, profile, warm_start=warm)
 
 
@@ -120,9 +140,9 @@ def run_planner(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         try:
             port = await svc.start()
-        except OSError as e:
+        except (OSError, OverflowError) as e:
             await svc.stop()
-            raise ConfigError(f"cannot listen on {svc.host}:{svc.port}: {e.strerror or e}") from None
+            raise ConfigError(f"cannot listen on {svc.host}:{svc.port}: {getattr(e, 'strerror', None) or e}") from None
         url = f"http://{svc.host}:{port}"
         (state_dir / "planner.json").write_text(json.dumps({"pid": os.getpid(), "url": url}))
         print(f"planner listening on {url}", flush=True)
@@ -165,9 +185,12 @@ class _Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.info: dict[str, Any] = {"pid": os.getpid()}
+        self.log_start: dict[str, int] = {}
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"{name}.log", "ab") as f:
+        log_path = self.logs / f"{name}.log"
+        self.log_start[name] = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as f:
             p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
         self.procs[name] = p
@@ -185,8 +208,9 @@ class _Stack:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if p.poll() is not None:
-                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-600:]
-                raise ConfigError(f"{name} exited with code {p.returncode} during start-up: {tail.strip()}")
+                log_path = self.logs / f"{name}.log"
+                raise ConfigError(f"{name} exited with code {p.returncode} during start-up: "
+                                  f"{_last_error_line(log_path, self.log_start.get(name, 0))} (log: {log_path})")
             if _get_ok(url):
                 return
             time.sleep(0.1)
@@ -212,6 +236,31 @@ class _Stack:
             self.stop(name)
 
 
+def _last_error_line(log_path: Path, start: int = 0) -> str:
+    """The most telling line a child wrote to its log since byte ``start``: its last ``error:`` line
+    (our CLIs print user mistakes that way), else its last non-empty line, else ``(no output)``."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    errs = [ln for ln in lines if "error:" in ln.lower()]
+    return (errs or lines or ["(no output)"])[-1][:400]
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """None when ``host:port`` can be bound now, else the reason (e.g. 'address already in use')."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def _leftover_stack_pids(state_dir: Path) -> list[int]:
     """Pids of a previous ``up`` in ``state_dir`` (stack.json) that still run *and* are still ours
     (their command line names this state dir), e.g. after ``up`` itself was SIGKILLed."""
@@ -233,7 +282,13 @@ def _leftover_stack_pids(state_dir: Path) -> list[int]:
 
 
 def _prometheus_binary() -> str | None:
-    return os.environ.get("DYNOPLAN_PROMETHEUS") or shutil.which("prometheus")
+    """``$DYNOPLAN_PROMETHEUS`` (must be an executable file) or ``prometheus`` on PATH (None if absent)."""
+    env = os.environ.get("DYNOPLAN_PROMETHEUS")
+    if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise ConfigError(f"DYNOPLAN_PROMETHEUS={env!r}: expected the path of an executable prometheus binary")
+        return env
+    return shutil.which("prometheus")
 
 
 def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner: str, workers_sd: Path) -> None:
@@ -264,6 +319,12 @@ def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> list[subprocess.P
         try:
             deadline = time.monotonic() + stack_cfg.ready_timeout_s
             while True:
+                died = [e for e in conn.events if e["event"] == "died" and e.get("state") == "starting"]
+                if died:
+                    e = died[0]
+                    log_path = state_dir / "logs" / f"{e['worker']}.log"
+                    raise ConfigError(f"fleet.worker_args.{e['pool']}={list(stack_cfg.worker_args.get(e['pool'], ()))!r}: "
+                                      f"worker {e['worker']} exited during start-up: {_last_error_line(log_path)}")
                 pools = await conn.observe()
                 if pools and all(pools[p].ready_replicas == stack_cfg.initial.get(p, 0) for p in cfg.pools):
                     return
@@ -290,12 +351,23 @@ def run(args: argparse.Namespace) -> int:
                           "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
-    left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", [])]
+    from planner.connectors.local import pid_alive
+
+    left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", []) if pid_alive(int(w["pid"]))]
     left += _leftover_stack_pids(state_dir)
     if left:
         print(f"notice: stopping {len(left)} process(es) left by a previous run in {state_dir}", file=sys.stderr,
               flush=True)
         stop_pids(left)
+    fixed_ports = [("frontend.port", "127.0.0.1", stack_cfg.frontend_port),
+                   ("service.port", stack_cfg.service_host, stack_cfg.service_port)]
+    if stack_cfg.prometheus_url is None and stack_cfg.prometheus_enabled != "false":
+        fixed_ports.append(("prometheus.port", "127.0.0.1", stack_cfg.prometheus_port))
+    for key, host, port in fixed_ports:
+        why = _port_in_use(host, port) if port else None
+        if why:
+            raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({why}); expected a free port "
+                              "(or 0 for any free port)", source=str(cfg_path))
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")
     write_atomic(state_dir / "prometheus_workers.json", "[]")

@@ -281,7 +281,7 @@ class LocalConnector:
             if self._exited(w):
                 self.workers.remove(w)
                 changed = True
-                self._event("stopped" if w.state == "draining" else "died", w)
+                self._event("stopped" if w.state == "draining" else "died", w, state=w.state)
                 return
             if w.state == "starting":
                 st, _ = await self._get_json(w.url + "/ready")

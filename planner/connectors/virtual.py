@@ -155,13 +155,19 @@ class VirtualConnector:
         return web.json_response(self.info.to_dict())
 
     async def _wait(self, request: web.Request) -> web.Response:
+        raw_after, raw_t = request.query.get("after", "0"), request.query.get("timeout_s", "30")
         try:
-            after = int(request.query.get("after", "0"))
-            timeout_s = float(request.query.get("timeout_s", "30"))
+            after = int(raw_after)
+        except ValueError:
+            return web.json_response({"error": f"after={raw_after!r}: expected an integer (last decision id seen)"},
+                                     status=400)
+        try:
+            timeout_s = float(raw_t)
             if not 0 <= timeout_s <= MAX_WAIT_S:
                 raise ValueError
         except ValueError:
-            return web.json_response({"error": f"expected after=<int> and 0 <= timeout_s <= {MAX_WAIT_S}"}, status=400)
+            return web.json_response({"error": f"timeout_s={raw_t!r}: expected seconds from 0 to {MAX_WAIT_S:g}"},
+                                     status=400)
         assert self._cond is not None
 
         def newer() -> bool:

@@ -105,7 +105,11 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         problems.extend("planner." + p for p in e.problems)
         raw = data.get("planner") if isinstance(data.get("planner"), Mapping) else {}
         mode = raw.get("mode", "disagg")  # keep checking the other sections against the intended mode
-        planner = PlannerConfig(mode=mode) if mode in MODES else PlannerConfig()
+        mode_known = mode in MODES
+        throughput_on = raw.get("throughput_enabled", True) is not False
+        planner = PlannerConfig(mode=mode) if mode_known else PlannerConfig()
+    else:
+        mode_known, throughput_on = True, planner.throughput_enabled
     kw: dict[str, Any] = {}
 
     def path(key: str, v: Any) -> Path | None:
@@ -120,7 +124,7 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     kw["profile"] = path("profile", data.get("profile"))
     if kw["profile"] is not None and not kw["profile"].exists():
         problems.append(f"profile={str(kw['profile'])!r}: file not found")
-    if planner.throughput_enabled and kw["profile"] is None:
+    if throughput_on and kw["profile"] is None:
         problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
     kw["warm_start_trace"] = path("warm_start_trace", data.get("warm_start_trace"))
     kw["state_dir"] = path("state_dir", data.get("state_dir", ".dynoplan")) or base_dir / ".dynoplan"
@@ -137,17 +141,28 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
                             f"{'>' if strict else '>='} {minimum:g}")
         return v
 
+    def port(key: str, v: Any) -> Any:
+        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535):
+            problems.append(f"{key}={v!r}: expected a TCP port, an integer from 0 (any free port) to 65535")
+        return v
+
+    def text(key: str, v: Any) -> str | None:
+        if v is not None and not (isinstance(v, str) and v):
+            problems.append(f"{key}={v!r}: expected a non-empty string (quote it in YAML)")
+            return None
+        return v
+
     svc = _section(data, "service", {"host", "port", "token"}, problems)
-    kw["service_host"] = str(svc.get("host", "127.0.0.1"))
-    kw["service_port"] = num("service.port", svc.get("port", 8090), True, 0, strict=False)
-    kw["token"] = svc.get("token")
+    kw["service_host"] = text("service.host", svc.get("host", "127.0.0.1")) or "127.0.0.1"
+    kw["service_port"] = port("service.port", svc.get("port", 8090))
+    kw["token"] = text("service.token", svc.get("token"))
     fe = _section(data, "frontend", {"port", "router", "poll_s", "model_name"}, problems)
-    kw["frontend_port"] = num("frontend.port", fe.get("port", 8080), True, 0, strict=False)
+    kw["frontend_port"] = port("frontend.port", fe.get("port", 8080))
     kw["frontend_router"] = fe.get("router", "least_loaded")
     if kw["frontend_router"] not in ("round_robin", "least_loaded", "kv"):
         problems.append(f"frontend.router={kw['frontend_router']!r}: expected round_robin, least_loaded or kv")
     kw["frontend_poll_s"] = num("frontend.poll_s", fe.get("poll_s", 0.25))
-    kw["model_name"] = str(fe.get("model_name", "mocker"))
+    kw["model_name"] = text("frontend.model_name", fe.get("model_name", "mocker")) or "mocker"
     fl = _section(data, "fleet", {"initial", "worker_args", "drain_grace_s", "drain_timeout_s", "ready_timeout_s"}, problems)
     initial = fl.get("initial") or {}
     if not isinstance(initial, Mapping):
@@ -155,9 +170,14 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         initial = {}
     init: dict[str, int] = {}
     for p in planner.pools:
-        v = initial.get(p, planner.limits(p).min_replicas or 1)
+        lim = planner.limits(p)
+        v = initial.get(p, lim.min_replicas or 1)
         init[p] = num(f"fleet.initial.{p}", v, True, 0, strict=False)
-    for p in initial:
+        hi = lim.max_replicas
+        if isinstance(v, int) and not isinstance(v, bool) and (v < lim.min_replicas or (hi is not None and v > hi)):
+            problems.append(f"fleet.initial.{p}={v}: expected within planner.{p}.min_replicas={lim.min_replicas} "
+                            f"and max_replicas={hi if hi is not None else 'unbounded'}")
+    for p in initial if mode_known else ():
         if p not in planner.pools:
             problems.append(f"fleet.initial.{p}: pool not planned in mode {planner.mode!r} "
                             f"(expected {', '.join(planner.pools)})")
@@ -178,13 +198,18 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     if en not in ("auto", "true", "false"):
         problems.append(f"prometheus.enabled={en!r}: expected auto, true or false")
     kw["prometheus_enabled"] = en
-    kw["prometheus_url"] = pr.get("url")
-    kw["prometheus_port"] = num("prometheus.port", pr.get("port", 0), True, 0, strict=False)
+    kw["prometheus_url"] = text("prometheus.url", pr.get("url"))
+    if kw["prometheus_url"] is not None and not kw["prometheus_url"].startswith(("http://", "https://")):
+        problems.append(f"prometheus.url={kw['prometheus_url']!r}: expected an http:// or https:// URL")
+    kw["prometheus_port"] = port("prometheus.port", pr.get("port", 0))
     kw["prometheus_scrape_interval_s"] = num("prometheus.scrape_interval_s", pr.get("scrape_interval_s", 1.0))
     kw["prometheus_timeout_s"] = num("prometheus.timeout_s", pr.get("timeout_s", 5.0))
-    kw["prometheus_namespace"] = pr.get("namespace")
-    kw["prometheus_bearer_token"] = pr.get("bearer_token")
-    kw["prometheus_ca_file"] = pr.get("ca_file")
+    kw["prometheus_namespace"] = text("prometheus.namespace", pr.get("namespace"))
+    kw["prometheus_bearer_token"] = text("prometheus.bearer_token", pr.get("bearer_token"))
+    ca = path("prometheus.ca_file", pr.get("ca_file"))
+    if ca is not None and not ca.is_file():
+        problems.append(f"prometheus.ca_file={str(ca)!r}: file not found (expected a PEM CA bundle)")
+    kw["prometheus_ca_file"] = str(ca) if ca is not None else None
     fpm = data.get("fpm", True)
     if not isinstance(fpm, bool):
         problems.append(f"fpm={fpm!r}: expected true or false")

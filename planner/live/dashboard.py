@@ -36,7 +36,7 @@ DASHBOARD_HTML = """<!DOCTYPE html>
 <style>
 body{font-family:system-ui,sans-serif;margin:12px;background:#fafafa;color:#222}
 h1{font-size:18px;margin:4px 0} .row{display:flex;flex-wrap:wrap;gap:8px}
-.plot{width:calc(50% - 8px);min-width:420px;height:300px;background:#fff;border:1px solid #ddd}
+.plot{width:calc(50% - 8px);min-width:420px;height:330px;background:#fff;border:1px solid #ddd}
 table{border-collapse:collapse;font-size:12px;background:#fff} td,th{border:1px solid #ddd;padding:2px 6px}
 #status{font-size:13px;margin:4px 0 8px}
 </style>
@@ -55,8 +55,8 @@ window.dashboardReady = false; window.dashboardUpdates = 0; window.dashboardStat
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
 function ts(t) { return new Date(t * 1000); }
 function layout(title, ytitle, extra) {
-  return Object.assign({title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 30, b: 40},
-    xaxis: {type: "date"}, yaxis: {title: {text: ytitle}, rangemode: "tozero"}, legend: {orientation: "h"}}, extra || {});
+  return Object.assign({title: {text: title, font: {size: 14}, x: 0.01, xanchor: "left"}, margin: {l: 50, r: 10, t: 30, b: 40},
+    xaxis: {type: "date"}, yaxis: {title: {text: ytitle}, rangemode: "tozero"}, legend: {orientation: "h", y: -0.3}}, extra || {});
 }
 function esc(s) { return String(s).replace(/[&<>]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[c])); }
 function render(st) {
@@ -88,7 +88,7 @@ function render(st) {
     {x: names, y: en.map(e => e.queued_prefill), type: "bar", name: "queued prefill"},
     {x: names, y: en.map(e => e.queued_decode), type: "bar", name: "queued decode"},
     {x: names, y: en.map(e => e.running_decode + e.running_prefill), type: "bar", name: "scheduled"}
-  ], {title: {text: "Per-engine queues (latest pass)", font: {size: 14}}, margin: {l: 50, r: 10, t: 30, b: 60},
+  ], {title: {text: "Per-engine queues (latest pass)", font: {size: 14}, x: 0.01, xanchor: "left"}, margin: {l: 50, r: 10, t: 30, b: 60},
       barmode: "group", yaxis: {title: {text: "requests"}, rangemode: "tozero"}, legend: {orientation: "h"}});
   const tb = document.querySelector("#decisions tbody");
   tb.innerHTML = st.decisions.slice(0, 30).map(d => "<tr><td>" + ts(d.t).toLocaleTimeString() + "</td><td>" + d.decision_id +

@@ -10,7 +10,7 @@ import yaml
 
 from planner.errors import ConfigError
 from planner.live.config import load_stack_config, stack_config_from_mapping
-from tests.liveplanner.stack import stack_file
+from tests.liveplanner.stack import stack_file, write_profile
 
 DYNOPLAN = [sys.executable, "-m", "planner.cli"]
 
@@ -73,3 +73,81 @@ def test_planner_port_in_use(tmp_path):
         p = stack_file(tmp_path, connector="virtual")
         r = _run("planner", "--config", str(p), "--port", str(port))
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr.splitlines()[-1]
+
+
+def test_values_checked_with_field_value_expectation(tmp_path):
+    (tmp_path / "ca.pem").write_text("not checked here")
+    with pytest.raises(ConfigError) as e:
+        stack_config_from_mapping({"planner": {"mode": "agg", "agg": {"min_replicas": 1, "max_replicas": 3}},
+                                   "service": {"port": 70000, "token": 123}, "frontend": {"port": -1},
+                                   "fleet": {"initial": {"agg": 9}},
+                                   "prometheus": {"url": "localhost:9090", "ca_file": "missing.pem", "port": "x"}},
+                                  tmp_path)
+    msg = str(e.value)
+    for part in ("service.port=70000: expected a TCP port", "service.token=123: expected a non-empty string",
+                 "frontend.port=-1: expected a TCP port", "prometheus.port='x': expected a TCP port",
+                 "fleet.initial.agg=9: expected within planner.agg.min_replicas=1 and max_replicas=3",
+                 "prometheus.url='localhost:9090': expected an http:// or https:// URL",
+                 f"prometheus.ca_file={str(tmp_path / 'missing.pem')!r}: file not found"):
+        assert part in msg, (part, msg)
+    ok = stack_config_from_mapping({"planner": {"mode": "agg", "throughput_enabled": False, "load_enabled": True},
+                                    "prometheus": {"url": "https://p:9090", "ca_file": "ca.pem"}}, tmp_path)
+    assert ok.prometheus_ca_file == str(tmp_path / "ca.pem")
+
+
+def test_unknown_mode_reported_alone(tmp_path):
+    """A bad mode is one problem; the pools of the other sections are not judged against a guessed mode."""
+    with pytest.raises(ConfigError) as e:
+        stack_config_from_mapping({"planner": {"mode": "foo"}, "profile": str(write_profile(tmp_path / "p.npz")),
+                                   "fleet": {"initial": {"agg": 1}}}, tmp_path)
+    assert e.value.problems == ["planner.mode='foo': expected one of disagg, prefill, decode, agg"]
+
+
+def test_up_port_in_use_named_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = stack_file(tmp_path, frontend={"port": port})
+        r = _run("up", "--config", str(p))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"frontend.port={port}: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert not (tmp_path / "state" / "stack.json").exists()
+
+
+def test_up_bad_worker_flag_reports_the_worker_error(tmp_path):
+    """A worker flag mocker serve rejects: up stops at the first worker exit with that worker's own one-line
+    error and leaves nothing running."""
+    p = stack_file(tmp_path, prometheus={"enabled": False},
+                   fleet={"initial": {"agg": 1}, "worker_args": {"agg": ["--speedup-ratio", "-3"]}})
+    r = _run("up", "--config", str(p))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "fleet.worker_args.agg=['--speedup-ratio', '-3']: worker agg-1 exited during start-up: " in r.stderr
+    assert "--speedup-ratio: '-3': expected" in r.stderr
+    import json
+
+    from tests.liveplanner.stack import pid_alive
+
+    info = json.loads((tmp_path / "state" / "stack.json").read_text())
+    assert info["frontend_pid"] and not pid_alive(info["frontend_pid"])
+
+
+def test_up_bad_profile_and_prometheus_binary(tmp_path):
+    p = stack_file(tmp_path, profile="stack.yaml")
+    r = _run("up", "--config", str(p))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"profile={str(tmp_path / 'stack.yaml')!r}: expected a performance profile .npz" in r.stderr
+    p = stack_file(tmp_path)
+    import os
+
+    r = subprocess.run(DYNOPLAN + ["up", "--config", str(p)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DYNOPLAN_PROMETHEUS": str(tmp_path / "nope")})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"DYNOPLAN_PROMETHEUS={str(tmp_path / 'nope')!r}: expected the path of an executable" in r.stderr
+
+
+def test_planner_port_flag_range(tmp_path):
+    r = _run("planner", "--config", str(stack_file(tmp_path)), "--port", "70000")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "'70000': expected a TCP port" in r.stderr
