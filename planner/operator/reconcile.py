@@ -86,7 +86,7 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
     selector = {LABEL_DGD: dgd.name, LABEL_SERVICE: s.name}
     env = [{"name": k, "value": v} for k, v in dict(dgd.envs + s.envs).items()]
     container: dict[str, Any] = {
-        "name": "main", "image": s.image or default_image,
+        "name": "main", "image": s.image or default_image, "imagePullPolicy": s.image_pull_policy or "IfNotPresent",
         "ports": [{"name": "http", "containerPort": HTTP_PORT}],
         "env": env,
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 2},

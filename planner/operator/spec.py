@@ -23,7 +23,8 @@ DPL_GROUP, DPL_VERSION, DPL_PLURAL, DPL_KIND = "dynoplan.dev", "v1alpha1", "dyno
 class ServiceSpec:
     """One DGD service: name, component types, replicas (None = unset, treated as 1), GPUs per engine
     (``nvidia.com/gpu`` limit, else request, else 1 -- mocker workers use no GPU but occupy an engine slot),
-    image/command/args of the main container, envs."""
+    image/command/args of the main container, envs, the main container's ``imagePullPolicy`` (None =
+    the reconciler's ``IfNotPresent``, so an image loaded into kind with a ``:latest`` tag is not pulled)."""
 
     name: str
     component_type: str | None
@@ -35,6 +36,7 @@ class ServiceSpec:
     args: tuple[str, ...]
     envs: tuple[tuple[str, str], ...]
     resources: Mapping[str, Any] | None = None
+    image_pull_policy: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,7 @@ def parse_dgd(body: Mapping[str, Any]) -> DgdSpec:
             name=name, component_type=s.get("componentType"), sub_component_type=s.get("subComponentType"),
             replicas=s.get("replicas"), gpus_per_engine=_gpus(s.get("resources"), f"spec.services.{name}", problems),
             image=main.get("image"), command=tuple(main.get("command") or ()), args=tuple(main.get("args") or ()),
-            envs=_envs(s.get("envs")), resources=s.get("resources"))
+            envs=_envs(s.get("envs")), resources=s.get("resources"), image_pull_policy=main.get("imagePullPolicy"))
     if not services:
         problems.append("spec.services={}: expected at least one service")
     if problems:

@@ -251,3 +251,25 @@ def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
         for p in pubs:
             p.close()
         ctx.term()
+
+
+def test_desired_children_pull_policy_if_not_present_unless_the_dgd_says():
+    """kind: an image loaded with `kind load` under a :latest tag must not be pulled (the default policy of
+    :latest is Always, which fails without a registry)."""
+    body = dgd_body(A={"componentType": "worker", "extraPodSpec": {"mainContainer": {"image": "dynoplan:latest"}}},
+                    B={"componentType": "frontend", "extraPodSpec": {"mainContainer": {"imagePullPolicy": "Always"}}})
+    deps = {k["metadata"]["name"]: k for k in desired_children(parse_dgd(body), "img:1") if k["kind"] == "Deployment"}
+    assert deps["g-a"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    assert deps["g-b"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Always"
+
+
+def test_peering_priority_explicit_or_stable_from_the_host_name():
+    from planner.operator.settings import effective_peering_priority
+
+    assert effective_peering_priority(OperatorSettings(peering_priority=7)) == 7
+    a = effective_peering_priority(OperatorSettings(), host="dynoplan-operator-5d9c-abcde")
+    assert a == effective_peering_priority(OperatorSettings(), host="dynoplan-operator-5d9c-abcde")
+    assert 1 <= a < 2**31
+    assert a != effective_peering_priority(OperatorSettings(), host="dynoplan-operator-5d9c-fghij")
+    with pytest.raises(SettingsError, match="peering_priority=-1"):
+        OperatorSettings(peering_priority=-1)
