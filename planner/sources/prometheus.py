@@ -153,10 +153,25 @@ class PrometheusTrafficSource:
                     return None
                 values[key] = val
         except Exception as e:  # noqa: BLE001 - any transport or server error is "unknown"
-            self.last_error = f"{type(e).__name__}: {str(e)[:200]}"
+            self.last_error = self._reason(e)
             return None
         self.last_error = None
         return window_from_values(window_s, values)
+
+    def _reason(self, e: BaseException) -> str:
+        """One line on why a read failed; a TLS verification failure says which option fixes it."""
+        import requests
+
+        text = str(e)
+        if isinstance(e, requests.exceptions.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text:
+            import re
+
+            m = re.search(r"certificate verify failed:?\s*([^(']*)", text)
+            detail = "certificate verify failed" + (f": {m.group(1).strip()}" if m and m.group(1).strip() else "")
+            ca = f"the CA file {self.settings.ca_file!r}" if self.settings.ca_file else "the system CAs"
+            return (f"TLS: {detail} for {self.settings.url} with {ca}; set prometheus.ca_file to the PEM CA "
+                    "bundle that signed the server's certificate")
+        return f"{type(e).__name__}: {text[:200]}"
 
 
 def parse_cumulative(text: str, model: str | None) -> dict[str, float]:
