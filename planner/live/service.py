@@ -90,7 +90,13 @@ class PlannerService:
         traffic = None
         if self.cfg.throughput_enabled and self.traffic is not None:
             traffic = await asyncio.to_thread(self.traffic.read, self.cfg.adjustment_interval_s)
-            self.traffic_error = getattr(self.traffic, "last_error", None) if traffic is None else None
+            err = getattr(self.traffic, "last_error", None) if traffic is None else None
+            if err != self.traffic_error:  # log each change once (a dead Prometheus is not a warning per tick)
+                if err:
+                    log.warning("traffic unknown (the throughput loop holds): %s", err)
+                elif self.traffic_error:
+                    log.info("traffic known again")
+            self.traffic_error = err
         passes: tuple[Any, ...] = ()
         ok = True
         if self.fpm is not None:
