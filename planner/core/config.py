@@ -141,6 +141,11 @@ class PlannerConfig:
     agg_prefill_interference: bool = True
     """Throughput loop, aggregated pool: size decode for ``itl x (1 - lambda x P)`` (prefill passes stall
     decode; :func:`planner.core.throughput.size_agg_decode`); False = decode sized alone (reference)."""
+    agg_itl_tail: bool = True
+    """Throughput loop, aggregated pool: at least the replicas whose predicted share of requests missing the ITL
+    target through prefill stalls (Poisson stalls against each request's slack,
+    :func:`planner.core.throughput.size_agg_itl_tail`) is within ``1 - sla_attainment_target``; needs that
+    target (None = rule off). False = mean-ITL sizing only."""
     sla_attainment_target: float | None = 0.995
     """Share of requests that should meet the TTFT target and (separately) the ITL target, 0 < f < 1; None
     = off. When the traffic window carries SLA-bucket counts, each throughput interval compares the
@@ -148,6 +153,10 @@ class PlannerConfig:
     ``1 + attainment_gain x (miss / allowed - 1)`` (at most x2 per interval, up to ``attainment_max_headroom``);
     while misses stay under half the allowed share, it shrinks by ``attainment_relax`` toward 1."""
     attainment_gain: float = 0.5
+    attainment_significance_z: float = 1.645
+    """SLA-attainment feedback: grow headroom only when a window's misses exceed the allowed count by ``z``
+    Poisson standard deviations (:func:`planner.core.planner.significant_misses`; 1.645 = one-sided 95 %);
+    0 = any excess counts."""
     attainment_relax: float = 0.95
     attainment_max_headroom: float = 4.0
 
@@ -199,7 +208,7 @@ def _validate(c: PlannerConfig) -> list[str]:
     if not (isinstance(c.attainment_max_headroom, (int, float)) and math.isfinite(c.attainment_max_headroom)
             and c.attainment_max_headroom >= 1):
         p.append(f"attainment_max_headroom={c.attainment_max_headroom!r}: expected a finite number >= 1")
-    for n in ("attainment_gain", "scale_down_hysteresis", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
+    for n in ("attainment_gain", "attainment_significance_z", "scale_down_hysteresis", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
               "kalman_q_trend", "kalman_r"):
         nonneg(n, getattr(c, n))
     if (isinstance(c.load_adjustment_interval_s, (int, float)) and isinstance(c.adjustment_interval_s, (int, float))

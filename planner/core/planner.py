@@ -126,6 +126,15 @@ class _Pending:
     since_s: float
 
 
+def significant_misses(observed: float, expected: float, z: float) -> bool:
+    """True when ``observed`` SLA misses exceed what a fleet meeting the target would show by chance:
+    ``observed > expected + z x sqrt(expected)`` (``expected = allowed share x requests``; misses of a
+    fleet exactly at the target are binomial with a small share, ~Poisson(expected), whose standard
+    deviation is ``sqrt(expected)``; z = 1.645 is its one-sided 95 % bound). ``z = 0`` reduces to
+    ``observed > expected``."""
+    return observed > expected + z * math.sqrt(max(expected, 0.0))
+
+
 class Planner:
     """Pure decision state machine. One instance per managed deployment.
 
@@ -166,6 +175,7 @@ class Planner:
         self._thpt_exact: dict[str, float] = {}
         self._thpt_required: dict[str, int] = {}
         self._last_mix: tuple[LengthBucket, ...] = ()
+        self._last_osl_buckets: tuple[tuple[float, float], ...] = ()
         self._last_isl_tokens = math.nan
         self.p_correction = 1.0
         self.d_correction = 1.0
@@ -214,6 +224,8 @@ class Planner:
         self._feed_predictors(traffic)
         if traffic.mix:
             self._last_mix = traffic.mix
+        if traffic.osl_buckets:
+            self._last_osl_buckets = traffic.osl_buckets
         if traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens):
             self._last_isl_tokens = traffic.mean_isl_tokens
         prof = self.profile
@@ -234,7 +246,7 @@ class Planner:
                     self.d_correction)
         self._update_headroom(traffic, ready)
         demand = Demand(self._pred_req.predict_next(), self._pred_isl.predict_next(), self._pred_osl.predict_next(),
-                        self._last_mix)
+                        self._last_mix, self._last_osl_buckets)
         self._demand = demand
         if not demand.known:
             return False
@@ -252,7 +264,9 @@ class Planner:
         the window's requests over the target, ``allowed = 1 - target``; ``miss > allowed`` -> headroom x
         ``min(2, 1 + gain x (miss / allowed - 1))`` (capped at ``attainment_max_headroom``);
         ``miss < allowed / 2`` -> headroom x ``attainment_relax`` (floored at 1); otherwise unchanged.
-        A window without SLA buckets (NaN) changes nothing.
+        A window without SLA buckets (NaN) changes nothing. Growth also needs the misses to be significant
+        (:func:`significant_misses` with ``attainment_significance_z``): at a 0.1 % target a window of 900
+        requests allows 0.9 misses, so one or two misses are chance, not evidence of an undersized pool.
 
         Headroom only grows when the misses are not explained by a fleet still catching up: for every pool
         the SLA concerns (TTFT: prefill/agg, ITL: decode/agg), the fleet ready at the previous throughput
@@ -265,14 +279,16 @@ class Planner:
         if cfg.sla_attainment_target is None:
             return
         allowed = 1.0 - cfg.sla_attainment_target
-        for key, att in zip(("ttft", "itl"), traffic.attainment()):
+        totals = (traffic.num_ttft_observed, traffic.num_finished)
+        for key, att, total in zip(("ttft", "itl"), traffic.attainment(), totals):
             if not math.isfinite(att):
                 continue
             miss = 1.0 - att
             h = self.headroom[key]
             pools = [p for p in cfg.pools if p in (("prefill", "agg") if key == "ttft" else ("decode", "agg"))]
             settled = all(settled_pool[p] for p in pools)
-            if miss > allowed and settled:
+            if miss > allowed and settled and significant_misses(miss * total, allowed * total,
+                                                                 cfg.attainment_significance_z):
                 h = min(cfg.attainment_max_headroom, h * min(2.0, 1.0 + cfg.attainment_gain * (miss / allowed - 1.0)))
             elif miss < allowed / 2.0:
                 h = max(1.0, h * cfg.attainment_relax)

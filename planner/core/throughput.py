@@ -31,15 +31,28 @@ Beyond the reference (each rule can be switched off in :class:`~planner.core.con
   to prefill), and its decode token throughput is that of the decode-only profile x ``(1 - lambda x P)``.
   Decode is therefore sized for the ITL budget ``itl_target x (1 - lambda x P)`` and the replicas divided
   by ``(1 - lambda x P)``, where ``lambda = rate / replicas`` depends on the answer (least fixed point).
+- the ITL tail of aggregated engines (:func:`agg_itl_miss_share`, :func:`size_agg_itl_tail`): the SLA is on
+  each request's *own* mean ITL, and the mean-ITL sizing above lets a short request that meets one or two
+  prefill stalls miss it (a 20-token answer that waits behind one 40 ms prefill has a mean gap 2 ms
+  higher). Model: prefills arrive at one engine as a Poisson stream of rate ``lambda``, each stalls the
+  decode batch for ``P`` ms (prefill time at the predicted ISL), the stall-free gap is ``itl_d`` (decode
+  profile at the engine's KV usage). A request with ``o`` output tokens (``o - 1`` gaps) misses the target
+  ``T`` exactly when the stalls exceed its slack, ``K x P > (T - itl_d)(o - 1)``; at that boundary it lives
+  ``(o - 1) T`` ms, so ``P(miss | o) = P(Poisson(lambda (o - 1) T) > floor((T - itl_d)(o - 1) / P))``,
+  averaged over the output-length distribution (the frontend's OSL histogram when reported, else an
+  exponential with the predicted mean: the maximum-entropy law for a positive length of known mean, which
+  errs toward more short requests). The pool needs the least ``n`` with miss share at ``rate / n`` within
+  ``1 - sla_attainment_target``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+from scipy.special import pdtrc
 
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
@@ -114,6 +127,8 @@ class Demand:
     isl_tokens: float
     osl_tokens: float
     mix: tuple[LengthBucket, ...] = ()
+    osl_buckets: tuple[tuple[float, float], ...] = ()
+    """Observed output-length histogram, ``(le_tokens, count)`` non-cumulative (TrafficWindow.osl_buckets)."""
 
     @property
     def known(self) -> bool:
@@ -249,12 +264,114 @@ def size_agg_decode(demand: Demand, interval_s: float, d_corr: float, itl_target
     return PoolSizing(hi, ceil_replicas(hi), res.thpt_per_gpu, res.meets_itl)  # thpt: effective (x (1 - u))
 
 
+TAIL_OSL_POINTS = 64
+"""Equal-probability points of the exponential output-length law used when no histogram is reported."""
+
+
+def osl_distribution(demand: Demand) -> tuple[np.ndarray, np.ndarray]:
+    """(output lengths in tokens, shares summing to 1) representing the next interval's requests.
+
+    From ``demand.osl_buckets``: one point per non-empty bucket at the geometric middle of its bounds
+    (``sqrt(lo x le)``, ``lo`` = the previous bound, at least 1; an ``inf`` bucket at ``2 lo``), all scaled
+    so their weighted mean equals the predicted mean OSL (the histogram gives the shape, the predictor the
+    level, as the ``mix`` sizing does). Without a histogram: ``1 + (m - 1) x Exp(1)`` at the midpoints of
+    :data:`TAIL_OSL_POINTS` equal-probability slices, ``m`` = predicted mean OSL (>= 1).
+    """
+    m = max(1.0, float(demand.osl_tokens))
+    vals, wts = [], []
+    lo = 1.0
+    for le, n in demand.osl_buckets:
+        if n > 0:
+            hi = le if math.isfinite(le) else 2.0 * max(lo, 1.0)
+            vals.append(math.sqrt(max(lo, 1.0) * max(hi, 1.0)))
+            wts.append(float(n))
+        lo = le
+    if vals:
+        v, w = np.array(vals), np.array(wts)
+        w = w / w.sum()
+        mean = float(w @ v)
+        return (v * (m / mean) if mean > 0 else v), w
+    q = (np.arange(TAIL_OSL_POINTS) + 0.5) / TAIL_OSL_POINTS
+    return 1.0 + (m - 1.0) * -np.log1p(-q), np.full(TAIL_OSL_POINTS, 1.0 / TAIL_OSL_POINTS)
+
+
+def agg_itl_miss_share(rate_per_engine_s: float, decode_itl_ms: float, prefill_stall_ms: float, itl_target_ms: float,
+                       osl_tokens: np.ndarray, shares: np.ndarray) -> float:
+    """Share of requests whose own mean ITL exceeds ``itl_target_ms`` on one aggregated engine (module docstring).
+
+    ``rate_per_engine_s``: prefills (requests) per second reaching the engine; ``decode_itl_ms``: the
+    stall-free decode gap; ``prefill_stall_ms``: the time one prefill adds to the pass it joins;
+    ``osl_tokens``/``shares``: the output-length distribution. A request with one output token has no gap
+    (never misses). Returns 1.0 when ``decode_itl_ms >= itl_target_ms`` (every request with a gap misses).
+    """
+    t, p = itl_target_ms, prefill_stall_ms
+    gaps = np.maximum(np.asarray(osl_tokens, dtype=float) - 1.0, 0.0)
+    w = np.asarray(shares, dtype=float)
+    has_gap = gaps > 0
+    if decode_itl_ms >= t:
+        return float(w[has_gap].sum() / w.sum())
+    if rate_per_engine_s <= 0 or p <= 0:
+        return 0.0
+    k = np.floor((t - decode_itl_ms) * gaps / p)
+    mu = rate_per_engine_s * gaps * t / 1000.0
+    miss = np.where(has_gap, pdtrc(k, mu), 0.0)
+    return float(w @ miss / w.sum())
+
+
+def size_agg_itl_tail(demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, allowed_miss: float,
+                      decode: DecodeProfile, prefill: PrefillProfile, max_replicas: float = 1e6) -> float:
+    """Fractional aggregated replicas whose predicted ITL miss share (:func:`agg_itl_miss_share`) is at most
+    ``allowed_miss`` for ``demand`` (module docstring).
+
+    Per engine at ``n`` replicas: ``lambda = rate / n``; KV usage from Little's law at the boundary
+    (``lambda x mean OSL x T`` requests of ``ISL + OSL/2`` tokens over ``max_kv_tokens``); stall-free gap
+    ``decode.itl_ms_at(usage, ISL + OSL/2) x d_corr``; stall ``P = prefill.ttft_ms_at(ISL)``. The miss share
+    falls with ``n``: doubling then bisection (relative tolerance 1e-4). Returns 0.0 (rule does not apply)
+    when there is no demand or even an unloaded engine cannot meet the target, and ``max_replicas`` when no
+    size up to it does.
+    """
+    if demand.num_requests <= 0 or not demand.known:
+        return 0.0
+    rate = demand.num_requests / interval_s
+    isl, osl_mean = demand.isl_tokens, max(1.0, demand.osl_tokens)
+    context = isl + osl_mean / 2.0
+    stall = prefill.ttft_ms_at(isl)
+    osl, w = osl_distribution(demand)
+    corr = d_corr if math.isfinite(d_corr) and d_corr > 0 else 1.0
+
+    def miss(n: float) -> float:
+        lam = rate / n
+        usage = lam * osl_mean * itl_target_ms / 1000.0 * context / decode.max_kv_tokens
+        return agg_itl_miss_share(lam, decode.itl_ms_at(usage, context) * corr, stall, itl_target_ms, osl, w)
+
+    if decode.itl_ms_at(0.0, context) * corr >= itl_target_ms:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while miss(hi) > allowed_miss:
+        lo, hi = hi, hi * 2.0
+        if hi >= max_replicas:
+            return max_replicas if miss(max_replicas) > allowed_miss else _bisect(miss, lo, max_replicas, allowed_miss)
+    return _bisect(miss, lo, hi, allowed_miss)
+
+
+def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float) -> float:
+    """Least ``x`` in (lo, hi] with ``f(x) <= target`` for decreasing ``f`` (``f(hi) <= target``), to 1e-4 x hi."""
+    while hi - lo > 1e-4 * hi:
+        mid = 0.5 * (lo + hi)
+        if f(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: PerformanceProfile, p_corr: float = 1.0,
               d_corr: float = 1.0, headroom: tuple[float, float] = (1.0, 1.0)) -> float:
     """Fractional replicas ``pool`` needs for ``demand`` over ``config.adjustment_interval_s``, with every
     sizing rule the config enables: prefill (x 1/``prefill_utilisation_cap`` when ``prefill_queueing``) for
     prefill/agg pools, decode (with prefill interference for agg when ``agg_prefill_interference``) for
-    decode/agg pools; the larger of the two for agg. ``headroom``: (TTFT, ITL) factors multiplying the
+    decode/agg pools (agg: at least :func:`size_agg_itl_tail` when ``agg_itl_tail`` and an SLA-attainment
+    target are set); the larger of the two for agg. ``headroom``: (TTFT, ITL) factors multiplying the
     prefill and decode parts. 0.0 when the profile lacks the halves the pool needs; ``max_gpu_budget //
     gpus_per_engine`` when no throughput meets the target."""
     cfg, interval = config, config.adjustment_interval_s
@@ -273,6 +390,10 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
         else:
             x = size_decode(demand, interval, d_corr, cfg.itl_ms, profile.decode, g, cfg.sizing,
                             cfg.sizing_percentile).replicas_exact
+        if (pool == "agg" and cfg.agg_itl_tail and cfg.sla_attainment_target is not None
+                and profile.prefill is not None and math.isfinite(x)):
+            x = max(x, size_agg_itl_tail(demand, interval, d_corr, cfg.itl_ms, 1.0 - cfg.sla_attainment_target,
+                                         profile.decode, profile.prefill, float(cfg.max_gpu_budget // g)))
         parts.append(x * headroom[1])
     x = max(parts) if parts else 0.0
     # infeasible (no throughput meets the target): everything the GPU budget allows, never "0 replicas"

@@ -21,6 +21,7 @@ that started before ``t`` may end after it). :meth:`window` differences two scra
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -46,6 +47,13 @@ class CounterSnapshot:
     """First tokens whose TTFT <= the TTFT target (a histogram's ``le=target`` bucket)."""
     itl_within_sla: int = 0
     """Finished requests whose own mean ITL <= the ITL target (single-token requests count as within)."""
+    osl_bucket_counts: tuple[int, ...] = ()
+    """Finished requests per output-length bucket (:data:`OSL_BUCKETS_TOKENS`, non-cumulative)."""
+
+
+OSL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2 ** k) for k in range(17)) + (math.inf,)
+"""Upper bounds (``le``) of the simulated ``dynamo_frontend_output_sequence_tokens`` histogram: powers of 2
+from 1 to 65536 tokens, then +Inf."""
 
 
 class FrontendCounters:
@@ -67,6 +75,7 @@ class FrontendCounters:
         self._dur = 0.0
         self.terminal = 0
         """Requests finished, failed or cancelled at or before the last scrape."""
+        self._osl_counts = [0] * len(OSL_BUCKETS_TOKENS)
         self._wait_ttft: list[RequestRecord] = []
         self._wait_finish: list[RequestRecord] = []
 
@@ -101,6 +110,7 @@ class FrontendCounters:
                 if r.status == "finished":
                     self._fin += 1
                     self._osl += r.output_length
+                    self._osl_counts[bisect.bisect_left(OSL_BUCKETS_TOKENS, r.output_length)] += 1
                     self._dur += (fin - r.arrival_ms) / 1000.0
                     if r.first_token_ms is not None and r.output_length > 1:
                         self._itl_sum += fin - r.first_token_ms
@@ -113,7 +123,7 @@ class FrontendCounters:
                 keep.append(r)
         self._wait_finish = keep
         return CounterSnapshot(t_s, self._started, self._isl, self._ttft_sum, self._ttft_n, self._itl_sum, self._itl_n,
-                               self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok)
+                               self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok, tuple(self._osl_counts))
 
 
 def _ratio(a: float, b: float) -> float:
@@ -136,7 +146,15 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
         num_ttft_within_sla=float(new.ttft_within_sla - old.ttft_within_sla),
         num_finished=float(new.finished - old.finished),
         num_itl_within_sla=float(new.itl_within_sla - old.itl_within_sla),
+        osl_buckets=_bucket_increase(new.osl_bucket_counts, old.osl_bucket_counts),
     )
+
+
+def _bucket_increase(new: tuple[int, ...], old: tuple[int, ...]) -> tuple[tuple[float, float], ...]:
+    """``(le, increase)`` per OSL bucket between two scrapes (empty when either scrape has no histogram)."""
+    if not new or len(new) != len(old):
+        return ()
+    return tuple((le, float(a - b)) for le, a, b in zip(OSL_BUCKETS_TOKENS, new, old))
 
 
 def sla_miss_shares(new: CounterSnapshot, old: CounterSnapshot) -> tuple[float, float]:

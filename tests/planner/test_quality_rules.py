@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from planner.core.config import PlannerConfig
 from planner.core.observations import TrafficWindow
-from planner.core.planner import Planner
-from planner.core.throughput import Demand, prefill_utilisation_cap, size_agg_decode, size_decode, size_pool
+from planner.core.planner import Planner, significant_misses
+from planner.core.throughput import (Demand, agg_itl_miss_share, osl_distribution, prefill_utilisation_cap,
+                                     size_agg_decode, size_agg_itl_tail, size_decode, size_pool)
 from planner.errors import ConfigError, ObservationError
 from tests.planner.helpers import Fleet, profile
 
@@ -50,10 +52,11 @@ def test_agg_decode_counts_prefill_interference():
     # the decode profile is scanned on a 0.005 usage grid, so the answer is within 1 % of the exact root
     assert res.replicas_exact == pytest.approx(0.3 + math.sqrt(3) / 10, rel=0.01)
     assert res.replicas_exact >= 0.3 + math.sqrt(3) / 10 - 1e-9  # grid rounding only ever adds capacity
-    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0)
+    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_itl_tail=False)
     # agg pool: max(prefill 180 x 2000 / 180 / 8000 / 0.75 = 0.333, decode 0.473)
     assert size_pool("agg", d, cfg, prof) == pytest.approx(res.replicas_exact)
-    ref = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_prefill_interference=False, prefill_queueing=False)
+    ref = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_prefill_interference=False, prefill_queueing=False,
+                        agg_itl_tail=False)
     assert size_pool("agg", d, ref, prof) == pytest.approx(0.25)  # max(0.25 prefill, 0.1 decode)
 
 
@@ -78,7 +81,7 @@ def _window(n: float, finished: float, itl_ok: float) -> TrafficWindow:
 
 def test_attainment_feedback_adds_headroom_only_for_a_settled_fleet_and_relaxes():
     cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
-                        max_gpu_budget=64, sla_attainment_target=0.99)
+                        max_gpu_budget=64, sla_attainment_target=0.99, attainment_significance_z=0.0)
     pl, fleet = Planner(cfg, profile()), Fleet(decode=2)
     pl.tick(0.0, fleet.obs())
     # decode: 3600 x 150 / 180 / 1500 = 2. ITL misses 10 % > 1 % allowed: x min(2, 1 + 0.5 (10 - 1)) = x2 -> 4
@@ -133,3 +136,79 @@ def test_proportional_load_scale_up(current, ratio, expected):
     # 3 x 1.01 -> 4 (+1); 1 x 2 = 2 (+1); from 0: max(0, 1) x 2 = 2; inf -> doubled; NaN -> +1
     pl = Planner(PlannerConfig(mode="decode", throughput_enabled=False, load_enabled=True), None)
     assert pl._proportional_step(current, ratio) == expected
+
+
+# ------------------------------------------------------------------ aggregated ITL tail (prefill stalls)
+
+def test_agg_itl_miss_share_hand_computed():
+    # 2 prefills/s of 40 ms stalls, stall-free gap 6 ms, target 10 ms. A 1-token request has no gap (never
+    # misses); an 11-token one has slack 4 x 10 = 40 ms -> k = 1 stall allowed, and lives 10 x 10 = 100 ms at
+    # the boundary -> mu = 2 x 0.1 = 0.2: P(Poisson(0.2) > 1) = 1 - e^-0.2 (1 + 0.2)
+    p11 = 1.0 - math.exp(-0.2) * 1.2
+    osl, w = np.array([1.0, 11.0]), np.array([0.5, 0.5])
+    assert agg_itl_miss_share(2.0, 6.0, 40.0, 10.0, osl, w) == pytest.approx(0.5 * p11, rel=1e-12)
+    # 101 tokens: slack 400 ms -> k = 10; mu = 2 x 1.0 = 2 -> P(Poisson(2) > 10)
+    p101 = 1.0 - sum(math.exp(-2.0) * 2.0 ** j / math.factorial(j) for j in range(11))
+    assert agg_itl_miss_share(2.0, 6.0, 40.0, 10.0, np.array([101.0]), np.array([1.0])) == pytest.approx(p101, rel=1e-9)
+    # no slack: every request with a gap misses; no prefills: none does
+    assert agg_itl_miss_share(2.0, 10.0, 40.0, 10.0, osl, w) == 0.5
+    assert agg_itl_miss_share(0.0, 6.0, 40.0, 10.0, osl, w) == 0.0
+
+
+def test_osl_distribution_from_histogram_and_exponential_fallback():
+    # buckets (le, count): 2 requests of 1 token, 6 in (4, 16]: points 1 and sqrt(4 x 16) = 8, shares 1/4, 3/4,
+    # mean 6.25; scaled to the predicted mean 12.5 -> 2 and 16
+    d = Demand(10.0, 100.0, 12.5, osl_buckets=((1.0, 2.0), (4.0, 0.0), (16.0, 6.0), (math.inf, 0.0)))
+    v, w = osl_distribution(d)
+    assert v.tolist() == pytest.approx([2.0, 16.0]) and w.tolist() == pytest.approx([0.25, 0.75])
+    # an inf bucket sits at twice its lower bound: (16, inf] -> 32
+    v, _ = osl_distribution(Demand(10.0, 100.0, 32.0, osl_buckets=((16.0, 0.0), (math.inf, 3.0))))
+    assert v.tolist() == pytest.approx([32.0])
+    # no histogram: 1 + (m - 1) Exp(1) at 64 equal-probability midpoints; the first is at q = 1/128
+    v, w = osl_distribution(Demand(10.0, 100.0, 101.0))
+    assert v.size == 64 and w.sum() == pytest.approx(1.0)
+    assert v[0] == pytest.approx(1.0 - 100.0 * math.log(1.0 - 1.0 / 128.0))
+    assert float(w @ v) == pytest.approx(101.0, rel=0.03)  # midpoints cut the far tail a little
+
+
+def test_size_agg_itl_tail_is_the_least_size_meeting_the_share():
+    prof = profile()
+    d = Demand(180.0, 2000.0, 150.0)  # 1 req/s, stall P = TTFT(2000) = 200 ms
+    n = size_agg_itl_tail(d, 180.0, 1.0, 30.0, 0.005, prof.decode, prof.prefill)
+    osl, w = osl_distribution(d)
+
+    def miss(k: float) -> float:  # the docstring's model, written out: usage by Little's law at the boundary
+        usage = (1.0 / k) * 150.0 * 0.030 * 2075.0 / 200000.0
+        return agg_itl_miss_share(1.0 / k, 10.0 + 40.0 * usage, 200.0, 30.0, osl, w)
+
+    assert miss(n) <= 0.005 < miss(n * 0.999)
+    # the pool takes it as the decode part when larger than the mean-ITL sizing (0.473, interference test)
+    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, sla_attainment_target=0.995)
+    assert n > 1.0 and size_pool("agg", d, cfg, prof) == pytest.approx(n)
+    # off without an attainment target, or by its flag
+    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, sla_attainment_target=None),
+                     prof) < 0.5
+    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_itl_tail=False), prof) < 0.5
+    # an unloaded engine cannot meet 10 ms (its idle ITL): the rule does not apply; no demand: 0
+    assert size_agg_itl_tail(d, 180.0, 1.0, 10.0, 0.005, prof.decode, prof.prefill) == 0.0
+    assert size_agg_itl_tail(Demand(0.0, math.nan, math.nan), 180.0, 1.0, 30.0, 0.005, prof.decode, prof.prefill) == 0.0
+    # a stricter share needs more replicas
+    assert size_agg_itl_tail(d, 180.0, 1.0, 30.0, 0.001, prof.decode, prof.prefill) > n
+
+
+def test_significant_misses_poisson_bound():
+    # allowed 0.1 % of 900 = 0.9 expected; z = 1.645 -> bound 0.9 + 1.645 x sqrt(0.9) = 2.46
+    assert not significant_misses(2.0, 0.9, 1.645)
+    assert significant_misses(3.0, 0.9, 1.645)
+    assert significant_misses(1.0, 0.9, 0.0) and not significant_misses(0.9, 0.9, 0.0)
+
+
+def test_attainment_feedback_ignores_chance_misses():
+    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                        max_gpu_budget=64, sla_attainment_target=0.999)
+    for misses, grows in ((2, False), (3, True)):
+        pl, fleet = Planner(cfg, profile()), Fleet(decode=2)
+        pl.tick(0.0, fleet.obs())
+        h = pl.tick(180.0, fleet.obs(_window(3600, 900, 900 - misses))).diagnostics.headroom["itl"]
+        # 3 of 900 = 0.333 % vs 0.1 %: x min(2, 1 + 0.5 (3.333 - 1)) = x2
+        assert h == (pytest.approx(2.0) if grows else 1.0)
