@@ -271,6 +271,26 @@ def test_chart_example_resources_pass_the_real_schema(env):
     kubernetes.client.BatchV1Api(env.admin).create_namespaced_job(env.ns, job, dry_run="All")
 
 
+def test_every_rendered_object_server_side_applies(env):
+    """``helm template --include-crds`` with the example on: every object (CRDs, operator Deployment and
+    Service, ServiceAccounts, Roles, RoleBindings, ConfigMaps, Prometheus, KopfPeering, the example DGD,
+    DynoPlanner and load Job) is stored by the real apiserver through server-side apply (not a dry run).
+    The namespace is not watched by the operator."""
+    ns = f"full-{uuid.uuid4().hex[:6]}"
+    env.core.create_namespace({"metadata": {"name": ns}})
+    out = env.k8s.helm("template", RELEASE, str(CHART), "--namespace", ns, "--include-crds",
+                       "--set", "example.enabled=true").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    applied = env.k8s.server_side_apply(out, namespace=ns)
+    assert [(a["kind"], a["metadata"]["name"]) for a in applied] == [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert {"CustomResourceDefinition", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+            "KopfPeering", "DynamoGraphDeployment", "DynoPlanner", "Job"} <= {d["kind"] for d in docs}
+    stored = env.co.get_namespaced_custom_object(*DPL[:2], ns, DPL[2], "mocker-agg")
+    assert stored["spec"]["load"] == {"enabled": True, "intervalS": 5}
+    worker = env.co.get_namespaced_custom_object(*DGD[:2], ns, DGD[2], "mocker-agg")["spec"]["services"]["VllmWorker"]
+    assert "tcp://0.0.0.0:5557" in worker["extraPodSpec"]["mainContainer"]["args"]
+
+
 def test_dgd_reconciled_into_deployments_services_and_status(env):
     env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("g"))
     uid = env.dgd("g")["metadata"]["uid"]
