@@ -380,7 +380,9 @@ class LocalConnector:
         return None
 
     def fpm_endpoints(self) -> dict[str, str]:
-        return {w.fpm_endpoint: w.pool for w in self.workers if w.fpm_endpoint and w.state != "starting"}
+        # only serving workers: a draining worker takes no new request, so its (shrinking) load must not hold
+        # the load loop's "every engine is over the SLA" test; its engines are forgotten at once
+        return {w.fpm_endpoint: w.pool for w in self.workers if w.fpm_endpoint and w.state == "ready"}
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [w.to_dict() for w in self.workers]

@@ -4,6 +4,7 @@
 planner:            # PlannerConfig fields (planner.core.config), e.g. mode, adjustment_interval_s, ttft_ms
   mode: agg
   adjustment_interval_s: 30
+  # engine_stale_s defaults to 5 here (LIVE_ENGINE_STALE_S), not the core's 30
 profile: profile.npz          # performance profile (needed by the throughput loop); relative to this file
 warm_start_trace: null        # optional trace for the predictors' warm start
 connector: local              # local (process fleet) | virtual (HTTP protocol, an external system applies)
@@ -43,6 +44,12 @@ import yaml
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
 from planner.errors import ConfigError
+
+LIVE_ENGINE_STALE_S = 5.0
+"""``planner.engine_stale_s`` when the stack file does not set it (the core's default is 30 s): live workers
+send a ForwardPassMetrics heartbeat every second (``mocker serve --heartbeat-s``), so an engine silent for 5 s
+is gone; with 30 s a stopped worker's last idle pass kept the load loop from scaling up for 30 s after
+every scale-down (it needs every engine over the SLA)."""
 
 _TOP_KEYS = {"planner", "profile", "warm_start_trace", "connector", "state_dir", "service", "frontend", "fleet",
              "prometheus", "fpm"}
@@ -99,8 +106,11 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     for k in data:
         if k not in _TOP_KEYS:
             problems.append(f"{k}: unknown setting (expected one of {', '.join(sorted(_TOP_KEYS))})")
+    planner_raw = data.get("planner") or {}
+    if isinstance(planner_raw, Mapping) and "engine_stale_s" not in planner_raw:
+        planner_raw = {**planner_raw, "engine_stale_s": LIVE_ENGINE_STALE_S}
     try:
-        planner = config_from_mapping(data.get("planner") or {}, source=None)
+        planner = config_from_mapping(planner_raw, source=None)
     except ConfigError as e:
         problems.extend("planner." + p for p in e.problems)
         raw = data.get("planner") if isinstance(data.get("planner"), Mapping) else {}
