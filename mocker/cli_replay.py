@@ -138,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     k = parser.add_argument_group("KV tiers (KVBM)")
     k.add_argument("--g1-backend", choices=("native", "kvbm"), help="G1 block pool: native LRU or kvbm lineage-aware (default native)")
-    k.add_argument("--num-g2-blocks", type=_nonneg_int, metavar="N", help="G2 host blocks per worker (needs --g1-backend kvbm)")
+    k.add_argument("--num-g2-blocks", type=_nonneg_int, metavar="N", help="G2 host blocks per worker (needs --g1-backend kvbm and --kv-bytes-per-token or --model-config)")
     k.add_argument("--num-g3-blocks", type=_nonneg_int, metavar="N", help="G3 disk blocks, shared (needs --g1-backend kvbm)")
     k.add_argument("--g4", action="store_true", help="G4 shared object tier (needs --g1-backend kvbm)")
     k.add_argument("--offload-batch-size", type=_positive_int, metavar="N", help="blocks per G1->G2 offload transfer (default 16)")
@@ -185,6 +185,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     for name in ("g1_backend", "num_g2_blocks", "num_g3_blocks", "offload_batch_size", "gpu_memory_fraction"):
         overrides[name] = getattr(args, name, None)
     overrides["g4"] = True if getattr(args, "g4", False) else None
+    kb, mc = getattr(args, "kv_bytes_per_token", None), getattr(args, "model_config", None)
+    if (getattr(args, "num_g2_blocks", None) or base.num_g2_blocks) and (kb is not None or mc is not None):
+        # KVBM lower tiers size their transfers with the model's KV bytes per token (kv tiers owner's hook)
+        if kb is not None and mc is not None:
+            raise ConfigError("--kv-bytes-per-token and --model-config: give one of them, not both")
+        if kb is None:
+            from mocker.modelcfg import kv_bytes_per_token_from_file
+
+            kb = kv_bytes_per_token_from_file(mc, args.kv_cache_dtype)
+        overrides["kv_bytes_per_token"] = kb
     from mocker.kv.tiers import parse_bandwidth_flags  # KVBM flags (kv tiers owner's hook)
     from mocker.timing_aic import resolve_kv_capacity
 
@@ -205,8 +215,11 @@ def transfer_config_from_args(args: argparse.Namespace) -> Any:
         given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
                                 ("--kv-bytes-per-token", args.kv_bytes_per_token),
                                 ("--model-config", args.model_config)) if v is not None]
+        if getattr(args, "num_g2_blocks", None):  # KVBM lower tiers use the KV size too (engine_config_from_args)
+            given = [f for f in given if f == "--kv-transfer-bandwidth"]
         if given:
-            raise ConfigError(f"{', '.join(given)}: only for a disaggregated fleet (give --prefill-workers and --decode-workers)")
+            raise ConfigError(f"{', '.join(given)}: only for a disaggregated fleet (give --prefill-workers and "
+                              "--decode-workers) or KVBM lower tiers (--num-g2-blocks)")
         return 0, 0, None
     if args.kv_bytes_per_token is not None and args.model_config is not None:
         raise ConfigError("--kv-bytes-per-token and --model-config: give one of them, not both")

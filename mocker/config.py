@@ -104,6 +104,9 @@ class EngineConfig:
     """Disk->object link bandwidth, shared (GB/s)."""
     bw_g4_g2_gbps: float = 1.0
     """Object->host link bandwidth, shared (GB/s)."""
+    kv_bytes_per_token: int | None = None
+    """KV bytes of one token (layers x 2 x KV heads x head dim x dtype bytes, DESIGN.md "KV transfer"); sizes
+    the KVBM tier transfers (bytes per block = block size x this). Required with lower tiers; None otherwise."""
     gpu_memory_fraction: float | None = None
     """With ``timing='aic:...'``: size num_gpu_blocks from this share of GPU memory (0 < f <= 1)."""
 
@@ -184,27 +187,28 @@ class EngineConfig:
         if self.g1_backend not in ("native", "kvbm"):
             p.append(f"g1_backend={self.g1_backend!r}: expected 'native' or 'kvbm'")
             return p
-        for name in ("num_g2_blocks", "num_g3_blocks"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 0:
-                p.append(f"{name}={v!r}: expected an integer >= 0")
-        if not isinstance(self.g4, bool):
-            p.append(f"g4={self.g4!r}: expected true or false")
-        if not _is_int(self.offload_batch_size) or self.offload_batch_size <= 0:
-            p.append(f"offload_batch_size={self.offload_batch_size!r}: expected a positive integer")
-        for name in ("bw_g1_g2_gbps", "bw_g2_g1_gbps", "bw_g2_g3_gbps", "bw_g3_g2_gbps", "bw_g3_g4_gbps", "bw_g4_g2_gbps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                p.append(f"{name}={v!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
+        p += kv_tier_problems(self)
         lower = [f"{n}={getattr(self, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
         if self.g1_backend == "native" and lower:
             p.append(f"g1_backend='native': lower KV tiers configured ({', '.join(lower)}); "
                      f"expected g1_backend='kvbm' (KVBM owns G2/G3/G4)")
         if self.g1_backend == "kvbm" and self.engine == "sglang":
             p.append("g1_backend='kvbm': modelled for the vllm and trtllm block pools; expected 'native' with engine='sglang'")
-        if (self.num_g3_blocks or self.g4) and not self.num_g2_blocks:
-            p.append(f"num_g2_blocks={self.num_g2_blocks!r}: G3/G4 hits stage through G2; expected num_g2_blocks > 0")
+        elif self.g1_backend == "kvbm" and self.engine == "trtllm" and lower:
+            p.append(f"engine='trtllm' with lower KV tiers ({', '.join(lower)}): onboarding is wired into the vLLM "
+                     "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); expected engine='vllm'")
+        kb = self.kv_bytes_per_token
+        if kb is not None and (not _is_int(kb) or kb <= 0):
+            p.append(f"kv_bytes_per_token={kb!r}: expected a positive integer (bytes) or None")
+        elif kb is None and self.num_g2_blocks and self.g1_backend == "kvbm":
+            p.append("kv_bytes_per_token=None: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
+                     "block; expected the model's KV bytes per token (--kv-bytes-per-token N or --model-config FILE)")
         return p
+
+    @property
+    def has_lower_tiers(self) -> bool:
+        """True when KVBM lower tiers are configured (G2 present; G3/G4 need it)."""
+        return self.g1_backend == "kvbm" and bool(self.num_g2_blocks)
 
     def validate(self) -> "EngineConfig":
         """Return self, or raise :class:`ConfigError` listing every problem."""
@@ -272,3 +276,30 @@ class EngineConfig:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+TIER_LINKS: tuple[str, ...] = ("g1_g2", "g2_g1", "g2_g3", "g3_g2", "g3_g4", "g4_g2")
+"""Directional KVBM links; each has a ``bw_<link>_gbps`` setting."""
+
+
+def kv_tier_problems(cfg: Any) -> list[str]:
+    """Problems of the KVBM lower-tier settings shared by :class:`EngineConfig` and
+    :class:`mocker.kv.tiers.TierConfig` (one definition): block counts, G4 flag, offload batch, bandwidths,
+    and G3/G4 needing G2 (their hits stage through it)."""
+    p: list[str] = []
+    for name in ("num_g2_blocks", "num_g3_blocks"):
+        v = getattr(cfg, name)
+        if not _is_int(v) or v < 0:
+            p.append(f"{name}={v!r}: expected an integer >= 0")
+    if not isinstance(cfg.g4, bool):
+        p.append(f"g4={cfg.g4!r}: expected true or false")
+    if not _is_int(cfg.offload_batch_size) or cfg.offload_batch_size <= 0:
+        p.append(f"offload_batch_size={cfg.offload_batch_size!r}: expected a positive integer")
+    for link in TIER_LINKS:
+        name = f"bw_{link}_gbps"
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            p.append(f"{name}={v!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
+    if (cfg.num_g3_blocks or cfg.g4) and not cfg.num_g2_blocks:
+        p.append(f"num_g2_blocks={cfg.num_g2_blocks!r}: G3/G4 hits stage through G2; expected num_g2_blocks > 0")
+    return p

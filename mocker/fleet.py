@@ -59,6 +59,7 @@ from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.kv.events import EventingKvManager, KvEvent, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
+from mocker.kv.tiers import TierConfig, TierHierarchy
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 from mocker.routers import ROUTERS
 from mocker.transfer import KvTransferConfig
@@ -279,6 +280,45 @@ class Fleet:
             self._adv = lambda c, h: self._advance_guarded(c, h, c.advance_until)
         else:
             self._adv = lambda c, h: c.advance_until(h)
+        self._tiers: TierHierarchy | None = None
+        """KVBM lower tiers (G2 per core, shared G3/G4), shared by every core of the fleet; None = off."""
+        self._tier_cores: list[Any] = []
+        if any(c.has_lower_tiers for c in engines.values()):
+            if self.disagg:
+                raise ConfigError(f"num_g2_blocks={engines['prefill'].num_g2_blocks}: KVBM lower tiers are wired into "
+                                  "aggregated fleets only; expected no lower tiers with prefill/decode pools")
+            self._tiers = TierHierarchy(TierConfig.from_engine(engines["agg"]), 0)
+            self._adv = lambda c, h: self._tier_sync(h)
+
+    # ================================================================== KVBM lower tiers
+    def _tier_sync(self, h: float) -> None:
+        """Lower tiers on: the hierarchy is shared, so the cores run their passes one at a time in global time
+        order up to ``h`` (earliest next pass first, ties in worker order): every offload and onboard then
+        happens in time order, and worker 2 sees in G3 what worker 1 spilled there earlier."""
+        cores = self._tier_cores
+        while True:
+            best = None
+            bt = h
+            for c in cores:
+                if c.next_pass_ms < bt and (c.running or c.waiting or c._onboarding):
+                    best, bt = c, c.next_pass_ms
+            if best is None:
+                return
+            best.tier_step()
+
+    def tier_stats(self) -> dict[str, int] | None:
+        """KVBM tier counters (None without lower tiers): blocks offloaded G1->G2, onboarded to G1 per tier
+        they were found in (and as tokens), spilled G2->G3 and G3->G4, and onboarding requests."""
+        h = self._tiers
+        if h is None:
+            return None
+        bs = self.entry.cfg.effective_block_size
+        on = h.onboarded_blocks
+        return {"kvbm_offloaded_blocks": h.offloaded_blocks, "kvbm_onboarded_blocks_g2": on["G2"],
+                "kvbm_onboarded_blocks_g3": on["G3"], "kvbm_onboarded_blocks_g4": on["G4"],
+                "kvbm_onboarded_tokens": (on["G2"] + on["G3"] + on["G4"]) * bs,
+                "kvbm_onboard_requests": h.onboard_tickets, "kvbm_spilled_blocks_g3": h.spilled_blocks["G3"],
+                "kvbm_spilled_blocks_g4": h.spilled_blocks["G4"]}
 
     # ================================================================== clock
     def _tick(self, t: float) -> None:
@@ -311,6 +351,10 @@ class Fleet:
         if self.kv_events:
             for c in cores:  # a fresh core: swap its empty block manager for the event-recording one
                 c.kv = (EventingKvManager if cfg.g1_backend == "native" else EventingKvbmBlockManager)(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        if self._tiers is not None:  # after any pool swap: the core's kvbm pool sends its evictions to G2
+            for c in cores:
+                c.attach_tiers(self._tiers)
+            self._tier_cores += cores
         w = _Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
         p.workers.append(w)
         p.by_id[wid] = w
@@ -1008,6 +1052,8 @@ class ReplayResult:
     """Disaggregated: prefill workers * duration (s); 0 for an aggregated fleet."""
     num_prefill_workers: int = 0
     num_decode_workers: int = 0
+    kvbm: dict[str, int] | None = None
+    """KVBM lower-tier counters (:meth:`Fleet.tier_stats`; extra report keys), None without lower tiers."""
 
 
 def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: FleetConfig, *,
@@ -1087,4 +1133,5 @@ def _run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: F
     return ReplayResult(records=out, fpm=fpm, duration_ms=duration, worker_seconds=nw * duration / 1000.0,
                         num_workers=nw, engine=engine,
                         prefill_worker_seconds=counts.get("prefill", 0) * duration / 1000.0,
-                        num_prefill_workers=counts.get("prefill", 0), num_decode_workers=counts.get("decode", 0))
+                        num_prefill_workers=counts.get("prefill", 0), num_decode_workers=counts.get("decode", 0),
+                        kvbm=fl.tier_stats())

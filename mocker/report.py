@@ -261,6 +261,9 @@ def build_report(
         "block_size": getattr(eng, "effective_block_size", None),
         "num_gpu_blocks": getattr(eng, "num_gpu_blocks", None),
     }
+    kvbm = getattr(result, "kvbm", None)  # KVBM lower tiers on: extra kvbm_* counters (mocker.fleet.Fleet.tier_stats)
+    if kvbm:
+        rep |= kvbm
     return rep
 
 

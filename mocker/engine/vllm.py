@@ -49,9 +49,10 @@ from math import inf
 import numpy as np
 
 from mocker.config import EngineConfig
-from mocker.errors import SimulationError
-from mocker.kv.kvbm import make_g1_pool
+from mocker.errors import ConfigError, SimulationError
+from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
+from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.request import TERMINAL, EngineRequest, State
 from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
@@ -140,6 +141,18 @@ class VllmCore:
         self._co_c = 0
         self._co_hist = [0] * self.block_size
         self._co_heap: list[tuple[int, int, int, EngineRequest]] = []
+        # KVBM lower tiers (off: tiers is None and nothing below costs more than that check)
+        self.tiers: TierHierarchy | None = None
+        """G2/G3/G4 hierarchy this core offloads to and onboards from (:mod:`mocker.kv.tiers`); None = off."""
+        self.tier_slot = 0
+        """This core's worker id in :attr:`tiers` (its G2 and G1<->G2 links)."""
+        self._onboarding: list[tuple[OnboardTicket, EngineRequest]] = []
+        """Admitted requests waiting for their onboarding ticket (they hold their G1 blocks)."""
+        self._evicted: list[int] = []
+        self._idle_at: float | None = None
+        """Start of the idle wait for an onboarding transfer (None when not idling)."""
+        if cfg.has_lower_tiers:
+            self.attach_tiers(TierHierarchy(TierConfig.from_engine(cfg), 0))
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
@@ -162,7 +175,10 @@ class VllmCore:
         r = EngineRequest(req.request_id, self._added, req.input_length, req.output_length, keys, record)
         self._added += 1
         if not self.running and not self.waiting:
-            self.next_pass_ms = max(self.next_pass_ms, now_ms)
+            if self._idle_at is None:
+                self.next_pass_ms = max(self.next_pass_ms, now_ms)
+            else:  # idling for an onboarding transfer: the arrival starts a pass now (not later than the wake-up)
+                self.next_pass_ms = min(self.next_pass_ms, max(now_ms, self._idle_at))
         self.requests[r.request_id] = r
         self.all_requests.append(r)
         self.waiting.append(r)
@@ -191,7 +207,9 @@ class VllmCore:
         if r is None:
             return False
         self._co_sync_all()
-        if r.state in (State.WAITING, State.PREEMPTED):
+        if self._onboarding and self._tier_forget(r, now_ms):
+            pass
+        elif r.state in (State.WAITING, State.PREEMPTED):
             self.waiting.remove(r)
         else:
             self.running.remove(r)
@@ -203,17 +221,21 @@ class VllmCore:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self._onboarding)
 
     def step(self, now_ms: float) -> PassOutcome:
         """Run one pass starting at ``now_ms`` (>= the end of the previous pass)."""
         if now_ms < self.next_pass_ms:
             raise SimulationError(f"clock went back: pass at {now_ms} ms before previous end {self.next_pass_ms} ms")
         self._co_sync_all()
+        if self.tiers is not None:
+            return self._tier_pass(now_ms, True)  # type: ignore[return-value]
         return self._pass(now_ms, True)
 
     def advance_until(self, horizon_ms: float) -> None:
         """Run every pass that starts before ``horizon_ms`` (virtual time), fast-forwarding decode stretches."""
+        if self.tiers is not None:
+            return self._tier_advance(horizon_ms)
         if self._co_ok:
             while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
                 if not self._co_stretch(horizon_ms):
@@ -225,6 +247,8 @@ class VllmCore:
 
     def advance_single_step(self, horizon_ms: float) -> None:
         """Like :meth:`advance_until` but one pass at a time (reference mode for equivalence tests)."""
+        if self.tiers is not None:
+            return self._tier_advance(horizon_ms)
         self._co_sync_all()
         while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
@@ -289,7 +313,7 @@ class VllmCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self._onboarding)
 
     def active_blocks(self) -> int:
         return self.kv.num_active_blocks()
@@ -305,6 +329,15 @@ class VllmCore:
         if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting):
             raise SimulationError("a request appears twice in a queue")
         held = sum(r.private_blocks for r in self.running) + self.external_private_blocks
+        for _, r in self._onboarding:
+            held += r.private_blocks
+            if r.state not in (State.WAITING, State.PREEMPTED) or id(r) in run_ids or id(r) in wait_ids:
+                raise SimulationError(f"onboarding request {r.request_id} in state {r.state.name} or also queued")
+            if len(r.hashed_held) + r.private_blocks != -(-r.alloc_tokens // self.block_size):
+                raise SimulationError(f"onboarding request {r.request_id} holds KV for {r.alloc_tokens} tokens "
+                                      f"in {len(r.hashed_held) + r.private_blocks} blocks")
+        if self.tiers is not None:
+            self.tiers.check_invariants()
         if held != self.kv.private_in_use:
             raise SimulationError(f"private blocks held by requests {held} != pool count {self.kv.private_in_use}")
         for r in self.running:
@@ -456,6 +489,123 @@ class VllmCore:
             rec.admit_ms = now_ms
             rec.cached_tokens = cached
 
+    # ================================================================== KVBM lower tiers (tiers is not None)
+    # Hooks (module mocker.kv.tiers has the tier model): a cached block the kvbm pool evicts is queued for G2
+    # (the pool appends it to _evicted; sent at the end of the pass, at its start time, batched by the
+    # hierarchy); at admission, after the G1 prefix hits, the leading run of the prompt's next blocks found in
+    # G2/G3/G4 is onboarded: the request takes its G1 blocks at once (hits + private blocks for the run) and
+    # waits outside the queues; when the ticket is done it joins the running batch at the next pass start
+    # with those tokens computed (its onboarded blocks join the prefix cache), so they are never charged as
+    # prefill. Passes run one at a time (no decode stretches), so evictions are sent at their pass's time.
+
+    def attach_tiers(self, tiers: TierHierarchy, slot: int | None = None) -> None:
+        """Offload to / onboard from ``tiers`` as its worker ``slot`` (default: a new worker of ``tiers``).
+        Raises ConfigError unless the G1 pool is the kvbm pool."""
+        if not isinstance(self.kv, KvbmBlockManager):
+            raise ConfigError(f"g1_backend={self.cfg.g1_backend!r}: lower KV tiers need g1_backend='kvbm'")
+        self.tiers = tiers
+        self.tier_slot = tiers.add_worker() if slot is None else slot
+        self._evicted = []
+        self.kv.offload_sink = self._evicted
+
+    def _tier_advance(self, horizon_ms: float) -> None:
+        while (self.running or self.waiting or self._onboarding) and self.next_pass_ms < horizon_ms:
+            self._tier_pass(self.next_pass_ms, False)
+
+    def tier_step(self) -> None:
+        """Run the pass (or the idle wake-up) due at :attr:`next_pass_ms` (fleet driver of a shared hierarchy:
+        it calls the core whose next pass is earliest, so every tier operation happens in time order)."""
+        self._tier_pass(self.next_pass_ms, False)
+
+    def _tier_pass(self, now: float, want: bool) -> PassOutcome | None:
+        tiers = self.tiers
+        assert tiers is not None
+        tiers.advance(now)
+        self._idle_at = None
+        if self._onboarding:
+            self._tier_join()
+        if self.running or self.waiting:
+            out = self._pass(now, want)
+        else:
+            out = self._tier_idle(now, want)
+        ev = self._evicted
+        if ev:
+            tiers.offload(now, self.tier_slot, ev)
+            ev.clear()
+        return out
+
+    def _tier_idle(self, now: float, want: bool) -> PassOutcome | None:
+        """Nothing can run before an onboarding transfer lands: wait until the next tier event (no pass)."""
+        t = self.tiers.next_event_ms()  # type: ignore[union-attr]
+        if t is None:
+            raise SimulationError(f"worker {self.worker_id}: requests wait for onboarding but no tier transfer is in flight")
+        self._idle_at = now
+        self.next_pass_ms = t if t > now else now
+        return PassOutcome(now, self.next_pass_ms) if want else None
+
+    def _tier_onboard(self, r: EngineRequest, cached: int, now: float) -> bool:
+        """Admission of ``r`` (it fits; ``cached`` G1-hit tokens): start onboarding the leading run of its next
+        prompt blocks found below G1. False when there is none (admit as usual)."""
+        keys = r.block_keys
+        if keys is None or r.computed:
+            return False
+        bs = self.block_size
+        n_c = cached // bs
+        lim = (r.prompt_len + r.generated - 1) // bs  # the last token is always computed (as for G1 hits)
+        if lim > len(keys):
+            lim = len(keys)
+        if n_c >= lim:
+            return False
+        ticket = self.tiers.onboard(now, self.tier_slot, keys[n_c:lim])  # type: ignore[union-attr]
+        if ticket is None:
+            return False
+        m = len(ticket.keys)
+        kv = self.kv
+        for k in keys[:n_c]:
+            kv.acquire_cached(k)
+        r.hashed_held = list(keys[:n_c])
+        kv.allocate_private(m)  # within available: admission checked the whole sequence
+        r.private_blocks = m
+        r.alloc_tokens = (n_c + m) * bs
+        self._on_admit(r, cached, now)
+        self._onboarding.append((ticket, r))
+        return True
+
+    def _tier_join(self) -> None:
+        """Requests whose onboarding is done join the running batch (room permitting), done order."""
+        done = [x for x in self._onboarding if x[0].done_ms is not None]
+        if not done:
+            return
+        done.sort(key=lambda x: x[0].done_ms)  # type: ignore[arg-type, return-value]
+        kv, running = self.kv, self.running
+        for item in done:
+            if len(running) >= self.max_seqs:
+                break
+            self._onboarding.remove(item)
+            r = item[1]
+            n_c = len(r.hashed_held)
+            for k in r.block_keys[n_c:n_c + r.private_blocks]:  # type: ignore[index]
+                if kv.promote_private(k):  # not cached meanwhile by another request: joins the prefix cache
+                    r.private_blocks -= 1
+                    r.hashed_held.append(k)
+            r.computed = r.alloc_tokens
+            self._run_seq += 1
+            r.run_seq = self._run_seq
+            r.transition(State.PREFILLING)
+            running.append(r)
+
+    def _tier_forget(self, r: EngineRequest, now: float) -> bool:
+        """Cancel of an onboarding request: free its blocks (its transfer completes unobserved)."""
+        for item in self._onboarding:
+            if item[1] is r:
+                self._onboarding.remove(item)
+                self._free(r)
+                r.alloc_tokens = 0
+                if self._idle_at is not None:  # freed blocks may let a waiting request in now
+                    self.next_pass_ms = min(self.next_pass_ms, max(now, self._idle_at))
+                return True
+        return False
+
     def _pass(self, now: float, want_outcome: bool, cohort: bool = False) -> PassOutcome | None:
         self._bc = self._bisl = self._bpre = 0
         sched = self._sched = {}
@@ -514,6 +664,9 @@ class VllmCore:
                     continue
                 if decision == 0:
                     break
+                if self.tiers is not None and self._tier_onboard(r, cached, now):
+                    waiting.popleft()
+                    continue
                 if self._schedule(r, True, cached) != _SCHEDULED:
                     break
                 waiting.popleft()
@@ -551,7 +704,10 @@ class VllmCore:
             pf = 0.0
         dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
         end = (now + pf) + dec
-        if not co_n and not sched and not rejected and not admitted and not self._pass_preempted and (running or waiting):
+        if (not co_n and not sched and not rejected and not admitted and not self._pass_preempted
+                and (running or waiting or self._onboarding)):
+            if self._onboarding:  # KVBM: what is left waits for onboarding transfers
+                return self._tier_idle(now, want_outcome)
             raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
         fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
         # ---- emit

@@ -37,7 +37,7 @@ class KvbmBlockManager(BlockKvManager):
     """Lineage-aware G1 pool of ``num_blocks`` blocks (see module docstring). Raises
     :class:`SimulationError` on an allocation beyond :meth:`available` (a scheduler bug)."""
 
-    __slots__ = ("parent", "children", "listener", "evicted")
+    __slots__ = ("parent", "children", "listener", "evicted", "offload_sink")
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
                  listener: "KvListener | None" = None) -> None:
@@ -51,6 +51,9 @@ class KvbmBlockManager(BlockKvManager):
         self.listener = listener
         self.evicted = 0
         """blocks evicted so far (count)"""
+        self.offload_sink: list[int] | None = None
+        """KVBM lower tiers: every evicted cached block's key is appended here (the engine core sends them to
+        G2, :mod:`mocker.kv.tiers`); None = off."""
 
     # ------------------------------------------------------------------ lineage
     def _link(self, key: int, parent: int | None) -> None:
@@ -90,6 +93,8 @@ class KvbmBlockManager(BlockKvManager):
             if not sib:
                 del children[p]
         self.evicted += 1
+        if self.offload_sink is not None:
+            self.offload_sink.append(k)
         return k
 
     def _take_fresh(self) -> None:
@@ -210,20 +215,10 @@ class KvbmBlockManager(BlockKvManager):
 
 
 def make_g1_pool(cfg: "EngineConfig") -> BlockKvManager:
-    """The G1 block pool ``cfg.g1_backend`` names for a vLLM / TRT-LLM core.
-
-    Raises :class:`ConfigError` when lower tiers (G2/G3/G4) are configured: they are modelled and tested
-    standalone (:mod:`mocker.kv.tiers`) but the replay engine core does not yet onboard from them, and a
-    setting that silently does nothing would be worse than a clear refusal.
-    """
-    from mocker.errors import ConfigError
-
+    """The G1 block pool ``cfg.g1_backend`` names for a vLLM / TRT-LLM core (lower tiers, when configured, are
+    attached by the core: :meth:`mocker.engine.vllm.VllmCore.attach_tiers`)."""
     if cfg.g1_backend == "native":
         return BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
-    lower = [f"{n}={getattr(cfg, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(cfg, n)]
-    if lower:
-        raise ConfigError(f"{', '.join(lower)}: KVBM lower tiers are modelled standalone (mocker.kv.tiers) but the "
-                          f"replay engine core does not onboard from them yet; expected none with g1_backend='kvbm'")
     return KvbmBlockManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
 
 

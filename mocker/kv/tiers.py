@@ -29,9 +29,12 @@ Nothing reads a clock: every method takes ``now_ms`` and a driver advances the h
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from heapq import heappop, heappush
+from math import inf
 from typing import Callable, Sequence
 
+from mocker.config import TIER_LINKS, EngineConfig, kv_tier_problems
 from mocker.errors import ConfigError, SimulationError
 
 GB = 1e9
@@ -43,11 +46,14 @@ class ProcessorSharingLink:
     """One directional link of ``bandwidth_gbps`` GB/s shared equally by the transfers in flight.
 
     Exact processor sharing in virtual time: between events every active transfer receives
-    bandwidth / n bytes per ms. Completion times are exact up to float rounding (completions within
-    1e-9 bytes are merged).
+    bandwidth / n bytes per ms. As every active transfer gets the same service, the link keeps one counter
+    (bytes served to each transfer since the link was created) and a heap of each transfer's finishing value
+    of that counter, so a submission or completion costs O(log n) even with thousands in flight (a shared
+    disk link can fall far behind). Completion times are exact up to float rounding (completions within
+    1e-6 bytes, relative 1e-12, are merged).
     """
 
-    __slots__ = ("name", "bytes_per_ms", "now_ms", "_active", "_seq", "transfers", "bytes_moved")
+    __slots__ = ("name", "bytes_per_ms", "now_ms", "_heap", "_served", "_seq", "transfers", "bytes_moved")
 
     def __init__(self, name: str, bandwidth_gbps: float) -> None:
         if not isinstance(bandwidth_gbps, (int, float)) or isinstance(bandwidth_gbps, bool) or not bandwidth_gbps >= 0:
@@ -55,8 +61,10 @@ class ProcessorSharingLink:
         self.name = name
         self.bytes_per_ms = bandwidth_gbps * GB / 1000.0
         self.now_ms = 0.0
-        self._active: dict[int, list] = {}
-        """transfer id -> [remaining bytes, tag]"""
+        self._heap: list[tuple[float, int, object]] = []
+        """(value of _served at which the transfer is done, transfer id, tag)"""
+        self._served = 0.0
+        """bytes served to every transfer in flight since the link was created"""
         self._seq = 0
         self.transfers = 0
         self.bytes_moved = 0.0
@@ -64,25 +72,24 @@ class ProcessorSharingLink:
     @property
     def in_flight(self) -> int:
         """Transfers currently sharing the link."""
-        return len(self._active)
+        return len(self._heap)
 
     def _progress(self, to_ms: float) -> None:
         dt = to_ms - self.now_ms
-        if dt > 0 and self._active:
-            share = self.bytes_per_ms * dt / len(self._active)
-            for st in self._active.values():
-                st[0] -= share
-        if to_ms > self.now_ms:
+        if dt > 0:
+            if self._heap:
+                self._served += self.bytes_per_ms * dt / len(self._heap)
             self.now_ms = to_ms
 
     def next_completion_ms(self) -> float | None:
         """When the next in-flight transfer finishes if nothing else arrives (None when idle)."""
-        if not self._active:
+        heap = self._heap
+        if not heap:
             return None
         if self.bytes_per_ms == 0:
             return self.now_ms
-        rem = min(st[0] for st in self._active.values())
-        return self.now_ms + max(rem, 0.0) * len(self._active) / self.bytes_per_ms
+        rem = heap[0][0] - self._served
+        return self.now_ms + (rem if rem > 0 else 0.0) * len(heap) / self.bytes_per_ms
 
     def submit(self, now_ms: float, nbytes: float, tag: object) -> int:
         """Start a transfer of ``nbytes`` bytes at ``now_ms`` (must not precede earlier calls). Returns its id.
@@ -95,7 +102,7 @@ class ProcessorSharingLink:
             raise SimulationError(f"link {self.name}: negative transfer size {nbytes}")
         self._progress(now_ms)
         self._seq += 1
-        self._active[self._seq] = [float(nbytes), tag]
+        heappush(self._heap, (self._served + float(nbytes), self._seq, tag))
         self.transfers += 1
         self.bytes_moved += nbytes
         return self._seq
@@ -104,70 +111,75 @@ class ProcessorSharingLink:
         """Move the link to ``to_ms``; return (finish time ms, tag) of every transfer finished by then, in
         finish order (ties by submission order)."""
         done: list[tuple[float, object]] = []
-        while self._active:
+        heap = self._heap
+        while heap:
             t = self.next_completion_ms()
             assert t is not None
             if t > to_ms:
                 break
             self._progress(t)
             if self.bytes_per_ms == 0:
-                fin = list(self._active)
+                lim = inf
             else:
-                eps = 1e-9
-                fin = [i for i, st in self._active.items() if st[0] <= eps]
-                if not fin:  # float rounding: finish the smallest
-                    fin = [min(self._active, key=lambda i: self._active[i][0])]
-            for i in fin:
-                done.append((t, self._active.pop(i)[1]))
+                lim = self._served + 1e-6 + 1e-12 * abs(self._served)
+            first = heappop(heap)  # the smallest always finishes here (float rounding included)
+            done.append((t, first[2]))
+            while heap and heap[0][0] <= lim:
+                done.append((t, heappop(heap)[2]))
         self._progress(to_ms)
         return done
 
 
 # ---------------------------------------------------------------------------------------------- config
+_ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+"""Tier defaults come from :class:`mocker.config.EngineConfig` (one place; see its field docs)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TierConfig:
-    """Lower-tier settings (``g1_backend=kvbm`` only). Errors: :class:`ConfigError` from :meth:`validate`."""
+    """Lower-tier settings (``g1_backend=kvbm`` only): the tier fields of an :class:`EngineConfig` plus the
+    block size in bytes. Build it with :meth:`from_engine`; defaults and checks are EngineConfig's
+    (:func:`mocker.config.kv_tier_problems`). Errors: :class:`ConfigError` from :meth:`validate`."""
 
     bytes_per_block: int
     """KV bytes of one block = block_size * kv_bytes_per_token (bytes)."""
-    num_g2_blocks: int = 0
+    num_g2_blocks: int = _ENGINE_DEFAULTS["num_g2_blocks"]
     """Host blocks per worker (0 = no G2)."""
-    num_g3_blocks: int = 0
+    num_g3_blocks: int = _ENGINE_DEFAULTS["num_g3_blocks"]
     """Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage through it)."""
-    g4: bool = False
+    g4: bool = _ENGINE_DEFAULTS["g4"]
     """Shared object tier of unbounded size (needs G2)."""
-    offload_batch_size: int = 16
+    offload_batch_size: int = _ENGINE_DEFAULTS["offload_batch_size"]
     """Blocks per G1->G2 offload transfer (blocks)."""
-    bw_g1_g2_gbps: float = 25.0
+    bw_g1_g2_gbps: float = _ENGINE_DEFAULTS["bw_g1_g2_gbps"]
     """Device->host (offload) bandwidth per worker (GB/s; assumption: PCIe Gen4 x16 effective)."""
-    bw_g2_g1_gbps: float = 25.0
+    bw_g2_g1_gbps: float = _ENGINE_DEFAULTS["bw_g2_g1_gbps"]
     """Host->device (onboard) bandwidth per worker (GB/s)."""
-    bw_g2_g3_gbps: float = 5.0
+    bw_g2_g3_gbps: float = _ENGINE_DEFAULTS["bw_g2_g3_gbps"]
     """Host->disk bandwidth, shared (GB/s; assumption: NVMe)."""
-    bw_g3_g2_gbps: float = 5.0
+    bw_g3_g2_gbps: float = _ENGINE_DEFAULTS["bw_g3_g2_gbps"]
     """Disk->host bandwidth, shared (GB/s)."""
-    bw_g3_g4_gbps: float = 1.0
+    bw_g3_g4_gbps: float = _ENGINE_DEFAULTS["bw_g3_g4_gbps"]
     """Disk->object bandwidth, shared (GB/s; assumption)."""
-    bw_g4_g2_gbps: float = 1.0
+    bw_g4_g2_gbps: float = _ENGINE_DEFAULTS["bw_g4_g2_gbps"]
     """Object->host bandwidth, shared (GB/s)."""
+
+    @classmethod
+    def from_engine(cls, cfg: EngineConfig) -> "TierConfig":
+        """The tier settings of ``cfg`` (bytes per block = effective block size x ``cfg.kv_bytes_per_token``).
+        Raises ConfigError when ``kv_bytes_per_token`` is missing or a setting is invalid."""
+        kb = cfg.kv_bytes_per_token
+        if kb is None:
+            raise ConfigError("kv_bytes_per_token=None: KVBM tier transfers need the model's KV bytes per token")
+        return cls(bytes_per_block=cfg.effective_block_size * kb,
+                   **{f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "bytes_per_block"}).validate()
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        for name in ("bytes_per_block", "offload_batch_size"):
-            v = getattr(self, name)
-            if not _is_int(v) or v <= 0:
-                p.append(f"{name}={v!r}: expected a positive integer")
-        for name in ("num_g2_blocks", "num_g3_blocks"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 0:
-                p.append(f"{name}={v!r}: expected an integer >= 0")
-        if (self.num_g3_blocks or self.g4) and not self.num_g2_blocks:
-            p.append(f"num_g2_blocks={self.num_g2_blocks!r}: G3/G4 hits stage through G2; expected num_g2_blocks > 0")
-        for name in ("bw_g1_g2_gbps", "bw_g2_g1_gbps", "bw_g2_g3_gbps", "bw_g3_g2_gbps", "bw_g3_g4_gbps", "bw_g4_g2_gbps"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-                p.append(f"{name}={v!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
-        return p
+        v = self.bytes_per_block
+        if not _is_int(v) or v <= 0:
+            p.append(f"bytes_per_block={v!r}: expected a positive integer")
+        return p + kv_tier_problems(self)
 
     def validate(self) -> "TierConfig":
         p = self.problems()
@@ -204,21 +216,40 @@ class TierHierarchy:
         cfg.validate()
         self.cfg = cfg
         self.listener = listener
-        self.g2: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_workers)]
+        self.g2: list[OrderedDict[int, None]] = []
         """per worker: resident host blocks, LRU first"""
         self.g3: OrderedDict[int, None] = OrderedDict()
         self.g4: set[int] = set()
-        self._pending_offload: list[list[int]] = [[] for _ in range(num_workers)]
-        self._in_flight_g2: list[set[int]] = [set() for _ in range(num_workers)]
+        self._pending_offload: list[list[int]] = []
+        self._in_flight_g2: list[set[int]] = []
         self.links: dict[str, ProcessorSharingLink] = {}
-        for w in range(num_workers):
-            self.links[f"G1->G2/{w}"] = ProcessorSharingLink(f"G1->G2/{w}", cfg.bw_g1_g2_gbps)
-            self.links[f"G2->G1/{w}"] = ProcessorSharingLink(f"G2->G1/{w}", cfg.bw_g2_g1_gbps)
         for name, bw in (("G2->G3", cfg.bw_g2_g3_gbps), ("G3->G2", cfg.bw_g3_g2_gbps),
                          ("G3->G4", cfg.bw_g3_g4_gbps), ("G4->G2", cfg.bw_g4_g2_gbps)):
             self.links[name] = ProcessorSharingLink(name, bw)
+        self._links: list[ProcessorSharingLink] = list(self.links.values())
         self.now_ms = 0.0
-        self.completed: list[OnboardTicket] = []
+        self.offloaded_blocks = 0
+        """Blocks sent G1->G2 (count; blocks already in or on the way to G2 are not sent again)."""
+        self.spilled_blocks = {"G3": 0, "G4": 0}
+        """Blocks sent down from a full G2 to G3 and from a full G3 to G4 (count)."""
+        self.onboarded_blocks = {"G2": 0, "G3": 0, "G4": 0}
+        """Blocks onboarded to G1, by the tier they were found in (count, at the ticket's start)."""
+        self.onboard_tickets = 0
+        for _ in range(num_workers):
+            self.add_worker()
+
+    def add_worker(self) -> int:
+        """Add a worker (its G2 and its G1<->G2 links; an engine core of a DP rank counts as one). Returns its id
+        (0, 1, 2, ... in call order)."""
+        w = len(self.g2)
+        self.g2.append(OrderedDict())
+        self._pending_offload.append([])
+        self._in_flight_g2.append(set())
+        for name, bw in ((f"G1->G2/{w}", self.cfg.bw_g1_g2_gbps), (f"G2->G1/{w}", self.cfg.bw_g2_g1_gbps)):
+            link = self.links[name] = ProcessorSharingLink(name, bw)
+            link.now_ms = self.now_ms
+        self._links = list(self.links.values())
+        return w
 
     # ------------------------------------------------------------------ helpers
     def _emit(self, kind: str, tier: str, worker: int, keys: Sequence[int]) -> None:
@@ -239,6 +270,7 @@ class TierHierarchy:
             if self.cfg.num_g3_blocks:
                 down = [k for k in evicted if k not in self.g3]
                 if down:
+                    self.spilled_blocks["G3"] += len(down)
                     self.links["G2->G3"].submit(self.now_ms, len(down) * self.cfg.bytes_per_block, ("g3", down))
 
     def _insert_g3(self, keys: Sequence[int]) -> None:
@@ -255,13 +287,19 @@ class TierHierarchy:
             if self.cfg.g4:
                 down = [k for k in evicted if k not in self.g4]
                 if down:
+                    self.spilled_blocks["G4"] += len(down)
                     self.links["G3->G4"].submit(self.now_ms, len(down) * self.cfg.bytes_per_block, ("g4", down))
 
     # ------------------------------------------------------------------ driver
     def next_event_ms(self) -> float | None:
         """Earliest pending link completion (None when every link is idle)."""
-        ts = [t for t in (l.next_completion_ms() for l in self.links.values()) if t is not None]
-        return min(ts) if ts else None
+        best = None
+        for link in self._links:
+            if link._heap:
+                t = link.next_completion_ms()
+                if best is None or t < best:  # type: ignore[operator]
+                    best = t
+        return best
 
     def advance(self, to_ms: float) -> list[OnboardTicket]:
         """Process every link completion up to ``to_ms`` in time order; return onboard tickets completed."""
@@ -270,14 +308,14 @@ class TierHierarchy:
             t = self.next_event_ms()
             if t is None or t > to_ms:
                 break
-            self.now_ms = max(self.now_ms, t)
+            if t > self.now_ms:
+                self.now_ms = t
             for name, link in self.links.items():
-                for fin_ms, tag in link.advance(t):
-                    self._complete(name, fin_ms, tag, out)
-        self.now_ms = max(self.now_ms, to_ms)
-        for link in self.links.values():
-            link.advance(self.now_ms)
-        self.completed.extend(out)
+                if link._heap:
+                    for fin_ms, tag in link.advance(t):
+                        self._complete(name, fin_ms, tag, out)
+        if to_ms > self.now_ms:  # links need no update: each progresses itself at its next submission
+            self.now_ms = to_ms
         return out
 
     def _complete(self, link: str, fin_ms: float, tag: object, out: list[OnboardTicket]) -> None:
@@ -333,6 +371,7 @@ class TierHierarchy:
         started = 0
         while len(q) >= b or (flush and q):
             batch, q[:] = q[:b], q[b:]
+            self.offloaded_blocks += len(batch)
             self.links[f"G1->G2/{worker_id}"].submit(now_ms, len(batch) * self.cfg.bytes_per_block,
                                                      ("g2", worker_id, batch))
             started += 1
@@ -363,6 +402,9 @@ class TierHierarchy:
             return None
         run = list(keys[:len(tiers)])
         count = {t: tiers.count(t) for t in ("G2", "G3", "G4") if t in tiers}
+        for t, n in count.items():
+            self.onboarded_blocks[t] += n
+        self.onboard_tickets += 1
         ticket = OnboardTicket(worker_id, run, count, now_ms)
         for tier, link in (("G3", "G3->G2"), ("G4", "G4->G2")):
             part = [k for k, t in zip(run, tiers) if t == tier]
@@ -397,7 +439,7 @@ def _is_int(v: object) -> bool:
 
 
 
-LINKS: tuple[str, ...] = ("g1_g2", "g2_g1", "g2_g3", "g3_g2", "g3_g4", "g4_g2")
+LINKS: tuple[str, ...] = TIER_LINKS
 
 
 def parse_bandwidth_flags(items: Sequence[str]) -> dict[str, float]:
@@ -416,14 +458,9 @@ def parse_bandwidth_flags(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def tier_config(cfg: "object", kv_bytes_per_token: int) -> TierConfig:
-    """The :class:`TierConfig` of an :class:`mocker.config.EngineConfig` (bytes per block = block size x
-    ``kv_bytes_per_token``)."""
-    g = getattr
-    return TierConfig(bytes_per_block=g(cfg, "effective_block_size") * kv_bytes_per_token,
-                      num_g2_blocks=g(cfg, "num_g2_blocks"), num_g3_blocks=g(cfg, "num_g3_blocks"), g4=g(cfg, "g4"),
-                      offload_batch_size=g(cfg, "offload_batch_size"),
-                      **{f"bw_{l}_gbps": g(cfg, f"bw_{l}_gbps") for l in LINKS}).validate()
+def tier_config(cfg: EngineConfig) -> TierConfig:
+    """:meth:`TierConfig.from_engine` (kept as a function for callers that import it)."""
+    return TierConfig.from_engine(cfg)
 
 
 __all__ = ["GB", "LINKS", "ProcessorSharingLink", "TierConfig", "TierHierarchy", "OnboardTicket", "TierListener",

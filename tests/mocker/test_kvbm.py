@@ -150,7 +150,9 @@ def test_g1_backend_config_errors_and_engine_pool_choice():
         EngineConfig(engine="sglang", g1_backend="kvbm").validate()
     assert type(make_engine(EngineConfig()).kv) is BlockKvManager
     assert type(make_engine(EngineConfig(g1_backend="kvbm", engine="trtllm")).kv) is KvbmBlockManager
-    with pytest.raises(ConfigError, match=r"num_g2_blocks=8: KVBM lower tiers are modelled standalone"):
+    with pytest.raises(ConfigError, match=r"kv_bytes_per_token=None: KVBM tier transfers move block_size x "):
         make_engine(EngineConfig(g1_backend="kvbm", num_g2_blocks=8))
+    core = make_engine(EngineConfig(g1_backend="kvbm", num_g2_blocks=8, kv_bytes_per_token=2))
+    assert core.tiers is not None and core.tiers.cfg.bytes_per_block == 64 * 2 and core.kv.offload_sink == []
     cfg = EngineConfig.from_mapping({"engine": {"backend": "vllm", "g1_backend": "kvbm"}})
     assert cfg.g1_backend == "kvbm"
