@@ -43,7 +43,11 @@ def _worker_counts(url: str) -> dict[str, float] | None:
     return out
 
 
-def test_up_disaggregated_scales_prefill_and_decode(tmp_path):
+POINTS = ("(() => Object.fromEntries(['replicas', 'load', 'latency', 'queues'].map(id => [id,"
+          " document.getElementById(id).data.map(t => t.y.filter(v => v !== null && !Number.isNaN(v)).length)])))()")
+
+
+def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
     cfg = stack_file(tmp_path, planner={"mode": "disagg", "prefill": {"min_replicas": 1, "max_replicas": 3},
                                         "decode": {"min_replicas": 1, "max_replicas": 3}},
                      prometheus={"enabled": False},
@@ -97,6 +101,7 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path):
         assert {tuple(sorted(d["targets"])) for d in st["decisions"]} == {("decode", "prefill")}
         # prefill -> decode through the frontend: both roles served requests; on the workers still running
         # (idle now) one generated token per prefill leg and OSL = 20 tokens per decode leg, exactly
+        up.wait(lambda: len(up.fleet()["workers"]) == 2, 60, "the drained workers stopped")
         live = {w["name"]: w for w in up.fleet()["workers"]}
         assert sorted(w["pool"] for w in live.values()) == ["decode", "prefill"]
         for name, w in live.items():
@@ -107,4 +112,23 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path):
         served = {p: sum(c["success"] for pool, c in counts.values() if pool == p) for p in seen}
         assert 0 < served["prefill"] <= n and 0 < served["decode"] <= n, served
         assert sum(1 for pool, _ in counts.values() if pool == "prefill") >= 3, counts.keys()
-        print(f"disagg up: spec changes {seen}; successes read per pool {served} of {n} requests")
+        # the dashboard in real headless Chromium: no console error, every plot holds points, it updates live
+        page = chromium.open(up.planner_url + "/", wait_for="window.dashboardReady === true")
+        try:
+            pts = page.evaluate(POINTS)
+            names = page.evaluate("document.getElementById('replicas').data.map(t => t.name)")
+            assert names == ["prefill replicas", "prefill ready", "decode replicas", "decode ready"], names
+            assert all(k > 0 for k in pts["replicas"]), pts
+            assert page.evaluate("Math.max(...document.getElementById('replicas').data[0].y)") == 3
+            assert page.evaluate("Math.max(...document.getElementById('replicas').data[2].y)") == 3
+            assert pts["load"][0] > 0 and pts["latency"][0] > 0, pts  # observed req/s and TTFT
+            assert page.evaluate("document.getElementById('queues').data[0].x.length") == 2  # one engine per pool
+            assert page.evaluate("document.querySelectorAll('#decisions tbody tr').length") == len(st["decisions"])
+            u0 = page.evaluate("window.dashboardUpdates")
+            page.wait_for(f"window.dashboardUpdates >= {u0 + 2}", timeout_s=15)
+            n0 = pts["replicas"][0]
+            page.wait_for(f"document.getElementById('replicas').data[0].x.length > {n0}", timeout_s=15)
+            assert page.errors() == []
+        finally:
+            page.close()
+        print(f"dashboard: points per plot {pts}; disagg up: spec changes {seen}; successes read per pool {served} of {n} requests")
