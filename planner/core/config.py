@@ -141,6 +141,14 @@ class PlannerConfig:
     agg_prefill_interference: bool = True
     """Throughput loop, aggregated pool: size decode for ``itl x (1 - lambda x P)`` (prefill passes stall
     decode; :func:`planner.core.throughput.size_agg_decode`); False = decode sized alone (reference)."""
+    demand_error_quantile: float | None = 0.9
+    """Burst-aware demand: the predicted request count is multiplied by this quantile of the recent one-step
+    ratios ``observed / predicted`` (floored at 1, so it never shrinks demand), the load the fleet must expect
+    given how far the predictor has been short; None = off (size for the point prediction, reference)."""
+    demand_error_window: int = 20
+    """Burst-aware demand: most recent ratios kept."""
+    demand_error_min_points: int = 3
+    """Burst-aware demand: ratios needed before the factor is applied (1 before)."""
     agg_itl_tail: bool = True
     """Throughput loop, aggregated pool: at least the replicas whose predicted share of requests missing the ITL
     target through prefill stalls (Poisson stalls against each request's slack,
@@ -203,6 +211,9 @@ def _validate(c: PlannerConfig) -> list[str]:
     if not (isinstance(c.load_max_scale_up_factor, (int, float)) and math.isfinite(c.load_max_scale_up_factor)
             and c.load_max_scale_up_factor >= 1):
         p.append(f"load_max_scale_up_factor={c.load_max_scale_up_factor!r}: expected a finite number >= 1")
+    if c.demand_error_quantile is not None and not (
+            isinstance(c.demand_error_quantile, (int, float)) and 0 < c.demand_error_quantile <= 1):
+        p.append(f"demand_error_quantile={c.demand_error_quantile!r}: expected 0 < value <= 1 or null")
     if not (isinstance(c.attainment_relax, (int, float)) and 0 < c.attainment_relax <= 1):
         p.append(f"attainment_relax={c.attainment_relax!r}: expected 0 < value <= 1")
     if not (isinstance(c.attainment_max_headroom, (int, float)) and math.isfinite(c.attainment_max_headroom)
@@ -231,7 +242,7 @@ def _validate(c: PlannerConfig) -> list[str]:
         p.append(f"load_sensitivity={c.load_sensitivity!r}: expected 0 < value <= 1")
     for n in ("predictor_min_points", "kalman_min_points", "prophet_window", "prophet_refit_every", "auto_error_window",
               "max_num_batched_tokens", "regression_buckets", "regression_samples_per_bucket",
-              "regression_min_samples", "arima_refit_every"):
+              "regression_min_samples", "arima_refit_every", "demand_error_window", "demand_error_min_points"):
         v = getattr(c, n)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
             p.append(f"{n}={v!r}: expected an integer >= 1")

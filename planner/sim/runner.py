@@ -12,6 +12,7 @@ over prefill (decode fixed large), the smallest decode count, minimising total G
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, confi
 from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
+from planner.sim.metrics import OSL_BUCKETS_TOKENS
 from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, StaticPolicy
 
 
@@ -47,7 +49,8 @@ class RunContext:
 
 
 def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[TrafficWindow]:
-    """Per-interval arrivals of the (already scaled) trace: count and mean ISL/OSL."""
+    """Per-interval arrivals of the (already scaled) trace: count, mean ISL/OSL and the OSL histogram
+    (:data:`planner.sim.metrics.OSL_BUCKETS_TOKENS`, as the frontend would export it)."""
     if not requests:
         return []
     end = max(r.arrival_ms for r in requests) / 1000.0
@@ -55,13 +58,16 @@ def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[T
     cnt = [0] * n
     isl = [0.0] * n
     osl = [0.0] * n
+    hist = [[0] * len(OSL_BUCKETS_TOKENS) for _ in range(n)]
     for r in requests:
         k = int(r.arrival_ms / 1000.0 // interval_s)
         cnt[k] += 1
         isl[k] += r.input_length
         osl[k] += r.output_length
-    return [TrafficWindow(interval_s, float(c), a / c if c else math.nan, b / c if c else math.nan)
-            for c, a, b in zip(cnt, isl, osl)]
+        hist[k][bisect.bisect_left(OSL_BUCKETS_TOKENS, r.output_length)] += 1
+    return [TrafficWindow(interval_s, float(c), a / c if c else math.nan, b / c if c else math.nan,
+                          osl_buckets=tuple((le, float(x)) for le, x in zip(OSL_BUCKETS_TOKENS, h)))
+            for c, a, b, h in zip(cnt, isl, osl, hist)]
 
 
 def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
@@ -76,7 +82,7 @@ def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
     peak = wins[0] if first else max(wins, key=lambda w: w.num_requests)
     if peak.num_requests <= 0:
         return {p: 1 for p in ctx.pools}
-    d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens)
+    d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens, osl_buckets=peak.osl_buckets)
     return {pool: max(1, ceil_replicas(size_pool(pool, d, cfg, ctx.profile))) for pool in ctx.pools}
 
 
@@ -135,6 +141,7 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
                       scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean",
                       prefill_queueing=False, agg_prefill_interference=False, agg_itl_tail=False,
+                      demand_error_quantile=None,
                       sla_attainment_target=None,
                       load_max_scale_up_factor=1.0)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))

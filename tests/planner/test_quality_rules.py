@@ -212,3 +212,33 @@ def test_attainment_feedback_ignores_chance_misses():
         h = pl.tick(180.0, fleet.obs(_window(3600, 900, 900 - misses))).diagnostics.headroom["itl"]
         # 3 of 900 = 0.333 % vs 0.1 %: x min(2, 1 + 0.5 (3.333 - 1)) = x2
         assert h == (pytest.approx(2.0) if grows else 1.0)
+
+
+def test_burst_aware_demand_uses_the_quantile_of_observed_over_predicted():
+    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                        max_gpu_budget=64, sla_attainment_target=None)
+    pl, fleet = Planner(cfg, profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    seen = []
+    for k, n in enumerate((100, 100, 120, 96, 144), start=1):
+        d = pl.tick(180.0 * k, fleet.obs(TrafficWindow(180.0, n, 2000.0, 150.0))).diagnostics
+        seen.append((d.demand_factor, d.predicted_num_requests))
+    # constant predictor: forecasts 100, 100, 120, 96 -> ratios 1.0, 1.2, 0.8, then 1.5
+    assert seen[:3] == [(1.0, 100.0), (1.0, 100.0), (1.0, 120.0)]  # fewer than 3 ratios: factor 1
+    # [0.8, 1.0, 1.2] q 0.9 (linear): 1.0 + 0.8 x 0.2 = 1.16 -> 96 x 1.16
+    assert seen[3] == (pytest.approx(1.16), pytest.approx(96 * 1.16))
+    # [0.8, 1.0, 1.2, 1.5]: position 2.7 -> 1.2 + 0.7 x 0.3 = 1.41 -> 144 x 1.41
+    assert seen[4] == (pytest.approx(1.41), pytest.approx(144 * 1.41))
+    # off: the point forecast; a predictor that is only ever high never shrinks demand (floor 1)
+    off = Planner(PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                                max_gpu_budget=64, demand_error_quantile=None), profile())
+    low = Planner(cfg, profile())
+    off.tick(0.0, fleet.obs())
+    low.tick(0.0, fleet.obs())
+    for k, n in enumerate((200, 150, 120, 100, 90), start=1):
+        a = off.tick(180.0 * k, fleet.obs(TrafficWindow(180.0, n, 2000.0, 150.0))).diagnostics
+        b = low.tick(180.0 * k, fleet.obs(TrafficWindow(180.0, n, 2000.0, 150.0))).diagnostics
+    assert a.predicted_num_requests == 90.0 and a.demand_factor == 1.0
+    assert b.predicted_num_requests == 90.0 and b.demand_factor == 1.0
+    with pytest.raises(ConfigError, match="demand_error_quantile"):
+        PlannerConfig(demand_error_quantile=1.5)
