@@ -24,6 +24,21 @@ effective), 5 GB/s host<->disk (NVMe), 1 GB/s to/from object storage.
 
 Nothing reads a clock: every method takes ``now_ms`` and a driver advances the hierarchy with
 :meth:`TierHierarchy.advance`.
+
+Wiring (``g1_backend='kvbm'`` with ``num_g2_blocks > 0`` and ``kv_bytes_per_token`` set; bytes per block =
+block size x kv_bytes_per_token): the vLLM core (:meth:`mocker.engine.vllm.VllmCore.attach_tiers`) is one
+worker of a hierarchy. Its kvbm pool appends every evicted cached block to the core's offload list, sent with
+:meth:`TierHierarchy.offload` at the end of the pass, at the pass's start time. At admission (the request
+fits), after the G1 prefix hits, :meth:`TierHierarchy.onboard` starts a ticket for the leading run found
+below G1 (never the prompt's last token, as for G1 hits); the request takes its G1 blocks at once and waits
+outside the queues; at the first pass start after the ticket is done it joins the running batch with those
+tokens computed (not charged as prefill) and the blocks join the prefix cache. A standalone core (live
+worker rank) gets a private one-worker hierarchy; the offline aggregated fleet (:mod:`mocker.fleet`) shares
+one hierarchy among all its cores (one G2 per core = per DP rank) and runs their passes one at a time in
+global time order so every transfer is submitted in time order. Counters: :attr:`TierHierarchy.offloaded_blocks`,
+``onboarded_blocks`` (per tier found), ``spilled_blocks``, ``onboard_tickets`` (the replay report's
+``kvbm_*`` keys). Not wired: SGLang (its radix cache has no kvbm pool), TensorRT-LLM (no-evict reservations
+do not cover onboarding blocks) and disaggregated fleets (rejected with a ConfigError).
 """
 
 from __future__ import annotations
