@@ -7,6 +7,11 @@ Runs both simulators side by side, in the same session, on:
   (a1) as (a) with 1 worker
   (d)  as (a) disaggregated: 2 prefill + 2 decode workers, KV transfer 64 GB/s x 131072 B/token (not in the
        default --cases; run with --cases d)
+  (ds) as (d) with the SGLang engine (reference ``--engine '{"engine":{"backend":"sglang",...}}' --disagg``;
+       SGLang's coordinated handoff is destination-first)
+  (s)  Azure, 4 workers, SGLang engine; (sk) Mooncake, 4 workers, SGLang, KV-aware routing, 262144 pages
+       (with the default 16384 pages the reference itself stops: "effect-free zero-duration pass"; the
+       reference needs ~6 minutes). Run through bench/bench_sglang.py (default --cases s there).
 
 and prints, per case: the relative difference of mean/p50/p90/p99 TTFT, ITL and E2E (both reports use the
 reference's key names; for (b), whose reference breaks KV-router ties at random, against the mean of
@@ -47,6 +52,13 @@ CASES = {
                                                   kv_transfer_bytes_per_token=131072)),
     "a1": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=1, router="round_robin", ref_router="round_robin",
                engine={"block_size": 64}, tol=0.005),
+    "ds": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
+               engine={"backend": "sglang"}, tol=0.03, disagg=dict(prefill=2, decode=2, kv_transfer_bandwidth=64,
+                                                                    kv_transfer_bytes_per_token=131072)),
+    "s": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
+              engine={"backend": "sglang"}, tol=0.03),
+    "sk": dict(trace=TRACES / "mooncake_conversation.jsonl", workers=4, router="kv", ref_router="kv_router",
+               engine={"backend": "sglang", "num_gpu_blocks": 262144}, tol=0.03),
 }
 METRICS = [(m, s) for m in ("ttft", "itl", "e2e_latency") for s in ("mean", "median", "p90", "p99")]
 
@@ -119,9 +131,9 @@ def per_request_share(mine: dict, ref_rows: list[dict]) -> tuple[float, int]:
     return ok / max(total, 1), total
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="a,b,a1")
+def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
+    ap = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=default_cases, help=f"comma-separated, of {','.join(CASES)}")
     ap.add_argument("--repeat", type=int, default=1, help="runs per simulator and case; the fastest counts for speed")
     ap.add_argument("--ref-runs-b", type=int, default=5,
                     help="reference runs for (b): its KV router breaks ties at random, so fidelity is measured "
@@ -190,7 +202,9 @@ def main() -> None:
 
 
 def print_case(case: str, c: dict, r: dict) -> None:
-    print(f"\n== ({case}) {Path(c['trace']).name}, {c['workers']} worker(s), router {c['router']}, engine {c['engine'] or 'defaults'}")
+    fleet = (f"{c['disagg']['prefill']} prefill + {c['disagg']['decode']} decode workers" if "disagg" in c
+             else f"{c['workers']} worker(s)")
+    print(f"\n== ({case}) {Path(c['trace']).name}, {fleet}, router {c['router']}, engine {c['engine'] or 'defaults'}")
     print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}   (relative difference dynoplan vs reference)")
     for m in ("ttft", "itl", "e2e_latency"):
         row = [r["rel_diff"][f"{s}_{m}"] for s in ("mean", "median", "p90", "p99")]

@@ -105,6 +105,11 @@ class EngineState:
     """Active KV blocks / total blocks (0..1), as vLLM's ``kv_cache_usage_perc``."""
 
 
+def _sg_busy(c: Any) -> bool:
+    """An SGLang core that runs passes (a held waiting queue alone does not)."""
+    return bool(c.running or c.prefilled or (c.waiting and not c.hold_waiting))
+
+
 class _Worker:
     __slots__ = ("pool", "worker_id", "cores", "requested_ms", "ready_ms", "drain_ms", "released_ms", "state",
                  "inflight", "holds")
@@ -272,6 +277,7 @@ class Fleet:
         self._dst_first = self._sg and self._coordinated
         """SGLang coordinated handoff: the destination reserves before the prefill starts (module docstring)."""
         self._pending_res: dict[int, deque[_Flight]] = {}  # id(decode core) -> flights waiting to reserve
+        self._res_event: set[int] = set()  # id(decode core) with a _RESERVE event outstanding
         self._stalled: set[Any] = set()
         self._core_holds: dict[int, int] = {}  # id(core) -> live holds / reservations on it
         if single_step:
@@ -692,38 +698,77 @@ class Fleet:
         if pend is None:
             pend = self._pending_res[id(c)] = deque()
         pend.append(fl)
-        if len(pend) == 1:  # else a _RESERVE event of this core is outstanding
+        c.hold_waiting = True
+        if len(pend) == 1 and id(c) not in self._res_event:
             self._on_reserve(c, t)
 
     def _on_reserve(self, c: Any, t: float) -> None:
-        """Grant pending reservations on decode core ``c`` at ``t``: one at a pass boundary of a busy core,
-        all while it stays idle; otherwise wait for the end of the pass in flight. Keeps exactly one
-        ``_RESERVE`` event outstanding while reservations are pending."""
-        pend = self._pending_res[id(c)]
+        """Try the pending reservations of decode core ``c`` at ``t``, in arrival order (the head blocks the
+        rest): one at a pass boundary of a busy core, as many as fit while it stays idle; mid-pass, wait for
+        the pass end. A head that does not fit is retried at the next boundary (busy core) or when capacity
+        is released on the core (idle core, :meth:`_give`). At most one ``_RESERVE`` event per core is
+        outstanding."""
+        key = id(c)
+        self._res_event.discard(key)
+        pend = self._pending_res[key]
         self._adv(c, t)
-        nb = c.next_pass_ms
-        if c.has_work() and nb > t and c not in self._stalled:  # mid-pass: wait for its end
-            self._push(nb, _RESERVE, c)
+        busy = _sg_busy(c) and c not in self._stalled
+        if busy and c.next_pass_ms > t:  # mid-pass: wait for its end
+            self._res_event.add(key)
+            self._push(c.next_pass_ms, _RESERVE, c)
             return
         while pend:
-            fl = pend.popleft()
+            fl = pend[0]
             if fl.phase != _RESERVING:  # cancelled meanwhile
+                pend.popleft()
                 continue
-            self._grant_reservation(fl, t)
-            if c.has_work():
+            if not self._grant_reservation(fl, t):
                 break
-        if pend:  # the next boundary is the end of the pass starting now: look just after it started
+            pend.popleft()
+            busy = _sg_busy(c) and c not in self._stalled
+            if busy:
+                break
+        if not pend and c.hold_waiting:  # backlog gone: retracted requests may be admitted again
+            c.hold_waiting = False
+            if c.waiting and not c.running and not c.prefilled and c.next_pass_ms < t:
+                c.next_pass_ms = t
+        if pend and busy:  # the next boundary is the end of the pass starting now: look just after it started
+            self._res_event.add(key)
             self._push(nextafter(t, inf), _RESERVE, c)
 
-    def _grant_reservation(self, fl: _Flight, t: float) -> None:
+    def _kick_reservations(self, c: Any, t: float) -> None:
+        """Capacity changed on decode core ``c``: retry its pending reservations at ``t`` (via the event heap)."""
+        key = id(c)
+        if self._pending_res.get(key) and key not in self._res_event:
+            self._res_event.add(key)
+            self._push(t, _RESERVE, c)
+
+    def _grant_reservation(self, fl: _Flight, t: float) -> bool:
+        """Reserve the destination for ``fl`` (:meth:`SglangCore.reserve_prefilled`) and dispatch its prefill.
+        False when it does not fit now. A prompt that can never fit fails the request (True: it leaves the
+        queue)."""
         c = fl.dcore
-        fl.reserve = self._take(c, self.pools["decode"].by_id[c.worker_id], fl.req.input_length + 1, None)
+        try:
+            r = c.reserve_prefilled(fl.req, fl.rec)
+        except SimulationError:  # larger than the destination's whole pool
+            fl.phase = _DONE
+            fl.rec.status = "failed"
+            fl.rec.finish_ms = t
+            return True
+        if r is None:
+            return False
+        w = self.pools["decode"].by_id[c.worker_id]
+        w.holds += 1
+        self._core_holds[id(c)] = self._core_holds.get(id(c), 0) + 1
+        self.holds_taken += 1
+        fl.reserve = (c, w, r, 0)
         fl.phase = _QUEUED
         p = self.entry
         if p.cores:
             self._dispatch(fl, fl.rec, fl.rid, t)
         else:
             p.queue.append((fl, fl.rec, fl.rid))
+        return True
 
     def _transfer_reserved(self, fl: _Flight, t: float) -> None:
         """SGLang coordinated handoff, step 2 (prefill done): the source holds the prompt's KV and the transfer
@@ -732,10 +777,8 @@ class Fleet:
         tr = self.transfer
         src = fl.pcore
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], fl.req.input_length, fl.pkeys)
-        hit = 0
-        if tr.timing == "destination_missing" and fl.req.hash_ids is not None:
-            self._adv(c, t)
-            hit = self._destination_hit_tokens(c, fl.req)
+        # destination_missing: what the destination lacked when it reserved (its cached prefix is locked since)
+        hit = fl.reserve[2].cached if fl.reserve is not None else 0  # type: ignore[union-attr]
         fl.phase = _TRANSFER
         self._push(t + tr.transfer_ms(tr.charged_tokens(fl.req.input_length, hit)), _ACTIVATE, fl)
 
@@ -793,6 +836,8 @@ class Fleet:
             self._stalled.discard(core)
             if core.next_pass_ms < t:
                 core.next_pass_ms = t
+        if self._dst_first:
+            self._kick_reservations(core, t)
 
     def _advance_guarded(self, c: Any, h: float, advance: Callable[[float], None]) -> None:
         """Advance ``c``; a core with nothing running whose waiting request does not fit only because of
@@ -821,6 +866,20 @@ class Fleet:
             return
         c = fl.dcore
         self._adv(c, t)
+        if self._dst_first:  # SGLang: the reservation becomes the request's KV (no second admission check)
+            h = fl.reserve
+            assert h is not None
+            fl.reserve = None
+            fl.phase = _DECODE
+            c.add_prefilled_request(fl.req, t, fl.rec, reserved=h[2])
+            self._core_holds[id(c)] -= 1
+            h[1].holds -= 1
+            self.holds_released += 1
+            self._kick_reservations(c, t)
+            if fl.hold is not None:
+                self._give(fl.hold, t)
+                fl.hold = None
+            return
         if fl.reserve is not None:  # the reservation becomes the request's own allocation at admission
             self._give(fl.reserve, t)
             fl.reserve = None

@@ -141,6 +141,12 @@ class SglangCore:
         """Private token slots held for a driver (disaggregated handoff holds and reservations, :mod:`mocker.fleet`)."""
         self.external_locks = 0
         """Tree paths locked for a driver (a source's hold on its computed prompt)."""
+        self.hold_waiting = False
+        """Set by a disaggregated driver while reservations wait for this (decode) core: the waiting queue
+        (retracted requests) is not admitted meanwhile, incoming prompts go first (the reference replay
+        re-admits a decode worker's retracted requests only once its reservation backlog is gone)."""
+        self.reserved: dict[int, SglangRequest] = {}
+        """Destination reservations (:meth:`reserve_prefilled`) not yet activated, by request id."""
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
@@ -167,8 +173,52 @@ class SglangCore:
         self.waiting.append(r)
         return record
 
-    def add_prefilled_request(self, req: TraceRequest, now_ms: float,
-                              record: RequestRecord | None = None) -> RequestRecord:
+    def reserve_prefilled(self, req: TraceRequest, record: RequestRecord) -> SglangRequest | None:
+        """Destination-first handoff (SGLang disaggregation, reference replay ``ReserveDestination``): reserve
+        KV for the prompt of a request that a prefill worker will compute, before its prefill starts. The
+        prompt's cached prefix in this core's tree is shared (locked) and private slots cover the rest of its
+        page-rounded footprint, evicting unlocked leaves LRU-first; no headroom for decode is kept (as the
+        reference). Returns the reserved request (pass it to :meth:`add_prefilled_request` once transferred,
+        or to :meth:`release_hold` to cancel), or None when free + evictable cannot hold it now (nothing
+        changed). ``reserved.cached`` = prompt tokens the destination already held (what
+        ``destination_missing`` does not charge). Raises SimulationError when the prompt can never fit."""
+        isl = req.input_length
+        page = self.page
+        footprint = -(-isl // page) * page
+        if footprint > self.total_kv_tokens:
+            raise SimulationError(f"prompt of {isl} tokens exceeds the KV pool of {self.total_kv_tokens} tokens")
+        kv = self.kv
+        idx = self._added
+        content = SeqContent.for_request(req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx,
+                                         self.trace_block_size)
+        matched = kv.match_len(content, isl) if self.caching else 0
+        if footprint - matched > kv.free + kv.evictable_size:
+            return None
+        if self.caching:
+            matched, node = kv.match_and_lock(content, isl)
+        else:
+            node = kv.root
+        need = footprint - matched
+        if need > kv.free + kv.evictable_size:  # the matched prefix itself was evictable room
+            kv.dec_lock(node)
+            return None
+        if need > kv.free:
+            kv.evict(need - kv.free)
+        kv.take(need)
+        self._added += 1
+        r = SglangRequest(req.request_id, idx, isl, req.output_length, content, record)
+        # prefilled form (as add_prefilled_request): prompt P-1 computed + the prefill worker's first token
+        r.prompt_len -= 1
+        r.generated = 1
+        r.output_len += 1
+        r.node = node
+        r.cached = matched
+        r.allocated = footprint
+        self.reserved[r.request_id] = r
+        return r
+
+    def add_prefilled_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
+                              reserved: SglangRequest | None = None) -> RequestRecord:
         """Disaggregated decode side: queue a request whose prompt KV and first token were computed by a
         prefill worker (the transfer has ended). Nothing is recomputed: at the first pass that starts at or
         after ``now_ms`` with room for it, it is admitted straight into the running batch (its prompt slots
@@ -181,7 +231,24 @@ class SglangCore:
         page per running request (this one included) for the pass's new tokens must fit free + evictable;
         a head that does not fit waits (requests behind it too). A prompt that can never fit is rejected
         (``failed``). Raises SimulationError for a duplicate id, ValueError when ``hash_ids`` is too short.
+
+        ``reserved`` (from :meth:`reserve_prefilled`): the reservation becomes the request's KV (prompt
+        materialized there), and it joins the running batch at that pass without any capacity check.
         """
+        if reserved is not None:
+            r = self.reserved.pop(reserved.request_id)
+            if r.request_id in self.requests:
+                raise SimulationError(f"request {r.request_id} is already active on worker {self.worker_id}")
+            rec = r.record
+            rec.worker_id = self.worker_id
+            rec.dp_rank = self.dp_rank
+            r.materialized = r.computed = r.seq_len
+            if not self.running and not self.waiting and not self.prefilled:
+                self.next_pass_ms = max(self.next_pass_ms, now_ms)
+            self.requests[r.request_id] = r
+            self.all_requests.append(r)
+            self.prefilled.append(r)
+            return rec
         record = self.add_request(req, now_ms, record)
         r = self.waiting.pop()
         # as VllmCore.add_prefilled_request: prompt P-1 computed + 1 "generated" token (the prefill worker's
@@ -199,7 +266,7 @@ class SglangCore:
             return False
         if r in self.running:
             self.running.remove(r)
-        elif r.node is None and r in self.prefilled:
+        elif r in self.prefilled:
             self.prefilled.remove(r)
         else:
             self.waiting.remove(r)
@@ -223,13 +290,13 @@ class SglangCore:
 
     def advance_until(self, horizon_ms: float) -> None:
         """Run every pass that starts before ``horizon_ms``, fast-forwarding stretches of decode passes."""
-        while (self.running or self.waiting or self.prefilled) and self.next_pass_ms < horizon_ms:
+        while (self.running or self.prefilled or (self.waiting and not self.hold_waiting)) and self.next_pass_ms < horizon_ms:
             if not self._stretch(horizon_ms):
                 self._pass(self.next_pass_ms, False)
 
     def advance_single_step(self, horizon_ms: float) -> None:
         """Like :meth:`advance_until`, one pass at a time (reference mode for equivalence tests)."""
-        while (self.running or self.waiting or self.prefilled) and self.next_pass_ms < horizon_ms:
+        while (self.running or self.prefilled or (self.waiting and not self.hold_waiting)) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
 
     def pass_end_times(self) -> np.ndarray:
@@ -307,13 +374,14 @@ class SglangCore:
             raise SimulationError("a request is in two of waiting, prefilled and running")
         if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting) or len(pre_ids) != len(self.prefilled):
             raise SimulationError("a request appears twice in a queue")
-        for r in self.prefilled:
-            if r.node is not None or r.allocated or r.materialized:
-                raise SimulationError(f"prefilled request {r.request_id} holds KV before its decode admission")
         if self.external_tokens < 0 or self.external_locks < 0:
             raise SimulationError(f"negative external holds: {self.external_tokens} tokens, {self.external_locks} locks")
         private = self.external_tokens
-        for r in list(self.running) + list(self.waiting):
+        for r in self.reserved.values():
+            if r.node is None or r.materialized or r.allocated % self.page or r.cached > r.allocated:
+                raise SimulationError(f"reservation of request {r.request_id} inconsistent")
+            private += r.allocated - r.cached
+        for r in list(self.running) + list(self.waiting) + list(self.prefilled):
             if r.node is None:
                 if r.materialized or r.allocated or r.cached:
                     raise SimulationError(f"request {r.request_id} holds KV without a tree path")
@@ -405,8 +473,13 @@ class SglangCore:
         self.external_tokens += n
         return node, n
 
-    def release_hold(self, node: RadixNode | None, private_tokens: int) -> None:
-        """Release a hold taken by :meth:`hold_tokens` (exactly once: the caller forgets it)."""
+    def release_hold(self, node: RadixNode | SglangRequest | None, private_tokens: int) -> None:
+        """Release a hold taken by :meth:`hold_tokens`, or a reservation from :meth:`reserve_prefilled` (the
+        reserved request, ``private_tokens`` ignored), exactly once: the caller forgets it."""
+        if isinstance(node, SglangRequest):
+            del self.reserved[node.request_id]
+            self._release(node)
+            return
         kv = self.kv
         kv.give_back(private_tokens)
         self.external_tokens -= private_tokens
@@ -422,6 +495,11 @@ class SglangCore:
         running = self.running
         while q and len(running) < self.max_seqs:
             r = q[0]
+            if r.node is not None:  # its reservation already holds the prompt's KV
+                q.popleft()
+                r.transition(State.PREFILLING)
+                running.append(r)
+                continue
             n = r.seq_len
             if self.caching:
                 matched, node = kv.match_and_lock(r.content, n)
@@ -470,6 +548,8 @@ class SglangCore:
 
     def _admit(self, now: float) -> tuple[list[SglangRequest], list[tuple[int, int, int]], bool, list[int]]:
         """get_new_batch_prefill: returns (admitted, [(prompt_len, prefix, computed)], oom, rejected ids)."""
+        if self.hold_waiting:
+            return [], [], False, []
         kv = self.kv
         clip = self.clip
         ratio = self.new_token_ratio
@@ -707,12 +787,13 @@ class SglangCore:
             else:
                 end = now
                 finished, emitters = [], []
-                if (self.waiting or self.prefilled) and not rejected and (self.external_tokens or self.external_locks):
+                if ((self.waiting and not self.hold_waiting) or self.prefilled) and not rejected and (
+                        self.external_tokens or self.external_locks):
                     # a driver's handoff holds take the room: idle until one is released (mocker.fleet stalls
                     # the core on this error and resumes it at the release)
                     raise SimulationError(f"worker {self.worker_id}: the queue head does not fit while handoff "
                                           "holds are live")
-                if self.waiting and not rejected:
+                if self.waiting and not rejected and not self.hold_waiting:
                     # nothing runs and the head cannot be admitted on an idle engine: it never will be
                     r = self.waiting.popleft()
                     self._release(r)
@@ -822,7 +903,7 @@ class SglangCore:
             acc_r[0] = self.new_token_ratio
             ratios = np.maximum(np.cumsum(acc_r), self.min_ratio)
         k = k_cap
-        if waiting and n < self.max_seqs:
+        if waiting and n < self.max_seqs and not self.hold_waiting:
             if self.lpm and len(waiting) > 1:
                 return False
             h = waiting[0]
