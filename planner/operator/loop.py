@@ -385,6 +385,10 @@ class PlannerLoop:
             problems.append(f"Prometheus read unknown ({err})" if err else "Prometheus read unknown")
         if cfg.load_enabled and not passes_ok:
             problems.append("FPM subscriber error")
+        if cfg.load_enabled and self.fpm is not None and not self.fpm.endpoints:
+            names = ", ".join(f"{child_name(obs.dgd.name, sv.name)}" for sv in obs.services.values())
+            problems.append(f"no FPM endpoints: no ready endpoint with a port named {FPM_PORT_NAME!r} in the "
+                            f"EndpointSlices of Service {names}")
         read = [n for n, on in (("traffic from Prometheus", cfg.throughput_enabled),
                                 (f"FPM from {len(self.fpm.endpoints) if self.fpm else 0} worker endpoints",
                                  cfg.load_enabled)) if on]

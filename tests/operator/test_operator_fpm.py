@@ -137,7 +137,6 @@ def test_load_loop_scales_on_worker_fpm_found_through_endpointslices(env):
     env.set_ready("w-vllmworker", 1)
 
     discovery = kubernetes.client.DiscoveryV1Api(env.admin)
-    discovery.create_namespaced_endpoint_slice(env.ns, slice_for(env.ns, "w-vllmworker", 1, ip, w1.fpm_port))
     planner = {"apiVersion": "dynoplan.dev/v1alpha1", "kind": "DynoPlanner", "metadata": {"name": "lp"},
                "spec": {"targetRef": {"name": "w"}, "mode": "agg", "sla": {"ttftMs": 300, "itlMs": 10000},
                         "throughput": {"enabled": False}, "load": {"enabled": True, "intervalS": 1},
@@ -146,6 +145,15 @@ def test_load_loop_scales_on_worker_fpm_found_through_endpointslices(env):
 
     def load_status() -> dict:
         return (env.planner("lp").get("status") or {}).get("load") or {}
+
+    def condition(type_: str) -> dict:
+        return next((c for c in (env.planner("lp").get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+    # No EndpointSlice yet (no worker Pod ready): metrics unknown, said so, and the planner holds.
+    env.wait(lambda: condition("MetricsAvailable").get("status") == "False", "MetricsAvailable=False", 60)
+    assert "no FPM endpoints" in condition("MetricsAvailable")["message"]
+    assert "w-vllmworker" in condition("MetricsAvailable")["message"]
+    discovery.create_namespaced_endpoint_slice(env.ns, slice_for(env.ns, "w-vllmworker", 1, ip, w1.fpm_port))
 
     # Idle heartbeats arrive: one endpoint, one engine, nothing to do at the minimum.
     env.wait(lambda: load_status().get("fpmEndpoints") == 1 and load_status().get("engines") == 1,
