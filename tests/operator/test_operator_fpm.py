@@ -191,6 +191,7 @@ def test_load_loop_scales_on_worker_fpm_found_through_endpointslices(env):
     assert downs and f"VllmWorker {up}->{up - 1}" in downs[0].message and "scale_down_consolidated" in downs[0].message
     assert env.planner("lp")["status"]["load"]["estimatedTtftMs"] == 0.0
 
+    print("load-loop events:", [f"{e.reason}: {e.message}" for e in env.events("w") if e.reason.startswith("Scaled")])
     # A worker that leaves (its slice removed) is unsubscribed.
     discovery.delete_namespaced_endpoint_slice("w-vllmworker-2", env.ns)
     env.wait(lambda: load_status().get("fpmEndpoints") == 1, "worker2's endpoint dropped", 30)
