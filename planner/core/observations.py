@@ -121,7 +121,10 @@ class TrafficWindow:
     ``osl_buckets`` (optional): the output-length histogram of the requests finished in the window, as
     ``(le_tokens, count)`` pairs with increasing upper bounds and *non-cumulative* counts (the increase of
     each ``dynamo_frontend_output_sequence_tokens_bucket`` minus the previous bound's); the last bound may
-    be ``inf``. Used by the aggregated ITL tail rule (``PlannerConfig.agg_itl_tail``).
+    be ``inf``. Used by the aggregated ITL tail rule (``PlannerConfig.agg_itl_tail``). ``isl_buckets``: the
+    same for the input lengths of the requests started in the window (``dynamo_frontend_input_sequence_tokens``);
+    used by that rule (prefill stall lengths) and by the TTFT attainment feedback (prompts no fleet size can
+    serve within the target).
     """
 
     duration_s: float
@@ -137,16 +140,18 @@ class TrafficWindow:
     num_finished: float = math.nan
     num_itl_within_sla: float = math.nan
     osl_buckets: tuple[tuple[float, float], ...] = ()
+    isl_buckets: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ObservationError(f"TrafficWindow.duration_s={self.duration_s!r}: expected seconds > 0")
-        prev = 0.0
-        for le, n in self.osl_buckets:
-            if not (le > prev and math.isfinite(n) and n >= 0):
-                raise ObservationError(f"TrafficWindow.osl_buckets: bucket ({le!r}, {n!r}): expected an upper bound "
-                                       f"> {prev!r} and a count >= 0")
-            prev = le
+        for name in ("osl_buckets", "isl_buckets"):
+            prev = 0.0
+            for le, n in getattr(self, name):
+                if not (le > prev and math.isfinite(n) and n >= 0):
+                    raise ObservationError(f"TrafficWindow.{name}: bucket ({le!r}, {n!r}): expected an upper bound "
+                                           f"> {prev!r} and a count >= 0")
+                prev = le
         for total, ok in (("num_ttft_observed", "num_ttft_within_sla"), ("num_finished", "num_itl_within_sla")):
             t, k = getattr(self, total), getattr(self, ok)
             if not math.isnan(k) and not (k >= 0 and (math.isnan(t) or k <= t)):

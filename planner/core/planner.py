@@ -181,6 +181,7 @@ class Planner:
         self._thpt_required: dict[str, int] = {}
         self._last_mix: tuple[LengthBucket, ...] = ()
         self._last_osl_buckets: tuple[tuple[float, float], ...] = ()
+        self._last_isl_buckets: tuple[tuple[float, float], ...] = ()
         self._last_isl_tokens = math.nan
         self.p_correction = 1.0
         self.d_correction = 1.0
@@ -238,6 +239,8 @@ class Planner:
             self._last_mix = traffic.mix
         if traffic.osl_buckets:
             self._last_osl_buckets = traffic.osl_buckets
+        if traffic.isl_buckets:
+            self._last_isl_buckets = traffic.isl_buckets
         if traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens):
             self._last_isl_tokens = traffic.mean_isl_tokens
         prof = self.profile
@@ -261,7 +264,7 @@ class Planner:
         self._demand_factor = self._burst_factor()
         self._last_pred_req = predicted
         demand = Demand(predicted * self._demand_factor, self._pred_isl.predict_next(), self._pred_osl.predict_next(),
-                        self._last_mix, self._last_osl_buckets)
+                        self._last_mix, self._last_osl_buckets, self._last_isl_buckets)
         self._demand = demand
         if not demand.known:
             return False

@@ -35,13 +35,14 @@ Beyond the reference (each rule can be switched off in :class:`~planner.core.con
   each request's *own* mean ITL, and the mean-ITL sizing above lets a short request that meets one or two
   prefill stalls miss it (a 20-token answer that waits behind one 40 ms prefill has a mean gap 2 ms
   higher). Model: prefills arrive at one engine as a Poisson stream of rate ``lambda``, each stalls the
-  decode batch for ``P`` ms (prefill time at the predicted ISL), the stall-free gap is ``itl_d`` (decode
-  profile at the engine's KV usage). A request with ``o`` output tokens (``o - 1`` gaps) misses the target
-  ``T`` exactly when the stalls exceed its slack, ``K x P > (T - itl_d)(o - 1)``; at that boundary it lives
-  ``(o - 1) T`` ms, so ``P(miss | o) = P(Poisson(lambda (o - 1) T) > floor((T - itl_d)(o - 1) / P))``,
-  averaged over the output-length distribution (the frontend's OSL histogram when reported, else an
-  exponential with the predicted mean: the maximum-entropy law for a positive length of known mean, which
-  errs toward more short requests). The pool needs the least ``n`` with miss share at ``rate / n`` within
+  decode batch for ``P_i`` ms (the prefill time of its prompt, drawn from the input-length distribution),
+  the stall-free gap is ``itl_d`` (decode profile at the engine's KV usage). A request with ``o`` output
+  tokens (``g = o - 1`` gaps) misses the target ``T`` exactly when its stalls exceed its slack,
+  ``P_1 + ... + P_K > (T - itl_d) g``; at that boundary it lives ``g T`` ms, so ``K ~ Poisson(lambda g T)``
+  and ``P(miss | o)`` is a compound-Poisson tail (:class:`StallSums`), averaged over the output-length
+  distribution. Lengths come from the frontend's ISL/OSL histograms when reported, else an exponential law
+  with the predicted mean (the maximum-entropy law for a positive length of known mean, which errs toward
+  more short answers). The pool needs the least ``n`` with miss share at ``rate / n`` within
   ``1 - sla_attainment_target``.
 """
 
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy.special import pdtrc
+from scipy.special import erfc, gammaln
 
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
@@ -129,6 +130,8 @@ class Demand:
     mix: tuple[LengthBucket, ...] = ()
     osl_buckets: tuple[tuple[float, float], ...] = ()
     """Observed output-length histogram, ``(le_tokens, count)`` non-cumulative (TrafficWindow.osl_buckets)."""
+    isl_buckets: tuple[tuple[float, float], ...] = ()
+    """Observed input-length histogram, same form (TrafficWindow.isl_buckets)."""
 
     @property
     def known(self) -> bool:
@@ -264,23 +267,27 @@ def size_agg_decode(demand: Demand, interval_s: float, d_corr: float, itl_target
     return PoolSizing(hi, ceil_replicas(hi), res.thpt_per_gpu, res.meets_itl)  # thpt: effective (x (1 - u))
 
 
-TAIL_OSL_POINTS = 64
-"""Equal-probability points of the exponential output-length law used when no histogram is reported."""
+TAIL_POINTS = 64
+"""Equal-probability points of the exponential length law used when no histogram is reported."""
+STALL_EXACT_K = 32
+"""Stall sums of up to this many prefills are computed exactly on a lattice; more use the normal law."""
+STALL_GRID = 128
+"""Lattice steps per longest stall (stalls are rounded to the nearest lattice point)."""
 
 
-def osl_distribution(demand: Demand) -> tuple[np.ndarray, np.ndarray]:
-    """(output lengths in tokens, shares summing to 1) representing the next interval's requests.
+def length_distribution(buckets: Sequence[tuple[float, float]], mean_tokens: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths in tokens, shares summing to 1) from a frontend histogram, or an exponential law.
 
-    From ``demand.osl_buckets``: one point per non-empty bucket at the geometric middle of its bounds
-    (``sqrt(lo x le)``, ``lo`` = the previous bound, at least 1; an ``inf`` bucket at ``2 lo``), all scaled
-    so their weighted mean equals the predicted mean OSL (the histogram gives the shape, the predictor the
-    level, as the ``mix`` sizing does). Without a histogram: ``1 + (m - 1) x Exp(1)`` at the midpoints of
-    :data:`TAIL_OSL_POINTS` equal-probability slices, ``m`` = predicted mean OSL (>= 1).
+    From ``buckets`` (``(le, count)``, non-cumulative): one point per non-empty bucket at the geometric middle
+    of its bounds (``sqrt(lo x le)``, ``lo`` = the previous bound, at least 1; an ``inf`` bucket at ``2 lo``),
+    all scaled so their weighted mean equals ``mean_tokens`` (the histogram gives the shape, the predictor
+    the level, as the ``mix`` sizing does). Without a histogram: ``1 + (m - 1) x Exp(1)`` at the midpoints
+    of :data:`TAIL_POINTS` equal-probability slices, ``m = max(1, mean_tokens)``.
     """
-    m = max(1.0, float(demand.osl_tokens))
+    m = max(1.0, float(mean_tokens))
     vals, wts = [], []
     lo = 1.0
-    for le, n in demand.osl_buckets:
+    for le, n in buckets:
         if n > 0:
             hi = le if math.isfinite(le) else 2.0 * max(lo, 1.0)
             vals.append(math.sqrt(max(lo, 1.0) * max(hi, 1.0)))
@@ -291,31 +298,92 @@ def osl_distribution(demand: Demand) -> tuple[np.ndarray, np.ndarray]:
         w = w / w.sum()
         mean = float(w @ v)
         return (v * (m / mean) if mean > 0 else v), w
-    q = (np.arange(TAIL_OSL_POINTS) + 0.5) / TAIL_OSL_POINTS
-    return 1.0 + (m - 1.0) * -np.log1p(-q), np.full(TAIL_OSL_POINTS, 1.0 / TAIL_OSL_POINTS)
+    q = (np.arange(TAIL_POINTS) + 0.5) / TAIL_POINTS
+    return 1.0 + (m - 1.0) * -np.log1p(-q), np.full(TAIL_POINTS, 1.0 / TAIL_POINTS)
 
 
-def agg_itl_miss_share(rate_per_engine_s: float, decode_itl_ms: float, prefill_stall_ms: float, itl_target_ms: float,
+def osl_distribution(demand: Demand) -> tuple[np.ndarray, np.ndarray]:
+    """Output lengths of the next interval's requests: :func:`length_distribution` of ``demand.osl_buckets``
+    at the predicted mean OSL."""
+    return length_distribution(demand.osl_buckets, demand.osl_tokens)
+
+
+class StallSums:
+    """Survival function of the total stall ``S_k = P_1 + ... + P_k`` of ``k`` independent prefills whose
+    stall ``P`` (ms) takes ``stalls_ms[i]`` with share ``shares[i]``.
+
+    ``k <= STALL_EXACT_K``: exact k-fold convolution on a lattice of step ``max(stalls) / STALL_GRID``, each
+    stall rounded to the nearest lattice point (a sum is off by at most ``k / 2`` steps); larger ``k``: the
+    normal law of the sum (mean ``k m``, variance ``k v``; central limit theorem).
+    """
+
+    def __init__(self, stalls_ms: np.ndarray, shares: np.ndarray) -> None:
+        p = np.asarray(stalls_ms, dtype=float)
+        w = np.asarray(shares, dtype=float)
+        w = w / w.sum()
+        self.mean_ms = float(w @ p)
+        self.var_ms2 = float(w @ (p - self.mean_ms) ** 2)
+        self.step_ms = max(float(p.max()), 1e-9) / STALL_GRID
+        pmf = np.bincount(np.rint(p / self.step_ms).astype(int), weights=w, minlength=STALL_GRID + 1)
+        width = STALL_EXACT_K * STALL_GRID + 1
+        cdf = np.ones((STALL_EXACT_K + 1, width))  # cdf[k, j] = P(S_k <= j x step)
+        cur = np.array([1.0])
+        for k in range(1, STALL_EXACT_K + 1):
+            cur = np.convolve(cur, pmf)
+            c = np.minimum(np.cumsum(cur), 1.0)
+            cdf[k, :c.size] = c[:width]
+        self._cdf = cdf
+
+    def sf(self, k: np.ndarray, slack_ms: float) -> np.ndarray:
+        """``P(S_k > slack_ms)`` for each count in ``k`` (non-negative integers)."""
+        k = np.asarray(k)
+        if slack_ms < 0:
+            return np.ones(k.shape)
+        j = min(int(slack_ms / self.step_ms + 1e-9), self._cdf.shape[1] - 1)
+        exact = 1.0 - self._cdf[np.minimum(k, STALL_EXACT_K), j]
+        big = k > STALL_EXACT_K
+        if not big.any():
+            return exact
+        kb = k[big].astype(float)
+        if self.var_ms2 > 0:
+            z = (slack_ms - kb * self.mean_ms) / np.sqrt(2.0 * kb * self.var_ms2)
+            approx = 0.5 * erfc(z)
+        else:
+            approx = (kb * self.mean_ms > slack_ms).astype(float)
+        out = exact.copy()
+        out[big] = approx
+        return out
+
+
+def agg_itl_miss_share(rate_per_engine_s: float, decode_itl_ms: float, stalls: StallSums, itl_target_ms: float,
                        osl_tokens: np.ndarray, shares: np.ndarray) -> float:
     """Share of requests whose own mean ITL exceeds ``itl_target_ms`` on one aggregated engine (module docstring).
 
     ``rate_per_engine_s``: prefills (requests) per second reaching the engine; ``decode_itl_ms``: the
-    stall-free decode gap; ``prefill_stall_ms``: the time one prefill adds to the pass it joins;
-    ``osl_tokens``/``shares``: the output-length distribution. A request with one output token has no gap
-    (never misses). Returns 1.0 when ``decode_itl_ms >= itl_target_ms`` (every request with a gap misses).
+    stall-free decode gap; ``stalls``: the stall law of one prefill (:class:`StallSums`);
+    ``osl_tokens``/``shares``: the output-length distribution. For ``o`` output tokens (``g = o - 1`` gaps)
+    the count of stalls in its boundary life ``g x T`` is ``K ~ Poisson(rate x g x T)`` and it misses when
+    ``S_K > (T - itl_d) x g``: ``sum_k Poisson(k) x stalls.sf(k, slack)`` (``k`` up to mean + 12 sd + 12).
+    A request with one output token has no gap (never misses). Returns the share with a gap when
+    ``decode_itl_ms >= itl_target_ms``.
     """
-    t, p = itl_target_ms, prefill_stall_ms
+    t = itl_target_ms
     gaps = np.maximum(np.asarray(osl_tokens, dtype=float) - 1.0, 0.0)
     w = np.asarray(shares, dtype=float)
-    has_gap = gaps > 0
+    w = w / w.sum()
     if decode_itl_ms >= t:
-        return float(w[has_gap].sum() / w.sum())
-    if rate_per_engine_s <= 0 or p <= 0:
+        return float(w[gaps > 0].sum())
+    if rate_per_engine_s <= 0:
         return 0.0
-    k = np.floor((t - decode_itl_ms) * gaps / p)
-    mu = rate_per_engine_s * gaps * t / 1000.0
-    miss = np.where(has_gap, pdtrc(k, mu), 0.0)
-    return float(w @ miss / w.sum())
+    total = 0.0
+    for g, wi in zip(gaps, w):
+        if g <= 0 or wi <= 0:
+            continue
+        mu = rate_per_engine_s * g * t / 1000.0
+        k = np.arange(int(math.ceil(mu + 12.0 * math.sqrt(mu) + 12.0)) + 1)
+        pmf = np.exp(k * math.log(mu) - mu - gammaln(k + 1.0)) if mu > 0 else (k == 0).astype(float)
+        total += wi * float(pmf @ stalls.sf(k, (t - decode_itl_ms) * g))
+    return total
 
 
 def size_agg_itl_tail(demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, allowed_miss: float,
@@ -325,24 +393,26 @@ def size_agg_itl_tail(demand: Demand, interval_s: float, d_corr: float, itl_targ
 
     Per engine at ``n`` replicas: ``lambda = rate / n``; KV usage from Little's law at the boundary
     (``lambda x mean OSL x T`` requests of ``ISL + OSL/2`` tokens over ``max_kv_tokens``); stall-free gap
-    ``decode.itl_ms_at(usage, ISL + OSL/2) x d_corr``; stall ``P = prefill.ttft_ms_at(ISL)``. The miss share
-    falls with ``n``: doubling then bisection (relative tolerance 1e-4). Returns 0.0 (rule does not apply)
-    when there is no demand or even an unloaded engine cannot meet the target, and ``max_replicas`` when no
-    size up to it does.
+    ``decode.itl_ms_at(usage, ISL + OSL/2) x d_corr``; stalls ``prefill.ttft_ms_at(isl)`` over the input
+    lengths (:func:`length_distribution` of ``demand.isl_buckets`` at the predicted mean ISL); output lengths
+    by :func:`osl_distribution`. The miss share falls with ``n``: doubling then bisection (relative tolerance
+    1e-4). Returns 0.0 (rule does not apply) when there is no demand or even an unloaded engine cannot meet
+    the target, and ``max_replicas`` when no size up to it does.
     """
     if demand.num_requests <= 0 or not demand.known:
         return 0.0
     rate = demand.num_requests / interval_s
     isl, osl_mean = demand.isl_tokens, max(1.0, demand.osl_tokens)
     context = isl + osl_mean / 2.0
-    stall = prefill.ttft_ms_at(isl)
+    isl_v, isl_w = length_distribution(demand.isl_buckets, isl)
+    stalls = StallSums(np.array([prefill.ttft_ms_at(float(x)) for x in isl_v]), isl_w)
     osl, w = osl_distribution(demand)
     corr = d_corr if math.isfinite(d_corr) and d_corr > 0 else 1.0
 
     def miss(n: float) -> float:
         lam = rate / n
         usage = lam * osl_mean * itl_target_ms / 1000.0 * context / decode.max_kv_tokens
-        return agg_itl_miss_share(lam, decode.itl_ms_at(usage, context) * corr, stall, itl_target_ms, osl, w)
+        return agg_itl_miss_share(lam, decode.itl_ms_at(usage, context) * corr, stalls, itl_target_ms, osl, w)
 
     if decode.itl_ms_at(0.0, context) * corr >= itl_target_ms:
         return 0.0

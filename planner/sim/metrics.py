@@ -49,11 +49,16 @@ class CounterSnapshot:
     """Finished requests whose own mean ITL <= the ITL target (single-token requests count as within)."""
     osl_bucket_counts: tuple[int, ...] = ()
     """Finished requests per output-length bucket (:data:`OSL_BUCKETS_TOKENS`, non-cumulative)."""
+    isl_bucket_counts: tuple[int, ...] = ()
+    """Started requests per input-length bucket (:data:`ISL_BUCKETS_TOKENS`, non-cumulative)."""
 
 
 OSL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2 ** k) for k in range(17)) + (math.inf,)
 """Upper bounds (``le``) of the simulated ``dynamo_frontend_output_sequence_tokens`` histogram: powers of 2
 from 1 to 65536 tokens, then +Inf."""
+ISL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2 ** k) for k in range(21)) + (math.inf,)
+"""Upper bounds of the simulated ``dynamo_frontend_input_sequence_tokens`` histogram: powers of 2 from 1 to
+2**20 tokens, then +Inf."""
 
 
 class FrontendCounters:
@@ -76,6 +81,7 @@ class FrontendCounters:
         self.terminal = 0
         """Requests finished, failed or cancelled at or before the last scrape."""
         self._osl_counts = [0] * len(OSL_BUCKETS_TOKENS)
+        self._isl_counts = [0] * len(ISL_BUCKETS_TOKENS)
         self._wait_ttft: list[RequestRecord] = []
         self._wait_finish: list[RequestRecord] = []
 
@@ -83,6 +89,7 @@ class FrontendCounters:
         """A request started (``arrival_ms`` <= the next scrape time)."""
         self._started += 1
         self._isl += rec.input_length
+        self._isl_counts[bisect.bisect_left(ISL_BUCKETS_TOKENS, rec.input_length)] += 1
         self._wait_ttft.append(rec)
         self._wait_finish.append(rec)
 
@@ -123,7 +130,8 @@ class FrontendCounters:
                 keep.append(r)
         self._wait_finish = keep
         return CounterSnapshot(t_s, self._started, self._isl, self._ttft_sum, self._ttft_n, self._itl_sum, self._itl_n,
-                               self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok, tuple(self._osl_counts))
+                               self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok, tuple(self._osl_counts),
+                               tuple(self._isl_counts))
 
 
 def _ratio(a: float, b: float) -> float:
@@ -146,15 +154,17 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
         num_ttft_within_sla=float(new.ttft_within_sla - old.ttft_within_sla),
         num_finished=float(new.finished - old.finished),
         num_itl_within_sla=float(new.itl_within_sla - old.itl_within_sla),
-        osl_buckets=_bucket_increase(new.osl_bucket_counts, old.osl_bucket_counts),
+        osl_buckets=_bucket_increase(OSL_BUCKETS_TOKENS, new.osl_bucket_counts, old.osl_bucket_counts),
+        isl_buckets=_bucket_increase(ISL_BUCKETS_TOKENS, new.isl_bucket_counts, old.isl_bucket_counts),
     )
 
 
-def _bucket_increase(new: tuple[int, ...], old: tuple[int, ...]) -> tuple[tuple[float, float], ...]:
-    """``(le, increase)`` per OSL bucket between two scrapes (empty when either scrape has no histogram)."""
+def _bucket_increase(bounds: tuple[float, ...], new: tuple[int, ...],
+                     old: tuple[int, ...]) -> tuple[tuple[float, float], ...]:
+    """``(le, increase)`` per bucket between two scrapes (empty when either scrape has no histogram)."""
     if not new or len(new) != len(old):
         return ()
-    return tuple((le, float(a - b)) for le, a, b in zip(OSL_BUCKETS_TOKENS, new, old))
+    return tuple((le, float(a - b)) for le, a, b in zip(bounds, new, old))
 
 
 def sla_miss_shares(new: CounterSnapshot, old: CounterSnapshot) -> tuple[float, float]:

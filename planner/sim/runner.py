@@ -23,7 +23,7 @@ from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, confi
 from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
-from planner.sim.metrics import OSL_BUCKETS_TOKENS
+from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS
 from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, StaticPolicy
 
 
@@ -49,8 +49,8 @@ class RunContext:
 
 
 def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[TrafficWindow]:
-    """Per-interval arrivals of the (already scaled) trace: count, mean ISL/OSL and the OSL histogram
-    (:data:`planner.sim.metrics.OSL_BUCKETS_TOKENS`, as the frontend would export it)."""
+    """Per-interval arrivals of the (already scaled) trace: count, mean ISL/OSL and the ISL and OSL histograms
+    (:mod:`planner.sim.metrics` bucket bounds, as the frontend would export them)."""
     if not requests:
         return []
     end = max(r.arrival_ms for r in requests) / 1000.0
@@ -59,15 +59,18 @@ def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[T
     isl = [0.0] * n
     osl = [0.0] * n
     hist = [[0] * len(OSL_BUCKETS_TOKENS) for _ in range(n)]
+    ihist = [[0] * len(ISL_BUCKETS_TOKENS) for _ in range(n)]
     for r in requests:
         k = int(r.arrival_ms / 1000.0 // interval_s)
         cnt[k] += 1
         isl[k] += r.input_length
         osl[k] += r.output_length
         hist[k][bisect.bisect_left(OSL_BUCKETS_TOKENS, r.output_length)] += 1
+        ihist[k][bisect.bisect_left(ISL_BUCKETS_TOKENS, r.input_length)] += 1
     return [TrafficWindow(interval_s, float(c), a / c if c else math.nan, b / c if c else math.nan,
-                          osl_buckets=tuple((le, float(x)) for le, x in zip(OSL_BUCKETS_TOKENS, h)))
-            for c, a, b, h in zip(cnt, isl, osl, hist)]
+                          osl_buckets=tuple((le, float(x)) for le, x in zip(OSL_BUCKETS_TOKENS, h)),
+                          isl_buckets=tuple((le, float(x)) for le, x in zip(ISL_BUCKETS_TOKENS, ih)))
+            for c, a, b, h, ih in zip(cnt, isl, osl, hist, ihist)]
 
 
 def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
@@ -82,7 +85,8 @@ def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
     peak = wins[0] if first else max(wins, key=lambda w: w.num_requests)
     if peak.num_requests <= 0:
         return {p: 1 for p in ctx.pools}
-    d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens, osl_buckets=peak.osl_buckets)
+    d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens, osl_buckets=peak.osl_buckets,
+               isl_buckets=peak.isl_buckets)
     return {pool: max(1, ceil_replicas(size_pool(pool, d, cfg, ctx.profile))) for pool in ctx.pools}
 
 

@@ -14,8 +14,9 @@ import pytest
 from planner.core.config import PlannerConfig
 from planner.core.observations import TrafficWindow
 from planner.core.planner import Planner, significant_misses
-from planner.core.throughput import (Demand, agg_itl_miss_share, osl_distribution, prefill_utilisation_cap,
-                                     size_agg_decode, size_agg_itl_tail, size_decode, size_pool)
+from planner.core.throughput import (Demand, StallSums, agg_itl_miss_share, osl_distribution,
+                                     prefill_utilisation_cap, size_agg_decode, size_agg_itl_tail, size_decode,
+                                     size_pool)
 from planner.errors import ConfigError, ObservationError
 from tests.planner.helpers import Fleet, profile
 
@@ -142,17 +143,29 @@ def test_proportional_load_scale_up(current, ratio, expected):
 
 def test_agg_itl_miss_share_hand_computed():
     # 2 prefills/s of 40 ms stalls, stall-free gap 6 ms, target 10 ms. A 1-token request has no gap (never
-    # misses); an 11-token one has slack 4 x 10 = 40 ms -> k = 1 stall allowed, and lives 10 x 10 = 100 ms at
-    # the boundary -> mu = 2 x 0.1 = 0.2: P(Poisson(0.2) > 1) = 1 - e^-0.2 (1 + 0.2)
+    # misses); an 11-token one has slack 4 x 10 = 40 ms -> one stall fits, two do not, and it lives
+    # 10 x 10 = 100 ms at the boundary -> mu = 2 x 0.1 = 0.2: P(Poisson(0.2) > 1) = 1 - e^-0.2 (1 + 0.2)
+    stall = StallSums(np.array([40.0]), np.array([1.0]))
     p11 = 1.0 - math.exp(-0.2) * 1.2
     osl, w = np.array([1.0, 11.0]), np.array([0.5, 0.5])
-    assert agg_itl_miss_share(2.0, 6.0, 40.0, 10.0, osl, w) == pytest.approx(0.5 * p11, rel=1e-12)
-    # 101 tokens: slack 400 ms -> k = 10; mu = 2 x 1.0 = 2 -> P(Poisson(2) > 10)
+    assert agg_itl_miss_share(2.0, 6.0, stall, 10.0, osl, w) == pytest.approx(0.5 * p11, rel=1e-12)
+    # 101 tokens: slack 400 ms -> 10 stalls fit; mu = 2 x 1.0 = 2 -> P(Poisson(2) > 10)
     p101 = 1.0 - sum(math.exp(-2.0) * 2.0 ** j / math.factorial(j) for j in range(11))
-    assert agg_itl_miss_share(2.0, 6.0, 40.0, 10.0, np.array([101.0]), np.array([1.0])) == pytest.approx(p101, rel=1e-9)
+    assert agg_itl_miss_share(2.0, 6.0, stall, 10.0, np.array([101.0]), np.array([1.0])) == pytest.approx(p101, rel=1e-9)
     # no slack: every request with a gap misses; no prefills: none does
-    assert agg_itl_miss_share(2.0, 10.0, 40.0, 10.0, osl, w) == 0.5
-    assert agg_itl_miss_share(0.0, 6.0, 40.0, 10.0, osl, w) == 0.0
+    assert agg_itl_miss_share(2.0, 10.0, stall, 10.0, osl, w) == 0.5
+    assert agg_itl_miss_share(0.0, 6.0, stall, 10.0, osl, w) == 0.0
+
+
+def test_stall_sums_exact_and_normal():
+    # stalls 16 or 64 ms (on the 64/128 = 0.5 ms lattice), half each. S_1 > 32: 1/2.
+    # S_2 in {32 (1/4), 80 (1/2), 128 (1/4)}: P(S_2 > 32) = 3/4
+    st = StallSums(np.array([16.0, 64.0]), np.array([1.0, 1.0]))
+    assert st.sf(np.array([0, 1, 2]), 32.0).tolist() == pytest.approx([0.0, 0.5, 0.75])
+    assert st.sf(np.array([0]), -1.0).tolist() == [1.0]
+    # k = 40 > 32: normal law, mean 40 x 40 = 1600, variance 40 x 24^2 = 23040
+    z = (1700.0 - 1600.0) / math.sqrt(2.0 * 23040.0)
+    assert st.sf(np.array([40]), 1700.0)[0] == pytest.approx(0.5 * math.erfc(z), rel=1e-12)
 
 
 def test_osl_distribution_from_histogram_and_exponential_fallback():
@@ -173,13 +186,15 @@ def test_osl_distribution_from_histogram_and_exponential_fallback():
 
 def test_size_agg_itl_tail_is_the_least_size_meeting_the_share():
     prof = profile()
-    d = Demand(180.0, 2000.0, 150.0)  # 1 req/s, stall P = TTFT(2000) = 200 ms
+    # 1 req/s; one ISL bucket: every prompt at the mean 2000 -> stall P = TTFT(2000) = 200 ms
+    d = Demand(180.0, 2000.0, 150.0, isl_buckets=((2048.0, 5.0),))
     n = size_agg_itl_tail(d, 180.0, 1.0, 30.0, 0.005, prof.decode, prof.prefill)
     osl, w = osl_distribution(d)
+    stall = StallSums(np.array([200.0]), np.array([1.0]))
 
     def miss(k: float) -> float:  # the docstring's model, written out: usage by Little's law at the boundary
         usage = (1.0 / k) * 150.0 * 0.030 * 2075.0 / 200000.0
-        return agg_itl_miss_share(1.0 / k, 10.0 + 40.0 * usage, 200.0, 30.0, osl, w)
+        return agg_itl_miss_share(1.0 / k, 10.0 + 40.0 * usage, stall, 30.0, osl, w)
 
     assert miss(n) <= 0.005 < miss(n * 0.999)
     # the pool takes it as the decode part when larger than the mean-ITL sizing (0.473, interference test)

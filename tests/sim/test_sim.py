@@ -15,7 +15,7 @@ from planner.cli import main as cli_main
 from planner.core import PlannerConfig
 from planner.sim.fleet import EngineState, make_fleet
 from planner.sim.loop import SimSettings, simulate
-from planner.sim.metrics import OSL_BUCKETS_TOKENS, CounterSnapshot, FrontendCounters, window
+from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, CounterSnapshot, FrontendCounters, window
 from planner.sim.policies import HpaPolicy, SaturationPolicy, Step, View
 from planner.sim.report import SUMMARY_KEYS, sla_flags, summarize
 from planner.sim.runner import RunContext, attainment, auto_static, make_policy
@@ -112,6 +112,8 @@ def test_frontend_counters_window_is_increase_ratio():
     # OSL histogram (powers of 2, +Inf): 11 tokens -> le 16, 1 token -> le 1; nothing new in the empty window
     assert dict(w.osl_buckets) == {**{le: 0.0 for le in OSL_BUCKETS_TOKENS}, 1.0: 1.0, 16.0: 1.0}
     assert sum(n for _, n in empty.osl_buckets) == 0.0
+    # ISL histogram at arrival: 300 and 500 tokens -> both le 512
+    assert dict(w.isl_buckets) == {**{le: 0.0 for le in ISL_BUCKETS_TOKENS}, 512.0: 2.0}
     big = RequestRecord(2, 4100.0, 10, 100_000)
     c.on_arrival(big)
     big.first_token_ms, big.finish_ms, big.status = 4200.0, 5000.0, "finished"
