@@ -162,6 +162,7 @@ class PlannerService:
                 self.g_replicas.labels(p, "ready").set(s.ready_replicas if s.ready_replicas is not None else s.replicas)
         self.samples.append({"t": t, "pools": self.last_pools if pools is not None else None})
         if self.fpm is not None:
+            self.fpm.set_endpoints(self.connector.fpm_endpoints())  # follow the fleet between ticks too
             self.engines = [{
                 "worker_id": wid, "dp_rank": rank, "pool": p.pool,
                 "running_prefill": p.scheduled_requests.num_prefill_requests,

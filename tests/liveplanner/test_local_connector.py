@@ -53,9 +53,15 @@ def test_disagg_fleet_ready_drain_adopt_stop(tmp_path):
             fleet = json.loads((tmp_path / "fleet.json").read_text())
             pids = {w["pid"] for w in fleet["workers"]}
             newest = max((w for w in fleet["workers"] if w["pool"] == "prefill"), key=lambda w: w["worker_id"])
-            # scale down: the newest prefill worker leaves the file first, then stops
+            eps = conn.fpm_endpoints()
+            assert sorted(eps.values()) == ["decode", "prefill", "prefill"]
+            newest_ep = requests.get(newest["url"] + "/info", timeout=5).json()["fpm_endpoint"]
+            assert eps[newest_ep] == "prefill"
+            # scale down: the newest prefill worker leaves the file first, then stops; its FPM stream is
+            # dropped at once (a draining engine takes no new request: it must not sway the load loop)
             await conn.apply({"prefill": 1, "decode": 1}, 2, "test")
             assert newest["url"] not in (tmp_path / "workers.txt").read_text()
+            assert newest_ep not in conn.fpm_endpoints() and len(conn.fpm_endpoints()) == 2
             await _until(lambda: ready(1, 1), 30, "back to 1+1")
 
             def events() -> list[str]:
