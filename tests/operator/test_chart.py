@@ -109,3 +109,37 @@ def test_optional_parts(helm_bin):
     ex = render(helm_bin, "example.enabled=true")
     kinds = sorted(d["kind"] for d in ex if d["apiVersion"] in ("nvidia.com/v1alpha1", "dynoplan.dev/v1alpha1", "batch/v1"))
     assert kinds == ["DynamoGraphDeployment", "DynoPlanner", "Job"]
+
+
+def _walkthrough() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("## Kubernetes walkthrough")
+    return text[start:text.index("\n## ", start + 10)]
+
+
+def test_readme_walkthrough_names_exist(helm_bin):
+    """A fresh user's pass over the README's Kubernetes walkthrough: the kind cluster name, every file it
+    names, and every object name it uses (rendered with the README's release name and namespace)."""
+    import re
+
+    text = _walkthrough()
+    kind_cfg = yaml.safe_load((REPO / "kind-config.yaml").read_text())
+    assert kind_cfg["kind"] == "Cluster" and kind_cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    assert f"kind load docker-image dynoplan:latest --name {kind_cfg['name']}" in text
+    for path in re.findall(r"`((?:helm|crds|examples|docs|tools)/[\w./-]+)`", text) + ["Dockerfile", "kind-config.yaml"]:
+        assert (REPO / path).exists(), path
+    # helm install dynoplan helm/dynoplan -n dynoplan ... then the example rendered the same way
+    args = [str(helm_bin), "template", "dynoplan", str(CHART), "--namespace", "dynoplan", "--set", "example.enabled=true"]
+    docs = [d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d]
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for kind, name in (("Deployment", "dynoplan-dynoplan-operator"), ("ConfigMap", "dynoplan-dynoplan-dashboard"),
+                       ("Service", "dynoplan-dynoplan-prometheus"), ("Job", "mocker-agg-load")):
+        assert (kind, name) in names and name in text, (kind, name)
+    dash = next(d for d in docs if d["metadata"]["name"] == "dynoplan-dynoplan-dashboard")
+    assert dash["metadata"]["labels"].get("grafana_dashboard") == "1"
+    # every image of the example runs with a pull policy that works with `kind load` (no registry)
+    for d in docs:
+        if d["kind"] in ("Deployment", "Job"):
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                if c["image"].startswith("dynoplan:"):
+                    assert c.get("imagePullPolicy") == "IfNotPresent", d["metadata"]["name"]
