@@ -186,6 +186,8 @@ class _Stack:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.info: dict[str, Any] = {"pid": os.getpid()}
         self.log_start: dict[str, int] = {}
+        self.stopping = False
+        """Set by SIGINT/SIGTERM; start-up waits stop at once (KeyboardInterrupt) instead of finishing."""
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log_path = self.logs / f"{name}.log"
@@ -207,6 +209,8 @@ class _Stack:
         p = self.procs[name]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.stopping:
+                raise KeyboardInterrupt
             if p.poll() is not None:
                 log_path = self.logs / f"{name}.log"
                 raise ConfigError(f"{name} exited with code {p.returncode} during start-up: "
@@ -304,7 +308,8 @@ def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> list[subprocess.Popen[bytes]]:
+def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lambda: False
+                           ) -> list[subprocess.Popen[bytes]]:
     """Start the initial fleet through the same LocalConnector the planner uses; wait until ready.
     Returns the worker processes (``up`` is their parent and reaps them when they exit)."""
     from planner.connectors.local import LocalConnector, LocalFleetSettings
@@ -319,6 +324,8 @@ def _start_initial_workers(stack_cfg: Any, state_dir: Path) -> list[subprocess.P
         try:
             deadline = time.monotonic() + stack_cfg.ready_timeout_s
             while True:
+                if stopping():
+                    raise KeyboardInterrupt
                 died = [e for e in conn.events if e["event"] == "died" and e.get("state") == "starting"]
                 if died:
                     e = died[0]
@@ -373,10 +380,8 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(state_dir / "prometheus_workers.json", "[]")
 
     st = _Stack(state_dir)
-    stopping = {"flag": False}
-
     def on_signal(signum: int, frame: Any) -> None:
-        stopping["flag"] = True
+        st.stopping = True
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -413,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
                 st.wait_ok("prometheus", prom_url + "/-/ready", 60)
         st.info["prometheus_url"] = prom_url
         st.save()
-        initial_workers = _start_initial_workers(stack_cfg, state_dir)
+        initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping)
         planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
                         "--port", str(pl_port), "--frontend-url", fe_url]
         if prom_url:
@@ -426,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
               f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
         restarts = 0
-        while not stopping["flag"]:
+        while not st.stopping:
             p = st.procs["planner"]
             if p.poll() is not None:
                 if restarts >= args.max_planner_restarts:

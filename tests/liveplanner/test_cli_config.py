@@ -151,3 +151,41 @@ def test_up_bad_profile_and_prometheus_binary(tmp_path):
 def test_planner_port_flag_range(tmp_path):
     r = _run("planner", "--config", str(stack_file(tmp_path)), "--port", "70000")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "'70000': expected a TCP port" in r.stderr
+
+
+def test_up_stops_promptly_when_interrupted_during_start_up(tmp_path):
+    """SIGTERM while ``up`` still waits for a child to become ready (here a stand-in Prometheus that never
+    answers): up stops what it started and exits instead of finishing the start-up first."""
+    import json
+    import os
+    import signal
+
+    from tests.infra._proc import start_process, wait_until
+    from tests.liveplanner.stack import pid_alive
+
+    fake = tmp_path / "never-ready-prometheus"
+    fake.write_text("#!/bin/sh\nexec sleep 300\n")
+    fake.chmod(0o755)
+    p = stack_file(tmp_path)
+    log = tmp_path / "up.log"
+    proc = start_process(DYNOPLAN + ["up", "--config", str(p)], log,
+                         env={**os.environ, "DYNOPLAN_PROMETHEUS": str(fake)})
+    info_path = tmp_path / "state" / "stack.json"
+
+    def prometheus_started() -> bool:
+        try:
+            return "prometheus_pid" in json.loads(info_path.read_text())
+        except (OSError, ValueError):
+            return False
+
+    try:
+        wait_until(prometheus_started, 60, "up starting the stand-in prometheus", proc, log)
+        info = json.loads(info_path.read_text())
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=30)  # the wait for /-/ready is 60 s: returning first means it was cut short
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 130, log.read_text()
+    assert "ready" not in log.read_text().split()
+    assert not pid_alive(info["frontend_pid"]) and not pid_alive(info["prometheus_pid"])
