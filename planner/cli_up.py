@@ -265,6 +265,20 @@ def _port_in_use(host: str, port: int) -> str | None:
     return None
 
 
+def _prometheus_problem(stack_cfg: Any) -> str | None:
+    """None when the configured Prometheus answers one query, else the source's reason (one line)."""
+    from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
+
+    src = PrometheusTrafficSource(PrometheusSourceSettings(
+        url=stack_cfg.prometheus_url, timeout_s=min(stack_cfg.prometheus_timeout_s, 3.0),
+        bearer_token=stack_cfg.prometheus_bearer_token, ca_file=stack_cfg.prometheus_ca_file))
+    try:
+        src.query("vector(1)")
+    except Exception as e:  # noqa: BLE001 - reported, not fatal: the planner retries every tick
+        return src._reason(e)
+    return None
+
+
 def _leftover_stack_pids(state_dir: Path) -> list[int]:
     """Pids of a previous ``up`` in ``state_dir`` (stack.json) that still run *and* are still ours
     (their command line names this state dir), e.g. after ``up`` itself was SIGKILLed."""
@@ -418,6 +432,11 @@ def run(args: argparse.Namespace) -> int:
                 st.wait_ok("prometheus", prom_url + "/-/ready", 60)
         st.info["prometheus_url"] = prom_url
         st.save()
+        if stack_cfg.prometheus_url:
+            why = _prometheus_problem(stack_cfg)
+            if why:
+                print(f"notice: prometheus.url={stack_cfg.prometheus_url!r} does not answer ({why}); the planner "
+                      "holds with hold_metrics_unknown until it does", file=sys.stderr, flush=True)
         initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping)
         planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
                         "--port", str(pl_port), "--frontend-url", fe_url]

@@ -171,6 +171,13 @@ class PrometheusTrafficSource:
             ca = f"the CA file {self.settings.ca_file!r}" if self.settings.ca_file else "the system CAs"
             return (f"TLS: {detail} for {self.settings.url} with {ca}; set prometheus.ca_file to the PEM CA "
                     "bundle that signed the server's certificate")
+        if isinstance(e, requests.exceptions.Timeout) or "timed out" in text:  # without retries urllib3 wraps it
+            return f"no answer from {self.settings.url} within timeout_s={self.settings.timeout_s:g}"
+        if isinstance(e, requests.exceptions.ConnectionError):
+            import re
+
+            m = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+            return f"cannot connect to {self.settings.url}: {m.group(1).strip() if m else type(e).__name__}"
         return f"{type(e).__name__}: {text[:200]}"
 
 

@@ -46,8 +46,20 @@ def test_settings_errors_name_the_field():
 
 
 def test_unreachable_is_unknown_not_zero():
-    src = PrometheusTrafficSource(PrometheusSourceSettings(url=f"http://127.0.0.1:{free_port()}", timeout_s=1))
-    assert src.read(10.0) is None and src.last_error
+    url = f"http://127.0.0.1:{free_port()}"
+    src = PrometheusTrafficSource(PrometheusSourceSettings(url=url, timeout_s=1))
+    assert src.read(10.0) is None and src.last_error == f"cannot connect to {url}: Connection refused"
+
+
+def test_silent_server_is_unknown_after_the_timeout():
+    import socket
+
+    with socket.socket() as s:  # accepts connections (backlog) but never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        src = PrometheusTrafficSource(PrometheusSourceSettings(url=url, timeout_s=0.3))
+        assert src.read(10.0) is None and src.last_error == f"no answer from {url} within timeout_s=0.3"
 
 
 async def _token_proxy(target: str, token: str) -> tuple[web.AppRunner, str]:
