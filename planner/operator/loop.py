@@ -31,7 +31,7 @@ from planner.core.metrics import PlannerMetrics
 from planner.errors import PlannerError
 from planner.operator.errors import SpecError
 from planner.operator.kube import Conflict, Gone, Kube, now_iso
-from planner.operator.reconcile import FPM_PORT_NAME, child_name, divide_budget, replica_patch, set_condition
+from planner.operator.reconcile import child_name, divide_budget, replica_patch, set_condition
 from planner.operator.spec import DgdSpec, PlannerSpec, ServiceSpec, parse_dgd, parse_planner, resolve_pools
 
 log = logging.getLogger("dynoplan.operator.planner")
@@ -114,18 +114,24 @@ class KubernetesConnector:
                                   resource_version=obs.body["metadata"]["resourceVersion"])
         return patch
 
+    def fpm_service_names(self, obs: Observed) -> dict[str, str]:
+        """pool -> the Kubernetes Service whose EndpointSlices list its workers."""
+        return {pool: self.plan.fpm_services.get(pool) or child_name(obs.dgd.name, svc.name)
+                for pool, svc in obs.services.items()}
+
     async def fpm_endpoints(self, obs: Observed) -> dict[str, str]:
         """``{zmq endpoint: pool}`` of every ready worker of the planned pools.
 
-        The Service of pool service ``s`` is ``<dgd>-<s>`` (:func:`~planner.operator.reconcile.child_name`,
-        the reconciler's name); its EndpointSlices (label ``kubernetes.io/service-name``) give the ready
-        addresses and the port named ``fpm`` (``tcp://<address>:<port>``, IPv6 in brackets). Endpoints whose
-        ``ready`` condition is false are skipped (unknown counts as ready, as the EndpointSlice API says).
+        The Service of pool ``p`` is ``spec.load.fpmServices.<p>`` or else ``<dgd>-<service>``
+        (:func:`~planner.operator.reconcile.child_name`, the reconciler's name); its EndpointSlices (label
+        ``kubernetes.io/service-name``) give the ready addresses and the port named ``spec.load.fpmPortName``
+        (default ``fpm``) as ``tcp://<address>:<port>`` (IPv6 in brackets). Endpoints whose ``ready``
+        condition is false are skipped (unknown counts as ready, as the EndpointSlice API says).
         """
         out: dict[str, str] = {}
-        for pool, svc in obs.services.items():
-            for sl in await self.kube.list_endpoint_slices(self.plan.namespace, child_name(obs.dgd.name, svc.name)):
-                ports = [p.get("port") for p in (sl.get("ports") or []) if p.get("name") == FPM_PORT_NAME]
+        for pool, service in self.fpm_service_names(obs).items():
+            for sl in await self.kube.list_endpoint_slices(self.plan.namespace, service):
+                ports = [p.get("port") for p in (sl.get("ports") or []) if p.get("name") == self.plan.fpm_port_name]
                 if not ports or ports[0] is None:
                     continue
                 for ep in sl.get("endpoints") or []:
@@ -386,8 +392,8 @@ class PlannerLoop:
         if cfg.load_enabled and not passes_ok:
             problems.append("FPM subscriber error")
         if cfg.load_enabled and self.fpm is not None and not self.fpm.endpoints:
-            names = ", ".join(f"{child_name(obs.dgd.name, sv.name)}" for sv in obs.services.values())
-            problems.append(f"no FPM endpoints: no ready endpoint with a port named {FPM_PORT_NAME!r} in the "
+            names = ", ".join(sorted(set(conn.fpm_service_names(obs).values())))
+            problems.append(f"no FPM endpoints: no ready endpoint with a port named {plan.fpm_port_name!r} in the "
                             f"EndpointSlices of Service {names}")
         read = [n for n, on in (("traffic from Prometheus", cfg.throughput_enabled),
                                 (f"FPM from {len(self.fpm.endpoints) if self.fpm else 0} worker endpoints",

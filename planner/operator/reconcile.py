@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from planner.operator.spec import DGD_GROUP, DGD_KIND, DGD_VERSION, DgdSpec, ServiceSpec
+from planner.operator.spec import DGD_GROUP, DGD_KIND, DGD_VERSION, FPM_PORT_NAME, DgdSpec, ServiceSpec
 
 LABEL_DGD = "dynoplan.dev/dgd"
 LABEL_SERVICE = "dynoplan.dev/service"
@@ -26,9 +26,6 @@ MANAGER = "dynoplan-operator"
 HASH_ANNOTATION = "dynoplan.dev/spec-hash"
 HTTP_PORT = 8000
 """Port every mocker role serves HTTP on inside its Pod (OpenAI API, /health, /ready, /metrics)."""
-FPM_PORT_NAME = "fpm"
-"""Name of the container/Service port of a worker's ForwardPassMetrics ZMQ PUB socket; the planner's load
-loop finds the workers through the EndpointSlices' port of this name."""
 _FPM_FLAG = "--fpm-endpoint"
 
 

@@ -7,6 +7,7 @@ condition, not a retry loop).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,6 +18,8 @@ from planner.operator.errors import SpecError
 GPU_RESOURCE = "nvidia.com/gpu"
 DGD_GROUP, DGD_VERSION, DGD_PLURAL, DGD_KIND = "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment"
 DPL_GROUP, DPL_VERSION, DPL_PLURAL, DPL_KIND = "dynoplan.dev", "v1alpha1", "dynoplanners", "DynoPlanner"
+FPM_PORT_NAME = "fpm"
+"""Default name of the container/Service/EndpointSlice port of a worker's ForwardPassMetrics ZMQ PUB socket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +107,7 @@ def parse_dgd(body: Mapping[str, Any]) -> DgdSpec:
 @dataclass(frozen=True, slots=True)
 class PlannerSpec:
     """A parsed DynoPlanner: target DGD, planner config, pool -> DGD service names (explicit ones only),
-    advisory flag, metrics source, shared budget name."""
+    advisory flag, metrics source, shared budget name, where the load loop finds the workers' FPM."""
 
     namespace: str
     name: str
@@ -117,6 +120,11 @@ class PlannerSpec:
     metrics_namespace: str | None
     shared_budget: str | None
     profile: str | None
+    fpm_services: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """pool -> Kubernetes Service whose EndpointSlices list the pool's workers (``spec.load.fpmServices``;
+    ``worker`` is the ``agg`` pool); pools not listed use the reconciler's ``<dgd>-<service>``."""
+    fpm_port_name: str = FPM_PORT_NAME
+    """EndpointSlice port name of the workers' FPM socket (``spec.load.fpmPortName``)."""
 
 
 # spec path -> PlannerConfig key
@@ -182,11 +190,14 @@ def parse_planner(body: Mapping[str, Any], defaults: PlannerConfig | None = None
     services = {k: str(v) for k, v in (spec.get("services") or {}).items() if v}
     if "worker" in services:
         services["agg"] = services.pop("worker")
+    load = spec.get("load") or {}
+    fpm_services = {("agg" if k == "worker" else k): str(v) for k, v in (load.get("fpmServices") or {}).items() if v}
     return PlannerSpec(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), target=str(target),
                        config=cfg, services=services, advisory=bool(spec.get("advisory", False)),
                        prometheus_url=m.get("prometheusUrl"), model=m.get("model"),
                        metrics_namespace=m.get("namespace"), shared_budget=b.get("sharedBudget"),
-                       profile=_dig(spec, ("throughput", "profile")))
+                       profile=_dig(spec, ("throughput", "profile")), fpm_services=fpm_services,
+                       fpm_port_name=str(load.get("fpmPortName") or FPM_PORT_NAME))
 
 
 def resolve_pools(plan: PlannerSpec, dgd: DgdSpec) -> dict[str, ServiceSpec]:

@@ -195,3 +195,52 @@ def test_load_loop_scales_on_worker_fpm_found_through_endpointslices(env):
     # A worker that leaves (its slice removed) is unsubscribed.
     discovery.delete_namespaced_endpoint_slice("w-vllmworker-2", env.ns)
     env.wait(lambda: load_status().get("fpmEndpoints") == 1, "worker2's endpoint dropped", 30)
+
+
+def test_fpm_endpoint_discovery_rules_on_the_real_api(env):
+    """KubernetesConnector.fpm_endpoints on EndpointSlices stored by the apiserver: the default Service
+    ``<dgd>-<service>`` and port ``fpm``; ``spec.load.fpmServices`` / ``fpmPortName`` overrides; endpoints
+    with ``ready: false`` skipped, unknown readiness kept; IPv6 addresses in brackets; other ports ignored."""
+    import asyncio
+
+    from planner.operator.kube import Kube
+    from planner.operator.loop import KubernetesConnector
+    from planner.operator.spec import parse_planner
+
+    discovery = kubernetes.client.DiscoveryV1Api(env.admin)
+    env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], {
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": "d"},
+        "spec": {"services": {"P": {"componentType": "worker", "subComponentType": "prefill", "replicas": 2},
+                              "D": {"componentType": "worker", "subComponentType": "decode", "replicas": 1}}}})
+
+    def es(name: str, service: str, family: str, port_name: str, port: int, endpoints: list) -> None:
+        discovery.create_namespaced_endpoint_slice(env.ns, {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service,
+                                                  "endpointslice.kubernetes.io/managed-by": "dynoplan-tests"}},
+            "addressType": family, "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+            "endpoints": endpoints})
+
+    es("d-p-a", "d-p", "IPv4", "fpm", 5557, [{"addresses": ["10.1.0.1"], "conditions": {"ready": True}},
+                                              {"addresses": ["10.1.0.2"], "conditions": {"ready": False}},
+                                              {"addresses": ["10.1.0.3"]}])
+    es("d-p-b", "d-p", "IPv6", "fpm", 5557, [{"addresses": ["fd00::7"], "conditions": {"ready": True}}])
+    es("d-p-http", "d-p", "IPv4", "http", 8000, [{"addresses": ["10.1.0.9"], "conditions": {"ready": True}}])
+    es("d-d-a", "d-d", "IPv4", "fpm", 6000, [{"addresses": ["10.1.1.1"], "conditions": {"ready": True}}])
+    es("custom-a", "decode-pods", "IPv4", "zmq", 7000, [{"addresses": ["10.1.2.1"], "conditions": {"ready": True}}])
+
+    def endpoints(load: dict) -> dict:
+        body = {"metadata": {"name": "x", "namespace": env.ns},
+                "spec": {"targetRef": {"name": "d"}, "mode": "disagg", "load": load}}
+        conn = KubernetesConnector(Kube(env.admin), parse_planner(body))
+
+        async def go() -> dict:
+            return await conn.fpm_endpoints(await conn.observe())
+
+        return asyncio.run(go())
+
+    assert endpoints({"enabled": True}) == {
+        "tcp://10.1.0.1:5557": "prefill", "tcp://10.1.0.3:5557": "prefill", "tcp://[fd00::7]:5557": "prefill",
+        "tcp://10.1.1.1:6000": "decode"}
+    assert endpoints({"enabled": True, "fpmServices": {"decode": "decode-pods"}, "fpmPortName": "zmq"}) == {
+        "tcp://10.1.2.1:7000": "decode"}

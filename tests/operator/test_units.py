@@ -273,3 +273,12 @@ def test_peering_priority_explicit_or_stable_from_the_host_name():
     assert a != effective_peering_priority(OperatorSettings(), host="dynoplan-operator-5d9c-fghij")
     with pytest.raises(SettingsError, match="peering_priority=-1"):
         OperatorSettings(peering_priority=-1)
+
+
+def test_planner_spec_fpm_discovery_fields():
+    body = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"targetRef": {"name": "g"}, "mode": "agg",
+            "load": {"enabled": True, "fpmServices": {"worker": "vllm-workers"}, "fpmPortName": "metrics-zmq"}}}
+    plan = parse_planner(body)
+    assert plan.fpm_services == {"agg": "vllm-workers"} and plan.fpm_port_name == "metrics-zmq"
+    plan = parse_planner({**body, "spec": {"targetRef": {"name": "g"}}})
+    assert plan.fpm_services == {} and plan.fpm_port_name == "fpm"
