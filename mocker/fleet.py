@@ -310,7 +310,7 @@ class Fleet:
                     best, bt = c, c.next_pass_ms
             if best is None:
                 return
-            best.tier_step()
+            best.tier_step(h)
 
     def tier_stats(self) -> dict[str, int] | None:
         """KVBM tier counters (None without lower tiers): blocks offloaded G1->G2, onboarded to G1 per tier
@@ -360,6 +360,7 @@ class Fleet:
         if self._tiers is not None:  # after any pool swap: the core's kvbm pool sends its evictions to G2
             for c in cores:
                 c.attach_tiers(self._tiers)
+                c.tier_exact = self.single_step  # single_step: one pass at a time, exact offload times
             self._tier_cores += cores
         w = _Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
         p.workers.append(w)

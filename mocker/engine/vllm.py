@@ -248,7 +248,10 @@ class VllmCore:
     def advance_single_step(self, horizon_ms: float) -> None:
         """Like :meth:`advance_until` but one pass at a time (reference mode for equivalence tests)."""
         if self.tiers is not None:
-            return self._tier_advance(horizon_ms)
+            self._co_sync_all()
+            while (self.running or self.waiting or self._onboarding) and self.next_pass_ms < horizon_ms:
+                self._tier_pass(self.next_pass_ms, False)
+            return
         self._co_sync_all()
         while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
@@ -496,7 +499,10 @@ class VllmCore:
     # G2/G3/G4 is onboarded: the request takes its G1 blocks at once (hits + private blocks for the run) and
     # waits outside the queues; when the ticket is done it joins the running batch at the next pass start
     # with those tokens computed (its onboarded blocks join the prefix cache), so they are never charged as
-    # prefill. Passes run one at a time (no decode stretches), so evictions are sent at their pass's time.
+    # prefill. Decode stretches are fast-forwarded as without tiers, up to the next tier event while a ticket
+    # of this core is in flight (a lower bound of its completion: processor sharing only delays transfers), so
+    # a ticket is seen at the first pass start after it, exactly; blocks evicted inside a stretch are sent at
+    # the stretch's start (tier_exact=True: one pass at a time, each eviction sent at its own pass's start).
 
     def attach_tiers(self, tiers: TierHierarchy, slot: int | None = None) -> None:
         """Offload to / onboard from ``tiers`` as its worker ``slot`` (default: a new worker of ``tiers``).
@@ -505,17 +511,43 @@ class VllmCore:
             raise ConfigError(f"g1_backend={self.cfg.g1_backend!r}: lower KV tiers need g1_backend='kvbm'")
         self.tiers = tiers
         self.tier_slot = tiers.add_worker() if slot is None else slot
+        self.tier_exact = False
+        """True: one pass at a time (no decode stretches), every offload sent at its own pass's start."""
         self._evicted = []
         self.kv.offload_sink = self._evicted
 
     def _tier_advance(self, horizon_ms: float) -> None:
         while (self.running or self.waiting or self._onboarding) and self.next_pass_ms < horizon_ms:
-            self._tier_pass(self.next_pass_ms, False)
+            self.tier_step(horizon_ms)
 
-    def tier_step(self) -> None:
-        """Run the pass (or the idle wake-up) due at :attr:`next_pass_ms` (fleet driver of a shared hierarchy:
-        it calls the core whose next pass is earliest, so every tier operation happens in time order)."""
-        self._tier_pass(self.next_pass_ms, False)
+    def tier_step(self, horizon_ms: float) -> None:
+        """Run the pass (or the idle wake-up) due at :attr:`next_pass_ms`, or a decode stretch starting then
+        (passes starting before ``horizon_ms``). The fleet driver of a shared hierarchy calls the core whose
+        next pass is earliest, so every tier operation happens in time order."""
+        tiers = self.tiers
+        assert tiers is not None
+        if self.tier_exact:
+            self._tier_pass(self.next_pass_ms, False)
+            return
+        now = self.next_pass_ms
+        tiers.advance(now)
+        self._idle_at = None
+        if self._onboarding:
+            self._tier_join()
+            e = tiers.next_event_ms()
+            if e is not None and e < horizon_ms:
+                horizon_ms = e  # no ticket of this core can complete before it
+        if not self.running and not self.waiting:
+            self._tier_idle(now, False)
+        elif self._co_ok:
+            if not self._co_stretch(horizon_ms):
+                self._pass(now, False, True)
+        elif not self._stretch(horizon_ms):
+            self._pass(now, False)
+        ev = self._evicted
+        if ev:
+            tiers.offload(now, self.tier_slot, ev)
+            ev.clear()
 
     def _tier_pass(self, now: float, want: bool) -> PassOutcome | None:
         tiers = self.tiers

@@ -205,13 +205,14 @@ def workloads(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.integers(1, 3), st.integers(12, 30), st.integers(1, 16), st.integers(0, 12), st.booleans(),
-       st.integers(1, 4), st.sampled_from([0.0, 0.25, 1.0, 25.0]), st.sampled_from([0.5, 1.0, 5.0]))
-def test_random_workloads_with_tiers_conserve_blocks_and_finish(reqs, workers, g1, g2, g3, g4, batch, bw_on, bw_disk):
+       st.integers(1, 4), st.sampled_from([0.0, 0.25, 1.0, 25.0]), st.sampled_from([0.5, 1.0, 5.0]), st.booleans())
+def test_random_workloads_with_tiers_conserve_blocks_and_finish(reqs, workers, g1, g2, g3, g4, batch, bw_on, bw_disk,
+                                                                exact):
     eng = EngineConfig(**{**BASE, "num_gpu_blocks": g1, "offload_batch_size": batch, "bw_g2_g1_gbps": bw_on,
                           "bw_g3_g2_gbps": bw_disk, "bw_g2_g3_gbps": bw_disk},
                        num_g2_blocks=g2, num_g3_blocks=g3, g4=g4 and g2 > 0, bw_g4_g2_gbps=0.5, max_num_seqs=4,
                        max_num_batched_tokens=64)
-    fl = Fleet({"agg": eng}, router="kv" if workers > 1 else "round_robin")
+    fl = Fleet({"agg": eng}, router="kv" if workers > 1 else "round_robin", single_step=exact)
     for _ in range(workers):
         fl.add_worker("agg", 0.0)
     recs = []
@@ -252,3 +253,35 @@ def test_tiers_that_are_never_hit_change_nothing(reqs, workers):
     off = run_replay(reqs, eng, FleetConfig(num_workers=workers, router="kv"))
     assert on.records == off.records
     assert on.kvbm["kvbm_offloaded_blocks"] == 0 and on.kvbm["kvbm_onboard_requests"] == 0
+
+
+@pytest.mark.parametrize("bw_onboard_gbps", [1.0, 0.01])  # 1 MB: 1 ms (shorter than a pass) or 100 ms (~6 passes)
+def test_decode_stretches_stop_for_an_onboarding_ticket_same_records_as_one_pass_at_a_time(monkeypatch, bw_onboard_gbps):
+    """D decodes (fast-forwarded stretches) while B's onboarding ticket is in flight on the same core: the
+    stretch stops at the next tier event, so B joins at the first pass start after its ticket, exactly as
+    when every pass is run alone (D's evictions go G1->G2, a link B's onboarding does not use, and G2 is
+    large enough that nothing spills)."""
+    from mocker.engine.vllm import VllmCore
+
+    D = TraceRequest(3, 1500.0, 16, 40, (50,))
+    B2 = dataclasses.replace(B, request_id=2, arrival_ms=1600.0)
+    reqs = [A, C, D, B2]
+    eng = EngineConfig(**{**BASE, "bw_g2_g1_gbps": bw_onboard_gbps}, num_g2_blocks=64)
+    exact = run_replay(reqs, eng, FleetConfig(num_workers=1, single_step=True))
+    stretches = []
+    orig = VllmCore._co_stretch
+
+    def counting(self, horizon):
+        ran = orig(self, horizon)
+        stretches.append((ran, horizon, bool(self._onboarding)))
+        return ran
+
+    monkeypatch.setattr(VllmCore, "_co_stretch", counting)
+    fast = run_replay(reqs, eng, FleetConfig(num_workers=1))
+    assert fast.records == exact.records and fast.kvbm == exact.kvbm
+    rb, rd = fast.records[3], fast.records[2]
+    assert fast.kvbm["kvbm_onboarded_blocks_g2"] == 4
+    assert rd.first_token_ms < rb.arrival_ms < rb.first_token_ms < rd.finish_ms  # B onboarded during D's decode
+    assert rb.first_token_ms - rb.admit_ms >= 1.0 / bw_onboard_gbps
+    if bw_onboard_gbps < 1:  # stretches ran while the ticket was in flight, bounded by the next tier event
+        assert any(ran and onb and horizon < inf for ran, horizon, onb in stretches)
