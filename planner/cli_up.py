@@ -90,7 +90,7 @@ def run_planner(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     stack = load_stack_config(args.config)
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack.state_dir
-    state_dir.mkdir(parents=True, exist_ok=True)
+    _make_state_dir(state_dir)
     planner = _build_planner(stack)
     cfg = stack.planner
     if stack.connector == "local":
@@ -253,16 +253,27 @@ def _last_error_line(log_path: Path, start: int = 0) -> str:
     return (errs or lines or ["(no output)"])[-1][:400]
 
 
-def _port_in_use(host: str, port: int) -> str | None:
-    """None when ``host:port`` can be bound now, else the reason (e.g. 'address already in use')."""
+def _port_in_use(host: str, port: int) -> tuple[str, str] | None:
+    """None when ``host:port`` can be bound now, else ``(what is wrong: "host" | "port", reason)``."""
     import socket
 
     with socket.socket() as s:
         try:
             s.bind((host, port))
+        except socket.gaierror as e:
+            return "host", e.strerror or str(e)
         except OSError as e:
-            return e.strerror or str(e)
+            return ("host" if e.errno == 99 else "port"), e.strerror or str(e)  # 99: EADDRNOTAVAIL
     return None
+
+
+def _make_state_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".write-test").write_text("")
+        (path / ".write-test").unlink()
+    except OSError as e:
+        raise ConfigError(f"state_dir={str(path)!r}: expected a writable directory ({e.strerror or e})") from None
 
 
 def _prometheus_problem(stack_cfg: Any) -> str | None:
@@ -371,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
                           "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
-    state_dir.mkdir(parents=True, exist_ok=True)
+    _make_state_dir(state_dir)
     from planner.connectors.local import pid_alive
 
     left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", []) if pid_alive(int(w["pid"]))]
@@ -385,9 +396,12 @@ def run(args: argparse.Namespace) -> int:
     if stack_cfg.prometheus_url is None and stack_cfg.prometheus_enabled != "false":
         fixed_ports.append(("prometheus.port", "127.0.0.1", stack_cfg.prometheus_port))
     for key, host, port in fixed_ports:
-        why = _port_in_use(host, port) if port else None
-        if why:
-            raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({why}); expected a free port "
+        bad = _port_in_use(host, port or 0)
+        if bad and bad[0] == "host":
+            raise ConfigError(f"{key.split('.')[0]}.host={host!r}: cannot listen on it ({bad[1]}); expected a local "
+                              "address such as 127.0.0.1", source=str(cfg_path))
+        if bad and port:
+            raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port "
                               "(or 0 for any free port)", source=str(cfg_path))
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")

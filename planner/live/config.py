@@ -107,19 +107,22 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         if k not in _TOP_KEYS:
             problems.append(f"{k}: unknown setting (expected one of {', '.join(sorted(_TOP_KEYS))})")
     planner_raw = data.get("planner") or {}
-    if isinstance(planner_raw, Mapping) and "engine_stale_s" not in planner_raw:
-        planner_raw = {**planner_raw, "engine_stale_s": LIVE_ENGINE_STALE_S}
-    try:
-        planner = config_from_mapping(planner_raw, source=None)
-    except ConfigError as e:
-        problems.extend("planner." + p for p in e.problems)
-        raw = data.get("planner") if isinstance(data.get("planner"), Mapping) else {}
-        mode = raw.get("mode", "disagg")  # keep checking the other sections against the intended mode
-        mode_known = mode in MODES
-        throughput_on = raw.get("throughput_enabled", True) is not False
-        planner = PlannerConfig(mode=mode) if mode_known else PlannerConfig()
+    if not isinstance(planner_raw, Mapping):
+        problems.append(f"planner={planner_raw!r}: expected a mapping of planner settings (PlannerConfig fields)")
+        # nothing to judge the pools and the profile of the other sections against
+        planner, mode_known, throughput_on = PlannerConfig(), False, False
     else:
-        mode_known, throughput_on = True, planner.throughput_enabled
+        if "engine_stale_s" not in planner_raw:
+            planner_raw = {**planner_raw, "engine_stale_s": LIVE_ENGINE_STALE_S}
+        try:
+            planner = config_from_mapping(planner_raw, source=None)
+            mode_known, throughput_on = True, planner.throughput_enabled
+        except ConfigError as e:
+            problems.extend("planner." + p for p in e.problems)
+            mode = planner_raw.get("mode", "disagg")  # keep checking the other sections against the intended mode
+            mode_known = mode in MODES
+            throughput_on = planner_raw.get("throughput_enabled", True) is not False
+            planner = PlannerConfig(mode=mode) if mode_known else PlannerConfig()
     kw: dict[str, Any] = {}
 
     def path(key: str, v: Any) -> Path | None:
@@ -184,7 +187,8 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         v = initial.get(p, lim.min_replicas or 1)
         init[p] = num(f"fleet.initial.{p}", v, True, 0, strict=False)
         hi = lim.max_replicas
-        if isinstance(v, int) and not isinstance(v, bool) and (v < lim.min_replicas or (hi is not None and v > hi)):
+        if (isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                and (v < lim.min_replicas or (hi is not None and v > hi))):
             problems.append(f"fleet.initial.{p}={v}: expected within planner.{p}.min_replicas={lim.min_replicas} "
                             f"and max_replicas={hi if hi is not None else 'unbounded'}")
     for p in initial if mode_known else ():

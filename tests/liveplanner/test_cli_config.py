@@ -189,3 +189,15 @@ def test_up_stops_promptly_when_interrupted_during_start_up(tmp_path):
     assert rc == 130, log.read_text()
     assert "ready" not in log.read_text().split()
     assert not pid_alive(info["frontend_pid"]) and not pid_alive(info["prometheus_pid"])
+
+
+def test_state_dir_host_and_planner_section_mistakes(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        stack_config_from_mapping({"planner": 5, "fleet": {"initial": {"agg": -1}}}, tmp_path)
+    # the pools of fleet.initial cannot be judged without a mode: only the planner section is reported
+    assert e.value.problems == ["planner=5: expected a mapping of planner settings (PlannerConfig fields)"]
+    r = _run("up", "--config", str(stack_file(tmp_path, state_dir=str(tmp_path / "profile.npz"))))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"state_dir={str(tmp_path / 'profile.npz')!r}: expected a writable directory" in r.stderr
+    r = _run("up", "--config", str(stack_file(tmp_path, service={"host": "999.1.1.1", "port": 0})))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "service.host='999.1.1.1': cannot listen" in r.stderr
