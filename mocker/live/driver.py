@@ -194,6 +194,10 @@ class WallClock:
     def now_ms(self) -> float:
         return (time.monotonic() - self._t0) * 1000.0
 
+    def from_monotonic(self, t_s: float) -> float:
+        """This clock's ms for a ``time.monotonic()`` reading ``t_s``."""
+        return (t_s - self._t0) * 1000.0
+
     async def sleep_until(self, t_ms: float) -> None:
         """Sleep until this clock reads ``t_ms`` (sub-millisecond precision: :func:`sleep_until_monotonic`)."""
         if t_ms > self.now_ms():

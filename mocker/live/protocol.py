@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from mocker.live.tokenizer import block_hash_ids, render_chat, tokenize
 
@@ -253,13 +254,53 @@ def now_s() -> int:
     return int(time.time())
 
 
+class _StampingRequestHandler(RequestHandler):
+    """aiohttp's connection protocol, also noting when the bytes completing a request's head were read
+    (``rx_monotonic``, ``time.monotonic`` seconds). aiohttp (Python < 3.12) runs the handler two event-loop
+    iterations after that read (``start()`` resumes, then a new task), each behind every callback already
+    ready — on a worker streaming tokens to dozens of clients, the stream writers woken by the last pass."""
+
+    __slots__ = ("rx_monotonic",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rx_monotonic: float | None = None
+
+    def data_received(self, data: bytes) -> None:
+        t = time.monotonic()
+        queue = getattr(self, "_messages", None)  # aiohttp's parsed-request queue (absent: no stamps, no harm)
+        n = len(queue) if queue is not None else 0
+        super().data_received(data)
+        if queue is not None and len(queue) > n:  # a request head was completed by these bytes
+            self.rx_monotonic = t
+
+
+class _StampingServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _StampingRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _StampingAppRunner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        srv = await super()._make_server()
+        srv.__class__ = _StampingServer  # same object, connection protocol swapped (Server has no __slots__)
+        return srv
+
+
+def request_received_monotonic(request: web.BaseRequest) -> float | None:
+    """``time.monotonic()`` when the request's head was read from its socket, when served by
+    :func:`serve_app` (None under another runner, e.g. aiohttp's test server). Without HTTP pipelining (no
+    OpenAI client pipelines) the connection's latest head is this request's."""
+    return getattr(request.protocol, "rx_monotonic", None)
+
+
 async def serve_app(app: web.Application, host: str, port: int, on_bound: Callable[[int], None] | None = None) -> None:
     """Serve ``app`` on ``host:port`` (0 = any free port) until cancelled, then clean up.
 
     ``on_bound(port)`` is called once the socket listens, with the port actually bound. Used by the worker
-    and the frontend.
+    and the frontend. Requests carry their socket receive time (:func:`request_received_monotonic`).
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = _StampingAppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

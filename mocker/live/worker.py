@@ -62,7 +62,7 @@ from mocker.kv.manager import BlockKvManager
 from mocker.kv.radix import RadixCache
 from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
-from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
+from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
@@ -409,7 +409,13 @@ class Worker:
         return web.json_response(e.body(), status=e.status)
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
-        received_ms = self.clock.now_ms()  # the arrival on the engine timeline: before the body is read and parsed
+        # the arrival on the engine timeline: when the request's head was read from the socket (serve_app), not
+        # when this handler got to run, two event-loop iterations later (behind the token writers); before the
+        # body is read and parsed either way
+        received_ms = self.clock.now_ms()
+        rx = request_received_monotonic(request)
+        if rx is not None:
+            received_ms = min(received_ms, self.clock.from_monotonic(rx))
         if not self.ready:
             return web.json_response(RequestError("worker is not ready", status=503, type_="ServiceUnavailable").body(), status=503)
         try:

@@ -69,3 +69,48 @@ def test_parse_errors_name_the_field(body, param):
     with pytest.raises(RequestError) as e:
         _p(body)
     assert e.value.param == param and e.value.status == 400
+
+
+def test_serve_app_stamps_the_socket_read_time():
+    """Under serve_app a request carries the time its head was read from the socket: after the client's
+    send, no later than the handler's start; aiohttp's own test server gives None (the worker then stamps
+    at handler start)."""
+    import asyncio
+    import time
+
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from mocker.live.protocol import request_received_monotonic, serve_app
+
+    async def handler(request):
+        return web.json_response({"rx": request_received_monotonic(request), "handler": time.monotonic()})
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/x", handler)
+        bound = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(serve_app(app, "127.0.0.1", 0, bound.set_result))
+        port = await bound
+        try:
+            async with aiohttp.ClientSession() as s:
+                for _ in range(3):  # the second and third reuse the keep-alive connection
+                    sent = time.monotonic()
+                    d = await (await s.post(f"http://127.0.0.1:{port}/x", json={})).json()
+                    assert d["rx"] is not None and sent <= d["rx"] <= d["handler"]
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        app2 = web.Application()
+        app2.router.add_post("/x", handler)
+        srv = TestServer(app2)
+        await srv.start_server()
+        try:
+            async with aiohttp.ClientSession() as s:
+                d = await (await s.post(str(srv.make_url("/x")), json={})).json()
+                assert d["rx"] is None
+        finally:
+            await srv.close()
+
+    asyncio.run(go())
