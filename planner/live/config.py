@@ -187,10 +187,9 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         v = initial.get(p, lim.min_replicas or 1)
         init[p] = num(f"fleet.initial.{p}", v, True, 0, strict=False)
         hi = lim.max_replicas
-        if (isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                and (v < lim.min_replicas or (hi is not None and v > hi))):
-            problems.append(f"fleet.initial.{p}={v}: expected within planner.{p}.min_replicas={lim.min_replicas} "
-                            f"and max_replicas={hi if hi is not None else 'unbounded'}")
+        # below min_replicas is fine (the planner raises the fleet at its first tick); above max is a mistake
+        if isinstance(v, int) and not isinstance(v, bool) and hi is not None and v > hi:
+            problems.append(f"fleet.initial.{p}={v}: expected at most planner.{p}.max_replicas={hi}")
     for p in initial if mode_known else ():
         if p not in planner.pools:
             problems.append(f"fleet.initial.{p}: pool not planned in mode {planner.mode!r} "

@@ -86,7 +86,7 @@ def test_values_checked_with_field_value_expectation(tmp_path):
     msg = str(e.value)
     for part in ("service.port=70000: expected a TCP port", "service.token=123: expected a non-empty string",
                  "frontend.port=-1: expected a TCP port", "prometheus.port='x': expected a TCP port",
-                 "fleet.initial.agg=9: expected within planner.agg.min_replicas=1 and max_replicas=3",
+                 "fleet.initial.agg=9: expected at most planner.agg.max_replicas=3",
                  "prometheus.url='localhost:9090': expected an http:// or https:// URL",
                  f"prometheus.ca_file={str(tmp_path / 'missing.pem')!r}: file not found"):
         assert part in msg, (part, msg)
