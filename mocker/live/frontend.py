@@ -35,7 +35,7 @@ the room, and the decode worker waits on that TCP port for the prefill to finish
 (:mod:`mocker.live.worker`, "Coordinated bootstrap").
 
 Metrics: :class:`mocker.live.metrics.FrontendMetrics` on ``GET /metrics``. TTFT is measured from the
-arrival of the client's request to the first token the frontend receives; ITL between consecutive tokens
+arrival of the client's request (its head read from the socket) to the first token the frontend receives; ITL between consecutive tokens
 it receives; request duration to the last token.
 """
 
@@ -59,7 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
-from mocker.live.protocol import (ParsedRequest, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
+from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
 
@@ -385,7 +385,7 @@ class Frontend:
         return await self._serve(request, "chat")
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
-        t0 = time.monotonic()
+        t0 = request_received_monotonic(request) or time.monotonic()  # the request's arrival (socket read), see serve_app
         model = self.s.model_name
         try:
             try:
