@@ -290,6 +290,19 @@ def _prometheus_problem(stack_cfg: Any) -> str | None:
     return None
 
 
+def _running_up(state_dir: Path) -> int | None:
+    """Pid of a live ``dynoplan up`` that recorded itself in ``state_dir/stack.json`` (not this process)."""
+    from planner.connectors.local import pid_alive
+
+    try:
+        pid = int(json.loads((state_dir / "stack.json").read_text())["pid"])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    is_up = b"up" in argv and any(a.endswith((b"dynoplan", b"planner.cli")) for a in argv)
+    return pid if pid != os.getpid() and is_up and pid_alive(pid) else None
+
+
 def _leftover_stack_pids(state_dir: Path) -> list[int]:
     """Pids of a previous ``up`` in ``state_dir`` (stack.json) that still run *and* are still ours
     (their command line names this state dir), e.g. after ``up`` itself was SIGKILLed."""
@@ -385,6 +398,10 @@ def run(args: argparse.Namespace) -> int:
     _make_state_dir(state_dir)
     from planner.connectors.local import pid_alive
 
+    other = _running_up(state_dir)
+    if other is not None:
+        raise ConfigError(f"state_dir={str(state_dir)!r}: another `dynoplan up` (pid {other}) runs this stack; "
+                          "expected it stopped first (Ctrl-C) or another state_dir (--state-dir)")
     left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", []) if pid_alive(int(w["pid"]))]
     left += _leftover_stack_pids(state_dir)
     if left:

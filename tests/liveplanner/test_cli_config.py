@@ -201,3 +201,27 @@ def test_state_dir_host_and_planner_section_mistakes(tmp_path):
     assert f"state_dir={str(tmp_path / 'profile.npz')!r}: expected a writable directory" in r.stderr
     r = _run("up", "--config", str(stack_file(tmp_path, service={"host": "999.1.1.1", "port": 0})))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "service.host='999.1.1.1': cannot listen" in r.stderr
+
+
+def test_second_up_on_a_running_stack_is_refused(tmp_path):
+    """A second ``up`` with the same state_dir must not stop the first one's processes as 'left over'."""
+    import json
+    import os
+    import signal
+
+    from tests.infra._proc import start_process, wait_until
+    from tests.liveplanner.stack import pid_alive
+
+    p = stack_file(tmp_path, prometheus={"enabled": False})
+    first = start_process(DYNOPLAN + ["up", "--config", str(p)], tmp_path / "up1.log")
+    try:
+        wait_until(lambda: "ready" in (tmp_path / "up1.log").read_text().split(), 120, "first up", first,
+                   tmp_path / "up1.log")
+        info = json.loads((tmp_path / "state" / "stack.json").read_text())
+        r = _run("up", "--config", str(p))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"another `dynoplan up` (pid {first.pid}) runs this stack" in r.stderr
+        assert pid_alive(info["frontend_pid"]) and pid_alive(info["planner_pid"]) and first.poll() is None
+    finally:
+        os.kill(first.pid, signal.SIGTERM)
+        first.wait(60)
