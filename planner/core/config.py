@@ -141,6 +141,12 @@ class PlannerConfig:
     agg_prefill_interference: bool = True
     """Throughput loop, aggregated pool: size decode for ``itl x (1 - lambda x P)`` (prefill passes stall
     decode; :func:`planner.core.throughput.size_agg_decode`); False = decode sized alone (reference)."""
+    first_sizing_s: float | None = 30.0
+    """Early sizing: at start + this (seconds), size every pool from the traffic seen since the start (its
+    count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of
+    waiting a whole ``adjustment_interval_s`` with whatever fleet was deployed; the predictors are not fed.
+    30 s holds a few hundred requests at a few requests per second (the count is within ~10 %) and leaves a
+    60 s start-up well inside the first interval. None = off (reference: first sizing at start + interval)."""
     demand_error_quantile: float | None = 0.9
     """Burst-aware demand: the predicted request count is multiplied by this quantile of the recent one-step
     ratios ``observed / predicted`` (floored at 1, so it never shrinks demand), the load the fleet must expect
@@ -165,6 +171,9 @@ class PlannerConfig:
     """SLA-attainment feedback: grow headroom only when a window's misses exceed the allowed count by ``z``
     Poisson standard deviations (:func:`planner.core.planner.significant_misses`; 1.645 = one-sided 95 %);
     0 = any excess counts."""
+    attainment_discount_unservable: bool = True
+    """SLA-attainment feedback: leave out of the TTFT miss share the prompts whose profiled prefill time alone
+    exceeds the target (from the window's ISL histogram): no replica count serves them in time."""
     attainment_relax: float = 0.95
     attainment_max_headroom: float = 4.0
 
@@ -211,6 +220,10 @@ def _validate(c: PlannerConfig) -> list[str]:
     if not (isinstance(c.load_max_scale_up_factor, (int, float)) and math.isfinite(c.load_max_scale_up_factor)
             and c.load_max_scale_up_factor >= 1):
         p.append(f"load_max_scale_up_factor={c.load_max_scale_up_factor!r}: expected a finite number >= 1")
+    interval_ok = isinstance(c.adjustment_interval_s, (int, float)) and c.adjustment_interval_s > 0
+    if c.first_sizing_s is not None and not (isinstance(c.first_sizing_s, (int, float)) and 0 < c.first_sizing_s
+                                              and (not interval_ok or c.first_sizing_s < c.adjustment_interval_s)):
+        p.append(f"first_sizing_s={c.first_sizing_s!r}: expected seconds > 0 and below adjustment_interval_s, or null")
     if c.demand_error_quantile is not None and not (
             isinstance(c.demand_error_quantile, (int, float)) and 0 < c.demand_error_quantile <= 1):
         p.append(f"demand_error_quantile={c.demand_error_quantile!r}: expected 0 < value <= 1 or null")

@@ -193,6 +193,8 @@ class Planner:
         """Per pool: at the last throughput tick, ready replicas already met the requirement computed then."""
         """SLA-attainment headroom factors (>= 1) on the prefill (TTFT) and decode (ITL) requirements."""
         self._next_thpt_s: float | None = None
+        self._early_s: float | None = None
+        """When the early sizing (``first_sizing_s``) is due; None once done or when off."""
         self._next_load_s: float | None = None
         self._last_up_s: dict[str, float] = {}
         self._grace_until_s: dict[str, float] = {}
@@ -277,6 +279,32 @@ class Planner:
                               for p in cfg.pools}
         return True
 
+    def _run_early(self, traffic: TrafficWindow | None, ready: Mapping[str, int] | None) -> bool:
+        """Early sizing (``PlannerConfig.first_sizing_s``): the requirement of every pool for the traffic seen
+        since the start, its count scaled to a full adjustment interval (``n x interval / duration``), at the
+        observed mean ISL/OSL and histograms (OSL not yet observed: the predictor's, e.g. from the warm
+        start). Predictors, correction factors and headroom are left alone (a short window is too noisy to
+        learn from); the caller only ever scales up on it. False when nothing usable was observed."""
+        cfg = self.config
+        if traffic is None or not (traffic.num_requests > 0) or not math.isfinite(traffic.mean_isl_tokens):
+            return False
+        osl = traffic.mean_osl_tokens if math.isfinite(traffic.mean_osl_tokens) else self._pred_osl.predict_next()
+        if not math.isfinite(osl):
+            return False
+        demand = Demand(traffic.num_requests * cfg.adjustment_interval_s / traffic.duration_s, traffic.mean_isl_tokens,
+                        osl, traffic.mix, traffic.osl_buckets or self._last_osl_buckets,
+                        traffic.isl_buckets or self._last_isl_buckets)
+        prof = self.profile
+        assert prof is not None
+        self._demand = demand
+        exact = {pool: size_pool(pool, demand, cfg, prof, self.p_correction, self.d_correction,
+                                 (self.headroom["ttft"], self.headroom["itl"])) for pool in cfg.pools}
+        self._thpt_exact = exact
+        self._thpt_required = {p: ceil_replicas(x) for p, x in exact.items()}
+        self._window_sized = {p: ready is not None and p in ready and ready[p] >= self._thpt_required[p]
+                              for p in cfg.pools}
+        return True
+
     def _burst_factor(self) -> float:
         """Burst-aware demand (``PlannerConfig.demand_error_quantile``): ``max(1, quantile_q(ratios))`` over
         the last ``demand_error_window`` one-step ratios ``observed count / predicted count`` (the observed
@@ -290,12 +318,33 @@ class Planner:
             return 1.0
         return max(1.0, float(np.quantile(np.fromiter(r, dtype=float), q)))
 
+    def _unservable_ttft_share(self, traffic: TrafficWindow) -> float:
+        """Share of the window's prompts that no fleet size serves within the TTFT target: those in ISL
+        buckets whose *lower* bound already has a profiled prefill time >= ``ttft_ms`` (an unloaded engine
+        needs that long), from ``traffic.isl_buckets``; 0 without a histogram, a prefill profile or with
+        ``attainment_discount_unservable`` off. Subtracted from the TTFT miss share before the attainment
+        feedback judges the fleet (without it, long-prompt traces such as Mooncake grow the TTFT headroom
+        to its cap for misses extra replicas cannot remove)."""
+        prof = self.profile
+        if not (self.config.attainment_discount_unservable and traffic.isl_buckets and prof is not None
+                and prof.prefill is not None):
+            return 0.0
+        total = bad = 0.0
+        lo = 0.0
+        for le, n in traffic.isl_buckets:
+            total += n
+            if n > 0 and lo > 0 and prof.prefill.ttft_ms_at(lo) >= self.config.ttft_ms:
+                bad += n
+            lo = le
+        return bad / total if total > 0 else 0.0
+
     def _update_headroom(self, traffic: TrafficWindow, ready: Mapping[str, int] | None) -> None:
         """SLA-attainment feedback (``PlannerConfig.sla_attainment_target``): per SLA, ``miss`` = share of
         the window's requests over the target, ``allowed = 1 - target``; ``miss > allowed`` -> headroom x
         ``min(2, 1 + gain x (miss / allowed - 1))`` (capped at ``attainment_max_headroom``);
         ``miss < allowed / 2`` -> headroom x ``attainment_relax`` (floored at 1); otherwise unchanged.
-        A window without SLA buckets (NaN) changes nothing. Growth also needs the misses to be significant
+        A window without SLA buckets (NaN) changes nothing. TTFT misses of prompts no fleet can serve in
+        time are not counted (:meth:`_unservable_ttft_share`). Growth also needs the misses to be significant
         (:func:`significant_misses` with ``attainment_significance_z``): at a 0.1 % target a window of 900
         requests allows 0.9 misses, so one or two misses are chance, not evidence of an undersized pool.
 
@@ -311,10 +360,12 @@ class Planner:
             return
         allowed = 1.0 - cfg.sla_attainment_target
         totals = (traffic.num_ttft_observed, traffic.num_finished)
+        unservable = {"ttft": self._unservable_ttft_share(traffic), "itl": 0.0}
         for key, att, total in zip(("ttft", "itl"), traffic.attainment(), totals):
             if not math.isfinite(att):
                 continue
-            miss = 1.0 - att
+            # prompts whose prefill alone exceeds the target miss at any fleet size: not the fleet's doing
+            miss = max(0.0, 1.0 - att - unservable[key])
             h = self.headroom[key]
             pools = [p for p in cfg.pools if p in (("prefill", "agg") if key == "ttft" else ("decode", "agg"))]
             settled = all(settled_pool[p] for p in pools)
@@ -416,7 +467,8 @@ class Planner:
 
     def _next_tick(self) -> float:
         c = [t for t, on in ((self._next_thpt_s, self.config.throughput_enabled),
-                              (self._next_load_s, self.config.load_enabled)) if on and t is not None]
+                              (self._next_load_s, self.config.load_enabled), (self._early_s, True))
+             if on and t is not None]
         if self._unmet_goal:
             c.append(self._now_s + self.config.load_adjustment_interval_s)
         return min(c)
@@ -443,6 +495,8 @@ class Planner:
         if first:
             self._next_thpt_s = now_s + cfg.adjustment_interval_s
             self._next_load_s = now_s + cfg.load_adjustment_interval_s
+            if cfg.throughput_enabled and cfg.first_sizing_s is not None:
+                self._early_s = now_s + cfg.first_sizing_s
         # 1. FPM
         for p in obs.passes:
             if p.pool not in self._regressions:
@@ -462,7 +516,10 @@ class Planner:
             self._next_thpt_s += cfg.adjustment_interval_s
         while self._next_load_s <= now_s + _EPS:
             self._next_load_s += cfg.load_adjustment_interval_s
-        loops = tuple(n for n, d in (("throughput", due_thpt), ("load", due_load)) if d)
+        due_early = (self._early_s is not None and not first and not due_thpt and now_s + _EPS >= self._early_s)
+        if due_early or due_thpt:
+            self._early_s = None
+        loops = tuple(n for n, d in (("early_throughput", due_early), ("throughput", due_thpt), ("load", due_load)) if d)
         reasons: list[Reason] = []
         pools = obs.pools
         known_pools = pools is not None and all(p in pools for p in cfg.pools)
@@ -479,6 +536,11 @@ class Planner:
             rdy = ({p: (pools[p].ready_replicas if pools[p].ready_replicas is not None else pools[p].replicas)  # type: ignore[index]
                     for p in cfg.pools} if known_pools else None)
             thpt_ok = self._run_throughput(obs.traffic, dec_rep, rdy)
+        early_ok = False
+        if due_early:
+            rdy = ({p: (pools[p].ready_replicas if pools[p].ready_replicas is not None else pools[p].replicas)  # type: ignore[index]
+                    for p in cfg.pools} if known_pools else None)
+            early_ok = self._run_early(obs.traffic, rdy)
         ests = self._engine_estimates(now_s) if cfg.load_enabled else []
 
         def finish(decision: Decision) -> TickResult:
@@ -540,6 +602,11 @@ class Planner:
                     goal[p] = self._thpt_goal[p]
                     if p not in pool_reasons and goal[p] != current[p]:
                         pool_reasons[p] = Reason.SCALE_UP_THROUGHPUT if goal[p] > current[p] else Reason.SCALE_DOWN_THROUGHPUT
+        if due_early and early_ok and not cfg.load_enabled:
+            for p in cfg.pools:  # scale up only: a short window is no reason to remove capacity
+                if self._thpt_required[p] > current[p]:
+                    self._thpt_goal[p] = goal[p] = self._thpt_required[p]
+                    pool_reasons[p] = Reason.SCALE_UP_THROUGHPUT
         if due_thpt and not thpt_ok:
             reasons.append(Reason.HOLD_METRICS_UNKNOWN)
         if due_load:

@@ -107,6 +107,7 @@ class PlannerPolicy:
     warm_start: Sequence[TrafficWindow] = ()
     initial: dict[str, int] | None = None
     _planner: Planner | None = None
+    _start_s: float = 0.0
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -124,9 +125,12 @@ class PlannerPolicy:
     def tick(self, view: View) -> Step:
         if self._planner is None:
             self._planner = Planner(self.config, self.profile, self.warm_start)
+            self._start_s = view.now_s
+        # the frontend window of one interval, or what exists since the start (the early sizing's window)
+        span = min(self.config.adjustment_interval_s, view.now_s - self._start_s)
         obs = Observations(
             pools={p: PoolState(view.counts[p].requested, view.counts[p].ready) for p in self.pools},
-            traffic=view.traffic(self.config.adjustment_interval_s),
+            traffic=view.traffic(span) if span > 0 else None,
             passes=view.passes)
         res = self._planner.tick(view.now_s, obs)
         d = res.diagnostics

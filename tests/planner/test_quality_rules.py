@@ -257,3 +257,57 @@ def test_burst_aware_demand_uses_the_quantile_of_observed_over_predicted():
     assert b.predicted_num_requests == 90.0 and b.demand_factor == 1.0
     with pytest.raises(ConfigError, match="demand_error_quantile"):
         PlannerConfig(demand_error_quantile=1.5)
+
+
+def test_attainment_feedback_discounts_unservable_prompts():
+    # profile TTFT(ISL) = ISL / 10 ms: at a 250 ms target prompts from 2500 tokens cannot be served in time.
+    # ISL buckets (le, n): 900 in (1024, 2048] (TTFT(1024) = 102 ms: servable), 100 in (2048, 4096]
+    # (TTFT(2048) = 205 ms < 250: possibly servable, counted as the fleet's), 50 in (4096, 8192]
+    # (TTFT(4096) = 410 ms >= 250: unservable) -> unservable share 50 / 1050
+    cfg = PlannerConfig(mode="prefill", predictor="constant", ttft_ms=250.0, correction_enabled=False,
+                        max_gpu_budget=64, sla_attainment_target=0.99)
+    hist = ((1024.0, 0.0), (2048.0, 900.0), (4096.0, 100.0), (8192.0, 50.0))
+
+    def run(ok: float, discount: bool = True) -> float:
+        c = PlannerConfig(**{**{f: getattr(cfg, f) for f in ("mode", "predictor", "ttft_ms", "correction_enabled",
+                                                               "max_gpu_budget", "sla_attainment_target")},
+                             "attainment_discount_unservable": discount})
+        pl, fleet = Planner(c, profile()), Fleet(prefill=2)
+        pl.tick(0.0, fleet.obs())
+        w = TrafficWindow(180.0, 1050.0, 2000.0, 150.0, num_ttft_observed=1050.0, num_ttft_within_sla=ok,
+                          num_finished=1050.0, num_itl_within_sla=1050.0, isl_buckets=hist)
+        return pl.tick(180.0, fleet.obs(w)).diagnostics.headroom["ttft"]
+
+    # 50 misses = exactly the unservable prompts: nothing left for the fleet -> unchanged
+    assert run(1000.0) == 1.0
+    # without the discount: 4.76 % vs 1 % allowed -> x min(2, 1 + 0.5 (4.76 - 1)) = x2
+    assert run(1000.0, discount=False) == pytest.approx(2.0)
+    # 70 misses: 20 / 1050 = 1.905 % beyond the unservable -> x (1 + 0.5 (1.905 - 1)) = x1.452
+    assert run(980.0) == pytest.approx(1.0 + 0.5 * (20.0 / 1050.0 / 0.01 - 1.0))
+
+
+def test_early_sizing_scales_up_from_the_first_seconds_only():
+    def cfg(**kw):
+        return PlannerConfig(**{**dict(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                                       max_gpu_budget=64, sla_attainment_target=None), **kw})
+
+    # 600 requests in the first 30 s -> 600 x 180 / 30 = 3600 per interval -> 3600 x 150 / 180 / 1500 = 2 decode
+    pl, fleet = Planner(cfg(), profile()), Fleet(decode=1)
+    assert pl.tick(0.0, fleet.obs()).next_tick_s == 30.0
+    r = pl.tick(30.0, fleet.obs(TrafficWindow(30.0, 600, 2000.0, 150.0)))
+    assert r.diagnostics.loops_run == ("early_throughput",)
+    assert r.decision.targets == {"decode": 2} and r.decision.reason.value == "scale_up_throughput"
+    assert r.diagnostics.predicted_num_requests == 3600.0 and r.next_tick_s == 180.0
+    # a larger fleet is left alone (scale up only)
+    pl, fleet = Planner(cfg(), profile()), Fleet(decode=3)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(30.0, fleet.obs(TrafficWindow(30.0, 600, 2000.0, 150.0))).decision.targets is None
+    # nothing finished yet (OSL unknown) and no warm start: nothing to size on
+    pl, fleet = Planner(cfg(), profile()), Fleet(decode=1)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(30.0, fleet.obs(TrafficWindow(30.0, 600, 2000.0))).decision.targets is None
+    # off: the first sizing waits for the interval (reference)
+    off = Planner(cfg(first_sizing_s=None), profile())
+    assert off.tick(0.0, Fleet(decode=1).obs()).next_tick_s == 180.0
+    with pytest.raises(ConfigError, match="first_sizing_s"):
+        cfg(first_sizing_s=180.0)
