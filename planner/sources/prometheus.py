@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -164,18 +165,20 @@ class PrometheusTrafficSource:
 
         text = str(e)
         if isinstance(e, requests.exceptions.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text:
-            import re
-
             m = re.search(r"certificate verify failed:?\s*([^(']*)", text)
             detail = "certificate verify failed" + (f": {m.group(1).strip()}" if m and m.group(1).strip() else "")
             ca = f"the CA file {self.settings.ca_file!r}" if self.settings.ca_file else "the system CAs"
             return (f"TLS: {detail} for {self.settings.url} with {ca}; set prometheus.ca_file to the PEM CA "
                     "bundle that signed the server's certificate")
+        m_status = re.match(r"HTTP Status Code (\d+)", text)  # prometheus_api_client's HTTP error answer
+        status = int(m_status.group(1)) if m_status else None
+        if status in (401, 403):
+            tok = "the configured prometheus.bearer_token" if self.settings.bearer_token else "no bearer token"
+            return f"HTTP {status} from {self.settings.url} with {tok}: expected the server's token in " \
+                   "prometheus.bearer_token"
         if isinstance(e, requests.exceptions.Timeout) or "timed out" in text:  # without retries urllib3 wraps it
             return f"no answer from {self.settings.url} within timeout_s={self.settings.timeout_s:g}"
         if isinstance(e, requests.exceptions.ConnectionError):
-            import re
-
             m = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
             return f"cannot connect to {self.settings.url}: {m.group(1).strip() if m else type(e).__name__}"
         return f"{type(e).__name__}: {text[:200]}"

@@ -144,7 +144,11 @@ def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
                 got = ok.read(window)
                 assert got is not None and got.mean_isl_tokens == pytest.approx(isl, rel=1e-9)
                 bad = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker", bearer_token="nope"))
-                assert bad.read(window) is None and "401" in bad.last_error
+                assert bad.read(window) is None and bad.last_error == (
+                    f"HTTP 401 from {purl} with the configured prometheus.bearer_token: expected the server's token "
+                    "in prometheus.bearer_token")
+                none = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker"))
+                assert none.read(window) is None and none.last_error.startswith(f"HTTP 401 from {purl} with no bearer")
             finally:
                 asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
                 loop.call_soon_threadsafe(loop.stop)
