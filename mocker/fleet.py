@@ -55,7 +55,7 @@ from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.engine.vllm import VllmCore
 from mocker.errors import ConfigError, SimulationError
-from mocker.kv.manager import engine_block_keys
+from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.kv.events import EventingKvManager, KvEvent, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
@@ -283,7 +283,9 @@ class Fleet:
         if single_step:
             self._adv = lambda c, h: self._advance_guarded(c, h, c.advance_single_step)
         elif self.disagg and self.transfer.handoff == "coordinated":
-            self._adv = lambda c, h: self._advance_guarded(c, h, c.advance_until)
+            self._adv = self._advance_handoff
+        elif self.disagg:
+            self._adv = self._advance_lazy
         else:
             self._adv = lambda c, h: c.advance_until(h)
         self._tiers: TierHierarchy | None = None
@@ -807,16 +809,45 @@ class Fleet:
         n = -(-tokens // core.block_size)
         pinned: list[int] = []
         if keys:
-            hits = kv.match_prefix(keys)[0]
-            if hits:
-                pinned = keys[:hits]
-                for k in pinned:
-                    kv.acquire_cached(k)
-                n -= hits
-        avail = kv.available() if n > kv.free else n
-        if n > avail:
-            n = avail
-        kv.allocate_private(n)
+            if type(kv) is BlockKvManager:
+                # kv.match_prefix then kv.acquire_cached on each hit, fused (same dict operations, same order)
+                hits = 0
+                if kv.caching:
+                    active, inactive = kv.active, kv.inactive
+                    for k in keys:
+                        if k in active:
+                            active[k] += 1
+                        elif k in inactive:
+                            del inactive[k]
+                            active[k] = 1
+                        else:
+                            break
+                        hits += 1
+                if hits:
+                    pinned = keys[:hits]
+                    n -= hits
+            else:
+                hits = kv.match_prefix(keys)[0]
+                if hits:
+                    pinned = keys[:hits]
+                    for k in pinned:
+                        kv.acquire_cached(k)
+                    n -= hits
+        free = kv.free
+        if n > free:
+            avail = kv.available()
+            if n > avail:
+                n = avail
+        if n > 0 and type(kv) is BlockKvManager:  # kv.allocate_private inlined (same evictions)
+            take = n if n <= free else free
+            kv.free = free - take
+            if n > take:
+                popitem = kv.inactive.popitem
+                for _ in range(n - take):
+                    popitem(last=False)
+            kv.private_in_use += n
+        else:
+            kv.allocate_private(n)
         core.external_private_blocks += n
         w.holds += 1
         self._core_holds[id(core)] = self._core_holds.get(id(core), 0) + 1
@@ -828,7 +859,21 @@ class Fleet:
         if self._sg:
             core.release_hold(pinned, n)
         else:
-            core.kv.release(pinned, n)
+            kv = core.kv
+            if type(kv) is BlockKvManager:  # kv.release inlined (same dict operations, same order)
+                if pinned:
+                    active, inactive = kv.active, kv.inactive
+                    for k in reversed(pinned):
+                        c = active[k] - 1
+                        if c:
+                            active[k] = c
+                        else:
+                            del active[k]
+                            inactive[k] = None
+                kv.private_in_use -= n
+                kv.free += n
+            else:
+                kv.release(pinned, n)
             core.external_private_blocks -= n
         self._core_holds[id(core)] -= 1
         w.holds -= 1
@@ -839,6 +884,24 @@ class Fleet:
                 core.next_pass_ms = t
         if self._dst_first:
             self._kick_reservations(core, t)
+
+    def _advance_lazy(self, c: Any, h: float) -> None:
+        """``c.advance_until(h)``, skipping the call when no pass of ``c`` starts before ``h`` (a no-op then)."""
+        if c.next_pass_ms < h:
+            c.advance_until(h)
+
+    def _advance_handoff(self, c: Any, h: float) -> None:
+        """:meth:`_advance_guarded` with ``c.advance_until``, skipping the call when it is a no-op (no pass of
+        ``c`` starts before ``h``). The disaggregated fleet advances cores at every arrival, prefill end and
+        activation, mostly to where they already are."""
+        if c.next_pass_ms < h and c not in self._stalled:
+            try:
+                c.advance_until(h)
+            except SimulationError:
+                if self._core_holds.get(id(c)) and not c.running:
+                    self._stalled.add(c)
+                    return
+                raise
 
     def _advance_guarded(self, c: Any, h: float, advance: Callable[[float], None]) -> None:
         """Advance ``c``; a core with nothing running whose waiting request does not fit only because of
