@@ -220,10 +220,9 @@ def _validate(c: PlannerConfig) -> list[str]:
     if not (isinstance(c.load_max_scale_up_factor, (int, float)) and math.isfinite(c.load_max_scale_up_factor)
             and c.load_max_scale_up_factor >= 1):
         p.append(f"load_max_scale_up_factor={c.load_max_scale_up_factor!r}: expected a finite number >= 1")
-    interval_ok = isinstance(c.adjustment_interval_s, (int, float)) and c.adjustment_interval_s > 0
-    if c.first_sizing_s is not None and not (isinstance(c.first_sizing_s, (int, float)) and 0 < c.first_sizing_s
-                                              and (not interval_ok or c.first_sizing_s < c.adjustment_interval_s)):
-        p.append(f"first_sizing_s={c.first_sizing_s!r}: expected seconds > 0 and below adjustment_interval_s, or null")
+    # first_sizing_s >= adjustment_interval_s is valid and means no early sizing (the first interval comes first)
+    if c.first_sizing_s is not None and not (isinstance(c.first_sizing_s, (int, float)) and 0 < c.first_sizing_s):
+        p.append(f"first_sizing_s={c.first_sizing_s!r}: expected seconds > 0, or null")
     if c.demand_error_quantile is not None and not (
             isinstance(c.demand_error_quantile, (int, float)) and 0 < c.demand_error_quantile <= 1):
         p.append(f"demand_error_quantile={c.demand_error_quantile!r}: expected 0 < value <= 1 or null")

@@ -495,7 +495,7 @@ class Planner:
         if first:
             self._next_thpt_s = now_s + cfg.adjustment_interval_s
             self._next_load_s = now_s + cfg.load_adjustment_interval_s
-            if cfg.throughput_enabled and cfg.first_sizing_s is not None:
+            if cfg.throughput_enabled and cfg.first_sizing_s is not None and cfg.first_sizing_s < cfg.adjustment_interval_s:
                 self._early_s = now_s + cfg.first_sizing_s
         # 1. FPM
         for p in obs.passes:

@@ -309,5 +309,10 @@ def test_early_sizing_scales_up_from_the_first_seconds_only():
     # off: the first sizing waits for the interval (reference)
     off = Planner(cfg(first_sizing_s=None), profile())
     assert off.tick(0.0, Fleet(decode=1).obs()).next_tick_s == 180.0
+    # at or beyond the interval: no early sizing (the first interval comes first), and short intervals with
+    # the default stay valid (the live stacks use adjustment_interval_s of a few seconds)
+    late = Planner(cfg(first_sizing_s=180.0), profile())
+    assert late.tick(0.0, Fleet(decode=1).obs()).next_tick_s == 180.0
+    assert PlannerConfig(mode="agg", adjustment_interval_s=10.0).first_sizing_s == 30.0
     with pytest.raises(ConfigError, match="first_sizing_s"):
-        cfg(first_sizing_s=180.0)
+        cfg(first_sizing_s=0.0)
