@@ -232,17 +232,19 @@ class VirtualConnector:
 
 
 class VirtualConnectorError(PlannerError):
-    """An HTTP error answer of the VirtualConnector API (``status``, server message)."""
+    """An HTTP error answer of the VirtualConnector API (``status``, server message), or ``status`` 0 when the
+    planner could not be reached at all (refused, timed out: e.g. while it restarts; retry later)."""
 
     def __init__(self, status: int, message: str) -> None:
         self.status = status
-        super().__init__(f"VirtualConnector HTTP {status}: {message}")
+        super().__init__(f"VirtualConnector HTTP {status}: {message}" if status else f"VirtualConnector: {message}")
 
 
 class VirtualConnectorClient:
     """Blocking Python client of the protocol (``requests``). ``base_url`` = the planner's URL.
 
-    Raises :class:`VirtualConnectorError` on an HTTP error answer (401, 409, 400...).
+    Raises :class:`VirtualConnectorError` on an HTTP error answer (401, 409, 400...) and, with ``status`` 0,
+    when the planner cannot be reached (so one ``except VirtualConnectorError`` covers a restarting planner).
     """
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
@@ -253,6 +255,16 @@ class VirtualConnectorClient:
         self.session = requests.Session()
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def _send(self, method: str, url: str, **kw: Any) -> Any:
+        import requests
+
+        try:
+            r = self.session.request(method, url, **kw)
+        except requests.RequestException as e:
+            kind = "no answer in time" if isinstance(e, requests.Timeout) else "cannot connect"
+            raise VirtualConnectorError(0, f"{kind}: {self.base.removesuffix(PREFIX)} ({type(e).__name__})") from None
+        return self._check(r)
 
     def _check(self, r: Any) -> Any:
         if r.status_code >= 400:
@@ -265,25 +277,24 @@ class VirtualConnectorClient:
 
     def get(self) -> DecisionInfo:
         """The current decision (``decision_id`` None before the first)."""
-        return DecisionInfo(**self._check(self.session.get(self.base + "/decision", timeout=self.timeout_s)).json())
+        return DecisionInfo(**self._send("GET", self.base + "/decision", timeout=self.timeout_s).json())
 
     def wait(self, after: int | None = None, timeout_s: float = 30.0) -> DecisionInfo | None:
         """Long-poll until a decision newer than ``after`` (default: the current one) exists; None on
         timeout."""
         if after is None:
             after = self.get().decision_id or 0
-        r = self._check(self.session.get(self.base + "/decision/wait", params={"after": after, "timeout_s": timeout_s},
-                                         timeout=timeout_s + self.timeout_s))
+        r = self._send("GET", self.base + "/decision/wait", params={"after": after, "timeout_s": timeout_s},
+                       timeout=timeout_s + self.timeout_s)
         return None if r.status_code == 204 else DecisionInfo(**r.json())
 
     def complete(self, decision_id: int, replicas: Mapping[str, int] | None = None) -> int:
         """Report ``decision_id`` applied (``replicas``: what now runs; default its targets)."""
         body = {"replicas": dict(replicas)} if replicas is not None else {}
-        r = self._check(self.session.post(f"{self.base}/decision/{decision_id}/complete", json=body,
-                                          timeout=self.timeout_s))
+        r = self._send("POST", f"{self.base}/decision/{decision_id}/complete", json=body, timeout=self.timeout_s)
         return int(r.json()["acknowledged_id"])
 
     def report_replicas(self, replicas: Mapping[str, int]) -> DecisionInfo:
         """Report a change made outside the planner (it adopts it)."""
-        return DecisionInfo(**self._check(self.session.put(self.base + "/replicas", json={"replicas": dict(replicas)},
-                                                           timeout=self.timeout_s)).json())
+        return DecisionInfo(**self._send("PUT", self.base + "/replicas", json={"replicas": dict(replicas)},
+                                         timeout=self.timeout_s).json())

@@ -128,6 +128,17 @@ def test_wait_get_complete_and_timeout(virtual_planner):
     assert saved.info.decision_id >= 3 and saved.to_wire_id(1) == saved.info.decision_id + 1
 
 
+def test_client_unreachable_planner_is_a_connector_error():
+    from tests.infra._proc import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    c = VirtualConnectorClient(url, token=TOKEN, timeout_s=1)
+    for call in (c.get, lambda: c.wait(after=0, timeout_s=1), lambda: c.complete(1), lambda: c.report_replicas({})):
+        with pytest.raises(VirtualConnectorError) as e:
+            call()
+        assert e.value.status == 0 and str(e.value) == f"VirtualConnector: cannot connect: {url} (ConnectionError)"
+
+
 def test_wait_rejects_bad_query(virtual_planner):
     st, _, _ = virtual_planner
     r = requests.get(st.url + "/v1/virtual/decision/wait", params={"after": "x"},
