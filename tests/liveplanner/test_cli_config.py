@@ -139,6 +139,10 @@ def test_up_bad_profile_and_prometheus_binary(tmp_path):
     r = _run("up", "--config", str(p))
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert f"profile={str(tmp_path / 'stack.yaml')!r}: expected a performance profile .npz" in r.stderr
+    (tmp_path / "warm.jsonl").write_text('{"timestamp": "soon"}\n')
+    r = _run("up", "--config", str(stack_file(tmp_path, warm_start_trace="warm.jsonl")))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"warm_start_trace={str(tmp_path / 'warm.jsonl')!r}: cannot read the trace: " in r.stderr
     p = stack_file(tmp_path)
     import os
 
