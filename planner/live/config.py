@@ -227,6 +227,12 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     if not isinstance(fpm, bool):
         problems.append(f"fpm={fpm!r}: expected true or false")
     kw["fpm"] = bool(fpm)
+    if mode_known and planner.load_enabled and conn == "virtual":
+        problems.append("planner.load_enabled=True: expected false with connector virtual (the load loop reads the "
+                        "workers' ForwardPassMetrics, which only the local connector discovers)")
+    elif mode_known and planner.load_enabled and fpm is False:
+        problems.append("fpm=False: expected true when planner.load_enabled is true (the load loop reads the "
+                        "workers' ForwardPassMetrics)")
     if problems:
         raise ConfigError(problems, source=source)
     return StackConfig(planner=planner, **kw)

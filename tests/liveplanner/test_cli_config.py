@@ -229,3 +229,16 @@ def test_second_up_on_a_running_stack_is_refused(tmp_path):
     finally:
         os.kill(first.pid, signal.SIGTERM)
         first.wait(60)
+
+
+def test_load_loop_needs_fpm_from_a_local_fleet(tmp_path):
+    write_profile(tmp_path / "p.npz")
+    base = {"planner": {"mode": "agg", "load_enabled": True}, "profile": "p.npz"}
+    with pytest.raises(ConfigError) as e:
+        stack_config_from_mapping({**base, "fpm": False}, tmp_path)
+    assert e.value.problems == ["fpm=False: expected true when planner.load_enabled is true (the load loop reads "
+                                "the workers' ForwardPassMetrics)"]
+    with pytest.raises(ConfigError) as e:
+        stack_config_from_mapping({**base, "connector": "virtual"}, tmp_path)
+    assert e.value.problems[0].startswith("planner.load_enabled=True: expected false with connector virtual")
+    assert stack_config_from_mapping(base, tmp_path).planner.load_enabled
