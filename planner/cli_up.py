@@ -121,8 +121,9 @@ def run_planner(args: argparse.Namespace) -> int:
             traffic = DirectScrapeTrafficSource(args.frontend_url, model=stack.model_name,
                                                 scrape_interval_s=min(1.0, cfg.adjustment_interval_s / 4)).start()
         else:
-            print("notice: no traffic source (neither --prometheus-url nor --frontend-url): the throughput loop "
-                  "holds with hold_metrics_unknown", file=sys.stderr, flush=True)
+            print("notice: no traffic source: set prometheus.url in the stack file (or pass --prometheus-url or "
+                  "--frontend-url); until then the throughput loop holds with hold_metrics_unknown",
+                  file=sys.stderr, flush=True)
     fpm = None
     if stack.fpm and stack.connector == "local":
         from planner.sources.fpm import FpmSubscriber
