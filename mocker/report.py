@@ -357,6 +357,10 @@ def render_table(report: dict[str, Any]) -> Table:
     if report.get("prefill_worker_seconds"):  # disaggregated fleet
         rows.append(("prefill / decode worker-seconds",
                      f"{report['prefill_worker_seconds']:,.1f} / {report['decode_worker_seconds']:,.1f}"))
+    if "kvbm_offloaded_blocks" in report:  # KVBM lower tiers
+        rows.append(("KVBM blocks offloaded / onboarded (G2, G3, G4)",
+                     f"{report['kvbm_offloaded_blocks']:,} / {report['kvbm_onboarded_blocks_g2']:,}, "
+                     f"{report['kvbm_onboarded_blocks_g3']:,}, {report['kvbm_onboarded_blocks_g4']:,}"))
     if "goodput_completed_requests" in report:
         targets = ", ".join(
             f"{k[4:-3].upper()} <= {report[k]:g} ms" for k in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms") if report.get(k) is not None

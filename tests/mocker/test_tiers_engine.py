@@ -285,3 +285,30 @@ def test_decode_stretches_stop_for_an_onboarding_ticket_same_records_as_one_pass
     assert rb.first_token_ms - rb.admit_ms >= 1.0 / bw_onboard_gbps
     if bw_onboard_gbps < 1:  # stretches ran while the ticket was in flight, bounded by the next tier event
         assert any(ran and onb and horizon < inf for ran, horizon, onb in stretches)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.integers(0, 24), st.integers(0, 24))
+def test_dynamic_fleet_with_tiers_adds_and_removes_workers(reqs, add_at, remove_at):
+    """Workers added (a new G2 and G1<->G2 links in the shared hierarchy) and removed (drained) mid-run with
+    G2/G3 on: every request finishes, blocks are conserved, the removed worker is released empty."""
+    eng = EngineConfig(**{**BASE, "num_gpu_blocks": 16}, num_g2_blocks=8, num_g3_blocks=16, max_num_seqs=4)
+    fl = Fleet({"agg": eng}, router="kv")
+    fl.add_worker("agg", 0.0)
+    fl.add_worker("agg", 0.0)
+    removed = None
+    recs = []
+    for i, q in enumerate(reqs):
+        if i == add_at:
+            fl.add_worker("agg", q.arrival_ms, startup_delay_ms=5.0)
+        if i == remove_at and removed is None:
+            removed = fl.remove_worker("agg", q.arrival_ms, worker_id=0)
+        recs.append(fl.submit(q, q.arrival_ms))
+    fl.finish()
+    assert fl._tiers is not None and len(fl._tiers.g2) == len(fl.cores("agg"))
+    for c in fl.cores("agg"):
+        c.check_invariants()
+        assert not c.has_work() and c.kv.private_in_use == 0 and not c.kv.active
+    assert all(r.status in ("finished", "failed") for r in recs)
+    if removed is not None:
+        assert fl.worker_ids("agg", "released") == [0]
