@@ -886,15 +886,17 @@ class Fleet:
             self._kick_reservations(core, t)
 
     def _advance_lazy(self, c: Any, h: float) -> None:
-        """``c.advance_until(h)``, skipping the call when no pass of ``c`` starts before ``h`` (a no-op then)."""
-        if c.next_pass_ms < h:
+        """``c.advance_until(h)``, skipping the call when no pass of ``c`` starts before ``h`` or it holds no
+        request (a no-op then)."""
+        if c.next_pass_ms < h and (c.running or c.waiting or (self._sg and c.prefilled)):
             c.advance_until(h)
 
     def _advance_handoff(self, c: Any, h: float) -> None:
         """:meth:`_advance_guarded` with ``c.advance_until``, skipping the call when it is a no-op (no pass of
-        ``c`` starts before ``h``). The disaggregated fleet advances cores at every arrival, prefill end and
-        activation, mostly to where they already are."""
-        if c.next_pass_ms < h and c not in self._stalled:
+        ``c`` starts before ``h``, or it holds no request). The disaggregated fleet advances cores at every
+        arrival, prefill end and activation, mostly to where they already are or while they are idle (about
+        three in four prefill-core advances on the Azure trace)."""
+        if c.next_pass_ms < h and (c.running or c.waiting or (self._sg and c.prefilled)) and c not in self._stalled:
             try:
                 c.advance_until(h)
             except SimulationError:
