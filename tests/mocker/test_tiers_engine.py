@@ -96,7 +96,8 @@ def test_replay_report_counts_tiers_and_keeps_existing_keys():
     assert [k for k in rep if not k.startswith("kvbm")] == list(base)  # same keys, same order; kvbm_* appended
 
 
-def test_g3_is_shared_worker_1_reuses_worker_0_prefix():
+@pytest.mark.parametrize("g3, g4, tier", [(16, False, "g3"), (4, True, "g4")])
+def test_g3_is_shared_worker_1_reuses_worker_0_prefix(g3, g4, tier):
     def trace():
         fill = lambda i, base: TraceRequest(i, 1000.0 * i, 64, 1, tuple(range(base, base + 4)))  # noqa: E731
         return [dataclasses.replace(A, request_id=0), fill(1, 100), dataclasses.replace(C, request_id=2, arrival_ms=2000.0),
@@ -106,11 +107,16 @@ def test_g3_is_shared_worker_1_reuses_worker_0_prefix():
     # worker 0 (even requests): A cached; C evicts A -> A in w0's G2; E evicts C's 8 -> G2 (4 blocks) overflows:
     # A's 4 (then C's first 4) spill G2 -> G3. B goes to worker 1: nothing in its G1/G2, A's 4 blocks in G3
     # -> staged G3->G2 (1 MB at 1 GB/s = 1 ms), then G2->G1 (1 ms): TTFT = 2 ms + prefill of 16 tokens.
-    res = run_replay(trace(), EngineConfig(**BASE, num_g2_blocks=4, num_g3_blocks=16), FleetConfig(num_workers=2))
+    # With a 4-block G3 and G4 on, C's spilled blocks push A's out of G3 into G4 (G3->G4, 1 GB/s default):
+    # B stages them G4->G2 (1 ms at the 1 GB/s default) instead; same total.
+    res = run_replay(trace(), EngineConfig(**BASE, num_g2_blocks=4, num_g3_blocks=g3, g4=g4), FleetConfig(num_workers=2))
     assert [r.worker_id for r in res.records] == [0, 1, 0, 1, 0, 1]
     rb = res.records[5]
     assert rb.first_token_ms - rb.arrival_ms == pytest.approx(2.0 + PREFILL_16_MS, abs=1e-9)
-    assert res.kvbm["kvbm_onboarded_blocks_g3"] == 4 and res.kvbm["kvbm_spilled_blocks_g3"] == 8
+    assert res.kvbm[f"kvbm_onboarded_blocks_{tier}"] == 4 and res.kvbm["kvbm_spilled_blocks_g4"] == (4 if g4 else 0)
+    # spills to G3: A's 4 + C's 4 from worker 0; at B's staging, worker 1's G2 (4 blocks) also receives the 4
+    # filler blocks B's onboarding evicted, pushing A's staged blocks out again (sent to G3 unless already there)
+    assert res.kvbm["kvbm_spilled_blocks_g3"] == (12 if g4 else 8)
     # G2 only (per worker): worker 1 cannot see worker 0's host memory -> B recomputes
     res2 = run_replay(trace(), EngineConfig(**BASE, num_g2_blocks=4), FleetConfig(num_workers=2))
     rb2 = res2.records[5]
