@@ -19,6 +19,7 @@ requirement across an integer; every figure below is chosen with a margin from t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -37,7 +38,7 @@ import requests
 import yaml
 from kubernetes.client.rest import ApiException
 
-from planner.core import save_profile
+from planner.core import PlannerConfig, save_profile
 from tests.infra._proc import free_port, start_process, stop_process, tail, wait_until
 from tests.planner.helpers import profile
 
@@ -151,7 +152,13 @@ class Env:
         env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
         cm = next(d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("planner-defaults"))
         defaults = self.tmp / "planner.yaml"
-        defaults.write_text(cm["data"]["planner.yaml"])
+        planner_values = yaml.safe_load(cm["data"]["planner.yaml"])
+        # The expected replica counts are the reference throughput formula, hand-computed. The core's optional
+        # demand headroom (burst quantile of observed/predicted demand) and early first sizing change them, so
+        # they are off here (null, which helm --set cannot express: it deletes the key).
+        fields = {f.name for f in dataclasses.fields(PlannerConfig)}
+        planner_values.update({k: None for k in ("first_sizing_s", "demand_error_quantile") if k in fields})
+        defaults.write_text(yaml.safe_dump(planner_values))
         env.update({"DYNOPLAN_OPERATOR_NAMESPACE": self.ns, "DYNOPLAN_OPERATOR_PLANNER_DEFAULTS_FILE": str(defaults),
                     "DYNOPLAN_OPERATOR_HEALTH_PORT": str(self.health_port),
                     "DYNOPLAN_OPERATOR_METRICS_PORT": str(self.metrics_port)})
@@ -286,7 +293,7 @@ def test_every_rendered_object_server_side_applies(env):
     assert {"CustomResourceDefinition", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
             "KopfPeering", "DynamoGraphDeployment", "DynoPlanner", "Job"} <= {d["kind"] for d in docs}
     stored = env.co.get_namespaced_custom_object(*DPL[:2], ns, DPL[2], "mocker-agg")
-    assert stored["spec"]["load"] == {"enabled": True, "intervalS": 5}
+    assert stored["spec"]["load"] == {"enabled": True, "intervalS": 5, "fpmPortName": "fpm"}  # schema default
     worker = env.co.get_namespaced_custom_object(*DGD[:2], ns, DGD[2], "mocker-agg")["spec"]["services"]["VllmWorker"]
     assert "tcp://0.0.0.0:5557" in worker["extraPodSpec"]["mainContainer"]["args"]
 
@@ -468,18 +475,27 @@ def test_shared_gpu_budget_divided_by_need_never_exceeded(env):
 
     seen: list[int] = []
 
+    def caps() -> list:
+        return [(env.planner(n).get("status") or {}).get("sharedBudget", {}).get("capGpus") for n in ("s1", "s2")]
+
     def both_capped() -> bool:
         total = gpus("s1") + gpus("s2")
         seen.append(total)
-        return gpus("s1") == 3 and gpus("s2") == 3
+        # Until both planners have a throughput requirement, the one that has it first may take the whole
+        # spare (the other's need is still its current spec) and give it back once the other's need is
+        # known; the shares are 3/3 in the end, and the sum never exceeds 6 on the way.
+        return gpus("s1") == 3 and gpus("s2") == 3 and caps() == [3, 3]
 
-    env.wait(both_capped, "both DGDs scaled to their 3-GPU share", 40)
+    env.wait(both_capped, "both DGDs scaled to their 3-GPU share", 60)
     for name in ("s1", "s2"):
         s = env.dgd(name)["spec"]["services"]
         assert s["Prefill"]["replicas"] >= 1 and s["Decode"]["replicas"] >= 1
         st = env.planner(name)["status"]
         assert st["sharedBudget"] == {"name": "pool", "capGpus": 3}
         assert st["desiredReplicas"] == {"prefill": s["Prefill"]["replicas"], "decode": s["Decode"]["replicas"]}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # steady state: the sum stays at the budget
+        seen.append(gpus("s1") + gpus("s2"))
+        time.sleep(0.2)
     assert max(seen) <= 6
-    time.sleep(3)
     assert gpus("s1") + gpus("s2") == 6
