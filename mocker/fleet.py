@@ -32,7 +32,10 @@ decode core *prefilled* (:meth:`VllmCore.add_prefilled_request`: no recompute) a
 ``output_length`` tokens there, the first at the end of its first decode pass (so TTFT = prefill queue +
 prefill + transfer + one decode pass, as the reference reports it). The user's record carries
 ``prefill_worker_id`` and ``worker_id`` = the decode worker; ``admit_ms`` and ``cached_tokens`` come from
-the prefill admission.
+the prefill admission. SGLang pools with the coordinated handoff go destination-first (as the reference): the
+decode worker is chosen at arrival and reserves the prompt's KV (:meth:`SglangCore.reserve_prefilled`, waiting
+for room, one reservation per pass boundary while busy) before the prefill is dispatched
+(:meth:`Fleet._route_decode_first`); TTFT then also includes that wait.
 
 Worker lifecycle (dynamic fleets): ``add_worker(pool, now, delay)`` -> *starting* (GPU time counts from
 ``now``) -> *ready* at ``now + delay`` (routable; requests that found no ready worker wait in a FIFO fleet

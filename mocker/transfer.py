@@ -24,10 +24,13 @@ Handoff paths (:class:`KvTransferConfig.handoff`):
   decode core and is admitted at the next pass start) and then the source releases its hold. Reference
   facts (per-request ``source_held_ms``, ``destination_reserved_ms``, ``destination_activated_ms``): a
   91-token prompt held at 4727.8866 ms, reserved at the busy destination's pass end 4729.2151 ms, admitted
-  at its following pass start 4734.9790 ms. vLLM orders the steps source-first (hold, then reserve), SGLang
-  destination-first (reserve, then hold); the order only matters for which side is charged first when a
-  request is cancelled between the steps. Every hold and reservation is released exactly once — on
-  activation, on cancellation or on failure.
+  at its following pass start 4734.9790 ms. vLLM orders the steps source-first (hold, then reserve). SGLang
+  is destination-first (reference replay, backend sglang): the destination reserves the prompt when the
+  request arrives (waiting for room, one reservation per pass boundary of a busy destination), the prefill
+  starts only then, and at its end the source holds and the transfer starts; ISL 374 alone: prefill ends at
+  22.238914 ms, activation 23.004866, first token 29.964348 (one SGLang decode pass later). Every hold and
+  reservation is released exactly once — on activation (a reservation becomes the request's KV), on
+  cancellation or on failure.
 """
 
 from __future__ import annotations
