@@ -24,7 +24,11 @@ Beyond the reference (each rule can be switched off in :class:`~planner.core.con
   at 100 % prefill utilisation queues without bound. Modelling one engine's prefill as an M/D/1 queue
   (Poisson arrivals, service time ``S`` = TTFT of one prompt at the predicted ISL), the Pollaczek-Khinchine
   mean wait is ``Wq = rho x S / (2 (1 - rho))``; requiring ``Wq + S <= T`` (T = TTFT target) gives
-  ``rho_max = 2 (T - S) / (2 (T - S) + S)``; the prefill requirement is divided by ``rho_max``.
+  ``rho_max = 2 (T - S) / (2 (T - S) + S)``; the prefill requirement is divided by ``rho_max``. With the
+  frontend's ISL histogram (``prefill_length_mix``, :func:`size_prefill_over_lengths`) the requirement is
+  summed per length class and the queue is M/G/1 (``E[S^2]`` of the per-class prefill times): long-prompt
+  traces (Mooncake: median 6.9k, p90 27k tokens) cost far more than their mean prompt, and their long
+  services make everyone behind them wait.
 - prefill interference in aggregated engines (:func:`size_agg_decode`): every prefill pass stalls the
   decode batch for ``P`` = prefill time of one prompt, so with per-engine arrival rate ``lambda`` a decode
   token's mean gap is ``itl_decode / (1 - lambda x P)`` (the share ``lambda x P`` of the engine's time goes
@@ -106,18 +110,38 @@ def decode_correction(observed_itl_ms: float, num_requests: float, observed_isl:
     return observed_itl_ms / expected if expected > 0 else math.nan
 
 
-def prefill_utilisation_cap(service_ms: float, ttft_target_ms: float) -> float:
-    """Highest prefill utilisation of one engine keeping the M/D/1 mean TTFT within the target.
+def prefill_utilisation_cap(service_ms: float, ttft_target_ms: float, second_moment_ms2: float | None = None) -> float:
+    """Highest prefill utilisation of one engine keeping the M/G/1 mean TTFT within the target.
 
-    ``rho_max = 2 (T - S) / (2 (T - S) + S)`` with ``S = service_ms``, ``T = ttft_target_ms``
-    (Pollaczek-Khinchine mean wait with deterministic service, ``Wq = rho S / (2 (1 - rho))``, solved for
-    ``Wq + S = T``). Returns 1.0 (no cap) when ``S >= T`` (no fleet size can meet the target, so adding
-    replicas for it would only grow without bound) or when an input is not finite and positive.
+    Pollaczek-Khinchine: ``Wq = lambda E[S^2] / (2 (1 - rho)) = rho c / (2 (1 - rho))`` with
+    ``c = E[S^2] / E[S]``; solving ``Wq + E[S] = T`` gives ``rho_max = 2 (T - m) / (2 (T - m) + c)``,
+    ``m = service_ms`` (mean service), ``T = ttft_target_ms``, ``E[S^2] = second_moment_ms2`` (default
+    ``m^2``: deterministic service, M/D/1, ``c = m``). Returns 1.0 (no cap) when ``m >= T`` (no fleet size
+    can meet the target, so adding replicas for it would only grow without bound) or when an input is not
+    finite and positive.
     """
     s, t = service_ms, ttft_target_ms
     if not (math.isfinite(s) and math.isfinite(t) and s > 0 and t > 0) or s >= t:
         return 1.0
-    return 2.0 * (t - s) / (2.0 * (t - s) + s)
+    m2 = s * s if second_moment_ms2 is None or not math.isfinite(second_moment_ms2) else max(second_moment_ms2, s * s)
+    return 2.0 * (t - s) / (2.0 * (t - s) + m2 / s)
+
+
+def size_prefill_over_lengths(demand: Demand, interval_s: float, p_corr: float, prefill: PrefillProfile,
+                              gpus_per_engine: int) -> tuple[float, float, float]:
+    """Prefill replicas summed over the input-length distribution (``demand.isl_buckets``,
+    :func:`length_distribution`), with the service-time moments for the M/G/1 cap.
+
+    ``replicas = sum_b share_b x next_req x isl_b / I x min(1, p_corr) / thpt_per_gpu(isl_b) / gpus_per_engine``
+    (the reference formula per length class: a long prompt costs its own throughput, not the mean's);
+    service ``S_b = prefill.ttft_ms_at(isl_b) x min(1, p_corr)``. Returns (replicas, E[S] ms, E[S^2] ms^2).
+    """
+    v, w = length_distribution(demand.isl_buckets, demand.isl_tokens)
+    f = min(1.0, p_corr)
+    thpt = np.array([prefill.thpt_per_gpu_at(float(x)) for x in v])
+    exact = float(np.sum(w * demand.num_requests * v / interval_s / thpt)) * f / gpus_per_engine
+    svc = np.array([prefill.ttft_ms_at(float(x)) for x in v]) * f
+    return exact, float(w @ svc), float(w @ (svc * svc))
 
 
 @dataclass(frozen=True)
@@ -448,10 +472,15 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
     g = cfg.limits(pool).gpus_per_engine
     parts = []
     if pool in ("prefill", "agg") and profile.prefill is not None:
-        x = size_prefill(demand, interval, p_corr, profile.prefill, g, cfg.sizing, cfg.sizing_percentile).replicas_exact
-        if cfg.prefill_queueing and demand.num_requests > 0:
+        spread = cfg.prefill_length_mix and demand.isl_buckets and cfg.sizing == "mean" and demand.num_requests > 0
+        if spread:
+            x, service, second = size_prefill_over_lengths(demand, interval, p_corr, profile.prefill, g)
+        else:
+            x = size_prefill(demand, interval, p_corr, profile.prefill, g, cfg.sizing, cfg.sizing_percentile).replicas_exact
             service = profile.prefill.ttft_ms_at(demand.isl_tokens) * min(1.0, p_corr)
-            x /= prefill_utilisation_cap(service, cfg.ttft_ms)
+            second = service * service
+        if cfg.prefill_queueing and demand.num_requests > 0:
+            x /= prefill_utilisation_cap(service, cfg.ttft_ms, second)
         parts.append(x * headroom[0])
     if pool in ("decode", "agg") and profile.decode is not None:
         if pool == "agg" and cfg.agg_prefill_interference and profile.prefill is not None:

@@ -16,7 +16,7 @@ from planner.core.observations import TrafficWindow
 from planner.core.planner import Planner, significant_misses
 from planner.core.throughput import (Demand, StallSums, agg_itl_miss_share, osl_distribution,
                                      prefill_utilisation_cap, size_agg_decode, size_agg_itl_tail, size_decode,
-                                     size_pool)
+                                     size_pool, size_prefill_over_lengths)
 from planner.errors import ConfigError, ObservationError
 from tests.planner.helpers import Fleet, profile
 
@@ -316,3 +316,28 @@ def test_early_sizing_scales_up_from_the_first_seconds_only():
     assert PlannerConfig(mode="agg", adjustment_interval_s=10.0).first_sizing_s == 30.0
     with pytest.raises(ConfigError, match="first_sizing_s"):
         cfg(first_sizing_s=0.0)
+
+
+def test_prefill_over_lengths_and_mg1_cap():
+    # M/G/1: m = 100 ms, E[S^2] = 20000 ms^2 (c = 200), T = 500: 2 x 400 / (800 + 200) = 0.8;
+    # deterministic (E[S^2] = m^2) gives the M/D/1 cap 800 / 900
+    assert prefill_utilisation_cap(100.0, 500.0, 20000.0) == pytest.approx(0.8)
+    assert prefill_utilisation_cap(100.0, 500.0) == pytest.approx(800.0 / 900.0)
+    # ISL histogram: half the prompts in (1, 1024] and half in (2048, 4096] -> points sqrt(1024) = 32 and
+    # sqrt(2048 x 4096) = 2896.3, scaled to the predicted mean 2000: 43.7 and 3956.3 tokens. Profile: thpt
+    # 10000 tok/s/GPU up to ISL 1000 and 6000 from 3000 (clamped), TTFT = ISL / 10 ms up to 3000 (300 beyond)
+    d = Demand(3600.0, 2000.0, 150.0, isl_buckets=((1024.0, 5.0), (2048.0, 0.0), (4096.0, 5.0)))
+    prof = profile()
+    lo, hi = 32.0, math.sqrt(2048.0 * 4096.0)
+    k = 2000.0 / (0.5 * lo + 0.5 * hi)
+    a, b = lo * k, hi * k
+    x, m, m2 = size_prefill_over_lengths(d, 180.0, 1.0, prof.prefill, 1)
+    assert x == pytest.approx(0.5 * 3600 * a / 180 / 10000 + 0.5 * 3600 * b / 180 / 6000)
+    assert (m, m2) == (pytest.approx(0.5 * 100.0 + 0.5 * 300.0), pytest.approx(0.5 * 100.0 ** 2 + 0.5 * 300.0 ** 2))
+    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_length_mix=True)
+    assert size_pool("prefill", d, cfg, prof) == pytest.approx(x / prefill_utilisation_cap(m, 500.0, m2))
+    # off (default), or without a histogram: the reference's mean-ISL sizing (5 / 0.75,
+    # test_prefill_queueing_in_pool_sizing)
+    off = PlannerConfig(mode="prefill", ttft_ms=500.0)
+    assert size_pool("prefill", d, off, prof) == pytest.approx(5.0 / 0.75)
+    assert size_pool("prefill", Demand(3600.0, 2000.0, 150.0), cfg, prof) == pytest.approx(5.0 / 0.75)
