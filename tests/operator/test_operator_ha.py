@@ -101,6 +101,8 @@ def test_peering_one_active_operator_and_failover(env):
                         a_text, re.M)
     assert applied and float(applied.group(1)) >= 5  # 3 Deployments created, 2 scaled
     # Structured logs: every line of A's log is JSON; the scaling record carries the planner's fields.
+    wait_until(lambda: any(r.get("message") == "scaled" for r in json_lines(env.log)), 30, "operator A logs its scaling",
+               env.proc, env.log)
     recs = json_lines(env.log)
     scaled = [r for r in recs if r.get("message") == "scaled"]
     assert len(scaled) == 1 and scaled[0]["planner"] == "p" and scaled[0]["reason"] == "scale_up_throughput"
@@ -114,5 +116,7 @@ def test_peering_one_active_operator_and_failover(env):
     wait_until(lambda: logged(b_log, "Resuming operations"), 90, "operator B resumes", b, b_log)
     env.wait(lambda: replicas()[0] == 4, "operator B scales prefill 2 -> 4", 60)
     assert replicas()[1] == 3
+    # B logs its "scaled" record after the patch and the two Events
+    wait_until(lambda: any(r.get("message") == "scaled" and r.get("planner") == "p" for r in json_lines(b_log)), 30,
+               "operator B logs its scaling", b, b_log)
     assert b.poll() is None and "Traceback" not in b_log.read_text(), tail(b_log)
-    assert any(r.get("message") == "scaled" and r.get("planner") == "p" for r in json_lines(b_log))
