@@ -259,6 +259,9 @@ def _port_in_use(host: str, port: int) -> tuple[str, str] | None:
     import socket
 
     with socket.socket() as s:
+        # as the servers do (aiohttp, Prometheus): connections in TIME_WAIT from a previous run do not block
+        # the port, a listening socket does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except socket.gaierror as e:
@@ -421,11 +424,17 @@ def run(args: argparse.Namespace) -> int:
         if bad and port:
             raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port "
                               "(or 0 for any free port)", source=str(cfg_path))
+    want_prometheus = stack_cfg.prometheus_url is None and stack_cfg.prometheus_enabled != "false"
+    binary = _prometheus_binary() if want_prometheus else None
+    if want_prometheus and binary is None and stack_cfg.prometheus_enabled == "true":
+        raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
+                          "(apt-get install -y prometheus) or DYNOPLAN_PROMETHEUS", source=str(cfg_path))
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")
     write_atomic(state_dir / "prometheus_workers.json", "[]")
 
     st = _Stack(state_dir)
+
     def on_signal(signum: int, frame: Any) -> None:
         st.stopping = True
 
@@ -441,12 +450,8 @@ def run(args: argparse.Namespace) -> int:
         pl_port = stack_cfg.service_port or _free_port()
         pl_url = f"http://{stack_cfg.service_host}:{pl_port}"
         prom_url = stack_cfg.prometheus_url
-        binary = _prometheus_binary()
         if prom_url is None and stack_cfg.prometheus_enabled != "false":
             if binary is None:
-                if stack_cfg.prometheus_enabled == "true":
-                    raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
-                                      "(apt-get install -y prometheus)")
                 print("notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
                       file=sys.stderr, flush=True)
             else:

@@ -150,6 +150,13 @@ def test_up_bad_profile_and_prometheus_binary(tmp_path):
                        env={**os.environ, "DYNOPLAN_PROMETHEUS": str(tmp_path / "nope")})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"DYNOPLAN_PROMETHEUS={str(tmp_path / 'nope')!r}: expected the path of an executable" in r.stderr
+    # prometheus.enabled: true without the binary: refused before anything starts
+    env = {k: v for k, v in os.environ.items() if k != "DYNOPLAN_PROMETHEUS"}
+    r = subprocess.run(DYNOPLAN + ["up", "--config", str(stack_file(tmp_path, prometheus={"enabled": True}))],
+                       capture_output=True, text=True, timeout=60, env={**env, "PATH": str(tmp_path)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "prometheus.enabled=true: expected a `prometheus` binary on PATH" in r.stderr
+    assert not (tmp_path / "state" / "stack.json").exists()
 
 
 def test_planner_port_flag_range(tmp_path):
