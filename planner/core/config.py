@@ -110,6 +110,10 @@ class PlannerConfig:
     """Total GPUs all pools may occupy, counting every replica requested (default 8)."""
     min_gpu_budget: int = 0
     """Total GPUs the pools should occupy at least (0 = no minimum)."""
+    load_prefill_window_s: float = 30.0
+    """Load loop, agg ITL estimate: each engine's prefill work rate (prefill tokens per second of pass wall
+    time) is taken over the passes it reported in the last this-many seconds (a window of several load
+    intervals, so the few passes relayed per tick average out; :func:`planner.core.load.estimate_itl_ms`)."""
     load_sensitivity: float = 0.8
     """Load loop: scale down only when every engine is below SLA x this factor (0 < s <= 1)."""
     max_num_batched_tokens: int = 8192
@@ -218,7 +222,7 @@ def _validate(c: PlannerConfig) -> list[str]:
     if c.mode not in MODES:
         p.append(f"mode={c.mode!r}: expected one of {', '.join(MODES)}")
     for n in ("adjustment_interval_s", "load_adjustment_interval_s", "ttft_ms", "itl_ms", "engine_stale_s",
-              "pending_timeout_s"):
+              "pending_timeout_s", "load_prefill_window_s"):
         pos(n, getattr(c, n))
     if c.sla_attainment_target is not None and not (
             isinstance(c.sla_attainment_target, (int, float)) and 0 < c.sla_attainment_target < 1):

@@ -19,8 +19,15 @@ Estimates for one engine from its latest pass:
   ``Q + isl`` tokens are processed in passes of ``C = max_num_batched_tokens`` (minus one token per
   running decode request on agg engines): ``floor((Q+isl)/C)`` full passes plus one partial pass, each
   costing the regression's predicted wall time.
-- ITL: the predicted time of one decode pass over the running + queued decode KV tokens (agg: plus
-  the prefill chunk min(C, Q) the pass would also carry).
+- ITL: what the SLA measures is a request's own *mean* inter-token latency over its decode, i.e. the
+  mean time between two of its decode passes. Decode engines: one decode pass over the running + queued
+  decode KV tokens, ``T_d = a + c x KV``. Agg engines interleave prefill work with decode: if prefill
+  tokens reach the engine at ``r`` tokens per second of engine time (observed from its recent passes:
+  ``sum prefill tokens / sum wall time``), a share ``u = b x r`` of the engine's time goes to prefill, so
+  over a request's decode lifetime the mean pass interval is ``T_d / (1 - u)`` (equivalently: each decode
+  step also carries ``r x T`` prefill tokens, ``T = T_d + b x r x T``). A pass cannot carry more than
+  the chunk budget ``C_eff = C - running decode requests``, so the estimate is capped at
+  ``T_d + b x C_eff`` (the saturated engine, every pass a full chunk), which is also what ``u >= 1`` gives.
 """
 
 from __future__ import annotations
@@ -174,16 +181,39 @@ def estimate_ttft_ms(fit: RegressionFit | None, queued_prefill_tokens: float, is
     return t * 1000.0 if math.isfinite(t) else None
 
 
-def estimate_itl_ms(fit: RegressionFit | None, decode_kv_tokens: float, queued_prefill_tokens: float = 0.0,
-                    max_num_batched_tokens: int = 8192) -> float | None:
-    """ITL (ms): one decode pass over ``decode_kv_tokens`` (agg: plus a prefill chunk of the queue)."""
+def estimate_itl_ms(fit: RegressionFit | None, decode_kv_tokens: float, prefill_tokens_per_s: float = 0.0,
+                    max_num_batched_tokens: int = 8192, num_decode_requests: int = 0) -> float | None:
+    """Expected per-request mean ITL (ms) on one engine (module docstring).
+
+    ``decode_kv_tokens``: running + queued decode KV tokens; ``prefill_tokens_per_s``: prefill tokens the
+    engine computes per second of pass wall time (agg only; ignored by a decode-only fit);
+    ``max_num_batched_tokens``: chunk budget C. Returns ``T_d / (1 - b x r)`` capped at
+    ``T_d + b x (C - num_decode_requests)``, or None when the fit is missing or degenerate."""
     if fit is None or "sum_decode_kv_tokens" not in fit.features:
         return None
-    kw = {"sum_decode_kv_tokens": max(0.0, decode_kv_tokens)}
-    if "sum_prefill_tokens" in fit.features:
-        kw["sum_prefill_tokens"] = min(float(max_num_batched_tokens), max(0.0, queued_prefill_tokens))
-    t = fit.predict_s(**kw)
-    return t * 1000.0 if math.isfinite(t) else None
+    t_d = fit.predict_s(sum_decode_kv_tokens=max(0.0, decode_kv_tokens))
+    if not math.isfinite(t_d):
+        return None
+    r = max(0.0, float(prefill_tokens_per_s))
+    if "sum_prefill_tokens" in fit.features and r > 0:
+        b = fit.slope("sum_prefill_tokens")
+        if not math.isfinite(b):
+            return None
+        chunk = float(max(1, max_num_batched_tokens - max(0, num_decode_requests)))
+        cap = t_d + b * chunk
+        u = b * r
+        t_d = min(cap, t_d / (1.0 - u)) if u < 1.0 else cap
+    return t_d * 1000.0
+
+
+def prefill_rate_tokens_per_s(passes: Iterable[ForwardPassMetrics]) -> float | None:
+    """Prefill tokens computed per second of pass wall time over ``passes`` (one engine's recent passes):
+    ``sum scheduled sum_prefill_tokens / sum wall_time``; None when no wall time was observed."""
+    tok = wall = 0.0
+    for p in passes:
+        tok += p.scheduled_requests.sum_prefill_tokens
+        wall += p.wall_time
+    return tok / wall if wall > 0 else None
 
 
 def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int], ForwardPassMetrics]:
@@ -197,20 +227,26 @@ def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int],
 
 
 def estimate_engine(pool: str, p: ForwardPassMetrics, fit: RegressionFit | None, isl_tokens: float,
-                    max_num_batched_tokens: int, load_scale: float = 1.0) -> EngineEstimate:
-    """Estimates for the engine whose latest pass is ``p``; ``load_scale`` multiplies its queue and KV
-    tokens (used to ask "could fewer engines absorb this load?")."""
+                    max_num_batched_tokens: int, load_scale: float = 1.0,
+                    prefill_tokens_per_s: float | None = None) -> EngineEstimate:
+    """Estimates for the engine whose latest pass is ``p``; ``load_scale`` multiplies its queue, KV tokens
+    and prefill arrival rate (used to ask "could fewer engines absorb this load?").
+    ``prefill_tokens_per_s``: the engine's observed prefill work rate (:func:`prefill_rate_tokens_per_s`
+    over its recent passes); None = from ``p`` alone."""
     s, q = p.scheduled_requests, p.queued_requests
     q_tokens = q.sum_prefill_tokens * load_scale
     kv = (s.sum_decode_kv_tokens + q.sum_decode_kv_tokens) * load_scale
     n_dec = int(round((s.num_decode_requests + q.num_decode_requests) * load_scale))
+    if prefill_tokens_per_s is None:
+        prefill_tokens_per_s = prefill_rate_tokens_per_s([p]) or 0.0
     idle = (s.num_prefill_requests + s.num_decode_requests + q.num_prefill_requests + q.num_decode_requests) == 0 \
         and (p.wall_time == 0 or (s.sum_prefill_tokens + s.sum_decode_kv_tokens) == 0)
     ttft = itl = None
     if pool in ("prefill", "agg"):
         ttft = 0.0 if idle else estimate_ttft_ms(fit, q_tokens, isl_tokens, max_num_batched_tokens, kv, n_dec)
     if pool in ("decode", "agg"):
-        itl = 0.0 if idle else estimate_itl_ms(fit, kv, q_tokens, max_num_batched_tokens)
+        itl = 0.0 if idle else estimate_itl_ms(fit, kv, prefill_tokens_per_s * load_scale, max_num_batched_tokens,
+                                               n_dec)
     return EngineEstimate(pool, p.worker_id, p.dp_rank, idle, int(round(q_tokens)), q.num_prefill_requests,
                           int(round(kv)), n_dec, ttft, itl)
 

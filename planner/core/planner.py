@@ -173,6 +173,9 @@ class Planner:
                                                    min_samples=config.regression_min_samples)
                              for p in config.pools}
         self._engines: dict[tuple[str, int, int], tuple[ForwardPassMetrics, float]] = {}
+        self._prefill_work: dict[tuple[str, int, int], deque[tuple[float, int, float]]] = {}
+        """Per engine: (tick time s, prefill tokens, pass wall time s) summed over the passes of each tick
+        within ``load_prefill_window_s`` (the agg ITL estimate's prefill work rate)."""
         self._decision_seq = 0
         self._pending: _Pending | None = None
         self._last_targets: dict[str, int] | None = None
@@ -385,14 +388,23 @@ class Planner:
             return max(req, banded), Reason.SCALE_DOWN_THROUGHPUT
         return current, Reason.HOLD_HYSTERESIS
 
+    def _prefill_rate(self, key: tuple[str, int, int]) -> float | None:
+        """Prefill tokens per second of pass wall time of engine ``key`` over ``load_prefill_window_s``."""
+        w = self._prefill_work.get(key)
+        if not w:
+            return None
+        wall = sum(x[2] for x in w)
+        return sum(x[1] for x in w) / wall if wall > 0 else None
+
     def _engine_estimates(self, now_s: float, load_scale: Mapping[str, float] | None = None) -> list[EngineEstimate]:
         cfg = self.config
         isl = self._last_isl_tokens
         out = []
-        for (pool, _, _), (p, _seen) in sorted(self._engines.items()):
+        for key, (p, _seen) in sorted(self._engines.items()):
+            pool = key[0]
             hint = isl if math.isfinite(isl) else guess_isl_tokens([p])
             out.append(estimate_engine(pool, p, self._regressions[pool].fit(), hint, cfg.max_num_batched_tokens,
-                                       (load_scale or {}).get(pool, 1.0)))
+                                       (load_scale or {}).get(pool, 1.0), self._prefill_rate(key)))
         return out
 
     def _proportional_step(self, current: int, ratio: float) -> int:
@@ -437,7 +449,8 @@ class Planner:
                 re = [estimate_engine(pool, self._engines[(pool, e.worker_id, e.dp_rank)][0], self._regressions[pool].fit(),
                                       self._last_isl_tokens if math.isfinite(self._last_isl_tokens) else
                                       guess_isl_tokens([self._engines[(pool, e.worker_id, e.dp_rank)][0]]),
-                                      cfg.max_num_batched_tokens, scale) for e in engs]
+                                      cfg.max_num_batched_tokens, scale,
+                                      self._prefill_rate((pool, e.worker_id, e.dp_rank))) for e in engs]
                 absorbed = all(val is not None and val < sla for e in re for _, val, sla in values(e))
             if absorbed:
                 return -1, Reason.SCALE_DOWN_CONSOLIDATED
@@ -498,6 +511,7 @@ class Planner:
             if cfg.throughput_enabled and cfg.first_sizing_s is not None and cfg.first_sizing_s < cfg.adjustment_interval_s:
                 self._early_s = now_s + cfg.first_sizing_s
         # 1. FPM
+        work: dict[tuple[str, int, int], list[float]] = {}
         for p in obs.passes:
             if p.pool not in self._regressions:
                 continue
@@ -506,6 +520,17 @@ class Planner:
             key = (p.pool, p.worker_id, p.dp_rank)
             if key not in self._engines or seen >= self._engines[key][1]:
                 self._engines[key] = (p, seen)
+            acc = work.setdefault(key, [0.0, 0.0])
+            acc[0] += p.scheduled_requests.sum_prefill_tokens
+            acc[1] += p.wall_time
+        for key, (tok, wall) in work.items():
+            self._prefill_work.setdefault(key, deque()).append((now_s, int(tok), wall))
+        for key in list(self._prefill_work):
+            w = self._prefill_work[key]
+            while w and now_s - w[0][0] >= cfg.load_prefill_window_s:
+                w.popleft()
+            if not w:
+                del self._prefill_work[key]
         for key in [k for k, (_, seen) in self._engines.items() if now_s - seen > cfg.engine_stale_s]:
             del self._engines[key]
         # which loops are due

@@ -84,8 +84,20 @@ def test_itl_estimate_and_agg_chunk():
     f = RegressionFit(("sum_decode_kv_tokens",), 0.004, (2e-7,), 100)
     assert estimate_itl_ms(f, 100000) == pytest.approx(24.0)
     a = RegressionFit(("sum_prefill_tokens", "sum_decode_kv_tokens"), 0.004, (1e-5, 2e-7), 100)
-    # agg: the pass also carries min(8192, 20000) prefill tokens -> +81.92 ms
-    assert estimate_itl_ms(a, 100000, 20000, 8192) == pytest.approx(24.0 + 81.92)
+    # agg, no prefill work arriving: the decode-only pass, 4 + 0.2 x 100 = 24 ms
+    assert estimate_itl_ms(a, 100000, 0.0, 8192) == pytest.approx(24.0)
+    # agg, 20000 prefill tokens per engine-second: prefill share u = 1e-5 x 20000 = 0.2, so the mean pass
+    # interval over a request's decode is 24 / (1 - 0.2) = 30 ms (each 30 ms step also carries 600 prefill
+    # tokens = 6 ms), not a whole 8192-token chunk per pass (24 + 81.92 ms)
+    assert estimate_itl_ms(a, 100000, 20000.0, 8192) == pytest.approx(30.0)
+    # saturated (u = 1e-5 x 150000 = 1.5 >= 1): every pass carries a full chunk of C - 192 running requests
+    assert estimate_itl_ms(a, 100000, 150000.0, 8192, 192) == pytest.approx(24.0 + 80.0)
+    # near saturation the rate formula would exceed the full-chunk pass: capped (24 / 0.05 = 480 > 104)
+    assert estimate_itl_ms(a, 100000, 95000.0, 8192, 192) == pytest.approx(24.0 + 80.0)
+    # a degenerate prefill slope with prefill work arriving: unknown, never "free"
+    d = RegressionFit(("sum_prefill_tokens", "sum_decode_kv_tokens"), 0.004, (math.nan, 2e-7), 100)
+    assert estimate_itl_ms(d, 100000, 20000.0) is None
+    assert estimate_itl_ms(d, 100000, 0.0) == pytest.approx(24.0)
     # agg TTFT: the chunk budget shrinks by one token per running decode request (8192 - 192 = 8000)
     assert estimate_ttft_ms(a, 12000, 4000, 8192, decode_kv_tokens=0, num_decode_requests=192) == pytest.approx(
         2 * (4 + 80.0))

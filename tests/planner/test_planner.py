@@ -408,7 +408,13 @@ def test_agg_load_loop_uses_both_features():
     assert r.decision.targets == {"agg": 3} and r.decision.reason == Reason.SCALE_UP_TTFT
     est = {e.worker_id: e for e in r.diagnostics.engines}
     assert est[0].queued_prefill_tokens == 60000 and est[0].estimated_ttft_ms > 500.0
-    assert est[0].estimated_itl_ms == pytest.approx(3 + 81.92 + 2.0, rel=1e-6)  # chunk 8192 + 10000 KV tokens
+    # ITL: decode-only pass (3 + 2 ms at 10000 KV tokens) over 1 - prefill share of the engine's time.
+    # worker 1 reported one 85 ms pass of 8000 prefill tokens: u = 1e-5 x 8000 / 0.085
+    assert est[1].estimated_itl_ms == pytest.approx(5.0 / (1 - 0.08 / 0.085), rel=1e-6)
+    # worker 0: 32000 prefill tokens over 8 x 3 ms + 0.32 s + 337000 x 2e-7 s = 0.4114 s of passes
+    assert est[0].estimated_itl_ms == pytest.approx(5.0 / (1 - 0.32 / 0.4114), rel=1e-6)
+    # both below the full-chunk pass the old estimate charged every decode step (3 + 81.82 + 2 ms)
+    assert max(e.estimated_itl_ms for e in est.values()) < 3 + 1e-5 * (8192 - 10) * 1000 + 2.0
 
 
 def test_mix_sizing_through_the_planner():
