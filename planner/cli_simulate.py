@@ -119,6 +119,32 @@ def _check_out_dir(path: str) -> None:
         raise SimulationConfigError(f"--out {path}: not a writable directory: {e.strerror or e}") from None
 
 
+OUTPUT_FILES: tuple[str, ...] = ("summary.json", "details.json", "timeline.csv", "requests.jsonl", "report.html")
+
+
+def _check_out_not_inputs(out: str, inputs: dict[str, str | None]) -> None:
+    """Refuse an ``--out DIR`` where an output file would overwrite an input file (``--trace``,
+    ``--config``, ``--profile``, ...): compared by ``os.path.samefile`` / realpath. Raises SimulationConfigError."""
+    import os
+
+    from planner.sim.errors import SimulationConfigError
+
+    for flag, path in inputs.items():
+        if not path or not os.path.exists(path):
+            continue
+        for name in OUTPUT_FILES:
+            target = os.path.join(out, name)
+            same = os.path.realpath(target) == os.path.realpath(path)
+            if not same and os.path.exists(target):
+                try:
+                    same = os.path.samefile(target, path)
+                except OSError:
+                    same = False
+            if same:
+                raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path} ({name}), expected an output "
+                                            f"directory that holds none of the input files")
+
+
 def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
     """Each pool of ``--initial-replicas`` within the planner's [min_replicas, max_replicas] (max: the pool's
     ``max_replicas``, else ``max_gpu_budget // gpus_per_engine``) and the fleet's GPUs within
@@ -222,6 +248,10 @@ def run(args: argparse.Namespace) -> int:
     from planner.sim.runner import make_policy
 
     if args.out:
+        _check_out_not_inputs(args.out, {"--trace": args.trace, "--config": args.planner_config,
+                                         "--profile": args.profile, "--warm-start": args.warm_start,
+                                         "--engine-config": getattr(args, "engine_config", None),
+                                         "--model-config": getattr(args, "model_config", None)})
         _check_out_dir(args.out)
     ctx = build_context(args)
     policies = [make_policy(spec, ctx) for spec in dict.fromkeys(args.compare)]
@@ -246,13 +276,30 @@ def run(args: argparse.Namespace) -> int:
             "startup_delay_s": args.startup_delay_s, "sla_ttft_ms": args.sla_ttft_ms, "sla_itl_ms": args.sla_itl_ms,
             "router": args.router, "seed": args.seed, "planner_config": ctx.config.to_dict(),
             "policies": {p.name: getattr(p, "replicas", None) for p in policies}}
-    doc = write_outputs(runs, args.out, meta) if args.out else summary_document(runs)
+    title = (f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
+             f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)")
+    try:
+        doc = write_outputs(runs, args.out, meta) if args.out else summary_document(runs)
+    except OSError as e:
+        # the results must not be lost: table and summary JSON on stdout, then the one-line error (exit 2)
+        import json
+
+        from planner.sim.errors import SimulationConfigError
+        from planner.sim.report import schema_summary
+
+        doc = summary_document(runs)
+        out = Console(width=max(Console().width, 180))
+        out.print(render_table(doc, title=title))
+        sys.stdout.write(json.dumps(schema_summary(doc), indent=2) + "\n")
+        sys.stdout.flush()
+        where = e.filename or args.out
+        raise SimulationConfigError(f"--out {args.out}: cannot write {where}: {e.strerror or e} (results printed "
+                                    f"to stdout above), expected a writable directory") from None
     if not args.quiet:
         out = Console()
         if not out.is_terminal:
             out = Console(width=max(out.width, 180))
-        out.print(render_table(doc, title=f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
-                                                f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)"))
+        out.print(render_table(doc, title=title))
         err.print("wall time per policy (s): " + ", ".join(f"{k}={v}" for k, v in walls.items()))
     return 0
 

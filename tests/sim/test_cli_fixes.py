@@ -1,0 +1,69 @@
+"""Fresh-user defects of ``dynoplan simulate``: each bad input is one line on stderr naming the field, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.cli import main as cli_main
+
+TRACE = "synthetic:poisson?rate=2&duration_s=20&isl=256&osl=16&seed=1"
+PROFILE_GRID = ["--isl", "128,512", "--kv-usage", "0.01,0.1", "--context", "256,1024"]
+
+
+def _one_line(capsys, rc: int, *needles: str) -> str:
+    cap = capsys.readouterr()
+    err = cap.err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in err, err
+    return cap.out
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("prof") / "p.npz"
+    assert cli_main(["profile", "--out", str(out), *PROFILE_GRID]) == 0
+    return str(out)
+
+
+def _no_sim(monkeypatch):
+    import planner.cli_simulate as cs
+
+    monkeypatch.setattr(cs, "build_context", lambda a: (_ for _ in ()).throw(AssertionError("simulated")))
+
+
+def test_out_holding_the_trace_is_refused_and_the_trace_kept(tmp_path, capsys, monkeypatch):
+    _no_sim(monkeypatch)
+    trace = tmp_path / "requests.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n')
+    before = trace.read_text()
+    rc = cli_main(["simulate", "--trace", str(trace), "--quiet", "--out", str(tmp_path)])
+    _one_line(capsys, rc, "--out", "--trace", str(trace), "requests.jsonl")
+    assert trace.read_text() == before
+
+
+def test_out_holding_the_trace_via_a_symlink_is_refused(tmp_path, capsys, monkeypatch):
+    _no_sim(monkeypatch)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "requests.jsonl").symlink_to(trace)
+    rc = cli_main(["simulate", "--trace", str(out / "requests.jsonl"), "--quiet", "--out", str(out)])
+    _one_line(capsys, rc, "would overwrite --trace")
+
+
+def test_failed_write_prints_results_then_one_line(tmp_path, capsys, profile):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").mkdir()  # writing summary.json fails (a directory), even as root
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--compare", "static:1", "--quiet",
+                   "--out", str(out)])
+    stdout = _one_line(capsys, rc, "--out", "summary.json", "results printed")
+    assert "static:1" in stdout
+    summary = json.loads(stdout[stdout.index("\n{") + 1:])
+    assert "static:1" in json.dumps(summary)
