@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.error = _one_line_error("dynoplan mocker")  # type: ignore[method-assign]
     sub = parser.add_subparsers(dest="mocker_command", metavar="{serve}")
     sub.required = True
-    p = sub.add_parser("serve", help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
+    p = sub.add_parser("serve", allow_abbrev=False, help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
                        description="Run one live mocker worker on the wall clock (see mocker.live.worker).")
     p.error = _one_line_error("dynoplan mocker serve")  # type: ignore[method-assign]
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -24,6 +25,10 @@ from mocker.modelcfg import KV_CACHE_DTYPES
 from mocker.transfer import HANDOFF_PATHS, TIMING_MODES
 
 ROUTERS = ("round_robin", "least_loaded", "kv")
+MAX_WORKERS = 4096
+"""Upper bound of ``--workers`` / ``--prefill-workers`` / ``--decode-workers``: every worker is built up
+front with its own KV cache and scheduler, so 100000 workers exhaust memory before the first request
+(far above any fleet the planner scales to)."""
 
 
 # ---------------------------------------------------------------------------------------------- arg types
@@ -35,6 +40,36 @@ def _positive_int(text: str) -> int:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
     return v
+
+
+def _worker_count(text: str) -> int:
+    v = _positive_int(text)
+    if v > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a worker count between 1 and {MAX_WORKERS}")
+    return v
+
+
+def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[str]) -> None:
+    """Refuse output paths before any work: each ``(flag, path)`` must have an existing parent directory
+    (one rule for every command, as ``profile --out``) and must not be one of the ``inputs`` files (a
+    ``--per-request`` onto the trace would overwrite it). Raises ConfigError naming the flag and path."""
+    for flag, path in outputs:
+        if not path:
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise ConfigError(f"{flag} {path}: parent directory {parent} does not exist or is not a directory; "
+                              "expected an existing directory")
+        for src in inputs:
+            if os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
+                raise ConfigError(f"{flag} {path}: is the input trace {src}; expected a different output file")
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if path:
+            real = os.path.realpath(path)
+            if real in seen:
+                raise ConfigError(f"{flag} {path}: same file as {seen[real]}; expected a different output file")
+            seen[real] = flag
 
 
 def _nonneg_int(text: str) -> int:
@@ -111,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed for synthetic workloads and routers (default 0)")
 
     f = parser.add_argument_group("fleet")
-    f.add_argument("--workers", type=_positive_int, default=1, metavar="N", help="aggregated workers (default 1)")
+    f.add_argument("--workers", type=_worker_count, default=1, metavar="N", help=f"aggregated workers (default 1, at most {MAX_WORKERS})")
     f.add_argument("--router", choices=ROUTERS, default="round_robin", help="request router (default round_robin)")
     f.add_argument("--max-time-s", type=_positive_float, metavar="S", help="stop the simulation at S simulated seconds")
     f.add_argument("--kv-events", action="store_true", help="the kv router reads workers' KV events, not their caches")
@@ -120,8 +155,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--single-step", action="store_true", help="advance one engine pass at a time (reference mode, slower)")
 
     d = parser.add_argument_group("disaggregation (prefill/decode pools) and data parallelism")
-    d.add_argument("--prefill-workers", type=_positive_int, metavar="N", help="prefill workers (with --decode-workers: disaggregated fleet)")
-    d.add_argument("--decode-workers", type=_positive_int, metavar="N", help="decode workers (with --prefill-workers)")
+    d.add_argument("--prefill-workers", type=_worker_count, metavar="N", help="prefill workers (with --decode-workers: disaggregated fleet)")
+    d.add_argument("--decode-workers", type=_worker_count, metavar="N", help="decode workers (with --prefill-workers)")
     d.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
                    help="prefill->decode KV transfer bandwidth in GB/s (1e9 B/s); 0 = no delay (default 0)")
     d.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
@@ -241,6 +276,9 @@ def run(args: argparse.Namespace) -> int:
     from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
     from mocker.traces import load_trace
 
+    trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
+    trace_file += [args.engine_config] if args.engine_config else []
+    check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
     engine = engine_config_from_args(args)
     n_prefill, n_decode, transfer = transfer_config_from_args(args)
     requests = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)

@@ -235,7 +235,7 @@ def resolve_kv_capacity(cfg: Any, *, blocks_given: bool) -> Any:
 def _main(argv: list[str]) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(description="sample AIConfigurator into a dynoplan timing profile (.npz)")
+    ap = argparse.ArgumentParser(allow_abbrev=False, description="sample AIConfigurator into a dynoplan timing profile (.npz)")
     ap.add_argument("spec")
     ap.add_argument("out")
     ap.add_argument("--grid", choices=sorted(GRIDS), default="default")

@@ -50,11 +50,11 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(prog="dynoplan", description="SLA-driven autoscaler for LLM serving, and its engine simulator.")
+    parser = _OneLineErrorParser(prog="dynoplan", allow_abbrev=False, description="SLA-driven autoscaler for LLM serving, and its engine simulator.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (mod, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)  # --mode is not --model-config
         p.set_defaults(_module=mod)
         importlib.import_module(mod).add_arguments(p)
     return parser

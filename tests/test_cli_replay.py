@@ -197,9 +197,9 @@ def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_unwritable_report_is_printed_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker / "report.json"),
+    blocker = tmp_path / "dir.json"
+    blocker.mkdir()  # the parent exists (checked up front) but the target is a directory: fails only at write
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker),
                        "--per-request", str(tmp_path / "ok.jsonl"))
     assert rc == 2
     assert_one_line_error(rc, err, "--report-json", "report printed to stdout")
@@ -255,3 +255,51 @@ def test_engine_config_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.Captu
     y.write_bytes(b"block_size: 16\n# caf\xe9\n")
     rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--engine-config", str(y))
     assert_one_line_error(rc, err, str(y), "byte 0xe9 at offset 20: expected a UTF-8 YAML file")  # was a traceback
+
+
+# ---------------------------------------------------------------------------------------------- output paths
+def test_per_request_onto_the_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = csv_trace(tmp_path, "2023-11-16 18:15:46.0,374,44\n")
+    before = trace.read_bytes()
+    for flag in ("--per-request", "--report-json"):
+        rc, _, err = cli(capsys, "--trace", str(trace), "--quiet", flag, str(trace))
+        assert_one_line_error(rc, err, flag, str(trace), "input trace", "expected a different output file")
+    link = tmp_path / "link.csv"  # another name of the same file
+    link.symlink_to(trace)
+    rc, _, err = cli(capsys, "--trace", str(trace), "--quiet", "--per-request", str(link))
+    assert_one_line_error(rc, err, "--per-request", "input trace")
+    assert trace.read_bytes() == before
+
+
+def test_report_and_per_request_on_one_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o.json"
+    rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", str(out), "--per-request", str(out))
+    assert_one_line_error(rc, err, "--per-request", "same file as --report-json")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_output_under_missing_directory_is_refused_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               flag: str) -> None:
+    target = tmp_path / "nonexist" / "dir" / "r.json"
+    rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", flag, str(target))
+    assert_one_line_error(rc, err, flag, str(target), "does not exist", "expected an existing directory")
+    assert not (tmp_path / "nonexist").exists()
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--prefill-workers", "--decode-workers"])
+def test_worker_count_upper_bound(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    from mocker.cli_replay import MAX_WORKERS
+
+    rc, _, err = cli(capsys, "--trace", SMALL, flag, str(MAX_WORKERS + 1))
+    assert_one_line_error(rc, err, flag, f"'{MAX_WORKERS + 1}'", f"between 1 and {MAX_WORKERS}")
+    rc, _, err = cli(capsys, "--trace", SMALL, flag, "100000")
+    assert_one_line_error(rc, err, flag, "'100000'")
+
+
+def test_flag_abbreviations_are_unrecognized(capsys: pytest.CaptureFixture[str]) -> None:
+    # --mode used to be taken as an abbreviation of --model-config
+    rc, _, err = cli(capsys, "--trace", SMALL, "--mode", "disagg")
+    assert rc == 2 and "unrecognized arguments: --mode disagg" in err and "Traceback" not in err
+    rc, _, err = cli(capsys, "--trace", SMALL, "--work", "2")
+    assert rc == 2 and "unrecognized arguments: --work" in err
