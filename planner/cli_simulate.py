@@ -79,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
     p.add_argument("--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)")
-    p.add_argument("--attainment-target", type=_positive_float, metavar="F",
-                   help="planner SLA-attainment target (PlannerConfig.sla_attainment_target): share of requests that should meet each SLA (default 0.995)")
+    p.add_argument("--attainment-target", type=_attainment_flag, metavar="F|off",
+                   help="planner SLA-attainment target (PlannerConfig.sla_attainment_target): share of requests "
+                        "that should meet each SLA, 0 < F < 1, or off (default: the planner config's, 0.995)")
     p.add_argument("--profile", metavar="FILE.npz", help="performance profile (default: profile the engine now)")
     p.add_argument("--warm-start", metavar="TRACE", help="warm-start the predictors from this trace's intervals")
     o = parser.add_argument_group("output")
@@ -88,6 +89,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     add_engine_arguments(parser)
     add_transfer_arguments(parser)
+
+
+OFF = "off"
+
+
+def _attainment_flag(text: str) -> float | str:
+    """argparse type of --attainment-target: ``off`` (feedback disabled) or a share 0 < F < 1."""
+    if text.strip().lower() in ("off", "none"):
+        return OFF
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a share 0 < F < 1 or off")
+    return v
+
+
+MAX_SAMPLES = 100_000
+"""Upper bound on timeline samples per policy (trace span / --sample-interval-s): keeps memory and time bounded."""
 
 
 def _share(text: str) -> float:
@@ -181,9 +202,11 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
     return dict(zip(pools, nums))
 
 
-def _attainment(v: float | None) -> float | None:
+def _attainment(v: float | str | None) -> float | str | None:
     from planner.sim.errors import SimulationConfigError
 
+    if v == OFF:
+        return v
     if v is not None and not 0 < v < 1:
         raise SimulationConfigError(f"--attainment-target={v!r}: expected 0 < value < 1")
     return v
@@ -214,6 +237,11 @@ def build_context(args: argparse.Namespace) -> Any:
         from mocker.traces import scale_arrivals
 
         reqs = scale_arrivals(reqs, args.arrival_speedup)
+    span_s = max((r.arrival_ms for r in reqs), default=0.0) / 1000.0
+    if span_s / args.sample_interval_s > MAX_SAMPLES:
+        raise SimulationConfigError(f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
+                                    f"{span_s / args.sample_interval_s:.3g} samples, expected >= "
+                                    f"{span_s / MAX_SAMPLES:g} s (at most {MAX_SAMPLES} samples per policy)")
     if args.mode == "agg":
         engines = {"agg": engine}
     else:

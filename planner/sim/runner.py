@@ -40,8 +40,8 @@ class RunContext:
     auto_attainment: float = 0.995
     initial: Mapping[str, int] | None = None
     max_replicas: int = 64
-    attainment_target: float | None = None
-    """The planner's SLA-attainment feedback target (None = off; see PlannerPolicy)."""
+    attainment_target: float | str | None = None
+    """--attainment-target: a share, ``"off"`` (feedback disabled) or None (the planner config's)."""
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -131,6 +131,9 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
         else:
             att = None
         target = ctx.attainment_target
+        explicit = target is not None  # "off" (--attainment-target off) disables the feedback
+        if target == "off":
+            target = None
         if att is not None:
             try:
                 target = None if att.lower() in ("none", "off") else float(att)
@@ -138,7 +141,7 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
                 target = -1.0
             if target is not None and not 0 < target < 1:
                 raise SimulationConfigError(f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off")
-        if target is not None or att is not None:
+        if target is not None or att is not None or explicit:
             cfg = replace(cfg, sla_attainment_target=target)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
     if s == "throughput-only":
@@ -164,6 +167,10 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
             want = "static:N (N >= 1)" if len(pools) == 1 else "static:P+D (P, D >= 1)"
             raise SimulationConfigError(f"policy {spec!r}: expected {want}, static:peak or static:auto for mode "
                                         f"{'agg' if pools == ('agg',) else 'disagg'}")
+        over = [f"{p}={n}" for p, n in zip(pools, nums) if n > ctx.max_replicas]
+        if over:
+            raise SimulationConfigError(f"policy {spec!r}: {', '.join(over)}: expected at most --max-replicas="
+                                        f"{ctx.max_replicas} per pool")
         return StaticPolicy(s, dict(zip(pools, nums)))
     if s == "hpa" or s.startswith("hpa:"):
         parts = s.split(":")
@@ -174,6 +181,9 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
                 target = float(parts[2])
             except ValueError:
                 raise SimulationConfigError(f"policy {spec!r}: target {parts[2]!r}: expected a number") from None
+        if metric == "kv" and target is not None and not 0 < target <= 1:
+            raise SimulationConfigError(f"policy {spec!r}: target {parts[2]!r}: expected a KV usage fraction "
+                                        f"0 < target <= 1")
         if target is None:
             kv_t = _kv_target_from_sla(ctx)
             if metric == "kv":

@@ -67,3 +67,51 @@ def test_failed_write_prints_results_then_one_line(tmp_path, capsys, profile):
     assert "static:1" in stdout
     summary = json.loads(stdout[stdout.index("\n{") + 1:])
     assert "static:1" in json.dumps(summary)
+
+
+@pytest.mark.parametrize("policy, needles", [
+    ("static:99999999", ("static:99999999", "agg=99999999", "--max-replicas=64")),
+    ("static:65", ("agg=65", "at most")),
+    ("hpa:kv:2", ("hpa:kv:2", "'2'", "0 < target <= 1")),
+    ("hpa:kv:0", ("'0'", "0 < target <= 1")),
+])
+def test_policy_spec_out_of_range_rejected(capsys, profile, policy, needles):
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", policy])
+    _one_line(capsys, rc, *needles)
+
+
+def test_static_at_max_replicas_and_hpa_kv_1_accepted(profile):
+    from planner.cli import build_parser
+    from planner.cli_simulate import build_context
+    from planner.sim.runner import make_policy
+
+    args = build_parser().parse_args(["simulate", "--trace", TRACE, "--profile", profile, "--max-replicas", "3"])
+    ctx = build_context(args)
+    assert make_policy("static:3", ctx).replicas == {"agg": 3}
+    assert make_policy("hpa:kv:1", ctx).target == 1.0
+    assert make_policy("hpa:running:7", ctx).target == 7.0  # running requests: not a fraction
+
+
+def test_tiny_sample_interval_rejected(capsys, profile):
+    # 20 s of trace / 1e-9 s = 2e10 samples > MAX_SAMPLES (100000)
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--sample-interval-s", "1e-9"])
+    _one_line(capsys, rc, "--sample-interval-s=1e-09", "at most 100000 samples")
+
+
+def test_attainment_target_off_accepted_and_disables_the_feedback(profile):
+    from planner.cli import build_parser
+    from planner.cli_simulate import build_context
+    from planner.sim.runner import make_policy
+
+    p = build_parser()
+    args = p.parse_args(["simulate", "--trace", TRACE, "--profile", profile, "--attainment-target", "off"])
+    assert make_policy("planner", build_context(args)).config.sla_attainment_target is None
+    args = p.parse_args(["simulate", "--trace", TRACE, "--profile", profile, "--attainment-target", "0.9"])
+    assert make_policy("planner", build_context(args)).config.sla_attainment_target == 0.9
+
+
+@pytest.mark.parametrize("value", ["1", "0", "-0.5", "nan", "offf"])
+def test_attainment_target_bad_values_rejected(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["simulate", "--trace", TRACE, "--attainment-target", value])
+    _one_line(capsys, e.value.code, "--attainment-target", repr(value), "0 < F < 1 or off")
