@@ -12,6 +12,7 @@ the field, the bad value and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -146,8 +147,11 @@ class EngineConfig:
             )
         if self.preemption_mode not in ("lifo", "fifo"):
             p.append(f"preemption_mode={self.preemption_mode!r}: expected 'lifo' or 'fifo'")
-        if not isinstance(self.speedup_ratio, (int, float)) or isinstance(self.speedup_ratio, bool) or not self.speedup_ratio > 0:
-            p.append(f"speedup_ratio={self.speedup_ratio!r}: expected a number > 0")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):  # YAML "false" is a string, not False
+            if not isinstance(getattr(self, name), bool):
+                p.append(f"{name}={getattr(self, name)!r}: expected a boolean (true/false)")
+        if not _is_finite_number(self.speedup_ratio) or not self.speedup_ratio > 0:
+            p.append(f"speedup_ratio={self.speedup_ratio!r}: expected a finite number > 0")
         if not isinstance(self.timing, str) or not (self.timing == "polynomial" or self.timing.endswith(".npz")
                                                     or self.timing.startswith("aic:")):
             p.append(f"timing={self.timing!r}: expected 'polynomial', a path to a .npz profile or 'aic:model=...,system=...'")
@@ -161,7 +165,7 @@ class EngineConfig:
         elif self.timing.endswith(".npz") and not Path(self.timing).is_file():
             p.append(f"timing={self.timing!r}: profile file not found")
         f = self.gpu_memory_fraction
-        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
+        if f is not None and (not _is_finite_number(f) or not 0 < f <= 1):
             p.append(f"gpu_memory_fraction={f!r}: expected a number in (0, 1]")
         elif f is not None and not (isinstance(self.timing, str) and self.timing.startswith("aic:")):
             p.append(f"gpu_memory_fraction={f!r}: sizes the KV cache from an AIConfigurator model; expected timing='aic:...'")
@@ -179,6 +183,10 @@ class EngineConfig:
             v = getattr(s, name)
             if not _is_int(v) or v <= 0:
                 p.append(f"sglang.{name}={v!r}: expected a positive integer")
+        for name in ("schedule_conservativeness", "init_new_token_ratio", "min_new_token_ratio_factor"):
+            v = getattr(s, name)
+            if not _is_finite_number(v) or v < 0:
+                p.append(f"sglang.{name}={v!r}: expected a finite number >= 0")
         return p
 
     def _kv_tier_problems(self) -> list[str]:
@@ -278,6 +286,11 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_finite_number(v: object) -> bool:
+    """An int or float (not bool) that is neither NaN nor infinite (YAML ``.inf`` / ``.nan`` are floats)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 TIER_LINKS: tuple[str, ...] = ("g1_g2", "g2_g1", "g2_g3", "g3_g2", "g3_g4", "g4_g2")
 """Directional KVBM links; each has a ``bw_<link>_gbps`` setting."""
 
@@ -298,8 +311,8 @@ def kv_tier_problems(cfg: Any) -> list[str]:
     for link in TIER_LINKS:
         name = f"bw_{link}_gbps"
         v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-            p.append(f"{name}={v!r}: expected a number >= 0 (GB/s; 0 = instantaneous)")
+        if not _is_finite_number(v) or not v >= 0:
+            p.append(f"{name}={v!r}: expected a finite number >= 0 (GB/s; 0 = instantaneous)")
     if (cfg.num_g3_blocks or cfg.g4) and not cfg.num_g2_blocks:
         p.append(f"num_g2_blocks={cfg.num_g2_blocks!r}: G3/G4 hits stage through G2; expected num_g2_blocks > 0")
     return p

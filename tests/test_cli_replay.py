@@ -80,6 +80,18 @@ def test_bad_synthetic_spec(capsys: pytest.CaptureFixture[str]) -> None:
         ("- 1\n- 2\n", ("mapping",)),
         ("engine: {block_size: 16}\nblock_size: 32\n", ("block_size", "both under engine:", "16", "32")),
         ("engine: {backend: vllm, max_num_seqs: 4}\nbackend: sglang\n", ("backend", "both under engine:")),
+        # quoted booleans are strings (a non-empty "false" used to read as true)
+        ('enable_prefix_caching: "false"\n', ("enable_prefix_caching='false'", "expected a boolean (true/false)")),
+        ("enable_chunked_prefill: 0\n", ("enable_chunked_prefill=0", "expected a boolean")),
+        # the same finiteness rule as the --speedup-ratio flag
+        ("speedup_ratio: .inf\n", ("speedup_ratio=inf", "finite number > 0")),
+        ("speedup_ratio: .nan\n", ("speedup_ratio=nan", "finite number > 0")),
+        ("bw_g1_g2_gbps: .inf\n", ("bw_g1_g2_gbps=inf", "finite number >= 0")),
+        ("gpu_memory_fraction: .nan\n", ("gpu_memory_fraction=nan", "(0, 1]")),
+        ("engine: {backend: sglang, sglang: {init_new_token_ratio: .inf}}\n",
+         ("sglang.init_new_token_ratio=inf", "finite number >= 0")),
+        ("engine: {backend: sglang, sglang: {schedule_conservativeness: -1}}\n",
+         ("sglang.schedule_conservativeness=-1", "finite number >= 0")),
     ],
 )
 def test_bad_engine_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, needles: tuple[str, ...]) -> None:
