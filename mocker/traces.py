@@ -133,7 +133,7 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     """
     p = str(path)
     try:
-        f = open(path, newline="", encoding="utf-8")
+        f = open(path, newline="", encoding="utf-8-sig")
     except FileNotFoundError:
         raise TraceError(p, None, None, "trace file not found") from None
     with f:
@@ -156,7 +156,7 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     if not rows:
         raise TraceError(p, None, None, "no requests: the file has a header but no data rows")
     i_ts, i_isl, i_osl = cols
-    if min(map(len, rows)) <= max(cols):
+    if any(len(r) != len(header) for r in rows):  # a short or long row: name its line
         _azure_check_rows(p, cols, header)
     stamps = [r[i_ts].strip()[:26] for r in rows]
     try:
@@ -197,7 +197,7 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
     prev_us: int | None = None
     t0: int | None = None
     prev_ms = 0.0
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         next(reader)
         for row in reader:
@@ -207,6 +207,9 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
             if len(row) <= max(cols):
                 missing = _AZURE_COLUMNS[[c >= len(row) for c in cols].index(True)]
                 raise TraceError(path, line, missing, f"missing value (row has {len(row)} fields, expected {len(header)})")
+            if len(row) != len(header):
+                raise TraceError(path, line, None, f"row has {len(row)} fields, expected {len(header)} (as the header "
+                                                   f"{','.join(header)!r})")
             _positive_int(row[i_isl], path, line, "ContextTokens")
             _positive_int(row[i_osl], path, line, "GeneratedTokens")
             s = row[i_ts].strip()[:26]
@@ -479,8 +482,15 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     osl = LengthDist.parse(params["osl"], "osl", spec) if "osl" in params else LengthDist("fixed", 200)
     groups = num("prefix_groups", int, lambda v: v >= 0, "an integer >= 0", 0)
     plen = num("prefix_len", int, lambda v: v >= 0, "an integer >= 0 (tokens)", 0)
+    if "prefix_groups" in params and groups == 0:
+        raise TraceError(spec, None, "prefix_groups", "prefix_groups=0: expected an integer >= 1 (or leave out "
+                                                      "prefix_groups and prefix_len for no shared prefixes)")
+    if "prefix_len" in params and plen == 0:
+        raise TraceError(spec, None, "prefix_len", "prefix_len=0: expected an integer >= 1 (tokens; or leave out "
+                                                   "prefix_groups and prefix_len for no shared prefixes)")
     if (groups > 0) != (plen > 0):
-        raise TraceError(spec, None, "prefix_groups", "prefix_groups and prefix_len must be given together")
+        missing = "prefix_len" if groups > 0 else "prefix_groups"
+        raise TraceError(spec, None, missing, f"{missing} missing: prefix_groups and prefix_len must be given together")
     seed = num("seed", int, lambda v: v >= 0, "an integer >= 0", default_seed if default_seed is not None else 0)
     return SyntheticWorkload(kind, rate, duration_s, n, shape, isl, osl, groups, plen, seed)
 

@@ -104,6 +104,26 @@ def test_azure_malformed_rows_name_line_and_field(tmp_path: Path, rows: str, lin
     assert f"{p}:{line}" in str(e) and field in str(e)
 
 
+def test_azure_row_with_extra_fields_names_its_line(tmp_path: Path) -> None:
+    # a 4-field row under a 3-column header used to be accepted silently
+    p = write(tmp_path, "long.csv", AZ_HEADER + "2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47,100,10,5\n")
+    with pytest.raises(TraceError) as ei:
+        load_trace(p)
+    assert ei.value.line == 3
+    assert f"{p}:3" in str(ei.value) and "row has 4 fields, expected 3" in str(ei.value)
+
+
+def test_azure_utf8_bom_header_is_accepted(tmp_path: Path) -> None:
+    # Excel's "CSV UTF-8" puts a byte-order mark before the header
+    rows = "2023-11-16 18:15:46.0,374,44\r\n2023-11-16 18:15:47.5,100,10\r\n"
+    p = tmp_path / "bom.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + (AZ_HEADER + rows).encode())
+    plain = write(tmp_path, "plain.csv", AZ_HEADER + rows)
+    got = load_trace(p)
+    assert [(r.arrival_ms, r.input_length, r.output_length) for r in got] == [(0.0, 374, 44), (1500.0, 100, 10)]
+    assert got == load_trace(plain)
+
+
 @pytest.mark.parametrize("isl, osl, field", [
     ("99999999999999999999999", "4", "ContextTokens"),  # > int64: used to escape as OverflowError
     ("100000000000", "4", "ContextTokens"),  # fits int64 but ~2e8 hash ids: used to exhaust memory
@@ -288,7 +308,8 @@ def test_synthetic_shared_prefix_groups() -> None:
         ("synthetic:poisson?rate=1&num_requests=3&osl=0", "osl"),
         ("synthetic:poisson?rate=1&num_requests=3&shape=2", "shape"),
         ("synthetic:poisson?rate=1&num_requests=3&color=red", "color"),
-        ("synthetic:poisson?rate=1&num_requests=3&prefix_groups=2", "prefix_groups"),
+        ("synthetic:poisson?rate=1&num_requests=3&prefix_groups=2", "prefix_len"),  # the missing one is named
+        ("synthetic:poisson?rate=1&num_requests=3&prefix_len=100", "prefix_groups"),
         # size bounds (duration_s=1e300 used to end in a numpy "Maximum allowed dimension exceeded" traceback)
         ("synthetic:poisson?rate=5&duration_s=1e300", "duration_s"),
         ("synthetic:poisson?rate=5&num_requests=10000001", "num_requests"),
@@ -373,3 +394,14 @@ def test_synthetic_size_bounds_are_inclusive_and_lognormal_is_clipped() -> None:
     w = parse_synthetic_spec("synthetic:constant?rate=1&num_requests=200&osl=lognormal:2000000000:3&seed=3")
     osl = [r.output_length for r in synthesize(w)]
     assert max(osl) == 2**31 - 1 and min(osl) >= 1
+
+
+def test_synthetic_zero_prefix_groups_or_len_says_at_least_one() -> None:
+    # both given: "must be given together" was wrong; the zero is the mistake
+    with pytest.raises(TraceError) as ei:
+        load_trace("synthetic:constant?rate=2&duration_s=120&prefix_groups=0&prefix_len=100")
+    assert ei.value.field == "prefix_groups" and "prefix_groups=0: expected an integer >= 1" in str(ei.value)
+    assert "together" not in str(ei.value)
+    with pytest.raises(TraceError) as ei:
+        load_trace("synthetic:constant?rate=2&duration_s=120&prefix_groups=3&prefix_len=0")
+    assert ei.value.field == "prefix_len" and "prefix_len=0: expected an integer >= 1" in str(ei.value)
