@@ -62,11 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--arrival-speedup", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
     w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)")
     s = parser.add_argument_group("loop")
-    s.add_argument("--mode", choices=("agg", "disagg"), default="agg", help="aggregated or prefill+decode pools (default agg)")
+    s.add_argument("--mode", choices=("agg", "disagg"), help="aggregated or prefill+decode pools (default: the "
+                   "--config file's mode, else agg)")
     s.add_argument("--compare", nargs="+", default=["planner"], metavar="POLICY", help=POLICY_HELP)
     s.add_argument("--startup-delay-s", type=_nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
-    s.add_argument("--sla-ttft-ms", type=_positive_float, default=500.0, metavar="MS", help="TTFT target (default 500)")
-    s.add_argument("--sla-itl-ms", type=_positive_float, default=50.0, metavar="MS", help="ITL target (default 50)")
+    s.add_argument("--sla-ttft-ms", type=_positive_float, metavar="MS",
+                   help="TTFT target (default: the --config file's ttft_ms, else 500)")
+    s.add_argument("--sla-itl-ms", type=_positive_float, metavar="MS",
+                   help="ITL target (default: the --config file's itl_ms, else 50)")
     s.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing among ready workers (default round_robin)")
     s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
     s.add_argument("--initial-replicas", metavar="N|P+D|auto",
@@ -212,15 +215,50 @@ def _attainment(v: float | str | None) -> float | str | None:
     return v
 
 
+def _file_keys(path: str | None) -> set[str]:
+    """Top-level setting names of a planner settings file already validated by ``load_config`` (a lone
+    ``planner:`` mapping is looked into, as load_config does)."""
+    if path is None:
+        return set()
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    text = Path(path).read_text()
+    data = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        return set()
+    if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
+        data = data["planner"]
+    return {str(k).replace("-", "_") for k in data}
+
+
 def build_context(args: argparse.Namespace) -> Any:
     """Trace, engines, settings, planner config and profile from the flags (raises on user mistakes)."""
     from mocker.traces import load_trace
-    from planner.core import load_config, load_profile, read_trace_intervals
+    from planner.core import PlannerConfig, load_config, load_profile, read_trace_intervals
     from planner.sim.errors import SimulationConfigError
     from planner.sim.loop import SimSettings
     from planner.sim.profile import profile_engine
     from planner.sim.runner import RunContext
 
+    overrides: dict[str, Any] = {}
+    for kv in args.planner_set:
+        if "=" not in kv:
+            raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        overrides[k.strip()] = v.strip()
+    base = {"max_gpu_budget": 64}
+    # flag > --planner-set > --config file > default: the file's values are validated (unknown keys, NaN
+    # rejected by load_config) and used where the flag was not given
+    cfg0 = load_config(None, {**base, **overrides}) if args.planner_config is None else \
+        load_config(args.planner_config, overrides)
+    if args.mode is None:  # the file's (or --planner-set's) mode if it names one, else agg
+        args.mode = cfg0.mode if "mode" in overrides or "mode" in _file_keys(args.planner_config) else "agg"
+    args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms
+    args.sla_itl_ms = cfg0.itl_ms if args.sla_itl_ms is None else args.sla_itl_ms
+    overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms})
     rargs = _replay_namespace(args)
     engine = engine_config_from_args(rargs)
     transfer = None
@@ -246,17 +284,12 @@ def build_context(args: argparse.Namespace) -> Any:
         engines = {"agg": engine}
     else:
         engines = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
-    overrides: dict[str, Any] = {}
-    for kv in args.planner_set:
-        if "=" not in kv:
-            raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
-        k, v = kv.split("=", 1)
-        overrides[k.strip()] = v.strip()
-    overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms,
-                      "max_num_batched_tokens": engine.max_num_batched_tokens})
-    base = {"max_gpu_budget": 64}
-    cfg = load_config(args.planner_config, {**base, **overrides}) if args.planner_config is None else \
-        load_config(args.planner_config, overrides)
+    if cfg0.max_num_batched_tokens not in (PlannerConfig().max_num_batched_tokens, engine.max_num_batched_tokens):
+        raise SimulationConfigError(f"planner max_num_batched_tokens={cfg0.max_num_batched_tokens}: differs from the "
+                                    f"engine's {engine.max_num_batched_tokens}, expected it unset (set the engine's "
+                                    f"--max-num-batched-tokens instead)")
+    overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    cfg = load_config(args.planner_config, {**(base if args.planner_config is None else {}), **overrides})
     initial = _parse_initial(args.initial_replicas, tuple(engines))
     _check_initial(initial, cfg)
     profile = load_profile(args.profile) if args.profile else profile_engine(engine)

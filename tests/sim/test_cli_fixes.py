@@ -115,3 +115,44 @@ def test_attainment_target_bad_values_rejected(capsys, value):
     with pytest.raises(SystemExit) as e:
         cli_main(["simulate", "--trace", TRACE, "--attainment-target", value])
     _one_line(capsys, e.value.code, "--attainment-target", repr(value), "0 < F < 1 or off")
+
+
+def _ctx(profile, *argv):
+    from planner.cli import build_parser
+    from planner.cli_simulate import build_context
+
+    return build_context(build_parser().parse_args(["simulate", "--trace", TRACE, "--profile", profile, *argv]))
+
+
+@pytest.mark.parametrize("text", ["ttft_ms: 100\nitl_ms: 20\n", "planner:\n  ttft_ms: 100\n  itl_ms: 20\n"])
+def test_config_file_sla_is_honoured_when_the_flag_is_not_given(tmp_path, profile, text):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    ctx = _ctx(profile, "--config", str(f))
+    assert (ctx.config.ttft_ms, ctx.config.itl_ms) == (100.0, 20.0)
+    assert (ctx.settings.sla_ttft_ms, ctx.settings.sla_itl_ms) == (100.0, 20.0)
+    ctx = _ctx(profile, "--config", str(f), "--sla-ttft-ms", "300")  # flag > file
+    assert (ctx.config.ttft_ms, ctx.settings.sla_ttft_ms, ctx.settings.sla_itl_ms) == (300.0, 300.0, 20.0)
+    ctx = _ctx(profile)  # no file: the defaults
+    assert (ctx.settings.sla_ttft_ms, ctx.settings.sla_itl_ms) == (500.0, 50.0)
+
+
+def test_config_file_mode_is_honoured(tmp_path, profile):
+    f = tmp_path / "c.yaml"
+    f.write_text("mode: disagg\n")
+    assert _ctx(profile, "--config", str(f)).pools == ("prefill", "decode")
+    assert _ctx(profile, "--config", str(f), "--mode", "agg").pools == ("agg",)
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("ttft_ms: .nan\n", ("ttft_ms=nan", "finite number > 0")),
+    ("planner:\n  itl_ms: .nan\n", ("itl_ms=nan",)),
+    ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
+    ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
+    ("max_num_batched_tokens: 1234\n", ("max_num_batched_tokens=1234", "engine's")),
+])
+def test_config_file_bad_keys_rejected(tmp_path, capsys, profile, text, needles):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--config", str(f)])
+    _one_line(capsys, rc, *needles)
