@@ -90,6 +90,9 @@ class FrontendSettings:
             p.append(f"router={self.router!r}: expected one of {', '.join(ROUTERS)}")
         if not self.workers and not self.workers_file:
             p.append("workers: give --workers URL[,URL...] and/or --workers-file FILE")
+        if self.workers_file and not os.path.isfile(self.workers_file):  # later it may vanish (re-read: no workers)
+            p.append(f"workers_file={self.workers_file!r}: no such file; expected an existing file of worker URLs "
+                     "(one per line; it may be empty and filled later)")
         for u in self.workers:
             if not u.startswith(("http://", "https://")):
                 p.append(f"workers: {u!r} is not an http(s) URL")

@@ -301,13 +301,13 @@ async def serve_app(app: web.Application, host: str, port: int, on_bound: Callab
     and the frontend. Requests carry their socket receive time (:func:`request_received_monotonic`).
     """
     runner = _StampingAppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    if on_bound is not None:
-        on_bound(bound)
-    try:
+    await runner.setup()  # runs the app's on_startup (the frontend opens its client session here)
+    try:  # a bind failure (port in use) must still run on_cleanup: no "Unclosed client session" noise
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if on_bound is not None:
+            on_bound(bound)
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

@@ -17,6 +17,9 @@ CMD = [sys.executable, "-m", "planner.cli"]
     (["mocker", "serve", "--num-gpu-blocks", "4", "--block-size", "64", "--max-num-batched-tokens", "8", "--port", "0"], "max_num_batched_tokens=8"),
     (["frontend"], "--workers"),
     (["frontend", "--workers", "localhost:8000"], "not an http(s) URL"),
+    (["frontend", "--workers-file", "/nonexistent/workers.txt", "--port", "0"],
+     "workers_file='/nonexistent/workers.txt': no such file"),
+    (["mocker", "serve", "--port", "0", "--speedup", "2"], "unrecognized arguments: --speedup"),  # no abbreviations
     (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "/nonexistent.csv"], "/nonexistent.csv"),
     (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=-1&num_requests=3"], "rate"),
 ])
@@ -26,3 +29,20 @@ def test_user_mistakes_are_one_line_exit_2(argv, needle):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_frontend_port_in_use_is_one_line_without_unclosed_session(tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # a listening socket (not SO_REUSEPORT): the frontend cannot bind its port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        wf = tmp_path / "workers.txt"
+        wf.write_text("")
+        p = subprocess.run(CMD + ["frontend", "--port", str(port), "--workers-file", str(wf)],
+                           capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot listen on 127.0.0.1" in lines[0], p.stderr  # was followed by aiohttp's
+    assert "Unclosed" not in p.stderr and "Traceback" not in p.stderr  # "Unclosed client session" lines
