@@ -4,12 +4,21 @@ Regressions (DESIGN.md "Planner facts"): pass wall time (s) is linear in the tok
 
 - prefill engines: ``wall_time = a + b x sum_prefill_tokens``
 - decode engines:  ``wall_time = a + c x sum_decode_kv_tokens``
-- agg engines:     ``wall_time = a + b x sum_prefill_tokens + c x sum_decode_kv_tokens``
+- agg engines:     ``wall_time = a + s x [sum_prefill_tokens > 0] + b x sum_prefill_tokens + c x sum_decode_kv_tokens``
+
+The agg step ``s`` is the fixed cost of a pass that carries prefill work (a prefill pass's own intercept
+is not a decode pass's: the mocker's prefill polynomial has 16.5 ms at zero tokens against ~5.7 ms for a
+decode-only pass); without it the single intercept is a compromise that overstates the decode-only pass,
+which the ITL estimate rests on, by ~40 % (synthetic 10 req/s, lognormal ISL: 8.1 vs 5.75 ms). It is
+fitted only when both kinds of pass were seen and kept only when positive (else 0).
 
 fitted by least squares (``numpy.linalg.lstsq``) over a bounded, bucketed sample: samples are filed
 into ``n_buckets`` log2-spaced buckets of total tokens, each keeping its ``per_bucket`` most recent
 samples, so memory is bounded and a long run of same-sized passes cannot crowd out the rest of the
-range. Idle heartbeats (``wall_time == 0``) are skipped. A slope that is not positive, or a feature that
+range. With several features each feature has its own set of buckets, chosen by the first feature the
+pass carries (agg: passes with prefill tokens, decode-only passes): otherwise the far more numerous
+decode-only passes evict the few prefill-carrying passes of the same total size, and the prefill slope
+rests on one or two samples (seen on Azure 1x: slope 3.6e-4 s/token, 18x the true one). Idle heartbeats (``wall_time == 0``) are skipped. A slope that is not positive, or a feature that
 never varied, is *degenerate*: estimates needing it are unknown (``None``), never "free", so a bad fit
 cannot cause unbounded scale-up.
 
@@ -60,6 +69,8 @@ class RegressionFit:
     intercept_s: float
     slopes_s_per_token: tuple[float, ...]
     n_samples: int
+    prefill_pass_s: float = 0.0
+    """Fixed extra cost (s) of a pass carrying prefill tokens, on top of the intercept (agg fits)."""
 
     @property
     def degenerate(self) -> bool:
@@ -71,6 +82,8 @@ class RegressionFit:
     def predict_s(self, **tokens: float) -> float:
         """Predicted pass time (s, >= 0) for the given feature token counts; NaN if a needed slope is NaN."""
         t = self.intercept_s
+        if self.prefill_pass_s and float(tokens.get("sum_prefill_tokens", 0.0)) > 0:
+            t += self.prefill_pass_s
         for f, s in zip(self.features, self.slopes_s_per_token):
             x = float(tokens.get(f, 0.0))
             if x == 0.0:
@@ -89,7 +102,8 @@ class PassTimeRegression:
         self._get = operator.attrgetter(*self.features)
         self.n_buckets = n_buckets
         self.min_samples = min_samples
-        self._buckets: list[deque[tuple[tuple[float, ...], float]]] = [deque(maxlen=per_bucket) for _ in range(n_buckets)]
+        self._buckets: list[deque[tuple[tuple[float, ...], float]]] = [deque(maxlen=per_bucket)
+                                                                        for _ in range(n_buckets * len(self.features))]
         self._fit: RegressionFit | None = None
         self._dirty = True
         self.skipped_idle = 0
@@ -107,19 +121,24 @@ class PassTimeRegression:
         x = self._get(pass_.scheduled_requests)
         if len(self.features) == 1:
             x = (x,)
-        total = sum(x)
-        b = int(math.log2(1.0 + total)) if total > 0 else 0
-        self._buckets[b if b < self.n_buckets else self.n_buckets - 1].append((x, w))
+        self._buckets[self._bucket(x)].append((x, w))
         self._dirty = True
         return True
+
+    def _bucket(self, x: Sequence[float]) -> int:
+        """Bucket of token counts ``x``: feature set (first feature > 0) x log2 of the total tokens."""
+        total = sum(x)
+        b = min(self.n_buckets - 1, int(math.log2(1.0 + total))) if total > 0 else 0
+        first = next((i for i, v in enumerate(x) if v > 0), 0)
+        return first * self.n_buckets + b
 
     def add_sample(self, x: Sequence[float], wall_time_s: float) -> bool:
         """File one (token counts, wall time in s) sample; False when the wall time is not positive."""
         if not (math.isfinite(wall_time_s) and wall_time_s > 0):
             self.skipped_idle += 1
             return False
-        b = min(self.n_buckets - 1, int(math.log2(1.0 + max(0.0, sum(x)))))
-        self._buckets[b].append((tuple(float(v) for v in x), float(wall_time_s)))
+        xs = tuple(max(0.0, float(v)) for v in x)
+        self._buckets[self._bucket(xs)].append((xs, float(wall_time_s)))
         self._dirty = True
         return True
 
@@ -136,13 +155,23 @@ class PassTimeRegression:
         y = np.array([r[1] for r in rows], dtype=float)
         varying = [bool(np.ptp(X[:, j]) > 0) for j in range(X.shape[1])]
         cols = [j for j, v in enumerate(varying) if v]
-        A = np.column_stack([np.ones(len(rows))] + [X[:, j] for j in cols])
-        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        base = [np.ones(len(rows))] + [X[:, j] for j in cols]
+        step = 0.0
+        if len(self.features) > 1 and self.features[0] == "sum_prefill_tokens":
+            ind = (X[:, 0] > 0).astype(float)
+            if 0 < ind.sum() < len(rows):  # both prefill-carrying and decode-only passes seen
+                coef, *_ = np.linalg.lstsq(np.column_stack(base + [ind]), y, rcond=None)
+                step = float(coef[-1])
+        if step > 0:
+            coef = coef[:-1]
+        else:
+            step = 0.0
+            coef, *_ = np.linalg.lstsq(np.column_stack(base), y, rcond=None)
         slopes = [math.nan] * len(self.features)
         for k, j in enumerate(cols):
             c = float(coef[1 + k])
             slopes[j] = c if c > 0 else math.nan
-        self._fit = RegressionFit(self.features, float(coef[0]), tuple(slopes), len(rows))
+        self._fit = RegressionFit(self.features, float(coef[0]), tuple(slopes), len(rows), step)
         return self._fit
 
 
@@ -182,13 +211,16 @@ def estimate_ttft_ms(fit: RegressionFit | None, queued_prefill_tokens: float, is
 
 
 def estimate_itl_ms(fit: RegressionFit | None, decode_kv_tokens: float, prefill_tokens_per_s: float = 0.0,
-                    max_num_batched_tokens: int = 8192, num_decode_requests: int = 0) -> float | None:
+                    max_num_batched_tokens: int = 8192, num_decode_requests: int = 0,
+                    prefill_passes_per_s: float = 0.0) -> float | None:
     """Expected per-request mean ITL (ms) on one engine (module docstring).
 
     ``decode_kv_tokens``: running + queued decode KV tokens; ``prefill_tokens_per_s``: prefill tokens the
     engine computes per second of pass wall time (agg only; ignored by a decode-only fit);
-    ``max_num_batched_tokens``: chunk budget C. Returns ``T_d / (1 - b x r)`` capped at
-    ``T_d + b x (C - num_decode_requests)``, or None when the fit is missing or degenerate."""
+    ``prefill_passes_per_s``: prefill-carrying passes per second of pass wall time (each costs the fit's
+    ``prefill_pass_s``); ``max_num_batched_tokens``: chunk budget C. Returns ``T_d / (1 - u)`` with
+    ``u = b x r + s x prefill_passes_per_s``, capped at ``T_d + s + b x (C - num_decode_requests)``, or None
+    when the fit is missing or degenerate."""
     if fit is None or "sum_decode_kv_tokens" not in fit.features:
         return None
     t_d = fit.predict_s(sum_decode_kv_tokens=max(0.0, decode_kv_tokens))
@@ -200,20 +232,21 @@ def estimate_itl_ms(fit: RegressionFit | None, decode_kv_tokens: float, prefill_
         if not math.isfinite(b):
             return None
         chunk = float(max(1, max_num_batched_tokens - max(0, num_decode_requests)))
-        cap = t_d + b * chunk
-        u = b * r
+        cap = t_d + fit.prefill_pass_s + b * chunk
+        u = b * r + fit.prefill_pass_s * max(0.0, float(prefill_passes_per_s))
         t_d = min(cap, t_d / (1.0 - u)) if u < 1.0 else cap
     return t_d * 1000.0
 
 
-def prefill_rate_tokens_per_s(passes: Iterable[ForwardPassMetrics]) -> float | None:
-    """Prefill tokens computed per second of pass wall time over ``passes`` (one engine's recent passes):
-    ``sum scheduled sum_prefill_tokens / sum wall_time``; None when no wall time was observed."""
-    tok = wall = 0.0
+def prefill_rate_tokens_per_s(passes: Iterable[ForwardPassMetrics]) -> tuple[float, float] | None:
+    """(prefill tokens, prefill-carrying passes) per second of pass wall time over ``passes`` (one engine's
+    recent passes); None when no wall time was observed."""
+    tok = n = wall = 0.0
     for p in passes:
         tok += p.scheduled_requests.sum_prefill_tokens
+        n += p.scheduled_requests.sum_prefill_tokens > 0
         wall += p.wall_time
-    return tok / wall if wall > 0 else None
+    return (tok / wall, n / wall) if wall > 0 else None
 
 
 def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int], ForwardPassMetrics]:
@@ -228,25 +261,25 @@ def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int],
 
 def estimate_engine(pool: str, p: ForwardPassMetrics, fit: RegressionFit | None, isl_tokens: float,
                     max_num_batched_tokens: int, load_scale: float = 1.0,
-                    prefill_tokens_per_s: float | None = None) -> EngineEstimate:
+                    prefill_rate: tuple[float, float] | None = None) -> EngineEstimate:
     """Estimates for the engine whose latest pass is ``p``; ``load_scale`` multiplies its queue, KV tokens
     and prefill arrival rate (used to ask "could fewer engines absorb this load?").
-    ``prefill_tokens_per_s``: the engine's observed prefill work rate (:func:`prefill_rate_tokens_per_s`
-    over its recent passes); None = from ``p`` alone."""
+    ``prefill_rate``: the engine's observed (prefill tokens, prefill passes) per second of pass time
+    (:func:`prefill_rate_tokens_per_s` over its recent passes); None = from ``p`` alone."""
     s, q = p.scheduled_requests, p.queued_requests
     q_tokens = q.sum_prefill_tokens * load_scale
     kv = (s.sum_decode_kv_tokens + q.sum_decode_kv_tokens) * load_scale
     n_dec = int(round((s.num_decode_requests + q.num_decode_requests) * load_scale))
-    if prefill_tokens_per_s is None:
-        prefill_tokens_per_s = prefill_rate_tokens_per_s([p]) or 0.0
+    if prefill_rate is None:
+        prefill_rate = prefill_rate_tokens_per_s([p]) or (0.0, 0.0)
     idle = (s.num_prefill_requests + s.num_decode_requests + q.num_prefill_requests + q.num_decode_requests) == 0 \
         and (p.wall_time == 0 or (s.sum_prefill_tokens + s.sum_decode_kv_tokens) == 0)
     ttft = itl = None
     if pool in ("prefill", "agg"):
         ttft = 0.0 if idle else estimate_ttft_ms(fit, q_tokens, isl_tokens, max_num_batched_tokens, kv, n_dec)
     if pool in ("decode", "agg"):
-        itl = 0.0 if idle else estimate_itl_ms(fit, kv, prefill_tokens_per_s * load_scale, max_num_batched_tokens,
-                                               n_dec)
+        itl = 0.0 if idle else estimate_itl_ms(fit, kv, prefill_rate[0] * load_scale, max_num_batched_tokens,
+                                               n_dec, prefill_rate[1] * load_scale)
     return EngineEstimate(pool, p.worker_id, p.dp_rank, idle, int(round(q_tokens)), q.num_prefill_requests,
                           int(round(kv)), n_dec, ttft, itl)
 

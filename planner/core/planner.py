@@ -173,8 +173,8 @@ class Planner:
                                                    min_samples=config.regression_min_samples)
                              for p in config.pools}
         self._engines: dict[tuple[str, int, int], tuple[ForwardPassMetrics, float]] = {}
-        self._prefill_work: dict[tuple[str, int, int], deque[tuple[float, int, float]]] = {}
-        """Per engine: (tick time s, prefill tokens, pass wall time s) summed over the passes of each tick
+        self._prefill_work: dict[tuple[str, int, int], deque[tuple[float, int, int, float]]] = {}
+        """Per engine: (tick time s, prefill tokens, prefill-carrying passes, pass wall time s) summed over the passes of each tick
         within ``load_prefill_window_s`` (the agg ITL estimate's prefill work rate)."""
         self._decision_seq = 0
         self._pending: _Pending | None = None
@@ -388,13 +388,14 @@ class Planner:
             return max(req, banded), Reason.SCALE_DOWN_THROUGHPUT
         return current, Reason.HOLD_HYSTERESIS
 
-    def _prefill_rate(self, key: tuple[str, int, int]) -> float | None:
-        """Prefill tokens per second of pass wall time of engine ``key`` over ``load_prefill_window_s``."""
+    def _prefill_rate(self, key: tuple[str, int, int]) -> tuple[float, float] | None:
+        """(prefill tokens, prefill-carrying passes) per second of pass wall time of engine ``key`` over
+        ``load_prefill_window_s``; None when it reported no pass time."""
         w = self._prefill_work.get(key)
         if not w:
             return None
-        wall = sum(x[2] for x in w)
-        return sum(x[1] for x in w) / wall if wall > 0 else None
+        wall = sum(x[3] for x in w)
+        return (sum(x[1] for x in w) / wall, sum(x[2] for x in w) / wall) if wall > 0 else None
 
     def _engine_estimates(self, now_s: float, load_scale: Mapping[str, float] | None = None) -> list[EngineEstimate]:
         cfg = self.config
@@ -511,7 +512,7 @@ class Planner:
             if cfg.throughput_enabled and cfg.first_sizing_s is not None and cfg.first_sizing_s < cfg.adjustment_interval_s:
                 self._early_s = now_s + cfg.first_sizing_s
         # 1. FPM
-        work: dict[tuple[str, int, int], list[float]] = {}
+        batch: dict[tuple[str, int, int], list[ForwardPassMetrics]] = {}
         for p in obs.passes:
             if p.pool not in self._regressions:
                 continue
@@ -520,11 +521,14 @@ class Planner:
             key = (p.pool, p.worker_id, p.dp_rank)
             if key not in self._engines or seen >= self._engines[key][1]:
                 self._engines[key] = (p, seen)
-            acc = work.setdefault(key, [0.0, 0.0])
-            acc[0] += p.scheduled_requests.sum_prefill_tokens
-            acc[1] += p.wall_time
-        for key, (tok, wall) in work.items():
-            self._prefill_work.setdefault(key, deque()).append((now_s, int(tok), wall))
+            batch.setdefault(key, []).append(p)
+        for key, ps in batch.items():
+            # the latest pass of a tick's batch is the one running at the sampling instant, which is a long
+            # (prefill) pass with probability proportional to its length (inspection paradox): left out
+            ps = sorted(ps, key=lambda x: x.timestamp_s)[:-1] if len(ps) > 1 else ps
+            tok = sum(x.scheduled_requests.sum_prefill_tokens for x in ps)
+            n_pre = sum(1 for x in ps if x.scheduled_requests.sum_prefill_tokens > 0)
+            self._prefill_work.setdefault(key, deque()).append((now_s, tok, n_pre, sum(x.wall_time for x in ps)))
         for key in list(self._prefill_work):
             w = self._prefill_work[key]
             while w and now_s - w[0][0] >= cfg.load_prefill_window_s:

@@ -127,3 +127,20 @@ def test_from_mapping_adapts_dicts():
     from planner.errors import ObservationError
     with pytest.raises(ObservationError, match="wall_time=-1"):
         ForwardPassMetrics.from_mapping({"worker_id": 1, "wall_time": -1}, pool="decode")
+
+
+def test_agg_prefill_passes_not_evicted_by_decode_only_passes():
+    # 20 prefill-carrying passes of ~4000 tokens, then 500 decode-only passes of the same total size (log2
+    # bucket 12): with one bucket set per feature the prefill samples stay and the slope is recovered
+    r = PassTimeRegression(("sum_prefill_tokens", "sum_decode_kv_tokens"), per_bucket=32, min_samples=8)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        x = int(rng.integers(2000, 4000))
+        r.add(fpm(0.005 + 2e-5 * x, prefill=x, pool="agg"))
+    for _ in range(500):
+        kv = int(rng.integers(2048, 32768))
+        r.add(fpm(0.005 + 5e-8 * kv, decode_kv=kv, pool="agg"))
+    f = r.fit()
+    assert f.slope("sum_prefill_tokens") == pytest.approx(2e-5, rel=1e-6)
+    assert f.slope("sum_decode_kv_tokens") == pytest.approx(5e-8, rel=1e-6)
+    assert sum(1 for b in r._buckets for x, _ in b if x[0] > 0) == 20

@@ -411,8 +411,9 @@ def test_agg_load_loop_uses_both_features():
     # ITL: decode-only pass (3 + 2 ms at 10000 KV tokens) over 1 - prefill share of the engine's time.
     # worker 1 reported one 85 ms pass of 8000 prefill tokens: u = 1e-5 x 8000 / 0.085
     assert est[1].estimated_itl_ms == pytest.approx(5.0 / (1 - 0.08 / 0.085), rel=1e-6)
-    # worker 0: 32000 prefill tokens over 8 x 3 ms + 0.32 s + 337000 x 2e-7 s = 0.4114 s of passes
-    assert est[0].estimated_itl_ms == pytest.approx(5.0 / (1 - 0.32 / 0.4114), rel=1e-6)
+    # worker 0: its latest pass (the one running at the sampling instant) is left out of the rate; the other
+    # seven: 24000 prefill tokens over 7 x 3 ms + 0.24 s + 327000 x 2e-7 s = 0.3264 s of passes
+    assert est[0].estimated_itl_ms == pytest.approx(5.0 / (1 - 0.24 / 0.3264), rel=1e-6)
     # both below the full-chunk pass the old estimate charged every decode step (3 + 81.82 + 2 ms)
     assert max(e.estimated_itl_ms for e in est.values()) < 3 + 1e-5 * (8192 - 10) * 1000 + 2.0
 
