@@ -16,11 +16,13 @@ replica targets per pool (``None`` = no change), a reason, and when to tick next
 ``hpa[:metric[:target]]``     Kubernetes HPA: ``desired = ceil(current x metric / target)``, no change
                               within 10 % tolerance, scale-down to the max recommendation of the last
                               300 s (stabilization window), 15 s sync; metric ``kv`` (KV usage, 0..1) or
-                              ``running`` (running requests per engine); unready pods count as 0 usage
+                              ``running`` (running requests per engine); unready pods count as 0 usage;
+                              no action before the first scraped window with a request (no metrics yet)
 ``saturation``                queue / KV thresholds with spare capacity (llm-d workload-variant-autoscaler
                               style): +1 when average spare KV (``kv_threshold - usage``) < ``kv_spare`` or
                               spare queue (``queue_threshold - waiting``) < ``queue_spare``; -1 when N-1
-                              engines would keep both spares; one step at a time (none while starting)
+                              engines would keep both spares; one step at a time (none while starting,
+                              none before the first scraped window with a request)
 ============================  ===========================================================================
 
 Kubernetes HPA facts: horizontal-pod-autoscaler docs ("Algorithm details": desiredReplicas =
@@ -139,6 +141,14 @@ class PlannerPolicy:
 
 
 # ---------------------------------------------------------------------------------------------- HPA
+def _has_metrics(view: View) -> bool:
+    """True once the frontend has seen a request in a scraped window since the start (``traffic(now)``).
+    Before that the engines export no load: Kubernetes' HPA skips pods without metrics (and acts only
+    every sync period), so the metric-driven baselines hold rather than read an idle fleet as 0 % usage."""
+    w = view.traffic(view.now_s) if view.now_s > 0 else None
+    return w is not None and w.num_requests > 0
+
+
 HPA_METRICS: tuple[str, ...] = ("kv", "running")
 
 
@@ -189,6 +199,8 @@ class HpaPolicy:
         return raw
 
     def tick(self, view: View) -> Step:
+        if not _has_metrics(view):
+            return Step(None, "hold_no_metrics", view.now_s + self.sync_s)
         targets = {}
         for p in self.pools:
             engs = view.engines[p]
@@ -239,6 +251,8 @@ class SaturationPolicy:
         return 0, "hold_spare_ok"
 
     def tick(self, view: View) -> Step:
+        if not _has_metrics(view):
+            return Step(None, "hold_no_metrics", view.now_s + self.interval_s)
         targets, reasons = {}, []
         for p in self.pools:
             c = view.counts[p]

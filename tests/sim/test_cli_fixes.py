@@ -156,3 +156,46 @@ def test_config_file_bad_keys_rejected(tmp_path, capsys, profile, text, needles)
     f.write_text(text)
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--config", str(f)])
     _one_line(capsys, rc, *needles)
+
+
+# ---------------------------------------------------------------------------------------------- HPA / saturation
+def _view(now_s: float, window_requests: float | None, current: int = 2):
+    from planner.core import TrafficWindow
+    from planner.sim.fleet import EngineState, PoolCounts
+    from planner.sim.policies import View
+
+    w = None if window_requests is None else TrafficWindow(now_s, window_requests, 100.0, 10.0)
+    counts = {"agg": PoolCounts(current, current, 0, 0)}
+    return View(now_s, counts, {"agg": [EngineState(i, 0, 0, 0.0) for i in range(current)]}, lambda d: w)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: __import__("planner.sim.policies", fromlist=["x"]).HpaPolicy("hpa", ("agg",), "kv", 0.4, {"agg": 2}),
+    lambda: __import__("planner.sim.policies", fromlist=["x"]).SaturationPolicy("saturation", ("agg",), {"agg": 2}),
+])
+def test_metric_baselines_hold_until_a_request_was_seen(make):
+    pol = make()
+    for now, reqs in ((0.0, None), (15.0, None), (15.0, 0.0)):  # t = 0, nothing scraped, an empty window
+        step = pol.tick(_view(now, reqs))
+        assert step.targets is None and step.reason == "hold_no_metrics"
+        assert step.next_tick_s > now
+    step = pol.tick(_view(30.0, 5.0))  # requests seen, idle engines (KV 0): now the rule acts -> scale down
+    assert step.targets == {"agg": 1}
+
+
+def test_hpa_in_the_loop_does_not_scale_before_the_first_request(profile):
+    from planner.sim.loop import simulate
+    from planner.sim.runner import make_policy
+
+    from dataclasses import replace
+
+    from mocker.traces import load_trace
+
+    late = load_trace("synthetic:constant?rate=2&duration_s=60&isl=256&osl=16")  # first request 40 s in
+    ctx = _ctx(profile, "--initial-replicas", "2")
+    ctx = replace(ctx, requests=[replace(r, arrival_ms=r.arrival_ms + 40_000.0) for r in late])
+    first_s = min(r.arrival_ms for r in ctx.requests) / 1000.0
+    for spec in ("hpa", "saturation"):
+        run = simulate(ctx.requests, ctx.engines, make_policy(spec, ctx), ctx.settings)
+        assert run.decisions, spec
+        assert all(d["t_s"] > first_s for d in run.decisions), (spec, run.decisions[:2])
