@@ -337,9 +337,12 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def render_table(report: dict[str, Any]) -> Table:
-    """A readable rich table of the report: a summary block and a latency grid (ms)."""
-    summary = Table(title="dynoplan replay", show_header=False, box=None, pad_edge=False)
+def render_table(report: dict[str, Any], *, title: str = "dynoplan replay", client_side: bool = False) -> Table:
+    """A readable rich table of the report: a summary block and a latency grid (ms).
+
+    ``client_side`` (``dynoplan loadgen``): only what a client measures — no engine / fleet, prefix-cache,
+    preemption or worker-seconds rows, and the duration is wall time, not simulated time."""
+    summary = Table(title=title, show_header=False, box=None, pad_edge=False)
     summary.add_column("metric", style="bold")
     summary.add_column("value", justify="right")
     rows: list[tuple[str, Any]] = [
@@ -354,6 +357,9 @@ def render_table(report: dict[str, Any]) -> Table:
         ("preemptions", _fmt(report.get("num_preemptions"))),
         ("worker-seconds / GPU-hours", f"{report['worker_seconds']:,.1f} / {report['gpu_hours']:.3f}"),
     ]
+    if client_side:
+        server = ("engine / workers", "prefix cache reuse", "preemptions", "worker-seconds / GPU-hours")
+        rows = [("duration (s)", v) if k == "simulated duration (s)" else (k, v) for k, v in rows if k not in server]
     if report.get("prefill_worker_seconds"):  # disaggregated fleet
         rows.append(("prefill / decode worker-seconds",
                      f"{report['prefill_worker_seconds']:,.1f} / {report['decode_worker_seconds']:,.1f}"))
