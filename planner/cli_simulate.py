@@ -47,7 +47,7 @@ def _replay_namespace(args: argparse.Namespace) -> argparse.Namespace:
     replay module's own ``engine_config_from_args`` / ``transfer_config_from_args`` read them."""
     from mocker import cli_replay
 
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     cli_replay.add_arguments(p)
     base = vars(p.parse_args(["--trace", "-"]))
     return argparse.Namespace(**{**base, **{k: v for k, v in vars(args).items() if k in base or not k.startswith("_")}})
@@ -200,8 +200,9 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
         nums = [int(x) for x in text.split("+")]
     except ValueError:
         nums = []
-    if len(nums) != len(pools) or any(x < 0 for x in nums):
-        raise SimulationConfigError(f"--initial-replicas={text!r}: expected {'N' if len(pools) == 1 else 'P+D'} (integers >= 0)")
+    if len(nums) != len(pools):  # the range of each count is _check_initial's (the planner's pool limits)
+        raise SimulationConfigError(f"--initial-replicas={text!r}: expected {'N' if len(pools) == 1 else 'P+D'} "
+                                    f"(whole numbers within the planner's min_replicas..max_replicas) or auto")
     return dict(zip(pools, nums))
 
 

@@ -199,3 +199,32 @@ def test_hpa_in_the_loop_does_not_scale_before_the_first_request(profile):
         run = simulate(ctx.requests, ctx.engines, make_policy(spec, ctx), ctx.settings)
         assert run.decisions, spec
         assert all(d["t_s"] > first_s for d in run.decisions), (spec, run.decisions[:2])
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--initial-replicas", "-1"], ("agg=-1", "1 <= N <= 64")),  # was "integers >= 0" though 0 is rejected too
+    (["--initial-replicas", "1+1"], ("'1+1'", "expected N", "min_replicas..max_replicas")),
+    (["--initial-replicas", "x"], ("'x'", "or auto")),
+])
+def test_initial_replicas_message_states_the_real_bounds(capsys, monkeypatch, argv, needles):
+    import planner.sim.profile as prof
+
+    monkeypatch.setattr(prof, "profile_engine", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", *argv])
+    out = _one_line(capsys, rc, "--initial-replicas", *needles)
+    assert ">= 0" not in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--trace", TRACE, "--mod", "agg"],            # not --mode / --model-config
+    ["simulate", "--trace", TRACE, "--sla-ttft", "100"],
+    ["profile", "--is", "128"],
+    ["up", "--conf", "x.yaml"],
+])
+def test_abbreviated_flags_are_not_accepted(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert argv[-2] in err or "required" in err
