@@ -164,6 +164,10 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from mocker.report import render_table, report_to_json, write_per_request_jsonl
     from mocker.traces import load_trace
 
+    from mocker.cli_replay import check_output_paths
+
+    trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
+    check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
     s = LoadgenSettings(url=args.url, model=args.model, endpoint=args.endpoint, time_compression=args.time_compression,
                         max_concurrency=args.max_concurrency, prompt_mode=args.prompt_mode, request_timeout_s=args.request_timeout_s)
     p = s.problems()
@@ -183,12 +187,15 @@ def run_loadgen(args: argparse.Namespace) -> int:
         result = scaled(result, args.scale_ms)
     rep = client_report(result)
     if not args.quiet:
-        Console().print(render_table(rep))
+        Console().print(render_table(rep, title="dynoplan loadgen (client-side)", client_side=True))
+        if rep["coalesced_itl_ratio"] > 0:
+            console.print(f"note: {rep['coalesced_itl_ratio']:.1%} of inter-token gaps had both tokens in one network "
+                          "read (the server streams faster than the client resolves); ITL counts them as 0 ms, "
+                          "TPOT is unaffected", highlight=False)
         if rep["failed_requests"]:
             console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]")
     if args.report_json:
-        Path(args.report_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report_json).write_text(report_to_json(rep))
+        Path(args.report_json).write_text(report_to_json(rep))  # parent checked up front (check_output_paths)
     if args.per_request:
         write_per_request_jsonl(result.records, args.per_request)
     return 0 if rep["failed_requests"] == 0 else 1

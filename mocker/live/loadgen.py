@@ -242,6 +242,9 @@ def client_report(result: LoadgenResult) -> dict[str, Any]:
     """The offline report's keys (``mocker.report.build_report``) plus loadgen keys: ``failed_requests``,
     ``errors`` (by kind), ``mean_client_queue_ms``, ``wall_time_s``, ``output_tokens_per_wall_s``.
 
+    ``coalesced_itl_ratio``: the share of ITL samples that are 0 ms because both tokens arrived in the
+    same network read (unresolvable by the client; see the loadgen table note).
+
     Server-side fields a client cannot observe keep the offline report's shape with neutral values:
     prefix-cache ratios and preemptions 0, worker-seconds / GPU-hours 0, engine fields of a default config.
     """
@@ -254,4 +257,10 @@ def client_report(result: LoadgenResult) -> dict[str, Any]:
     rep["wall_time_s"] = result.wall_s
     toks = sum(len(r.token_times_ms) for r in result.records)
     rep["output_tokens_per_wall_s"] = toks / result.wall_s if result.wall_s > 0 else 0.0
+    gaps = sum(max(0, len(r.token_times_ms) - 1) for r in result.records)
+    same = sum(sum(1 for a, b in zip(r.token_times_ms, r.token_times_ms[1:]) if b == a) for r in result.records)
+    rep["coalesced_itl_ratio"] = same / gaps if gaps else 0.0
+    """Share of inter-token gaps where both tokens came in one network read: the client cannot resolve
+    their interval and the ITL samples record 0 ms (a server faster than the client's reads, e.g. a high
+    speedup ratio). TPOT, the per-request mean, is unaffected."""
     return rep

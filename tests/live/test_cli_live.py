@@ -46,3 +46,24 @@ def test_frontend_port_in_use_is_one_line_without_unclosed_session(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot listen on 127.0.0.1" in lines[0], p.stderr  # was followed by aiohttp's
     assert "Unclosed" not in p.stderr and "Traceback" not in p.stderr  # "Unclosed client session" lines
+
+
+def test_loadgen_per_request_onto_the_trace_is_refused(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n")
+    before = trace.read_bytes()
+    p = subprocess.run(CMD + ["loadgen", "--url", "http://127.0.0.1:9", "--trace", str(trace), "--per-request", str(trace)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "input trace" in p.stderr, p.stderr
+    assert trace.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_loadgen_output_under_missing_directory_is_refused_not_created(tmp_path, flag):
+    # checked before any request is sent (was: the directory was created after the run)
+    target = tmp_path / "missing" / "dir" / "out.json"
+    p = subprocess.run(CMD + ["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=1&num_requests=3",
+                              flag, str(target)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert f"{flag} {target}: parent directory" in p.stderr and "expected an existing directory" in p.stderr
+    assert not (tmp_path / "missing").exists()
