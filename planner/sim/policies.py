@@ -27,7 +27,9 @@ replica targets per pool (``None`` = no change), a reason, and when to tick next
 
 Kubernetes HPA facts: horizontal-pod-autoscaler docs ("Algorithm details": desiredReplicas =
 ceil[currentReplicas * (currentMetricValue / desiredMetricValue)], tolerance 0.1, downscale
-stabilization 300 s, sync period 15 s).
+stabilization 300 s, sync period 15 s); the controller's first reconcile of an HPA records the current
+replica count as a recommendation (kube-controller-manager ``recordInitialRecommendation``), so no
+scale-down happens within the first 300 s, and pods without metrics are left out of the calculation.
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ class HpaPolicy:
         return raw
 
     def tick(self, view: View) -> Step:
+        for p in self.pools:  # the first reconcile records the current size as a recommendation
+            self._recs.setdefault(p, deque([(view.now_s, view.counts[p].requested)]))
         if not _has_metrics(view):
             return Step(None, "hold_no_metrics", view.now_s + self.sync_s)
         targets = {}
