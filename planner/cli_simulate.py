@@ -316,7 +316,16 @@ def run(args: argparse.Namespace) -> int:
                                          "--model-config": getattr(args, "model_config", None)})
         _check_out_dir(args.out)
     ctx = build_context(args)
-    policies = [make_policy(spec, ctx) for spec in dict.fromkeys(args.compare)]
+    from planner.sim.runner import AutoStaticUnreachable
+
+    policies, failed = [], None
+    for spec in dict.fromkeys(args.compare):
+        try:
+            policies.append(make_policy(spec, ctx))
+        except AutoStaticUnreachable as e:  # the other policies still run and are reported; exit 2 after
+            failed = e
+    if failed is not None and not policies:
+        raise failed
     err = Console(stderr=True)
     runs = []
     walls = {}
@@ -363,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
             out = Console(width=max(out.width, 180))
         out.print(render_table(doc, title=title))
         err.print("wall time per policy (s): " + ", ".join(f"{k}={v}" for k, v in walls.items()))
+    if failed is not None:
+        raise failed
     return 0
 
 

@@ -200,6 +200,11 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
                                 "static:peak, static:auto, hpa[:kv|running[:target]] or saturation")
 
 
+class AutoStaticUnreachable(SimulationConfigError):
+    """``static:auto`` found no fleet within ``max_replicas`` reaching the target; the message names the best
+    fleet tried and its attainment."""
+
+
 def attainment(run: SimRun) -> float:
     from planner.sim.report import sla_flags
 
@@ -226,8 +231,12 @@ def auto_static(ctx: RunContext, cache: dict[tuple[int, ...], SimRun] | None = N
                 if f(ctx.max_replicas) >= ctx.auto_attainment:
                     hi = ctx.max_replicas
                     break
-                raise SimulationConfigError(f"static:auto: no fleet of at most {ctx.max_replicas} replicas per pool "
-                                            f"reaches attainment {ctx.auto_attainment}")
+                best_counts, best_run = max(cache.items(), key=lambda kv: (attainment(kv[1]), [-c for c in kv[0]]))
+                fleet = "+".join(str(c) for c in best_counts)
+                raise AutoStaticUnreachable(
+                    f"static:auto: no fleet of at most --max-replicas={ctx.max_replicas} per pool reaches attainment "
+                    f"{ctx.auto_attainment} (best found: static:{fleet} with attainment {attainment(best_run):.4f}); "
+                    f"expected a larger --max-replicas or a lower --auto-attainment")
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if f(mid) >= ctx.auto_attainment:

@@ -240,3 +240,25 @@ def test_hpa_first_reconcile_records_the_current_size_so_no_early_scale_down():
     assert h.tick(_view(15.0, 5.0)).targets is None
     assert h.tick(_view(299.0, 5.0)).targets is None
     assert h.tick(_view(301.0, 5.0)).targets == {"agg": 1}
+
+
+def test_static_auto_unreachable_names_the_best_fleet_and_keeps_the_other_results(tmp_path, capsys, profile):
+    out = tmp_path / "o"
+    # TTFT target 0.001 ms: no fleet meets it; the search tries 1 and 2 (= --max-replicas), all at 0 attainment
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--sla-ttft-ms", "0.001", "--max-replicas", "2",
+                   "--compare", "static:auto", "static:1", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in cap.err
+    last = cap.err.strip().splitlines()[-1]  # after the usual "wall time per policy" line
+    for needle in ("error: static:auto", "--max-replicas=2", "best found: static:1 with attainment 0.0000"):
+        assert needle in last, cap.err
+    stdout = cap.out
+    assert "static:1" in stdout  # the table of the other policies
+    summary = json.loads((out / "summary.json").read_text())
+    assert "static:1" in json.dumps(summary) and "static:auto" not in json.dumps(summary)
+
+
+def test_static_auto_alone_unreachable_is_one_line(capsys, profile):
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--sla-ttft-ms", "0.001", "--max-replicas", "1",
+                   "--compare", "static:auto", "--quiet"])
+    _one_line(capsys, rc, "best found: static:1")
