@@ -162,6 +162,24 @@ def test_distribution_stats_known_sample() -> None:
     assert s["std"] == pytest.approx(math.sqrt((100**2 - 1) / 12))
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1e7)), min_size=1, max_size=300), st.booleans(),
+       st.integers(0, 3))
+def test_distribution_stats_bit_identical_to_numpy(values: list[float], sketch: bool, spare: int) -> None:
+    # the scratch-buffer statistics (report._stats) equal numpy's own partition / mean / std, bit for bit
+    from mocker.report import _rounded_rank, _stats
+
+    a = np.array(values)
+    q = sketch_value if sketch else float
+    part = np.partition(a, sorted({_rounded_rank(a.size, p) for p in (50, 75, 90, 95, 99)}))
+    expected = [float(a.mean()), float(a.min()), float(a.max()),
+                *(q(float(part[_rounded_rank(a.size, p)])) for p in (50, 75, 90, 95, 99)), float(a.std())]
+    scratch = np.full(a.size + spare, np.nan)
+    assert list(_stats(a, sketch=sketch, scratch=scratch).values()) == expected
+    assert list(distribution_stats(values, sketch=sketch).values()) == expected
+
+
 token_lists = st.lists(
     st.lists(st.floats(0.01, 50.0), min_size=1, max_size=20), min_size=1, max_size=25
 )
