@@ -34,12 +34,22 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
-    """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode)."""
+    """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode), same names, choices and defaults;
+    the pool sizes (replay's --prefill-workers/--decode-workers) are the policy's."""
+    from mocker.modelcfg import KV_CACHE_DTYPES
+    from mocker.transfer import HANDOFF_PATHS, TIMING_MODES
+
     d = parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)")
     d.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
                    help="prefill->decode KV transfer bandwidth in GB/s; 0 = no delay (default 0)")
     d.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
     d.add_argument("--model-config", metavar="config.json", help="Hugging Face config.json giving the KV bytes per token")
+    d.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV cache dtype for --model-config (default auto = the model's torch_dtype)")
+    d.add_argument("--kv-transfer-timing", choices=TIMING_MODES, default="full_prompt",
+                   help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)")
+    d.add_argument("--handoff", choices=HANDOFF_PATHS, default="coordinated",
+                   help="prefill->decode handoff path (default coordinated)")
 
 
 def _replay_namespace(args: argparse.Namespace) -> argparse.Namespace:
@@ -269,8 +279,16 @@ def build_context(args: argparse.Namespace) -> Any:
         if hasattr(cli_replay, "transfer_config_from_args"):
             rargs.prefill_workers = rargs.decode_workers = 1
             transfer = cli_replay.transfer_config_from_args(rargs)[2]
-    elif any(getattr(args, k, None) is not None for k in ("kv_transfer_bandwidth", "kv_bytes_per_token", "model_config")):
-        raise SimulationConfigError("--kv-transfer-bandwidth/--kv-bytes-per-token/--model-config: only with --mode disagg")
+    else:
+        given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
+                                ("--kv-bytes-per-token", args.kv_bytes_per_token),
+                                ("--model-config", args.model_config),
+                                ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype),
+                                ("--kv-transfer-timing", None if args.kv_transfer_timing == "full_prompt" else 1),
+                                ("--handoff", None if args.handoff == "coordinated" else 1)) if v is not None]
+        if given:
+            raise SimulationConfigError(f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "
+                                        f"expected --mode disagg or none of them")
     reqs = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
     if args.arrival_speedup != 1.0:
         from mocker.traces import scale_arrivals

@@ -262,3 +262,37 @@ def test_static_auto_alone_unreachable_is_one_line(capsys, profile):
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--sla-ttft-ms", "0.001", "--max-replicas", "1",
                    "--compare", "static:auto", "--quiet"])
     _one_line(capsys, rc, "best found: static:1")
+
+
+MODEL = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
+
+
+@pytest.mark.parametrize("dtype, kv_bytes", [("fp8", 2 * 2 * 2 * 16 * 1), ("bfloat16", 2 * 2 * 2 * 16 * 2)])
+def test_simulate_takes_replays_kv_cache_dtype(tmp_path, profile, dtype, kv_bytes):
+    # layers x 2 (K and V) x kv_heads x head_dim (64 / 4) x dtype bytes; the file has no torch_dtype
+    m = tmp_path / "config.json"
+    m.write_text(json.dumps(MODEL))
+    ctx = _ctx(profile, "--mode", "disagg", "--model-config", str(m), "--kv-cache-dtype", dtype,
+               "--kv-transfer-bandwidth", "10", "--kv-transfer-timing", "full_prompt", "--handoff", "coordinated")
+    assert ctx.settings.transfer.kv_bytes_per_token == kv_bytes
+    assert ctx.settings.transfer.bandwidth_gbps == 10.0
+
+
+def test_model_config_without_dtype_names_a_flag_simulate_has(tmp_path, capsys, profile):
+    m = tmp_path / "config.json"
+    m.write_text(json.dumps(MODEL))
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--mode", "disagg",
+                   "--model-config", str(m), "--kv-transfer-bandwidth", "10"])
+    _one_line(capsys, rc, "torch_dtype", "--kv-cache-dtype")
+    from planner.cli import build_parser
+
+    assert build_parser().parse_args(["simulate", "--trace", TRACE, "--kv-cache-dtype", "fp8"]).kv_cache_dtype == "fp8"
+
+
+@pytest.mark.parametrize("name", ["--kv-cache-dtype", "--handoff"])
+def test_transfer_flags_only_in_disagg(capsys, name):
+    from mocker.transfer import HANDOFF_PATHS
+
+    flag = [name, "fp8" if name == "--kv-cache-dtype" else next(h for h in HANDOFF_PATHS if h != "coordinated")]
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", *flag])
+    _one_line(capsys, rc, flag[0], "only with --mode disagg")
