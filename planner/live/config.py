@@ -201,6 +201,13 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         problems.append(f"fleet.worker_args={wa!r}: expected a mapping pool -> list of flags")
         wa = {}
     kw["worker_args"] = {p: tuple(str(x) for x in v) for p, v in wa.items()}
+    for p in kw["worker_args"] if mode_known else ():
+        if p not in planner.pools:
+            problems.append(f"fleet.worker_args.{p}: pool not planned in mode {planner.mode!r} "
+                            f"(expected {', '.join(planner.pools)})")
+        elif planner.mode == "disagg" and _worker_engine(kw["worker_args"][p]) == "trtllm":
+            problems.append(f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
+                            f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang")
     for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s"):
         if k in fl:
             kw[k] = num(f"fleet.{k}", fl[k])
@@ -236,6 +243,27 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     if problems:
         raise ConfigError(problems, source=source)
     return StackConfig(planner=planner, **kw)
+
+
+def _worker_engine(argv: tuple[str, ...]) -> str | None:
+    """The engine family (``vllm``/``sglang``/``trtllm``) a ``mocker serve`` worker started with ``argv``
+    would run (its ``--engine`` / ``--engine-config``, relative to the current directory as for the worker),
+    parsed by the worker's own argument parser; None when the flags do not parse (the worker's start-up then
+    reports them)."""
+    import argparse
+    import contextlib
+    import io
+
+    from mocker import cli_live
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    cli_live.add_arguments(parser)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            ns, _ = parser.parse_known_args(["serve", *argv])
+        return str(cli_live.engine_config_from_args(ns).engine)
+    except (SystemExit, Exception):  # noqa: BLE001 - not ours to report: the worker's start-up does
+        return None
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
