@@ -182,6 +182,8 @@ class Planner:
         self._thpt_goal: dict[str, int] = {}
         self._thpt_exact: dict[str, float] = {}
         self._thpt_required: dict[str, int] = {}
+        self._thpt_full = False
+        """A full-interval throughput tick has sized the pools (not only the early sizing)."""
         self._last_mix: tuple[LengthBucket, ...] = ()
         self._last_osl_buckets: tuple[tuple[float, float], ...] = ()
         self._last_isl_buckets: tuple[tuple[float, float], ...] = ()
@@ -565,6 +567,7 @@ class Planner:
             rdy = ({p: (pools[p].ready_replicas if pools[p].ready_replicas is not None else pools[p].replicas)  # type: ignore[index]
                     for p in cfg.pools} if known_pools else None)
             thpt_ok = self._run_throughput(obs.traffic, dec_rep, rdy)
+            self._thpt_full = self._thpt_full or thpt_ok
         early_ok = False
         if due_early:
             rdy = ({p: (pools[p].ready_replicas if pools[p].ready_replicas is not None else pools[p].replicas)  # type: ignore[index]
@@ -641,10 +644,18 @@ class Planner:
         if due_load:
             for p in cfg.pools:
                 delta, r = self._load_step(p, current[p], ests, obs.passes_ok)
-                if delta < 0 and cfg.throughput_enabled and p not in self._thpt_required:
-                    # both loops on, no throughput floor yet (first interval): the fleet was sized for the
-                    # load by someone; the load loop's young regression alone does not remove capacity
+                if delta < 0 and cfg.throughput_enabled and (p not in self._thpt_required or not self._thpt_full):
+                    # both loops on, no throughput floor yet (first interval; the early sizing only scales
+                    # up): the fleet was sized for the load by someone; the load loop's young regression
+                    # alone does not remove capacity
                     delta, r = 0, Reason.HOLD_THROUGHPUT_FLOOR
+                elif delta < 0 and cfg.throughput_enabled and p in self._thpt_exact:
+                    # nor below what the throughput loop's hysteresis band keeps: the load estimates are
+                    # means, the band is what holds the ITL/TTFT tail (a consolidation to the bare floor
+                    # cost Azure 8x 6 points of ITL attainment)
+                    band, _ = self._hysteresis_goal(p, current[p])
+                    if self._thpt_required.get(p, 0) <= current[p] + delta < band:
+                        delta, r = 0, Reason.HOLD_HYSTERESIS
                 goal[p] = current[p] + delta
                 pool_reasons[p] = r
         if cfg.load_enabled and self._thpt_required:

@@ -280,9 +280,10 @@ def test_throughput_result_is_the_floor_under_the_load_loop():
     pl = Planner(cfg, profile())
     fleet = Fleet(decode=3)
     pl.tick(0.0, fleet.obs())
-    # throughput: 3600 x 150 / 180 / 1500 = 2 decode replicas is the floor
+    # throughput: 3000 x 150 / 180 / 1500 = 1.67 -> 2 decode replicas is the floor; the band
+    # ceil(1.67 x 1.1) = 2 lets the load loop consolidate to it
     t = 180.0
-    r = pl.tick(t, fleet.obs(traffic(3600), passes=[idle_pass(i, t) for i in range(3)]))
+    r = pl.tick(t, fleet.obs(traffic(3000), passes=[idle_pass(i, t) for i in range(3)]))
     fleet.apply(r.decision)
     assert fleet.spec == {"decode": 2} and r.decision.reason == Reason.SCALE_DOWN_CONSOLIDATED
     r = pl.tick(185.0, fleet.obs(passes=[idle_pass(i, 185.0) for i in range(2)]))  # idle, but the floor is 2
@@ -290,6 +291,20 @@ def test_throughput_result_is_the_floor_under_the_load_loop():
     # demand doubles: throughput floor 4 raises the pool at once, not +1
     r = pl.tick(360.0, fleet.obs(traffic(7200), passes=[idle_pass(i, 360.0) for i in range(2)]))
     assert r.decision.targets == {"decode": 4} and r.decision.reason == Reason.RAISED_TO_THROUGHPUT_FLOOR
+
+
+def test_load_loop_consolidation_stops_at_the_throughput_band():
+    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False, load_enabled=True,
+                        regression_min_samples=4, max_gpu_budget=16)
+    pl = Planner(cfg, profile())
+    fleet = Fleet(decode=3)
+    pl.tick(0.0, fleet.obs())
+    # idle engines before any full throughput interval: no scale-down (the early sizing only scales up)
+    r = pl.tick(5.0, fleet.obs(passes=[idle_pass(i, 5.0) for i in range(3)]))
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_THROUGHPUT_FLOOR
+    # exact requirement 3600 x 150 / 180 / 1500 = 2.0: floor 2, but the band ceil(2.0 x 1.1) = 3 keeps 3
+    r = pl.tick(180.0, fleet.obs(traffic(3600), passes=[idle_pass(i, 180.0) for i in range(3)]))
+    assert r.decision.targets is None and r.decision.reason == Reason.HOLD_HYSTERESIS
 
 
 def test_no_oscillation_in_load_loop_near_threshold():
