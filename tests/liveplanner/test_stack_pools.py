@@ -60,3 +60,28 @@ def test_up_refuses_disaggregated_trtllm_with_one_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "fleet.worker_args.decode: engine trtllm" in r.stderr
     assert not (tmp_path / "st").exists()  # nothing started
+
+
+def test_shipped_example_stack_file_is_valid_with_the_profile_its_comment_makes(tmp_path):
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    from planner.cli import main as cli_main
+    from planner.live.config import load_stack_config
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "examples" / "stack.yaml").read_text()
+    (tmp_path / "examples").mkdir()
+    shutil.copy(repo / "examples" / "stack.yaml", tmp_path / "examples" / "stack.yaml")
+    # the profile command of the file's comment, run as written (plus a small sweep grid, for speed)
+    cmd = " ".join(line.lstrip("# ").rstrip("\\ ") for line in text.splitlines()
+                   if line.startswith("#   ")).split("dynoplan ", 1)[1]
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["profile", "--out", "out/stack-profile.npz"]
+    (tmp_path / "out").mkdir()
+    argv[2] = str(tmp_path / argv[2])
+    assert cli_main([*argv, "--isl", "128,512", "--kv-usage", "0.01,0.1", "--context", "256,1024"]) == 0
+    cfg = load_stack_config(tmp_path / "examples" / "stack.yaml")
+    assert list(cfg.worker_args["agg"]) == argv[3:]  # the profiled engine is the workers' engine
+    assert cfg.state_dir == (tmp_path / "out" / "stack-state").resolve()
