@@ -267,6 +267,8 @@ def build_context(args: argparse.Namespace) -> Any:
         load_config(args.planner_config, overrides)
     if args.mode is None:  # the file's (or --planner-set's) mode if it names one, else agg
         args.mode = cfg0.mode if "mode" in overrides or "mode" in _file_keys(args.planner_config) else "agg"
+    if args.mode not in ("agg", "disagg"):
+        raise SimulationConfigError(f"planner mode={args.mode!r}: simulate runs a whole fleet, expected agg or disagg")
     args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms
     args.sla_itl_ms = cfg0.itl_ms if args.sla_itl_ms is None else args.sla_itl_ms
     overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms})

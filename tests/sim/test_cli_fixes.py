@@ -150,6 +150,7 @@ def test_config_file_mode_is_honoured(tmp_path, profile):
     ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
     ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
     ("max_num_batched_tokens: 1234\n", ("max_num_batched_tokens=1234", "engine's")),
+    ("mode: prefill\n", ("mode='prefill'", "expected agg or disagg")),
 ])
 def test_config_file_bad_keys_rejected(tmp_path, capsys, profile, text, needles):
     f = tmp_path / "c.yaml"
