@@ -271,8 +271,6 @@ def transfer_config_from_args(args: argparse.Namespace) -> Any:
 # ---------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     """Run the replay. Returns the exit code (0 ok, 2 output not written); raises MockerError on bad input."""
-    from rich.console import Console
-
     from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
     from mocker.traces import load_trace
 
@@ -297,7 +295,10 @@ def run(args: argparse.Namespace) -> int:
         num_decode_workers=n_decode,
         transfer=transfer,
     )
-    err = Console(stderr=True)
+    if not args.quiet:  # rich only for the progress bar and the table (--quiet never loads it)
+        from rich.console import Console
+
+        err = Console(stderr=True)
     show_progress = not args.quiet and err.is_terminal
     if show_progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

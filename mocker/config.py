@@ -17,8 +17,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
-
 from mocker.errors import ConfigError
 
 EngineKind = Literal["vllm", "trtllm", "sglang"]
@@ -272,6 +270,8 @@ class EngineConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "EngineConfig":
         """Load from a YAML (or JSON) file. Raises ConfigError naming the file on any problem."""
+        import yaml  # here, not at module level: only a config file needs the YAML parser (~30 ms to import)
+
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())

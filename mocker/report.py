@@ -44,11 +44,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import msgspec
 import numpy as np
-from rich.table import Table
 
 from mocker.records import RequestRecord
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rich.table import Table
+
     from mocker.fleet import ReplayResult
 
 __all__ = [
@@ -369,6 +370,8 @@ def render_table(report: dict[str, Any], *, title: str = "dynoplan replay", clie
 
     ``client_side`` (``dynoplan loadgen``): only what a client measures — no engine / fleet, prefix-cache,
     preemption or worker-seconds rows, and the duration is wall time, not simulated time."""
+    from rich.table import Table  # here, not at module level: a replay without a table never loads rich
+
     summary = Table(title=title, show_header=False, box=None, pad_edge=False)
     summary.add_column("metric", style="bold")
     summary.add_column("value", justify="right")
