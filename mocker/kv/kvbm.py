@@ -26,6 +26,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Sequence
 
 from mocker.errors import SimulationError
+from mocker.kv.events import TupleSink
 from mocker.kv.manager import BlockKvManager
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -222,21 +223,6 @@ def make_g1_pool(cfg: "EngineConfig") -> BlockKvManager:
     return KvbmBlockManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
 
 
-class _TupleSink:
-    """Listener appending (kind, hash, parent) tuples to a list (the fleet's ``kv.events`` format)."""
-
-    __slots__ = ("events",)
-
-    def __init__(self, events: list[tuple[str, int, int | None]]) -> None:
-        self.events = events
-
-    def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
-        self.events.extend(("stored", h, p) for h, p in blocks)
-
-    def on_removed(self, blocks: Sequence[int]) -> None:
-        self.events.extend(("removed", h, None) for h in blocks)
-
-
 class EventingKvbmBlockManager(KvbmBlockManager):
     """A :class:`KvbmBlockManager` exposing its changes as ``events`` (list of (kind, hash, parent hash)),
     the interface the fleet's KV-event path drains (:class:`mocker.kv.events.EventingKvManager`'s)."""
@@ -245,4 +231,4 @@ class EventingKvbmBlockManager(KvbmBlockManager):
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
         self.events: list[tuple[str, int, int | None]] = []
-        super().__init__(num_blocks, enable_prefix_caching, listener=_TupleSink(self.events))
+        super().__init__(num_blocks, enable_prefix_caching, listener=TupleSink(self.events))

@@ -275,13 +275,7 @@ class Planner:
         self._demand = demand
         if not demand.known:
             return False
-        interval = cfg.adjustment_interval_s
-        exact = {pool: size_pool(pool, demand, cfg, prof, self.p_correction, self.d_correction,
-                                 (self.headroom["ttft"], self.headroom["itl"])) for pool in cfg.pools}
-        self._thpt_exact = exact
-        self._thpt_required = {p: ceil_replicas(x) for p, x in exact.items()}
-        self._window_sized = {p: ready is not None and p in ready and ready[p] >= self._thpt_required[p]
-                              for p in cfg.pools}
+        self._size_pools(demand, prof, ready)
         return True
 
     def _run_early(self, traffic: TrafficWindow | None, ready: Mapping[str, int] | None) -> bool:
@@ -302,13 +296,20 @@ class Planner:
         prof = self.profile
         assert prof is not None
         self._demand = demand
+        self._size_pools(demand, prof, ready)
+        return True
+
+    def _size_pools(self, demand: Demand, prof, ready: Mapping[str, int] | None) -> None:
+        """Throughput sizing of every pool for ``demand`` (DESIGN.md formulas via :func:`size_pool`), with the
+        current correction factors and headroom; records the exact and ceiled requirement and whether each
+        pool's ready replicas already meet it."""
+        cfg = self.config
         exact = {pool: size_pool(pool, demand, cfg, prof, self.p_correction, self.d_correction,
                                  (self.headroom["ttft"], self.headroom["itl"])) for pool in cfg.pools}
         self._thpt_exact = exact
         self._thpt_required = {p: ceil_replicas(x) for p, x in exact.items()}
         self._window_sized = {p: ready is not None and p in ready and ready[p] >= self._thpt_required[p]
                               for p in cfg.pools}
-        return True
 
     def _burst_factor(self) -> float:
         """Burst-aware demand (``PlannerConfig.demand_error_quantile``): ``max(1, quantile_q(ratios))`` over
