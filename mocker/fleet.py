@@ -58,7 +58,7 @@ from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.engine.vllm import VllmCore
 from mocker.errors import ConfigError, SimulationError
-from mocker.kv.manager import BlockKvManager, engine_block_keys
+from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.kv.events import EventingKvManager, KvEvent, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
@@ -625,24 +625,33 @@ class Fleet:
         else:
             self._route_decode(fl, t)
 
-    def _route_decode(self, fl: _Flight, t: float) -> None:
+    def _pick_decode(self, fl: _Flight, t: float) -> Any | None:
+        """The decode core the decode router picks for ``fl`` at ``t`` (cores advanced to ``t`` first when the
+        router reads their state, KV events drained for the KV index), or None when the decode pool is empty:
+        ``fl`` then waits in the pool's queue for a worker to join."""
         p = self.pools["decode"]
         cores = p.cores
         if not cores:
             fl.phase = _WAIT_DECODE
             p.queue.append(fl)
-            return
-        adv = self._adv
+            return None
         if p.needs_state:
+            adv = self._adv
             for c in cores:
                 adv(c, t)
             if self._kv_index:
                 self._drain_kv_events(p, t)
-        c = cores[p.router.choose(fl.req, t, cores)]
+        return cores[p.router.choose(fl.req, t, cores)]
+
+    def _route_decode(self, fl: _Flight, t: float) -> None:
+        p = self.pools["decode"]
+        c = self._pick_decode(fl, t)
+        if c is None:
+            return
         tr = self.transfer
         coordinated = tr.handoff == "coordinated"
         if coordinated or tr.timing == "destination_missing":
-            adv(c, t)
+            self._adv(c, t)
         fl.dcore = c
         if p.on_routed is not None:
             p.on_routed(fl.rec)
@@ -683,19 +692,10 @@ class Fleet:
         worker reserved at three successive pass ends, at an idle one all at the arrival); the prefill is
         dispatched once reserved."""
         p = self.pools["decode"]
-        cores = p.cores
-        if not cores:
-            fl.phase = _WAIT_DECODE
-            p.queue.append(fl)
+        c = self._pick_decode(fl, t)
+        if c is None:
             return
-        adv = self._adv
-        if p.needs_state:
-            for c in cores:
-                adv(c, t)
-            if self._kv_index:
-                self._drain_kv_events(p, t)
-        c = cores[p.router.choose(fl.req, t, cores)]
-        adv(c, t)
+        self._adv(c, t)
         fl.dcore = c
         if p.on_routed is not None:
             p.on_routed(fl.rec)
@@ -803,80 +803,33 @@ class Fleet:
         a reservation is private blocks. Capped by what is available. SGLang cores: token slots and a tree
         lock (:meth:`SglangCore.hold_tokens`; ``keys`` is then the prompt's content)."""
         if self._sg:
-            node, n = core.hold_tokens(keys, tokens)
-            w.holds += 1
-            self._core_holds[id(core)] = self._core_holds.get(id(core), 0) + 1
-            self.holds_taken += 1
-            return core, w, node, n
-        kv = core.kv
-        n = -(-tokens // core.block_size)
-        pinned: list[int] = []
-        if keys:
-            if type(kv) is BlockKvManager:
-                # kv.match_prefix then kv.acquire_cached on each hit, fused (same dict operations, same order)
-                hits = 0
-                if kv.caching:
-                    active, inactive = kv.active, kv.inactive
-                    for k in keys:
-                        if k in active:
-                            active[k] += 1
-                        elif k in inactive:
-                            del inactive[k]
-                            active[k] = 1
-                        else:
-                            break
-                        hits += 1
-                if hits:
-                    pinned = keys[:hits]
-                    n -= hits
-            else:
-                hits = kv.match_prefix(keys)[0]
-                if hits:
-                    pinned = keys[:hits]
-                    for k in pinned:
-                        kv.acquire_cached(k)
-                    n -= hits
-        free = kv.free
-        if n > free:
-            avail = kv.available()
-            if n > avail:
-                n = avail
-        if n > 0 and type(kv) is BlockKvManager:  # kv.allocate_private inlined (same evictions)
-            take = n if n <= free else free
-            kv.free = free - take
-            if n > take:
-                popitem = kv.inactive.popitem
-                for _ in range(n - take):
-                    popitem(last=False)
-            kv.private_in_use += n
+            held, n = core.hold_tokens(keys, tokens)
         else:
+            kv = core.kv
+            n = -(-tokens // core.block_size)
+            held = []
+            if keys:
+                hits = kv.acquire_prefix(keys)
+                if hits:
+                    held = keys[:hits]
+                    n -= hits
+            if n > kv.free:
+                avail = kv.available()
+                if n > avail:
+                    n = avail
             kv.allocate_private(n)
-        core.external_private_blocks += n
+            core.external_private_blocks += n
         w.holds += 1
         self._core_holds[id(core)] = self._core_holds.get(id(core), 0) + 1
         self.holds_taken += 1
-        return core, w, pinned, n
+        return core, w, held, n
 
     def _give(self, h: tuple[Any, _Worker, list[int], int], t: float) -> None:
         core, w, pinned, n = h
         if self._sg:
             core.release_hold(pinned, n)
         else:
-            kv = core.kv
-            if type(kv) is BlockKvManager:  # kv.release inlined (same dict operations, same order)
-                if pinned:
-                    active, inactive = kv.active, kv.inactive
-                    for k in reversed(pinned):
-                        c = active[k] - 1
-                        if c:
-                            active[k] = c
-                        else:
-                            del active[k]
-                            inactive[k] = None
-                kv.private_in_use -= n
-                kv.free += n
-            else:
-                kv.release(pinned, n)
+            core.kv.release(pinned, n)
             core.external_private_blocks -= n
         self._core_holds[id(core)] -= 1
         w.holds -= 1

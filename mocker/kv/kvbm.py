@@ -116,14 +116,6 @@ class KvbmBlockManager(BlockKvManager):
             self.listener.on_removed(removed)
 
     # ------------------------------------------------------------------ BlockKvManager API
-    def acquire_cached(self, key: int) -> None:
-        active = self.active
-        if key in active:
-            active[key] += 1
-        else:
-            del self.inactive[key]
-            active[key] = 1
-
     def _is_new(self, key: int | None) -> bool:
         return key is not None and self.caching and key not in self.active and key not in self.inactive
 
@@ -187,21 +179,12 @@ class KvbmBlockManager(BlockKvManager):
         self.private_in_use += n
 
     def release(self, keys: list[int], n_private: int) -> None:
-        active, inactive, children = self.active, self.inactive, self.children
         prev = None
         for k in keys:  # learn lineage (block order)
             if k not in self.parent and prev is not None:
                 self._link(k, prev)
             prev = k
-        for k in reversed(keys):
-            c = active[k] - 1
-            if c:
-                active[k] = c
-            else:
-                del active[k]
-                inactive[k] = None
-        self.private_in_use -= n_private
-        self.free += n_private
+        super().release(keys, n_private)
 
     def check_invariants(self) -> None:
         """Base conservation check, plus: lineage only between cached blocks, children map == parent map."""

@@ -125,6 +125,25 @@ class BlockKvManager:
             del self.inactive[key]
             active[key] = 1
 
+    def acquire_prefix(self, keys: Sequence[int]) -> int:
+        """:meth:`match_prefix` then :meth:`acquire_cached` on each hit, in one pass over ``keys`` (the same
+        dict operations in the same order). Returns the number of leading blocks now referenced (0 without
+        prefix caching)."""
+        if not self.caching:
+            return 0
+        hits = 0
+        active, inactive = self.active, self.inactive
+        for k in keys:
+            if k in active:
+                active[k] += 1
+            elif k in inactive:
+                del inactive[k]
+                active[k] = 1
+            else:
+                break
+            hits += 1
+        return hits
+
     def allocate_full(self, key: int | None) -> bool:
         """Allocate a fresh block for completed content ``key``. Returns True if it was registered in the
         cache (caller then holds a reference on ``key``), False if it is private (duplicate or uncached)."""
