@@ -56,7 +56,8 @@ from mocker.engine.vllm import PassOutcome, _var
 from mocker.errors import SimulationError
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
-from mocker.request import TERMINAL, EngineRequest, State
+from mocker.engine.timeline import PassTimeline
+from mocker.request import EngineRequest, State
 from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
 from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
@@ -89,7 +90,7 @@ class SglangRequest(EngineRequest):
         self.node: RadixNode | None = None
 
 
-class SglangCore:
+class SglangCore(PassTimeline):
     """One simulated SGLang engine (one DP rank). See the module docstring for semantics."""
 
     def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
@@ -131,10 +132,7 @@ class SglangCore:
         self.pass_index = 0
         self.preemptions_total = 0
         self.finished_total = 0
-        self._ends_py: list[float] = []
-        self._ends_chunks: list[np.ndarray] = []
-        self._ends_base = 0
-        """Pass index of the first kept end time (> 0 only after :meth:`release_finished`)."""
+        self._init_pass_timeline()
         self._added = 0
         """Requests ever added: the next request's index (``all_requests`` may be released)."""
         self.external_tokens = 0
@@ -298,43 +296,6 @@ class SglangCore:
         """Like :meth:`advance_until`, one pass at a time (reference mode for equivalence tests)."""
         while (self.running or self.prefilled or (self.waiting and not self.hold_waiting)) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
-
-    def pass_end_times(self) -> np.ndarray:
-        """End time (ms) of every pass run so far, indexed by pass number minus ``_ends_base`` (0 unless
-        :meth:`release_finished` dropped the ends no live request needs)."""
-        if self._ends_py:
-            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
-            self._ends_py = []
-        if not self._ends_chunks:
-            return np.zeros(0)
-        if len(self._ends_chunks) > 1:
-            self._ends_chunks = [np.concatenate(self._ends_chunks)]
-        return self._ends_chunks[0]
-
-    def release_finished(self) -> list[ForwardPassMetrics]:
-        """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
-
-        For a long-running wall-clock driver (:mod:`mocker.live.driver`) that keeps each request's record and
-        token times itself: afterwards ``all_requests`` holds only live requests, the kept pass end times
-        start at the earliest pass a live request emitted in (so :meth:`finalize` stays right for them),
-        and ``fpm`` is empty. Returns the ForwardPassMetrics collected since the previous call (oldest
-        first). The offline replay never calls it (its records are unchanged). Raises nothing.
-        """
-        self.all_requests = [r for r in self.all_requests if r.state not in TERMINAL]
-        keep = self.pass_index
-        for r in self.all_requests:
-            ranges = r.all_emit_ranges()
-            if ranges:
-                keep = min(keep, ranges[0][0])
-        if self._ends_py:
-            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
-            self._ends_py = []
-        if keep > self._ends_base and self._ends_chunks:
-            ends = np.concatenate(self._ends_chunks) if len(self._ends_chunks) > 1 else self._ends_chunks[0]
-            self._ends_chunks = [ends[keep - self._ends_base:].copy()]
-            self._ends_base = keep
-        out, self.fpm = self.fpm, []
-        return out
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
@@ -1046,9 +1007,7 @@ class SglangCore:
                     scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=s0 + n * j,
                                                          var_decode_kv_tokens=var_dec),
                     queued_requests=queued, timestamp_ms=float(ends[j])))
-        if self._ends_py:
-            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
-            self._ends_py = []
+        self._flush_ends()
         self._ends_chunks.append(ends)
         self.pass_index = p + k
         self.next_pass_ms = float(ends[-1])

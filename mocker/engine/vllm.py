@@ -54,7 +54,8 @@ from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
-from mocker.request import TERMINAL, EngineRequest, State
+from mocker.engine.timeline import PassTimeline
+from mocker.request import EngineRequest, State
 from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
 from mocker.timing import (PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing,
                            round_ns)
@@ -86,7 +87,7 @@ def _var(xs: list[int]) -> float:
     return sum((x - m) ** 2 for x in xs) / len(xs)
 
 
-class VllmCore:
+class VllmCore(PassTimeline):
     """One simulated vLLM engine (one DP rank). See the module docstring for semantics and API."""
 
     no_evict = False  # TRT-LLM GUARANTEED_NO_EVICT overrides
@@ -122,10 +123,7 @@ class VllmCore:
         """Private blocks held for a driver (disaggregated handoff holds and reservations, :mod:`mocker.fleet`)."""
         self.preemptions_total = 0
         self.finished_total = 0
-        self._ends_py: list[float] = []
-        self._ends_chunks: list[np.ndarray] = []
-        self._ends_base = 0
-        """Pass index of the first kept end time (> 0 only after :meth:`release_finished`)."""
+        self._init_pass_timeline()
         self._added = 0
         """Requests ever added: the next request's index (``all_requests`` may be released)."""
         # per-pass scratch
@@ -256,39 +254,10 @@ class VllmCore:
         while (self.running or self.waiting) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
 
-    def pass_end_times(self) -> np.ndarray:
-        """End time (ms) of every pass run so far, indexed by pass number minus ``_ends_base`` (0 unless
-        :meth:`release_finished` dropped the ends no live request needs)."""
-        self._flush_ends()
-        if not self._ends_chunks:
-            return np.zeros(0)
-        if len(self._ends_chunks) > 1:
-            self._ends_chunks = [np.concatenate(self._ends_chunks)]
-        return self._ends_chunks[0]
-
     def release_finished(self) -> list[ForwardPassMetrics]:
-        """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
-
-        For a long-running wall-clock driver (:mod:`mocker.live.driver`) that keeps each request's record and
-        token times itself: afterwards ``all_requests`` holds only live requests, the kept pass end times
-        start at the earliest pass a live request emitted in (so :meth:`finalize` stays right for them),
-        and ``fpm`` is empty. Returns the ForwardPassMetrics collected since the previous call (oldest
-        first). The offline replay never calls it (its records are unchanged). Raises nothing.
-        """
+        """:meth:`PassTimeline.release_finished` after bringing fast-forwarded cohorts up to date."""
         self._co_sync_all()
-        self.all_requests = [r for r in self.all_requests if r.state not in TERMINAL]
-        keep = self.pass_index
-        for r in self.all_requests:
-            ranges = r.all_emit_ranges()
-            if ranges:
-                keep = min(keep, ranges[0][0])
-        self._flush_ends()
-        if keep > self._ends_base and self._ends_chunks:
-            ends = np.concatenate(self._ends_chunks) if len(self._ends_chunks) > 1 else self._ends_chunks[0]
-            self._ends_chunks = [ends[keep - self._ends_base:].copy()]
-            self._ends_base = keep
-        out, self.fpm = self.fpm, []
-        return out
+        return super().release_finished()
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
@@ -1031,11 +1000,6 @@ class VllmCore:
             timestamp_ms=end)
 
     # ================================================================== fast path
-    def _flush_ends(self) -> None:
-        if self._ends_py:
-            self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
-            self._ends_py = []
-
     def _stretch(self, horizon: float) -> bool:
         """Run a stretch of identical-shape decode-only passes at once. False if not applicable now."""
         running = self.running
