@@ -111,6 +111,23 @@ def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
 
 
 # ---------------------------------------------------------------------------------------------- parser
+def add_transfer_arguments(group: Any) -> None:
+    """The prefill->decode KV-transfer flags (``--kv-transfer-bandwidth``, ``--kv-bytes-per-token``,
+    ``--model-config``, ``--kv-cache-dtype``, ``--kv-transfer-timing``, ``--handoff``) on ``group`` (a parser or
+    argument group); shared by ``dynoplan replay`` and ``dynoplan simulate``."""
+    group.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
+                       help="prefill->decode KV transfer bandwidth in GB/s (1e9 B/s); 0 = no delay (default 0)")
+    group.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
+    group.add_argument("--model-config", metavar="config.json",
+                       help="Hugging Face config.json: kv bytes/token = layers x 2 x kv_heads x head_dim x dtype bytes")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                       help="KV cache dtype for --model-config (default auto = the model's torch_dtype)")
+    group.add_argument("--kv-transfer-timing", choices=TIMING_MODES, default="full_prompt",
+                       help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)")
+    group.add_argument("--handoff", choices=HANDOFF_PATHS, default="coordinated",
+                       help="prefill->decode handoff path (default coordinated, the reference's timeline)")
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (override --engine-config)") -> None:
     """The engine flags shared by ``replay``, ``simulate``, ``profile`` and ``mocker serve`` (same names, same meaning).
 
@@ -157,17 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = parser.add_argument_group("disaggregation (prefill/decode pools) and data parallelism")
     d.add_argument("--prefill-workers", type=_worker_count, metavar="N", help="prefill workers (with --decode-workers: disaggregated fleet)")
     d.add_argument("--decode-workers", type=_worker_count, metavar="N", help="decode workers (with --prefill-workers)")
-    d.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
-                   help="prefill->decode KV transfer bandwidth in GB/s (1e9 B/s); 0 = no delay (default 0)")
-    d.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
-    d.add_argument("--model-config", metavar="config.json",
-                   help="Hugging Face config.json: kv bytes/token = layers x 2 x kv_heads x head_dim x dtype bytes")
-    d.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="KV cache dtype for --model-config (default auto = the model's torch_dtype)")
-    d.add_argument("--kv-transfer-timing", choices=TIMING_MODES, default="full_prompt",
-                   help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)")
-    d.add_argument("--handoff", choices=HANDOFF_PATHS, default="coordinated",
-                   help="prefill->decode handoff path (default coordinated, the reference's timeline)")
+    add_transfer_arguments(d)
     d.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
 
     add_engine_arguments(parser)

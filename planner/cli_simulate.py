@@ -20,6 +20,7 @@ from typing import Any
 from mocker.cli_replay import (_nonneg_float, _nonneg_int, _positive_float, _positive_int,
                                engine_config_from_args)
 from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
+from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
 
 POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
                "hpa[:kv|running[:target]] | saturation")
@@ -34,22 +35,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
-    """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode), same names, choices and defaults;
-    the pool sizes (replay's --prefill-workers/--decode-workers) are the policy's."""
-    from mocker.modelcfg import KV_CACHE_DTYPES
-    from mocker.transfer import HANDOFF_PATHS, TIMING_MODES
-
-    d = parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)")
-    d.add_argument("--kv-transfer-bandwidth", type=_nonneg_float, metavar="GBPS",
-                   help="prefill->decode KV transfer bandwidth in GB/s; 0 = no delay (default 0)")
-    d.add_argument("--kv-bytes-per-token", type=_positive_int, metavar="N", help="KV bytes per token (or --model-config)")
-    d.add_argument("--model-config", metavar="config.json", help="Hugging Face config.json giving the KV bytes per token")
-    d.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="KV cache dtype for --model-config (default auto = the model's torch_dtype)")
-    d.add_argument("--kv-transfer-timing", choices=TIMING_MODES, default="full_prompt",
-                   help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)")
-    d.add_argument("--handoff", choices=HANDOFF_PATHS, default="coordinated",
-                   help="prefill->decode handoff path (default coordinated)")
+    """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode), same names, choices and defaults
+    (:func:`mocker.cli_replay.add_transfer_arguments`); the pool sizes (replay's --prefill-workers /
+    --decode-workers) are the policy's."""
+    _add_replay_transfer_arguments(parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)"))
 
 
 def _replay_namespace(args: argparse.Namespace) -> argparse.Namespace:
