@@ -61,7 +61,13 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             assert "scale_up_throughput" in reasons and "scale_down_throughput" in reasons, st["decisions"]
             assert reasons.index("scale_up_throughput") < len(reasons) - 1 - reasons[::-1].index("scale_down_throughput")
             assert st["pools"]["agg"] == {"spec": 1, "ready": 1}
-            # FPM reached the planner over ZMQ: per-engine state of the serving worker
+            # FPM reached the planner over ZMQ: per-engine state of the serving worker. The engines view is
+            # refreshed at the planner's ticks, so the removed worker's engine may still be listed for up to one
+            # tick after spec/ready read 1 (it is dropped from the feed when it drains, stale after 5 s at most)
+            deadline = time.monotonic() + 10.0
+            while [e["pool"] for e in st["engines"]] != ["agg"] and time.monotonic() < deadline:
+                time.sleep(0.5)
+                st = up.state_json()
             assert [e["pool"] for e in st["engines"]] == ["agg"]
             assert page.evaluate("document.getElementById('queues').data[0].x.length") >= 1
             # Prometheus and the dashboard show the same replica counts (now and the peak)
