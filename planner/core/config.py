@@ -131,6 +131,13 @@ class PlannerConfig:
     (Dynamo VirtualConnector default 1800 s)."""
     scale_down_hysteresis: float = 0.1
     """Throughput loop: scale down only when ceil(required x (1 + h)) < current (stops 2<->1 flapping)."""
+    scale_up_tolerance: float = 0.1
+    """Throughput loop: no scale-up while the fractional requirement is within ``current x (1 + t)`` (it
+    exceeds the current count by less than this share; the rule also gates the early sizing and the load
+    loop's throughput floor). The requirement already carries the demand, queueing and ITL-tail margins; a
+    whole replica for the last few percent of an estimate costs up to 1/current more GPUs. Same deadband
+    as Kubernetes' HPA (``--horizontal-pod-autoscaler-tolerance``, default 0.1). 0 = scale up at any excess
+    (reference)."""
     scale_down_cooldown_s: float = 0.0
     """No scale-down of a pool within this long after it was scaled up (0 = off)."""
     external_change_grace_s: float = 180.0
@@ -241,7 +248,7 @@ def _validate(c: PlannerConfig) -> list[str]:
     if not (isinstance(c.attainment_max_headroom, (int, float)) and math.isfinite(c.attainment_max_headroom)
             and c.attainment_max_headroom >= 1):
         p.append(f"attainment_max_headroom={c.attainment_max_headroom!r}: expected a finite number >= 1")
-    for n in ("attainment_gain", "attainment_significance_z", "scale_down_hysteresis", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
+    for n in ("attainment_gain", "attainment_significance_z", "scale_down_hysteresis", "scale_up_tolerance", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
               "kalman_q_trend", "kalman_r"):
         nonneg(n, getattr(c, n))
     if (isinstance(c.load_adjustment_interval_s, (int, float)) and isinstance(c.adjustment_interval_s, (int, float))

@@ -382,9 +382,20 @@ class Planner:
                 h = max(1.0, h * cfg.attainment_relax)
             self.headroom[key] = h
 
-    def _hysteresis_goal(self, pool: str, current: int) -> tuple[int, Reason]:
+    def _required(self, pool: str, current: int) -> int:
+        """The throughput requirement of ``pool`` against ``current`` replicas, with the scale-up tolerance
+        (``PlannerConfig.scale_up_tolerance``): a requirement above ``current`` whose fractional value is
+        within ``current x (1 + tolerance)`` counts as met by ``current``."""
         req = self._thpt_required[pool]
+        if req > current and self._thpt_exact[pool] <= current * (1.0 + self.config.scale_up_tolerance):
+            return current
+        return req
+
+    def _hysteresis_goal(self, pool: str, current: int) -> tuple[int, Reason]:
+        req = self._required(pool, current)
         if req >= current:
+            if req == current and self._thpt_required[pool] > current:
+                return current, Reason.HOLD_SCALE_UP_TOLERANCE
             return req, (Reason.SCALE_UP_THROUGHPUT if req > current else Reason.HOLD_STEADY)
         banded = ceil_replicas(self._thpt_exact[pool] * (1.0 + self.config.scale_down_hysteresis))
         if banded < current:
@@ -637,7 +648,7 @@ class Planner:
                         pool_reasons[p] = Reason.SCALE_UP_THROUGHPUT if goal[p] > current[p] else Reason.SCALE_DOWN_THROUGHPUT
         if due_early and early_ok and not cfg.load_enabled:
             for p in cfg.pools:  # scale up only: a short window is no reason to remove capacity
-                if self._thpt_required[p] > current[p]:
+                if self._required(p, current[p]) > current[p]:
                     self._thpt_goal[p] = goal[p] = self._thpt_required[p]
                     pool_reasons[p] = Reason.SCALE_UP_THROUGHPUT
         if due_thpt and not thpt_ok:
@@ -661,7 +672,7 @@ class Planner:
                 pool_reasons[p] = r
         if cfg.load_enabled and self._thpt_required:
             for p in cfg.pools:
-                floor = self._thpt_required.get(p, 0)
+                floor = self._required(p, current[p]) if p in self._thpt_required else 0
                 if goal[p] < floor:
                     goal[p] = floor
                     pool_reasons[p] = (Reason.RAISED_TO_THROUGHPUT_FLOOR if floor > current[p]

@@ -36,6 +36,8 @@ class Reason(str, Enum):
     """Both loops on: the load loop would scale down, but the throughput result is the floor."""
     HOLD_WITHIN_SLA = "hold_within_sla"
     HOLD_HYSTERESIS = "hold_hysteresis"
+    HOLD_SCALE_UP_TOLERANCE = "hold_scale_up_tolerance"
+    """The throughput requirement exceeds the current replicas by less than ``scale_up_tolerance``."""
     HOLD_COOLDOWN = "hold_cooldown"
     HOLD_EXTERNAL_GRACE = "hold_external_grace"
     HOLD_PENDING = "hold_pending"

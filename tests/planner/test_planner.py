@@ -14,7 +14,8 @@ from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffi
 
 # The reference planner's rules (DESIGN.md); the rules beyond it have their own tests below.
 REFERENCE_RULES = dict(prefill_queueing=False, agg_prefill_interference=False, load_max_scale_up_factor=1.0,
-                       agg_itl_tail=False, demand_error_quantile=None, first_sizing_s=None, prefill_length_mix=False)
+                       agg_itl_tail=False, demand_error_quantile=None, first_sizing_s=None, prefill_length_mix=False,
+                       scale_up_tolerance=0.0)
 
 
 def thpt_config(**kw):

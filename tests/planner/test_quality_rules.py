@@ -18,7 +18,7 @@ from planner.core.throughput import (Demand, StallSums, agg_itl_miss_share, osl_
                                      prefill_utilisation_cap, size_agg_decode, size_agg_itl_tail, size_decode,
                                      size_pool, size_prefill_over_lengths)
 from planner.errors import ConfigError, ObservationError
-from tests.planner.helpers import Fleet, profile
+from tests.planner.helpers import Fleet, profile, traffic
 
 
 def test_prefill_utilisation_cap_md1():
@@ -341,3 +341,33 @@ def test_prefill_over_lengths_and_mg1_cap():
     off = PlannerConfig(mode="prefill", ttft_ms=500.0)
     assert size_pool("prefill", d, off, prof) == pytest.approx(5.0 / 0.75)
     assert size_pool("prefill", Demand(3600.0, 2000.0, 150.0), cfg, prof) == pytest.approx(5.0 / 0.75)
+
+
+def test_scale_up_tolerance_holds_requirements_within_the_deadband():
+    def cfg(**kw):
+        return PlannerConfig(**{**dict(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False,
+                                       max_gpu_budget=64, sla_attainment_target=None, demand_error_quantile=None,
+                                       first_sizing_s=None), **kw})
+
+    # decode needs n x 150 / 180 / 1500 = n / 1800 replicas; current 2, tolerance 0.1 -> up only beyond 2.2
+    pl, fleet = Planner(cfg(), profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(3888)))  # 2.16 replicas: within 2 x 1.1
+    assert r.diagnostics.throughput_replicas_exact["decode"] == pytest.approx(2.16)
+    assert r.diagnostics.throughput_replicas["decode"] == 3
+    assert r.decision.targets is None and r.decision.reason.value == "hold_scale_up_tolerance"
+    r = pl.tick(360.0, fleet.obs(traffic(4032)))  # 2.24 > 2.2: the ceiling, as without the rule
+    assert r.decision.targets == {"decode": 3} and r.decision.reason.value == "scale_up_throughput"
+    # off (reference): any excess adds a replica
+    pl, fleet = Planner(cfg(scale_up_tolerance=0.0), profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(180.0, fleet.obs(traffic(3888))).decision.targets == {"decode": 3}
+    # the early sizing obeys it too: 30 s x 21.6 req/s -> 3888 per interval -> 2.16, held; 2.4 -> 3
+    pl, fleet = Planner(cfg(first_sizing_s=30.0), profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(30.0, fleet.obs(TrafficWindow(30.0, 648, 2000.0, 150.0))).decision.targets is None
+    pl, fleet = Planner(cfg(first_sizing_s=30.0), profile()), Fleet(decode=2)
+    pl.tick(0.0, fleet.obs())
+    assert pl.tick(30.0, fleet.obs(TrafficWindow(30.0, 720, 2000.0, 150.0))).decision.targets == {"decode": 3}
+    with pytest.raises(ConfigError, match="scale_up_tolerance"):
+        cfg(scale_up_tolerance=-0.1)
