@@ -149,6 +149,12 @@ class PlannerConfig:
     """Throughput loop: divide the prefill requirement by the M/D/1 utilisation cap
     ``2 (T - S) / (2 (T - S) + S)`` (:func:`planner.core.throughput.prefill_utilisation_cap`); False = size
     at 100 % utilisation (reference)."""
+    prefill_ttft_tail: bool = True
+    """Throughput loop, with ``prefill_queueing`` and an SLA-attainment target: cap prefill utilisation also by
+    the M/G/1 waiting-time tail, so that at most ``1 - sla_attainment_target`` of prompts wait beyond the TTFT
+    slack (:func:`planner.core.throughput.prefill_tail_utilisation_cap`; service spread from the ISL histogram
+    when reported). The mean cap alone lets a long-prompt trace (Mooncake) meet the mean TTFT while 2 % miss
+    it. False = the mean cap only."""
     prefill_length_mix: bool = False
     """Throughput loop, ``sizing="mean"``: when the traffic reports an ISL histogram, size prefill per length
     class and cap utilisation by the M/G/1 wait of the per-class prefill times

@@ -25,7 +25,8 @@ filled with nearest).
 
 Interpolation: prefill is piecewise linear in ISL (``numpy.interp``), decode bilinear on the grid
 (``scipy.interpolate.RegularGridInterpolator``). Inputs outside the grid are clamped to its edge (the
-Dynamo planner clamps ISL the same way), never extrapolated.
+Dynamo planner clamps ISL the same way), never extrapolated, except the prefill TTFT beyond the longest
+ISL, which grows in proportion at the edge's throughput (:meth:`PrefillProfile.ttft_ms_at`).
 """
 
 from __future__ import annotations
@@ -74,7 +75,13 @@ class PrefillProfile:
             raise ProfileError(s, "prefill_thpt_per_gpu: expected values > 0")
 
     def ttft_ms_at(self, isl_tokens: float) -> float:
-        """TTFT (ms) of a request of ``isl_tokens`` on an idle engine (clamped to the grid)."""
+        """TTFT (ms) of a request of ``isl_tokens`` on an idle engine: piecewise linear on the grid, clamped
+        below it; beyond the longest profiled ISL, that point's TTFT scaled by ``isl / isl_max`` (the prompt
+        is prefilled at the edge's throughput, as :meth:`thpt_per_gpu_at` clamps it). A clamped TTFT would
+        price a 126k-token prompt like a 32k one (Mooncake: 7 % of prompts beyond a 32k grid)."""
+        edge = float(self.isl[-1])
+        if isl_tokens > edge:
+            return float(self.ttft_ms[-1]) * float(isl_tokens) / edge
         return float(np.interp(isl_tokens, self.isl, self.ttft_ms))
 
     def thpt_per_gpu_at(self, isl_tokens: float) -> float:

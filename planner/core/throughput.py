@@ -127,6 +127,52 @@ def prefill_utilisation_cap(service_ms: float, ttft_target_ms: float, second_mom
     return 2.0 * (t - s) / (2.0 * (t - s) + m2 / s)
 
 
+def prefill_tail_utilisation_cap(service_ms: float, ttft_target_ms: float, allowed_miss: float,
+                                 second_moment_ms2: float | None = None) -> float:
+    """Highest prefill utilisation of one engine at which the share of prompts waiting longer than the
+    TTFT slack ``T - m`` stays within ``allowed_miss`` (the attainment target, not only the mean).
+
+    M/G/1 waiting time, exponential approximation (Cramer-Lundberg form matched to the exact atom and mean):
+    ``P(W > t) ~= rho x exp(-t / tau)`` with ``P(W > 0) = rho`` and ``E[W] = rho tau`` equal to the
+    Pollaczek-Khinchine mean, so ``tau = E[S^2] / (2 m (1 - rho))``. The cap is the largest ``rho`` with
+    ``rho x exp(-(T - m) x 2 m (1 - rho) / E[S^2]) <= allowed_miss`` (the left side rises with ``rho``;
+    bisection to 1e-6). ``E[S^2]`` defaults to ``m^2`` (M/D/1). Returns 1.0 when ``m >= T``, ``allowed_miss``
+    is not in (0, 1) or an input is not finite and positive (no cap, as :func:`prefill_utilisation_cap`).
+    """
+    s, t, eps = service_ms, ttft_target_ms, allowed_miss
+    if not (math.isfinite(s) and math.isfinite(t) and s > 0 and t > 0) or s >= t or not (0.0 < eps < 1.0):
+        return 1.0
+    m2 = s * s if second_moment_ms2 is None or not math.isfinite(second_moment_ms2) else max(second_moment_ms2, s * s)
+    k = (t - s) * 2.0 * s / m2
+
+    def tail(rho: float) -> float:
+        return rho * math.exp(-k * (1.0 - rho))
+
+    if tail(eps) > eps:  # cannot happen for eps < 1 (exp(...) < 1); kept for clarity of the bracket
+        return eps
+    lo, hi = eps, 1.0  # tail(eps) <= eps: rho = eps always qualifies; tail(1) = 1 > eps
+    while hi - lo > 1e-6:
+        mid = 0.5 * (lo + hi)
+        if tail(mid) <= eps:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def service_moments(demand: Demand, p_corr: float, prefill: PrefillProfile) -> tuple[float, float]:
+    """(E[S] ms, E[S^2] ms^2) of one prompt's prefill time ``S = prefill.ttft_ms_at(isl) x min(1, p_corr)``
+    over the input lengths of ``demand`` (:func:`length_distribution` of its ISL histogram at the predicted
+    mean; without a histogram, the mean ISL only: ``E[S^2] = E[S]^2``)."""
+    f = min(1.0, p_corr)
+    if not demand.isl_buckets:
+        m = prefill.ttft_ms_at(demand.isl_tokens) * f
+        return m, m * m
+    v, w = length_distribution(demand.isl_buckets, demand.isl_tokens)
+    svc = np.array([prefill.ttft_ms_at(float(x)) for x in v]) * f
+    return float(w @ svc), float(w @ (svc * svc))
+
+
 def size_prefill_over_lengths(demand: Demand, interval_s: float, p_corr: float, prefill: PrefillProfile,
                               gpus_per_engine: int) -> tuple[float, float, float]:
     """Prefill replicas summed over the input-length distribution (``demand.isl_buckets``,
@@ -480,7 +526,12 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
             service = profile.prefill.ttft_ms_at(demand.isl_tokens) * min(1.0, p_corr)
             second = service * service
         if cfg.prefill_queueing and demand.num_requests > 0:
-            x /= prefill_utilisation_cap(service, cfg.ttft_ms, second)
+            cap = prefill_utilisation_cap(service, cfg.ttft_ms, second)
+            if cfg.prefill_ttft_tail and cfg.sla_attainment_target is not None:
+                # the tail at the attainment target, with the service spread of the ISL histogram when reported
+                m, m2 = service_moments(demand, p_corr, profile.prefill) if not spread else (service, second)
+                cap = min(cap, prefill_tail_utilisation_cap(m, cfg.ttft_ms, 1.0 - cfg.sla_attainment_target, m2))
+            x /= cap
         parts.append(x * headroom[0])
     if pool in ("decode", "agg") and profile.decode is not None:
         if pool == "agg" and cfg.agg_prefill_interference and profile.prefill is not None:

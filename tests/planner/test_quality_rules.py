@@ -15,7 +15,7 @@ from planner.core.config import PlannerConfig
 from planner.core.observations import TrafficWindow
 from planner.core.planner import Planner, significant_misses
 from planner.core.throughput import (Demand, StallSums, agg_itl_miss_share, osl_distribution,
-                                     prefill_utilisation_cap, size_agg_decode, size_agg_itl_tail, size_decode,
+                                     prefill_tail_utilisation_cap, prefill_utilisation_cap, service_moments, size_agg_decode, size_agg_itl_tail, size_decode,
                                      size_pool, size_prefill_over_lengths)
 from planner.errors import ConfigError, ObservationError
 from tests.planner.helpers import Fleet, profile, traffic
@@ -33,11 +33,11 @@ def test_prefill_utilisation_cap_md1():
 
 
 def test_prefill_queueing_in_pool_sizing():
-    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0)
+    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_ttft_tail=False)
     d = Demand(3600.0, 2000.0, 150.0)
     # reference: 3600 x 2000 / 180 / 8000 = 5; S = 200 ms, T = 500 ms -> rho_max = 600 / 800 = 0.75 -> 6.667
     assert size_pool("prefill", d, cfg, profile()) == pytest.approx(5.0 / 0.75)
-    off = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_queueing=False)
+    off = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_ttft_tail=False, prefill_queueing=False)
     assert size_pool("prefill", d, off, profile()) == pytest.approx(5.0)
 
 
@@ -53,10 +53,10 @@ def test_agg_decode_counts_prefill_interference():
     # the decode profile is scanned on a 0.005 usage grid, so the answer is within 1 % of the exact root
     assert res.replicas_exact == pytest.approx(0.3 + math.sqrt(3) / 10, rel=0.01)
     assert res.replicas_exact >= 0.3 + math.sqrt(3) / 10 - 1e-9  # grid rounding only ever adds capacity
-    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_itl_tail=False)
+    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, prefill_ttft_tail=False, agg_itl_tail=False)
     # agg pool: max(prefill 180 x 2000 / 180 / 8000 / 0.75 = 0.333, decode 0.473)
     assert size_pool("agg", d, cfg, prof) == pytest.approx(res.replicas_exact)
-    ref = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_prefill_interference=False, prefill_queueing=False,
+    ref = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, prefill_ttft_tail=False, agg_prefill_interference=False, prefill_queueing=False,
                         agg_itl_tail=False)
     assert size_pool("agg", d, ref, prof) == pytest.approx(0.25)  # max(0.25 prefill, 0.1 decode)
 
@@ -198,12 +198,12 @@ def test_size_agg_itl_tail_is_the_least_size_meeting_the_share():
 
     assert miss(n) <= 0.005 < miss(n * 0.999)
     # the pool takes it as the decode part when larger than the mean-ITL sizing (0.473, interference test)
-    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, sla_attainment_target=0.995)
+    cfg = PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, prefill_ttft_tail=False, sla_attainment_target=0.995)
     assert n > 1.0 and size_pool("agg", d, cfg, prof) == pytest.approx(n)
     # off without an attainment target, or by its flag
-    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, sla_attainment_target=None),
+    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, prefill_ttft_tail=False, sla_attainment_target=None),
                      prof) < 0.5
-    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, agg_itl_tail=False), prof) < 0.5
+    assert size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0, prefill_ttft_tail=False, agg_itl_tail=False), prof) < 0.5
     # an unloaded engine cannot meet 10 ms (its idle ITL): the rule does not apply; no demand: 0
     assert size_agg_itl_tail(d, 180.0, 1.0, 10.0, 0.005, prof.decode, prof.prefill) == 0.0
     assert size_agg_itl_tail(Demand(0.0, math.nan, math.nan), 180.0, 1.0, 30.0, 0.005, prof.decode, prof.prefill) == 0.0
@@ -333,12 +333,13 @@ def test_prefill_over_lengths_and_mg1_cap():
     a, b = lo * k, hi * k
     x, m, m2 = size_prefill_over_lengths(d, 180.0, 1.0, prof.prefill, 1)
     assert x == pytest.approx(0.5 * 3600 * a / 180 / 10000 + 0.5 * 3600 * b / 180 / 6000)
-    assert (m, m2) == (pytest.approx(0.5 * 100.0 + 0.5 * 300.0), pytest.approx(0.5 * 100.0 ** 2 + 0.5 * 300.0 ** 2))
-    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_length_mix=True)
+    # TTFT: 100 ms below the grid (clamped), b / 10 ms beyond it (the edge's 10 tokens/ms)
+    assert (m, m2) == (pytest.approx(0.5 * 100.0 + 0.5 * b / 10.0), pytest.approx(0.5 * 100.0 ** 2 + 0.5 * (b / 10.0) ** 2))
+    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_ttft_tail=False, prefill_length_mix=True)
     assert size_pool("prefill", d, cfg, prof) == pytest.approx(x / prefill_utilisation_cap(m, 500.0, m2))
     # off (default), or without a histogram: the reference's mean-ISL sizing (5 / 0.75,
     # test_prefill_queueing_in_pool_sizing)
-    off = PlannerConfig(mode="prefill", ttft_ms=500.0)
+    off = PlannerConfig(mode="prefill", ttft_ms=500.0, prefill_ttft_tail=False)
     assert size_pool("prefill", d, off, prof) == pytest.approx(5.0 / 0.75)
     assert size_pool("prefill", Demand(3600.0, 2000.0, 150.0), cfg, prof) == pytest.approx(5.0 / 0.75)
 
@@ -371,3 +372,47 @@ def test_scale_up_tolerance_holds_requirements_within_the_deadband():
     assert pl.tick(30.0, fleet.obs(TrafficWindow(30.0, 720, 2000.0, 150.0))).decision.targets == {"decode": 3}
     with pytest.raises(ConfigError, match="scale_up_tolerance"):
         cfg(scale_up_tolerance=-0.1)
+
+
+def test_prefill_tail_cap_keeps_the_waiting_tail_within_the_allowed_share():
+    # M/D/1, S = 30 ms, T = 200 ms, 0.5 %: k = (T - S) x 2 S / S^2 = 340 / 30 = 11.33; the cap solves
+    # rho exp(-k (1 - rho)) = 0.005, between 0.57 (0.0044) and 0.60 (0.0065)
+    rho = prefill_tail_utilisation_cap(30.0, 200.0, 0.005)
+    assert 0.57 < rho < 0.60
+    assert rho * math.exp(-(340.0 / 30.0) * (1.0 - rho)) == pytest.approx(0.005, rel=1e-4)
+    # E[S^2] = 2 S^2 (a spread of prompt lengths) halves k: a lower cap; a looser share: a higher one
+    assert prefill_tail_utilisation_cap(30.0, 200.0, 0.005, 1800.0) < rho < prefill_tail_utilisation_cap(30.0, 200.0, 0.05)
+    # no cap when the target cannot be met by any fleet, or the share is not in (0, 1)
+    assert prefill_tail_utilisation_cap(250.0, 200.0, 0.005) == 1.0
+    assert prefill_tail_utilisation_cap(30.0, 200.0, 0.0) == 1.0
+    assert prefill_tail_utilisation_cap(math.nan, 200.0, 0.005) == 1.0
+
+
+def test_prefill_tail_cap_in_pool_sizing():
+    prof = profile()
+    d = Demand(3600.0, 2000.0, 150.0)
+    # reference 5 replicas; S = 200 ms at T = 500 ms leaves 1.5 services of slack: the tail cap (0.079) binds,
+    # not the mean cap (0.75)
+    tail = prefill_tail_utilisation_cap(200.0, 500.0, 0.005)
+    assert tail < 0.75
+    cfg = PlannerConfig(mode="prefill", ttft_ms=500.0)
+    assert size_pool("prefill", d, cfg, prof) == pytest.approx(5.0 / tail)
+    assert size_pool("prefill", d, PlannerConfig(mode="prefill", ttft_ms=500.0, sla_attainment_target=None),
+                     prof) == pytest.approx(5.0 / 0.75)
+    # with an ISL histogram the service moments come from it (points 43.7 and 3956.3 tokens: TTFT 100 ms,
+    # clamped below the grid, and 395.6 ms, beyond the grid's ISL 3000 at the edge's 10 tokens/ms)
+    h = Demand(3600.0, 2000.0, 150.0, isl_buckets=((1024.0, 5.0), (2048.0, 0.0), (4096.0, 5.0)))
+    m, m2 = service_moments(h, 1.0, prof.prefill)
+    k = 2000.0 / (0.5 * 32.0 + 0.5 * math.sqrt(2048.0 * 4096.0))
+    a, b = 100.0, math.sqrt(2048.0 * 4096.0) * k / 10.0
+    assert b == pytest.approx(395.63, abs=0.01)
+    assert (m, m2) == (pytest.approx(0.5 * a + 0.5 * b), pytest.approx(0.5 * a * a + 0.5 * b * b))
+    assert size_pool("prefill", h, cfg, prof) == pytest.approx(5.0 / prefill_tail_utilisation_cap(m, 500.0, 0.005, m2))
+
+
+def test_prefill_ttft_beyond_the_grid_grows_at_the_edge_throughput():
+    prof = profile()  # grid ISL 1000..3000, TTFT 100..300 ms
+    assert prof.prefill.ttft_ms_at(6000.0) == pytest.approx(600.0)
+    assert prof.prefill.ttft_ms_at(3000.0) == pytest.approx(300.0)
+    assert prof.prefill.ttft_ms_at(500.0) == pytest.approx(100.0)  # clamped below the grid
+    assert prof.prefill.thpt_per_gpu_at(6000.0) == pytest.approx(6000.0)  # throughput stays clamped
