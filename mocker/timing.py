@@ -96,6 +96,20 @@ class PolynomialTiming:
 
     def __init__(self, total_kv_tokens: int) -> None:
         self.total_kv_tokens = float(total_kv_tokens)
+        self._decode_table = np.empty(0)
+
+    def decode_table(self, max_active_kv_tokens: int) -> np.ndarray:
+        """Decode pass durations (ms, ns-rounded, no speed-up) by active KV tokens: ``table[s] ==
+        decode_pass_ms(self, s, n, 1.0)`` bit for bit (any ``n``), for ``s`` = 0 .. at least
+        ``max_active_kv_tokens`` (>= 0). Computed on demand (:func:`decode_pass_ms_array`) and grown at least
+        twofold, so a replay evaluates each entry once; fast-forwarded decode stretches read their pass
+        durations from it as a strided slice ``table[s0::n]``."""
+        table = self._decode_table
+        if max_active_kv_tokens >= table.size:
+            size = max(max_active_kv_tokens + 1, 2 * table.size, 4096)
+            more = decode_pass_ms_array(self, np.arange(table.size, size, dtype=np.int64), 1, 1.0)
+            table = self._decode_table = np.concatenate((table, more))
+        return table
 
     def prefill_ms(self, batch_size: int, mean_isl: int, mean_prefix: int) -> float:
         t = batch_size * max(0, mean_isl - mean_prefix)

@@ -56,7 +56,6 @@ from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.engine.timeline import PassTimeline
 from mocker.request import EngineRequest, State
-from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
 from mocker.timing import (PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing,
                            round_ns)
 
@@ -885,46 +884,9 @@ class VllmCore(PassTimeline):
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > _FAST_CHUNK:
             k_try = _FAST_CHUNK
-        if k_try <= _SCALAR_MAX:
-            ends_l: list[float] = []
-            t = now
-            timing, speed = self.timing, self.speedup
-            if self._monotone_decode and speed == 1.0:
-                tot_kv = timing.total_kv_tokens  # type: ignore[attr-defined]
-                da, db, dc, dmin = _DA, _DB, _DC, _DMIN
-                append = ends_l.append
-                for s_kv in range(s0, s0 + n * k_try, n):  # s0 + n * j for j = 0 .. k_try - 1
-                    p_ = s_kv / tot_kv
-                    v = da * p_ * p_ + db * p_ + dc
-                    ns = round((v if v > dmin else dmin) / 1000.0 * 1e9)
-                    # round_ns: seconds + sub-second remainder; for a sub-second pass the seconds part is 0 and
-                    # 0 + x == x exactly, so ns / 1e9 is the same float
-                    if ns < 1_000_000_000:
-                        t = t + (ns / 1e9) * 1000.0
-                    else:
-                        t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
-                    append(t)
-                    if t >= horizon:
-                        break
-            else:
-                for j in range(k_try):
-                    if j and t >= horizon:
-                        break
-                    t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
-                    ends_l.append(t)
-            k = len(ends_l)
-            ends = None
-            end = ends_l[-1]
-        else:
-            s_arr = s0 + n * np.arange(k_try, dtype=np.int64)
-            d = decode_pass_ms_array(self.timing, s_arr, n, self.speedup)
-            acc = np.empty(k_try + 1)
-            acc[0] = now
-            acc[1:] = d
-            ends = np.cumsum(acc)[1:]
-            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
-            ends = ends[:k]
-            end = float(ends[-1])
+        ends = self._decode_ends(now, s0, n, k_try, horizon)
+        k = len(ends)
+        end = ends[-1] if type(ends) is list else float(ends[-1])
         # blocks allocated over passes p .. p+k-1: full phase cycles plus a partial one
         full, part = divmod(k, bs)
         new_blocks = full * n
@@ -945,8 +907,8 @@ class VllmCore(PassTimeline):
             fin = True
         if fin:
             self.running = [r for r in running if r.state is not fin_state]
-        if ends is None:  # a short stretch: its end times join the per-pass list (one array at the end)
-            self._ends_py += ends_l
+        if type(ends) is list:  # a short stretch: its end times join the per-pass list (one array at the end)
+            self._ends_py += ends
         else:
             self._flush_ends()
             self._ends_chunks.append(ends)
@@ -1000,6 +962,45 @@ class VllmCore(PassTimeline):
             timestamp_ms=end)
 
     # ================================================================== fast path
+    def _decode_ends(self, now: float, s0: int, n: int, k_try: int, horizon: float) -> list[float] | np.ndarray:
+        """End times (ms) of the passes of a decode stretch: ``n`` requests, ``s0`` active KV tokens in the
+        first pass starting at ``now``, ``n`` more in each next one; at most ``k_try`` (>= 1) passes, the last
+        being the first to end at or after ``horizon``. A list for a short stretch (``k_try <= _SCALAR_MAX``),
+        a float64 array otherwise. Each end is the previous end plus the pass duration, so the figures
+        are those of running the passes one by one."""
+        timing, speed = self.timing, self.speedup
+        s_last = s0 + n * (k_try - 1)
+        # the polynomial's durations come from its table (bit-identical to decode_pass_ms), read as the strided
+        # slice s0, s0 + n, ...; the table is capped at twice the KV capacity (shared prefixes can exceed it)
+        table = (timing.decode_table(s_last)  # type: ignore[attr-defined]
+                 if self._monotone_decode and speed == 1.0 and s_last <= 2 * self.total_kv_tokens else None)
+        if k_try <= _SCALAR_MAX:
+            ends: list[float] = []
+            append = ends.append
+            t = now
+            if table is not None:
+                for d in table[s0:s_last + 1:n].tolist():
+                    t = t + d
+                    append(t)
+                    if t >= horizon:
+                        break
+            else:
+                for j in range(k_try):
+                    t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
+                    append(t)
+                    if t >= horizon:
+                        break
+            return ends
+        acc = np.empty(k_try + 1)
+        acc[0] = now
+        if table is not None:
+            acc[1:] = table[s0:s_last + 1:n]
+        else:
+            acc[1:] = decode_pass_ms_array(timing, s0 + n * np.arange(k_try, dtype=np.int64), n, speed)
+        ends_a = np.cumsum(acc)[1:]
+        k = 1 + int(np.searchsorted(ends_a[:-1], horizon, side="left")) if horizon != inf else k_try
+        return ends_a[:k]
+
     def _stretch(self, horizon: float) -> bool:
         """Run a stretch of identical-shape decode-only passes at once. False if not applicable now."""
         running = self.running
@@ -1043,42 +1044,12 @@ class VllmCore(PassTimeline):
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > _FAST_CHUNK:
             k_try = _FAST_CHUNK
-        if k_try <= _SCALAR_MAX:
-            ends_l: list[float] = []
-            t = now
-            timing, speed = self.timing, self.speedup
-            if self._monotone_decode and speed == 1.0:
-                # decode_pass_ms inlined for the polynomial (same operations, same order)
-                tot = timing.total_kv_tokens  # type: ignore[attr-defined]
-                for j in range(k_try):
-                    if j and t >= horizon:
-                        break
-                    p_ = (s0 + n * j) / tot
-                    v = _DA * p_ * p_ + _DB * p_ + _DC
-                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)
-                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
-                    ends_l.append(t)
-            else:
-                for j in range(k_try):
-                    if j and t >= horizon:
-                        break
-                    t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
-                    ends_l.append(t)
-            k = len(ends_l)
-            if k < 2:
-                return False
-            ends = np.array(ends_l)
-        else:
-            s = s0 + n * np.arange(k_try, dtype=np.int64)
-            d = decode_pass_ms_array(self.timing, s, n, self.speedup)
-            acc = np.empty(k_try + 1)
-            acc[0] = now
-            acc[1:] = d
-            ends = np.cumsum(acc)[1:]
-            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left")) if horizon != inf else k_try
-            if k < 2:
-                return False
-        ends = ends[:k]
+        ends = self._decode_ends(now, s0, n, k_try, horizon)
+        k = len(ends)
+        if k < 2:
+            return False
+        if type(ends) is list:
+            ends = np.array(ends)
         p = self.pass_index
         # apply: tokens, KV growth, emission ranges
         new_blocks = 0

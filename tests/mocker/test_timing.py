@@ -51,6 +51,21 @@ def test_decode_scalar_and_vector_twins_agree_bitwise(speedup):
     assert vec == [decode_pass_ms(t, int(x), 7, speedup) for x in s]
 
 
+
+def test_decode_table_is_the_scalar_twin_bitwise_and_grows_on_demand():
+    total = 16384 * 64
+    t = PolynomialTiming(total)
+    small = t.decode_table(10)
+    assert small.size == 4096  # the minimum chunk
+    assert t.decode_table(4095) is small  # covered: no regrowth
+    grown = t.decode_table(5000)
+    assert grown.size == 8192 and np.array_equal(grown[:4096], small)  # at least twofold, prefix unchanged
+    s = list(range(0, 2 * total + 1, 173)) + [total, 2 * total]  # up to the engines' cap (twice the capacity)
+    table = t.decode_table(2 * total)
+    assert table.size == 2 * total + 1
+    assert [float(table[x]) for x in s] == [decode_pass_ms(t, x, 5, 1.0) for x in s]
+    assert float(table[375]) == pytest.approx(5.759312, abs=1e-9)  # the reference's second-token gap (above)
+
 @pytest.fixture
 def npz(tmp_path):
     path = tmp_path / "profile.npz"
