@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy.optimize import brentq
 from scipy.special import erfc, gammaln
 
 from planner.core.config import PlannerConfig
@@ -136,7 +137,7 @@ def prefill_tail_utilisation_cap(service_ms: float, ttft_target_ms: float, allow
     ``P(W > t) ~= rho x exp(-t / tau)`` with ``P(W > 0) = rho`` and ``E[W] = rho tau`` equal to the
     Pollaczek-Khinchine mean, so ``tau = E[S^2] / (2 m (1 - rho))``. The cap is the largest ``rho`` with
     ``rho x exp(-(T - m) x 2 m (1 - rho) / E[S^2]) <= allowed_miss`` (the left side rises with ``rho``;
-    bisection to 1e-6). ``E[S^2]`` defaults to ``m^2`` (M/D/1). Returns 1.0 when ``m >= T``, ``allowed_miss``
+    ``scipy.optimize.brentq``). ``E[S^2]`` defaults to ``m^2`` (M/D/1). Returns 1.0 when ``m >= T``, ``allowed_miss``
     is not in (0, 1) or an input is not finite and positive (no cap, as :func:`prefill_utilisation_cap`).
     """
     s, t, eps = service_ms, ttft_target_ms, allowed_miss
@@ -145,19 +146,8 @@ def prefill_tail_utilisation_cap(service_ms: float, ttft_target_ms: float, allow
     m2 = s * s if second_moment_ms2 is None or not math.isfinite(second_moment_ms2) else max(second_moment_ms2, s * s)
     k = (t - s) * 2.0 * s / m2
 
-    def tail(rho: float) -> float:
-        return rho * math.exp(-k * (1.0 - rho))
-
-    if tail(eps) > eps:  # cannot happen for eps < 1 (exp(...) < 1); kept for clarity of the bracket
-        return eps
-    lo, hi = eps, 1.0  # tail(eps) <= eps: rho = eps always qualifies; tail(1) = 1 > eps
-    while hi - lo > 1e-6:
-        mid = 0.5 * (lo + hi)
-        if tail(mid) <= eps:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # rho = eps gives eps x exp(-k (1 - eps)) < eps and rho = 1 gives 1 > eps: the root lies between
+    return float(brentq(lambda rho: rho * math.exp(-k * (1.0 - rho)) - eps, eps, 1.0, xtol=1e-9))
 
 
 def service_moments(demand: Demand, p_corr: float, prefill: PrefillProfile) -> tuple[float, float]:
