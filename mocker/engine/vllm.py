@@ -265,17 +265,14 @@ class VllmCore(PassTimeline):
         ends = self.pass_end_times().tolist()
         base = self._ends_base
         for r in self.all_requests:
-            ranges = r.all_emit_ranges()
-            if not ranges:
+            if not r.emit_ranges:  # the usual case: one run of consecutive passes (emit_start .. emit_last)
+                if r.emit_start >= 0:
+                    r.record.token_times_ms = ends[r.emit_start - base:r.emit_last - base + 1]
                 continue
-            if len(ranges) == 1:
-                a, b = ranges[0]
-                r.record.token_times_ms = ends[a - base:b - base + 1]
-            else:
-                tt: list[float] = []
-                for a, b in ranges:
-                    tt += ends[a - base:b - base + 1]
-                r.record.token_times_ms = tt
+            tt: list[float] = []
+            for a, b in r.all_emit_ranges():
+                tt += ends[a - base:b - base + 1]
+            r.record.token_times_ms = tt
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property
@@ -876,15 +873,7 @@ class VllmCore(PassTimeline):
             return False
         now = self.next_pass_ms
         s0 = self._co_c + n * p
-        k_try = k_cap
-        if horizon != inf and self._monotone_decode and k_cap > _SCALAR_MAX:
-            # the first pass is the shortest (monotone): an upper bound on the passes before the horizon; a
-            # scalar stretch (k_cap <= _SCALAR_MAX) stops at the horizon by itself
-            d0 = decode_pass_ms(self.timing, s0, n, self.speedup)
-            k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
-        if k_try > _FAST_CHUNK:
-            k_try = _FAST_CHUNK
-        ends = self._decode_ends(now, s0, n, k_try, horizon)
+        ends = self._decode_ends(now, s0, n, k_cap, horizon)
         k = len(ends)
         end = ends[-1] if type(ends) is list else float(ends[-1])
         # blocks allocated over passes p .. p+k-1: full phase cycles plus a partial one
@@ -962,18 +951,28 @@ class VllmCore(PassTimeline):
             timestamp_ms=end)
 
     # ================================================================== fast path
-    def _decode_ends(self, now: float, s0: int, n: int, k_try: int, horizon: float) -> list[float] | np.ndarray:
+    def _decode_ends(self, now: float, s0: int, n: int, k_cap: int, horizon: float) -> list[float] | np.ndarray:
         """End times (ms) of the passes of a decode stretch: ``n`` requests, ``s0`` active KV tokens in the
-        first pass starting at ``now``, ``n`` more in each next one; at most ``k_try`` (>= 1) passes, the last
-        being the first to end at or after ``horizon``. A list for a short stretch (``k_try <= _SCALAR_MAX``),
-        a float64 array otherwise. Each end is the previous end plus the pass duration, so the figures
-        are those of running the passes one by one."""
+        first pass starting at ``now``, ``n`` more in each next one; at most ``k_cap`` (>= 1) passes (and at
+        most ``_FAST_CHUNK``), the last being the first to end at or after ``horizon``. A list for a short
+        stretch (at most ``_SCALAR_MAX`` passes tried), a float64 array otherwise. Each end is the previous end
+        plus the pass duration, so the figures are those of running the passes one by one."""
         timing, speed = self.timing, self.speedup
-        s_last = s0 + n * (k_try - 1)
         # the polynomial's durations come from its table (bit-identical to decode_pass_ms), read as the strided
         # slice s0, s0 + n, ...; the table is capped at twice the KV capacity (shared prefixes can exceed it)
-        table = (timing.decode_table(s_last)  # type: ignore[attr-defined]
-                 if self._monotone_decode and speed == 1.0 and s_last <= 2 * self.total_kv_tokens else None)
+        use_table = self._monotone_decode and speed == 1.0
+        cap = 2 * self.total_kv_tokens
+        k_try = k_cap
+        if k_cap > _SCALAR_MAX and horizon != inf and self._monotone_decode:
+            # decode time grows with active KV tokens, so no pass is shorter than the first: an upper bound on
+            # the passes starting before the horizon (a short stretch stops at the horizon by itself)
+            d0 = (float(timing.decode_table(s0)[s0]) if use_table and s0 <= cap  # type: ignore[attr-defined]
+                  else decode_pass_ms(timing, s0, n, speed))
+            k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
+        if k_try > _FAST_CHUNK:
+            k_try = _FAST_CHUNK
+        s_last = s0 + n * (k_try - 1)
+        table = timing.decode_table(s_last) if use_table and s_last <= cap else None  # type: ignore[attr-defined]
         if k_try <= _SCALAR_MAX:
             ends: list[float] = []
             append = ends.append
@@ -1037,14 +1036,7 @@ class VllmCore(PassTimeline):
         if k_cap < 2:
             return False
         now = self.next_pass_ms
-        k_try = k_cap
-        if horizon != inf and self._monotone_decode:
-            # decode time grows with active KV tokens, so no pass is shorter than the first one
-            d0 = decode_pass_ms(self.timing, s0, n, self.speedup)
-            k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
-        if k_try > _FAST_CHUNK:
-            k_try = _FAST_CHUNK
-        ends = self._decode_ends(now, s0, n, k_try, horizon)
+        ends = self._decode_ends(now, s0, n, k_cap, horizon)
         k = len(ends)
         if k < 2:
             return False
