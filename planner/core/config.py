@@ -183,6 +183,13 @@ class PlannerConfig:
     target through prefill stalls (Poisson stalls against each request's slack,
     :func:`planner.core.throughput.size_agg_itl_tail`) is within ``1 - sla_attainment_target``; needs that
     target (None = rule off). False = mean-ITL sizing only."""
+    agg_itl_tail_calibration: bool = True
+    """Throughput loop, aggregated pool with ``agg_itl_tail``: divide the tail requirement by how much more
+    capacity the ready replicas showed than the model credits them with, judged on each settled window (the
+    exact 95 % Poisson upper bound of its observed ITL misses against the model's prediction at the ready
+    count; 1 to 2; :func:`planner.core.throughput.agg_itl_tail_calibration`). The model assumes Poisson
+    prefill stalls at their full profiled time and is pessimistic where prefills are batched; False = the
+    model as is."""
     sla_attainment_target: float | None = 0.995
     """Share of requests that should meet the TTFT target and (separately) the ITL target, 0 < f < 1; None
     = off. When the traffic window carries SLA-bucket counts, each throughput interval compares the

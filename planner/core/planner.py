@@ -39,8 +39,8 @@ from planner.core.load import (FEATURES_BY_POOL, EngineEstimate, PassTimeRegress
 from planner.core.observations import ForwardPassMetrics, LengthBucket, Observations, TrafficWindow
 from planner.core.predictors import _single_thread_blas, make_predictor
 from planner.core.reasons import ACTION_REASONS, Reason
-from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
-                                     size_pool)
+from planner.core.throughput import (Demand, agg_itl_miss_model, agg_itl_tail_calibration, ceil_replicas,
+                                     clamp_correction, decode_correction, prefill_correction, size_pool)
 from planner.errors import ConfigError, ObservationError
 
 _EPS = 1e-9
@@ -191,6 +191,11 @@ class Planner:
         self.p_correction = 1.0
         self.d_correction = 1.0
         self.headroom = {"ttft": 1.0, "itl": 1.0}
+        self.itl_tail_calibration = 1.0
+        """Capacity the aggregated ITL-tail model under-credits, from the last settled window
+        (:func:`~planner.core.throughput.agg_itl_tail_calibration`; 1 = none)."""
+        self._ready_at_thpt: dict[str, int] | None = None
+        self._last_decision_s = -math.inf
         self._last_pred_req = math.nan
         self._demand_ratios: deque[float] = deque(maxlen=config.demand_error_window)
         self._demand_factor = 1.0
@@ -267,6 +272,7 @@ class Planner:
                                       interfering),
                     self.d_correction)
         self._update_headroom(traffic, ready)
+        self._calibrate_itl_tail(traffic, ready)
         predicted = self._pred_req.predict_next()
         self._demand_factor = self._burst_factor()
         self._last_pred_req = predicted
@@ -305,11 +311,40 @@ class Planner:
         pool's ready replicas already meet it."""
         cfg = self.config
         exact = {pool: size_pool(pool, demand, cfg, prof, self.p_correction, self.d_correction,
-                                 (self.headroom["ttft"], self.headroom["itl"])) for pool in cfg.pools}
+                                 (self.headroom["ttft"], self.headroom["itl"]), self.itl_tail_calibration)
+                 for pool in cfg.pools}
         self._thpt_exact = exact
         self._thpt_required = {p: ceil_replicas(x) for p, x in exact.items()}
         self._window_sized = {p: ready is not None and p in ready and ready[p] >= self._thpt_required[p]
                               for p in cfg.pools}
+
+    def _calibrate_itl_tail(self, traffic: TrafficWindow, ready: Mapping[str, int] | None) -> None:
+        """Aggregated ITL-tail calibration (``PlannerConfig.agg_itl_tail_calibration``): compare the tail model's
+        miss share at the ready replicas for the window's own traffic with the misses observed
+        (:func:`~planner.core.throughput.agg_itl_tail_calibration`). Judged only on a settled window: the same
+        ready count at the previous throughput tick and now, no decision published in between; otherwise the
+        previous value is kept."""
+        cfg = self.config
+        prev, self._ready_at_thpt = self._ready_at_thpt, (dict(ready) if ready is not None else None)
+        if not (cfg.agg_itl_tail_calibration and cfg.agg_itl_tail and cfg.sla_attainment_target is not None
+                and "agg" in cfg.pools and ready is not None and prev is not None and self.profile is not None
+                and self.profile.prefill is not None and self.profile.decode is not None):
+            return
+        n0 = ready.get("agg")
+        if not n0 or prev.get("agg") != n0 or self._last_decision_s >= self._now_s - traffic.duration_s - _EPS:
+            return
+        if not (math.isfinite(traffic.num_finished) and math.isfinite(traffic.num_itl_within_sla)
+                and traffic.num_finished > 0 and traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens)
+                and math.isfinite(traffic.mean_osl_tokens)):
+            return
+        interval = cfg.adjustment_interval_s
+        seen = Demand(traffic.num_requests * interval / traffic.duration_s, traffic.mean_isl_tokens,
+                      traffic.mean_osl_tokens, traffic.mix, traffic.osl_buckets, traffic.isl_buckets)
+        miss = agg_itl_miss_model(seen, interval, self.d_correction, cfg.itl_ms, self.profile.decode,
+                                  self.profile.prefill)
+        if miss is not None:
+            self.itl_tail_calibration = agg_itl_tail_calibration(
+                miss, float(n0), traffic.num_finished - traffic.num_itl_within_sla, traffic.num_finished)
 
     def _burst_factor(self) -> float:
         """Burst-aware demand (``PlannerConfig.demand_error_quantile``): ``max(1, quantile_q(ratios))`` over
@@ -703,6 +738,7 @@ class Planner:
             if targets[p] > current[p]:
                 self._last_up_s[p] = now_s
         self._pending = _Pending(self._decision_seq, dict(targets), dict(current), now_s)
+        self._last_decision_s = now_s
         self._last_targets = dict(targets)
         rs = tuple(dict.fromkeys(reasons))
         main = next((r for r in rs if r in ACTION_REASONS), rs[0] if rs else Reason.SCALE_UP_THROUGHPUT)

@@ -446,6 +446,51 @@ def agg_itl_miss_share(rate_per_engine_s: float, decode_itl_ms: float, stalls: S
     return total
 
 
+def agg_itl_miss_model(demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, decode: DecodeProfile,
+                       prefill: PrefillProfile) -> Callable[[float], float] | None:
+    """The predicted ITL miss share of an aggregated pool as a function of its replicas ``n`` for ``demand``
+    (the model of :func:`size_agg_itl_tail`, whose docstring gives it); None when there is no demand or even
+    an unloaded engine cannot meet the target (the rule does not apply)."""
+    if demand.num_requests <= 0 or not demand.known:
+        return None
+    rate = demand.num_requests / interval_s
+    isl, osl_mean = demand.isl_tokens, max(1.0, demand.osl_tokens)
+    context = isl + osl_mean / 2.0
+    corr = d_corr if math.isfinite(d_corr) and d_corr > 0 else 1.0
+    if decode.itl_ms_at(0.0, context) * corr >= itl_target_ms:
+        return None
+    isl_v, isl_w = length_distribution(demand.isl_buckets, isl)
+    stalls = StallSums(np.array([prefill.ttft_ms_at(float(x)) for x in isl_v]), isl_w)
+    osl, w = osl_distribution(demand)
+
+    def miss(n: float) -> float:
+        lam = rate / n
+        usage = lam * osl_mean * itl_target_ms / 1000.0 * context / decode.max_kv_tokens
+        return agg_itl_miss_share(lam, decode.itl_ms_at(usage, context) * corr, stalls, itl_target_ms, osl, w)
+
+    return miss
+
+
+def agg_itl_tail_calibration(miss: Callable[[float], float], replicas: float, observed_misses: float, finished: float,
+                             max_factor: float = 2.0) -> float:
+    """How much more capacity ``replicas`` engines showed than the ITL-tail model credits them with, from one
+    window of observations: ``c >= 1`` with ``miss(replicas x c) = u``, where ``u`` is the exact one-sided 95 %
+    Poisson upper bound of the observed miss share (``chi2.ppf(0.95, 2 (k + 1)) / 2 / finished`` for ``k``
+    observed misses). 1.0 when the model predicts no more than ``u`` (it is not pessimistic here: the
+    attainment headroom deals with the other direction) or there is nothing to judge; at most ``max_factor``.
+    The sizing divides the model's requirement by ``c`` (:func:`size_pool`)."""
+    if not (finished > 0 and replicas > 0 and math.isfinite(observed_misses)):
+        return 1.0
+    from scipy.stats import chi2
+
+    u = float(chi2.ppf(0.95, 2.0 * (max(observed_misses, 0.0) + 1.0))) / 2.0 / finished
+    if miss(replicas) <= u:
+        return 1.0
+    if miss(replicas * max_factor) > u:
+        return max_factor
+    return float(brentq(lambda c: miss(replicas * c) - u, 1.0, max_factor, xtol=1e-4))
+
+
 def size_agg_itl_tail(demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, allowed_miss: float,
                       decode: DecodeProfile, prefill: PrefillProfile, max_replicas: float = 1e6) -> float:
     """Fractional aggregated replicas whose predicted ITL miss share (:func:`agg_itl_miss_share`) is at most
@@ -459,22 +504,8 @@ def size_agg_itl_tail(demand: Demand, interval_s: float, d_corr: float, itl_targ
     1e-4). Returns 0.0 (rule does not apply) when there is no demand or even an unloaded engine cannot meet
     the target, and ``max_replicas`` when no size up to it does.
     """
-    if demand.num_requests <= 0 or not demand.known:
-        return 0.0
-    rate = demand.num_requests / interval_s
-    isl, osl_mean = demand.isl_tokens, max(1.0, demand.osl_tokens)
-    context = isl + osl_mean / 2.0
-    isl_v, isl_w = length_distribution(demand.isl_buckets, isl)
-    stalls = StallSums(np.array([prefill.ttft_ms_at(float(x)) for x in isl_v]), isl_w)
-    osl, w = osl_distribution(demand)
-    corr = d_corr if math.isfinite(d_corr) and d_corr > 0 else 1.0
-
-    def miss(n: float) -> float:
-        lam = rate / n
-        usage = lam * osl_mean * itl_target_ms / 1000.0 * context / decode.max_kv_tokens
-        return agg_itl_miss_share(lam, decode.itl_ms_at(usage, context) * corr, stalls, itl_target_ms, osl, w)
-
-    if decode.itl_ms_at(0.0, context) * corr >= itl_target_ms:
+    miss = agg_itl_miss_model(demand, interval_s, d_corr, itl_target_ms, decode, prefill)
+    if miss is None:
         return 0.0
     lo, hi = 0.0, 1.0
     while miss(hi) > allowed_miss:
@@ -496,7 +527,7 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float) ->
 
 
 def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: PerformanceProfile, p_corr: float = 1.0,
-              d_corr: float = 1.0, headroom: tuple[float, float] = (1.0, 1.0)) -> float:
+              d_corr: float = 1.0, headroom: tuple[float, float] = (1.0, 1.0), itl_tail_calibration: float = 1.0) -> float:
     """Fractional replicas ``pool`` needs for ``demand`` over ``config.adjustment_interval_s``, with every
     sizing rule the config enables: prefill (x 1/``prefill_utilisation_cap`` when ``prefill_queueing``) for
     prefill/agg pools, decode (with prefill interference for agg when ``agg_prefill_interference``) for
@@ -533,7 +564,8 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
         if (pool == "agg" and cfg.agg_itl_tail and cfg.sla_attainment_target is not None
                 and profile.prefill is not None and math.isfinite(x)):
             x = max(x, size_agg_itl_tail(demand, interval, d_corr, cfg.itl_ms, 1.0 - cfg.sla_attainment_target,
-                                         profile.decode, profile.prefill, float(cfg.max_gpu_budget // g)))
+                                         profile.decode, profile.prefill, float(cfg.max_gpu_budget // g))
+                    / itl_tail_calibration)
         parts.append(x * headroom[1])
     x = max(parts) if parts else 0.0
     # infeasible (no throughput meets the target): everything the GPU budget allows, never "0 replicas"

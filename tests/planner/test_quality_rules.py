@@ -6,6 +6,7 @@ usage ms, thpt = 3000 x usage tok/s/GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,7 +15,8 @@ import pytest
 from planner.core.config import PlannerConfig
 from planner.core.observations import TrafficWindow
 from planner.core.planner import Planner, significant_misses
-from planner.core.throughput import (Demand, StallSums, agg_itl_miss_share, osl_distribution,
+from planner.core.throughput import (Demand, StallSums, agg_itl_miss_model, agg_itl_miss_share, agg_itl_tail_calibration,
+                                     osl_distribution,
                                      prefill_tail_utilisation_cap, prefill_utilisation_cap, service_moments, size_agg_decode, size_agg_itl_tail, size_decode,
                                      size_pool, size_prefill_over_lengths)
 from planner.errors import ConfigError, ObservationError
@@ -416,3 +418,66 @@ def test_prefill_ttft_beyond_the_grid_grows_at_the_edge_throughput():
     assert prof.prefill.ttft_ms_at(3000.0) == pytest.approx(300.0)
     assert prof.prefill.ttft_ms_at(500.0) == pytest.approx(100.0)  # clamped below the grid
     assert prof.prefill.thpt_per_gpu_at(6000.0) == pytest.approx(6000.0)  # throughput stays clamped
+
+
+def test_agg_itl_tail_calibration_against_the_poisson_upper_bound():
+    def miss(n: float) -> float:  # a model predicting 0.02 / n^2
+        return 0.02 / (n * n)
+
+    # 0 misses of 1000: exact 95 % upper bound chi2.ppf(0.95, 2) / 2 / 1000 = 2.995732 / 1000; the model says
+    # 0.5 % at 2 replicas -> c with 0.02 / (2c)^2 = u -> c = sqrt(0.005 / u) = 1.29191
+    u = 2.995732 / 1000.0
+    assert agg_itl_tail_calibration(miss, 2.0, 0.0, 1000.0) == pytest.approx(math.sqrt(0.005 / u), rel=1e-4)
+    # 10 misses of 1000: u = chi2.ppf(0.95, 22) / 2 / 1000 = 0.016962 > 0.005: the model is not pessimistic
+    assert agg_itl_tail_calibration(miss, 2.0, 10.0, 1000.0) == 1.0
+    # capped at max_factor; nothing observed -> 1
+    assert agg_itl_tail_calibration(lambda n: 1.0 / n, 1.0, 0.0, 1e6) == 2.0
+    assert agg_itl_tail_calibration(miss, 2.0, 0.0, 0.0) == 1.0
+
+
+def test_agg_itl_tail_calibration_in_the_planner_and_in_sizing():
+    prof = profile()
+    cfg = PlannerConfig(mode="agg", predictor="constant", itl_ms=30.0, ttft_ms=500.0, correction_enabled=False,
+                        max_gpu_budget=64, demand_error_quantile=None, first_sizing_s=None, prefill_ttft_tail=False,
+                        attainment_significance_z=0.0)
+    isl_b, osl_b = ((2048.0, 5.0),), ((128.0, 2.0), (256.0, 3.0))
+
+    def window(finished: float, ok: float) -> TrafficWindow:
+        return TrafficWindow(180.0, 180.0, 2000.0, 150.0, num_ttft_observed=finished, num_ttft_within_sla=finished,
+                             num_finished=finished, num_itl_within_sla=ok, osl_buckets=osl_b, isl_buckets=isl_b)
+
+    d = Demand(180.0, 2000.0, 150.0, (), osl_b, isl_b)
+    model = agg_itl_miss_model(d, 180.0, 1.0, 30.0, prof.decode, prof.prefill)
+    # the requirement is 2.51 replicas: a fleet of 3 holds (no decision), and the model predicts 0.357 % misses
+    # at 3, more than the 0.300 % that 0 misses of 1000 allow at 95 %
+    assert model is not None and model(3.0) > 2.995732 / 1000.0
+    expected = agg_itl_tail_calibration(model, 3.0, 0.0, 1000.0)
+    assert 1.0 < expected <= 2.0
+    pl, fleet = Planner(cfg, prof), Fleet(agg=3)
+    pl.tick(0.0, fleet.obs())
+    pl.tick(180.0, fleet.obs(window(1000.0, 1000.0)))  # the first window: no earlier ready count to compare
+    assert pl.itl_tail_calibration == 1.0
+    r = pl.tick(360.0, fleet.obs(window(1000.0, 1000.0)))  # settled: 3 ready at 180 s and now, no decision
+    assert pl.itl_tail_calibration == pytest.approx(expected)
+    # the tail part of the requirement is divided by it
+    tail = size_pool("agg", d, cfg, prof)
+    assert size_pool("agg", d, cfg, prof, itl_tail_calibration=expected) == pytest.approx(
+        max(tail / expected, size_pool("agg", d, PlannerConfig(mode="agg", itl_ms=30.0, ttft_ms=500.0,
+                                                                prefill_ttft_tail=False, agg_itl_tail=False), prof)))
+    assert r.diagnostics.throughput_replicas_exact["agg"] == pytest.approx(
+        size_pool("agg", d, cfg, prof, itl_tail_calibration=expected))
+    # off: the model as is
+    off = Planner(dataclasses.replace(cfg, agg_itl_tail_calibration=False), prof)
+    fleet = Fleet(agg=3)
+    off.tick(0.0, fleet.obs())
+    off.tick(180.0, fleet.obs(window(1000.0, 1000.0)))
+    off.tick(360.0, fleet.obs(window(1000.0, 1000.0)))
+    assert off.itl_tail_calibration == 1.0
+    # a window after a published decision is not judged: the value is kept
+    pl2, fleet2 = Planner(cfg, prof), Fleet(agg=1)
+    pl2.tick(0.0, fleet2.obs())
+    r = pl2.tick(180.0, fleet2.obs(window(1000.0, 1000.0)))
+    assert r.decision.targets == {"agg": 3}
+    fleet2.apply(r.decision)
+    pl2.tick(360.0, fleet2.obs(window(1000.0, 1000.0)))
+    assert pl2.itl_tail_calibration == 1.0
