@@ -709,7 +709,7 @@ class VllmCore(PassTimeline):
         fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
         # ---- emit
         p = self.pass_index
-        finished: list[int] = []
+        done: list[EngineRequest] = []
         if co_n:
             if self._preempted_any:
                 raise SimulationError("preemption in a cohort pass (the pre-check should have excluded it)")
@@ -722,7 +722,7 @@ class VllmCore(PassTimeline):
                 self._co_leave(r, p + 1)
                 r.transition(fin_state)
                 self._finish(r, end)
-                finished.append(r.request_id)
+                done.append(r)
         for r in emitters:
             g = r.generated + 1
             r.generated = g
@@ -735,11 +735,11 @@ class VllmCore(PassTimeline):
             if g >= r.output_len:
                 r.transition(State.FINISHED)
                 self._finish(r, end)
-                finished.append(r.request_id)
+                done.append(r)
             elif r.state is not decoding:
                 r.transition(decoding)
-        if finished:
-            self.running = [r for r in self.running if r.state is not State.FINISHED]
+        if done:
+            self._drop_finished(done)
         if fpm is not None:
             self.fpm.append(fpm)
         self._ends_py.append(end)
@@ -747,7 +747,7 @@ class VllmCore(PassTimeline):
         self.next_pass_ms = end
         if not want_outcome:
             return None
-        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished, admitted,
+        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], [r.request_id for r in done], admitted,
                            list(self._pass_preempted), rejected, fpm)
 
     # ================================================================== decode cohort (fast path)
@@ -884,7 +884,7 @@ class VllmCore(PassTimeline):
             new_blocks += sum(hist[a:a + part]) if a + part <= bs else sum(hist[a:]) + sum(hist[:a + part - bs])
         kv.allocate_private(new_blocks)
         p_after = p + k
-        fin = False
+        done: list[EngineRequest] = []
         fin_state = State.FINISHED
         while heap and heap[0][0] <= p_after - 1:
             _, _, ver, r = heappop(heap)
@@ -893,9 +893,9 @@ class VllmCore(PassTimeline):
             self._co_leave(r, p_after)
             r.transition(fin_state)
             self._finish(r, end)
-            fin = True
-        if fin:
-            self.running = [r for r in running if r.state is not fin_state]
+            done.append(r)
+        if done:
+            self._drop_finished(done)
         if type(ends) is list:  # a short stretch: its end times join the per-pass list (one array at the end)
             self._ends_py += ends
         else:
@@ -921,6 +921,17 @@ class VllmCore(PassTimeline):
         rec.status = "finished"
         self.finished_total += 1
         del self.requests[r.request_id]
+
+    def _drop_finished(self, done: list[EngineRequest]) -> None:
+        """Take the just-finished requests ``done`` out of the running queue, keeping its order. Usually one or
+        two finish at a time: ``list.remove`` each (a C-level scan, several times faster than rebuilding the
+        list in Python for a batch of a hundred); many at once: one filtering pass."""
+        if len(done) <= 8:
+            running = self.running
+            for r in done:
+                running.remove(r)
+        else:
+            self.running = [r for r in self.running if r.state is not State.FINISHED]
 
     def _make_fpm(self, now: float, end: float, sched: dict[int, tuple[int, int, int]]) -> ForwardPassMetrics:
         pre_len: list[int] = []
@@ -1074,7 +1085,7 @@ class VllmCore(PassTimeline):
             for r in done:
                 r.transition(State.FINISHED)
                 self._finish(r, end)
-            self.running = [r for r in running if r.state is not State.FINISHED]
+            self._drop_finished(done)
         self._flush_ends()
         self._ends_chunks.append(ends)
         self.pass_index = p + k
