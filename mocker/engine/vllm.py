@@ -1007,8 +1007,8 @@ class VllmCore(PassTimeline):
             acc[1:] = table[s0:s_last + 1:n]
         else:
             acc[1:] = decode_pass_ms_array(timing, s0 + n * np.arange(k_try, dtype=np.int64), n, speed)
-        ends_a = np.cumsum(acc)[1:]
-        k = 1 + int(np.searchsorted(ends_a[:-1], horizon, side="left")) if horizon != inf else k_try
+        ends_a = acc.cumsum()[1:]  # array methods, not np.cumsum / np.searchsorted: no Python-level wrapper per call
+        k = 1 + int(ends_a[:-1].searchsorted(horizon, side="left")) if horizon != inf else k_try
         return ends_a[:k]
 
     def _stretch(self, horizon: float) -> bool:
