@@ -74,6 +74,16 @@ class PrefillProfile:
         if np.any(self.thpt_per_gpu <= 0):
             raise ProfileError(s, "prefill_thpt_per_gpu: expected values > 0")
 
+    @property
+    def pass_overhead_ms(self) -> float:
+        """The fixed cost of a prefill pass (ms): the line through the two shortest profiled ISLs at ISL 0,
+        clamped to ``[0, TTFT of the shortest]``. Under load, waiting prompts share full chunked-prefill passes
+        and so this cost; the queue's service is the rest (``planner.core.throughput.service_moments``)."""
+        x0, x1 = float(self.isl[0]), float(self.isl[1]) if self.isl.size > 1 else float(self.isl[0])
+        y0, y1 = float(self.ttft_ms[0]), float(self.ttft_ms[1]) if self.isl.size > 1 else float(self.ttft_ms[0])
+        a = y0 - (y1 - y0) / (x1 - x0) * x0 if x1 > x0 else 0.0
+        return min(max(a, 0.0), y0)
+
     def ttft_ms_at(self, isl_tokens: float) -> float:
         """TTFT (ms) of a request of ``isl_tokens`` on an idle engine: piecewise linear on the grid, clamped
         below it; beyond the longest profiled ISL, that point's TTFT scaled by ``isl / isl_max`` (the prompt

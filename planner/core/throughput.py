@@ -129,38 +129,50 @@ def prefill_utilisation_cap(service_ms: float, ttft_target_ms: float, second_mom
 
 
 def prefill_tail_utilisation_cap(service_ms: float, ttft_target_ms: float, allowed_miss: float,
-                                 second_moment_ms2: float | None = None) -> float:
+                                 second_moment_ms2: float | None = None, work_ms: float | None = None) -> float:
     """Highest prefill utilisation of one engine at which the share of prompts waiting longer than the
     TTFT slack ``T - m`` stays within ``allowed_miss`` (the attainment target, not only the mean).
 
+    ``service_ms`` = ``m``: mean TTFT of a prompt on an idle engine (its own prefill, which sets the slack);
+    ``work_ms`` = ``m_w`` (default ``m``) and ``second_moment_ms2`` = ``E[S_w^2]`` (default ``m_w^2``): the
+    moments of the queue's service, the prompt's token work without the per-pass fixed cost (under load the
+    engine packs waiting prompts into full chunked-prefill passes, so the fixed cost is shared:
+    :func:`service_moments`). The queue's utilisation is ``rho_w = rho x m_w / m``.
+
     M/G/1 waiting time, exponential approximation (Cramer-Lundberg form matched to the exact atom and mean):
-    ``P(W > t) ~= rho x exp(-t / tau)`` with ``P(W > 0) = rho`` and ``E[W] = rho tau`` equal to the
-    Pollaczek-Khinchine mean, so ``tau = E[S^2] / (2 m (1 - rho))``. The cap is the largest ``rho`` with
-    ``rho x exp(-(T - m) x 2 m (1 - rho) / E[S^2]) <= allowed_miss`` (the left side rises with ``rho``;
-    ``scipy.optimize.brentq``). ``E[S^2]`` defaults to ``m^2`` (M/D/1). Returns 1.0 when ``m >= T``, ``allowed_miss``
-    is not in (0, 1) or an input is not finite and positive (no cap, as :func:`prefill_utilisation_cap`).
+    ``P(W > t) ~= rho_w x exp(-t / tau)`` with ``P(W > 0) = rho_w`` and ``E[W] = rho_w tau`` equal to the
+    Pollaczek-Khinchine mean, so ``tau = E[S_w^2] / (2 m_w (1 - rho_w))``. The cap is the largest ``rho``
+    with ``rho_w x exp(-(T - m) x 2 m_w (1 - rho_w) / E[S_w^2]) <= allowed_miss`` (the left side rises with
+    ``rho_w``; ``scipy.optimize.brentq``), at most 1. Returns 1.0 when ``m >= T``, ``allowed_miss`` is not in
+    (0, 1) or an input is not finite and positive (no cap, as :func:`prefill_utilisation_cap`).
     """
     s, t, eps = service_ms, ttft_target_ms, allowed_miss
     if not (math.isfinite(s) and math.isfinite(t) and s > 0 and t > 0) or s >= t or not (0.0 < eps < 1.0):
         return 1.0
-    m2 = s * s if second_moment_ms2 is None or not math.isfinite(second_moment_ms2) else max(second_moment_ms2, s * s)
-    k = (t - s) * 2.0 * s / m2
+    w = s if work_ms is None or not (math.isfinite(work_ms) and work_ms > 0) else min(work_ms, s)
+    m2 = w * w if second_moment_ms2 is None or not math.isfinite(second_moment_ms2) else max(second_moment_ms2, w * w)
+    k = (t - s) * 2.0 * w / m2
+    # rho_w = eps gives eps x exp(-k (1 - eps)) < eps and rho_w = 1 gives 1 > eps: the root lies between
+    rho_w = float(brentq(lambda r: r * math.exp(-k * (1.0 - r)) - eps, eps, 1.0, xtol=1e-9))
+    return min(1.0, rho_w * s / w)
 
-    # rho = eps gives eps x exp(-k (1 - eps)) < eps and rho = 1 gives 1 > eps: the root lies between
-    return float(brentq(lambda rho: rho * math.exp(-k * (1.0 - rho)) - eps, eps, 1.0, xtol=1e-9))
 
-
-def service_moments(demand: Demand, p_corr: float, prefill: PrefillProfile) -> tuple[float, float]:
-    """(E[S] ms, E[S^2] ms^2) of one prompt's prefill time ``S = prefill.ttft_ms_at(isl) x min(1, p_corr)``
-    over the input lengths of ``demand`` (:func:`length_distribution` of its ISL histogram at the predicted
-    mean; without a histogram, the mean ISL only: ``E[S^2] = E[S]^2``)."""
+def service_moments(demand: Demand, p_corr: float, prefill: PrefillProfile) -> tuple[float, float, float]:
+    """(E[S] ms, E[S_w] ms, E[S_w^2] ms^2) of one prompt's prefill time ``S = prefill.ttft_ms_at(isl) x
+    min(1, p_corr)`` and of its token work ``S_w = max(S - a, 0)``, ``a = prefill.pass_overhead_ms x
+    min(1, p_corr)`` (the per-pass fixed cost), over the input lengths of ``demand``
+    (:func:`length_distribution` of its ISL histogram at the predicted mean; without a histogram, the mean
+    ISL only)."""
     f = min(1.0, p_corr)
+    a = prefill.pass_overhead_ms * f
     if not demand.isl_buckets:
         m = prefill.ttft_ms_at(demand.isl_tokens) * f
-        return m, m * m
+        mw = max(m - a, 0.0)
+        return m, mw, mw * mw
     v, w = length_distribution(demand.isl_buckets, demand.isl_tokens)
     svc = np.array([prefill.ttft_ms_at(float(x)) for x in v]) * f
-    return float(w @ svc), float(w @ (svc * svc))
+    work = np.maximum(svc - a, 0.0)
+    return float(w @ svc), float(w @ work), float(w @ (work * work))
 
 
 def size_prefill_over_lengths(demand: Demand, interval_s: float, p_corr: float, prefill: PrefillProfile,
@@ -550,8 +562,8 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
             cap = prefill_utilisation_cap(service, cfg.ttft_ms, second)
             if cfg.prefill_ttft_tail and cfg.sla_attainment_target is not None:
                 # the tail at the attainment target, with the service spread of the ISL histogram when reported
-                m, m2 = service_moments(demand, p_corr, profile.prefill) if not spread else (service, second)
-                cap = min(cap, prefill_tail_utilisation_cap(m, cfg.ttft_ms, 1.0 - cfg.sla_attainment_target, m2))
+                m, mw, m2w = service_moments(demand, p_corr, profile.prefill)
+                cap = min(cap, prefill_tail_utilisation_cap(m, cfg.ttft_ms, 1.0 - cfg.sla_attainment_target, m2w, mw))
             x /= cap
         parts.append(x * headroom[0])
     if pool in ("decode", "agg") and profile.decode is not None:

@@ -20,6 +20,7 @@ from planner.core.throughput import (Demand, StallSums, agg_itl_miss_model, agg_
                                      prefill_tail_utilisation_cap, prefill_utilisation_cap, service_moments, size_agg_decode, size_agg_itl_tail, size_decode,
                                      size_pool, size_prefill_over_lengths)
 from planner.errors import ConfigError, ObservationError
+from planner.core.interpolation import PrefillProfile
 from tests.planner.helpers import Fleet, profile, traffic
 
 
@@ -404,12 +405,32 @@ def test_prefill_tail_cap_in_pool_sizing():
     # with an ISL histogram the service moments come from it (points 43.7 and 3956.3 tokens: TTFT 100 ms,
     # clamped below the grid, and 395.6 ms, beyond the grid's ISL 3000 at the edge's 10 tokens/ms)
     h = Demand(3600.0, 2000.0, 150.0, isl_buckets=((1024.0, 5.0), (2048.0, 0.0), (4096.0, 5.0)))
-    m, m2 = service_moments(h, 1.0, prof.prefill)
+    m, mw, m2 = service_moments(h, 1.0, prof.prefill)
+    assert prof.prefill.pass_overhead_ms == 0.0 and mw == m  # the test profile's TTFT line goes through 0
     k = 2000.0 / (0.5 * 32.0 + 0.5 * math.sqrt(2048.0 * 4096.0))
     a, b = 100.0, math.sqrt(2048.0 * 4096.0) * k / 10.0
     assert b == pytest.approx(395.63, abs=0.01)
     assert (m, m2) == (pytest.approx(0.5 * a + 0.5 * b), pytest.approx(0.5 * a * a + 0.5 * b * b))
-    assert size_pool("prefill", h, cfg, prof) == pytest.approx(5.0 / prefill_tail_utilisation_cap(m, 500.0, 0.005, m2))
+    assert size_pool("prefill", h, cfg, prof) == pytest.approx(
+        5.0 / prefill_tail_utilisation_cap(m, 500.0, 0.005, m2, mw))
+
+
+def test_prefill_tail_cap_queues_token_work_without_the_pass_overhead():
+    # the mocker's default profile starts (16, 16.744463 ms), (64, 17.474885 ms): the line at ISL 0 is the
+    # per-pass fixed cost 16.744463 - 0.730422 / 48 x 16 = 16.500989 ms
+    pf = PrefillProfile([16.0, 64.0, 4096.0], [16.744463, 17.474885, 84.1], [955.5, 3662.4, 48704.0])
+    assert pf.pass_overhead_ms == pytest.approx(16.744463 - 0.730422 / 48.0 * 16.0)
+    m, mw, m2 = service_moments(Demand(100.0, 4096.0, 100.0), 1.0, pf)
+    assert (m, mw, m2) == (pytest.approx(84.1), pytest.approx(84.1 - pf.pass_overhead_ms),
+                           pytest.approx((84.1 - pf.pass_overhead_ms) ** 2))
+    # S = 30 ms, work 25 ms (M/D/1 in work), T = 200: k = 170 x 2 x 25 / 625 = 13.6; the queue's utilisation
+    # is rho x 25 / 30, so the cap on rho is the work root x 30 / 25 (here < 1)
+    cap = prefill_tail_utilisation_cap(30.0, 200.0, 0.005, 625.0, 25.0)
+    r = cap * 25.0 / 30.0
+    assert cap < 1.0 and r * math.exp(-13.6 * (1.0 - r)) == pytest.approx(0.005, rel=1e-4)
+    assert cap > prefill_tail_utilisation_cap(30.0, 200.0, 0.005)  # sharing the fixed cost relieves the queue
+    # work 15 ms of 30: the root (k = 22.67) exceeds 1/2 -> no cap
+    assert prefill_tail_utilisation_cap(30.0, 200.0, 0.005, 225.0, 15.0) == 1.0
 
 
 def test_prefill_ttft_beyond_the_grid_grows_at_the_edge_throughput():
