@@ -63,7 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from planner.core import save_profile
     from planner.sim.profile import ProfileSweep, profile_engine
 
+    from planner.cli_simulate import _check_out_not_inputs
+
     out = out_path(args.out)  # before the sweep: a bad --out must not cost the profile
+    _check_out_not_inputs(str(out), {f: getattr(args, a, None) for f, a in (
+        ("--timing", "timing"), ("--engine-config", "engine_config"), ("--model-config", "model_config"))},
+        outputs={out.name: str(out)})
     engine = engine_config_from_args(_replay_namespace(args))
     kw = {k: v for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
           if v is not None}

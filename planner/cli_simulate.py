@@ -145,18 +145,22 @@ def _check_out_dir(path: str) -> None:
 OUTPUT_FILES: tuple[str, ...] = ("summary.json", "details.json", "timeline.csv", "requests.jsonl", "report.html")
 
 
-def _check_out_not_inputs(out: str, inputs: dict[str, str | None]) -> None:
-    """Refuse an ``--out DIR`` where an output file would overwrite an input file (``--trace``,
-    ``--config``, ``--profile``, ...): compared by ``os.path.samefile`` / realpath. Raises SimulationConfigError."""
+def _check_out_not_inputs(out: str, inputs: dict[str, str | None],
+                          outputs: dict[str, str] | None = None) -> None:
+    """Refuse an ``--out`` where an output file would overwrite an input file (``--trace``, ``--config``,
+    ``--profile``, ``--timing``, ...): compared by ``os.path.samefile`` / realpath. ``outputs`` maps each
+    output's name to its path (default: :data:`OUTPUT_FILES` inside the directory ``out``; ``dynoplan profile``
+    passes its one ``.npz`` file). Raises SimulationConfigError naming ``--out`` and the input's flag."""
     import os
 
     from planner.sim.errors import SimulationConfigError
 
+    if outputs is None:
+        outputs = {name: os.path.join(out, name) for name in OUTPUT_FILES}
     for flag, path in inputs.items():
         if not path or not os.path.exists(path):
             continue
-        for name in OUTPUT_FILES:
-            target = os.path.join(out, name)
+        for name, target in outputs.items():
             same = os.path.realpath(target) == os.path.realpath(path)
             if not same and os.path.exists(target):
                 try:
@@ -164,6 +168,9 @@ def _check_out_not_inputs(out: str, inputs: dict[str, str | None]) -> None:
                 except OSError:
                     same = False
             if same:
+                if target == out:  # a single output file (dynoplan profile)
+                    raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path}, expected an output "
+                                                f"path different from every input file")
                 raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path} ({name}), expected an output "
                                             f"directory that holds none of the input files")
 
