@@ -268,6 +268,8 @@ def build_context(args: argparse.Namespace) -> Any:
     args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms
     args.sla_itl_ms = cfg0.itl_ms if args.sla_itl_ms is None else args.sla_itl_ms
     overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms})
+    if args.attainment_target is not None:  # the flag beats --planner-set and the file: one effective value
+        overrides["sla_attainment_target"] = None if args.attainment_target == OFF else args.attainment_target
     rargs = _replay_namespace(args)
     engine = engine_config_from_args(rargs)
     transfer = None

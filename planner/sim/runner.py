@@ -90,15 +90,16 @@ def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
     return {pool: max(1, ceil_replicas(size_pool(pool, d, cfg, ctx.profile))) for pool in ctx.pools}
 
 
-def _initial(ctx: RunContext) -> dict[str, int]:
+def _initial(ctx: RunContext, cfg: PlannerConfig | None = None) -> dict[str, int]:
     """Fleet at t = 0 of the dynamic policies: ``ctx.initial``, or when None ("auto") what an operator would
-    have deployed for the load at the start — the throughput formulas on the trace's first adjustment
-    interval (as ``static:peak`` does for the busiest one); 1 per pool without a profile."""
+    have deployed for the load at the start — the throughput formulas with the policy's own config ``cfg``
+    (default ``ctx.config``) on the trace's first adjustment interval (as ``static:peak`` does for the
+    busiest one); 1 per pool without a profile."""
     if ctx.initial:
         return dict(ctx.initial)
     if ctx.profile is None:
         return {p: 1 for p in ctx.pools}
-    return peak_replicas(ctx, first=True)
+    return peak_replicas(ctx if cfg is None else replace(ctx, config=cfg), first=True)
 
 
 def _kv_target_from_sla(ctx: RunContext) -> float:
@@ -143,7 +144,7 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
                 raise SimulationConfigError(f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off")
         if target is not None or att is not None or explicit:
             cfg = replace(cfg, sla_attainment_target=target)
-        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
+        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg))
     if s == "throughput-only":
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
                       scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean",
