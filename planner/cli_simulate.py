@@ -313,7 +313,10 @@ def build_context(args: argparse.Namespace) -> Any:
     _check_initial(initial, cfg)
     profile = load_profile(args.profile) if args.profile else profile_engine(engine)
     warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s) if args.warm_start else ()
-    settings = SimSettings(transfer=transfer, startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
+    # GPUs per worker: the planner's gpus_per_engine for the pool (what its budget counts), at least one per
+    # DP rank (a worker of dp_size ranks holds dp_size GPUs at minimum)
+    gpw = {p: max(cfg.limits(p).gpus_per_engine, e.dp_size) for p, e in engines.items()}
+    settings = SimSettings(transfer=transfer, gpus_per_worker=gpw, startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
                            sample_interval_s=args.sample_interval_s, router=args.router, seed=args.seed)
     return RunContext(reqs, engines, settings, cfg, profile, warm, args.auto_attainment,
                       initial, args.max_replicas,

@@ -95,6 +95,7 @@ def summarize(run: SimRun) -> dict[str, Any]:
         "num_requests": len(run.records),
         "num_finished": sum(1 for r in run.records if r.status == "finished"),
         "duration_s": round(run.duration_s, 6),
+        "gpu_hours_by_pool": {p: round(run.gpu_seconds.get(p, 0.0) / 3600.0, 6) for p in run.pools},
     }
 
 

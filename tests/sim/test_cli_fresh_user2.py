@@ -68,3 +68,38 @@ def test_attainment_target_flag_beats_planner_set_and_config_and_is_recorded(tmp
     low = _sim_out(tmp_path, "file", profile, "--config", str(cfg))
     assert low[1]["run"]["planner_config"]["sla_attainment_target"] == 0.9
     assert low[0] != got["flag"][0]
+
+
+# ------------------------------------------------------------------ 3. GPU-hours count gpus_per_engine
+def _policies(out) -> dict:
+    return json.loads((out / "details.json").read_text())["policies"]
+
+
+def test_gpu_hours_count_gpus_per_engine_for_every_policy(tmp_path, profile):
+    cfg = tmp_path / "gp.yaml"
+    cfg.write_text("agg: {gpus_per_engine: 4}\nmax_gpu_budget: 16\n")
+    out = tmp_path / "o"
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--config", str(cfg), "--quiet",
+                     "--startup-delay-s", "0", "--out", str(out), "--compare", "static:2", "planner", "hpa",
+                     "saturation", "throughput-only"]) == 0
+    pol = _policies(out)
+    s = pol["static:2"]
+    # hand-computed: 2 workers x the run's duration x 4 GPUs / 3600
+    assert s["gpu_hours"] == pytest.approx(2 * s["duration_s"] * 4 / 3600, abs=2e-6)
+    for name, p in pol.items():  # worker-seconds (mean replicas x duration) x 4 GPUs / 3600
+        assert p["gpu_hours"] == pytest.approx(p["mean_replicas"]["agg"] * p["duration_s"] * 4 / 3600,
+                                               rel=1e-4, abs=2e-6), name
+        assert p["gpu_hours_by_pool"] == {"agg": p["gpu_hours"]}
+
+
+def test_gpu_hours_per_pool_in_disagg(tmp_path, profile):
+    cfg = tmp_path / "gp.yaml"
+    cfg.write_text("mode: disagg\nprefill: {gpus_per_engine: 2}\ndecode: {gpus_per_engine: 3}\nmax_gpu_budget: 16\n")
+    out = tmp_path / "o"
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--config", str(cfg), "--quiet",
+                     "--startup-delay-s", "0", "--out", str(out), "--compare", "static:1+2"]) == 0
+    s = _policies(out)["static:1+2"]
+    d = s["duration_s"]
+    assert s["gpu_hours_by_pool"]["prefill"] == pytest.approx(1 * d * 2 / 3600, abs=2e-6)
+    assert s["gpu_hours_by_pool"]["decode"] == pytest.approx(2 * d * 3 / 3600, abs=2e-6)
+    assert s["gpu_hours"] == pytest.approx(d * (2 + 6) / 3600, abs=2e-6)
