@@ -222,23 +222,26 @@ def _attainment(v: float | str | None) -> float | str | None:
     return v
 
 
-def _file_keys(path: str | None) -> set[str]:
-    """Top-level setting names of a planner settings file already validated by ``load_config`` (a lone
-    ``planner:`` mapping is looked into, as load_config does)."""
+def _file_mode(path: str | None) -> Any:
+    """The ``mode`` a planner settings file names (a lone ``planner:`` mapping is looked into, as load_config
+    does), or None when it names none or cannot be parsed (``load_config`` then reports the file's error)."""
     if path is None:
-        return set()
+        return None
     import json
     from pathlib import Path
 
     import yaml
 
-    text = Path(path).read_text()
-    data = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
     if not isinstance(data, dict):
-        return set()
+        return None
     if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
         data = data["planner"]
-    return {str(k).replace("-", "_") for k in data}
+    return data.get("mode")
 
 
 def build_context(args: argparse.Namespace) -> Any:
@@ -257,12 +260,15 @@ def build_context(args: argparse.Namespace) -> Any:
         k, v = kv.split("=", 1)
         overrides[k.strip()] = v.strip()
     base = {"max_gpu_budget": 64}
+    if args.mode is None:  # --planner-set's or the file's mode if they name one, else agg
+        named = overrides.get("mode", _file_mode(args.planner_config))
+        args.mode = named if named is not None else "agg"
+    # the run's mode before validation: the file's settings (GPU budget, pools) are checked against it
+    overrides["mode"] = args.mode
     # flag > --planner-set > --config file > default: the file's values are validated (unknown keys, NaN
     # rejected by load_config) and used where the flag was not given
     cfg0 = load_config(None, {**base, **overrides}) if args.planner_config is None else \
         load_config(args.planner_config, overrides)
-    if args.mode is None:  # the file's (or --planner-set's) mode if it names one, else agg
-        args.mode = cfg0.mode if "mode" in overrides or "mode" in _file_keys(args.planner_config) else "agg"
     if args.mode not in ("agg", "disagg"):
         raise SimulationConfigError(f"planner mode={args.mode!r}: simulate runs a whole fleet, expected agg or disagg")
     args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms

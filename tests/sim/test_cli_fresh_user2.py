@@ -103,3 +103,17 @@ def test_gpu_hours_per_pool_in_disagg(tmp_path, profile):
     assert s["gpu_hours_by_pool"]["prefill"] == pytest.approx(1 * d * 2 / 3600, abs=2e-6)
     assert s["gpu_hours_by_pool"]["decode"] == pytest.approx(2 * d * 3 / 3600, abs=2e-6)
     assert s["gpu_hours"] == pytest.approx(d * (2 + 6) / 3600, abs=2e-6)
+
+
+# ------------------------------------------------------------------ 4. the GPU budget is checked for the run's mode
+def test_budget_of_one_gpu_in_a_file_without_mode_runs_agg(tmp_path, capsys, profile):
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text("max_gpu_budget: 1\n")
+    out = tmp_path / "o"
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--config", str(cfg), "--quiet",
+                     "--out", str(out), "--compare", "static:1"]) == 0
+    assert json.loads((out / "details.json").read_text())["run"]["planner_config"]["max_gpu_budget"] == 1
+    # the same file for a disaggregated run needs 2 GPUs (one per pool): refused naming the budget
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--config", str(cfg), "--quiet",
+                   "--mode", "disagg", "--compare", "static:1+1"])
+    _one_line(capsys, rc, "max_gpu_budget=1", ">= 2 GPUs")
