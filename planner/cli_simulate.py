@@ -329,6 +329,19 @@ def build_context(args: argparse.Namespace) -> Any:
                       _attainment(args.attainment_target))
 
 
+def _warn_failed(policy: str, records: Any, engine: Any) -> None:
+    """One warning line on stderr when requests failed (a prompt that can never fit a worker's KV cache;
+    the same facts as ``dynoplan replay``'s warning), naming the policy."""
+    failed = [r for r in records if r.status == "failed"]
+    if not failed:
+        return
+    cap = engine.num_gpu_blocks * engine.effective_block_size
+    print(f"dynoplan simulate: warning: policy {policy}: {len(failed)} of {len(records)} requests failed: a prompt "
+          f"that can never fit in a worker's KV cache (longest failed prompt {max(r.input_length for r in failed)} "
+          f"tokens; num_gpu_blocks={engine.num_gpu_blocks} x block_size={engine.effective_block_size} = {cap} "
+          f"tokens); they count as not completed", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -370,6 +383,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             runs.append(simulate(ctx.requests, ctx.engines, pol, ctx.settings))
         walls[pol.name] = round(time.perf_counter() - t0, 3)
+        _warn_failed(pol.name, runs[-1].records, next(iter(ctx.engines.values())))
     meta = {"trace": args.trace, "mode": args.mode, "arrival_speedup": args.arrival_speedup,
             "startup_delay_s": args.startup_delay_s, "sla_ttft_ms": args.sla_ttft_ms, "sla_itl_ms": args.sla_itl_ms,
             "router": args.router, "seed": args.seed, "planner_config": ctx.config.to_dict(),

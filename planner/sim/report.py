@@ -53,11 +53,14 @@ def _max_concurrent(spans: Sequence[tuple[str, int, float, float, float | None]]
     ev = []
     for p, _, a, _, b in spans:
         if p == pool:
-            ev.append((a, 1))
-            ev.append((b if b is not None else end_ms, -1))
+            end = b if b is not None else end_ms
+            ev.append((a, 1, 1))
+            # at one instant: releases first, then requests, then the release of a worker that existed only
+            # at that instant (a zero-length run, e.g. its only request failed on arrival) so it is counted
+            ev.append((end, 2 if end <= a else 0, -1))
     ev.sort(key=lambda e: (e[0], e[1]))
     cur = best = 0
-    for _, d in ev:
+    for _, _, d in ev:
         cur += d
         best = max(best, cur)
     return best
@@ -77,8 +80,11 @@ def summarize(run: SimRun) -> dict[str, Any]:
     dur = max(run.duration_s, 1e-9)
     mean_rep = {}
     for p in run.pools:
-        t = sum(((b if b is not None else end_ms) - a) for q, _, a, _, b in run.worker_spans if q == p) / 1000.0
-        mean_rep[p] = round(t / dur, 6)
+        if run.duration_s > 0:
+            t = sum(((b if b is not None else end_ms) - a) for q, _, a, _, b in run.worker_spans if q == p) / 1000.0
+            mean_rep[p] = round(t / dur, 6)
+        else:  # a zero-length run: the fleet that existed at its only instant
+            mean_rep[p] = float(_max_concurrent(run.worker_spans, p, end_ms))
     return {
         "sla_attainment": round(float(ok.sum()) / n, 6),
         "ttft_attainment": round(float(t_ok.sum()) / n, 6),

@@ -117,3 +117,35 @@ def test_budget_of_one_gpu_in_a_file_without_mode_runs_agg(tmp_path, capsys, pro
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--config", str(cfg), "--quiet",
                    "--mode", "disagg", "--compare", "static:1+1"])
     _one_line(capsys, rc, "max_gpu_budget=1", ">= 2 GPUs")
+
+
+# ------------------------------------------------------------------ 5. requests no engine can serve
+def _csv(path, rows) -> str:
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{46 + k:02d}.6805900,{isl},{osl}\n" for k, (isl, osl) in enumerate(rows)))
+    return str(path)
+
+
+def test_unservable_prompt_warns_per_policy_and_the_static_fleet_is_counted(tmp_path, capsys, profile):
+    trace = _csv(tmp_path / "huge.csv", [(2147483647, 10)])
+    out = tmp_path / "o"
+    assert cli_main(["simulate", "--trace", trace, "--profile", profile, "--quiet", "--out", str(out),
+                     "--compare", "static:1", "planner"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    for line, name in zip(err, ("static:1", "planner")):
+        assert line.startswith(f"dynoplan simulate: warning: policy {name}: 1 of 1 requests failed"), line
+        assert "2147483647 tokens" in line
+    pol = _policies(out)
+    assert pol["static:1"]["max_replicas"] == {"agg": 1}
+    assert pol["static:1"]["mean_replicas"] == {"agg": 1.0}
+    # the auto initial fleet stays within the planner's limits (max_gpu_budget 64 by default in simulate)
+    assert 1 <= pol["planner"]["max_replicas"]["agg"] <= 64
+
+
+def test_one_unservable_prompt_among_normal_ones_warns(tmp_path, capsys, profile):
+    trace = _csv(tmp_path / "mix.csv", [(374, 44), (2_000_000, 10), (374, 44)])
+    assert cli_main(["simulate", "--trace", trace, "--profile", profile, "--quiet", "--compare", "static:1"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "policy static:1: 1 of 3 requests failed" in err[0], err
+    assert "2000000 tokens" in err[0]
