@@ -32,6 +32,8 @@ def out_path(text: str) -> Path:
     its ``.npz`` form is an existing directory or its parent is not a directory."""
     from planner.sim.errors import SimulationConfigError
 
+    if not text.strip() or Path(text).name in ("", ".npz"):
+        raise SimulationConfigError(f"--out {text!r}: no file name, expected a FILE.npz path")
     p = Path(text if text.endswith(".npz") else text + ".npz")
     for q in (Path(text), p):
         if q.is_dir():

@@ -349,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
     from planner.sim.report import render_table, summary_document, write_outputs
     from planner.sim.runner import make_policy
 
+    if args.out is not None and not args.out.strip():
+        from planner.sim.errors import SimulationConfigError
+
+        raise SimulationConfigError(f"--out {args.out!r}: empty, expected a directory path (omit --out to write nothing)")
     if args.out:
         _check_out_not_inputs(args.out, {"--trace": args.trace, "--config": args.planner_config,
                                          "--profile": args.profile, "--warm-start": args.warm_start,

@@ -149,3 +149,14 @@ def test_one_unservable_prompt_among_normal_ones_warns(tmp_path, capsys, profile
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "policy static:1: 1 of 3 requests failed" in err[0], err
     assert "2000000 tokens" in err[0]
+
+
+# ------------------------------------------------------------------ 6. an empty --out
+@pytest.mark.parametrize("argv", [["simulate", "--trace", TRACE, "--quiet", "--compare", "static:1"],
+                                  ["profile", *PROFILE_GRID]])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_empty_out_is_refused(tmp_path, capsys, monkeypatch, argv, out):
+    monkeypatch.chdir(tmp_path)
+    rc = cli_main([*argv, f"--out={out}"])
+    _one_line(capsys, rc, "--out", "expected")
+    assert list(tmp_path.iterdir()) == []
