@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Sequence
@@ -158,7 +159,7 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     i_ts, i_isl, i_osl = cols
     if any(len(r) != len(header) for r in rows):  # a short or long row: name its line
         _azure_check_rows(p, cols, header)
-    stamps = [r[i_ts].strip()[:26] for r in rows]
+    stamps, offsets_min = _strip_utc_offsets(p, [r[i_ts].strip() for r in rows])
     try:
         isl_a = np.asarray([r[i_isl] for r in rows]).astype(np.int64)
         osl_a = np.asarray([r[i_osl] for r in rows]).astype(np.int64)
@@ -173,6 +174,8 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     except ValueError:
         _azure_check_rows(p, cols, header)
         raise  # pragma: no cover - _azure_check_rows always raises here
+    if offsets_min is not None:  # local time with a UTC offset -> UTC
+        ts_us = ts_us - offsets_min * 60_000_000
     # Same float operations as the reference converter: int((ts - t0).total_seconds() * 1000).
     rel_us = ts_us - ts_us[0]
     arrival = np.trunc((rel_us / 1e6) * 1000.0)
@@ -188,6 +191,39 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
             zip(arrival.tolist(), isl_a.tolist(), osl_a.tolist(), starts.tolist(), ends.tolist())
         )
     ]
+
+
+_UTC_OFFSET = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d*)?)?)\s*(Z|[+-]\d{2}(?::?\d{2})?)$",
+                         re.IGNORECASE)
+"""An ISO 8601 timestamp with a UTC designator: ``Z``, ``+HH``, ``+HHMM`` or ``+HH:MM`` (ISO 8601-1:2019 4.3.13)."""
+
+
+def _split_utc_offset(text: str) -> tuple[str, int | None]:
+    """(local date-time truncated to microseconds, its UTC offset in minutes or None when it has none)."""
+    m = _UTC_OFFSET.match(text)
+    if m is None:
+        return text[:26], None
+    z = m.group(2).replace(":", "")
+    if z.upper() == "Z":
+        return m.group(1)[:26], 0
+    sign = -1 if z[0] == "-" else 1
+    return m.group(1)[:26], sign * (int(z[1:3]) * 60 + int(z[3:5] or 0))
+
+
+def _strip_utc_offsets(path: str, raw: list[str]) -> tuple[list[str], np.ndarray | None]:
+    """The stamps without their UTC offsets and the offsets (minutes, one per row; None when no stamp has
+    one). Raises TraceError when only some stamps carry an offset (their instants would be ambiguous)."""
+    if not any(s and (s[-1] in "Zz" or "+" in s or s.count("-") > 2) for s in raw):
+        return [s[:26] for s in raw], None
+    split = [_split_utc_offset(s) for s in raw]
+    have = [o is not None for _, o in split]
+    if not any(have):
+        return [b for b, _ in split], None
+    if not all(have):
+        k = have.index(False) if have[0] else have.index(True)
+        raise TraceError(path, None, "TIMESTAMP", f"data row {k + 1}: {raw[k]!r}: some timestamps have a UTC offset "
+                         "and some do not, expected all with an offset (e.g. +00:00) or none")
+    return [b for b, _ in split], np.array([o for _, o in split], dtype=np.int64)
 
 
 def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
@@ -212,7 +248,7 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
                                                    f"{','.join(header)!r})")
             _positive_int(row[i_isl], path, line, "ContextTokens")
             _positive_int(row[i_osl], path, line, "GeneratedTokens")
-            s = row[i_ts].strip()[:26]
+            s, offset_min = _split_utc_offset(row[i_ts].strip())
             for fmt in ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S"):
                 try:
                     d = _dt.datetime.strptime(s, fmt)
@@ -222,7 +258,7 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
             else:
                 raise TraceError(path, line, "TIMESTAMP", f"{s!r}: unparsable timestamp, expected 'YYYY-MM-DD HH:MM:SS.ffffff'")
             delta = d - epoch
-            us = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+            us = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds - (offset_min or 0) * 60_000_000
             t0 = us if t0 is None else t0
             ms = float(int((us - t0) / 1e6 * 1000.0))
             if prev_us is not None and ms < prev_ms:

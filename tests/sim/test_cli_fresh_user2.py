@@ -160,3 +160,26 @@ def test_empty_out_is_refused(tmp_path, capsys, monkeypatch, argv, out):
     rc = cli_main([*argv, f"--out={out}"])
     _one_line(capsys, rc, "--out", "expected")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ 7. CSV timestamps with UTC offsets
+@pytest.mark.parametrize("stamps, arrivals_ms", [
+    (["18:15:46.6805900+00:00", "19:15:46.6805900+01:00"], [0.0, 0.0]),  # the same instant
+    (["18:15:46.6805900+01:00", "18:15:47.6805900+00:00"], [0.0, 3_601_000.0]),  # 17:15:46 and 18:15:47 UTC
+    (["18:15:46.5Z", "13:15:47.5-0500", "18:45:48.5+00:30"], [0.0, 1000.0, 2000.0]),
+    (["18:15:46.5", "18:15:48"], [0.0, 1500.0]),  # no offsets: as before
+])
+def test_csv_utc_offsets_are_converted(tmp_path, stamps, arrivals_ms):
+    from mocker.traces import load_trace
+
+    f = tmp_path / "tz.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(f"2023-11-16 {s},374,44\n" for s in stamps))
+    assert [r.arrival_ms for r in load_trace(str(f))] == arrivals_ms
+
+
+def test_csv_mixing_offsets_and_naive_stamps_is_refused(tmp_path, capsys):
+    f = tmp_path / "tz.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+00:00,374,44\n"
+                 "2023-11-16 18:15:47,374,44\n")
+    rc = cli_main(["simulate", "--trace", str(f), "--quiet", "--compare", "static:1"])
+    _one_line(capsys, rc, "TIMESTAMP", "data row 2", "UTC offset")
