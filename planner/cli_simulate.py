@@ -13,6 +13,7 @@ User mistakes print one line (exit 2).
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
 from typing import Any
@@ -222,6 +223,86 @@ def _attainment(v: float | str | None) -> float | str | None:
     return v
 
 
+def _check_settings_file(flag: str, path: str | None, numeric: dict[str, set[str]] | None = None) -> None:
+    """Refuse what YAML/JSON loaders accept silently in a settings file: a key given twice in one mapping
+    (the last would win; named with both lines) and, for the setting names in ``numeric`` (section -> keys,
+    ``""`` = top level), a quoted number (``max_replicas: "3"``, refused as ``2.5`` is). A file that cannot
+    be read or parsed is left to its loader's own error. Raises SimulationConfigError."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    import yaml
+
+    from planner.sim.errors import SimulationConfigError
+
+    try:
+        root = yaml.compose(Path(path).read_text())  # JSON is YAML 1.2 for this purpose (line marks kept)
+    except (OSError, ValueError, yaml.YAMLError):
+        return
+
+    def walk(node: Any, section: str) -> None:
+        if isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, section)
+        if not isinstance(node, yaml.MappingNode):
+            return
+        seen: dict[str, int] = {}
+        lone_planner = section == "" and len(node.value) == 1 and node.value[0][0].value == "planner"
+        for k, v in node.value:
+            key = str(k.value)
+            line = k.start_mark.line + 1
+            if key in seen:
+                where = f"{section}." if section else ""
+                raise SimulationConfigError(f"{flag} {path}: line {line}: duplicate key {where + key!r} (first at line "
+                                            f"{seen[key]}), expected each setting once")
+            seen[key] = line
+            name = key.replace("-", "_")
+            if numeric is not None and isinstance(v, yaml.ScalarNode) and v.style in ("'", '"') \
+                    and name in numeric.get(section, set()):
+                try:
+                    float(v.value)
+                except ValueError:
+                    pass
+                else:
+                    where = f"{section}." if section else ""
+                    raise SimulationConfigError(f"{flag} {path}: line {v.start_mark.line + 1}: {where}{name}="
+                                                f"{v.value!r}: a quoted string, expected an unquoted number")
+            walk(v, "" if lone_planner else (name if not section else f"{section}.{name}"))
+
+    walk(root, "")
+
+
+def _planner_numeric_keys() -> dict[str, set[str]]:
+    """PlannerConfig's numeric settings by section (top level ``""``, pool sections ``agg``/``prefill``/``decode``)."""
+    import dataclasses
+
+    from planner.core import PlannerConfig
+    from planner.core.config import PoolLimits
+
+    def nums(cls: Any) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls) if str(f.type).split(" | ")[0] in ("int", "float")}
+
+    pool = nums(PoolLimits)
+    top = nums(PlannerConfig) | {f"{p}_{k}" for p in ("agg", "prefill", "decode") for k in pool}
+    return {"": top, "agg": pool, "prefill": pool, "decode": pool}
+
+
+def _check_synthetic_spec(flag: str, spec: str) -> None:
+    """Refuse a ``synthetic:KIND?k=v&...`` spec that names a key twice (the loader would keep one silently)."""
+    if not spec.startswith("synthetic:") or "?" not in spec:
+        return
+    from urllib.parse import parse_qsl
+
+    from planner.sim.errors import SimulationConfigError
+
+    seen: set[str] = set()
+    for k, _ in parse_qsl(spec.split("?", 1)[1], keep_blank_values=True):
+        if k in seen:
+            raise SimulationConfigError(f"{flag} {spec}: key {k!r} given twice, expected each key once")
+        seen.add(k)
+
+
 def _file_mode(path: str | None) -> Any:
     """The ``mode`` a planner settings file names (a lone ``planner:`` mapping is looked into, as load_config
     does), or None when it names none or cannot be parsed (``load_config`` then reports the file's error)."""
@@ -253,6 +334,11 @@ def build_context(args: argparse.Namespace) -> Any:
     from planner.sim.profile import profile_engine
     from planner.sim.runner import RunContext
 
+    _check_settings_file("--config", args.planner_config, _planner_numeric_keys())
+    _check_settings_file("--engine-config", getattr(args, "engine_config", None))
+    _check_synthetic_spec("--trace", args.trace)
+    if args.warm_start:
+        _check_synthetic_spec("--warm-start", args.warm_start)
     overrides: dict[str, Any] = {}
     for kv in args.planner_set:
         if "=" not in kv:
@@ -363,6 +449,10 @@ def run(args: argparse.Namespace) -> int:
     from planner.sim.runner import AutoStaticUnreachable
 
     policies, failed = [], None
+    dups = [spec for spec, n in collections.Counter(args.compare).items() if n > 1]
+    if dups:  # one run and one row per policy name: say so once
+        print(f"dynoplan simulate: warning: --compare {' '.join(dups)}: given more than once, each runs once",
+              file=sys.stderr)
     for spec in dict.fromkeys(args.compare):
         try:
             policies.append(make_policy(spec, ctx))

@@ -183,3 +183,39 @@ def test_csv_mixing_offsets_and_naive_stamps_is_refused(tmp_path, capsys):
                  "2023-11-16 18:15:47,374,44\n")
     rc = cli_main(["simulate", "--trace", str(f), "--quiet", "--compare", "static:1"])
     _one_line(capsys, rc, "TIMESTAMP", "data row 2", "UTC offset")
+
+
+# ------------------------------------------------------------------ 8. silently accepted inputs
+@pytest.mark.parametrize("text, needles", [
+    ("ttft_ms: 100\nitl_ms: 20\nttft_ms: 200\n", ["line 3", "duplicate key 'ttft_ms'", "first at line 1"]),
+    ("planner:\n  agg:\n    max_replicas: 3\n    max_replicas: 4\n", ["line 4", "'agg.max_replicas'"]),
+    ("agg:\n  max_replicas: \"3\"\n", ["line 2", "agg.max_replicas='3'", "unquoted number"]),
+    ("agg_max_replicas: '3'\n", ["agg_max_replicas='3'"]),
+    ("ttft_ms: '100'\n", ["ttft_ms='100'"]),
+])
+def test_config_file_duplicates_and_quoted_numbers_refused(tmp_path, capsys, text, needles):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    rc = cli_main(["simulate", "--trace", TRACE, "--config", str(cfg), "--quiet", "--compare", "static:1"])
+    _one_line(capsys, rc, "--config", str(cfg), *needles)
+
+
+def test_config_file_quoted_words_are_left_to_the_planner_config(tmp_path, profile):
+    cfg = tmp_path / "c.yaml"  # a quoted non-number is the planner config's to judge (here: accepted)
+    cfg.write_text("mode: \"agg\"\npredictor: 'constant'\n")
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--config", str(cfg), "--quiet",
+                     "--compare", "static:1"]) == 0
+
+
+def test_synthetic_spec_with_a_key_twice_refused(capsys):
+    rc = cli_main(["simulate", "--trace", TRACE + "&rate=5", "--quiet", "--compare", "static:1"])
+    _one_line(capsys, rc, "--trace", "'rate' given twice")
+
+
+def test_duplicate_compare_entries_warn_once_and_run_once(tmp_path, capsys, profile):
+    out = tmp_path / "o"
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--out", str(out),
+                     "--compare", "static:1", "static:2", "static:1", "static:1"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dynoplan simulate: warning: --compare static:1: given more than once, each runs once"]
+    assert list(_policies(out)) == ["static:1", "static:2"]
