@@ -7,23 +7,39 @@ engine flags as ``dynoplan replay`` — ``--timing FILE.npz`` profiles a calibra
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from mocker.cli_replay import _one_line_error, _positive_int
 
 
 def _int_list(text: str) -> tuple[int, ...]:
+    """argparse type of a grid flag (--isl, --context): at least 2 positive integers, comma-separated (the
+    planner interpolates between grid points)."""
     try:
-        return tuple(int(x) for x in text.split(","))
+        vals = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+    if any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers (tokens)")
+    if len(vals) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 2 comma-separated points (the planner "
+                                         f"interpolates between them)")
+    return vals
 
 
 def _float_list(text: str) -> tuple[float, ...]:
+    """argparse type of --kv-usage: at least 2 fractions 0 < F < 1, comma-separated."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        vals = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+    if any(not 0 < v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected fractions 0 < F < 1")
+    if len(vals) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 2 comma-separated points (the planner "
+                                         f"interpolates between them)")
+    return vals
 
 
 def out_path(text: str) -> Path:
@@ -48,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from planner.cli_simulate import add_engine_arguments
 
     parser.error = _one_line_error("dynoplan profile")  # type: ignore[method-assign]
+    # a grid value that starts with '-' ("--isl -5,100") reaches the flag's type check (which names the flag
+    # and the value) instead of being taken for an unknown option; argparse's own rule only covers "-5" / "-.5"
+    parser._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")  # type: ignore[attr-defined]
     parser.add_argument("--out", required=True, metavar="FILE.npz",
                         help="profile to write ('.npz' is appended when missing, as numpy does; not a directory)")
     parser.add_argument("--isl", type=_int_list, metavar="N,N,...", help="prefill ISL grid (tokens)")

@@ -97,12 +97,15 @@ def profile_engine(cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep()) -> P
     cap_tokens = cfg.total_kv_tokens
     isl = [x for x in sweep.isl_tokens if x + 2 <= cap_tokens * 0.95]
     if len(isl) < 2:
-        raise SimulationConfigError(f"profile: fewer than 2 ISL points fit the KV cache of {cap_tokens} tokens")
+        raise SimulationConfigError(f"profile: ISL grid {list(sweep.isl_tokens)}: {len(isl)} point(s) fit the KV cache of "
+                                    f"{cap_tokens} tokens (ISL + 2 <= 95 %), expected at least 2 (--isl)")
     ttft = np.array([_prefill_ttft_ms(cfg, x) for x in isl])
     isl_a = np.array(isl, dtype=float)
     ctx = [c for c in sweep.context_tokens if c + sweep.decode_tokens <= cap_tokens * 0.9]
     if len(ctx) < 2:
-        raise SimulationConfigError(f"profile: fewer than 2 context lengths fit the KV cache of {cap_tokens} tokens")
+        raise SimulationConfigError(f"profile: context grid {list(sweep.context_tokens)}: {len(ctx)} length(s) fit the KV "
+                                    f"cache of {cap_tokens} tokens (context + {sweep.decode_tokens} <= 90 %), expected "
+                                    f"at least 2 (--context)")
     usage = list(sweep.kv_usage)
     itl = np.zeros((len(usage), len(ctx)))
     thpt = np.zeros_like(itl)

@@ -219,3 +219,23 @@ def test_duplicate_compare_entries_warn_once_and_run_once(tmp_path, capsys, prof
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["dynoplan simulate: warning: --compare static:1: given more than once, each runs once"]
     assert list(_policies(out)) == ["static:1", "static:2"]
+
+
+# ------------------------------------------------------------------ 9. profile grid flags name the flag and the value
+@pytest.mark.parametrize("argv, needles", [
+    (["--isl", "-5,100"], ["--isl", "'-5,100'", "positive"]),
+    (["--isl=-5,100"], ["--isl", "'-5,100'", "positive"]),
+    (["--isl", "100"], ["--isl", "'100'", "at least 2"]),
+    (["--context", "512"], ["--context", "'512'", "at least 2"]),
+    (["--kv-usage", "-0.1,0.5"], ["--kv-usage", "'-0.1,0.5'"]),
+    (["--kv-usage", "0.5"], ["--kv-usage", "at least 2"]),
+    (["--isl", "100,200000", "--num-gpu-blocks", "100"], ["--isl", "1 point(s) fit", "6400 tokens", "at least 2"]),
+])
+def test_profile_grid_errors_name_flag_value_and_the_two_points_needed(tmp_path, capsys, argv, needles):
+    out = tmp_path / "p.npz"
+    try:
+        rc = cli_main(["profile", "--out", str(out), *argv])
+    except SystemExit as e:  # argparse's exit for a bad flag value
+        rc = e.code
+    _one_line(capsys, rc, *needles)
+    assert not out.exists()
