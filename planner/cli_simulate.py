@@ -303,6 +303,59 @@ def _check_synthetic_spec(flag: str, spec: str) -> None:
         seen.add(k)
 
 
+def _check_planner_set(text: str, key: str, value: str) -> None:
+    """One ``--planner-set KEY=VALUE`` on its own (called when the whole config failed): a problem of this
+    key (unknown, wrong type, out of range) is reported naming the whole flag (``--planner-set foo=1: unknown
+    setting ...``); otherwise returns and the caller re-raises the whole config's error. Raises
+    SimulationConfigError."""
+    from planner.core import config_from_mapping
+    from planner.errors import ConfigError
+    from planner.sim.errors import SimulationConfigError
+
+    try:
+        config_from_mapping({key: value})
+    except ConfigError as e:
+        k = key.replace("-", "_")
+        own = [p for p in e.problems if p.startswith((f"{k}:", f"{k}=", f"{k}."))]
+        if own:
+            msgs = [p[len(k) + 1:].strip() if p.startswith(f"{k}:") else p for p in own]
+            raise SimulationConfigError(f"--planner-set {text}: " + "; ".join(msgs)) from None
+
+
+TIMING_PROFILE_ARRAYS = ("decode_active_kv_tokens", "decode_itl")
+"""Arrays only an engine timing profile (``--timing``) holds, not a planner profile."""
+
+
+def _load_planner_profile(path: str) -> Any:
+    """``--profile FILE``: the planner's performance profile. An engine timing profile given here (the
+    other kind of .npz) gets the swapped-file message ``dynoplan profile --timing`` gives the other way
+    round. Raises SimulationConfigError / ProfileError naming the file."""
+    import os
+
+    from planner.core import load_profile
+    from planner.errors import ProfileError
+    from planner.sim.errors import SimulationConfigError
+
+    try:
+        return load_profile(path)
+    except ProfileError:
+        if os.path.isfile(path):
+            import numpy as np
+
+            try:
+                with np.load(path) as z:
+                    names = set(z.files)
+            except (OSError, ValueError):
+                names = set()
+            if set(TIMING_PROFILE_ARRAYS) <= names and "decode_kv_usage" not in names:
+                raise SimulationConfigError(
+                    f"--profile {path}: this looks like an engine timing profile (decode_active_kv_tokens, decode_itl, "
+                    f"...); --profile needs a planner performance profile with arrays prefill_isl, prefill_ttft_ms, "
+                    f"prefill_thpt_per_gpu, decode_kv_usage, decode_context_length, decode_itl_ms, decode_thpt_per_gpu "
+                    f"(write one with dynoplan profile; engine timing profiles go to --timing)") from None
+        raise
+
+
 def _file_mode(path: str | None) -> Any:
     """The ``mode`` a planner settings file names (a lone ``planner:`` mapping is looked into, as load_config
     does), or None when it names none or cannot be parsed (``load_config`` then reports the file's error)."""
@@ -328,7 +381,7 @@ def _file_mode(path: str | None) -> Any:
 def build_context(args: argparse.Namespace) -> Any:
     """Trace, engines, settings, planner config and profile from the flags (raises on user mistakes)."""
     from mocker.traces import load_trace
-    from planner.core import PlannerConfig, load_config, load_profile, read_trace_intervals
+    from planner.core import PlannerConfig, read_trace_intervals
     from planner.sim.errors import SimulationConfigError
     from planner.sim.loop import SimSettings
     from planner.sim.profile import profile_engine
@@ -345,6 +398,19 @@ def build_context(args: argparse.Namespace) -> Any:
             raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
         k, v = kv.split("=", 1)
         overrides[k.strip()] = v.strip()
+
+    def load_config(path: str | None, ov: dict[str, Any]) -> Any:
+        """The core's load_config; when it fails, a --planner-set item at fault is named as the flag."""
+        from planner.core import load_config as core_load_config
+        from planner.errors import ConfigError
+
+        try:
+            return core_load_config(path, ov)
+        except ConfigError:
+            for item in args.planner_set:
+                key, value = item.split("=", 1)
+                _check_planner_set(item, key.strip(), value.strip())
+            raise
     base = {"max_gpu_budget": 64}
     if args.mode is None:  # --planner-set's or the file's mode if they name one, else agg
         named = overrides.get("mode", _file_mode(args.planner_config))
@@ -403,8 +469,17 @@ def build_context(args: argparse.Namespace) -> Any:
     cfg = load_config(args.planner_config, {**(base if args.planner_config is None else {}), **overrides})
     initial = _parse_initial(args.initial_replicas, tuple(engines))
     _check_initial(initial, cfg)
-    profile = load_profile(args.profile) if args.profile else profile_engine(engine)
-    warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s) if args.warm_start else ()
+    profile = _load_planner_profile(args.profile) if args.profile else profile_engine(engine)
+    warm = ()
+    if args.warm_start:
+        from mocker.errors import MockerError
+        from planner.errors import PlannerError
+
+        try:
+            warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s)
+        except (PlannerError, MockerError, OSError) as e:
+            msg = str(e) if not isinstance(e, OSError) else (e.strerror or str(e))
+            raise SimulationConfigError(f"--warm-start {args.warm_start}: {msg}") from None
     # GPUs per worker: the planner's gpus_per_engine for the pool (what its budget counts), at least one per
     # DP rank (a worker of dp_size ranks holds dp_size GPUs at minimum)
     gpw = {p: max(cfg.limits(p).gpus_per_engine, e.dp_size) for p, e in engines.items()}

@@ -129,7 +129,21 @@ def _kv_target_from_sla(ctx: RunContext) -> float:
 
 
 def make_policy(spec: str, ctx: RunContext) -> Policy:
-    """Build the policy named by ``spec`` (see :mod:`planner.sim.policies`). Raises SimulationConfigError."""
+    """Build the policy named by ``spec`` (see :mod:`planner.sim.policies`). Raises SimulationConfigError
+    (its message starts with ``policy 'SPEC':``; AutoStaticUnreachable as it is)."""
+    from planner.errors import ConfigError
+
+    try:
+        return _make_policy(spec, ctx)
+    except AutoStaticUnreachable:
+        raise
+    except (SimulationConfigError, ConfigError) as e:
+        if str(e).startswith(f"policy {spec!r}"):
+            raise
+        raise SimulationConfigError(f"policy {spec!r}: {e}") from None
+
+
+def _make_policy(spec: str, ctx: RunContext) -> Policy:
     s = spec.strip()
     pools = ctx.pools
     if s == "planner" or s.startswith("planner:"):

@@ -239,3 +239,37 @@ def test_profile_grid_errors_name_flag_value_and_the_two_points_needed(tmp_path,
         rc = e.code
     _one_line(capsys, rc, *needles)
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ 10. error lines name the flag
+@pytest.mark.parametrize("argv, needles", [
+    (["--planner-set", "foo=1"], ["--planner-set foo=1: unknown setting"]),
+    (["--planner-set", "ttft_ms=abc"], ["--planner-set ttft_ms=abc:", "expected a float"]),
+    (["--compare", "hpa:running:0"], ["policy 'hpa:running:0':", "target=0.0"]),
+])
+def test_error_lines_name_the_flag(capsys, profile, argv, needles):
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", *argv])
+    _one_line(capsys, rc, *needles)
+
+
+def test_planner_set_items_valid_together_are_not_judged_alone(profile):
+    # min_gpu_budget=16 alone exceeds the default max_gpu_budget 8; with max_gpu_budget=32 it is valid
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
+                     "--planner-set", "min_gpu_budget=16", "--planner-set", "max_gpu_budget=32"]) == 0
+
+
+def test_missing_warm_start_names_the_flag(tmp_path, capsys, profile):
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
+                   "--warm-start", str(tmp_path / "nope.csv")])
+    _one_line(capsys, rc, f"--warm-start {tmp_path / 'nope.csv'}:")
+
+
+def test_engine_timing_profile_given_as_planner_profile_is_named_as_swapped(tmp_path, capsys):
+    import numpy as np
+
+    timing = tmp_path / "timing.npz"  # an engine timing profile (the arrays --timing reads)
+    np.savez(timing, prefill_isl=np.array([128.0, 512.0]), prefill_ttft_ms=np.array([10.0, 30.0]),
+             decode_active_kv_tokens=np.array([1000.0, 8000.0]), decode_context_length=np.array([256.0, 1024.0]),
+             decode_itl=np.array([[5.0, 6.0], [7.0, 9.0]]))
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--profile", str(timing), "--compare", "static:1"])
+    _one_line(capsys, rc, f"--profile {timing}", "engine timing profile", "go to --timing")
