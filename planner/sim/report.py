@@ -137,7 +137,9 @@ def render_table(doc: Mapping[str, Any], title: str = "dynoplan simulate") -> An
     t = Table(title=title)
     for col in ("policy", "SLA att.", "TTFT att.", "ITL att.", "goodput rps", "p50/p99 TTFT ms", "p50/p99 ITL ms",
                 "GPU-h", "mean replicas", "max replicas", "scale events"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+        # never cut a cell (a variant's name "planner:prefill_ttft_…", a figure): fold it over lines
+        t.add_column(col, justify="left" if col == "policy" else "right", overflow="fold",
+                     min_width=min(24, max((len(n) for n in doc["policies"]), default=6)) if col == "policy" else None)
 
     def f(x: Any, d: int = 1) -> str:
         return "-" if x is None else f"{x:.{d}f}"

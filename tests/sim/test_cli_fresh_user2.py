@@ -273,3 +273,22 @@ def test_engine_timing_profile_given_as_planner_profile_is_named_as_swapped(tmp_
              decode_itl=np.array([[5.0, 6.0], [7.0, 9.0]]))
     rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--profile", str(timing), "--compare", "static:1"])
     _one_line(capsys, rc, f"--profile {timing}", "engine timing profile", "go to --timing")
+
+
+# ------------------------------------------------------------------ 11. the policy column is never cut
+@pytest.mark.parametrize("width", [100, 140])
+def test_long_policy_names_are_folded_not_truncated(width):
+    from rich.console import Console
+
+    from planner.sim.report import render_table
+
+    name = "planner:prefill_ttft_tail=false,agg_itl_tail=false,predictor=kalman"
+    row = {"sla_attainment": 0.99, "ttft_attainment": 0.995, "itl_attainment": 0.999, "goodput_rps": 1.5,
+           "p50_ttft_ms": 20.0, "p99_ttft_ms": 80.0, "p50_itl_ms": 5.0, "p99_itl_ms": 9.0, "gpu_hours": 0.5,
+           "mean_replicas": {"agg": 1.5}, "max_replicas": {"agg": 3}, "scale_events": 4}
+    con = Console(width=width, record=True, file=open("/dev/null", "w"))
+    con.print(render_table({"policies": {name: row, "static:1": row}}))
+    text = con.export_text()
+    assert "…" not in text
+    first_cells = [ln.split("│")[1].strip() for ln in text.splitlines() if ln.count("│") > 2]
+    assert name in "".join(first_cells)
