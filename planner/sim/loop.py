@@ -192,6 +192,8 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         recs.append(r)
     finishes = [r.finish_ms for r in recs if r.finish_ms is not None]
     end_ms = max([end_s * 1000.0 if not finishes else max(finishes), last_arrival_s * 1000.0])
+    _end_timeline(timeline, end_ms / 1000.0, fleet, pools, snaps, snap_t, counters, settings.sample_interval_s,
+                  last_step, gpw)
     spans = fleet.worker_spans()
     gpu_s = fleet.gpu_seconds(end_ms, gpw)
     return SimRun(policy.name, pools, recs, timeline, decisions, spans, gpu_s, end_ms / 1000.0, settings)
@@ -214,6 +216,27 @@ def _relay(raw: list[tuple[str, Any]], per_engine: int) -> tuple[ForwardPassMetr
                                q.num_decode_requests, q.sum_decode_kv_tokens, q.var_decode_kv_tokens),
                 pool, p.timestamp_ms / 1000.0))
     return tuple(out)
+
+
+def _end_timeline(timeline: list[dict[str, Any]], end_t: float, fleet: Any, pools: tuple[str, ...],
+                  snaps: list[CounterSnapshot], snap_t: list[float], counters: Any, interval_s: float,
+                  last_step: Mapping[str, Any], gpw: Mapping[str, int]) -> None:
+    """No sample lies beyond the end of the run (the loop steps to the next sample or tick, which may be far
+    past the last finish): samples after ``end_t`` are dropped and one sample at ``end_t`` closes the
+    timeline (its windows from the counters, which hold every terminal request by then; the last dropped
+    sample's reason)."""
+    late = [r for r in timeline if r["t_s"] > end_t + 1e-9]
+    if not late:
+        return
+    del timeline[len(timeline) - len(late):]
+    keep = bisect.bisect_left(snap_t, end_t - 1e-9)
+    row = _sample(end_t, fleet, pools, [*snaps[:keep], counters.scrape(end_t)], [*snap_t[:keep], end_t],
+                  interval_s, last_step, [], gpw)
+    row["reason"] = late[-1]["reason"]
+    if timeline and timeline[-1]["t_s"] >= row["t_s"]:
+        timeline[-1] = row
+    else:
+        timeline.append(row)
 
 
 def _sample(t: float, fleet: Any, pools: tuple[str, ...], snaps: list[CounterSnapshot], snap_t: list[float],

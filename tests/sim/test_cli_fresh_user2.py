@@ -292,3 +292,34 @@ def test_long_policy_names_are_folded_not_truncated(width):
     assert "…" not in text
     first_cells = [ln.split("│")[1].strip() for ln in text.splitlines() if ln.count("│") > 2]
     assert name in "".join(first_cells)
+
+
+# ------------------------------------------------------------------ 12. --out DIR holding an input; last sample
+def test_out_dir_holding_an_input_that_is_no_output_name_runs_and_keeps_it(tmp_path, profile):
+    trace = _csv(tmp_path / "one.csv", [(374, 44), (374, 44)])  # README: only output-file names are refused
+    before = (tmp_path / "one.csv").read_bytes()
+    assert cli_main(["simulate", "--trace", trace, "--profile", profile, "--quiet", "--out", str(tmp_path),
+                     "--compare", "static:1"]) == 0
+    assert (tmp_path / "one.csv").read_bytes() == before
+    assert (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("interval", ["1000000", "7"])
+def test_last_timeline_sample_is_not_beyond_the_end_of_the_run(tmp_path, profile, interval):
+    import csv
+
+    out = tmp_path / "o"
+    assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--out", str(out),
+                     "--sample-interval-s", interval, "--compare", "static:1", "planner"]) == 0
+    pol = _policies(out)
+    rows = list(csv.DictReader((out / "timeline.csv").open()))
+    for name in ("static:1", "planner"):
+        ts = [float(r["t_s"]) for r in rows if r["policy"] == name]
+        assert ts[0] == 0.0 and ts == sorted(ts) and len(set(ts)) == len(ts), (name, ts)
+        assert ts[-1] <= pol[name]["duration_s"] + 1e-6, (name, ts[-1], pol[name]["duration_s"])
+    static = [r for r in rows if r["policy"] == "static:1"]
+    if interval == "1000000":  # the closing sample sits at the end and sees every request of the 20 s trace
+        assert float(static[-1]["t_s"]) == pytest.approx(pol["static:1"]["duration_s"], abs=1e-6)
+        # window (0, end]: every request but the one arriving at t = 0 (counted by the snapshot at 0)
+        seen = float(static[-1]["observed_rps"]) * pol["static:1"]["duration_s"]
+        assert seen == pytest.approx(pol["static:1"]["num_requests"] - 1, abs=1e-3)
