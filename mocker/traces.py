@@ -485,6 +485,8 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if k not in _SYN_KEYS:
             raise TraceError(spec, None, k, f"unknown parameter, expected one of {', '.join(sorted(_SYN_KEYS))}")
+        if k in params:
+            raise TraceError(spec, None, k, f"given twice ({params[k]!r} and {v!r}), expected each key once")
         params[k] = v
 
     def num(key: str, conv: Any, ok: Any, expect: str, default: Any = None) -> Any:

@@ -288,21 +288,6 @@ def _planner_numeric_keys() -> dict[str, set[str]]:
     return {"": top, "agg": pool, "prefill": pool, "decode": pool}
 
 
-def _check_synthetic_spec(flag: str, spec: str) -> None:
-    """Refuse a ``synthetic:KIND?k=v&...`` spec that names a key twice (the loader would keep one silently)."""
-    if not spec.startswith("synthetic:") or "?" not in spec:
-        return
-    from urllib.parse import parse_qsl
-
-    from planner.sim.errors import SimulationConfigError
-
-    seen: set[str] = set()
-    for k, _ in parse_qsl(spec.split("?", 1)[1], keep_blank_values=True):
-        if k in seen:
-            raise SimulationConfigError(f"{flag} {spec}: key {k!r} given twice, expected each key once")
-        seen.add(k)
-
-
 def _check_planner_set(text: str, key: str, value: str) -> None:
     """One ``--planner-set KEY=VALUE`` on its own (called when the whole config failed): a problem of this
     key (unknown, wrong type, out of range) is reported naming the whole flag (``--planner-set foo=1: unknown
@@ -389,9 +374,6 @@ def build_context(args: argparse.Namespace) -> Any:
 
     _check_settings_file("--config", args.planner_config, _planner_numeric_keys())
     _check_settings_file("--engine-config", getattr(args, "engine_config", None))
-    _check_synthetic_spec("--trace", args.trace)
-    if args.warm_start:
-        _check_synthetic_spec("--warm-start", args.warm_start)
     overrides: dict[str, Any] = {}
     for kv in args.planner_set:
         if "=" not in kv:

@@ -208,8 +208,11 @@ def test_config_file_quoted_words_are_left_to_the_planner_config(tmp_path, profi
 
 
 def test_synthetic_spec_with_a_key_twice_refused(capsys):
+    # the shared spec parser (mocker.traces.parse_synthetic_spec) refuses it, so replay does too
     rc = cli_main(["simulate", "--trace", TRACE + "&rate=5", "--quiet", "--compare", "static:1"])
-    _one_line(capsys, rc, "--trace", "'rate' given twice")
+    _one_line(capsys, rc, "'rate' given twice", "'5'")
+    rc = cli_main(["replay", "--trace", TRACE + "&rate=5"])
+    _one_line(capsys, rc, "'rate' given twice", "'5'")
 
 
 def test_duplicate_compare_entries_warn_once_and_run_once(tmp_path, capsys, profile):
