@@ -342,10 +342,16 @@ def _load_planner_profile(path: str) -> Any:
 
 
 def _file_mode(path: str | None) -> Any:
-    """The ``mode`` a planner settings file names (a lone ``planner:`` mapping is looked into, as load_config
-    does), or None when it names none or cannot be parsed (``load_config`` then reports the file's error)."""
+    """The ``mode`` a planner settings file names, or None (:func:`_file_settings`)."""
+    return _file_settings(path).get("mode")
+
+
+def _file_settings(path: str | None) -> dict[str, Any]:
+    """The top-level settings of a planner settings file (a lone ``planner:`` mapping is looked into, as
+    load_config does); empty when there is no file or it cannot be parsed (``load_config`` then reports the
+    file's error)."""
     if path is None:
-        return None
+        return {}
     import json
     from pathlib import Path
 
@@ -355,12 +361,12 @@ def _file_mode(path: str | None) -> Any:
         text = Path(path).read_text()
         data = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError):
-        return None
+        return {}
     if not isinstance(data, dict):
-        return None
+        return {}
     if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
         data = data["planner"]
-    return data.get("mode")
+    return data
 
 
 def build_context(args: argparse.Namespace) -> Any:
@@ -401,8 +407,10 @@ def build_context(args: argparse.Namespace) -> Any:
     overrides["mode"] = args.mode
     # flag > --planner-set > --config file > default: the file's values are validated (unknown keys, NaN
     # rejected by load_config) and used where the flag was not given
-    cfg0 = load_config(None, {**base, **overrides}) if args.planner_config is None else \
-        load_config(args.planner_config, overrides)
+    # simulate's defaults (a simulated fleet may use 64 GPUs) where the file does not set them: file > default
+    in_file = _file_settings(args.planner_config)
+    base = {k: v for k, v in base.items() if k not in in_file}
+    cfg0 = load_config(args.planner_config, {**base, **overrides})
     if args.mode not in ("agg", "disagg"):
         raise SimulationConfigError(f"planner mode={args.mode!r}: simulate runs a whole fleet, expected agg or disagg")
     args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms
@@ -448,7 +456,7 @@ def build_context(args: argparse.Namespace) -> Any:
                                     f"engine's {engine.max_num_batched_tokens}, expected it unset (set the engine's "
                                     f"--max-num-batched-tokens instead)")
     overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
-    cfg = load_config(args.planner_config, {**(base if args.planner_config is None else {}), **overrides})
+    cfg = load_config(args.planner_config, {**base, **overrides})
     initial = _parse_initial(args.initial_replicas, tuple(engines))
     _check_initial(initial, cfg)
     profile = _load_planner_profile(args.profile) if args.profile else profile_engine(engine)

@@ -326,3 +326,21 @@ def test_last_timeline_sample_is_not_beyond_the_end_of_the_run(tmp_path, profile
         # window (0, end]: every request but the one arriving at t = 0 (counted by the snapshot at 0)
         seen = float(static[-1]["observed_rps"]) * pol["static:1"]["duration_s"]
         assert seen == pytest.approx(pol["static:1"]["num_requests"] - 1, abs=1e-3)
+
+
+def test_simulate_gpu_budget_default_applies_with_a_config_file_too(tmp_path, profile):
+    # simulate's default budget (64 GPUs) holds unless the file or --planner-set sets one: file > default
+    def budget(name, *argv):
+        out = tmp_path / name
+        assert cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
+                         "--out", str(out), *argv]) == 0
+        return json.loads((out / "details.json").read_text())["run"]["planner_config"]["max_gpu_budget"]
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("predictor: constant\n")
+    own = tmp_path / "own.yaml"
+    own.write_text("max_gpu_budget: 12\n")
+    assert budget("none") == 64
+    assert budget("plain", "--config", str(plain)) == 64
+    assert budget("own", "--config", str(own)) == 12
+    assert budget("set", "--config", str(own), "--planner-set", "max_gpu_budget=16") == 16
