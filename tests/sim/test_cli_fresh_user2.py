@@ -7,27 +7,8 @@ import json
 import pytest
 
 from planner.cli import main as cli_main
-
-TRACE = "synthetic:poisson?rate=2&duration_s=20&isl=256&osl=16&seed=1"
-PROFILE_GRID = ["--isl", "128,512", "--kv-usage", "0.01,0.1", "--context", "256,1024"]
-
-
-def _one_line(capsys, rc: int, *needles: str) -> str:
-    cap = capsys.readouterr()
-    err = cap.err
-    assert rc == 2, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in err, err
-    return cap.out
-
-
-@pytest.fixture(scope="module")
-def profile(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("prof") / "p.npz"
-    assert cli_main(["profile", "--out", str(out), *PROFILE_GRID]) == 0
-    return str(out)
+from tests.sim.cli_helpers import PROFILE_GRID, TRACE
+from tests.sim.cli_helpers import one_line as _one_line
 
 
 # ------------------------------------------------------------------ 1. profile --out must not overwrite inputs
