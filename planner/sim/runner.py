@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Sequence
 from mocker.config import EngineConfig
 from mocker.records import TraceRequest
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
+from planner.core.budget import apply_limits
 from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
@@ -101,19 +102,9 @@ def _initial(ctx: RunContext, cfg: PlannerConfig | None = None) -> dict[str, int
         return {p: 1 for p in ctx.pools}
     cfg = ctx.config if cfg is None else cfg
     want = peak_replicas(replace(ctx, config=cfg), first=True)
-    # within the planner's limits, as the planner itself would be: each pool in [min_replicas, max_replicas],
-    # the fleet's GPUs within max_gpu_budget (the largest pool above its minimum gives way first)
-    gpe = {p: cfg.limits(p).gpus_per_engine for p in want}
-    for p in want:
-        lim = cfg.limits(p)
-        hi = cfg.max_gpu_budget // gpe[p] if lim.max_replicas is None else min(lim.max_replicas, cfg.max_gpu_budget // gpe[p])
-        want[p] = max(lim.min_replicas, min(want[p], hi))
-    while sum(want[p] * gpe[p] for p in want) > cfg.max_gpu_budget:
-        over = [p for p in want if want[p] > cfg.limits(p).min_replicas]
-        if not over:
-            break
-        want[max(over, key=lambda p: (want[p] * gpe[p], p))] -= 1
-    return want
+    # within the planner's limits, as the planner itself would place it: pool limits and the GPU budgets
+    # (planner.core.budget.apply_limits; nothing runs yet, so its goal is the fleet)
+    return apply_limits(want, {}, cfg).goal
 
 
 def _kv_target_from_sla(ctx: RunContext) -> float:
