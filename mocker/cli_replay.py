@@ -17,7 +17,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 from mocker.config import ENGINES, EngineConfig
 from mocker.errors import ConfigError
@@ -108,6 +108,18 @@ def _one_line_error(prog: str) -> Callable[[str], NoReturn]:
         sys.exit(2)
 
     return error
+
+
+def failed_requests_note(records: Sequence[Any], engine: EngineConfig) -> str | None:
+    """The warning text for requests that failed (a prompt that can never fit a worker's KV cache), or None
+    when none did; shared by ``dynoplan replay`` and ``dynoplan simulate`` (which prefix their own names)."""
+    failed = [r for r in records if r.status == "failed"]
+    if not failed:
+        return None
+    return (f"{len(failed)} of {len(records)} requests failed: a prompt that can never fit in a worker's KV cache "
+            f"(longest failed prompt {max(r.input_length for r in failed)} tokens; num_gpu_blocks="
+            f"{engine.num_gpu_blocks} x block_size={engine.effective_block_size} = "
+            f"{engine.num_gpu_blocks * engine.effective_block_size} tokens); they count as not completed")
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -327,17 +339,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         Console().print(render_table(report))
 
-    failed = [r for r in result.records if r.status == "failed"]
-    if failed:  # the engine rejects a prompt that can never fit its KV cache; say so rather than exit silently
-        longest = max(r.input_length for r in failed)
-        print(
-            f"dynoplan replay: warning: {len(failed)} of {len(result.records)} requests failed: a prompt that can "
-            f"never fit in a worker's KV cache (longest failed prompt {longest} tokens; num_gpu_blocks="
-            f"{engine.num_gpu_blocks} x block_size={engine.effective_block_size} = "
-            f"{engine.num_gpu_blocks * engine.effective_block_size} "
-            "tokens); they count as not completed",
-            file=sys.stderr,
-        )
+    note = failed_requests_note(result.records, engine)
+    if note:  # the engine rejects a prompt that can never fit its KV cache; say so rather than exit silently
+        print(f"dynoplan replay: warning: {note}", file=sys.stderr)
 
     failures: list[str] = []
     json_saved = False

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from mocker.cli_replay import (_nonneg_float, _nonneg_int, _positive_float, _positive_int,
-                               engine_config_from_args)
+                               engine_config_from_args, failed_requests_note)
 from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
 from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
 
@@ -481,16 +481,11 @@ def build_context(args: argparse.Namespace) -> Any:
 
 
 def _warn_failed(policy: str, records: Any, engine: Any) -> None:
-    """One warning line on stderr when requests failed (a prompt that can never fit a worker's KV cache;
-    the same facts as ``dynoplan replay``'s warning), naming the policy."""
-    failed = [r for r in records if r.status == "failed"]
-    if not failed:
-        return
-    cap = engine.num_gpu_blocks * engine.effective_block_size
-    print(f"dynoplan simulate: warning: policy {policy}: {len(failed)} of {len(records)} requests failed: a prompt "
-          f"that can never fit in a worker's KV cache (longest failed prompt {max(r.input_length for r in failed)} "
-          f"tokens; num_gpu_blocks={engine.num_gpu_blocks} x block_size={engine.effective_block_size} = {cap} "
-          f"tokens); they count as not completed", file=sys.stderr)
+    """One warning line on stderr when requests failed (:func:`mocker.cli_replay.failed_requests_note`, the
+    text ``dynoplan replay`` prints), naming the policy."""
+    note = failed_requests_note(records, engine)
+    if note:
+        print(f"dynoplan simulate: warning: policy {policy}: {note}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
