@@ -341,11 +341,6 @@ def _load_planner_profile(path: str) -> Any:
         raise
 
 
-def _file_mode(path: str | None) -> Any:
-    """The ``mode`` a planner settings file names, or None (:func:`_file_settings`)."""
-    return _file_settings(path).get("mode")
-
-
 def _file_settings(path: str | None) -> dict[str, Any]:
     """The top-level settings of a planner settings file (a lone ``planner:`` mapping is looked into, as
     load_config does); empty when there is no file or it cannot be parsed (``load_config`` then reports the
@@ -400,15 +395,15 @@ def build_context(args: argparse.Namespace) -> Any:
                 _check_planner_set(item, key.strip(), value.strip())
             raise
     base = {"max_gpu_budget": 64}
+    in_file = _file_settings(args.planner_config)
     if args.mode is None:  # --planner-set's or the file's mode if they name one, else agg
-        named = overrides.get("mode", _file_mode(args.planner_config))
+        named = overrides.get("mode", in_file.get("mode"))
         args.mode = named if named is not None else "agg"
     # the run's mode before validation: the file's settings (GPU budget, pools) are checked against it
     overrides["mode"] = args.mode
     # flag > --planner-set > --config file > default: the file's values are validated (unknown keys, NaN
     # rejected by load_config) and used where the flag was not given
     # simulate's defaults (a simulated fleet may use 64 GPUs) where the file does not set them: file > default
-    in_file = _file_settings(args.planner_config)
     base = {k: v for k, v in base.items() if k not in in_file}
     cfg0 = load_config(args.planner_config, {**base, **overrides})
     if args.mode not in ("agg", "disagg"):
