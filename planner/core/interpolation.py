@@ -79,10 +79,11 @@ class PrefillProfile:
         """The fixed cost of a prefill pass (ms): the line through the two shortest profiled ISLs at ISL 0,
         clamped to ``[0, TTFT of the shortest]``. Under load, waiting prompts share full chunked-prefill passes
         and so this cost; the queue's service is the rest (``planner.core.throughput.service_moments``)."""
-        x0, x1 = float(self.isl[0]), float(self.isl[1]) if self.isl.size > 1 else float(self.isl[0])
-        y0, y1 = float(self.ttft_ms[0]), float(self.ttft_ms[1]) if self.isl.size > 1 else float(self.ttft_ms[0])
-        a = y0 - (y1 - y0) / (x1 - x0) * x0 if x1 > x0 else 0.0
-        return min(max(a, 0.0), y0)
+        if self.isl.size < 2:
+            return 0.0
+        x0, x1 = float(self.isl[0]), float(self.isl[1])
+        y0, y1 = float(self.ttft_ms[0]), float(self.ttft_ms[1])
+        return min(max(y0 - (y1 - y0) / (x1 - x0) * x0, 0.0), y0)
 
     def ttft_ms_at(self, isl_tokens: float) -> float:
         """TTFT (ms) of a request of ``isl_tokens`` on an idle engine: piecewise linear on the grid, clamped
@@ -93,6 +94,15 @@ class PrefillProfile:
         if isl_tokens > edge:
             return float(self.ttft_ms[-1]) * float(isl_tokens) / edge
         return float(np.interp(isl_tokens, self.isl, self.ttft_ms))
+
+    def ttft_ms_of(self, isl_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`ttft_ms_at` of each length in ``isl_tokens`` (same values, element for element), as a float64
+        array of the same shape."""
+        x = np.asarray(isl_tokens, dtype=np.float64)
+        out = np.interp(x, self.isl, self.ttft_ms)
+        beyond = x > self.isl[-1]
+        out[beyond] = float(self.ttft_ms[-1]) * x[beyond] / float(self.isl[-1])
+        return out
 
     def thpt_per_gpu_at(self, isl_tokens: float) -> float:
         """Prefill throughput (prompt tokens/s/GPU) at ``isl_tokens`` (clamped to the grid)."""

@@ -170,7 +170,7 @@ def service_moments(demand: Demand, p_corr: float, prefill: PrefillProfile) -> t
         mw = max(m - a, 0.0)
         return m, mw, mw * mw
     v, w = length_distribution(demand.isl_buckets, demand.isl_tokens)
-    svc = np.array([prefill.ttft_ms_at(float(x)) for x in v]) * f
+    svc = prefill.ttft_ms_of(v) * f
     work = np.maximum(svc - a, 0.0)
     return float(w @ svc), float(w @ work), float(w @ (work * work))
 
@@ -188,7 +188,7 @@ def size_prefill_over_lengths(demand: Demand, interval_s: float, p_corr: float, 
     f = min(1.0, p_corr)
     thpt = np.array([prefill.thpt_per_gpu_at(float(x)) for x in v])
     exact = float(np.sum(w * demand.num_requests * v / interval_s / thpt)) * f / gpus_per_engine
-    svc = np.array([prefill.ttft_ms_at(float(x)) for x in v]) * f
+    svc = prefill.ttft_ms_of(v) * f
     return exact, float(w @ svc), float(w @ (svc * svc))
 
 
@@ -472,7 +472,7 @@ def agg_itl_miss_model(demand: Demand, interval_s: float, d_corr: float, itl_tar
     if decode.itl_ms_at(0.0, context) * corr >= itl_target_ms:
         return None
     isl_v, isl_w = length_distribution(demand.isl_buckets, isl)
-    stalls = StallSums(np.array([prefill.ttft_ms_at(float(x)) for x in isl_v]), isl_w)
+    stalls = StallSums(prefill.ttft_ms_of(isl_v), isl_w)
     osl, w = osl_distribution(demand)
 
     def miss(n: float) -> float:

@@ -439,6 +439,9 @@ def test_prefill_ttft_beyond_the_grid_grows_at_the_edge_throughput():
     assert prof.prefill.ttft_ms_at(3000.0) == pytest.approx(300.0)
     assert prof.prefill.ttft_ms_at(500.0) == pytest.approx(100.0)  # clamped below the grid
     assert prof.prefill.thpt_per_gpu_at(6000.0) == pytest.approx(6000.0)  # throughput stays clamped
+    # the array form gives the scalar's values exactly, inside, below and beyond the grid
+    xs = np.array([1.0, 500.0, 1000.0, 1750.5, 3000.0, 3000.5, 6000.0, 1.3e5])
+    assert prof.prefill.ttft_ms_of(xs).tolist() == [prof.prefill.ttft_ms_at(float(x)) for x in xs]
 
 
 def test_agg_itl_tail_calibration_against_the_poisson_upper_bound():
