@@ -18,11 +18,13 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/dynoplan simulate --trace examples/traces/azure_llm_conv_2023.csv --sla-ttft-ms 200 --sla-itl-ms 10 --compare planner planner:attainment_target=0.999 throughput-only static:auto hpa saturation --out out/
 
-# Real components for the integration tests: Debian packages (prometheus, chromium) and
-# kube-apiserver/etcd/helm built from Go modules into ~/.cache/dynoplan (see tools/README.md).
+# Real components for the integration tests: Debian packages (prometheus, chromium),
+# kube-apiserver/etcd/helm built from Go modules and the AIConfigurator venv, both into ~/.cache/dynoplan
+# (see tools/README.md).
 infra-deps:
 	tools/install-system-deps.sh
 	tools/build-k8s-bins.sh
+	PY=$(PY) tools/build-aic-venv.sh
 
 test: $(STAMP) infra-deps
 	$(BIN)/lint-imports

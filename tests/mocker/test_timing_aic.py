@@ -16,7 +16,9 @@ from mocker.timing_aic import (AicSpecError, aic_num_gpu_blocks, ensure_profile,
                                profile_path)
 
 SPEC = "aic:model=Qwen/Qwen3-8B,system=h200_sxm,backend=vllm,tp=1"
-AIC_PY = os.environ.get("DYNOPLAN_AIC_PYTHON") or "/tmp/aicvenv/bin/python"
+AIC_PY = os.environ.get("DYNOPLAN_AIC_PYTHON") or os.path.join(
+    os.environ.get("DYNOPLAN_CACHE") or os.path.expanduser("~/.cache/dynoplan"), "aicvenv-0.12.0", "bin", "python")
+"""The AIConfigurator interpreter: DYNOPLAN_AIC_PYTHON, else the venv ``make test`` builds (tools/build-aic-venv.sh)."""
 
 
 def test_parse_spec_defaults_and_errors():
@@ -46,7 +48,7 @@ def test_missing_package_is_a_config_error_naming_it(monkeypatch, tmp_path):
         ensure_profile("aic:model=m,system=s,tp=x")
 
 
-@pytest.mark.skipif(not Path(AIC_PY).is_file(), reason="no AIConfigurator interpreter (DYNOPLAN_AIC_PYTHON)")
+@pytest.mark.skipif(not Path(AIC_PY).is_file(), reason="no AIConfigurator interpreter (DYNOPLAN_AIC_PYTHON, or run tools/build-aic-venv.sh)")
 def test_real_aiconfigurator_profile_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("DYNOPLAN_AIC_PYTHON", AIC_PY)
     monkeypatch.setenv("DYNOPLAN_AIC_CACHE", str(tmp_path))
