@@ -24,7 +24,7 @@ from mocker.cli_replay import add_engine_arguments as _add_replay_engine_argumen
 from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
 
 POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
-               "hpa[:kv|running[:target]] | saturation")
+               "schedule:T=N,T=N,... (T=P+D disagg; first T=0) | hpa[:kv|running[:target]] | saturation")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,10 @@ replica targets per pool (``None`` = no change), a reason, and when to tick next
 ``static:peak``               a fixed fleet sized by the throughput formulas for the trace's busiest
                               adjustment interval (resolved by the runner)
 ``static:auto``               the smallest fixed fleet reaching the target attainment (resolved by search)
+``schedule:T=N,T=N,...``      a replica schedule in virtual seconds from the trace start (``schedule:0=4,300=3``,
+                              disaggregated ``schedule:0=2+1,140=3+1``): a recorded fleet history or a
+                              hand-made what-if; each change goes through the same connector (start-up delay,
+                              drain, GPU time from the request)
 ``hpa[:metric[:target]]``     Kubernetes HPA: ``desired = ceil(current x metric / target)``, no change
                               within 10 % tolerance, scale-down to the max recommendation of the last
                               300 s (stabilization window), 15 s sync; metric ``kv`` (KV usage, 0..1) or
@@ -98,6 +102,33 @@ class StaticPolicy:
 
     def tick(self, view: View) -> Step:
         return Step(None, "static", math.inf)
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+@dataclass
+class SchedulePolicy:
+    """A fixed replica schedule: ``steps`` = ((t_s, replicas per pool), ...), increasing times, the first at
+    0 s (the starting fleet). At each later time the targets are published once, as a planner would."""
+
+    name: str
+    steps: tuple[tuple[float, dict[str, int]], ...]
+    needs_fpm: bool = False
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return tuple(self.steps[0][1])
+
+    def initial_replicas(self) -> dict[str, int]:
+        return dict(self.steps[0][1])
+
+    def tick(self, view: View) -> Step:
+        due = [r for t, r in self.steps if t <= view.now_s + 1e-9]
+        later = [t for t, _ in self.steps if t > view.now_s + 1e-9]
+        nxt = later[0] if later else math.inf
+        want = due[-1]
+        if all(view.counts[p].requested == want[p] for p in self.pools):
+            return Step(None, "schedule", nxt)
+        return Step(dict(want), "schedule", nxt)
 
 
 # ---------------------------------------------------------------------------------------------- planner

@@ -25,7 +25,7 @@ from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS
-from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, StaticPolicy
+from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, SchedulePolicy, StaticPolicy
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,51 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
         raise SimulationConfigError(f"policy {spec!r}: {e}") from None
 
 
+def _fleet_counts(spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext, form: str) -> dict[str, int]:
+    """``N`` (agg) or ``P+D`` (disagg) as replicas per pool, each in [1, ``--max-replicas``]; ``form`` is the
+    spec's prefix for the error message. Raises SimulationConfigError naming ``spec``."""
+    try:
+        nums = [int(x) for x in arg.split("+")]
+    except ValueError:
+        nums = []
+    if len(nums) != len(pools) or any(x < 1 for x in nums):
+        mode = "agg" if pools == ("agg",) else "disagg"
+        if form == "static:":
+            want = "static:N (N >= 1)" if len(pools) == 1 else "static:P+D (P, D >= 1)"
+            raise SimulationConfigError(f"policy {spec!r}: expected {want}, static:peak or static:auto for mode {mode}")
+        want = "N (N >= 1)" if len(pools) == 1 else "P+D (P, D >= 1)"
+        raise SimulationConfigError(f"policy {spec!r}: {arg!r}: expected {want} for mode {mode}")
+    over = [f"{p}={n}" for p, n in zip(pools, nums) if n > ctx.max_replicas]
+    if over:
+        raise SimulationConfigError(f"policy {spec!r}: {', '.join(over)}: expected at most --max-replicas="
+                                    f"{ctx.max_replicas} per pool")
+    return dict(zip(pools, nums))
+
+
+def _schedule_steps(spec: str, arg: str, pools: tuple[str, ...],
+                    ctx: RunContext) -> tuple[tuple[float, dict[str, int]], ...]:
+    """``T=N,T=N,...`` (``T=P+D`` disaggregated) as ((t_s, replicas per pool), ...): times finite, >= 0,
+    strictly increasing, the first 0 (the starting fleet). Raises SimulationConfigError naming the entry."""
+    steps: list[tuple[float, dict[str, int]]] = []
+    for part in arg.split(","):
+        t_txt, eq, n_txt = part.strip().partition("=")
+        try:
+            t = float(t_txt)
+        except ValueError:
+            t = math.nan
+        if not eq or not math.isfinite(t) or t < 0:
+            raise SimulationConfigError(f"policy {spec!r}: entry {part.strip()!r}: expected T=N with T seconds >= 0 "
+                                        f"(schedule:0=4,300=3; disaggregated schedule:0=2+1,140=3+1)")
+        if steps and t <= steps[-1][0]:
+            raise SimulationConfigError(f"policy {spec!r}: entry {part.strip()!r}: expected times in increasing "
+                                        f"order (after {steps[-1][0]:g} s)")
+        if not steps and t != 0:
+            raise SimulationConfigError(f"policy {spec!r}: entry {part.strip()!r}: expected the first entry at "
+                                        f"0 s (the starting fleet)")
+        steps.append((t, _fleet_counts(spec, n_txt.strip(), pools, ctx, "schedule:")))
+    return tuple(steps)
+
+
 def _make_policy(spec: str, ctx: RunContext) -> Policy:
     s = spec.strip()
     pools = ctx.pools
@@ -179,19 +224,9 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             return StaticPolicy(s, peak_replicas(ctx))
         if arg == "auto":
             return StaticPolicy(s, auto_static(ctx))
-        try:
-            nums = [int(x) for x in arg.split("+")]
-        except ValueError:
-            nums = []
-        if len(nums) != len(pools) or any(x < 1 for x in nums):
-            want = "static:N (N >= 1)" if len(pools) == 1 else "static:P+D (P, D >= 1)"
-            raise SimulationConfigError(f"policy {spec!r}: expected {want}, static:peak or static:auto for mode "
-                                        f"{'agg' if pools == ('agg',) else 'disagg'}")
-        over = [f"{p}={n}" for p, n in zip(pools, nums) if n > ctx.max_replicas]
-        if over:
-            raise SimulationConfigError(f"policy {spec!r}: {', '.join(over)}: expected at most --max-replicas="
-                                        f"{ctx.max_replicas} per pool")
-        return StaticPolicy(s, dict(zip(pools, nums)))
+        return StaticPolicy(s, _fleet_counts(spec, arg, pools, ctx, "static:"))
+    if s.startswith("schedule:"):
+        return SchedulePolicy(s, _schedule_steps(spec, s.split(":", 1)[1], pools, ctx))
     if s == "hpa" or s.startswith("hpa:"):
         parts = s.split(":")
         metric = parts[1] if len(parts) > 1 else "kv"
@@ -217,7 +252,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
     if s == "saturation":
         return SaturationPolicy(s, pools, _initial(ctx), max_replicas=ctx.max_replicas)
     raise SimulationConfigError(f"policy {spec!r}: expected planner[:k=v,...], throughput-only, static:N, static:P+D, "
-                                "static:peak, static:auto, hpa[:kv|running[:target]] or saturation")
+                                "static:peak, static:auto, schedule:T=N,..., hpa[:kv|running[:target]] or saturation")
 
 
 class AutoStaticUnreachable(SimulationConfigError):

@@ -174,7 +174,8 @@ def _ctx(**kw) -> RunContext:
 
     prof = profile_engine(ENGINE, ProfileSweep(isl_tokens=(64, 512, 2048), kv_usage=(0.01, 0.1, 0.5),
                                                context_tokens=(256, 1024, 4096)))
-    return RunContext(reqs, {"agg": ENGINE}, settings, cfg, prof, **kw)
+    engines = kw.pop("engines_override", {"agg": ENGINE})
+    return RunContext(reqs, engines, settings, cfg, prof, **kw)
 
 
 def test_static_auto_is_the_smallest_fleet_meeting_the_target():
@@ -197,30 +198,10 @@ def test_throughput_only_is_the_reference_throughput_loop():
     assert v.config.predictor == "kalman" and v.config.load_enabled
 
 
-@dataclass
-class Scripted:
-    """Test policy: scales to ``plan[t]`` at each scripted time."""
-
-    plan: list[tuple[float, int]]
-    name: str = "scripted"
-    pools: tuple[str, ...] = ("agg",)
-    needs_fpm: bool = False
-    seen: list = field(default_factory=list)
-
-    def initial_replicas(self) -> dict[str, int]:
-        return {"agg": 1}
-
-    def tick(self, view: View) -> Step:
-        self.seen.append((view.now_s, view.counts["agg"]))
-        due = [n for t, n in self.plan if t <= view.now_s + 1e-9]
-        nxt = [t for t, _ in self.plan if t > view.now_s + 1e-9]
-        return Step({"agg": due[-1]} if due else None, "scripted", min(nxt) if nxt else math.inf)
-
-
 def test_loop_applies_start_up_delay_and_charges_start_up_and_drain():
-    reqs = load_trace(TRACE, seed=0)
-    pol = Scripted([(30.0, 3), (150.0, 1)])
-    run = simulate(reqs, {"agg": ENGINE}, pol, SimSettings(startup_delay_s=60.0, sla_ttft_ms=200.0, sla_itl_ms=10.0))
+    ctx = _ctx(startup_delay_s=60.0)
+    pol = make_policy("schedule:0=1,30=3,150=1", ctx)
+    run = simulate(ctx.requests, ctx.engines, pol, ctx.settings)
     assert len(run.decisions) == 2 and all(r.status == "finished" for r in run.records)
     spans = sorted(run.worker_spans, key=lambda s: s[1])
     assert [s[2] for s in spans] == [0.0, 30_000.0, 30_000.0]
@@ -238,6 +219,33 @@ def test_loop_applies_start_up_delay_and_charges_start_up_and_drain():
     summ = summarize(run)
     assert summ["gpu_hours"] == pytest.approx(expected_gpu_s / 3600, rel=1e-5)
     assert summ["max_replicas"] == {"agg": 3} and summ["scale_events"] == 2
+
+
+def test_schedule_spec_parses_agg_and_disagg():
+    p = make_policy("schedule:0=4, 300=3,360.5=2", _ctx())
+    assert p.steps == ((0.0, {"agg": 4}), (300.0, {"agg": 3}), (360.5, {"agg": 2}))
+    assert p.initial_replicas() == {"agg": 4} and p.pools == ("agg",)
+    d = make_policy("schedule:0=2+1,140=3+1", _ctx(engines_override={"prefill": ENGINE, "decode": ENGINE}))
+    assert d.steps == ((0.0, {"prefill": 2, "decode": 1}), (140.0, {"prefill": 3, "decode": 1}))
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("schedule:10=2", "expected the first entry at 0 s"),
+    ("schedule:0=2,60=3,60=1", "expected times in increasing order (after 60 s)"),
+    ("schedule:0=2,x=3", "entry 'x=3': expected T=N"),
+    ("schedule:0=2,-5=3", "entry '-5=3'"),
+    ("schedule:0=2,inf=3", "entry 'inf=3'"),
+    ("schedule:0=2,30", "entry '30'"),
+    ("schedule:0=0", "'0': expected N (N >= 1) for mode agg"),
+    ("schedule:0=2+1", "'2+1': expected N (N >= 1) for mode agg"),
+    ("schedule:0=99", "agg=99: expected at most --max-replicas=64"),
+])
+def test_schedule_spec_errors_name_the_entry(spec, needle):
+    from planner.sim.errors import SimulationConfigError
+
+    with pytest.raises(SimulationConfigError) as e:
+        make_policy(spec, _ctx())
+    assert str(e.value).startswith(f"policy {spec!r}") and needle in str(e.value), str(e.value)
 
 
 def test_sla_flags_rule():
@@ -274,6 +282,7 @@ def test_same_seed_same_summary_bytes(tmp_path):
 @pytest.mark.parametrize("argv, needle", [
     (["--compare", "static:x"], "static:N"),
     (["--compare", "hpa:gpu"], "hpa metric"),
+    (["--compare", "schedule:5=2"], "expected the first entry at 0 s"),
     (["--planner-set", "predictor=oracle"], "predictor"),
     (["--initial-replicas", "2+2"], "--initial-replicas"),
 ])
