@@ -12,7 +12,12 @@ Quality: the issue's targets, each a ``dynoplan simulate --compare`` run (60 s s
   (3) disaggregated on both bundled traces (Azure 8x as in (2); Mooncake 1x at TTFT 3000 / ITL 50 ms, see
       MOONCAKE_SLA): beat the smallest static P+D fleet reaching 99.5 % by >= 10 % GPU-h
 
-Usage:  .venv/bin/python bench/bench_simulate.py [--cases speed,q1,q2,q3] [--policies "planner ..."]
+Schedules (``--cases schedules``): what any planner would have had to do. Hand-written replica schedules
+(``schedule:T=N,...`` policies, same connector and 60 s start-up delay) on the runs of targets (2) and (3),
+each marked against its target, next to the trace's arrival rate in 20 s bins: the latest scale-up that
+still meets a target, and whether the arrivals before that moment showed anything a planner could act on.
+
+Usage:  .venv/bin/python bench/bench_simulate.py [--cases speed,q1,q2,q3,schedules] [--policies "planner ..."]
 """
 
 from __future__ import annotations
@@ -117,6 +122,54 @@ def disagg(name: str, trace: Path, extra: list[str], compare: list[str] | None) 
               f"({100 * p['sla_attainment']:.2f}%, saving {100 * saving:.1f}%)")
 
 
+SCHEDULES = [
+    # (run, trace, flags, target attainment, target GPU-h, schedules)
+    ("q2 Azure 8x agg", TRACE, QUALITY["q2"]["args"], 0.99, 0.45,
+     ["schedule:0=3,140=4,300=3", "schedule:0=3,150=4,300=3", "schedule:0=3,160=4,300=3",
+      "schedule:0=4,300=3,390=2", "schedule:0=4,360=3", "static:3", "static:4"]),
+    ("q3 Azure 8x disagg", TRACE, [*QUALITY["q2"]["args"], "--mode", "disagg"], 0.995, 0.9 * 0.490,
+     ["schedule:0=2+1,140=3+1,300=2+1", "schedule:0=2+1,150=3+1,300=2+1", "schedule:0=3+1,270=2+1,360=1+1",
+      "schedule:0=3+1,300=2+1", "static:2+1", "static:3+1"]),
+    ("q3 Mooncake 1x disagg", MOONCAKE, [*MOONCAKE_SLA, "--mode", "disagg"], 0.995, 0.9 * 4.926,
+     ["schedule:0=4+1,900=3+1", "schedule:0=4+1,600=3+1", "static:3+1", "static:4+1"]),
+]
+"""GPU-h targets of (3): 90 % of the smallest static P+D fleet reaching 99.5 % (Azure 8x 3+1: 0.490 GPU-h,
+Mooncake 4+1: 4.926 GPU-h, both measured by ``--cases q3``)."""
+
+
+def arrival_bins(trace: Path, speedup: float, bin_s: float = 20.0, until_s: float = 300.0) -> str:
+    """Requests per second and prompt tokens per second in ``bin_s`` bins of the (sped-up) trace."""
+    sys.path.insert(0, str(ROOT))
+    from mocker.traces import load_trace
+
+    reqs = load_trace(str(trace), seed=0)
+    n: dict[int, int] = {}
+    tok: dict[int, int] = {}
+    t0 = min(r.arrival_ms for r in reqs)
+    for r in reqs:
+        b = int((r.arrival_ms - t0) / 1000.0 / speedup // bin_s)
+        n[b] = n.get(b, 0) + 1
+        tok[b] = tok.get(b, 0) + r.input_length
+    return "  ".join(f"{b * bin_s:.0f}s:{n.get(b, 0) / bin_s:.0f}/{tok.get(b, 0) / bin_s / 1000:.0f}k"
+                     for b in range(int(until_s // bin_s)))
+
+
+def schedules() -> None:
+    print("\nschedules: replica schedules against targets (2) and (3); bins: req/s / prompt k-tokens/s per 20 s")
+    print(f"  Azure 8x arrivals: {arrival_bins(TRACE, 8.0)}")
+    for name, trace, flags, att, gpu_h, pols in SCHEDULES:
+        with tempfile.TemporaryDirectory() as d:
+            r = run_child([*DYNOPLAN, "simulate", "--trace", str(trace), *flags, "--compare", *pols, "--quiet",
+                           "--out", d])
+            doc = json.loads(Path(d, "summary.json").read_text())
+        print(f"\n{name}: dynoplan simulate --trace {trace.relative_to(ROOT)} {' '.join(flags)} --compare ...   "
+              f"(wall {r['wall_s']:.0f} s; target >= {100 * att:.1f}% at <= {gpu_h:.3f} GPU-h)")
+        for k, s in doc["policies"].items():
+            ok = s["sla_attainment"] >= att and s["gpu_hours"] <= gpu_h
+            print(f"  {k:<36}{100 * s['sla_attainment']:>8.2f}%{s['gpu_hours']:>8.3f} GPU-h   "
+                  f"{'meets' if ok else 'misses'} the target")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="speed,q1,q2,q3")
@@ -130,6 +183,8 @@ def main() -> None:
     for c in ("q1", "q2"):
         if c in cases:
             quality(c, args.policies.split() if args.policies else None)
+    if "schedules" in cases:
+        schedules()
     if "q3" in cases:
         for name, trace, extra in (("q3 Azure 8x", TRACE, QUALITY["q2"]["args"]),
                                    ("q3 Mooncake 1x", MOONCAKE, MOONCAKE_SLA)):
