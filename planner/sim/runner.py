@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
@@ -134,48 +135,57 @@ def make_policy(spec: str, ctx: RunContext) -> Policy:
         raise SimulationConfigError(f"policy {spec!r}: {e}") from None
 
 
-def _fleet_counts(spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext, form: str) -> dict[str, int]:
-    """``N`` (agg) or ``P+D`` (disagg) as replicas per pool, each in [1, ``--max-replicas``]; ``form`` is the
-    spec's prefix for the error message. Raises SimulationConfigError naming ``spec``."""
-    try:
-        nums = [int(x) for x in arg.split("+")]
-    except ValueError:
-        nums = []
+_COUNT = re.compile(r"[0-9]+(\+[0-9]+)*")
+_SECONDS = re.compile(r"[0-9]+(\.[0-9]*)?")
+
+
+def _fleet_counts(spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext, form: str,
+                  entry: str | None = None) -> dict[str, int]:
+    """``N`` (agg) or ``P+D`` (disagg), ASCII digits only, as replicas per pool, each in [1, ``--max-replicas``];
+    ``form`` is the spec's prefix, ``entry`` the schedule entry, for the error message. Raises
+    SimulationConfigError naming ``spec`` (and ``entry``)."""
+    nums = [int(x) for x in arg.split("+")] if _COUNT.fullmatch(arg) else []
+    where = f"entry {entry!r}: " if entry is not None else ""
     if len(nums) != len(pools) or any(x < 1 for x in nums):
         mode = "agg" if pools == ("agg",) else "disagg"
         if form == "static:":
             want = "static:N (N >= 1)" if len(pools) == 1 else "static:P+D (P, D >= 1)"
             raise SimulationConfigError(f"policy {spec!r}: expected {want}, static:peak or static:auto for mode {mode}")
         want = "N (N >= 1)" if len(pools) == 1 else "P+D (P, D >= 1)"
-        raise SimulationConfigError(f"policy {spec!r}: {arg!r}: expected {want} for mode {mode}")
+        raise SimulationConfigError(f"policy {spec!r}: {where}{arg!r}: expected {want} for mode {mode}")
     over = [f"{p}={n}" for p, n in zip(pools, nums) if n > ctx.max_replicas]
     if over:
-        raise SimulationConfigError(f"policy {spec!r}: {', '.join(over)}: expected at most --max-replicas="
+        raise SimulationConfigError(f"policy {spec!r}: {where}{', '.join(over)}: expected at most --max-replicas="
                                     f"{ctx.max_replicas} per pool")
     return dict(zip(pools, nums))
 
 
 def _schedule_steps(spec: str, arg: str, pools: tuple[str, ...],
                     ctx: RunContext) -> tuple[tuple[float, dict[str, int]], ...]:
-    """``T=N,T=N,...`` (``T=P+D`` disaggregated) as ((t_s, replicas per pool), ...): times finite, >= 0,
-    strictly increasing, the first 0 (the starting fleet). Raises SimulationConfigError naming the entry."""
+    """``T=N,T=N,...`` (``T=P+D`` disaggregated) as ((t_s, replicas per pool), ...): ``T`` plain decimal
+    seconds from the trace start, strictly increasing, the first 0 (the starting fleet), none after the last
+    arrival (a change there would do nothing); no spaces. Raises SimulationConfigError naming the entry."""
+    last_s = max((r.arrival_ms for r in ctx.requests), default=0.0) / 1000.0
+    example = "(schedule:0=4,300=3; disaggregated schedule:0=2+1,140=3+1)"
+    if any(c.isspace() for c in arg):
+        raise SimulationConfigError(f"policy {spec!r}: expected no spaces {example}")
     steps: list[tuple[float, dict[str, int]]] = []
     for part in arg.split(","):
-        t_txt, eq, n_txt = part.strip().partition("=")
-        try:
-            t = float(t_txt)
-        except ValueError:
-            t = math.nan
-        if not eq or not math.isfinite(t) or t < 0:
-            raise SimulationConfigError(f"policy {spec!r}: entry {part.strip()!r}: expected T=N with T seconds >= 0 "
-                                        f"(schedule:0=4,300=3; disaggregated schedule:0=2+1,140=3+1)")
+        t_txt, eq, n_txt = part.partition("=")
+        if not eq or not _SECONDS.fullmatch(t_txt):
+            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected T=N with T in seconds, a plain "
+                                        f"decimal >= 0 {example}")
+        t = float(t_txt)
         if steps and t <= steps[-1][0]:
-            raise SimulationConfigError(f"policy {spec!r}: entry {part.strip()!r}: expected times in increasing "
+            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected times in increasing "
                                         f"order (after {steps[-1][0]:g} s)")
         if not steps and t != 0:
-            raise SimulationConfigError(f"policy {spec!r}: entry {part.strip()!r}: expected the first entry at "
+            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected the first entry at "
                                         f"0 s (the starting fleet)")
-        steps.append((t, _fleet_counts(spec, n_txt.strip(), pools, ctx, "schedule:")))
+        if t > last_s:
+            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected a time within the trace "
+                                        f"(last arrival at {last_s:.3f} s); a later change would do nothing")
+        steps.append((t, _fleet_counts(spec, n_txt, pools, ctx, "schedule:", part)))
     return tuple(steps)
 
 

@@ -222,8 +222,8 @@ def test_loop_applies_start_up_delay_and_charges_start_up_and_drain():
 
 
 def test_schedule_spec_parses_agg_and_disagg():
-    p = make_policy("schedule:0=4, 300=3,360.5=2", _ctx())
-    assert p.steps == ((0.0, {"agg": 4}), (300.0, {"agg": 3}), (360.5, {"agg": 2}))
+    p = make_policy("schedule:0=4,30=3,60.5=2", _ctx())
+    assert p.steps == ((0.0, {"agg": 4}), (30.0, {"agg": 3}), (60.5, {"agg": 2}))
     assert p.initial_replicas() == {"agg": 4} and p.pools == ("agg",)
     d = make_policy("schedule:0=2+1,140=3+1", _ctx(engines_override={"prefill": ENGINE, "decode": ENGINE}))
     assert d.steps == ((0.0, {"prefill": 2, "decode": 1}), (140.0, {"prefill": 3, "decode": 1}))
@@ -235,10 +235,20 @@ def test_schedule_spec_parses_agg_and_disagg():
     ("schedule:0=2,x=3", "entry 'x=3': expected T=N"),
     ("schedule:0=2,-5=3", "entry '-5=3'"),
     ("schedule:0=2,inf=3", "entry 'inf=3'"),
+    ("schedule:0=2,1e400=3", "entry '1e400=3': expected T=N with T in seconds, a plain decimal"),
+    ("schedule:+0=2", "entry '+0=2'"),
+    ("schedule:1_0=2", "entry '1_0=2'"),
     ("schedule:0=2,30", "entry '30'"),
-    ("schedule:0=0", "'0': expected N (N >= 1) for mode agg"),
+    ("schedule:0=2,", "entry ''"),
+    ("schedule:0=2, 5=3", "expected no spaces"),
+    ("schedule:0=2,1000=3", "entry '1000=3': expected a time within the trace (last arrival at 239.752 s)"),
+    ("schedule:0=0", "entry '0=0': '0': expected N (N >= 1) for mode agg"),
+    ("schedule:0=2,5=0", "entry '5=0': '0': expected N (N >= 1)"),
+    ("schedule:0=2_0", "'2_0': expected N"),
+    ("schedule:0=\u0663", "expected N"),
     ("schedule:0=2+1", "'2+1': expected N (N >= 1) for mode agg"),
-    ("schedule:0=99", "agg=99: expected at most --max-replicas=64"),
+    ("schedule:0=99", "entry '0=99': agg=99: expected at most --max-replicas=64"),
+    ("static:2_0", "expected static:N"),
 ])
 def test_schedule_spec_errors_name_the_entry(spec, needle):
     from planner.sim.errors import SimulationConfigError
