@@ -204,6 +204,12 @@ class PlannerConfig:
     attainment_discount_unservable: bool = True
     """SLA-attainment feedback: leave out of the TTFT miss share the prompts whose profiled prefill time alone
     exceeds the target (from the window's ISL histogram): no replica count serves them in time."""
+    attainment_demand_guard: bool = True
+    """SLA-attainment feedback: do not grow headroom for misses the window's own demand explains, i.e. when
+    the sizing (current corrections, headroom and calibration) of the demand actually observed in the window
+    needs more replicas of a pool the SLA concerns than were ready. Such misses come from the forecast
+    falling short (``demand_error_quantile`` answers that), not from a model that is too optimistic;
+    counting them in the headroom too sizes for the same burst twice, after it has passed."""
     attainment_relax: float = 0.95
     attainment_max_headroom: float = 4.0
 

@@ -410,12 +410,31 @@ class Planner:
             h = self.headroom[key]
             pools = [p for p in cfg.pools if p in (("prefill", "agg") if key == "ttft" else ("decode", "agg"))]
             settled = all(settled_pool[p] for p in pools)
-            if miss > allowed and settled and significant_misses(miss * total, allowed * total,
-                                                                 cfg.attainment_significance_z):
+            if (miss > allowed and settled and significant_misses(miss * total, allowed * total,
+                                                                  cfg.attainment_significance_z)
+                    and not self._demand_explains(traffic, ready, pools)):
                 h = min(cfg.attainment_max_headroom, h * min(2.0, 1.0 + cfg.attainment_gain * (miss / allowed - 1.0)))
             elif miss < allowed / 2.0:
                 h = max(1.0, h * cfg.attainment_relax)
             self.headroom[key] = h
+
+    def _demand_explains(self, traffic: TrafficWindow, ready: Mapping[str, int] | None, pools: Sequence[str]) -> bool:
+        """``PlannerConfig.attainment_demand_guard``: True when sizing the demand observed in ``traffic`` (its
+        count scaled to a full interval, its mean ISL/OSL and histograms) with the current corrections,
+        headroom and ITL-tail calibration needs more replicas than are ``ready`` in one of ``pools``: the
+        window's misses are then what the model predicts for that demand, not evidence against it."""
+        cfg, prof = self.config, self.profile
+        if not (cfg.attainment_demand_guard and ready is not None and prof is not None and traffic.num_requests > 0
+                and math.isfinite(traffic.mean_isl_tokens) and math.isfinite(traffic.mean_osl_tokens)
+                and traffic.duration_s > 0):
+            return False
+        interval = cfg.adjustment_interval_s
+        seen = Demand(traffic.num_requests * interval / traffic.duration_s, traffic.mean_isl_tokens,
+                      traffic.mean_osl_tokens, traffic.mix, traffic.osl_buckets, traffic.isl_buckets)
+        head = (self.headroom["ttft"], self.headroom["itl"])
+        return any(p in ready and ceil_replicas(size_pool(p, seen, cfg, prof, self.p_correction, self.d_correction,
+                                                          head, self.itl_tail_calibration)) > ready[p]
+                   for p in pools)
 
     def _required(self, pool: str, current: int) -> int:
         """The throughput requirement of ``pool`` against ``current`` replicas, with the scale-up tolerance

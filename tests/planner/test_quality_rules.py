@@ -274,7 +274,8 @@ def test_attainment_feedback_discounts_unservable_prompts():
     def run(ok: float, discount: bool = True) -> float:
         c = PlannerConfig(**{**{f: getattr(cfg, f) for f in ("mode", "predictor", "ttft_ms", "correction_enabled",
                                                                "max_gpu_budget", "sla_attainment_target")},
-                             "attainment_discount_unservable": discount})
+                             "attainment_discount_unservable": discount,
+                             "attainment_demand_guard": False})  # 2 replicas are short of this demand
         pl, fleet = Planner(c, profile()), Fleet(prefill=2)
         pl.tick(0.0, fleet.obs())
         w = TrafficWindow(180.0, 1050.0, 2000.0, 150.0, num_ttft_observed=1050.0, num_ttft_within_sla=ok,
@@ -287,6 +288,25 @@ def test_attainment_feedback_discounts_unservable_prompts():
     assert run(1000.0, discount=False) == pytest.approx(2.0)
     # 70 misses: 20 / 1050 = 1.905 % beyond the unservable -> x (1 + 0.5 (1.905 - 1)) = x1.452
     assert run(980.0) == pytest.approx(1.0 + 0.5 * (20.0 / 1050.0 / 0.01 - 1.0))
+
+
+@pytest.mark.parametrize("n, guard, expected", [
+    # 1400 x 2000 / 180 / 8000 = 1.944 replicas: 2 ready suffice, so 2 % misses at a 1 % allowance are the
+    # model's error -> headroom x (1 + 0.5 x (2 - 1)) = 1.5
+    (1400.0, True, 1.5),
+    # 2000 x 2000 / 180 / 8000 = 2.78 -> 3 > 2 ready: the window's own demand explains the misses -> unchanged
+    (2000.0, True, 1.0),
+    (2000.0, False, 1.5),
+])
+def test_attainment_feedback_ignores_misses_the_observed_demand_explains(n, guard, expected):
+    cfg = PlannerConfig(mode="prefill", predictor="constant", ttft_ms=500.0, correction_enabled=False,
+                        prefill_queueing=False, max_gpu_budget=64, sla_attainment_target=0.99,
+                        attainment_demand_guard=guard)
+    pl, fleet = Planner(cfg, profile()), Fleet(prefill=2)
+    pl.tick(0.0, fleet.obs())
+    w = TrafficWindow(180.0, n, 2000.0, 150.0, num_ttft_observed=n, num_ttft_within_sla=0.98 * n,
+                      num_finished=n, num_itl_within_sla=n)
+    assert pl.tick(180.0, fleet.obs(w)).diagnostics.headroom["ttft"] == pytest.approx(expected)
 
 
 def test_early_sizing_scales_up_from_the_first_seconds_only():
