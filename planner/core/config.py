@@ -190,6 +190,12 @@ class PlannerConfig:
     count; 1 to 2; :func:`planner.core.throughput.agg_itl_tail_calibration`). The model assumes Poisson
     prefill stalls at their full profiled time and is pessimistic where prefills are batched; False = the
     model as is."""
+    decode_kv_tail: bool = True
+    """Throughput loop, decode and aggregated pools: at least enough engines that the KV cache holds the
+    requests in decode at all but ``1 - sla_attainment_target`` of the time (Poisson count by Little's law,
+    normal upper quantile of the tokens they hold; :func:`planner.core.throughput.decode_kv_tail_replicas`);
+    a full cache makes arrivals wait for admission, which a disaggregated fleet's TTFT includes. Needs
+    ``sla_attainment_target``; False = throughput and ITL only."""
     sla_attainment_target: float | None = 0.995
     """Share of requests that should meet the TTFT target and (separately) the ITL target, 0 < f < 1; None
     = off. When the traffic window carries SLA-bucket counts, each throughput interval compares the

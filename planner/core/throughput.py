@@ -48,6 +48,15 @@ Beyond the reference (each rule can be switched off in :class:`~planner.core.con
   with the predicted mean (the maximum-entropy law for a positive length of known mean, which errs toward
   more short answers). The pool needs the least ``n`` with miss share at ``rate / n`` within
   ``1 - sla_attainment_target``.
+- the KV-cache tail of decode engines (:func:`decode_kv_tail_replicas`): the throughput point above may sit
+  at a high KV usage whenever the profiled ITL there still meets the target (the default engine's decode
+  ITL is 34 ms at 100 % usage), but a request arriving when the cache is full waits to be admitted, and
+  in a disaggregated fleet that wait is part of its TTFT. Requests in decode at one engine form an
+  M/G/infinity system, so their count is Poisson with mean ``x = lambda x E[D]`` (Little's law; ``D`` =
+  OSL x ITL) and the tokens they hold are compound Poisson with mean ``x E[c]`` and variance ``x E[c^2]``
+  (``c`` = ISL + mean OSL / 2 over the ISL histogram). Requiring the normal upper ``target`` quantile to fit,
+  ``x E[c] + z sqrt(x E[c^2]) <= max_kv_tokens`` with ``z = Phi^-1(sla_attainment_target)``, bounds ``x``;
+  the pool needs ``rate x E[D] / x_max`` engines, ``E[D]`` at the profile's ITL at the resulting mean usage.
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import chdtri, erfc, gammaln
+from scipy.special import chdtri, erfc, gammaln, ndtri
 
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
@@ -526,6 +535,32 @@ def size_agg_itl_tail(demand: Demand, interval_s: float, d_corr: float, itl_targ
     return _bisect(miss, lo, hi, allowed_miss)
 
 
+def decode_kv_tail_replicas(demand: Demand, interval_s: float, d_corr: float, decode: DecodeProfile,
+                            allowed_miss: float) -> float:
+    """Fractional decode engines whose KV cache holds the requests in decode at all but a share
+    ``allowed_miss`` of the time (module docstring: M/G/infinity count, compound-Poisson tokens, normal
+    upper quantile). Per engine the mean count may be at most
+    ``x_max = ((-z sqrt(E[c^2]) + sqrt(z^2 E[c^2] + 4 E[c] K)) / (2 E[c]))^2`` (``K`` = ``max_kv_tokens``,
+    ``z = Phi^-1(1 - allowed_miss)``, ``c`` = ISL + mean OSL / 2 in tokens over :func:`length_distribution`
+    of the ISL histogram); the answer is ``rate x OSL x ITL / 1000 / x_max`` with ITL (ms) =
+    ``decode.itl_ms_at(x_max E[c] / K, E[c]) x d_corr``. 0.0 when there is no demand or no target
+    (``allowed_miss`` not in (0, 1)); units: ``interval_s`` seconds, lengths tokens."""
+    if demand.num_requests <= 0 or not demand.known or not 0 < allowed_miss < 1:
+        return 0.0
+    osl = max(1.0, float(demand.osl_tokens))
+    isl_v, isl_w = length_distribution(demand.isl_buckets, demand.isl_tokens)
+    w = isl_w / isl_w.sum()
+    ctx = isl_v + osl / 2.0
+    m1, m2 = float(w @ ctx), float(w @ ctx ** 2)
+    cap = float(decode.max_kv_tokens)
+    z = max(0.0, float(ndtri(1.0 - allowed_miss)))
+    root = (-z * math.sqrt(m2) + math.sqrt(z * z * m2 + 4.0 * m1 * cap)) / (2.0 * m1)
+    x_max = root * root
+    corr = d_corr if math.isfinite(d_corr) and d_corr > 0 else 1.0
+    itl_ms = decode.itl_ms_at(min(1.0, x_max * m1 / cap), m1) * corr
+    return demand.num_requests / interval_s * osl * itl_ms / 1000.0 / x_max
+
+
 def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float) -> float:
     """Least ``x`` in (lo, hi] with ``f(x) <= target`` for decreasing ``f`` (``f(hi) <= target``), to 1e-4 x hi."""
     while hi - lo > 1e-4 * hi:
@@ -543,7 +578,8 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
     sizing rule the config enables: prefill (x 1/``prefill_utilisation_cap`` when ``prefill_queueing``) for
     prefill/agg pools, decode (with prefill interference for agg when ``agg_prefill_interference``) for
     decode/agg pools (agg: at least :func:`size_agg_itl_tail` when ``agg_itl_tail`` and an SLA-attainment
-    target are set); the larger of the two for agg. ``headroom``: (TTFT, ITL) factors multiplying the
+    target are set; and at least :func:`decode_kv_tail_replicas` when ``decode_kv_tail`` and a target are
+    set); the larger of the two for agg. ``headroom``: (TTFT, ITL) factors multiplying the
     prefill and decode parts. 0.0 when the profile lacks the halves the pool needs; ``max_gpu_budget //
     gpus_per_engine`` when no throughput meets the target."""
     cfg, interval = config, config.adjustment_interval_s
@@ -577,6 +613,9 @@ def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: Perform
             x = max(x, size_agg_itl_tail(demand, interval, d_corr, cfg.itl_ms, 1.0 - cfg.sla_attainment_target,
                                          profile.decode, profile.prefill, float(cfg.max_gpu_budget // g))
                     / itl_tail_calibration)
+        if cfg.decode_kv_tail and cfg.sla_attainment_target is not None and math.isfinite(x):
+            x = max(x, decode_kv_tail_replicas(demand, interval, d_corr, profile.decode,
+                                               1.0 - cfg.sla_attainment_target) / g)
         parts.append(x * headroom[1])
     x = max(parts) if parts else 0.0
     # infeasible (no throughput meets the target): everything the GPU budget allows, never "0 replicas"

@@ -223,7 +223,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
                       scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean",
                       prefill_queueing=False, agg_prefill_interference=False, agg_itl_tail=False,
-                      prefill_length_mix=False,
+                      prefill_length_mix=False, decode_kv_tail=False,
                       demand_error_quantile=None, first_sizing_s=None,
                       sla_attainment_target=None,
                       load_max_scale_up_factor=1.0)

@@ -525,3 +525,37 @@ def test_agg_itl_tail_calibration_in_the_planner_and_in_sizing():
     fleet2.apply(r.decision)
     pl2.tick(360.0, fleet2.obs(window(1000.0, 1000.0)))
     assert pl2.itl_tail_calibration == 1.0
+
+
+def test_decode_kv_tail_bounds_the_requests_a_decode_engine_holds():
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from planner.core.throughput import decode_kv_tail_replicas
+
+    prof = profile()  # decode ITL = 10 + 40 x usage ms, max_kv_tokens 200000
+    # one ISL class (bucket midpoint sqrt(1024 x 4096) = 2048 = the mean) -> every request holds c = 2048 + 100/2
+    d = Demand(36_000.0, 2048.0, 100.0, isl_buckets=((1024.0, 0.0), (4096.0, 500.0)))
+    c, cap, z = 2098.0, 200_000.0, norm.ppf(0.99)
+    # largest mean count x with x c + z sqrt(x c^2) <= K, found independently of the closed form
+    x_max = brentq(lambda x: x * c + z * math.sqrt(x) * c - cap, 1.0, cap / c)
+    itl_ms = 10.0 + 40.0 * x_max * c / cap
+    want = 36_000.0 / 180.0 * 100.0 * itl_ms / 1000.0 / x_max  # rate x OSL x ITL = Little's law count per engine
+    got = decode_kv_tail_replicas(d, 180.0, 1.0, prof.decode, 0.01)
+    assert got == pytest.approx(want, rel=1e-9)
+    # the correction factor stretches decode time, hence the count, in proportion
+    assert decode_kv_tail_replicas(d, 180.0, 2.0, prof.decode, 0.01) == pytest.approx(2 * want, rel=1e-9)
+    # a stricter target leaves more room: more engines
+    assert decode_kv_tail_replicas(d, 180.0, 1.0, prof.decode, 0.001) > got
+    assert decode_kv_tail_replicas(Demand(0.0, 2048.0, 100.0), 180.0, 1.0, prof.decode, 0.01) == 0.0
+    # in the decode pool it is a floor. At a 60 ms target the throughput point is usage 1.0 (ITL 50 ms,
+    # 3000 tok/s/GPU): 36000 x 100 / 180 / 3000 = 6.67 engines, each cache full on average -> the tail binds
+    on = PlannerConfig(mode="disagg", itl_ms=60.0, sla_attainment_target=0.99)
+    off = dataclasses.replace(on, decode_kv_tail=False)
+    assert size_pool("decode", d, off, prof) == pytest.approx(36_000.0 * 100.0 / 180.0 / 3000.0, rel=0.01)
+    assert got > 36_000.0 * 100.0 / 180.0 / 3000.0
+    assert size_pool("decode", d, on, prof) == pytest.approx(got, rel=1e-9)
+    # at 30 ms (usage 0.5, 13.3 engines) the throughput point already leaves room: the tail does not bind
+    on30 = dataclasses.replace(on, itl_ms=30.0)
+    assert size_pool("decode", d, on30, prof) == pytest.approx(size_pool("decode", d, dataclasses.replace(
+        on30, decode_kv_tail=False), prof))

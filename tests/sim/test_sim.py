@@ -348,3 +348,21 @@ def test_attainment_target_is_the_core_setting_and_windows_carry_sla_buckets():
     w = window(new, old)
     assert (w.num_ttft_observed, w.num_ttft_within_sla, w.num_finished, w.num_itl_within_sla) == (4, 3, 3, 2)
     assert w.attainment() == pytest.approx((0.75, 2 / 3))
+
+
+def test_disagg_planner_sizes_decode_for_the_kv_cache_not_only_the_itl(tmp_path):
+    # long prompts (lognormal ISL, median 12k tokens) at 6 req/s: one decode engine meets the 50 ms ITL at
+    # any KV usage of the default engine (34 ms at 100 %), but its cache holds ~70 requests x ~14k tokens on
+    # average, about a full 1M-token cache, so arrivals wait for admission and their TTFT (which includes
+    # it in a disaggregated fleet) misses. The KV-tail rule sizes 2 decode engines; without it the TTFT
+    # misses are blamed on prefill, which grows instead.
+    out = tmp_path / "o"
+    rc = cli_main(["simulate", "--trace", "synthetic:poisson?rate=6&duration_s=360&isl=lognormal:12000:0.8&osl=350&seed=1",
+                   "--mode", "disagg", "--sla-ttft-ms", "3000", "--sla-itl-ms", "50", "--quiet",
+                   "--compare", "planner", "planner:decode_kv_tail=false", "--out", str(out)])
+    assert rc == 0
+    pol = json.loads((out / "summary.json").read_text())["policies"]
+    on, off = pol["planner"], pol["planner:decode_kv_tail=false"]
+    assert on["max_replicas"]["decode"] >= 2 and off["max_replicas"]["decode"] == 1
+    assert on["ttft_attainment"] > off["ttft_attainment"]
+    assert off["max_replicas"]["prefill"] > on["max_replicas"]["prefill"]
