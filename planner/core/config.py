@@ -137,7 +137,8 @@ class PlannerConfig:
     loop's throughput floor). The requirement already carries the demand, queueing and ITL-tail margins; a
     whole replica for the last few percent of an estimate costs up to 1/current more GPUs. Same deadband
     as Kubernetes' HPA (``--horizontal-pod-autoscaler-tolerance``, default 0.1). 0 = scale up at any excess
-    (reference)."""
+    (reference). Not applied to a pool whose SLA the last throughput window missed by more than chance
+    (``attainment_significance_z``): the fleet is then shown to be short, not estimated to be."""
     scale_down_cooldown_s: float = 0.0
     """No scale-down of a pool within this long after it was scaled up (0 = off)."""
     external_change_grace_s: float = 180.0

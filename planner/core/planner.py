@@ -191,6 +191,9 @@ class Planner:
         self.p_correction = 1.0
         self.d_correction = 1.0
         self.headroom = {"ttft": 1.0, "itl": 1.0}
+        self._sla_missed = {"ttft": False, "itl": False}
+        """Per SLA: the last throughput window missed the attainment target by more than chance (the growth
+        test of :meth:`_update_headroom` without its other conditions); lifts the scale-up tolerance."""
         self.itl_tail_calibration = 1.0
         """Capacity the aggregated ITL-tail model under-credits, from the last settled window
         (:func:`~planner.core.throughput.agg_itl_tail_calibration`; 1 = none)."""
@@ -404,15 +407,17 @@ class Planner:
         unservable = {"ttft": self._unservable_ttft_share(traffic), "itl": 0.0}
         for key, att, total in zip(("ttft", "itl"), traffic.attainment(), totals):
             if not math.isfinite(att):
+                self._sla_missed[key] = False
                 continue
             # prompts whose prefill alone exceeds the target miss at any fleet size: not the fleet's doing
             miss = max(0.0, 1.0 - att - unservable[key])
             h = self.headroom[key]
             pools = [p for p in cfg.pools if p in (("prefill", "agg") if key == "ttft" else ("decode", "agg"))]
             settled = all(settled_pool[p] for p in pools)
-            if (miss > allowed and settled and significant_misses(miss * total, allowed * total,
-                                                                  cfg.attainment_significance_z)
-                    and not self._demand_explains(traffic, ready, pools)):
+            significant = miss > allowed and significant_misses(miss * total, allowed * total,
+                                                                cfg.attainment_significance_z)
+            self._sla_missed[key] = significant
+            if significant and settled and not self._demand_explains(traffic, ready, pools):
                 h = min(cfg.attainment_max_headroom, h * min(2.0, 1.0 + cfg.attainment_gain * (miss / allowed - 1.0)))
             elif miss < allowed / 2.0:
                 h = max(1.0, h * cfg.attainment_relax)
@@ -439,8 +444,13 @@ class Planner:
     def _required(self, pool: str, current: int) -> int:
         """The throughput requirement of ``pool`` against ``current`` replicas, with the scale-up tolerance
         (``PlannerConfig.scale_up_tolerance``): a requirement above ``current`` whose fractional value is
-        within ``current x (1 + tolerance)`` counts as met by ``current``."""
+        within ``current x (1 + tolerance)`` counts as met by ``current`` -- unless the last window missed
+        an SLA of the pool (TTFT: prefill/agg, ITL: decode/agg) by more than chance, when a deadband would
+        hold a fleet that is shown to be short."""
         req = self._thpt_required[pool]
+        keys = ("ttft", "itl") if pool == "agg" else (("ttft",) if pool == "prefill" else ("itl",))
+        if any(self._sla_missed[k] for k in keys):
+            return req  # the current fleet is missing the SLA: no deadband against the evidence
         if req > current and self._thpt_exact[pool] <= current * (1.0 + self.config.scale_up_tolerance):
             return current
         return req

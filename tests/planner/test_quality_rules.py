@@ -559,3 +559,26 @@ def test_decode_kv_tail_bounds_the_requests_a_decode_engine_holds():
     on30 = dataclasses.replace(on, itl_ms=30.0)
     assert size_pool("decode", d, on30, prof) == pytest.approx(size_pool("decode", d, dataclasses.replace(
         on30, decode_kv_tail=False), prof))
+
+
+def test_scale_up_tolerance_does_not_hold_a_fleet_that_misses_its_sla():
+    cfg = PlannerConfig(mode="prefill", predictor="constant", ttft_ms=500.0, correction_enabled=False,
+                        prefill_queueing=False, max_gpu_budget=64, sla_attainment_target=0.99)
+
+    def tick(n: float, within: float, headroom: float):
+        pl, fleet = Planner(cfg, profile()), Fleet(prefill=1)
+        pl.tick(0.0, fleet.obs())
+        pl.headroom["ttft"] = headroom
+        w = TrafficWindow(180.0, n, 2000.0, 150.0, num_ttft_observed=n, num_ttft_within_sla=within * n,
+                          num_finished=n, num_itl_within_sla=n)
+        return pl.tick(180.0, fleet.obs(w))
+
+    # 504 x 2000 / 180 / 8000 = 0.7 engine; 2 % misses against 1 % allowed (10.1 > 5.04 + 1.645 sqrt(5.04))
+    # -> headroom x 1.5 -> 1.05: within the 10 % tolerance of 1, but the fleet is shown short -> 2
+    r = tick(504.0, 0.98, 1.0)
+    assert r.diagnostics.throughput_replicas_exact["prefill"] == pytest.approx(1.05)
+    assert r.decision.targets == {"prefill": 2} and r.decision.reason.value == "scale_up_throughput"
+    # the same fractional need without misses (530 -> 0.736 x headroom 1.5 x relax 0.95 = 1.049): held
+    r = tick(530.0, 1.0, 1.5)
+    assert r.diagnostics.throughput_replicas_exact["prefill"] == pytest.approx(530 * 2000 / 180 / 8000 * 1.5 * 0.95)
+    assert r.decision.targets is None and r.decision.reason.value == "hold_scale_up_tolerance"
