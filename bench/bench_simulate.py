@@ -17,7 +17,11 @@ Schedules (``--cases schedules``): what any planner would have had to do. Hand-w
 each marked against its target, next to the trace's arrival rate in 20 s bins: the latest scale-up that
 still meets a target, and whether the arrivals before that moment showed anything a planner could act on.
 
-Usage:  .venv/bin/python bench/bench_simulate.py [--cases speed,q1,q2,q3,schedules] [--policies "planner ..."]
+Unseen (``--cases unseen``): the planner against ``static:auto`` on speeds and SLAs the targets do not name
+(Azure 2x/4x, Mooncake 1x/2x, aggregated and disaggregated), the check that nothing is fitted to the
+targets' runs.
+
+Usage:  .venv/bin/python bench/bench_simulate.py [--cases speed,q1,q2,q3,schedules,unseen] [--policies "planner ..."]
 """
 
 from __future__ import annotations
@@ -137,6 +141,33 @@ SCHEDULES = [
 Mooncake 4+1: 4.926 GPU-h, both measured by ``--cases q3``)."""
 
 
+UNSEEN = [
+    ("Azure 2x agg 300/25", TRACE, ["--arrival-speedup", "2", "--sla-ttft-ms", "300", "--sla-itl-ms", "25"]),
+    ("Azure 4x agg 200/10", TRACE, ["--arrival-speedup", "4", "--sla-ttft-ms", "200", "--sla-itl-ms", "10"]),
+    ("Azure 4x disagg 300/25", TRACE, ["--arrival-speedup", "4", "--sla-ttft-ms", "300", "--sla-itl-ms", "25",
+                                       "--mode", "disagg"]),
+    ("Azure 1x disagg 200/10", TRACE, ["--sla-ttft-ms", "200", "--sla-itl-ms", "10", "--mode", "disagg"]),
+    ("Mooncake 1x agg 3000/50", MOONCAKE, MOONCAKE_SLA),
+    ("Mooncake 2x agg 3000/50", MOONCAKE, ["--arrival-speedup", "2", *MOONCAKE_SLA]),
+    ("Mooncake 2x disagg 3000/50", MOONCAKE, ["--arrival-speedup", "2", *MOONCAKE_SLA, "--mode", "disagg"]),
+    ("Mooncake 1x disagg 5000/30", MOONCAKE, ["--sla-ttft-ms", "5000", "--sla-itl-ms", "30", "--mode", "disagg"]),
+]
+
+
+def unseen() -> None:
+    print("\nunseen: planner vs static:auto (smallest static fleet reaching 99.5 %, by search), 60 s start-up")
+    print(f"  {'run':<28}{'planner':>10}{'GPU-h':>8}   {'static:auto':>12}{'GPU-h':>8}  fleet    planner/static GPU-h")
+    for name, trace, flags in UNSEEN:
+        with tempfile.TemporaryDirectory() as d:
+            run_child([*DYNOPLAN, "simulate", "--trace", str(trace), *flags, "--compare", "planner", "static:auto",
+                       "--quiet", "--out", d])
+            doc = json.loads(Path(d, "summary.json").read_text())["policies"]
+        p, st = doc["planner"], doc["static:auto"]
+        fleet = "+".join(str(v) for v in st["max_replicas"].values())
+        print(f"  {name:<28}{100 * p['sla_attainment']:>9.2f}%{p['gpu_hours']:>8.3f}   {100 * st['sla_attainment']:>11.2f}%"
+              f"{st['gpu_hours']:>8.3f}  {fleet:<8} {p['gpu_hours'] / st['gpu_hours']:.2f}")
+
+
 def arrival_bins(trace: Path, speedup: float, bin_s: float = 20.0, until_s: float = 300.0) -> str:
     """Requests per second and prompt tokens per second in ``bin_s`` bins of the (sped-up) trace."""
     sys.path.insert(0, str(ROOT))
@@ -185,6 +216,8 @@ def main() -> None:
             quality(c, args.policies.split() if args.policies else None)
     if "schedules" in cases:
         schedules()
+    if "unseen" in cases:
+        unseen()
     if "q3" in cases:
         for name, trace, extra in (("q3 Azure 8x", TRACE, QUALITY["q2"]["args"]),
                                    ("q3 Mooncake 1x", MOONCAKE, MOONCAKE_SLA)):
