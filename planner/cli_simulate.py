@@ -18,10 +18,29 @@ import sys
 import time
 from typing import Any
 
-from mocker.cli_replay import (_nonneg_float, _nonneg_int, _positive_float, _positive_int,
+from mocker.cli_replay import (MAX_WORKERS, _nonneg_float, _nonneg_int, _positive_float, _positive_int,
                                engine_config_from_args, failed_requests_note)
 from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
 from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
+from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS
+
+
+def _at_most(top: float):
+    """argparse type: a finite number in (0, ``top``] (milliseconds)."""
+    def parse(text: str) -> float:
+        v = _positive_float(text)
+        if v > top:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected at most {top:.0f} ms")
+        return v
+    return parse
+
+
+def _max_replicas(text: str) -> int:
+    v = _positive_int(text)
+    if v > MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at most {MAX_WORKERS} (as dynoplan replay's --workers)")
+    return v
+
 
 POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
                "schedule:T=N,T=N,... (T=P+D disagg; first T=0) | hpa[:kv|running[:target]] | saturation")
@@ -66,9 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "--config file's mode, else agg)")
     s.add_argument("--compare", nargs="+", default=["planner"], metavar="POLICY", help=POLICY_HELP)
     s.add_argument("--startup-delay-s", type=_nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
-    s.add_argument("--sla-ttft-ms", type=_positive_float, metavar="MS",
+    s.add_argument("--sla-ttft-ms", type=_at_most(MAX_TTFT_MS), metavar="MS",
                    help="TTFT target (default: the --config file's ttft_ms, else 500)")
-    s.add_argument("--sla-itl-ms", type=_positive_float, metavar="MS",
+    s.add_argument("--sla-itl-ms", type=_at_most(MAX_ITL_MS), metavar="MS",
                    help="ITL target (default: the --config file's itl_ms, else 50)")
     s.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing among ready workers (default round_robin)")
     s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
@@ -78,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
                         "(else exit 2, no clamping)")
     s.add_argument("--auto-attainment", type=_share, default=0.995, metavar="F", help="static:auto target, 0 < F <= 1 (default 0.995)")
-    s.add_argument("--max-replicas", type=_positive_int, default=64, metavar="N", help="per-pool cap for baselines and static:auto")
+    s.add_argument("--max-replicas", type=_max_replicas, default=64, metavar="N",
+                   help=f"per-pool cap for baselines and static:auto (at most {MAX_WORKERS})")
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
     p.add_argument("--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)")
@@ -515,7 +535,7 @@ def run(args: argparse.Namespace) -> int:
             failed = e
     if failed is not None and not policies:
         raise failed
-    err = Console(stderr=True)
+    err = Console(stderr=True, emoji=False)
     runs = []
     walls = {}
     show = not args.quiet and err.is_terminal
@@ -549,7 +569,7 @@ def run(args: argparse.Namespace) -> int:
         from planner.sim.report import schema_summary
 
         doc = summary_document(runs)
-        out = Console(width=max(Console().width, 180))
+        out = Console(width=max(Console().width, 180), emoji=False)
         out.print(render_table(doc, title=title))
         sys.stdout.write(json.dumps(schema_summary(doc), indent=2) + "\n")
         sys.stdout.flush()
@@ -557,9 +577,9 @@ def run(args: argparse.Namespace) -> int:
         raise SimulationConfigError(f"--out {args.out}: cannot write {where}: {e.strerror or e} (results printed "
                                     f"to stdout above), expected a writable directory") from None
     if not args.quiet:
-        out = Console()
+        out = Console(emoji=False)
         if not out.is_terminal:
-            out = Console(width=max(out.width, 180))
+            out = Console(width=max(out.width, 180), emoji=False)
         out.print(render_table(doc, title=title))
         err.print("wall time per policy (s): " + ", ".join(f"{k}={v}" for k, v in walls.items()))
     if failed is not None:

@@ -28,6 +28,12 @@ from typing import Any, Mapping
 
 from planner.errors import ConfigError
 
+MAX_TTFT_MS = 3_600_000.0
+"""Largest TTFT target accepted (one hour): beyond it no sizing rule has anything to say, and the tail
+models' sums grow with the target."""
+MAX_ITL_MS = 10_000.0
+"""Largest ITL target accepted (10 s per token); the aggregated ITL-tail model sums Poisson terms over each
+request's boundary life, whose length grows with the target."""
 MODES: tuple[str, ...] = ("disagg", "prefill", "decode", "agg")
 """disagg: prefill + decode pools; prefill / decode: only that pool is planned; agg: one aggregated pool."""
 
@@ -257,6 +263,10 @@ def _validate(c: PlannerConfig) -> list[str]:
     for n in ("adjustment_interval_s", "load_adjustment_interval_s", "ttft_ms", "itl_ms", "engine_stale_s",
               "pending_timeout_s", "load_prefill_window_s"):
         pos(n, getattr(c, n))
+    for n, top in (("ttft_ms", MAX_TTFT_MS), ("itl_ms", MAX_ITL_MS)):
+        v = getattr(c, n)
+        if isinstance(v, (int, float)) and math.isfinite(v) and v > top:
+            p.append(f"{n}={v!r}: expected at most {top:.0f} ms")
     if c.sla_attainment_target is not None and not (
             isinstance(c.sla_attainment_target, (int, float)) and 0 < c.sla_attainment_target < 1):
         p.append(f"sla_attainment_target={c.sla_attainment_target!r}: expected 0 < value < 1 or null")
@@ -360,12 +370,14 @@ def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
         if optional:
             return None
-        problems.append(f"{name}=None: expected a {base.__name__}")
+        problems.append(f"{name}=None: expected {'an' if base.__name__[0] in 'aeiou' else 'a'} {base.__name__}")
         return dataclasses.MISSING
     try:
         if base is bool:
             if isinstance(value, bool):
                 return value
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
             if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
                 return value.lower() in ("true", "1", "yes", "on")
             raise ValueError
@@ -391,7 +403,8 @@ def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
             raise ValueError
     except (TypeError, ValueError):
         pass
-    problems.append(f"{name}={value!r}: expected {'a comma-separated list' if base is tuple else 'a ' + base.__name__}")
+    article = "an" if base.__name__[0] in "aeiou" else "a"
+    problems.append(f"{name}={value!r}: expected {'a comma-separated list' if base is tuple else article + ' ' + base.__name__}")
     return dataclasses.MISSING
 
 
@@ -489,7 +502,11 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
 
                 loaded = yaml.safe_load(text)
         except Exception as e:  # noqa: BLE001 - parser errors of either format
-            raise ConfigError(f"cannot parse config file: {str(e).splitlines()[0]}", source=src) from None
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of "
+                              f"setting: value)", source=src) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

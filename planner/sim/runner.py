@@ -200,6 +200,8 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                 if "=" not in part:
                     raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
                 k, v = part.split("=", 1)
+                if k.strip() in kv:
+                    raise SimulationConfigError(f"policy {spec!r}: {k.strip()!r} given twice: expected each key once")
                 kv[k.strip()] = v.strip()
             att = kv.pop("attainment_target", None)
             cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}")
@@ -239,6 +241,9 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
         return SchedulePolicy(s, _schedule_steps(spec, s.split(":", 1)[1], pools, ctx))
     if s == "hpa" or s.startswith("hpa:"):
         parts = s.split(":")
+        if len(parts) > 3:
+            raise SimulationConfigError(f"policy {spec!r}: {':'.join(parts[3:])!r}: expected hpa, hpa:METRIC or "
+                                        f"hpa:METRIC:TARGET (METRIC kv or running)")
         metric = parts[1] if len(parts) > 1 else "kv"
         target: float | None = None
         if len(parts) > 2:

@@ -278,3 +278,41 @@ def test_transfer_flags_only_in_disagg(capsys, name):
     flag = [name, "fp8" if name == "--kv-cache-dtype" else next(h for h in HANDOFF_PATHS if h != "coordinated")]
     rc = cli_main(["simulate", "--trace", TRACE, "--quiet", *flag])
     _one_line(capsys, rc, flag[0], "only with --mode disagg")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--sla-itl-ms", "1e12"], ("--sla-itl-ms", "'1e12'", "expected at most 10000 ms")),
+    (["--sla-ttft-ms", "1e308"], ("--sla-ttft-ms", "expected at most 3600000 ms")),
+    (["--max-replicas", "99999999999"], ("--max-replicas", "expected at most 4096")),
+    (["--compare", "planner:itl_ms=1e20"], ("itl_ms=1e+20", "expected at most 10000 ms")),
+    (["--planner-set", "ttft_ms=4e6"], ("ttft_ms=4000000.0", "expected at most 3600000 ms")),
+    (["--compare", "hpa:kv:0.5:extra"], ("'extra'", "expected hpa, hpa:METRIC or hpa:METRIC:TARGET")),
+    (["--compare", "planner:predictor=kalman,predictor=arima"], ("'predictor' given twice",)),
+    (["--compare", "planner:max_gpu_budget=1.5"], ("max_gpu_budget='1.5'", "expected an int")),
+])
+def test_out_of_range_sla_replicas_and_malformed_specs_are_one_line(capsys, profile, argv, needles):
+    try:
+        rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", *argv])
+    except SystemExit as e:  # a flag's own type check: argparse exits (2) with its one line
+        rc = e.code
+    _one_line(capsys, rc, *needles)
+
+
+def test_broken_yaml_names_the_line_and_yaml_booleans_take_0_1(tmp_path, capsys, profile):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("itl_ms: 40\nttft_ms: [1, 2\n")
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--config", str(bad)])
+    _one_line(capsys, rc, str(bad), "cannot parse config file at line 3, column 1", "expected a YAML or JSON mapping")
+    from planner.core.config import load_config
+
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("decode_kv_tail: 0\nattainment_demand_guard: 1\n")
+    cfg = load_config(ok)
+    assert cfg.decode_kv_tail is False and cfg.attainment_demand_guard is True
+
+
+def test_policy_names_are_printed_verbatim_not_as_emoji(capsys, profile):
+    # rich turns ":running:" into an emoji unless told not to
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--compare", "hpa:running:2"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "hpa:running:2" in cap.out and "hpa:running:2" in cap.err
