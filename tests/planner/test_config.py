@@ -48,7 +48,7 @@ def test_budget_smaller_than_pool_minimums():
 def test_bad_types_named():
     with pytest.raises(ConfigError) as ei:
         config_from_mapping({"ttft_ms": "fast", "decode": {"gpus_per_engine": 1.5}, "load_enabled": "maybe"})
-    assert set(ei.value.problems) == {"ttft_ms='fast': expected a float", "decode.gpus_per_engine=1.5: expected a int",
+    assert set(ei.value.problems) == {"ttft_ms='fast': expected a float", "decode.gpus_per_engine=1.5: expected an int",
                                       "load_enabled='maybe': expected a bool"}
 
 
