@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from mocker.cli_replay import (MAX_WORKERS, _nonneg_float, _nonneg_int, _positive_float, _positive_int,
+from mocker.cli_replay import (MAX_WORKERS, _nonneg_float, _nonneg_int, _positive_float, _positive_int, _worker_count,
                                engine_config_from_args, failed_requests_note)
 from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
 from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
@@ -33,13 +33,6 @@ def _at_most(top: float):
             raise argparse.ArgumentTypeError(f"{text!r}: expected at most {top:.0f} ms")
         return v
     return parse
-
-
-def _max_replicas(text: str) -> int:
-    v = _positive_int(text)
-    if v > MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected at most {MAX_WORKERS} (as dynoplan replay's --workers)")
-    return v
 
 
 POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
@@ -97,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
                         "(else exit 2, no clamping)")
     s.add_argument("--auto-attainment", type=_share, default=0.995, metavar="F", help="static:auto target, 0 < F <= 1 (default 0.995)")
-    s.add_argument("--max-replicas", type=_max_replicas, default=64, metavar="N",
+    s.add_argument("--max-replicas", type=_worker_count, default=64, metavar="N",
                    help=f"per-pool cap for baselines and static:auto (at most {MAX_WORKERS})")
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")

@@ -365,12 +365,17 @@ def _type_of(tp: Any) -> tuple[type, bool]:
     return (origin or tp), optional
 
 
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article ("an int", "a float")."""
+    return f"{'an' if noun[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {noun}"
+
+
 def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
     base, optional = _type_of(tp)
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
         if optional:
             return None
-        problems.append(f"{name}=None: expected {'an' if base.__name__[0] in 'aeiou' else 'a'} {base.__name__}")
+        problems.append(f"{name}=None: expected {_a(base.__name__)}")
         return dataclasses.MISSING
     try:
         if base is bool:
@@ -403,8 +408,7 @@ def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
             raise ValueError
     except (TypeError, ValueError):
         pass
-    article = "an" if base.__name__[0] in "aeiou" else "a"
-    problems.append(f"{name}={value!r}: expected {'a comma-separated list' if base is tuple else article + ' ' + base.__name__}")
+    problems.append(f"{name}={value!r}: expected {'a comma-separated list' if base is tuple else _a(base.__name__)}")
     return dataclasses.MISSING
 
 

@@ -340,10 +340,8 @@ class Planner:
                 and traffic.num_finished > 0 and traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens)
                 and math.isfinite(traffic.mean_osl_tokens)):
             return
-        interval = cfg.adjustment_interval_s
-        seen = Demand(traffic.num_requests * interval / traffic.duration_s, traffic.mean_isl_tokens,
-                      traffic.mean_osl_tokens, traffic.mix, traffic.osl_buckets, traffic.isl_buckets)
-        miss = agg_itl_miss_model(seen, interval, self.d_correction, cfg.itl_ms, self.profile.decode,
+        seen = self._observed_demand(traffic)
+        miss = agg_itl_miss_model(seen, cfg.adjustment_interval_s, self.d_correction, cfg.itl_ms, self.profile.decode,
                                   self.profile.prefill)
         if miss is not None:
             self.itl_tail_calibration = agg_itl_tail_calibration(
@@ -423,6 +421,13 @@ class Planner:
                 h = max(1.0, h * cfg.attainment_relax)
             self.headroom[key] = h
 
+    def _observed_demand(self, traffic: TrafficWindow) -> Demand:
+        """The demand ``traffic`` actually brought, as the sizing takes it: its count scaled to a full
+        adjustment interval, its mean ISL/OSL, mix and histograms."""
+        return Demand(traffic.num_requests * self.config.adjustment_interval_s / traffic.duration_s,
+                      traffic.mean_isl_tokens, traffic.mean_osl_tokens, traffic.mix, traffic.osl_buckets,
+                      traffic.isl_buckets)
+
     def _demand_explains(self, traffic: TrafficWindow, ready: Mapping[str, int] | None, pools: Sequence[str]) -> bool:
         """``PlannerConfig.attainment_demand_guard``: True when sizing the demand observed in ``traffic`` (its
         count scaled to a full interval, its mean ISL/OSL and histograms) with the current corrections,
@@ -433,9 +438,7 @@ class Planner:
                 and math.isfinite(traffic.mean_isl_tokens) and math.isfinite(traffic.mean_osl_tokens)
                 and traffic.duration_s > 0):
             return False
-        interval = cfg.adjustment_interval_s
-        seen = Demand(traffic.num_requests * interval / traffic.duration_s, traffic.mean_isl_tokens,
-                      traffic.mean_osl_tokens, traffic.mix, traffic.osl_buckets, traffic.isl_buckets)
+        seen = self._observed_demand(traffic)
         head = (self.headroom["ttft"], self.headroom["itl"])
         return any(p in ready and ceil_replicas(size_pool(p, seen, cfg, prof, self.p_correction, self.d_correction,
                                                           head, self.itl_tail_calibration)) > ready[p]

@@ -283,7 +283,7 @@ def test_transfer_flags_only_in_disagg(capsys, name):
 @pytest.mark.parametrize("argv, needles", [
     (["--sla-itl-ms", "1e12"], ("--sla-itl-ms", "'1e12'", "expected at most 10000 ms")),
     (["--sla-ttft-ms", "1e308"], ("--sla-ttft-ms", "expected at most 3600000 ms")),
-    (["--max-replicas", "99999999999"], ("--max-replicas", "expected at most 4096")),
+    (["--max-replicas", "99999999999"], ("--max-replicas", "expected a worker count between 1 and 4096")),
     (["--compare", "planner:itl_ms=1e20"], ("itl_ms=1e+20", "expected at most 10000 ms")),
     (["--planner-set", "ttft_ms=4e6"], ("ttft_ms=4000000.0", "expected at most 3600000 ms")),
     (["--compare", "hpa:kv:0.5:extra"], ("'extra'", "expected hpa, hpa:METRIC or hpa:METRIC:TARGET")),
