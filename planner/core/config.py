@@ -203,6 +203,12 @@ class PlannerConfig:
     normal upper quantile of the tokens they hold; :func:`planner.core.throughput.decode_kv_tail_replicas`);
     a full cache makes arrivals wait for admission, which a disaggregated fleet's TTFT includes. Needs
     ``sla_attainment_target``; False = throughput and ITL only."""
+    simulated_sizing: bool = True
+    """Throughput loop: size the pools by simulation (:mod:`planner.core.sizing`) -- replay a traffic sample of the
+    coming interval through candidate fleets of the deployment's engines and take the cheapest whose simulated
+    attainment meets ``sla_attainment_target`` by a binomial bound. Used when the driver gives the planner an
+    engine model (``Planner(..., evaluator=)``) and the target is set; otherwise, or False, the closed-form
+    sizing of :mod:`planner.core.throughput`."""
     sla_attainment_target: float | None = 0.995
     """Share of requests that should meet the TTFT target and (separately) the ITL target, 0 < f < 1; None
     = off. When the traffic window carries SLA-bucket counts, each throughput interval compares the

@@ -125,6 +125,12 @@ class TrafficWindow:
     same for the input lengths of the requests started in the window (``dynamo_frontend_input_sequence_tokens``);
     used by that rule (prefill stall lengths) and by the TTFT attainment feedback (prompts no fleet size can
     serve within the target).
+
+    ``gap_buckets`` (optional): the histogram of the gaps between consecutive arrivals in the window, as
+    ``(le_s, count)`` pairs like the others (``dynoplan_frontend_request_interarrival_seconds``, bounds
+    :data:`planner.core.sizing.GAP_BUCKETS_S`); ``num_inflight``: requests in flight at the end of the window
+    (``dynamo_frontend_inflight_requests``; NaN = not reported). Both feed the traffic sample of the sizing by
+    simulation (:mod:`planner.core.sizing`).
     """
 
     duration_s: float
@@ -141,11 +147,15 @@ class TrafficWindow:
     num_itl_within_sla: float = math.nan
     osl_buckets: tuple[tuple[float, float], ...] = ()
     isl_buckets: tuple[tuple[float, float], ...] = ()
+    gap_buckets: tuple[tuple[float, float], ...] = ()
+    num_inflight: float = math.nan
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ObservationError(f"TrafficWindow.duration_s={self.duration_s!r}: expected seconds > 0")
-        for name in ("osl_buckets", "isl_buckets"):
+        if not (math.isnan(self.num_inflight) or self.num_inflight >= 0):
+            raise ObservationError(f"TrafficWindow.num_inflight={self.num_inflight!r}: expected a count >= 0 or NaN")
+        for name in ("osl_buckets", "isl_buckets", "gap_buckets"):
             prev = 0.0
             for le, n in getattr(self, name):
                 if not (le > prev and math.isfinite(n) and n >= 0):

@@ -39,6 +39,7 @@ from planner.core.load import (FEATURES_BY_POOL, EngineEstimate, PassTimeRegress
 from planner.core.observations import ForwardPassMetrics, LengthBucket, Observations, TrafficWindow
 from planner.core.predictors import _single_thread_blas, make_predictor
 from planner.core.reasons import ACTION_REASONS, Reason
+from planner.core.sizing import FleetEvaluator, PoolPlan, SimulatedSizing, build_sample, sample_size
 from planner.core.throughput import (Demand, agg_itl_miss_model, agg_itl_tail_calibration, ceil_replicas,
                                      clamp_correction, decode_correction, prefill_correction, size_pool)
 from planner.errors import ConfigError, ObservationError
@@ -150,9 +151,17 @@ class Planner:
     """
 
     def __init__(self, config: PlannerConfig, profile: PerformanceProfile | None = None,
-                 warm_start: Sequence[TrafficWindow] = ()) -> None:
+                 warm_start: Sequence[TrafficWindow] = (), evaluator: FleetEvaluator | None = None) -> None:
         self.config = config
         self.profile = profile
+        self.evaluator = evaluator
+        """The engine model of the sizing by simulation (:mod:`planner.core.sizing`); None = closed-form sizing."""
+        self._sim: SimulatedSizing | None = None
+        """This interval's candidate search (its sample and cached evaluations); None before the first sizing."""
+        self._sim_plans: dict[tuple[int, ...], dict[str, PoolPlan]] = {}
+        self._sizings = 0
+        self._last_gap_buckets: tuple[tuple[float, float], ...] = ()
+        self._last_inflight = 0.0
         if config.throughput_enabled:
             problems = []
             needs_prefill = any(p in ("prefill", "agg") for p in config.pools)
@@ -220,6 +229,8 @@ class Planner:
         """True while published targets fall short of the goal (decrease-first rebalancing): tick again
         after one load interval instead of waiting for the next throughput interval."""
         self._now_s = 0.0
+        self._cur_all: dict[str, int] = {}
+        """The current spec of every pool during a tick (the simulated sizing plans pools jointly)."""
 
     # ------------------------------------------------------------------ public helpers
     @property
@@ -256,6 +267,9 @@ class Planner:
             self._last_osl_buckets = traffic.osl_buckets
         if traffic.isl_buckets:
             self._last_isl_buckets = traffic.isl_buckets
+        if traffic.gap_buckets:
+            self._last_gap_buckets = traffic.gap_buckets
+        self._last_inflight = traffic.num_inflight if math.isfinite(traffic.num_inflight) else 0.0
         if traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens):
             self._last_isl_tokens = traffic.mean_isl_tokens
         prof = self.profile
@@ -284,7 +298,10 @@ class Planner:
         self._demand = demand
         if not demand.known:
             return False
-        self._size_pools(demand, prof, ready)
+        if self.simulating:
+            self._size_by_simulation(demand, traffic, ready)
+        else:
+            self._size_pools(demand, prof, ready)
         return True
 
     def _run_early(self, traffic: TrafficWindow | None, ready: Mapping[str, int] | None) -> bool:
@@ -305,8 +322,74 @@ class Planner:
         prof = self.profile
         assert prof is not None
         self._demand = demand
-        self._size_pools(demand, prof, ready)
+        if self.simulating:
+            if traffic.gap_buckets:
+                self._last_gap_buckets = traffic.gap_buckets
+            self._last_inflight = traffic.num_inflight if math.isfinite(traffic.num_inflight) else 0.0
+            self._size_by_simulation(demand, traffic, ready)
+        else:
+            self._size_pools(demand, prof, ready)
         return True
+
+    @property
+    def simulating(self) -> bool:
+        """True when the throughput loop sizes by simulation (an evaluator, ``simulated_sizing`` and a target)."""
+        c = self.config
+        return self.evaluator is not None and c.simulated_sizing and c.sla_attainment_target is not None
+
+    def _pool_bounds(self) -> dict[str, tuple[int, int]]:
+        """Replica bounds of the candidate search per pool: ``[min_replicas, max_replicas]``, the upper bound
+        at most what the GPU budget holds with every other pool at its minimum."""
+        cfg = self.config
+        out = {}
+        for p in cfg.pools:
+            lim = cfg.limits(p)
+            others = sum(cfg.limits(q).min_replicas * cfg.limits(q).gpus_per_engine for q in cfg.pools if q != p)
+            hi = max(lim.min_replicas, (cfg.max_gpu_budget - others) // lim.gpus_per_engine)
+            if lim.max_replicas is not None:
+                hi = min(hi, lim.max_replicas)
+            out[p] = (max(1, lim.min_replicas), max(1, hi, lim.min_replicas))
+        return out
+
+    def _size_by_simulation(self, demand: Demand, traffic: TrafficWindow, ready: Mapping[str, int] | None) -> None:
+        """Start this interval's candidate search (:class:`~planner.core.sizing.SimulatedSizing`) on a sample of
+        ``demand`` (count over ``adjustment_interval_s``, mean lengths, histograms) with the gap histogram and
+        in-flight count of ``traffic``; the plan itself is made against the current fleet in the tick."""
+        cfg = self.config
+        assert self.evaluator is not None and cfg.sla_attainment_target is not None
+        allowed = 1.0 - cfg.sla_attainment_target
+        self._sizings += 1
+        self._sim_plans = {}
+        rate = demand.num_requests / cfg.adjustment_interval_s
+        if not (rate > 0):
+            # no traffic expected: the least fleet the limits allow serves it
+            self._sim = None
+            self._thpt_exact = {p: 0.0 for p in cfg.pools}
+            self._thpt_required = {p: self._pool_bounds()[p][0] for p in cfg.pools}
+            return
+        sample = build_sample(rate, demand.isl_tokens, demand.osl_tokens, min_horizon_s=cfg.adjustment_interval_s,
+                              min_requests=sample_size(allowed), isl_buckets=demand.isl_buckets,
+                              osl_buckets=demand.osl_buckets, gap_buckets=self._last_gap_buckets,
+                              num_inflight=int(self._last_inflight), seed=(self._sizings,))
+        self._sim = SimulatedSizing(self.evaluator, sample, cfg.pools, self._pool_bounds(), allowed)
+        if ready is not None and all(p in ready for p in cfg.pools):
+            self._sim_plan(ready)
+
+    def _sim_plan(self, current: Mapping[str, int]) -> dict[str, PoolPlan]:
+        """The search's goals against ``current`` (cached per fleet); also sets the requirement diagnostics."""
+        cfg = self.config
+        key = tuple(int(current[p]) for p in cfg.pools)
+        if key not in self._sim_plans:
+            if self._sim is None:
+                lo = self._pool_bounds()
+                self._sim_plans[key] = {p: PoolPlan(lo[p][0], Reason.SCALE_DOWN_THROUGHPUT if lo[p][0] < current[p]
+                                                    else Reason.HOLD_STEADY, lo[p][0], "pass") for p in cfg.pools}
+            else:
+                self._sim_plans[key] = self._sim.plan(current)
+        plans = self._sim_plans[key]
+        self._thpt_required = {p: pl.required for p, pl in plans.items()}
+        self._thpt_exact = {p: float(pl.required) for p, pl in plans.items()}
+        return plans
 
     def _size_pools(self, demand: Demand, prof, ready: Mapping[str, int] | None) -> None:
         """Throughput sizing of every pool for ``demand`` (DESIGN.md formulas via :func:`size_pool`), with the
@@ -450,6 +533,9 @@ class Planner:
         within ``current x (1 + tolerance)`` counts as met by ``current`` -- unless the last window missed
         an SLA of the pool (TTFT: prefill/agg, ITL: decode/agg) by more than chance, when a deadband would
         hold a fleet that is shown to be short."""
+        if self.simulating:
+            plan = self._sim_plan({**self._cur_all, pool: current})[pool]
+            return plan.goal if plan.goal > current else min(current, plan.required)
         req = self._thpt_required[pool]
         keys = ("ttft", "itl") if pool == "agg" else (("ttft",) if pool == "prefill" else ("itl",))
         if any(self._sla_missed[k] for k in keys):
@@ -459,6 +545,9 @@ class Planner:
         return req
 
     def _hysteresis_goal(self, pool: str, current: int) -> tuple[int, Reason]:
+        if self.simulating:
+            plan = self._sim_plan({**self._cur_all, pool: current})[pool]
+            return plan.goal, plan.reason
         req = self._required(pool, current)
         if req >= current:
             if req == current and self._thpt_required[pool] > current:
@@ -669,6 +758,7 @@ class Planner:
         assert pools is not None
         current = {p: pools[p].replicas for p in cfg.pools}
         ready = {p: pools[p].ready_replicas for p in cfg.pools}
+        self._cur_all = dict(current)
         if first:
             self._last_targets = dict(current)
             return hold(Reason.HOLD_WARMING_UP)

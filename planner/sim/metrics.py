@@ -9,6 +9,8 @@ keeps the same cumulative ``_sum``/``_count`` pairs, observed at the virtual tim
 - requests started and ISL: at arrival;
 - TTFT: when the first token is emitted (``first_token_ms``), also counted in an SLA bucket
   (``le=`` the TTFT target) as a Prometheus histogram with a bucket boundary at the target gives;
+- inter-arrival gap (histogram ``dynoplan_frontend_request_interarrival_seconds``): at arrival, from the
+  previous arrival; in-flight requests (gauge): started minus terminal at the scrape;
 - ITL, OSL, request duration: when the request finishes (plus an SLA bucket of per-request mean ITL). A live frontend observes each inter-token gap
   as it is emitted; adding a finished request's ``E2E - TTFT`` to the ITL sum and ``tokens - 1`` to its
   count gives the same totals once the request is done (only the split across a window boundary of a
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 from mocker.records import RequestRecord
 from planner.core import TrafficWindow
+from planner.core.sizing import GAP_BUCKETS_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,10 @@ class CounterSnapshot:
     """Finished requests per output-length bucket (:data:`OSL_BUCKETS_TOKENS`, non-cumulative)."""
     isl_bucket_counts: tuple[int, ...] = ()
     """Started requests per input-length bucket (:data:`ISL_BUCKETS_TOKENS`, non-cumulative)."""
+    gap_bucket_counts: tuple[int, ...] = ()
+    """Gaps between consecutive arrivals per bucket (:data:`planner.core.sizing.GAP_BUCKETS_S`, non-cumulative)."""
+    inflight: int = 0
+    """Requests started and not yet terminal at ``t_s`` (the frontend's in-flight gauge)."""
 
 
 OSL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2 ** k) for k in range(17)) + (math.inf,)
@@ -82,6 +89,8 @@ class FrontendCounters:
         """Requests finished, failed or cancelled at or before the last scrape."""
         self._osl_counts = [0] * len(OSL_BUCKETS_TOKENS)
         self._isl_counts = [0] * len(ISL_BUCKETS_TOKENS)
+        self._gap_counts = [0] * len(GAP_BUCKETS_S)
+        self._last_arrival_ms: float | None = None
         self._wait_ttft: list[RequestRecord] = []
         self._wait_finish: list[RequestRecord] = []
 
@@ -90,6 +99,10 @@ class FrontendCounters:
         self._started += 1
         self._isl += rec.input_length
         self._isl_counts[bisect.bisect_left(ISL_BUCKETS_TOKENS, rec.input_length)] += 1
+        if self._last_arrival_ms is not None:
+            gap_s = (rec.arrival_ms - self._last_arrival_ms) / 1000.0
+            self._gap_counts[bisect.bisect_left(GAP_BUCKETS_S, gap_s)] += 1
+        self._last_arrival_ms = rec.arrival_ms
         self._wait_ttft.append(rec)
         self._wait_finish.append(rec)
 
@@ -131,7 +144,7 @@ class FrontendCounters:
         self._wait_finish = keep
         return CounterSnapshot(t_s, self._started, self._isl, self._ttft_sum, self._ttft_n, self._itl_sum, self._itl_n,
                                self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok, tuple(self._osl_counts),
-                               tuple(self._isl_counts))
+                               tuple(self._isl_counts), tuple(self._gap_counts), self._started - self.terminal)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -156,6 +169,8 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
         num_itl_within_sla=float(new.itl_within_sla - old.itl_within_sla),
         osl_buckets=_bucket_increase(OSL_BUCKETS_TOKENS, new.osl_bucket_counts, old.osl_bucket_counts),
         isl_buckets=_bucket_increase(ISL_BUCKETS_TOKENS, new.isl_bucket_counts, old.isl_bucket_counts),
+        gap_buckets=_bucket_increase(GAP_BUCKETS_S, new.gap_bucket_counts, old.gap_bucket_counts),
+        num_inflight=float(new.inflight),
     )
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
 from planner.core import ForwardPassMetrics, Observations, PerformanceProfile, Planner, PlannerConfig, PoolState, TrafficWindow
+from planner.core.sizing import FleetEvaluator
 from planner.sim.errors import SimulationConfigError
 from planner.sim.fleet import EngineState, PoolCounts
 
@@ -141,6 +142,8 @@ class PlannerPolicy:
     profile: PerformanceProfile | None
     warm_start: Sequence[TrafficWindow] = ()
     initial: dict[str, int] | None = None
+    evaluator: FleetEvaluator | None = None
+    """The engine model of the sizing by simulation (None: closed-form sizing)."""
     _planner: Planner | None = None
     _start_s: float = 0.0
 
@@ -159,7 +162,7 @@ class PlannerPolicy:
 
     def tick(self, view: View) -> Step:
         if self._planner is None:
-            self._planner = Planner(self.config, self.profile, self.warm_start)
+            self._planner = Planner(self.config, self.profile, self.warm_start, evaluator=self.evaluator)
             self._start_s = view.now_s
         # the frontend window of one interval, or what exists since the start (the early sizing's window)
         span = min(self.config.adjustment_interval_s, view.now_s - self._start_s)

@@ -26,6 +26,7 @@ from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS
+from planner.whatif import EngineFleetEvaluator
 from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, SchedulePolicy, StaticPolicy
 
 
@@ -106,6 +107,13 @@ def _initial(ctx: RunContext, cfg: PlannerConfig | None = None) -> dict[str, int
     # within the planner's limits, as the planner itself would place it: pool limits and the GPU budgets
     # (planner.core.budget.apply_limits; nothing runs yet, so its goal is the fleet)
     return apply_limits(want, {}, cfg).goal
+
+
+def what_if(ctx: RunContext, cfg: PlannerConfig) -> EngineFleetEvaluator:
+    """The planner's engine model in the loop: the fleet's own engine settings, router and KV transfer, with
+    the planner's SLA targets (:class:`planner.whatif.EngineFleetEvaluator`)."""
+    return EngineFleetEvaluator(ctx.engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=ctx.settings.router,
+                                transfer=ctx.settings.transfer, seed=ctx.settings.seed)
 
 
 def _kv_target_from_sla(ctx: RunContext) -> float:
@@ -220,7 +228,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                 raise SimulationConfigError(f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off")
         if target is not None or att is not None or explicit:
             cfg = replace(cfg, sla_attainment_target=target)
-        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg))
+        return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg), evaluator=what_if(ctx, cfg))
     if s == "throughput-only":
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
                       scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean",

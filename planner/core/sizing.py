@@ -1,0 +1,305 @@
+"""Sizing by simulation: the cheapest fleet whose simulated SLA attainment meets the target.
+
+At each throughput decision the planner builds a *traffic sample* of the coming interval from what the
+frontend reported (:func:`build_sample`), asks a :class:`FleetEvaluator` (an engine simulation of the
+deployment's workers; the core only knows this protocol, the drivers inject one, e.g.
+:class:`planner.whatif.EngineFleetEvaluator`) how many sampled requests each candidate fleet serves within
+the SLA, and picks the fleet with :class:`SimulatedSizing`. See docs/planner-core.md, "Sizing by
+simulation".
+
+The sample (all from :class:`~planner.core.observations.TrafficWindow`, never from a trace file):
+
+- arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram
+  (``gap_buckets``; log-uniform inside a bucket), rescaled so the mean gap is ``1 / rate`` with ``rate`` the
+  forecast (predicted count x demand-error factor / interval). Burstiness (the gaps' spread) is kept; a
+  window without a gap histogram gives Poisson arrivals (exponential gaps: the maximum-entropy law of a
+  positive gap of known mean).
+- sizes: ISL and OSL drawn independently from the window's histograms (uniform inside a bucket), then
+  scaled to the forecast mean lengths; without a histogram, every request at the mean.
+- length: at least ``adjustment_interval_s``, and long enough to hold :func:`sample_size` requests, the
+  number the binomial bound below needs to tell a fleet that meets the target from one that does not.
+- start state: the ``num_inflight`` requests the frontend had in flight at the tick arrive at t = 0 (drawn
+  like the others) and load the engines; they are not counted.
+
+Verdicts: with ``k`` misses among ``N`` counted requests and ``a = 1 - target`` allowed, a fleet *passes*
+when the one-sided Clopper-Pearson upper bound of its miss share at :data:`CONFIDENCE` is <= ``a``, *fails*
+when the lower bound is > ``a``, and is *undecided* between (Clopper & Pearson, Biometrika 26, 1934: the
+exact binomial interval, from beta quantiles). The goal of a pool is the least passing count; a pool
+whose current count is undecided keeps it (no scale-up on a sample that cannot show a miss, no scale-down
+without a smaller fleet shown to pass): the deadband is the sample's own uncertainty, not a tuned margin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+from scipy.stats import beta
+
+from planner.core.reasons import Reason
+
+CONFIDENCE = 0.95
+"""One-sided confidence of the binomial verdicts (the conventional 95 %, z = 1.645)."""
+
+GAP_BUCKETS_S: tuple[float, ...] = tuple(0.001 * 2.0 ** k for k in range(18)) + (math.inf,)
+"""Upper bounds (``le``, seconds) of the frontend's inter-arrival histogram
+(``dynoplan_frontend_request_interarrival_seconds``): 1 ms x powers of 2 up to 131 s, then +Inf."""
+
+PASS, UNDECIDED, FAIL = "pass", "undecided", "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficSample:
+    """Requests to replay through a candidate fleet (shapes: all arrays of length ``len(arrival_s)``).
+
+    ``arrival_s``: arrival times, seconds from the tick, non-decreasing; ``isl_tokens``/``osl_tokens``: prompt
+    and output lengths (>= 1); the first ``num_warm`` requests (arrival 0) are the in-flight start state and
+    are not counted; ``horizon_s``: the sampled span.
+    """
+
+    arrival_s: np.ndarray
+    isl_tokens: np.ndarray
+    osl_tokens: np.ndarray
+    num_warm: int
+    horizon_s: float
+
+    @property
+    def num_counted(self) -> int:
+        return int(len(self.arrival_s) - self.num_warm)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleOutcome:
+    """How many counted requests of a sample missed: the TTFT target, the ITL target (own mean ITL), either."""
+
+    num_requests: int
+    ttft_misses: int
+    itl_misses: int
+    misses: int
+
+
+class FleetEvaluator(Protocol):
+    """Replays a :class:`TrafficSample` through a fleet of ``replicas`` (``{pool: count}``) of the deployment's
+    engines with the SLA targets of the planner, and counts the misses of the counted requests."""
+
+    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int]) -> SampleOutcome: ...
+
+
+def sample_size(allowed_miss: float, confidence: float = CONFIDENCE) -> int:
+    """Counted requests the sample needs: ``ceil(2 z^2 / a)`` with ``z = Phi^-1(confidence)``.
+
+    Derivation: a fleet whose true miss share is ``a / 2`` must be able to pass. With ``mu = N a / 2``
+    expected misses, the upper bound is about ``mu + z sqrt(mu)``, which is <= ``N a = 2 mu`` when
+    ``mu >= z^2``, i.e. ``N >= 2 z^2 / a`` (a = 0.5 %: 1083 requests; a = 0.1 %: 5412)."""
+    if not 0 < allowed_miss < 1:
+        raise ValueError(f"allowed_miss={allowed_miss!r}: expected 0 < value < 1")
+    from scipy.stats import norm
+
+    z = float(norm.ppf(confidence))
+    return int(math.ceil(2.0 * z * z / allowed_miss))
+
+
+def miss_bounds(misses: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """One-sided Clopper-Pearson (lower, upper) bounds of a miss share from ``misses`` of ``n`` (0 <= misses <= n)."""
+    if n <= 0:
+        return 0.0, 1.0
+    alpha = 1.0 - confidence
+    lo = 0.0 if misses == 0 else float(beta.ppf(alpha, misses, n - misses + 1))
+    hi = 1.0 if misses >= n else float(beta.ppf(confidence, misses + 1, n - misses))
+    return lo, hi
+
+
+def verdict(misses: int, n: int, allowed_miss: float, confidence: float = CONFIDENCE) -> str:
+    """:data:`PASS`, :data:`FAIL` or :data:`UNDECIDED` (module docstring)."""
+    lo, hi = miss_bounds(misses, n, confidence)
+    if hi <= allowed_miss:
+        return PASS
+    if lo > allowed_miss:
+        return FAIL
+    return UNDECIDED
+
+
+def _draw_from_buckets(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n: int,
+                       log_uniform: bool) -> np.ndarray | None:
+    """``n`` values from a non-cumulative histogram ``(le, count)``: a bucket by its count, then uniform (or
+    log-uniform) between the previous bound and ``le``; the +Inf bucket spans ``(lo, 2 lo]``. None without
+    counts."""
+    les = np.array([b[0] for b in buckets], dtype=float)
+    cnt = np.array([b[1] for b in buckets], dtype=float)
+    if cnt.size == 0 or not np.isfinite(cnt).all() or cnt.sum() <= 0:
+        return None
+    lo = np.concatenate([[0.0], les[:-1]])
+    hi = np.where(np.isfinite(les), les, 2.0 * np.maximum(lo, 1.0))
+    k = rng.choice(len(cnt), size=n, p=cnt / cnt.sum())
+    u = rng.random(n)
+    if log_uniform:
+        # first bucket (0, le]: log-uniform from le / 2 (a zero lower bound has no logarithm)
+        a = np.where(lo[k] > 0, lo[k], hi[k] / 2.0)
+        return np.exp(np.log(a) + u * (np.log(hi[k]) - np.log(a)))
+    return lo[k] + u * (hi[k] - lo[k])
+
+
+def _lengths(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n: int, mean: float) -> np.ndarray:
+    """Integer token lengths >= 1 from ``buckets`` scaled to ``mean`` (all at ``mean`` without a histogram)."""
+    x = _draw_from_buckets(rng, buckets, n, log_uniform=False) if buckets else None
+    if x is None or n == 0:
+        return np.full(n, max(1, int(round(mean))), dtype=np.int64)
+    m = float(x.mean())
+    if m > 0 and math.isfinite(mean) and mean > 0:
+        x = x * (mean / m)
+    return np.maximum(1, np.rint(x)).astype(np.int64)
+
+
+def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: float, *, min_horizon_s: float,
+                 min_requests: int, isl_buckets: Sequence[tuple[float, float]] = (),
+                 osl_buckets: Sequence[tuple[float, float]] = (), gap_buckets: Sequence[tuple[float, float]] = (),
+                 num_inflight: int = 0, seed: Sequence[int] = (0,)) -> TrafficSample:
+    """The traffic sample of the module docstring.
+
+    ``rate_per_s`` > 0 (requests/s), mean lengths in tokens (finite, > 0), ``min_horizon_s`` > 0 and
+    ``min_requests`` >= 1 set the length (``max(min_horizon_s, min_requests / rate)``), buckets as
+    ``TrafficWindow`` carries them, ``seed`` for :func:`numpy.random.default_rng`. Raises ValueError on a
+    rate or mean that is not a positive finite number."""
+    for name, v in (("rate_per_s", rate_per_s), ("mean_isl_tokens", mean_isl_tokens),
+                    ("mean_osl_tokens", mean_osl_tokens), ("min_horizon_s", min_horizon_s)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name}={v!r}: expected a finite number > 0")
+    rng = np.random.default_rng(list(seed))
+    horizon = max(min_horizon_s, min_requests / rate_per_s)
+    n = int(math.ceil(rate_per_s * horizon))
+    gaps = _draw_from_buckets(rng, gap_buckets, n, log_uniform=True) if gap_buckets else None
+    if gaps is None or sum(c for _, c in gap_buckets) < 2:
+        gaps = rng.exponential(1.0, n)
+    gaps = gaps * ((1.0 / rate_per_s) / float(gaps.mean()))
+    # the first arrival one gap after the tick (a renewal process observed from an arbitrary instant starts
+    # with a residual gap; a full gap is the simple, slightly conservative choice)
+    arrivals = np.cumsum(gaps)
+    arrivals = arrivals[arrivals < horizon]
+    warm = max(0, int(num_inflight))
+    total = warm + len(arrivals)
+    isl = _lengths(rng, isl_buckets, total, mean_isl_tokens)
+    osl = _lengths(rng, osl_buckets, total, mean_osl_tokens)
+    arr = np.concatenate([np.zeros(warm), arrivals])
+    return TrafficSample(arr, isl, osl, warm, float(horizon))
+
+
+@dataclass
+class PoolPlan:
+    """One pool's outcome of :meth:`SimulatedSizing.plan`: ``goal`` replicas, the ``reason``, the least
+    passing count ``required`` and the current count's verdict."""
+
+    goal: int
+    reason: Reason
+    required: int
+    current_verdict: str
+
+
+@dataclass
+class SimulatedSizing:
+    """Candidate search over fleets for one sample (a decision); evaluations are cached per fleet.
+
+    ``pools``: the planned pools, ``("agg",)`` or ``("prefill", "decode")``; ``limits``: ``{pool: (lo, hi)}``
+    replica bounds of the search; ``allowed_miss``: ``1 - target``. The sizing assumes that attainment does
+    not fall when a pool grows (the search brackets the least passing count by doubling, then bisects).
+    """
+
+    evaluator: FleetEvaluator
+    sample: TrafficSample
+    pools: tuple[str, ...]
+    limits: Mapping[str, tuple[int, int]]
+    allowed_miss: float
+    evaluations: int = 0
+    _cache: dict[tuple[int, ...], SampleOutcome] = field(default_factory=dict)
+
+    def outcome(self, counts: Mapping[str, int]) -> SampleOutcome:
+        key = tuple(int(counts[p]) for p in self.pools)
+        if key not in self._cache:
+            self._cache[key] = self.evaluator.evaluate(self.sample, dict(zip(self.pools, key)))
+            self.evaluations += 1
+        return self._cache[key]
+
+    def _verdict(self, counts: Mapping[str, int], kind: str) -> str:
+        o = self.outcome(counts)
+        k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
+        return verdict(k, o.num_requests, self.allowed_miss)
+
+    def least_passing(self, pool: str, others: Mapping[str, int], kind: str, start: int) -> int:
+        """Least count of ``pool`` (others fixed) whose ``kind`` misses pass; the pool's upper limit when none does."""
+        lo, hi = self.limits[pool]
+        start = min(max(start, lo), hi)
+
+        def ok(n: int) -> bool:
+            return self._verdict({**others, pool: n}, kind) == PASS
+
+        if ok(start):
+            good = start
+            bad = lo - 1
+            step = 1
+            while good - step >= lo and ok(good - step):
+                good -= step
+                step *= 2
+            bad = max(bad, good - step)
+        else:
+            bad = start
+            step = 1
+            good = hi + 1
+            while bad + step <= hi:
+                if ok(bad + step):
+                    good = bad + step
+                    break
+                bad += step
+                step *= 2
+            if good > hi:
+                if bad < hi and ok(hi):
+                    good = hi
+                else:
+                    return hi
+        while good - bad > 1:
+            mid = (good + bad) // 2
+            if ok(mid):
+                good = mid
+            else:
+                bad = mid
+        return good
+
+    def plan(self, current: Mapping[str, int]) -> dict[str, PoolPlan]:
+        """Goals per pool against ``current`` replicas (module docstring; disaggregated: each pool sized with
+        the other at its upper limit on the misses it causes -- TTFT for prefill, any for decode, since a full
+        decode cache delays first tokens too -- then the pair is checked and the pool whose SLA it misses
+        more grows while the pair fails)."""
+        cur = {p: min(max(int(current[p]), self.limits[p][0]), self.limits[p][1]) for p in self.pools}
+        if self.pools == ("agg",):
+            req = {"agg": self.least_passing("agg", {}, "any", cur["agg"])}
+            verdicts = {"agg": self._verdict(cur, "any")}
+        else:
+            ample = {p: self.limits[p][1] for p in self.pools}
+            req = {"prefill": self.least_passing("prefill", {"decode": ample["decode"]}, "ttft", cur["prefill"]),
+                   "decode": self.least_passing("decode", {"prefill": ample["prefill"]}, "any", cur["decode"])}
+            verdicts = {"prefill": self._verdict({"prefill": cur["prefill"], "decode": ample["decode"]}, "ttft"),
+                        "decode": self._verdict({"prefill": ample["prefill"], "decode": cur["decode"]}, "any")}
+        goal = {}
+        reasons = {}
+        for p in self.pools:
+            if req[p] < cur[p]:
+                goal[p], reasons[p] = req[p], Reason.SCALE_DOWN_THROUGHPUT
+            elif req[p] > cur[p] and verdicts[p] == FAIL:
+                goal[p], reasons[p] = req[p], Reason.SCALE_UP_THROUGHPUT
+            elif req[p] > cur[p]:
+                goal[p], reasons[p] = cur[p], Reason.HOLD_WITHIN_SLA
+            else:
+                goal[p], reasons[p] = cur[p], Reason.HOLD_STEADY
+        if len(self.pools) == 2:
+            # the pair: grow the pool whose SLA it misses more while it fails (each pool alone passed)
+            while self._verdict(goal, "any") == FAIL:
+                o = self.outcome(goal)
+                p = "prefill" if o.ttft_misses >= o.itl_misses else "decode"
+                if goal[p] >= self.limits[p][1]:
+                    p = "decode" if p == "prefill" else "prefill"
+                    if goal[p] >= self.limits[p][1]:
+                        break
+                goal[p] += 1
+                req[p] = max(req[p], goal[p])
+                reasons[p] = Reason.SCALE_UP_THROUGHPUT if goal[p] > cur[p] else reasons[p]
+        return {p: PoolPlan(goal[p], reasons[p], req[p], verdicts[p]) for p in self.pools}

@@ -1,0 +1,80 @@
+"""The planner's what-if engine: replays a traffic sample through a candidate fleet of simulated engines.
+
+:class:`EngineFleetEvaluator` implements :class:`planner.core.sizing.FleetEvaluator` with the project's own
+engine simulation (:class:`mocker.fleet.Fleet`: the same scheduler cores, KV cache and router as a replay),
+configured with the engine settings the deployment declares (``EngineConfig`` per pool: scheduler family,
+KV blocks, batch limits, timing model) and its router and KV transfer. The planner core never imports
+mocker (import-linter contract); every driver -- ``dynoplan simulate``, ``dynoplan up``, the operator --
+builds one of these and hands it to :class:`planner.core.Planner`.
+
+A sample's requests carry no prefix hash ids (the frontend exports lengths, not content), so the what-if
+fleet sees no prefix-cache hits: where the real traffic shares prefixes, the sizing errs on the safe side.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from mocker.config import EngineConfig
+from mocker.fleet import Fleet
+from mocker.records import TraceRequest
+from planner.core.sizing import SampleOutcome, TrafficSample
+
+
+class EngineFleetEvaluator:
+    """``evaluate(sample, {pool: replicas})`` on a fresh fleet of ``engines`` (``{"agg": cfg}`` or
+    ``{"prefill": cfg, "decode": cfg}``), every worker ready at t = 0.
+
+    ``ttft_ms`` / ``itl_ms``: SLA targets (a request misses when its TTFT or its own mean ITL is above). The
+    replay stops at the latest instant a counted request could still meet both (last arrival + TTFT target +
+    the longest OSL x ITL target); a request unfinished by then is a miss. Errors: ConfigError of mocker for
+    engine settings the fleet refuses.
+    """
+
+    def __init__(self, engines: Mapping[str, EngineConfig], *, ttft_ms: float, itl_ms: float,
+                 router: str = "round_robin", transfer: Any = None, seed: int = 0) -> None:
+        self.engines = dict(engines)
+        self.ttft_ms = float(ttft_ms)
+        self.itl_ms = float(itl_ms)
+        self.router = router
+        self.transfer = transfer
+        self.seed = seed
+        Fleet(self.engines, router=router, transfer=transfer, seed=seed).close()  # fail early on bad settings
+
+    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int]) -> SampleOutcome:
+        fleet = Fleet(self.engines, router=self.router, transfer=self.transfer, seed=self.seed)
+        try:
+            for pool, n in replicas.items():
+                for _ in range(int(n)):
+                    fleet.add_worker(pool, 0.0)
+            arr_ms = sample.arrival_s * 1000.0
+            isl = sample.isl_tokens
+            osl = sample.osl_tokens
+            recs = []
+            for i in range(len(arr_ms)):
+                t = float(arr_ms[i])
+                fleet.advance_until(t)
+                recs.append(fleet.submit(TraceRequest(i, t, int(isl[i]), int(osl[i])), t))
+            last = float(arr_ms[-1]) if len(arr_ms) else 0.0
+            end = last + self.ttft_ms + float(osl.max() if len(osl) else 1) * self.itl_ms
+            fleet.finish(end)
+        finally:
+            fleet.close()
+        return self._count(recs[sample.num_warm:], end)
+
+    def _count(self, recs: list[Any], end_ms: float) -> SampleOutcome:
+        n = len(recs)
+        ttft = np.full(n, math.inf)
+        itl = np.full(n, math.inf)
+        for k, r in enumerate(recs):
+            ft = r.first_token_ms
+            if ft is not None and ft <= end_ms:
+                ttft[k] = ft - r.arrival_ms
+            if r.status == "finished" and r.finish_ms is not None and ft is not None and r.finish_ms <= end_ms:
+                itl[k] = (r.finish_ms - ft) / (r.output_length - 1) if r.output_length > 1 else 0.0
+        t_miss = ttft > self.ttft_ms
+        i_miss = itl > self.itl_ms
+        return SampleOutcome(n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()))
