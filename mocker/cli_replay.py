@@ -123,6 +123,11 @@ def failed_requests_note(records: Sequence[Any], engine: EngineConfig) -> str | 
 
 
 # ---------------------------------------------------------------------------------------------- parser
+RATE_ENVELOPE_HELP = ("time-warp arrivals (after --arrival-speedup) by a rate multiplier m(t): "
+                      "periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D] (raised cosine from A to B; with D "
+                      "the trace is repeated to cover D s, then cut) or a CSV file time_s,multiplier (piecewise linear)")
+
+
 def add_transfer_arguments(group: Any) -> None:
     """The prefill->decode KV-transfer flags (``--kv-transfer-bandwidth``, ``--kv-bytes-per-token``,
     ``--model-config``, ``--kv-cache-dtype``, ``--kv-transfer-timing``, ``--handoff``) on ``group`` (a parser or
@@ -172,6 +177,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--trace", required=True, metavar="TRACE", help="trace file or synthetic:KIND?key=value&... spec")
     w.add_argument("--trace-block-size", type=_positive_int, metavar="N", help="tokens per trace hash id (default 512)")
     w.add_argument("--arrival-speedup", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1.0)")
+    w.add_argument("--rate-envelope", metavar="SPEC", help=RATE_ENVELOPE_HELP)
     w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed for synthetic workloads and routers (default 0)")
 
     f = parser.add_argument_group("fleet")
@@ -295,16 +301,28 @@ def run(args: argparse.Namespace) -> int:
 
     trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
     trace_file += [args.engine_config] if args.engine_config else []
+    trace_file += [args.rate_envelope] if args.rate_envelope else []
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
     engine = engine_config_from_args(args)
     n_prefill, n_decode, transfer = transfer_config_from_args(args)
+    envelope = None
+    if args.rate_envelope is not None:  # checked before the trace is read: a bad spec fails fast
+        from mocker.traces import parse_rate_envelope
+
+        envelope = parse_rate_envelope(args.rate_envelope)
     requests = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
+    arrival_speedup = args.arrival_speedup
+    if envelope is not None:  # --arrival-speedup first, then the envelope's warp (the fleet then replays as-is)
+        from mocker.traces import apply_rate_envelope, scale_arrivals
+
+        requests = apply_rate_envelope(scale_arrivals(requests, arrival_speedup), envelope)
+        arrival_speedup = 1.0
 
     from mocker.fleet import FleetConfig, run_replay  # after input validation: user errors surface first
     fleet = FleetConfig(
         num_workers=args.workers,
         router=args.router,
-        arrival_speedup=args.arrival_speedup,
+        arrival_speedup=arrival_speedup,
         max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,
         single_step=args.single_step,
         seed=args.seed,

@@ -44,10 +44,13 @@ from mocker.records import TraceRequest
 __all__ = [
     "DEFAULT_TRACE_BLOCK_SIZE",
     "LengthDist",
+    "RateEnvelope",
     "SyntheticWorkload",
+    "apply_rate_envelope",
     "load_azure_csv",
     "load_mooncake_jsonl",
     "load_trace",
+    "parse_rate_envelope",
     "parse_synthetic_spec",
     "scale_arrivals",
     "synthesize",
@@ -593,4 +596,282 @@ def synthesize(w: SyntheticWorkload, *, trace_block_size: int = DEFAULT_TRACE_BL
             ids = tuple(range(next_id, next_id + k))
             next_id += k
         out.append(TraceRequest(i, a, il, ol, ids))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- rate envelope
+_ENVELOPE_KEYS = ("period_s", "low", "high", "phase_s", "duration_s")
+_ENVELOPE_FORM = ("periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D] or a CSV file with the header "
+                  "time_s,multiplier")
+_BISECTION_STEPS = 64
+"""Halvings of the periodic envelope's inverse bracket (width <= 2 * period / pi): 64 bring it below the
+float64 spacing of any time the bracket can hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateEnvelope:
+    """A request-rate multiplier m(t) over the trace's clock (t in seconds from the trace origin, after
+    ``--arrival-speedup``), applied by :func:`apply_rate_envelope`.
+
+    ``periodic``: a raised cosine between ``low`` and ``high`` of period ``period_s``:
+    m(t) = low + (high - low) * (1 - cos(2 pi (t + phase_s) / period_s)) / 2, so phase_s = 0 starts at the
+    low point and phase_s = period_s / 2 at the peak. ``csv``: piecewise-linear through the points
+    (``times_s[i]``, ``multipliers[i]``), first point at 0 s, constant after the last point.
+    ``duration_s`` (periodic only): the warped trace is repeated to cover and then cut at this many seconds.
+    Build one with :func:`parse_rate_envelope`.
+    """
+
+    kind: str
+    """``periodic`` or ``csv``."""
+    period_s: float = 0.0
+    low: float = 1.0
+    high: float = 1.0
+    phase_s: float = 0.0
+    duration_s: float | None = None
+    times_s: tuple[float, ...] = ()
+    multipliers: tuple[float, ...] = ()
+    source: str = "--rate-envelope"
+    """What error messages name (``--rate-envelope`` or ``--rate-envelope FILE``)."""
+
+    def multiplier(self, t_s: Any) -> np.ndarray:
+        """m(t) at the times ``t_s`` (seconds, array-like, >= 0)."""
+        t = np.asarray(t_s, dtype=np.float64)
+        if self.kind == "periodic":
+            return self.low + (self.high - self.low) * (1.0 - np.cos(2.0 * math.pi * (t + self.phase_s) / self.period_s)) / 2.0
+        return np.interp(t, np.asarray(self.times_s), np.asarray(self.multipliers))  # constant past the ends
+
+    def integral(self, t_s: Any) -> np.ndarray:
+        """M(t) = the integral of m over [0, t] (seconds x multiplier), closed form: for the raised cosine
+        M(t) = (low + high)/2 t - (high - low)/2 P/(2 pi) [sin(2 pi (t + S)/P) - sin(2 pi S/P)]; for the CSV
+        the exact trapezoid of each linear piece."""
+        t = np.asarray(t_s, dtype=np.float64)
+        if self.kind == "periodic":
+            p, s = self.period_s, self.phase_s
+            mean, amp = (self.low + self.high) / 2.0, (self.high - self.low) / 2.0
+            w = 2.0 * math.pi / p
+            return mean * t - amp / w * (np.sin(w * (t + s)) - math.sin(w * s))
+        knots, m, cum = self._csv_tables()
+        k = np.clip(np.searchsorted(knots, t, side="right") - 1, 0, len(knots) - 1)
+        u = t - knots[k]
+        slope = self._csv_slopes()[k]
+        return cum[k] + m[k] * u + 0.5 * slope * u * u
+
+    def inverse_integral(self, x: Any) -> np.ndarray:
+        """The warped time t' with M(t') = x (the smallest such t' where m is 0 over a stretch), for x >= 0
+        (seconds). CSV: the root of each piece's quadratic, in the cancellation-free form
+        u = 2r / (m_k + sqrt(m_k^2 + 2 a r)). Periodic: bisection inside [(x - c)/mean, (x + c)/mean],
+        c = (high - low) P / (2 pi) bounding the sine term."""
+        x = np.asarray(x, dtype=np.float64)
+        if self.kind == "periodic":
+            mean = (self.low + self.high) / 2.0
+            c = (self.high - self.low) * self.period_s / (2.0 * math.pi)
+            lo = np.maximum(0.0, (x - c) / mean)
+            hi = (x + c) / mean
+            if c > 0:
+                for _ in range(_BISECTION_STEPS):
+                    mid = (lo + hi) / 2.0
+                    below = self.integral(mid) < x
+                    lo = np.where(below, mid, lo)
+                    hi = np.where(below, hi, mid)
+            return np.where(x > 0, hi, 0.0)
+        knots, m, cum = self._csv_tables()
+        k = np.clip(np.searchsorted(cum, x, side="right") - 1, 0, len(knots) - 1)
+        r = x - cum[k]
+        slope = self._csv_slopes()[k]
+        root = np.sqrt(np.maximum(m[k] * m[k] + 2.0 * slope * r, 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = np.where(r > 0, 2.0 * r / (m[k] + root), 0.0)
+        return knots[k] + u
+
+    @property
+    def horizon_s(self) -> float | None:
+        """The warped time the envelope asks to cover: ``duration_s`` (periodic), the last CSV time (csv; None
+        when the CSV has a single point at 0 s)."""
+        if self.kind == "periodic":
+            return self.duration_s
+        return self.times_s[-1] if self.times_s[-1] > 0 else None
+
+    def _csv_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        knots = np.asarray(self.times_s, dtype=np.float64)
+        m = np.asarray(self.multipliers, dtype=np.float64)
+        cum = np.concatenate(([0.0], np.cumsum(np.diff(knots) * (m[:-1] + m[1:]) / 2.0)))
+        return knots, m, cum
+
+    def _csv_slopes(self) -> np.ndarray:
+        knots = np.asarray(self.times_s, dtype=np.float64)
+        m = np.asarray(self.multipliers, dtype=np.float64)
+        return np.concatenate((np.diff(m) / np.diff(knots), [0.0]))  # constant after the last point
+
+
+def parse_rate_envelope(spec: str) -> RateEnvelope:
+    """Parse ``--rate-envelope SPEC``: ``periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D]``
+    (P > 0 s, 0 <= A <= B, B > 0, S any finite number of seconds, D > 0 s) or the path of a CSV file with
+    the header ``time_s,multiplier`` (first row at time_s 0, times strictly increasing, multipliers >= 0,
+    the last one > 0 since it holds for ever after). Raises :class:`TraceError` naming the field (and the
+    CSV line), the value and what was expected.
+    """
+    src = "--rate-envelope"
+    if not isinstance(spec, str) or not spec.strip():
+        raise TraceError(src, None, None, f"{spec!r}: expected {_ENVELOPE_FORM}")
+    if spec.startswith("periodic:"):
+        return _parse_periodic(spec[len("periodic:"):])
+    path = Path(spec)
+    if not path.is_file():
+        kind = re.match(r"^([A-Za-z_]+):", spec)
+        if kind and not path.exists():
+            raise TraceError(src, None, None, f"{spec!r}: unknown envelope kind {kind.group(1)!r}, expected "
+                             f"{_ENVELOPE_FORM}")
+        what = "file not found" if not path.exists() else "not a regular file"
+        raise TraceError(src, None, None, f"{spec}: {what}, expected {_ENVELOPE_FORM}")
+    return _load_envelope_csv(path)
+
+
+def _parse_periodic(body: str) -> RateEnvelope:
+    src = "--rate-envelope"
+    params: dict[str, str] = {}
+    for item in body.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise TraceError(src, None, None, f"periodic item {item!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(_ENVELOPE_KEYS)}")
+        if key not in _ENVELOPE_KEYS:
+            raise TraceError(src, None, key, f"unknown parameter, expected one of {', '.join(_ENVELOPE_KEYS)}")
+        if key in params:
+            raise TraceError(src, None, key, f"given twice ({params[key]!r} and {value!r}), expected each key once")
+        params[key] = value.strip()
+
+    def num(key: str, ok: Any, expect: str, default: float | None = None) -> float | None:
+        if key not in params:
+            return default
+        try:
+            v = float(params[key])
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and ok(v)):
+            raise TraceError(src, None, key, f"{params[key]!r}: expected {expect}")
+        return v
+
+    for key in ("period_s", "low", "high"):
+        if key not in params:
+            raise TraceError(src, None, key, f"missing: expected {_ENVELOPE_FORM.split(' or ')[0]}")
+    period = num("period_s", lambda v: v > 0, "a number of seconds > 0")
+    low = num("low", lambda v: v >= 0, "a multiplier >= 0")
+    high = num("high", lambda v: v > 0, "a multiplier > 0")
+    assert period is not None and low is not None and high is not None
+    if high < low:
+        raise TraceError(src, None, "high", f"{params['high']!r}: expected a multiplier >= low ({params['low']})")
+    phase = num("phase_s", lambda v: True, "a finite number of seconds", 0.0)
+    duration = num("duration_s", lambda v: v > 0, "a number of seconds > 0")
+    assert phase is not None
+    return RateEnvelope("periodic", period_s=period, low=low, high=high, phase_s=phase, duration_s=duration)
+
+
+def _load_envelope_csv(path: Path) -> RateEnvelope:
+    src = f"--rate-envelope {path}"
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            rows = [(reader.line_num, r) for r in reader if r and (len(r) > 1 or r[0].strip())]
+    except UnicodeDecodeError:
+        e = _not_utf8(path)
+        raise TraceError(src, e.line, None, str(e).split(": ", 1)[-1].strip()) from None
+    except OSError as e:
+        raise TraceError(src, None, None, f"cannot read: {e.strerror or e}") from None
+    except csv.Error as e:
+        raise TraceError(src, None, None, f"unreadable CSV: {e}") from None
+    if not rows or [h.strip().lower() for h in rows[0][1]] != ["time_s", "multiplier"]:
+        got = ",".join(rows[0][1]) if rows else ""
+        raise TraceError(src, rows[0][0] if rows else None, None, f"header {got!r}: expected time_s,multiplier")
+    if len(rows) < 2:
+        raise TraceError(src, None, None, "no rows after the header: expected at least the row at time_s 0")
+    times: list[float] = []
+    mults: list[float] = []
+    for line, row in rows[1:]:
+        if len(row) != 2:
+            raise TraceError(src, line, None, f"row has {len(row)} fields, expected 2 (time_s,multiplier)")
+        t = _finite(row[0])
+        if t is None or t < 0:
+            raise TraceError(src, line, "time_s", f"{row[0].strip()!r}: expected a finite number of seconds >= 0")
+        if not times and t != 0:
+            raise TraceError(src, line, "time_s", f"{row[0].strip()!r}: expected the first row at time_s 0")
+        if times and t <= times[-1]:
+            raise TraceError(src, line, "time_s", f"{row[0].strip()!r}: expected a time after the previous row's "
+                             f"{times[-1]:g} s (rows in increasing time)")
+        m = _finite(row[1])
+        if m is None or m < 0:
+            raise TraceError(src, line, "multiplier", f"{row[1].strip()!r}: expected a finite number >= 0")
+        times.append(t)
+        mults.append(m)
+    if mults[-1] <= 0:
+        raise TraceError(src, rows[-1][0], "multiplier", f"{rows[-1][1][1].strip()!r}: expected the last multiplier "
+                         "> 0 (it holds after the last row, and a zero rate there never ends)")
+    return RateEnvelope("csv", times_s=tuple(times), multipliers=tuple(mults), source=src)
+
+
+def _finite(text: str) -> float | None:
+    try:
+        v = float(text.strip())
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def apply_rate_envelope(requests: Sequence[TraceRequest], envelope: RateEnvelope) -> list[TraceRequest]:
+    """Time-warp ``requests`` (in arrival order) by ``envelope``: arrival t (seconds) moves to t' with
+    M(t') = t, M the integral of m, so requests that arrive at local rate r arrive at r m(t') and each
+    request keeps its ISL, OSL and hash ids (the burstiness of the trace is kept locally, stretched or
+    compressed with the rate).
+
+    Repetition: when ``envelope.horizon_s`` is set (periodic ``duration_s``; a CSV's last time) and the
+    warped trace ends before it, the trace is repeated end to end in its own clock, copy k shifted by
+    k x (span + mean gap), span = last - first arrival, until the warped copies cover the horizon; the
+    result is then cut at the horizon (arrivals at or after it dropped). A periodic ``duration_s`` also
+    cuts a trace that is longer than it. Copy k's hash ids are offset by k x (largest hash id + 1), so
+    copies never share a prefix with each other (within a copy, shared prefixes are kept); request ids
+    are renumbered 0.. in arrival order.
+
+    Returns new requests. Raises :class:`TraceError` when a repetition is needed but the trace spans no
+    time (one instant), or would give more than MAX_SYNTHETIC_REQUESTS requests.
+    """
+    if not requests:
+        return []
+    n = len(requests)
+    t = np.fromiter((r.arrival_ms for r in requests), dtype=np.float64, count=n) / 1000.0
+    first, last = float(t.min()), float(t.max())
+    horizon = envelope.horizon_s
+    copies, cut = 1, None
+    if horizon is not None:
+        need = float(envelope.integral(horizon))  # the trace time the horizon's warped span consumes
+        if envelope.kind == "periodic":
+            cut = horizon
+        if last < need:
+            cut = horizon
+            if last <= first:
+                raise TraceError(envelope.source, None, "duration_s" if envelope.kind == "periodic" else "time_s",
+                                 f"{horizon:g}: the trace would be repeated to cover it, but all its arrivals fall "
+                                 f"at {first:g} s, expected a trace spanning some time")
+            period = (last - first) * n / (n - 1)  # span + mean gap: copy k+1 starts one mean gap after copy k
+            copies = max(1, math.ceil((need - first) / period))
+            if n * copies > MAX_SYNTHETIC_REQUESTS:
+                field = "duration_s" if envelope.kind == "periodic" else "time_s"
+                raise TraceError(envelope.source, None, field, f"{horizon:g}: {copies} copies of the {n}-request "
+                                 f"trace, about {n * copies:.3g} requests; expected at most "
+                                 f"{MAX_SYNTHETIC_REQUESTS:,}")
+    else:
+        period = 0.0
+    ids = [h for r in requests if r.hash_ids for h in r.hash_ids]
+    id_stride = (max(ids) + 1) if ids else 0
+    src_t = np.concatenate([t + k * period for k in range(copies)]) if copies > 1 else t
+    warped_ms = envelope.inverse_integral(src_t) * 1000.0
+    out: list[TraceRequest] = []
+    cut_ms = None if cut is None else cut * 1000.0
+    for k in range(copies):
+        shift = k * id_stride
+        for i, r in enumerate(requests):
+            a = float(warped_ms[k * n + i])
+            if cut_ms is not None and a >= cut_ms:
+                continue
+            hids = r.hash_ids if (shift == 0 or r.hash_ids is None) else tuple(h + shift for h in r.hash_ids)
+            out.append(TraceRequest(len(out), a, r.input_length, r.output_length, hids))
     return out

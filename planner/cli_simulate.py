@@ -20,6 +20,7 @@ from typing import Any
 
 from mocker.cli_replay import (MAX_WORKERS, _nonneg_float, _nonneg_int, _positive_float, _positive_int, _worker_count,
                                engine_config_from_args, failed_requests_note)
+from mocker.cli_replay import RATE_ENVELOPE_HELP
 from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
 from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
 from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload")
     w.add_argument("--trace", required=True, metavar="TRACE", help="Azure CSV, Mooncake JSONL or synthetic:... spec")
     w.add_argument("--arrival-speedup", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    w.add_argument("--rate-envelope", metavar="SPEC", help=RATE_ENVELOPE_HELP)
     w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)")
     s = parser.add_argument_group("loop")
     s.add_argument("--mode", choices=("agg", "disagg"), help="aggregated or prefill+decode pools (default: the "
@@ -445,11 +447,20 @@ def build_context(args: argparse.Namespace) -> Any:
         if given:
             raise SimulationConfigError(f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "
                                         f"expected --mode disagg or none of them")
+    envelope = None
+    if getattr(args, "rate_envelope", None) is not None:  # checked before the trace is read
+        from mocker.traces import parse_rate_envelope
+
+        envelope = parse_rate_envelope(args.rate_envelope)
     reqs = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
     if args.arrival_speedup != 1.0:
         from mocker.traces import scale_arrivals
 
         reqs = scale_arrivals(reqs, args.arrival_speedup)
+    if envelope is not None:  # after --arrival-speedup, as in dynoplan replay
+        from mocker.traces import apply_rate_envelope
+
+        reqs = apply_rate_envelope(reqs, envelope)
     span_s = max((r.arrival_ms for r in reqs), default=0.0) / 1000.0
     if span_s / args.sample_interval_s > MAX_SAMPLES:
         raise SimulationConfigError(f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
@@ -510,6 +521,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         _check_out_not_inputs(args.out, {"--trace": args.trace, "--config": args.planner_config,
                                          "--profile": args.profile, "--warm-start": args.warm_start,
+                                         "--rate-envelope": args.rate_envelope,
                                          "--engine-config": getattr(args, "engine_config", None),
                                          "--model-config": getattr(args, "model_config", None)})
         _check_out_dir(args.out)
@@ -549,6 +561,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {"trace": args.trace, "mode": args.mode, "arrival_speedup": args.arrival_speedup,
             "startup_delay_s": args.startup_delay_s, "sla_ttft_ms": args.sla_ttft_ms, "sla_itl_ms": args.sla_itl_ms,
             "router": args.router, "seed": args.seed, "planner_config": ctx.config.to_dict(),
+            **({"rate_envelope": args.rate_envelope} if args.rate_envelope else {}),
             "policies": {p.name: getattr(p, "replicas", None) for p in policies}}
     title = (f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
              f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)")
