@@ -36,7 +36,9 @@ the room, and the decode worker waits on that TCP port for the prefill to finish
 
 Metrics: :class:`mocker.live.metrics.FrontendMetrics` on ``GET /metrics``. TTFT is measured from the
 arrival of the client's request (its head read from the socket) to the first token the frontend receives; ITL between consecutive tokens
-it receives; request duration to the last token.
+it receives; request duration to the last token; the inter-arrival gap (``dynoplan_frontend_request_interarrival_seconds``)
+from one accepted request's arrival to the next; ``dynamo_frontend_inflight_requests`` counts requests accepted and
+not yet answered.
 """
 
 from __future__ import annotations
@@ -401,6 +403,7 @@ class Frontend:
             self.metrics.requests.labels(model, kind, "stream", "rejected").inc()
             return web.json_response(e.body(), status=e.status)
         self.metrics.started.labels(model).inc()
+        self.metrics.observe_arrival(model, t0)
         self.metrics.inflight.labels(model).inc()
         self._rid += 1
         oid = response_id(p.kind, self._rid)

@@ -7,7 +7,10 @@ Worker names follow the engine being simulated (DESIGN.md "Metrics facts"): ``vl
 ratio R they read R times smaller than the simulated GPU's.
 
 Bucket bounds start at 0.1 ms (vLLM's start at 1 ms) because high speedup ratios compress latencies;
-the planner reads only ``_sum`` / ``_count``, which buckets do not affect.
+the planner reads the latency histograms' ``_sum`` / ``_count`` only, which buckets do not affect. It reads
+the *buckets* of the frontend's input/output length histograms and of its inter-arrival histogram
+``dynoplan_frontend_request_interarrival_seconds`` (bounds :data:`GAP_BUCKETS_S`): they shape the traffic
+sample of the planner's sizing by simulation (``planner.core.sizing``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
                      0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+GAP_BUCKETS_S: tuple[float, ...] = tuple(0.001 * 2.0 ** k for k in range(18))
+"""Upper bounds (seconds) of ``dynoplan_frontend_request_interarrival_seconds``: 1 ms x powers of 2 up to
+131.072 s (prometheus_client adds +Inf). The planner's ``planner.core.sizing.GAP_BUCKETS_S`` are the same
+bounds plus +Inf (defined twice because the mocker never imports the planner; a test checks they agree)."""
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -86,6 +93,22 @@ class FrontendMetrics:
         self.inflight = Gauge(p + "inflight_requests", "Requests in flight.", ["model"], registry=r)
         self.workers = Gauge(p + "workers", "Discovered workers by role.", ["role"], registry=r)
         self.retries = Counter(p + "request_retries", "Legs re-routed after a worker failed (the stream continues elsewhere).", ["model"], registry=r)
+        self.interarrival = Histogram("dynoplan_frontend_request_interarrival_seconds",
+                                      "Gap between a request's arrival and the previous request's arrival (wall seconds).",
+                                      ["model"], buckets=GAP_BUCKETS_S, registry=r)
+        self._last_arrival_s: dict[str, float] = {}
         # series exist (at 0) from the first scrape, so increase() over a window sees the first requests
-        for m in (self.ttft, self.itl, self.duration, self.isl, self.osl, self.started, self.inflight, self.retries):
+        for m in (self.ttft, self.itl, self.duration, self.isl, self.osl, self.started, self.inflight, self.retries,
+                  self.interarrival):
             m.labels(model)
+
+    def observe_arrival(self, model: str, t_s: float) -> None:
+        """A request of ``model`` arrived at ``t_s`` (seconds on a monotonic clock): observe the gap since the
+        previous arrival in ``dynoplan_frontend_request_interarrival_seconds`` (nothing for the first one).
+
+        Arrivals reported out of order (a later request whose body was parsed first) observe a gap of 0 and
+        leave the latest arrival in place, so the gaps of a window still add up to its span of arrivals."""
+        last = self._last_arrival_s.get(model)
+        if last is not None:
+            self.interarrival.labels(model).observe(max(0.0, t_s - last))
+        self._last_arrival_s[model] = t_s if last is None else max(last, t_s)
