@@ -8,14 +8,25 @@ interval mean is ``sum(increase(X_sum{sel}[w])) / sum(increase(X_count{sel}[w]))
 label and, when configured, a namespace label. Latencies are converted to milliseconds (TTFT, ITL) and
 seconds (request duration).
 
+For the traffic sample of the sizing by simulation (:mod:`planner.core.sizing`) the window also carries
+histograms as non-cumulative ``(le, count)`` pairs -- ``sum by (le) (increase(X_bucket{sel}[w]))`` of the
+input and output length histograms (``isl_buckets``, ``osl_buckets``) and of the frontend's inter-arrival
+histogram ``dynoplan_frontend_request_interarrival_seconds`` (``gap_buckets``), differenced between
+consecutive bounds -- and ``num_inflight``, ``sum(dynamo_frontend_inflight_requests{sel})`` at the query
+instant (summed over frontends). These are optional: a frontend that does not export them gives an empty
+histogram / NaN in an otherwise known window. ``increase`` extrapolates every bucket of one histogram by
+the same factor (they are scraped together), so the buckets' *shares* are exact and their sum is
+approximate like the request count.
+
 Unknown is never zero: an unreachable server, an error answer, a timeout or an *empty* result (the
 series do not exist) give ``None``. A window with no requests gives ``num_requests == 0`` and NaN means
 (PromQL's 0/0), which the planner core reads as "no traffic" (that still allows scale-down).
 
 :class:`DirectScrapeTrafficSource` is the fallback of ``dynoplan up`` when no ``prometheus`` binary is
 installed: it scrapes the frontend's ``/metrics`` every ``scrape_interval_s`` and takes differences of
-the cumulative ``_sum``/``_count``/``_total`` values between the newest sample and the sample closest to
-``w`` seconds before it (no extrapolation, unlike PromQL's ``increase``).
+the cumulative ``_sum``/``_count``/``_total``/``_bucket`` values between the newest sample and the sample
+closest to ``w`` seconds before it (no extrapolation, unlike PromQL's ``increase``); the in-flight gauge is
+the newest sample's.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from planner.core import TrafficWindow
 from planner.errors import ConfigError
@@ -39,6 +50,14 @@ HISTOGRAMS: dict[str, str] = {
     "osl": "dynamo_frontend_output_sequence_tokens",
 }
 REQUESTS_STARTED = "dynamo_frontend_requests_started_total"
+BUCKETED: dict[str, str] = {
+    "isl_buckets": "dynamo_frontend_input_sequence_tokens",
+    "osl_buckets": "dynamo_frontend_output_sequence_tokens",
+    "gap_buckets": "dynoplan_frontend_request_interarrival_seconds",
+}
+"""``TrafficWindow`` field -> frontend histogram whose buckets it carries (non-cumulative)."""
+INFLIGHT = "dynamo_frontend_inflight_requests"
+"""The frontend's in-flight gauge (``TrafficWindow.num_inflight``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +120,49 @@ def interval_queries(window_s: float, selector: str = "") -> dict[str, str]:
     return out
 
 
-def window_from_values(window_s: float, v: dict[str, float]) -> TrafficWindow:
-    """A TrafficWindow from figures in Prometheus units (seconds, tokens); ms conversion here."""
+def bucket_queries(window_s: float, selector: str = "") -> dict[str, str]:
+    """``{TrafficWindow field: PromQL}`` of the bucketed histograms (:data:`BUCKETED`) over ``window_s``:
+    ``sum by (le) (increase(X_bucket{sel}[w]))``, one series per bound (cumulative counts)."""
+    w = _duration(window_s)
+    return {k: f"sum by (le) (increase({m}_bucket{selector}[{w}]))" for k, m in BUCKETED.items()}
+
+
+def inflight_query(selector: str = "") -> str:
+    """``sum(dynamo_frontend_inflight_requests{sel})``: requests in flight now, over every frontend."""
+    return f"sum({INFLIGHT}{selector})"
+
+
+def non_cumulative(cumulative: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """Prometheus ``le`` buckets (cumulative counts, any order, +Inf included) -> ``(le, count)`` pairs in
+    increasing ``le`` with the count of each bucket alone (differences of consecutive bounds; a negative
+    difference, which extrapolated increases of a bucket pair can give by rounding, counts 0). Empty when
+    there are no buckets or a count is not finite (no data)."""
+    pairs = sorted((float(le), float(c)) for le, c in cumulative)
+    if not pairs or not all(math.isfinite(c) for _, c in pairs):
+        return ()
+    if len({le for le, _ in pairs}) != len(pairs):
+        raise ValueError(f"duplicate le bounds in {pairs!r}")
+    out, prev = [], 0.0
+    for le, c in pairs:
+        out.append((le, max(0.0, c - prev)))
+        prev = max(prev, c)
+    return tuple(out)
+
+
+def window_from_values(window_s: float, v: dict[str, float], buckets: Mapping[str, tuple[tuple[float, float], ...]]
+                       | None = None, num_inflight: float = math.nan) -> TrafficWindow:
+    """A TrafficWindow from figures in Prometheus units (seconds, tokens); ms conversion here. ``buckets``:
+    ``{isl_buckets|osl_buckets|gap_buckets: non-cumulative pairs}``; ``num_inflight``: the in-flight gauge
+    (NaN = not reported; a negative value, which a gauge cannot hold, is clamped to 0)."""
     n = v["num_requests"]
+    extra: dict[str, Any] = {k: tuple(b) for k, b in (buckets or {}).items() if b}
+    if math.isfinite(num_inflight):
+        extra["num_inflight"] = max(0.0, float(num_inflight))
     if n <= 0:
-        return TrafficWindow(window_s, max(0.0, n))
+        return TrafficWindow(window_s, max(0.0, n), **extra)
     return TrafficWindow(duration_s=window_s, num_requests=n, mean_isl_tokens=v["isl"], mean_osl_tokens=v["osl"],
                          mean_ttft_ms=v["ttft"] * 1000.0, mean_itl_ms=v["itl"] * 1000.0,
-                         mean_request_duration_s=v["duration"])
+                         mean_request_duration_s=v["duration"], **extra)
 
 
 class PrometheusTrafficSource:
@@ -143,6 +197,12 @@ class PrometheusTrafficSource:
             return None
         return float(res[0]["value"][1])
 
+    def query_buckets(self, promql: str) -> tuple[tuple[float, float], ...]:
+        """An instant query of ``sum by (le) (...)`` -> non-cumulative ``(le, count)`` pairs (empty result:
+        ``()``). Raises whatever the client raises on a transport/HTTP error."""
+        res = self._prom.custom_query(promql, timeout=self.settings.timeout_s)
+        return non_cumulative((r["metric"]["le"], r["value"][1]) for r in res if "le" in r.get("metric", {}))
+
     def read(self, window_s: float) -> TrafficWindow | None:
         """The last ``window_s`` seconds of frontend traffic, or None when unknown (see module doc)."""
         values: dict[str, float] = {}
@@ -153,11 +213,13 @@ class PrometheusTrafficSource:
                     self.last_error = f"empty result for {q}"
                     return None
                 values[key] = val
+            buckets = {k: self.query_buckets(q) for k, q in bucket_queries(window_s, self.selector).items()}
+            inflight = self.query(inflight_query(self.selector))
         except Exception as e:  # noqa: BLE001 - any transport or server error is "unknown"
             self.last_error = self._reason(e)
             return None
         self.last_error = None
-        return window_from_values(window_s, values)
+        return window_from_values(window_s, values, buckets, math.nan if inflight is None else inflight)
 
     def _reason(self, e: BaseException) -> str:
         """One line on why a read failed; a TLS verification failure says which option fixes it."""
@@ -185,16 +247,21 @@ class PrometheusTrafficSource:
 
 
 def parse_cumulative(text: str, model: str | None) -> dict[str, float]:
-    """Sum of every ``<histogram>_sum``/``_count`` and ``requests_started_total`` sample of the frontend
-    exposition ``text`` (matching ``model`` when given). Keys are metric sample names."""
+    """Sum of every ``<histogram>_sum``/``_count``, ``requests_started_total`` and in-flight gauge sample of
+    the frontend exposition ``text`` (matching ``model`` when given), and of every bucket of the
+    :data:`BUCKETED` histograms. Keys are metric sample names, ``<histogram>_bucket|<le>`` for buckets."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {m + s for m in HISTOGRAMS.values() for s in ("_sum", "_count")} | {REQUESTS_STARTED}
+    wanted = {m + s for m in HISTOGRAMS.values() for s in ("_sum", "_count")} | {REQUESTS_STARTED, INFLIGHT}
+    bucketed = {m + "_bucket" for m in BUCKETED.values()}
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name in wanted and (model is None or s.labels.get("model") == model):
-                out[s.name] = out.get(s.name, 0.0) + float(s.value)
+            if model is not None and s.labels.get("model") != model:
+                continue
+            key = s.name if s.name in wanted else (f"{s.name}|{s.labels['le']}" if s.name in bucketed else None)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + float(s.value)
     return out
 
 
@@ -274,4 +341,9 @@ class DirectScrapeTrafficSource:
         for k, m in HISTOGRAMS.items():
             c = d(m + "_count")
             v[k] = d(m + "_sum") / c if c > 0 else math.nan
-        return window_from_values(window_s, v)
+        buckets = {}
+        for k, m in BUCKETED.items():
+            prefix = m + "_bucket|"
+            les = [key[len(prefix):] for key in new if key.startswith(prefix)]
+            buckets[k] = non_cumulative((le, d(prefix + le)) for le in les)
+        return window_from_values(window_s, v, buckets, new.get(INFLIGHT, math.nan))

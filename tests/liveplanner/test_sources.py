@@ -127,6 +127,15 @@ def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
             for f in ("mean_ttft_ms", "mean_itl_ms", "mean_request_duration_s"):
                 assert getattr(tw, f) == pytest.approx(getattr(dw, f), rel=1e-6), f
                 assert getattr(tw, f) > 0
+            # the live frontend's inter-arrival histogram: one gap per request after the first; all answered
+            assert sum(c for _, c in dw.gap_buckets) == n - 1 and sum(c for _, c in dw.isl_buckets) == n
+            tw_gaps = sum(c for _, c in tw.gap_buckets)
+            assert (n - 1) * (1 - 1e-9) <= tw_gaps <= (n - 1) * (span_s + slack_s) / span_s
+            for (le_t, c_t), (le_d, c_d) in zip(tw.gap_buckets, dw.gap_buckets, strict=True):
+                assert le_t == le_d and c_t / tw_gaps == pytest.approx(c_d / (n - 1), abs=1e-9)
+            # the gaps' total is the span of the arrivals, which a Poisson trace of 40 req/s puts near 1 s
+            assert 0.2 < prom.query_scalar('sum(dynoplan_frontend_request_interarrival_seconds_sum{model="mocker"})') < 5
+            assert tw.num_inflight == 0.0 and dw.num_inflight == 0.0
             # a model nobody serves: empty result = unknown
             other = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="nobody"))
             assert other.read(window) is None and "empty result" in other.last_error
@@ -192,3 +201,100 @@ def test_fpm_subscriber_tags_pool_keeps_latest_and_drops_stale():
             wait_until(lambda: sub.latest() == {}, 10, "engines of a removed endpoint dropped")
         finally:
             sub.close()
+
+
+def _serve_registry(registry) -> tuple[str, object]:  # type: ignore[no-untyped-def]
+    from prometheus_client import start_http_server
+
+    port = free_port()
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    return f"127.0.0.1:{port}", server
+
+
+def test_histograms_and_inflight_read_back_from_a_real_prometheus(prometheus_factory):
+    """The sample's inputs: bucket increases of the gap, ISL and OSL histograms, and the in-flight gauge summed
+    over frontends, from two exporters of the frontend's own metric definitions with hand-set values."""
+    from mocker.live.metrics import FrontendMetrics
+
+    a, b = FrontendMetrics("mocker"), FrontendMetrics("mocker")
+    b.inflight.labels("other")  # another model on frontend b: filtered out by the selector
+    ta, sa = _serve_registry(a.registry)
+    tb, sb = _serve_registry(b.registry)
+    direct = None
+    try:
+        prom = prometheus_factory({"frontend": [ta, tb]}, scrape_interval_s=0.5)
+        prom.wait_for_scrapes(3)  # every series sampled at 0 before anything happens
+        direct = DirectScrapeTrafficSource("http://" + ta, model="mocker", scrape_interval_s=0.25).start()
+        wait_until(lambda: len(direct.samples) >= 2, 10, "direct scrapes at 0")
+        t0 = time.time()
+        # frontend a: gaps 0.001 (on a bound), 0.0005, 0.003, 0.010, 1.0, 10, 200 s; frontend b: none
+        t = 0.0
+        for gap in (None, 0.001, 0.0005, 0.003, 0.010, 1.0, 10.0, 200.0):
+            t += gap or 0.0
+            a.observe_arrival("mocker", t)
+        for isl, osl in ((100, 20), (100, 20), (700, 300), (5000, 1)):
+            a.isl.labels("mocker").observe(isl)
+            a.osl.labels("mocker").observe(osl)
+        a.inflight.labels("mocker").inc(2)
+        b.inflight.labels("mocker").inc(3)
+        b.inflight.labels("other").inc(7)
+        wait_until(lambda: prom.query_scalar(
+            'sum(dynoplan_frontend_request_interarrival_seconds_count{model="mocker"})') == 7, 20, "gaps scraped")
+        prom.wait_for_scrapes(2)
+        time.sleep(0.5)  # direct scrapes after the last change
+        window = time.time() - t0 + 5.0  # reaches back to samples before the first observation
+        src = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="mocker"))
+        tw = src.read(window)
+        assert tw is not None, src.last_error
+        dw = direct.read(window)
+        assert dw is not None, direct.last_error
+        gaps = {0.001: 2, 0.004: 1, 0.016: 1, 1.024: 1, 16.384: 1, math.inf: 1}  # hand-computed
+        isls = {128: 2, 1024: 1, 8192: 1}
+        osls = {32: 2, 1: 1, 512: 1}
+        for got, want, n_bounds in ((tw.gap_buckets, gaps, 19), (tw.isl_buckets, isls, 17), (tw.osl_buckets, osls, 17)):
+            assert [le for le, _ in got] == sorted(le for le, _ in got) and len(got) == n_bounds and got[-1][0] == math.inf
+            total = sum(c for _, c in got)
+            n = sum(want.values())
+            # increase() extrapolates the series of one target by one factor: the shares are exact, the total is
+            # n times (span + at most 1.1 scrape intervals + one scrape between queries) / span
+            assert n * (1 - 1e-9) <= total <= n * (window + 2 * 1.1 * 0.5 + 0.5) / (window - 2 * 0.5)
+            for le, c in got:
+                assert c / total == pytest.approx(want.get(le, 0) / n, abs=1e-12), (le, got)
+        # the direct scrape differences exact cumulative counts of frontend a (no extrapolation)
+        assert {le: c for le, c in dw.gap_buckets if c} == gaps
+        assert {le: c for le, c in dw.isl_buckets if c} == isls and {le: c for le, c in dw.osl_buckets if c} == osls
+        assert tw.num_inflight == 5.0  # 2 + 3 over both frontends, not model "other"'s 7
+        assert dw.num_inflight == 2.0  # frontend a alone
+        # a window after the burst: no new gap, still 5 in flight (a gauge, not an increase)
+        time.sleep(1.5)
+        quiet = src.read(1.0)
+        assert quiet is not None and quiet.num_requests == 0 and quiet.num_inflight == 5.0
+        assert sum(c for _, c in quiet.gap_buckets) == 0
+    finally:
+        if direct is not None:
+            direct.close()
+        sa.shutdown()  # type: ignore[attr-defined]
+        sb.shutdown()  # type: ignore[attr-defined]
+
+
+def test_a_frontend_without_the_new_series_gives_a_known_window(prometheus_factory):
+    """An older frontend (no inter-arrival histogram, no in-flight gauge): the window is known, its gap histogram
+    empty and num_inflight NaN (the sample then draws Poisson arrivals and starts empty)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    r = CollectorRegistry()
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "request_duration_seconds",
+                 "input_sequence_tokens", "output_sequence_tokens"):
+        Histogram("dynamo_frontend_" + name, "x", ["model"], registry=r).labels("mocker").observe(1.0)
+    Counter("dynamo_frontend_requests_started", "x", ["model"], registry=r).labels("mocker").inc()
+    target, server = _serve_registry(r)
+    try:
+        prom = prometheus_factory({"frontend": [target]}, scrape_interval_s=0.5)
+        prom.wait_for_scrapes(3)
+        src = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="mocker"))
+        tw = src.read(5.0)
+        assert tw is not None, src.last_error
+        assert tw.gap_buckets == () and math.isnan(tw.num_inflight)
+        assert [le for le, _ in tw.isl_buckets][:2] == [0.005, 0.01]  # prometheus_client's default bounds, read as given
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
