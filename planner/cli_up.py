@@ -81,7 +81,87 @@ def _build_planner(stack: Any) -> Any:
     except (OSError, ValueError) as e:
         msg = str(e).removeprefix(f"{stack.warm_start_trace}: ")
         raise ConfigError(f"warm_start_trace={str(stack.warm_start_trace)!r}: cannot read the trace: {msg}") from None
-    return Planner(stack.planner, profile, warm_start=warm)
+    return Planner(stack.planner, profile, warm_start=warm, evaluator=_build_evaluator(stack))
+
+
+log = logging.getLogger("dynoplan.planner")
+
+
+def _build_evaluator(stack: Any) -> Any:
+    """The sizing by simulation's engine model (:class:`planner.whatif.EngineFleetEvaluator`): the engines the
+    stack's workers run (:func:`planner.live.config.worker_engines`), the frontend's router, the decode workers'
+    KV transfer and the planner's SLA targets. None (closed-form sizing, with a warning) when a pool's worker
+    flags do not give an engine, or when the throughput loop is off."""
+    from planner.live.config import worker_engines
+    from planner.whatif import EngineFleetEvaluator
+
+    cfg = stack.planner
+    if not cfg.throughput_enabled:
+        return None
+    engines, transfer, problems = worker_engines(stack)
+    if problems:
+        log.warning("sizing by simulation off (closed-form sizing instead): %s", "; ".join(problems))
+        return None
+    try:
+        return EngineFleetEvaluator(engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=stack.frontend_router,
+                                    transfer=transfer)
+    except Exception as e:  # noqa: BLE001 - mocker's ConfigError: settings the engine fleet refuses
+        log.warning("sizing by simulation off (closed-form sizing instead): %s", " ".join(str(e).split()))
+        return None
+
+
+class RecordingTrafficSource:
+    """A traffic source (``read(window_s) -> TrafficWindow | None``) that keeps the last known window it
+    returned (``last``) for :func:`sizing_collector`; every other attribute is the wrapped source's."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.last: Any = None
+
+    def read(self, window_s: float) -> Any:
+        tw = self.source.read(window_s)
+        if tw is not None:
+            self.last = tw
+        return tw
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
+def sizing_collector(planner: Any, last_window: Any) -> Any:
+    """A prometheus_client collector of how the throughput loop sizes (read at each scrape):
+
+    - ``dynoplan_planner_sizing_by_simulation``: 1 when it sizes by simulation (``Planner.simulating``), else 0;
+    - ``dynoplan_planner_sizing_evaluations_total`` / ``dynoplan_planner_sizing_replayed_requests_total``:
+      candidate fleets simulated and requests replayed through them (:class:`planner.whatif.EngineFleetEvaluator`);
+    - ``dynoplan_planner_observed_interarrival_gaps`` / ``dynoplan_planner_observed_inflight_requests``: the
+      gap-histogram count and the in-flight requests of the last traffic window the planner read (absent
+      before the first; in-flight NaN when the frontend does not report it).
+
+    ``last_window``: a callable returning the last TrafficWindow read (or None)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Sizing:
+        def collect(self):  # type: ignore[no-untyped-def]
+            yield GaugeMetricFamily("dynoplan_planner_sizing_by_simulation",
+                                    "1 when the throughput loop sizes fleets by simulation, 0 closed-form",
+                                    value=1.0 if planner.simulating else 0.0)
+            ev = planner.evaluator
+            yield CounterMetricFamily("dynoplan_planner_sizing_evaluations", "Candidate fleets simulated",
+                                      value=float(getattr(ev, "evaluations", 0)))
+            yield CounterMetricFamily("dynoplan_planner_sizing_replayed_requests",
+                                      "Sampled requests replayed through candidate fleets",
+                                      value=float(getattr(ev, "replayed_requests", 0)))
+            tw = last_window()
+            if tw is not None:
+                yield GaugeMetricFamily("dynoplan_planner_observed_interarrival_gaps",
+                                        "Gaps in the inter-arrival histogram of the last traffic window read",
+                                        value=float(sum(c for _, c in tw.gap_buckets)))
+                yield GaugeMetricFamily("dynoplan_planner_observed_inflight_requests",
+                                        "Requests in flight at the end of the last traffic window read",
+                                        value=float(tw.num_inflight))
+
+    return _Sizing()
 
 
 def run_planner(args: argparse.Namespace) -> int:
@@ -124,6 +204,8 @@ def run_planner(args: argparse.Namespace) -> int:
             print("notice: no traffic source: set prometheus.url in the stack file (or pass --prometheus-url or "
                   "--frontend-url); until then the throughput loop holds with hold_metrics_unknown",
                   file=sys.stderr, flush=True)
+    if traffic is not None:
+        traffic = RecordingTrafficSource(traffic)
     fpm = None
     if stack.fpm and stack.connector == "local":
         from planner.sources.fpm import FpmSubscriber
@@ -133,6 +215,7 @@ def run_planner(args: argparse.Namespace) -> int:
 
     svc = PlannerService(planner, connector, traffic, fpm, host=args.host or stack.service_host,
                          port=stack.service_port if args.port is None else args.port)
+    svc.registry.register(sizing_collector(planner, lambda: traffic.last if traffic is not None else None))
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -42,9 +42,15 @@ class EngineFleetEvaluator:
         self.router = router
         self.transfer = transfer
         self.seed = seed
+        self.evaluations = 0
+        """Candidate fleets simulated so far (one :meth:`evaluate` call each)."""
+        self.replayed_requests = 0
+        """Sampled requests replayed through them so far (warm start state included)."""
         Fleet(self.engines, router=router, transfer=transfer, seed=seed).close()  # fail early on bad settings
 
     def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int]) -> SampleOutcome:
+        self.evaluations += 1
+        self.replayed_requests += len(sample.arrival_s)
         fleet = Fleet(self.engines, router=self.router, transfer=self.transfer, seed=self.seed)
         try:
             for pool, n in replicas.items():

@@ -3,7 +3,10 @@ process, and the orphan check.
 
 Profile (agg mode, correction off, constant predictor): prefill 1000 tokens/s/GPU at any ISL, decode
 20000 x usage tokens/s/GPU (never the binding constraint here). So with ISL 200 tokens the throughput
-loop asks for ceil(rps x 200 / 1000) = ceil(rps / 5) replicas: 12 req/s -> 3, 2 req/s -> 1.
+loop asks for ceil(rps x 200 / 1000) = ceil(rps / 5) replicas: 12 req/s -> 3, 2 req/s -> 1. That is the
+closed-form sizing, which these stack files select (``simulated_sizing: false``): the live default sizes by
+simulating the workers' own engine (``FAST_WORKER``), which serves those loads on one worker
+(tests/liveplanner/test_up_sizing.py runs that default).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ def stack_file(dir_: Path, planner: dict[str, Any] | None = None, **sections: An
     write_profile(dir_ / "profile.npz")
     doc: dict[str, Any] = {
         "planner": {"mode": "agg", "adjustment_interval_s": 3, "load_adjustment_interval_s": 1, "predictor": "constant",
-                    "correction_enabled": False, "agg": {"min_replicas": 1, "max_replicas": 3}, **(planner or {})},
+                    "correction_enabled": False, "simulated_sizing": False,
+                    "agg": {"min_replicas": 1, "max_replicas": 3}, **(planner or {})},
         "profile": "profile.npz", "state_dir": "state", "service": {"port": 0},
         "frontend": {"port": 0, "poll_s": 0.2},
         "fleet": {"initial": {"agg": 1}, "worker_args": {"agg": FAST_WORKER}, "drain_grace_s": 1.0},
