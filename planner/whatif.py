@@ -84,3 +84,39 @@ class EngineFleetEvaluator:
         t_miss = ttft > self.ttft_ms
         i_miss = itl > self.itl_ms
         return SampleOutcome(n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()))
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+
+
+POOL_ROLES = {"agg": "aggregated", "prefill": "prefill", "decode": "decode"}
+"""Planned pool -> the ``worker_type`` of its engines."""
+
+
+def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin",
+                        where: str = "spec.engine") -> EngineFleetEvaluator:
+    """The operator's engine model: ``engine`` is the DynoPlanner's ``spec.engine`` mapping of flat
+    :class:`mocker.config.EngineConfig` fields (snake_case or camelCase; None or empty = ``EngineConfig()``),
+    the same engine for every pool of ``config`` (a ``PlannerConfig``) with the pool's role; SLA targets
+    ``config.ttft_ms`` / ``config.itl_ms``.
+
+    Raises :class:`planner.errors.ConfigError` naming ``where.<field>``, the value and what was expected
+    (mocker's validation), or ``where`` itself when it is not a mapping."""
+    from mocker.errors import ConfigError as MockerConfigError
+    from planner.errors import ConfigError
+
+    if engine is None:
+        engine = {}
+    if not isinstance(engine, Mapping):
+        raise ConfigError(f"{where}={engine!r}: expected a mapping of engine settings (EngineConfig fields)")
+    flat = {_snake(str(k)): v for k, v in engine.items()}
+    if "worker_type" in flat:
+        raise ConfigError(f"{where}.workerType={flat['worker_type']!r}: set per pool by the planner's mode, "
+                          "expected it left out")
+    try:
+        base = EngineConfig.from_mapping(flat)
+        engines = {p: base.replace(worker_type=POOL_ROLES[p]) for p in config.pools}
+        return EngineFleetEvaluator(engines, ttft_ms=config.ttft_ms, itl_ms=config.itl_ms, router=router)
+    except MockerConfigError as e:
+        raise ConfigError([f"{where}.{p}" for p in e.problems]) from None

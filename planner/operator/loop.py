@@ -306,11 +306,15 @@ class PlannerLoop:
             self.fpm.set_endpoints(await conn.fpm_endpoints(obs))
         elif self.fpm is not None:
             await self.close()
-        key = (cfg, plan.profile)
+        # sizing by simulation: the engine the DGD's workers run, from spec.engine (planner.whatif)
+        engine = (self.body.get("spec") or {}).get("engine")
+        key = (cfg, plan.profile, repr(engine))
         if self.planner is None or key != self._planner_key:
             try:
+                from planner.whatif import evaluator_from_spec
+
                 profile = load_profile(plan.profile) if plan.profile else None
-                self.planner = Planner(cfg, profile)
+                self.planner = Planner(cfg, profile, evaluator=evaluator_from_spec(engine, cfg))
             except PlannerError as e:
                 return await self._invalid(SpecError(f"DynoPlanner {plan.namespace}/{plan.name}", str(e)))
             self._planner_key = key
