@@ -65,7 +65,7 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
-def _build_planner(stack: Any) -> Any:
+def _build_planner(stack: Any, with_evaluator: bool = True) -> Any:
     from planner.core import Planner, load_profile
     from planner.core.traces import read_trace_intervals
 
@@ -81,7 +81,8 @@ def _build_planner(stack: Any) -> Any:
     except (OSError, ValueError) as e:
         msg = str(e).removeprefix(f"{stack.warm_start_trace}: ")
         raise ConfigError(f"warm_start_trace={str(stack.warm_start_trace)!r}: cannot read the trace: {msg}") from None
-    return Planner(stack.planner, profile, warm_start=warm, evaluator=_build_evaluator(stack))
+    return Planner(stack.planner, profile, warm_start=warm,
+                   evaluator=_build_evaluator(stack) if with_evaluator else None)
 
 
 log = logging.getLogger("dynoplan.planner")
@@ -477,7 +478,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg_path = Path(args.config).resolve()
     stack_cfg = load_stack_config(cfg_path)
-    _build_planner(stack_cfg)  # profile / warm start errors now, as one line, before anything starts
+    # profile / warm start errors now, as one line, before anything starts (worker flags: the workers' start-up)
+    _build_planner(stack_cfg, with_evaluator=False)
     if stack_cfg.connector != "local":
         raise ConfigError(f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
                           "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
