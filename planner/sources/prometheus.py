@@ -13,8 +13,9 @@ histograms as non-cumulative ``(le, count)`` pairs -- ``sum by (le) (increase(X_
 input and output length histograms (``isl_buckets``, ``osl_buckets``) and of the frontend's inter-arrival
 histogram ``dynoplan_frontend_request_interarrival_seconds`` (``gap_buckets``), differenced between
 consecutive bounds -- and ``num_inflight``, ``sum(dynamo_frontend_inflight_requests{sel})`` at the query
-instant (summed over frontends). These are optional: a frontend that does not export them gives an empty
-histogram / NaN in an otherwise known window. ``increase`` extrapolates every bucket of one histogram by
+instant (summed over frontends). These are optional: a frontend that does not export them (an empty result), or
+an error answer to those queries (``optional_error``), gives an empty histogram / NaN in an otherwise known
+window. ``increase`` extrapolates every bucket of one histogram by
 the same factor (they are scraped together), so the buckets' *shares* are exact and their sum is
 approximate like the request count.
 
@@ -186,6 +187,8 @@ class PrometheusTrafficSource:
             self._prom._session.verify = settings.ca_file
         self.selector = label_selector(settings.model, settings.namespace, settings.namespace_label)
         self.last_error: str | None = None
+        self.optional_error: str | None = None
+        """Why the last read's histograms / in-flight gauge are missing (the window itself was read)."""
 
     def query(self, promql: str) -> float | None:
         """One instant query -> its single value (NaN kept), None when the result is empty.
@@ -213,12 +216,19 @@ class PrometheusTrafficSource:
                     self.last_error = f"empty result for {q}"
                     return None
                 values[key] = val
-            buckets = {k: self.query_buckets(q) for k, q in bucket_queries(window_s, self.selector).items()}
-            inflight = self.query(inflight_query(self.selector))
         except Exception as e:  # noqa: BLE001 - any transport or server error is "unknown"
             self.last_error = self._reason(e)
             return None
         self.last_error = None
+        buckets: dict[str, tuple[tuple[float, float], ...]] = {}
+        inflight: float | None = None
+        self.optional_error = None
+        try:  # the sample's extras: a failure leaves them out of a window that is otherwise known
+            for k, q in bucket_queries(window_s, self.selector).items():
+                buckets[k] = self.query_buckets(q)
+            inflight = self.query(inflight_query(self.selector))
+        except Exception as e:  # noqa: BLE001
+            self.optional_error = self._reason(e)
         return window_from_values(window_s, values, buckets, math.nan if inflight is None else inflight)
 
     def _reason(self, e: BaseException) -> str:

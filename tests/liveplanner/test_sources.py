@@ -296,5 +296,43 @@ def test_a_frontend_without_the_new_series_gives_a_known_window(prometheus_facto
         assert tw is not None, src.last_error
         assert tw.gap_buckets == () and math.isnan(tw.num_inflight)
         assert [le for le, _ in tw.isl_buckets][:2] == [0.005, 0.01]  # prometheus_client's default bounds, read as given
+        assert src.optional_error is None
+        # a server that answers the bucket queries with an error: the window is still known, without histograms
+        import asyncio
+        import threading
+
+        loop = asyncio.new_event_loop()
+        th = threading.Thread(target=loop.run_forever, daemon=True)
+        th.start()
+        runner, purl = asyncio.run_coroutine_threadsafe(_refusing_proxy(prom.url, "_bucket"), loop).result(10)
+        try:
+            via = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker"))
+            got = via.read(5.0)
+            assert got is not None and got.num_requests == tw.num_requests and got.isl_buckets == ()
+            assert via.optional_error is not None and "503" in via.optional_error, via.optional_error
+        finally:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            th.join(5)
     finally:
         server.shutdown()  # type: ignore[attr-defined]
+
+
+async def _refusing_proxy(target: str, refuse: str) -> tuple[web.AppRunner, str]:
+    """A reverse proxy in front of a real Prometheus that answers 503 to every query containing ``refuse``."""
+    session = ClientSession()
+
+    async def handle(request: web.Request) -> web.Response:
+        if refuse in request.query.get("query", ""):
+            return web.Response(status=503, text="unavailable")
+        async with session.get(target + request.path_qs) as r:
+            return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    app.on_cleanup.append(lambda _: session.close())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
