@@ -158,6 +158,8 @@ class Env:
         # they are off here (null, which helm --set cannot express: it deletes the key).
         fields = {f.name for f in dataclasses.fields(PlannerConfig)}
         planner_values.update({k: None for k in ("first_sizing_s", "demand_error_quantile") if k in fields})
+        # ... and so is the sizing by simulation (tests/operator/test_operator_engine.py runs it)
+        planner_values["simulated_sizing"] = False
         defaults.write_text(yaml.safe_dump(planner_values))
         env.update({"DYNOPLAN_OPERATOR_NAMESPACE": self.ns, "DYNOPLAN_OPERATOR_PLANNER_DEFAULTS_FILE": str(defaults),
                     "DYNOPLAN_OPERATOR_HEALTH_PORT": str(self.health_port),
