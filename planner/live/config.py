@@ -13,7 +13,8 @@ service: {host: 127.0.0.1, port: 8090, token: null}   # planner HTTP: dashboard,
 frontend: {port: 8080, router: least_loaded, poll_s: 0.25, model_name: mocker}
 fleet:
   initial: {agg: 1}                 # replicas started by `up` (and the VirtualConnector's initial state)
-  worker_args: {agg: ["--speedup-ratio", "10"]}
+  worker_args: {agg: ["--speedup-ratio", "10"]}   # mocker serve flags; also the engine the sizing by
+                                                  # simulation replays (worker_engines)
   drain_grace_s: 1.5
   drain_timeout_s: 60
   ready_timeout_s: 60
