@@ -130,7 +130,9 @@ class TrafficWindow:
     ``(le_s, count)`` pairs like the others (``dynoplan_frontend_request_interarrival_seconds``, bounds
     :data:`planner.core.sizing.GAP_BUCKETS_S`); ``num_inflight``: requests in flight at the end of the window
     (``dynamo_frontend_inflight_requests``; NaN = not reported). Both feed the traffic sample of the sizing by
-    simulation (:mod:`planner.core.sizing`).
+    simulation (:mod:`planner.core.sizing`). ``arrival_counts`` (optional): requests started per consecutive
+    :data:`planner.core.sizing.ARRIVAL_BIN_S` bin of the window, oldest first (the request counter's increase
+    per scrape step), the window's rate profile.
     """
 
     duration_s: float
@@ -149,6 +151,7 @@ class TrafficWindow:
     isl_buckets: tuple[tuple[float, float], ...] = ()
     gap_buckets: tuple[tuple[float, float], ...] = ()
     num_inflight: float = math.nan
+    arrival_counts: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):

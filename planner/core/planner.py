@@ -39,7 +39,8 @@ from planner.core.load import (FEATURES_BY_POOL, EngineEstimate, PassTimeRegress
 from planner.core.observations import ForwardPassMetrics, LengthBucket, Observations, TrafficWindow
 from planner.core.predictors import _single_thread_blas, make_predictor
 from planner.core.reasons import ACTION_REASONS, Reason
-from planner.core.sizing import FleetEvaluator, PoolPlan, SimulatedSizing, build_sample, sample_size
+from planner.core.sizing import (SIZE_HISTORY_S, FleetEvaluator, PoolPlan, SimulatedSizing, build_sample, pool_buckets,
+                                 sample_size)
 from planner.core.throughput import (Demand, agg_itl_miss_model, agg_itl_tail_calibration, ceil_replicas,
                                      clamp_correction, decode_correction, prefill_correction, size_pool)
 from planner.errors import ConfigError, ObservationError
@@ -141,6 +142,30 @@ def significant_misses(observed: float, expected: float, z: float) -> bool:
     return observed > expected + z * math.sqrt(max(expected, 0.0))
 
 
+def _total(mean: float, count: float) -> tuple[float, float]:
+    """(sum, count) of a window mean; (0, 0) when unknown."""
+    if math.isfinite(mean) and math.isfinite(count) and count > 0:
+        return mean * count, count
+    return 0.0, 0.0
+
+
+def _misses(w: TrafficWindow) -> tuple[float, float]:
+    """(misses, requests) the frontend's SLA buckets report for a window: TTFT misses of the first tokens plus ITL
+    misses of the finished requests (their sum bounds the requests missing either), over the larger count; (0, 0)
+    when not reported."""
+    vals = (w.num_ttft_observed, w.num_ttft_within_sla, w.num_finished, w.num_itl_within_sla)
+    if not all(math.isfinite(v) for v in vals):
+        return 0.0, 0.0
+    return (w.num_ttft_observed - w.num_ttft_within_sla) + (w.num_finished - w.num_itl_within_sla), \
+        max(w.num_ttft_observed, w.num_finished)
+
+
+def _mean(totals: Sequence[tuple[float, float]], fallback: float) -> float:
+    s = sum(t[0] for t in totals)
+    n = sum(t[1] for t in totals)
+    return s / n if n > 0 else fallback
+
+
 class Planner:
     """Pure decision state machine. One instance per managed deployment.
 
@@ -161,7 +186,12 @@ class Planner:
         self._sim_plans: dict[tuple[int, ...], dict[str, PoolPlan]] = {}
         self._sizings = 0
         self._last_gap_buckets: tuple[tuple[float, float], ...] = ()
+        self._size_history: deque[tuple[Any, ...]] = deque()
+        """(tick s, ISL histogram, OSL histogram, (ISL sum, count), (OSL sum, count)) of the throughput windows
+        within ``SIZE_HISTORY_S``."""
         self._last_inflight = 0.0
+        self._last_duration_s = 0.0
+        self._last_profile: tuple[float, ...] = ()
         if config.throughput_enabled:
             problems = []
             needs_prefill = any(p in ("prefill", "agg") for p in config.pools)
@@ -269,7 +299,14 @@ class Planner:
             self._last_isl_buckets = traffic.isl_buckets
         if traffic.gap_buckets:
             self._last_gap_buckets = traffic.gap_buckets
+        self._last_profile = traffic.arrival_counts
         self._last_inflight = traffic.num_inflight if math.isfinite(traffic.num_inflight) else 0.0
+        self._note_duration(traffic)
+        self._size_history.append((self._now_s, traffic.isl_buckets, traffic.osl_buckets,
+                                   _total(traffic.mean_isl_tokens, traffic.num_requests),
+                                   _total(traffic.mean_osl_tokens, traffic.num_finished), _misses(traffic)))
+        while self._size_history and self._now_s - self._size_history[0][0] >= SIZE_HISTORY_S:
+            self._size_history.popleft()
         if traffic.num_requests > 0 and math.isfinite(traffic.mean_isl_tokens):
             self._last_isl_tokens = traffic.mean_isl_tokens
         prof = self.profile
@@ -326,6 +363,8 @@ class Planner:
             if traffic.gap_buckets:
                 self._last_gap_buckets = traffic.gap_buckets
             self._last_inflight = traffic.num_inflight if math.isfinite(traffic.num_inflight) else 0.0
+            self._last_profile = traffic.arrival_counts
+            self._note_duration(traffic)
             self._size_by_simulation(demand, traffic, ready)
         else:
             self._size_pools(demand, prof, ready)
@@ -357,7 +396,7 @@ class Planner:
         in-flight count of ``traffic``; the plan itself is made against the current fleet in the tick."""
         cfg = self.config
         assert self.evaluator is not None and cfg.sla_attainment_target is not None
-        allowed = 1.0 - cfg.sla_attainment_target
+        allowed = self._allowed_miss()
         self._sizings += 1
         self._sim_plans = {}
         rate = demand.num_requests / cfg.adjustment_interval_s
@@ -367,13 +406,45 @@ class Planner:
             self._thpt_exact = {p: 0.0 for p in cfg.pools}
             self._thpt_required = {p: self._pool_bounds()[p][0] for p in cfg.pools}
             return
-        sample = build_sample(rate, demand.isl_tokens, demand.osl_tokens, min_horizon_s=cfg.adjustment_interval_s,
-                              min_requests=sample_size(allowed), isl_buckets=demand.isl_buckets,
-                              osl_buckets=demand.osl_buckets, gap_buckets=self._last_gap_buckets,
-                              num_inflight=int(self._last_inflight), seed=(self._sizings,))
+        isl_h = pool_buckets([h[1] for h in self._size_history]) or demand.isl_buckets
+        osl_h = pool_buckets([h[2] for h in self._size_history]) or demand.osl_buckets
+        # sizes: the pooled windows' own mean (exact sums), which corrects the within-bucket law's bias; the
+        # forecast mean only without history
+        isl_m = _mean([h[3] for h in self._size_history], demand.isl_tokens)
+        osl_m = _mean([h[4] for h in self._size_history], demand.osl_tokens)
+        sample = build_sample(rate, isl_m, osl_m, min_horizon_s=cfg.adjustment_interval_s,
+                              min_requests=sample_size(allowed), isl_buckets=isl_h,
+                              osl_buckets=osl_h, gap_buckets=self._last_gap_buckets,
+                              num_inflight=int(self._last_inflight), warmup_s=self._last_duration_s,
+                              rate_profile=self._last_profile,
+                              seed=(self._sizings,))
         self._sim = SimulatedSizing(self.evaluator, sample, cfg.pools, self._pool_bounds(), allowed)
         if ready is not None and all(p in ready for p in cfg.pools):
             self._sim_plan(ready)
+
+    def _allowed_miss(self) -> float:
+        """Miss share the next interval may have: the target's ``a = 1 - sla_attainment_target``, plus what the
+        windows of the last ``SIZE_HISTORY_S`` left unspent, ``min(2a, max(a, 2a - m))`` with ``m`` their observed
+        miss share (an error budget, as SLOs are kept over a period rather than per sample: a quiet hour that
+        missed nothing lets the next interval miss up to ``2a``, and the two average to the target). Past
+        misses beyond the budget are not made up (the share never goes below ``a``)."""
+        assert self.config.sla_attainment_target is not None
+        a = 1.0 - self.config.sla_attainment_target
+        seen = [h[5] for h in self._size_history]
+        n = sum(x[1] for x in seen)
+        if n <= 0:
+            return a
+        m = sum(x[0] for x in seen) / n
+        return min(2.0 * a, max(a, 2.0 * a - m))
+
+    def _note_duration(self, traffic: TrafficWindow) -> None:
+        """Keep the window's mean request duration (seconds; TTFT + OSL x ITL when the frontend does not report
+        it): the warm-up of the traffic sample."""
+        d = traffic.mean_request_duration_s
+        if not math.isfinite(d):
+            d = (traffic.mean_ttft_ms + traffic.mean_osl_tokens * traffic.mean_itl_ms) / 1000.0
+        if math.isfinite(d) and d > 0:
+            self._last_duration_s = d
 
     def _sim_plan(self, current: Mapping[str, int]) -> dict[str, PoolPlan]:
         """The search's goals against ``current`` (cached per fleet); also sets the requirement diagnostics."""

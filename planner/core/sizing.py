@@ -10,16 +10,24 @@ simulation".
 The sample (all from :class:`~planner.core.observations.TrafficWindow`, never from a trace file):
 
 - arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram
-  (``gap_buckets``; log-uniform inside a bucket), rescaled so the mean gap is ``1 / rate`` with ``rate`` the
-  forecast (predicted count x demand-error factor / interval). Burstiness (the gaps' spread) is kept; a
-  window without a gap histogram gives Poisson arrivals (exponential gaps: the maximum-entropy law of a
-  positive gap of known mean).
-- sizes: ISL and OSL drawn independently from the window's histograms (uniform inside a bucket), then
-  scaled to the forecast mean lengths; without a histogram, every request at the mean.
+  (``gap_buckets``; log-uniform inside a bucket), run at the window's own rate profile (``arrival_counts``,
+  arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean rate is the forecast
+  (predicted count x demand-error factor / interval): the renewal process is laid out in the profile's
+  operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
+  both scales: the gaps' spread within seconds, the rate's swings over tens of seconds. Without a gap
+  histogram the gaps are exponential (the maximum-entropy law of a positive gap of known mean); without a
+  profile the rate is flat.
+- sizes: ISL and OSL drawn independently from the histograms of the windows of the last
+  :data:`SIZE_HISTORY_S` pooled (:func:`pool_buckets`; log-uniform inside a bucket, as for gaps: a
+  length density falling inside a power-of-2 bucket is closer to ``1/x`` than flat), then
+  scaled to the pooled windows' exact mean length (their ``_sum / _count``); without a histogram, every
+  request at the mean.
 - length: at least ``adjustment_interval_s``, and long enough to hold :func:`sample_size` requests, the
   number the binomial bound below needs to tell a fleet that meets the target from one that does not.
-- start state: the ``num_inflight`` requests the frontend had in flight at the tick arrive at t = 0 (drawn
-  like the others) and load the engines; they are not counted.
+- start state: the ``num_inflight`` requests the frontend had in flight at the tick arrive evenly spread over
+  a warm-up of one mean request duration (by Little's law the span over which the requests now in flight
+  arrived), drawn like the others and not counted; the counted requests follow. Released all at once they
+  would be a burst of prefills that the running fleet (mostly decoding them) does not have.
 
 Verdicts: with ``k`` misses among ``N`` counted requests and ``a = 1 - target`` allowed, a fleet *passes*
 when the one-sided Clopper-Pearson upper bound of its miss share at :data:`CONFIDENCE` is <= ``a``, *fails*
@@ -47,6 +55,15 @@ GAP_BUCKETS_S: tuple[float, ...] = tuple(0.001 * 2.0 ** k for k in range(18)) + 
 """Upper bounds (``le``, seconds) of the frontend's inter-arrival histogram
 (``dynoplan_frontend_request_interarrival_seconds``): 1 ms x powers of 2 up to 131 s, then +Inf."""
 
+ARRIVAL_BIN_S = 10.0
+"""Resolution (seconds) of the window's arrival-rate profile (``TrafficWindow.arrival_counts``): the request
+counter's increase per 10 s, the usual Prometheus scrape interval."""
+
+SIZE_HISTORY_S = 3600.0
+"""Span of recent windows whose ISL/OSL histograms are pooled for the sample's sizes (one hour). Long prompts are
+rare (a few per 180 s window): one window's histogram says little about their share, and the sizing would
+follow that noise from window to window; the mix of the last hour is the estimate, the rate is the forecast's."""
+
 PASS, UNDECIDED, FAIL = "pass", "undecided", "fail"
 
 
@@ -56,7 +73,7 @@ class TrafficSample:
 
     ``arrival_s``: arrival times, seconds from the tick, non-decreasing; ``isl_tokens``/``osl_tokens``: prompt
     and output lengths (>= 1); the first ``num_warm`` requests (arrival 0) are the in-flight start state and
-    are not counted; ``horizon_s``: the sampled span.
+    are not counted; ``horizon_s``: the sampled span (warm-up included).
     """
 
     arrival_s: np.ndarray
@@ -121,68 +138,126 @@ def verdict(misses: int, n: int, allowed_miss: float, confidence: float = CONFID
     return UNDECIDED
 
 
-def _draw_from_buckets(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n: int,
-                       log_uniform: bool) -> np.ndarray | None:
-    """``n`` values from a non-cumulative histogram ``(le, count)``: a bucket by its count, then uniform (or
-    log-uniform) between the previous bound and ``le``; the +Inf bucket spans ``(lo, 2 lo]``. None without
-    counts."""
+def _bucket_edges(buckets: Sequence[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(lower, upper, weight) per bucket of a non-cumulative histogram ``(le, count)``; the +Inf bucket spans
+    ``(lo, 2 lo]``. None without counts."""
     les = np.array([b[0] for b in buckets], dtype=float)
     cnt = np.array([b[1] for b in buckets], dtype=float)
     if cnt.size == 0 or not np.isfinite(cnt).all() or cnt.sum() <= 0:
         return None
     lo = np.concatenate([[0.0], les[:-1]])
     hi = np.where(np.isfinite(les), les, 2.0 * np.maximum(lo, 1.0))
-    k = rng.choice(len(cnt), size=n, p=cnt / cnt.sum())
+    return lo, hi, cnt / cnt.sum()
+
+
+def _draw(rng: np.random.Generator, edges: tuple[np.ndarray, np.ndarray, np.ndarray], n: int,
+          log_uniform: bool) -> tuple[np.ndarray, float]:
+    """``n`` values from a histogram's ``edges`` (a bucket by its weight, then uniform -- or log-uniform, the
+    first bucket from ``le / 2`` since a zero bound has no logarithm -- inside it) and the histogram's mean
+    under the same law (so that rescaling does not depend on ``n``)."""
+    lo, hi, w = edges
+    if log_uniform:
+        lo = np.where(lo > 0, lo, hi / 2.0)
+        means = (hi - lo) / np.log(hi / lo)
+    else:
+        means = (lo + hi) / 2.0
+    k = rng.choice(len(w), size=n, p=w)
     u = rng.random(n)
     if log_uniform:
-        # first bucket (0, le]: log-uniform from le / 2 (a zero lower bound has no logarithm)
-        a = np.where(lo[k] > 0, lo[k], hi[k] / 2.0)
-        return np.exp(np.log(a) + u * (np.log(hi[k]) - np.log(a)))
-    return lo[k] + u * (hi[k] - lo[k])
+        x = np.exp(np.log(lo[k]) + u * (np.log(hi[k]) - np.log(lo[k])))
+    else:
+        x = lo[k] + u * (hi[k] - lo[k])
+    return x, float(np.dot(w, means))
+
+
+def pool_buckets(histograms: Sequence[Sequence[tuple[float, float]]]) -> tuple[tuple[float, float], ...]:
+    """Bucket-wise sum of non-cumulative histograms with the same bounds (others are skipped; empty ones too)."""
+    out: dict[float, float] = {}
+    bounds: tuple[float, ...] | None = None
+    for h in histograms:
+        if not h:
+            continue
+        b = tuple(le for le, _ in h)
+        if bounds is None:
+            bounds = b
+        if b != bounds:
+            continue
+        for le, c in h:
+            out[le] = out.get(le, 0.0) + c
+    return tuple((le, out[le]) for le in bounds) if bounds else ()
 
 
 def _lengths(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n: int, mean: float) -> np.ndarray:
-    """Integer token lengths >= 1 from ``buckets`` scaled to ``mean`` (all at ``mean`` without a histogram)."""
-    x = _draw_from_buckets(rng, buckets, n, log_uniform=False) if buckets else None
-    if x is None or n == 0:
+    """Integer token lengths >= 1 drawn from ``buckets`` and scaled by ``mean`` / the histogram's mean; all at
+    ``mean`` without a histogram."""
+    edges = _bucket_edges(buckets) if buckets else None
+    if edges is None:
         return np.full(n, max(1, int(round(mean))), dtype=np.int64)
-    m = float(x.mean())
-    if m > 0 and math.isfinite(mean) and mean > 0:
+    x, m = _draw(rng, edges, n, log_uniform=True)
+    if m > 0:
         x = x * (mean / m)
     return np.maximum(1, np.rint(x)).astype(np.int64)
+
+
+def _warp(op: np.ndarray, rate_per_s: float, profile: Sequence[float], bin_s: float) -> np.ndarray:
+    """Real times of arrivals at operational times ``op`` (unit rate): ``t = Lambda^-1(op)`` with the intensity
+    ``rate x p_j`` in bin ``j`` of the profile normalised to mean 1 and repeated cyclically; ``op / rate`` when
+    the profile is empty or has no arrivals."""
+    c = np.asarray(profile, dtype=float)
+    if c.size == 0 or not np.isfinite(c).all() or c.sum() <= 0 or not (bin_s > 0):
+        return op / rate_per_s
+    lam = rate_per_s * c / c.mean()  # requests/s per bin
+    edges = np.concatenate([[0.0], np.cumsum(lam * bin_s)])  # Lambda at the bin edges of one cycle
+    cycle = edges[-1]
+    k, rem = np.divmod(op, cycle)
+    j = np.clip(np.searchsorted(edges, rem, side="right") - 1, 0, c.size - 1)
+    # rem falls in a bin with lam > 0 (a zero-rate bin has zero width in operational time)
+    return k * (c.size * bin_s) + j * bin_s + (rem - edges[j]) / np.where(lam[j] > 0, lam[j], np.inf)
 
 
 def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: float, *, min_horizon_s: float,
                  min_requests: int, isl_buckets: Sequence[tuple[float, float]] = (),
                  osl_buckets: Sequence[tuple[float, float]] = (), gap_buckets: Sequence[tuple[float, float]] = (),
-                 num_inflight: int = 0, seed: Sequence[int] = (0,)) -> TrafficSample:
+                 num_inflight: int = 0, warmup_s: float = 0.0, rate_profile: Sequence[float] = (),
+                 profile_bin_s: float = ARRIVAL_BIN_S, seed: Sequence[int] = (0,)) -> TrafficSample:
     """The traffic sample of the module docstring.
 
     ``rate_per_s`` > 0 (requests/s), mean lengths in tokens (finite, > 0), ``min_horizon_s`` > 0 and
     ``min_requests`` >= 1 set the length (``max(min_horizon_s, min_requests / rate)``), buckets as
-    ``TrafficWindow`` carries them, ``seed`` for :func:`numpy.random.default_rng`. Raises ValueError on a
-    rate or mean that is not a positive finite number."""
+    ``TrafficWindow`` carries them, ``num_inflight`` requests spread evenly over the first ``warmup_s`` seconds
+    (the start state; not counted; the counted requests start at ``warmup_s``), ``rate_profile`` arrivals per
+    ``profile_bin_s`` bin (relative rates; any scale), ``seed`` for :class:`numpy.random.SeedSequence`. Gaps, ISLs and OSLs come
+    from three independent streams and are rescaled by the laws' means, not the draws': the same seed at a
+    higher rate gives the same requests, compressed in time, plus more of them (common random numbers, so
+    that sizing at two loads compares like with like). Raises ValueError on a rate or mean that is not a
+    positive finite number."""
     for name, v in (("rate_per_s", rate_per_s), ("mean_isl_tokens", mean_isl_tokens),
                     ("mean_osl_tokens", mean_osl_tokens), ("min_horizon_s", min_horizon_s)):
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"{name}={v!r}: expected a finite number > 0")
-    rng = np.random.default_rng(list(seed))
+    g_rng, i_rng, o_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(list(seed)).spawn(3))
     horizon = max(min_horizon_s, min_requests / rate_per_s)
-    n = int(math.ceil(rate_per_s * horizon))
-    gaps = _draw_from_buckets(rng, gap_buckets, n, log_uniform=True) if gap_buckets else None
-    if gaps is None or sum(c for _, c in gap_buckets) < 2:
-        gaps = rng.exponential(1.0, n)
-    gaps = gaps * ((1.0 / rate_per_s) / float(gaps.mean()))
-    # the first arrival one gap after the tick (a renewal process observed from an arbitrary instant starts
-    # with a residual gap; a full gap is the simple, slightly conservative choice)
-    arrivals = np.cumsum(gaps)
+    n = int(math.ceil(rate_per_s * horizon)) + 1
+    edges = _bucket_edges(gap_buckets) if gap_buckets and sum(c for _, c in gap_buckets) >= 2 else None
+    if edges is None:
+        gaps, mean_gap = g_rng.exponential(1.0, n), 1.0
+    else:
+        gaps, mean_gap = _draw(g_rng, edges, n, log_uniform=True)
+    # operational time: unit mean gap; the first arrival one gap after the tick (a renewal process seen from
+    # an arbitrary instant starts with a residual gap; a full gap is the simple choice)
+    op = np.cumsum(gaps / mean_gap)
+    arrivals = _warp(op, rate_per_s, rate_profile, profile_bin_s)
     arrivals = arrivals[arrivals < horizon]
     warm = max(0, int(num_inflight))
-    total = warm + len(arrivals)
-    isl = _lengths(rng, isl_buckets, total, mean_isl_tokens)
-    osl = _lengths(rng, osl_buckets, total, mean_osl_tokens)
-    arr = np.concatenate([np.zeros(warm), arrivals])
-    return TrafficSample(arr, isl, osl, warm, float(horizon))
+    warmup_s = max(0.0, float(warmup_s)) if math.isfinite(warmup_s) else 0.0
+    # in-flight requests first in each stream's order of use would shift the counted requests' sizes with the
+    # in-flight count: they take the draws after the counted ones
+    isl = _lengths(i_rng, isl_buckets, len(arrivals) + warm, mean_isl_tokens)
+    osl = _lengths(o_rng, osl_buckets, len(arrivals) + warm, mean_osl_tokens)
+    isl = np.concatenate([isl[len(arrivals):], isl[:len(arrivals)]])
+    osl = np.concatenate([osl[len(arrivals):], osl[:len(arrivals)]])
+    arr = np.concatenate([np.arange(warm) * (warmup_s / warm) if warm else np.zeros(0), warmup_s + arrivals])
+    return TrafficSample(arr, isl, osl, warm, float(horizon + warmup_s))
 
 
 @dataclass
@@ -220,42 +295,41 @@ class SimulatedSizing:
             self.evaluations += 1
         return self._cache[key]
 
-    def _verdict(self, counts: Mapping[str, int], kind: str) -> str:
+    def _verdict(self, counts: Mapping[str, int], kind: str, allowed: float | None = None) -> str:
         o = self.outcome(counts)
         k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
-        return verdict(k, o.num_requests, self.allowed_miss)
+        return verdict(k, o.num_requests, self.allowed_miss if allowed is None else allowed)
 
     def least_passing(self, pool: str, others: Mapping[str, int], kind: str, start: int) -> int:
-        """Least count of ``pool`` (others fixed) whose ``kind`` misses pass; the pool's upper limit when none does."""
+        """Least count of ``pool`` (others fixed) whose ``kind`` misses pass.
+
+        When not even the pool's upper limit passes (prompts no fleet serves in time, a target beyond the
+        engine), the bar becomes what the limit achieves -- the Clopper-Pearson upper bound of its own miss
+        share -- and the least count meeting that is returned: replicas that do not reduce misses are not
+        bought."""
         lo, hi = self.limits[pool]
         start = min(max(start, lo), hi)
+        allowed = self.allowed_miss
+        if self._verdict({**others, pool: hi}, kind) != PASS:
+            o = self.outcome({**others, pool: hi})
+            k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
+            allowed = max(allowed, miss_bounds(k, o.num_requests)[1])
 
         def ok(n: int) -> bool:
-            return self._verdict({**others, pool: n}, kind) == PASS
+            return n >= hi or self._verdict({**others, pool: n}, kind, allowed) == PASS
 
         if ok(start):
-            good = start
-            bad = lo - 1
-            step = 1
+            good, step = start, 1
             while good - step >= lo and ok(good - step):
                 good -= step
                 step *= 2
-            bad = max(bad, good - step)
+            bad = max(lo - 1, good - step)
         else:
-            bad = start
-            step = 1
-            good = hi + 1
-            while bad + step <= hi:
-                if ok(bad + step):
-                    good = bad + step
-                    break
+            bad, step = start, 1
+            while not ok(min(hi, bad + step)):
                 bad += step
                 step *= 2
-            if good > hi:
-                if bad < hi and ok(hi):
-                    good = hi
-                else:
-                    return hi
+            good = min(hi, bad + step)
         while good - bad > 1:
             mid = (good + bad) // 2
             if ok(mid):

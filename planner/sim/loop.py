@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
 from planner.core import ForwardPassMetrics, QueuedRequests, ScheduledRequests, TrafficWindow
+from planner.core.sizing import ARRIVAL_BIN_S
 from planner.sim.errors import SimulationConfigError
 from planner.sim.fleet import make_fleet
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, sla_miss_shares, window
@@ -121,7 +122,8 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
         if k < 0 or now - snaps[k].t_s <= 0:
             return None
-        return window(snaps[-1], snaps[k])
+        return replace(window(snaps[-1], snaps[k]),
+                       arrival_counts=counters.arrival_counts(snaps[k].t_s, snaps[-1].t_s, ARRIVAL_BIN_S))
 
     def misses(d: float, now: float) -> tuple[float, float]:
         k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1

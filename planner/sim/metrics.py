@@ -91,6 +91,7 @@ class FrontendCounters:
         self._isl_counts = [0] * len(ISL_BUCKETS_TOKENS)
         self._gap_counts = [0] * len(GAP_BUCKETS_S)
         self._last_arrival_ms: float | None = None
+        self._arrivals_ms: list[float] = []
         self._wait_ttft: list[RequestRecord] = []
         self._wait_finish: list[RequestRecord] = []
 
@@ -103,8 +104,17 @@ class FrontendCounters:
             gap_s = (rec.arrival_ms - self._last_arrival_ms) / 1000.0
             self._gap_counts[bisect.bisect_left(GAP_BUCKETS_S, gap_s)] += 1
         self._last_arrival_ms = rec.arrival_ms
+        self._arrivals_ms.append(rec.arrival_ms)
         self._wait_ttft.append(rec)
         self._wait_finish.append(rec)
+
+    def arrival_counts(self, t0_s: float, t1_s: float, bin_s: float) -> tuple[float, ...]:
+        """Arrivals per ``bin_s`` bin of ``(t0_s, t1_s]``, bins ending at ``t1_s``, oldest first (a range query of the
+        request counter's increase at step ``bin_s``); a partial oldest bin is left out."""
+        k = int((t1_s - t0_s) // bin_s + 1e-9)
+        edges = [(t1_s - (k - i) * bin_s) * 1000.0 for i in range(k + 1)]
+        idx = [bisect.bisect_right(self._arrivals_ms, e) for e in edges]
+        return tuple(float(b - a) for a, b in zip(idx, idx[1:]))
 
     def scrape(self, t_s: float) -> CounterSnapshot:
         """Counters at virtual time ``t_s`` (events at or before it)."""

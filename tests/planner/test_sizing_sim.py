@@ -1,0 +1,221 @@
+"""Sizing by simulation (planner.core.sizing): sample construction, binomial verdicts, candidate search.
+
+Hand-computed values are worked out in the comments; the search is checked against an evaluator whose misses
+are a known function of the fleet, and end to end against the real engine fleet (planner.whatif)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner.core.reasons import Reason
+from planner.core.sizing import (FAIL, PASS, UNDECIDED, GAP_BUCKETS_S, SampleOutcome, SimulatedSizing, TrafficSample,
+                                 build_sample, miss_bounds, sample_size, verdict)
+
+
+def test_sample_size_is_two_z_squared_over_the_allowed_share():
+    # z = 1.6448536; 2 z^2 = 5.41107; / 0.005 = 1082.2 -> 1083; / 0.001 = 5411.07 -> 5412
+    assert sample_size(0.005) == 1083
+    assert sample_size(0.001) == 5412
+    with pytest.raises(ValueError, match="allowed_miss"):
+        sample_size(0.0)
+
+
+def test_clopper_pearson_bounds_at_the_edges_have_closed_forms():
+    # k = 0: upper bound solves (1 - p)^n = alpha -> 1 - 0.05^(1/n); k = n: lower bound = 0.05^(1/n)
+    lo, hi = miss_bounds(0, 1000)
+    assert lo == 0.0
+    assert hi == pytest.approx(1 - 0.05 ** (1 / 1000), rel=1e-9)  # 0.0029912
+    lo, hi = miss_bounds(50, 50)
+    assert lo == pytest.approx(0.05 ** (1 / 50), rel=1e-9)
+    assert hi == 1.0
+
+
+def test_verdicts_pass_fail_and_undecided_around_the_allowed_share():
+    # 0.5 % allowed of 1000: 0 misses -> upper 0.30 % (pass); 1 miss -> upper 0.474 % (pass); 2 -> 0.63 % (not);
+    # 12 misses -> lower bound 0.69 % > 0.5 % (fail); 5 misses -> between (undecided)
+    assert verdict(0, 1000, 0.005) == PASS
+    assert verdict(1, 1000, 0.005) == PASS
+    assert verdict(2, 1000, 0.005) == UNDECIDED
+    assert verdict(5, 1000, 0.005) == UNDECIDED
+    assert verdict(12, 1000, 0.005) == FAIL
+
+
+def test_sample_without_histograms_is_poisson_at_the_rate_with_constant_lengths():
+    s = build_sample(2.0, 1000.0, 200.0, min_horizon_s=180.0, min_requests=1083, num_inflight=3, warmup_s=1.5,
+                     seed=(7,))
+    # horizon = max(180, 1083 / 2) = 541.5 s after a 1.5 s warm-up holding the 3 in-flight requests at 0, 0.5, 1 s
+    assert s.horizon_s == pytest.approx(543.0)
+    assert s.num_warm == 3 and np.allclose(s.arrival_s[:3], [0.0, 0.5, 1.0])
+    counted = s.arrival_s[3:]
+    assert counted[0] >= 1.5 and np.all(np.diff(counted) >= 0) and counted[-1] < 543.0
+    assert abs(len(counted) - 1083) < 4 * math.sqrt(1083)
+    assert np.all(s.isl_tokens == 1000) and np.all(s.osl_tokens == 200)
+
+
+def test_sample_lengths_follow_the_histogram_scaled_to_the_forecast_mean():
+    # one bucket (512, 1024]: log-uniform inside, mean (1024 - 512) / ln 2 = 738.65; forecast mean 1536 -> every
+    # draw x 2.0795: ISLs in [1064.7, 2129.4]
+    isl_buckets = ((512.0, 0.0), (1024.0, 10.0), (math.inf, 0.0))
+    s = build_sample(5.0, 1536.0, 100.0, min_horizon_s=180.0, min_requests=10, isl_buckets=isl_buckets, seed=(1,))
+    assert s.isl_tokens.min() >= 1064 and s.isl_tokens.max() <= 2130
+    assert s.isl_tokens.mean() == pytest.approx(1536.0, rel=0.03)
+
+
+def test_sample_gaps_keep_the_histograms_burstiness():
+    # half the gaps in (1 ms, 2 ms], half in (4.096 s, 8.192 s]: a very bursty stream, CV >> 1
+    counts = [0.0] * len(GAP_BUCKETS_S)
+    counts[1] = 50.0
+    counts[13] = 50.0
+    gaps = tuple(zip(GAP_BUCKETS_S, counts))
+    s = build_sample(1.0, 100.0, 10.0, min_horizon_s=3000.0, min_requests=10, gap_buckets=gaps, seed=(2,))
+    d = np.diff(s.arrival_s)
+    assert d.std() / d.mean() > 0.9  # Poisson would be 1.0 +- noise; the mixture's CV is ~1.0 too, so check the modes:
+    small = d < 0.01 * d.mean()
+    assert 0.4 < small.mean() < 0.6  # half the gaps are the short mode (rescaled by the same factor)
+    assert d.mean() == pytest.approx(1.0, rel=0.1)  # the mean gap is 1 / rate
+
+
+def test_same_seed_same_sample_and_a_higher_rate_compresses_the_same_requests():
+    a = build_sample(2.0, 800.0, 100.0, min_horizon_s=100.0, min_requests=10, seed=(3,))
+    b = build_sample(2.0, 800.0, 100.0, min_horizon_s=100.0, min_requests=10, seed=(3,))
+    for x, y in ((a.arrival_s, b.arrival_s), (a.isl_tokens, b.isl_tokens), (a.osl_tokens, b.osl_tokens)):
+        assert np.array_equal(x, y)
+    c = build_sample(4.0, 800.0, 100.0, min_horizon_s=100.0, min_requests=10, seed=(3,))
+    k = len(a.arrival_s)
+    assert len(c.arrival_s) > k
+    assert np.allclose(c.arrival_s[:k], a.arrival_s / 2.0)  # same gaps, halved
+    assert np.array_equal(c.isl_tokens[:k], a.isl_tokens)
+
+
+def test_pooled_histograms_add_bucket_by_bucket():
+    from planner.core.sizing import pool_buckets
+
+    a = ((1.0, 2.0), (2.0, 0.0), (math.inf, 1.0))
+    b = ((1.0, 1.0), (2.0, 4.0), (math.inf, 0.0))
+    assert pool_buckets([a, (), b]) == ((1.0, 3.0), (2.0, 4.0), (math.inf, 1.0))
+    assert pool_buckets([]) == ()
+
+
+def test_bad_rates_and_means_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="rate_per_s=0.0"):
+        build_sample(0.0, 1.0, 1.0, min_horizon_s=1.0, min_requests=1)
+    with pytest.raises(ValueError, match="mean_isl_tokens=nan"):
+        build_sample(1.0, math.nan, 1.0, min_horizon_s=1.0, min_requests=1)
+
+
+class Threshold:
+    """Misses of 1000 requests: 30 below ``need`` replicas of each pool, 0 at or above (decisive verdicts)."""
+
+    def __init__(self, need: dict[str, int], undecided_at: dict[str, int] | None = None) -> None:
+        self.need = need
+        self.undecided_at = undecided_at or {}
+        self.calls: list[dict[str, int]] = []
+
+    def evaluate(self, sample: TrafficSample, replicas) -> SampleOutcome:
+        self.calls.append(dict(replicas))
+        t = i = 0
+        for p, n in replicas.items():
+            m = 5 if self.undecided_at.get(p) == n else (30 if n < self.need[p] else 0)
+            if p in ("agg", "prefill"):
+                t = max(t, m)
+            if p in ("agg", "decode"):
+                i = max(i, m)
+        return SampleOutcome(1000, t, i, max(t, i))
+
+
+def _sizing(ev, pools=("agg",), hi=64):
+    s = TrafficSample(np.zeros(1), np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64), 0, 1.0)
+    return SimulatedSizing(ev, s, pools, {p: (1, hi) for p in pools}, 0.005)
+
+
+@given(need=st.integers(1, 64), start=st.integers(1, 64))
+@settings(max_examples=60, deadline=None)
+def test_search_finds_the_least_passing_fleet_from_any_start(need, start):
+    ev = Threshold({"agg": need})
+    sz = _sizing(ev)
+    assert sz.least_passing("agg", {}, "any", start) == need
+    assert sz.evaluations <= 2 * math.ceil(math.log2(64)) + 3  # galloping + bisection, cached
+
+
+def test_plan_scales_down_to_a_passing_fleet_up_on_a_failing_one_and_holds_when_undecided():
+    assert _sizing(Threshold({"agg": 3})).plan({"agg": 6})["agg"].goal == 3
+    up = _sizing(Threshold({"agg": 5})).plan({"agg": 2})["agg"]
+    assert (up.goal, up.reason, up.current_verdict) == (5, Reason.SCALE_UP_THROUGHPUT, FAIL)
+    # 4 replicas miss 5 of 1000 (undecided at 0.5 %): the least passing count is 5, the fleet keeps 4
+    held = _sizing(Threshold({"agg": 5}, undecided_at={"agg": 4})).plan({"agg": 4})["agg"]
+    assert (held.goal, held.required, held.reason, held.current_verdict) == (4, 5, Reason.HOLD_WITHIN_SLA, UNDECIDED)
+
+
+def test_a_target_no_fleet_reaches_buys_only_replicas_that_reduce_misses():
+    class Floor(Threshold):
+        def evaluate(self, sample, replicas):
+            o = super().evaluate(sample, replicas)  # 30 misses below 4 replicas, then 20 misses at any size
+            return SampleOutcome(1000, max(o.ttft_misses, 20), max(o.itl_misses, 20), max(o.misses, 20))
+
+    plan = _sizing(Floor({"agg": 4})).plan({"agg": 1})["agg"]
+    assert plan.goal == 4  # not 64: beyond 4 replicas nothing improves
+
+
+def test_disaggregated_plan_sizes_each_pool_with_the_other_ample():
+    ev = Threshold({"prefill": 3, "decode": 2})
+    plan = _sizing(ev, pools=("prefill", "decode"), hi=8).plan({"prefill": 1, "decode": 5})
+    assert (plan["prefill"].goal, plan["decode"].goal) == (3, 2)
+    # the prefill search ran with decode at its upper limit, the decode search with prefill at its limit
+    assert {"prefill": 3, "decode": 8} in ev.calls and {"prefill": 8, "decode": 2} in ev.calls
+
+
+def test_engine_fleet_evaluator_counts_misses_of_an_undersized_fleet():
+    from mocker.config import EngineConfig
+    from planner.whatif import EngineFleetEvaluator
+
+    ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
+    # 20 req/s of ISL 1000 / OSL 200: one engine's decode passes slow past 10 ms (measured: 1191 of 1201
+    # miss), four engines serve every request within 200 / 10 ms
+    s = build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=10, seed=(0,))
+    one = ev.evaluate(s, {"agg": 1})
+    four = ev.evaluate(s, {"agg": 4})
+    assert one.num_requests == four.num_requests == s.num_counted
+    assert one.misses > 0.5 * one.num_requests
+    assert four.misses == 0
+    assert one.misses >= max(one.ttft_misses, one.itl_misses)
+
+
+def test_sizing_by_simulation_is_monotone_in_load_on_the_engine():
+    from mocker.config import EngineConfig
+    from planner.whatif import EngineFleetEvaluator
+
+    ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
+    need = []
+    for rate in (2.0, 10.0, 20.0, 30.0):
+        s = build_sample(rate, 1200.0, 150.0, min_horizon_s=60.0, min_requests=sample_size(0.005), seed=(5,))
+        sz = SimulatedSizing(ev, s, ("agg",), {"agg": (1, 16)}, 0.005)
+        need.append(sz.least_passing("agg", {}, "any", 1))
+    assert need == sorted(need) and need[0] < need[-1]
+
+
+def test_rate_profile_warps_operational_time_bin_by_bin():
+    from planner.core.sizing import _warp
+
+    # profile [1, 3] per 10 s at a mean of 2 req/s: intensities 1 and 3 req/s, Lambda = 10 at 10 s, 40 at 20 s.
+    # op 5 -> 5 s; op 10 -> 10 s; op 25 -> 10 + 15 / 3 = 15 s; op 40 -> 20 s (one cycle); op 45 -> 25 s
+    t = _warp(np.array([5.0, 10.0, 25.0, 40.0, 45.0]), 2.0, (1.0, 3.0), 10.0)
+    assert np.allclose(t, [5.0, 10.0, 15.0, 20.0, 25.0])
+    # a silent bin takes no operational time: profile (2, 0, 2) at 1 req/s -> 1.5, 0, 1.5 req/s, Lambda edges
+    # 0, 15, 15, 30: op 5 -> 5 / 1.5 = 3.33 s; op 15 -> the start of the third bin, 20 s
+    assert np.allclose(_warp(np.array([5.0, 15.0]), 1.0, (2.0, 0.0, 2.0), 10.0), [10.0 / 3.0, 20.0])
+    assert np.allclose(_warp(np.array([3.0]), 1.5, (), 10.0), [2.0])
+
+
+def test_sample_follows_the_windows_rate_profile():
+    # 18 bins of 10 s, the last third at 3x the rate of the rest: mean 1.4 x base; the sample keeps the shape
+    prof = (10.0,) * 12 + (30.0,) * 6
+    s = build_sample(5.0, 500.0, 50.0, min_horizon_s=180.0, min_requests=10, rate_profile=prof, seed=(4,))
+    a = s.arrival_s
+    early = np.sum(a < 120.0) / 120.0
+    late = np.sum((a >= 120.0) & (a < 180.0)) / 60.0
+    assert late / early == pytest.approx(3.0, rel=0.2)
+    assert len(a) / 180.0 == pytest.approx(5.0, rel=0.1)
