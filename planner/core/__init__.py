@@ -13,11 +13,11 @@ Configuration (:mod:`planner.core.config`)
 Observations (:mod:`planner.core.observations`)
     ``Observations(pools, traffic=None, passes=(), passes_ok=True, applied_decision_id=None)``,
     ``PoolState(replicas, ready_replicas=None)``, ``TrafficWindow(duration_s, num_requests, mean_isl_tokens,
-    mean_osl_tokens, mean_ttft_ms, mean_itl_ms, mean_request_duration_s, mix)``, ``LengthBucket``,
+    mean_osl_tokens, mean_ttft_ms, mean_itl_ms, mean_request_duration_s, ...)``,
     ``ForwardPassMetrics(worker_id, dp_rank, wall_time, scheduled_requests, queued_requests, pool,
     timestamp_s)`` (+ ``.from_mapping(obj, pool=...)``), ``ScheduledRequests``, ``QueuedRequests``
 The planner (:mod:`planner.core.planner`)
-    ``Planner(config, profile=None, warm_start=()).tick(now_s, observations) -> TickResult``;
+    ``Planner(config, profile=None, warm_start=(), evaluator=None).tick(now_s, observations) -> TickResult``;
     ``TickResult(decision, diagnostics, next_tick_s)``; ``Decision(targets, decision_id, reason, reasons,
     pool_reasons)``; ``Diagnostics`` (``.to_dict()``); ``Reason`` (str Enum of machine-readable reasons)
 Profiles (:mod:`planner.core.interpolation`)
@@ -27,6 +27,11 @@ Warm start (:mod:`planner.core.traces`)
     ``read_trace_intervals(path, interval_s) -> list[TrafficWindow]`` (Azure CSV / Mooncake JSONL)
 Metrics (:mod:`planner.core.metrics`)
     ``PlannerMetrics(registry, labels=None).update(tick_result)``
+Sizing by simulation (:mod:`planner.core.sizing`)
+    ``FleetEvaluator`` (protocol the drivers implement with the engine simulation, :mod:`planner.whatif`),
+    ``TrafficSample``, ``build_sample``, ``SimulatedSizing``, ``verdict``, ``sample_size``
+Loops (:mod:`planner.core.loops`)
+    ``ThroughputLoop``, ``LoadLoop``, ``PendingGuard``
 Building blocks (for tests and tools)
     predictors ``make_predictor(name, config)``; sizing ``size_prefill``, ``size_decode``; load
     ``PassTimeRegression``, ``estimate_ttft_ms``, ``estimate_itl_ms``; budget ``apply_limits``.
@@ -38,14 +43,14 @@ Errors: :mod:`planner.errors` (``PlannerError`` root; ``ConfigError``, ``Profile
 from planner.core.config import PlannerConfig, PoolLimits, add_config_arguments, config_from_args, config_from_mapping, load_config
 from planner.core.interpolation import (DecodeProfile, PerformanceProfile, PrefillProfile, load_profile,
                                         profile_from_arrays, save_profile)
-from planner.core.observations import (ForwardPassMetrics, LengthBucket, Observations, PoolState, QueuedRequests,
+from planner.core.observations import (ForwardPassMetrics, Observations, PoolState, QueuedRequests,
                                        ScheduledRequests, TrafficWindow)
 from planner.core.planner import Decision, Diagnostics, Planner, TickResult
 from planner.core.reasons import Reason
 from planner.core.traces import read_trace_intervals
 
 __all__ = [
-    "Decision", "DecodeProfile", "Diagnostics", "ForwardPassMetrics", "LengthBucket", "Observations",
+    "Decision", "DecodeProfile", "Diagnostics", "ForwardPassMetrics", "Observations",
     "PerformanceProfile", "Planner", "PlannerConfig", "PoolLimits", "PoolState", "PrefillProfile",
     "QueuedRequests", "Reason", "ScheduledRequests", "TickResult", "TrafficWindow", "add_config_arguments",
     "config_from_args", "config_from_mapping", "load_config", "load_profile", "profile_from_arrays",

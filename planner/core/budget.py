@@ -9,14 +9,16 @@
 3. if below ``min_gpu_budget``, grow the pool with the fewest GPUs first (respecting max_replicas) —
    reason ``raised_to_min_gpu_budget``;
 4. transient safety: a connector may apply pool changes in any order, so the worst moment of a
-   rebalance holds ``max(current, target)`` replicas of every pool. When
-   ``sum(max(current_p, target_p) x gpus_p) > max_gpu_budget``, decreases go first and increases are
-   cut to the headroom left by the *current* fleet — reason ``rebalance_decrease_first``; the
-   remaining increase follows once the decreases are reflected. When the current fleet is itself over
-   budget (e.g. someone else scaled it), only decreases are published.
+   rebalance holds ``max(current, target)`` replicas of every pool, plus the ``draining`` workers a
+   scale-down removed that still hold their GPUs until their requests finish. When
+   ``sum((max(current_p, target_p) + draining_p) x gpus_p) > max_gpu_budget``, decreases go first and
+   increases are cut to the headroom left by the current and draining fleet — reason
+   ``rebalance_decrease_first``; the remaining increase follows once the decreases are reflected and the
+   drained workers released. When the fleet is itself over budget (e.g. someone else scaled it), only
+   decreases are published.
 
-Invariant (hypothesis-tested): if ``sum(current_p x gpus_p) <= max_gpu_budget`` then
-``sum(max(current_p, target_p) x gpus_p) <= max_gpu_budget``; otherwise ``target_p <= current_p``.
+Invariant (hypothesis-tested): if ``sum((current_p + draining_p) x gpus_p) <= max_gpu_budget`` then
+``sum((max(current_p, target_p) + draining_p) x gpus_p) <= max_gpu_budget``; otherwise ``target_p <= current_p``.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ def gpus(replicas: Mapping[str, int], config: PlannerConfig) -> int:
     return sum(n * config.limits(p).gpus_per_engine for p, n in replicas.items())
 
 
-def apply_limits(desired: Mapping[str, int], current: Mapping[str, int], config: PlannerConfig) -> BudgetResult:
-    """Safe targets for ``desired`` given the ``current`` (spec) replicas (module docstring)."""
+def apply_limits(desired: Mapping[str, int], current: Mapping[str, int], config: PlannerConfig,
+                 draining: Mapping[str, int] | None = None) -> BudgetResult:
+    """Safe targets for ``desired`` given the ``current`` (spec) replicas and the ``draining`` workers per pool
+    (removed, still holding GPUs; default none) (module docstring)."""
     pools = config.pools
     reasons: list[str] = []
     g = {p: config.limits(p).gpus_per_engine for p in pools}
@@ -94,12 +98,14 @@ def apply_limits(desired: Mapping[str, int], current: Mapping[str, int], config:
             goal[p] += 1
     # transient safety
     cur = {p: int(current.get(p, 0)) for p in pools}
+    drain = {p: int((draining or {}).get(p, 0)) for p in pools}
+    held = sum(drain[p] * g[p] for p in pools)
     targets = dict(goal)
-    worst = sum(max(cur[p], targets[p]) * g[p] for p in pools)
+    worst = sum(max(cur[p], targets[p]) * g[p] for p in pools) + held
     if worst > budget:
         reasons.append("rebalance_decrease_first")
         targets = {p: min(cur[p], goal[p]) for p in pools}
-        headroom = budget - sum(cur[p] * g[p] for p in pools)
+        headroom = budget - sum(cur[p] * g[p] for p in pools) - held
         for p in pools:  # partial increases within the headroom the current fleet leaves
             if goal[p] > cur[p] and headroom >= g[p]:
                 step = min(goal[p] - cur[p], headroom // g[p])

@@ -3,8 +3,8 @@
 Defaults follow the Dynamo Planner design (DESIGN.md "Planner facts"): adjustment interval 180 s, load
 interval 5 s, TTFT 500 ms, ITL 50 ms, min_endpoint 1, max_gpu_budget 8, Kalman q_level 1.0,
 q_trend 0.1, r 10.0, min points 5, Prophet window 50, VirtualConnector timeout 1800 s (used here as
-the pending-action timeout). Fields beyond the reference (hysteresis, sizing, auto predictor, ...)
-document their own defaults.
+the pending-action timeout). Fields beyond the reference (the sizing by simulation, the auto predictor,
+...) document their own defaults.
 
 Sources: :func:`config_from_mapping` (a dict, e.g. parsed YAML/JSON; nested ``prefill:``/``decode:``/
 ``agg:`` pool sections or flat ``prefill_min_replicas`` keys), :func:`load_config` (a ``.yaml``/``.yml``/
@@ -45,7 +45,6 @@ POOLS_BY_MODE: dict[str, tuple[str, ...]] = {
 }
 
 PREDICTORS: tuple[str, ...] = ("constant", "arima", "kalman", "prophet", "auto")
-SIZINGS: tuple[str, ...] = ("mean", "percentile", "mix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +104,6 @@ class PlannerConfig:
     """``auto`` predictor: candidates whose rolling one-step error is compared."""
     auto_error_window: int = 10
     """``auto`` predictor: number of recent one-step absolute errors averaged."""
-    sizing: str = "mean"
-    """ISL/OSL sizing: ``mean`` (reference), ``percentile`` (size at ``sizing_percentile`` of the
-    observed lengths), ``mix`` (sum of per-bucket requirements of the observed request mix)."""
-    sizing_percentile: float = 90.0
     prefill: PoolLimits = field(default_factory=PoolLimits)
     decode: PoolLimits = field(default_factory=PoolLimits)
     agg: PoolLimits = field(default_factory=PoolLimits)
@@ -135,16 +130,6 @@ class PlannerConfig:
     pending_timeout_s: float = 1800.0
     """A decision not reflected in ready replicas after this long is abandoned and re-planned
     (Dynamo VirtualConnector default 1800 s)."""
-    scale_down_hysteresis: float = 0.1
-    """Throughput loop: scale down only when ceil(required x (1 + h)) < current (stops 2<->1 flapping)."""
-    scale_up_tolerance: float = 0.1
-    """Throughput loop: no scale-up while the fractional requirement is within ``current x (1 + t)`` (it
-    exceeds the current count by less than this share; the rule also gates the early sizing and the load
-    loop's throughput floor). The requirement already carries the demand, queueing and ITL-tail margins; a
-    whole replica for the last few percent of an estimate costs up to 1/current more GPUs. Same deadband
-    as Kubernetes' HPA (``--horizontal-pod-autoscaler-tolerance``, default 0.1). 0 = scale up at any excess
-    (reference). Not applied to a pool whose SLA the last throughput window missed by more than chance
-    (``attainment_significance_z``): the fleet is then shown to be short, not estimated to be."""
     scale_down_cooldown_s: float = 0.0
     """No scale-down of a pool within this long after it was scaled up (0 = off)."""
     external_change_grace_s: float = 180.0
@@ -152,25 +137,6 @@ class PlannerConfig:
     load_max_scale_up_factor: float = 2.0
     """Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this))
     replicas (at least +1); 1.0 = the reference's +1 per interval."""
-    prefill_queueing: bool = True
-    """Throughput loop: divide the prefill requirement by the M/D/1 utilisation cap
-    ``2 (T - S) / (2 (T - S) + S)`` (:func:`planner.core.throughput.prefill_utilisation_cap`); False = size
-    at 100 % utilisation (reference)."""
-    prefill_ttft_tail: bool = True
-    """Throughput loop, with ``prefill_queueing`` and an SLA-attainment target: cap prefill utilisation also by
-    the M/G/1 waiting-time tail, so that at most ``1 - sla_attainment_target`` of prompts wait beyond the TTFT
-    slack (:func:`planner.core.throughput.prefill_tail_utilisation_cap`; service spread from the ISL histogram
-    when reported). The mean cap alone lets a long-prompt trace (Mooncake) meet the mean TTFT while 2 % miss
-    it. False = the mean cap only."""
-    prefill_length_mix: bool = False
-    """Throughput loop, ``sizing="mean"``: when the traffic reports an ISL histogram, size prefill per length
-    class and cap utilisation by the M/G/1 wait of the per-class prefill times
-    (:func:`planner.core.throughput.size_prefill_over_lengths`); False = at the mean ISL only (reference).
-    Off by default: on the bundled traces it changed no attainment (Mooncake disagg 97.33 % vs 97.34 %) and
-    cost 3 % more GPU-hours; the Mooncake misses come from the first minutes, before any sizing acts."""
-    agg_prefill_interference: bool = True
-    """Throughput loop, aggregated pool: size decode for ``itl x (1 - lambda x P)`` (prefill passes stall
-    decode; :func:`planner.core.throughput.size_agg_decode`); False = decode sized alone (reference)."""
     first_sizing_s: float | None = 30.0
     """Early sizing: at start + this (seconds), size every pool from the traffic seen since the start (its
     count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of
@@ -185,24 +151,6 @@ class PlannerConfig:
     """Burst-aware demand: most recent ratios kept."""
     demand_error_min_points: int = 3
     """Burst-aware demand: ratios needed before the factor is applied (1 before)."""
-    agg_itl_tail: bool = True
-    """Throughput loop, aggregated pool: at least the replicas whose predicted share of requests missing the ITL
-    target through prefill stalls (Poisson stalls against each request's slack,
-    :func:`planner.core.throughput.size_agg_itl_tail`) is within ``1 - sla_attainment_target``; needs that
-    target (None = rule off). False = mean-ITL sizing only."""
-    agg_itl_tail_calibration: bool = True
-    """Throughput loop, aggregated pool with ``agg_itl_tail``: divide the tail requirement by how much more
-    capacity the ready replicas showed than the model credits them with, judged on each settled window (the
-    exact 95 % Poisson upper bound of its observed ITL misses against the model's prediction at the ready
-    count; 1 to 2; :func:`planner.core.throughput.agg_itl_tail_calibration`). The model assumes Poisson
-    prefill stalls at their full profiled time and is pessimistic where prefills are batched; False = the
-    model as is."""
-    decode_kv_tail: bool = True
-    """Throughput loop, decode and aggregated pools: at least enough engines that the KV cache holds the
-    requests in decode at all but ``1 - sla_attainment_target`` of the time (Poisson count by Little's law,
-    normal upper quantile of the tokens they hold; :func:`planner.core.throughput.decode_kv_tail_replicas`);
-    a full cache makes arrivals wait for admission, which a disaggregated fleet's TTFT includes. Needs
-    ``sla_attainment_target``; False = throughput and ITL only."""
     simulated_sizing: bool = True
     """Throughput loop: size the pools by simulation (:mod:`planner.core.sizing`) -- replay a traffic sample of the
     coming interval through candidate fleets of the deployment's engines and take the cheapest whose simulated
@@ -210,27 +158,8 @@ class PlannerConfig:
     engine model (``Planner(..., evaluator=)``) and the target is set; otherwise, or False, the closed-form
     sizing of :mod:`planner.core.throughput`."""
     sla_attainment_target: float | None = 0.995
-    """Share of requests that should meet the TTFT target and (separately) the ITL target, 0 < f < 1; None
-    = off. When the traffic window carries SLA-bucket counts, each throughput interval compares the
-    observed shares with it: below target, the pool requirement's headroom factor grows by
-    ``1 + attainment_gain x (miss / allowed - 1)`` (at most x2 per interval, up to ``attainment_max_headroom``);
-    while misses stay under half the allowed share, it shrinks by ``attainment_relax`` toward 1."""
-    attainment_gain: float = 0.5
-    attainment_significance_z: float = 1.645
-    """SLA-attainment feedback: grow headroom only when a window's misses exceed the allowed count by ``z``
-    Poisson standard deviations (:func:`planner.core.planner.significant_misses`; 1.645 = one-sided 95 %);
-    0 = any excess counts."""
-    attainment_discount_unservable: bool = True
-    """SLA-attainment feedback: leave out of the TTFT miss share the prompts whose profiled prefill time alone
-    exceeds the target (from the window's ISL histogram): no replica count serves them in time."""
-    attainment_demand_guard: bool = True
-    """SLA-attainment feedback: do not grow headroom for misses the window's own demand explains, i.e. when
-    the sizing (current corrections, headroom and calibration) of the demand actually observed in the window
-    needs more replicas of a pool the SLA concerns than were ready. Such misses come from the forecast
-    falling short (``demand_error_quantile`` answers that), not from a model that is too optimistic;
-    counting them in the headroom too sizes for the same burst twice, after it has passed."""
-    attainment_relax: float = 0.95
-    attainment_max_headroom: float = 4.0
+    """Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < f < 1: the bar of the sizing
+    by simulation (:mod:`planner.core.sizing`). None = size by the closed-form reference formulas."""
 
     def __post_init__(self) -> None:
         problems = _validate(self)
@@ -285,13 +214,7 @@ def _validate(c: PlannerConfig) -> list[str]:
     if c.demand_error_quantile is not None and not (
             isinstance(c.demand_error_quantile, (int, float)) and 0 < c.demand_error_quantile <= 1):
         p.append(f"demand_error_quantile={c.demand_error_quantile!r}: expected 0 < value <= 1 or null")
-    if not (isinstance(c.attainment_relax, (int, float)) and 0 < c.attainment_relax <= 1):
-        p.append(f"attainment_relax={c.attainment_relax!r}: expected 0 < value <= 1")
-    if not (isinstance(c.attainment_max_headroom, (int, float)) and math.isfinite(c.attainment_max_headroom)
-            and c.attainment_max_headroom >= 1):
-        p.append(f"attainment_max_headroom={c.attainment_max_headroom!r}: expected a finite number >= 1")
-    for n in ("attainment_gain", "attainment_significance_z", "scale_down_hysteresis", "scale_up_tolerance", "scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level",
-              "kalman_q_trend", "kalman_r"):
+    for n in ("scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level", "kalman_q_trend", "kalman_r"):
         nonneg(n, getattr(c, n))
     if (isinstance(c.load_adjustment_interval_s, (int, float)) and isinstance(c.adjustment_interval_s, (int, float))
             and c.load_adjustment_interval_s >= c.adjustment_interval_s):
@@ -305,10 +228,6 @@ def _validate(c: PlannerConfig) -> list[str]:
     if bad or not c.auto_candidates:
         p.append(f"auto_candidates={list(c.auto_candidates)!r}: expected a non-empty list of "
                  f"{', '.join(x for x in PREDICTORS if x != 'auto')}")
-    if c.sizing not in SIZINGS:
-        p.append(f"sizing={c.sizing!r}: expected one of {', '.join(SIZINGS)}")
-    if not (isinstance(c.sizing_percentile, (int, float)) and 0 < c.sizing_percentile <= 100):
-        p.append(f"sizing_percentile={c.sizing_percentile!r}: expected 0 < value <= 100")
     if not (isinstance(c.load_sensitivity, (int, float)) and 0 < c.load_sensitivity <= 1):
         p.append(f"load_sensitivity={c.load_sensitivity!r}: expected 0 < value <= 1")
     for n in ("predictor_min_points", "kalman_min_points", "prophet_window", "prophet_refit_every", "auto_error_window",

@@ -97,34 +97,23 @@ class ForwardPassMetrics:
 
 
 @dataclass(frozen=True, slots=True)
-class LengthBucket:
-    """A class of requests in the observed mix: representative ISL/OSL (tokens) and request count."""
-
-    isl_tokens: float
-    osl_tokens: float
-    num_requests: float
-
-
-@dataclass(frozen=True, slots=True)
 class TrafficWindow:
     """Frontend aggregates over the ``duration_s`` ending at the tick.
 
     ``mean_*`` are NaN (not 0) when there were no requests; ``mean_request_duration_s`` is optional (used
-    for the expected-ITL correction factor; estimated as TTFT + OSL x ITL when absent). ``mix``: optional
-    request mix (for ``sizing="percentile"``/``"mix"``).
+    for the expected-ITL correction factor and the sample's warm-up; estimated as TTFT + OSL x ITL when absent).
 
     SLA buckets (optional, NaN = not reported): ``num_ttft_observed`` first tokens in the window, of which
     ``num_ttft_within_sla`` had TTFT <= the TTFT target (a histogram's ``le=target`` bucket);
     ``num_finished`` requests finished, of which ``num_itl_within_sla`` had their own mean ITL <= the ITL
-    target. Used by the SLA-attainment feedback (``PlannerConfig.sla_attainment_target``).
+    target. Used by the sizing by simulation's error budget (:meth:`planner.core.loops.ThroughputLoop.allowed_miss`).
 
     ``osl_buckets`` (optional): the output-length histogram of the requests finished in the window, as
     ``(le_tokens, count)`` pairs with increasing upper bounds and *non-cumulative* counts (the increase of
     each ``dynamo_frontend_output_sequence_tokens_bucket`` minus the previous bound's); the last bound may
-    be ``inf``. Used by the aggregated ITL tail rule (``PlannerConfig.agg_itl_tail``). ``isl_buckets``: the
+    be ``inf``. Used by the sizing by simulation (the sample's output lengths). ``isl_buckets``: the
     same for the input lengths of the requests started in the window (``dynamo_frontend_input_sequence_tokens``);
-    used by that rule (prefill stall lengths) and by the TTFT attainment feedback (prompts no fleet size can
-    serve within the target).
+    the sample's prompt lengths.
 
     ``gap_buckets`` (optional): the histogram of the gaps between consecutive arrivals in the window, as
     ``(le_s, count)`` pairs like the others (``dynoplan_frontend_request_interarrival_seconds``, bounds
@@ -142,7 +131,6 @@ class TrafficWindow:
     mean_ttft_ms: float = math.nan
     mean_itl_ms: float = math.nan
     mean_request_duration_s: float = math.nan
-    mix: tuple[LengthBucket, ...] = ()
     num_ttft_observed: float = math.nan
     num_ttft_within_sla: float = math.nan
     num_finished: float = math.nan
@@ -184,17 +172,22 @@ class TrafficWindow:
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
-    """One pool as the driver sees it: ``replicas`` requested in the deployment (spec) and
-    ``ready_replicas`` serving (``None`` = readiness unknown: the spec count is then taken as ready)."""
+    """One pool as the driver sees it: ``replicas`` requested in the deployment (spec),
+    ``ready_replicas`` serving (``None`` = readiness unknown: the spec count is then taken as ready) and
+    ``draining_replicas`` removed but still finishing their requests, holding their GPUs (counted by the GPU
+    budget; a driver that cannot see them reports 0)."""
 
     replicas: int
     ready_replicas: int | None = None
+    draining_replicas: int = 0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.replicas, int) and self.replicas >= 0):
             raise ObservationError(f"PoolState.replicas={self.replicas!r}: expected an integer >= 0")
         if self.ready_replicas is not None and not (isinstance(self.ready_replicas, int) and self.ready_replicas >= 0):
             raise ObservationError(f"PoolState.ready_replicas={self.ready_replicas!r}: expected an integer >= 0 or None")
+        if not (isinstance(self.draining_replicas, int) and self.draining_replicas >= 0):
+            raise ObservationError(f"PoolState.draining_replicas={self.draining_replicas!r}: expected an integer >= 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,13 +230,11 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             cfg = replace(cfg, sla_attainment_target=target)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg), evaluator=what_if(ctx, cfg))
     if s == "throughput-only":
+        # the reference throughput loop: closed-form sizing (no engine model), constant predictor, no early
+        # sizing, no burst factor, +1 load steps
         cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
-                      scale_down_hysteresis=0.0, scale_down_cooldown_s=0.0, sizing="mean",
-                      prefill_queueing=False, agg_prefill_interference=False, agg_itl_tail=False,
-                      prefill_length_mix=False, decode_kv_tail=False,
-                      demand_error_quantile=None, first_sizing_s=None,
-                      sla_attainment_target=None,
-                      load_max_scale_up_factor=1.0)
+                      scale_down_cooldown_s=0.0, simulated_sizing=False, demand_error_quantile=None,
+                      first_sizing_s=None, sla_attainment_target=None, load_max_scale_up_factor=1.0)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
     if s.startswith("static:"):
         arg = s.split(":", 1)[1]

@@ -61,8 +61,7 @@ class ServiceThread:
 @pytest.fixture
 def virtual_planner(tmp_path):
     cfg = PlannerConfig(mode="agg", adjustment_interval_s=0.5, load_adjustment_interval_s=0.25, predictor="constant",
-                        correction_enabled=False, agg=PoolLimits(1, 3), pending_timeout_s=3.0,
-                        scale_down_hysteresis=0.1)
+                        correction_enabled=False, agg=PoolLimits(1, 3), pending_timeout_s=3.0)
     planner = Planner(cfg, load_profile(write_profile(tmp_path / "p.npz")))
     traffic = ScriptedTraffic()
     conn = VirtualConnector(("agg",), {"agg": 1}, token=TOKEN, state_file=tmp_path / "virtual.json")

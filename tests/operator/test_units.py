@@ -50,17 +50,17 @@ def test_parse_dgd_bad_gpu_count_names_the_field():
 def test_planner_spec_maps_typed_fields_and_settings_over_defaults():
     base = PlannerConfig(predictor="kalman", ttft_ms=400.0)
     p = parse_planner(planner_body(sla={"itlMs": 30}, replicas={"maxDecode": 5, "minWorker": 2},
-                                   settings={"scaleDownHysteresis": 0.2}, throughput={"adjustmentIntervalS": 60}), base)
+                                   settings={"scaleDownCooldownS": 30}, throughput={"adjustmentIntervalS": 60}), base)
     c = p.config
     assert (c.predictor, c.ttft_ms, c.itl_ms, c.decode.max_replicas, c.agg.min_replicas) == ("kalman", 400.0, 30.0, 5, 2)
-    assert c.scale_down_hysteresis == 0.2 and c.adjustment_interval_s == 60.0
+    assert c.scale_down_cooldown_s == 30.0 and c.adjustment_interval_s == 60.0
 
 
 def test_planner_spec_invalid_values_all_reported():
     with pytest.raises(SpecError) as e:
-        parse_planner(planner_body(settings={"nope": 1, "sizing": "bogus"}))
+        parse_planner(planner_body(settings={"nope": 1, "predictor": "bogus"}))
     msg = str(e.value)
-    assert "nope: unknown setting" in msg and "sizing='bogus'" in msg
+    assert "nope: unknown setting" in msg and "predictor='bogus'" in msg
 
 
 def test_resolve_pools_by_subcomponent_and_explicit_names():

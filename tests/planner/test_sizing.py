@@ -7,9 +7,8 @@ import pytest
 
 from planner.core.interpolation import (DecodeProfile, PerformanceProfile, PrefillProfile, load_profile,
                                         profile_from_arrays, save_profile)
-from planner.core.observations import LengthBucket
 from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
-                                     size_decode, size_prefill, weighted_percentile)
+                                     size_decode, size_prefill)
 from planner.errors import ProfileError
 
 
@@ -78,77 +77,6 @@ def test_ceil_tolerates_float_noise():
     assert ceil_replicas(2.0000000000001) == 2 and ceil_replicas(2.01) == 3
     assert ceil_replicas(math.nan) == 0 and ceil_replicas(-1.0) == 0
 
-
-def test_weighted_percentile():
-    assert weighted_percentile([100, 9000], [1, 1], 50) == 100
-    assert weighted_percentile([100, 9000], [1, 1], 90) == 9000
-    assert weighted_percentile([100, 9000], [9, 1], 90) == 100
-
-
-# ---------------------------------------------------------------- distribution-aware sizing
-
-MAX_KV = 1_000_000.0
-
-
-def physical_decode_profile():
-    """An engine whose decode throughput at an ITL is concurrency / ITL with concurrency =
-    usage x max_kv / context: thpt falls as 1/context, so the mean context is a bad proxy."""
-    kv = np.linspace(0.0, 1.0, 41)
-    ctx = np.geomspace(100.0, 20000.0, 200)
-    itl = np.repeat((10.0 + 40.0 * kv)[:, None], ctx.size, axis=1)
-    thpt = (kv[:, None] * MAX_KV / ctx[None, :]) / (itl / 1000.0)
-    return DecodeProfile(kv, ctx, itl, thpt, MAX_KV, resolution=401)
-
-
-def true_gpus_needed(classes, interval_s, itl_target_ms):
-    """GPU-seconds per second the mix needs at the ITL target (analytic: usage where ITL = target)."""
-    kv = (itl_target_ms - 10.0) / 40.0
-    total = 0.0
-    for isl, osl, n in classes:
-        ctx = isl + osl / 2.0
-        thpt = kv * MAX_KV / ctx / (itl_target_ms / 1000.0)
-        total += n * osl / interval_s / thpt
-    return total
-
-
-def test_bimodal_mix_sizing_prevents_the_sla_miss_of_mean_sizing():
-    d = physical_decode_profile()
-    classes = [(100.0, 100.0, 1800.0), (8000.0, 2000.0, 1800.0)]  # chat + long-document, 50/50, per 180 s
-    n = sum(c[2] for c in classes)
-    mean_isl = sum(c[0] * c[2] for c in classes) / n
-    mean_osl = sum(c[1] * c[2] for c in classes) / n
-    mix = tuple(LengthBucket(i, o, c) for i, o, c in classes)
-    demand = Demand(n, mean_isl, mean_osl, mix)
-    need = true_gpus_needed(classes, 180.0, 30.0)
-    assert need == pytest.approx(10.809, abs=0.01)  # hand: 1000/111111 + 20000/1851.85
-
-    mean = size_decode(demand, 180.0, 1.0, 30.0, d, 1, sizing="mean")
-    mixed = size_decode(demand, 180.0, 1.0, 30.0, d, 1, sizing="mix")
-    pct = size_decode(demand, 180.0, 1.0, 30.0, d, 1, sizing="percentile", percentile=90.0)
-    # mean sizing: 21000 tok/s at context 4575 -> ~5.8 GPUs: the fleet would need KV usage far past the
-    # ITL-30 ms point, i.e. the ITL SLA is missed
-    assert mean.replicas == 6 and mean.replicas < need
-    # mix sizing meets it without gross over-provisioning; the p90 context is conservative and meets it too
-    assert need <= mixed.replicas == 11
-    assert need <= pct.replicas <= 12
-
-
-def test_mix_scaled_to_predicted_means_and_prefill_mix():
-    p = PrefillProfile([100.0, 8000.0], [10.0, 2000.0], [20000.0, 2000.0])
-    mix = (LengthBucket(100, 10, 1), LengthBucket(8000, 10, 1))
-    # mean ISL 4050: mean sizing evaluates 11000 tok/s/GPU at 4050 tokens; the mix needs
-    # 10 rps x 100 / 20000 + 10 rps x 8000 / 2000 = 0.05 + 40 = 40.05 GPUs
-    d = Demand(3600, 4050, 10, mix)
-    assert size_prefill(d, 180.0, 1.0, p, 1, sizing="mix").replicas_exact == pytest.approx(40.05)
-    mean_exact = 20 * 4050 / float(np.interp(4050, [100, 8000], [20000, 2000]))
-    assert size_prefill(d, 180.0, 1.0, p, 1, sizing="mean").replicas_exact == pytest.approx(mean_exact)
-    # predicted mean ISL doubled -> bucket lengths doubled (clamped profile at 8000+)
-    d2 = Demand(3600, 8100, 10, mix)
-    assert size_prefill(d2, 180.0, 1.0, p, 1, sizing="mix").replicas_exact == pytest.approx(
-        10 * 200 / float(np.interp(200, [100, 8000], [20000, 2000])) + 10 * 16000 / 2000.0)
-
-
-# ---------------------------------------------------------------- files
 
 def test_npz_round_trip(tmp_path):
     prof = PerformanceProfile(prefill_profile(), decode_profile())

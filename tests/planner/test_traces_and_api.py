@@ -58,7 +58,7 @@ def test_trace_errors_name_file_line_field(tmp_path):
 
 def test_public_api_pinned():
     assert sorted(planner.core.__all__) == sorted([
-        "Decision", "DecodeProfile", "Diagnostics", "ForwardPassMetrics", "LengthBucket", "Observations",
+        "Decision", "DecodeProfile", "Diagnostics", "ForwardPassMetrics", "Observations",
         "PerformanceProfile", "Planner", "PlannerConfig", "PoolLimits", "PoolState", "PrefillProfile",
         "QueuedRequests", "Reason", "ScheduledRequests", "TickResult", "TrafficWindow", "add_config_arguments",
         "config_from_args", "config_from_mapping", "load_config", "load_profile", "profile_from_arrays",

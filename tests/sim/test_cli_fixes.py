@@ -306,9 +306,9 @@ def test_broken_yaml_names_the_line_and_yaml_booleans_take_0_1(tmp_path, capsys,
     from planner.core.config import load_config
 
     ok = tmp_path / "ok.yaml"
-    ok.write_text("decode_kv_tail: 0\nattainment_demand_guard: 1\n")
+    ok.write_text("correction_enabled: 0\nsimulated_sizing: 1\n")
     cfg = load_config(ok)
-    assert cfg.decode_kv_tail is False and cfg.attainment_demand_guard is True
+    assert cfg.correction_enabled is False and cfg.simulated_sizing is True
 
 
 def test_policy_names_are_printed_verbatim_not_as_emoji(capsys, profile):

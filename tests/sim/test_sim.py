@@ -190,10 +190,10 @@ def test_static_auto_is_the_smallest_fleet_meeting_the_target():
 
 def test_throughput_only_is_the_reference_throughput_loop():
     p = make_policy("throughput-only", _ctx())
-    assert (p.config.predictor, p.config.load_enabled, p.config.scale_down_hysteresis) == ("constant", False, 0.0)
-    # none of dynoplan's own sizing rules
-    assert (p.config.prefill_queueing, p.config.agg_prefill_interference, p.config.sla_attainment_target,
-            p.config.load_max_scale_up_factor) == (False, False, None, 1.0)
+    assert (p.config.predictor, p.config.load_enabled, p.config.simulated_sizing) == ("constant", False, False)
+    # the closed-form reference formulas: no engine model, no attainment target, +1 load steps
+    assert (p.evaluator, p.config.sla_attainment_target, p.config.load_max_scale_up_factor) == (None, None, 1.0)
+    assert make_policy("planner", _ctx()).evaluator is not None
     v = make_policy("planner:predictor=kalman,load_enabled=true", _ctx())
     assert v.config.predictor == "kalman" and v.config.load_enabled
 
@@ -354,15 +354,14 @@ def test_disagg_planner_sizes_decode_for_the_kv_cache_not_only_the_itl(tmp_path)
     # long prompts (lognormal ISL, median 12k tokens) at 6 req/s: one decode engine meets the 50 ms ITL at
     # any KV usage of the default engine (34 ms at 100 %), but its cache holds ~70 requests x ~14k tokens on
     # average, about a full 1M-token cache, so arrivals wait for admission and their TTFT (which includes
-    # it in a disaggregated fleet) misses. The KV-tail rule sizes 2 decode engines; without it the TTFT
-    # misses are blamed on prefill, which grows instead.
+    # it in a disaggregated fleet) misses. The simulated decode engines show the full cache, so the sizing by
+    # simulation gives 2 decode engines; the closed-form reference (throughput at the ITL target) keeps 1.
     out = tmp_path / "o"
     rc = cli_main(["simulate", "--trace", "synthetic:poisson?rate=6&duration_s=360&isl=lognormal:12000:0.8&osl=350&seed=1",
                    "--mode", "disagg", "--sla-ttft-ms", "3000", "--sla-itl-ms", "50", "--quiet",
-                   "--compare", "planner", "planner:decode_kv_tail=false", "--out", str(out)])
+                   "--compare", "planner", "planner:simulated_sizing=false", "--out", str(out)])
     assert rc == 0
     pol = json.loads((out / "summary.json").read_text())["policies"]
-    on, off = pol["planner"], pol["planner:decode_kv_tail=false"]
+    on, off = pol["planner"], pol["planner:simulated_sizing=false"]
     assert on["max_replicas"]["decode"] >= 2 and off["max_replicas"]["decode"] == 1
     assert on["ttft_attainment"] > off["ttft_attainment"]
-    assert off["max_replicas"]["prefill"] > on["max_replicas"]["prefill"]
