@@ -167,7 +167,7 @@ class PlannerPolicy:
         # the frontend window of one interval, or what exists since the start (the early sizing's window)
         span = min(self.config.adjustment_interval_s, view.now_s - self._start_s)
         obs = Observations(
-            pools={p: PoolState(view.counts[p].requested, view.counts[p].ready) for p in self.pools},
+            pools={p: PoolState(view.counts[p].requested, view.counts[p].ready, view.counts[p].draining) for p in self.pools},
             traffic=view.traffic(span) if span > 0 else None,
             passes=view.passes)
         res = self._planner.tick(view.now_s, obs)
