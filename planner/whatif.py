@@ -7,6 +7,14 @@ KV blocks, batch limits, timing model) and its router and KV transfer. The plann
 mocker (import-linter contract); every driver -- ``dynoplan simulate``, ``dynoplan up``, the operator --
 builds one of these and hands it to :class:`planner.core.Planner`.
 
+Round-robin routing over an aggregated pool sends request ``i`` to engine ``i mod n``, so the engines are
+independent and alike: when the sample holds more counted requests than the verdicts need
+(``TrafficSample.min_counted``), only the first ``k`` engines and the requests routed to them are replayed,
+``k`` the fewest that still receive the needed count. Their records are exactly those of the whole fleet's
+engines ``0..k-1`` (the fleet's round robin over the kept requests hands the ``j``-th to engine ``j mod k``),
+and the cost of a decision no longer grows with the fleet. Other routers and disaggregated fleets are
+replayed whole.
+
 A sample's requests carry no prefix hash ids (the frontend exports lengths, not content), so the what-if
 fleet sees no prefix-cache hits: where the real traffic shares prefixes, the sizing errs on the safe side.
 """
@@ -48,17 +56,34 @@ class EngineFleetEvaluator:
         """Sampled requests replayed through them so far (warm start state included)."""
         Fleet(self.engines, router=router, transfer=transfer, seed=seed).close()  # fail early on bad settings
 
+    def _share(self, sample: TrafficSample, replicas: Mapping[str, int]) -> tuple[dict[str, int], np.ndarray | None]:
+        """(engines to replay, indices of the requests they receive or None for all) -- module docstring."""
+        n = int(replicas.get("agg", 0))
+        counted = sample.num_counted
+        if (set(self.engines) != {"agg"} or self.router != "round_robin" or n <= 1 or sample.min_counted <= 0
+                or self.engines["agg"].dp_size != 1 or counted <= sample.min_counted):
+            return dict(replicas), None
+        k = min(n, max(1, math.ceil(n * sample.min_counted / counted)))
+        if k >= n:
+            return dict(replicas), None
+        idx = np.flatnonzero(np.arange(len(sample.arrival_s)) % n < k)
+        return {"agg": k}, idx
+
     def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int]) -> SampleOutcome:
+        counts, idx = self._share(sample, replicas)
+        num_warm = sample.num_warm if idx is None else int(np.count_nonzero(idx < sample.num_warm))
         self.evaluations += 1
-        self.replayed_requests += len(sample.arrival_s)
+        self.replayed_requests += len(sample.arrival_s) if idx is None else len(idx)
         fleet = Fleet(self.engines, router=self.router, transfer=self.transfer, seed=self.seed)
         try:
-            for pool, n in replicas.items():
+            for pool, n in counts.items():
                 for _ in range(int(n)):
                     fleet.add_worker(pool, 0.0)
             arr_ms = sample.arrival_s * 1000.0
             isl = sample.isl_tokens
             osl = sample.osl_tokens
+            if idx is not None:
+                arr_ms, isl, osl = arr_ms[idx], isl[idx], osl[idx]
             recs = []
             for i in range(len(arr_ms)):
                 t = float(arr_ms[i])
@@ -69,7 +94,7 @@ class EngineFleetEvaluator:
             fleet.finish(end)
         finally:
             fleet.close()
-        return self._count(recs[sample.num_warm:], end)
+        return self._count(recs[num_warm:], end)
 
     def _count(self, recs: list[Any], end_ms: float) -> SampleOutcome:
         n = len(recs)

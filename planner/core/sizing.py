@@ -73,7 +73,8 @@ class TrafficSample:
 
     ``arrival_s``: arrival times, seconds from the tick, non-decreasing; ``isl_tokens``/``osl_tokens``: prompt
     and output lengths (>= 1); the first ``num_warm`` requests (arrival 0) are the in-flight start state and
-    are not counted; ``horizon_s``: the sampled span (warm-up included).
+    are not counted; ``horizon_s``: the sampled span (warm-up included); ``min_counted``: the counted requests the
+    verdicts need (:func:`sample_size`; an evaluator may replay a share of a larger sample that still holds them).
     """
 
     arrival_s: np.ndarray
@@ -81,6 +82,7 @@ class TrafficSample:
     osl_tokens: np.ndarray
     num_warm: int
     horizon_s: float
+    min_counted: int = 0
 
     @property
     def num_counted(self) -> int:
@@ -257,7 +259,7 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     isl = np.concatenate([isl[len(arrivals):], isl[:len(arrivals)]])
     osl = np.concatenate([osl[len(arrivals):], osl[:len(arrivals)]])
     arr = np.concatenate([np.arange(warm) * (warmup_s / warm) if warm else np.zeros(0), warmup_s + arrivals])
-    return TrafficSample(arr, isl, osl, warm, float(horizon + warmup_s))
+    return TrafficSample(arr, isl, osl, warm, float(horizon + warmup_s), int(min_requests))
 
 
 @dataclass

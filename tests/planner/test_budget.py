@@ -78,3 +78,28 @@ def test_budget_never_exceeded_even_mid_rebalance(sc):
     if gpus(current, c) <= c.max_gpu_budget:
         nxt = apply_limits(desired, r.targets, c)
         assert nxt.targets == r.goal
+
+
+def test_a_scale_up_waits_for_the_gpus_a_draining_worker_still_holds():
+    # budget 4: prefill 2 + decode 1 run, one decode worker drains (the connector removed it; its GPU is held until
+    # its requests finish). The goal 3 prefill + 1 decode fits the budget, but raising prefill now would hold 5 GPUs
+    r = apply_limits({"prefill": 3, "decode": 1}, {"prefill": 2, "decode": 1}, cfg(budget=4), {"decode": 1})
+    assert r.targets == {"prefill": 2, "decode": 1} and "rebalance_decrease_first" in r.reasons
+    assert r.goal == {"prefill": 3, "decode": 1}
+    # once drained, the increase follows
+    assert apply_limits({"prefill": 3, "decode": 1}, {"prefill": 2, "decode": 1}, cfg(budget=4)).targets["prefill"] == 3
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenario(), st.integers(0, 6), st.integers(0, 6))
+def test_budget_holds_at_every_instant_counting_draining_workers(sc, dp, dd):
+    c, current, desired = sc
+    drain = {"prefill": dp, "decode": dd}
+    r = apply_limits(desired, current, c, drain)
+    g = {"prefill": c.prefill.gpus_per_engine, "decode": c.decode.gpus_per_engine}
+    held = sum(drain[p] * g[p] for p in g)
+    worst = sum(max(current[p], r.targets[p]) * g[p] for p in g) + held
+    if gpus(current, c) + held <= c.max_gpu_budget:
+        assert worst <= c.max_gpu_budget
+    else:
+        assert all(r.targets[p] <= current[p] for p in g)

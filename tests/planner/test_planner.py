@@ -486,3 +486,21 @@ def test_load_loop_does_not_scale_down_before_the_first_throughput_floor():
     pl.tick(0.0, fleet.obs())
     r = pl.tick(10.0, fleet.obs(passes=steady_passes(10.0, [80000, 80000])))
     assert r.decision.targets is None and r.decision.pool_reasons["decode"] == Reason.HOLD_THROUGHPUT_FLOOR
+
+
+def test_engines_that_fall_silent_are_idle_and_zero_traffic_scales_down_to_the_minimum():
+    # the engines reported passes, then the traffic stopped: an engine with no work runs no passes and sends no
+    # ForwardPassMetrics. With the FPM feed healthy that is idleness, not missing data (engine_stale_s = 30 s)
+    pl = Planner(load_config_(), None)
+    fleet = Fleet(decode=3)
+    pl.tick(0.0, fleet.obs())
+    fleet.apply(pl.tick(5.0, fleet.obs(passes=[decode_pass(i, 1000, 5.0) for i in range(3)])).decision)
+    sizes = []
+    for t in (40.0, 45.0, 50.0, 55.0):
+        r = pl.tick(t, fleet.obs(passes=()))
+        fleet.apply(r.decision)
+        sizes.append((fleet.spec["decode"], r.decision.reason))
+    assert sizes == [(2, Reason.SCALE_DOWN_CONSOLIDATED), (1, Reason.SCALE_DOWN_CONSOLIDATED),
+                     (1, Reason.HOLD_WITHIN_SLA), (1, Reason.HOLD_WITHIN_SLA)]
+    # a broken feed is still unknown
+    assert pl.tick(60.0, fleet.obs(passes=(), passes_ok=False)).decision.reason == Reason.HOLD_METRICS_UNKNOWN

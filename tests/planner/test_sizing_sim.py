@@ -178,7 +178,8 @@ def test_engine_fleet_evaluator_counts_misses_of_an_undersized_fleet():
     s = build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=10, seed=(0,))
     one = ev.evaluate(s, {"agg": 1})
     four = ev.evaluate(s, {"agg": 4})
-    assert one.num_requests == four.num_requests == s.num_counted
+    # one engine replays the whole sample; of four, the round-robin share of one engine holds the 10 needed
+    assert one.num_requests == s.num_counted and four.num_requests == math.ceil(s.num_counted / 4)
     assert one.misses > 0.5 * one.num_requests
     assert four.misses == 0
     assert one.misses >= max(one.ttft_misses, one.itl_misses)
@@ -219,3 +220,26 @@ def test_sample_follows_the_windows_rate_profile():
     late = np.sum((a >= 120.0) & (a < 180.0)) / 60.0
     assert late / early == pytest.approx(3.0, rel=0.2)
     assert len(a) / 180.0 == pytest.approx(5.0, rel=0.1)
+
+
+def test_round_robin_share_replays_exactly_the_first_engines_of_the_fleet():
+    from mocker.config import EngineConfig
+    from planner.whatif import EngineFleetEvaluator
+
+    ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
+    s = build_sample(40.0, 1000.0, 150.0, min_horizon_s=60.0, min_requests=600, num_inflight=16, warmup_s=2.0, seed=(9,))
+    # 8 engines, ~2400 counted requests, 600 needed: engines 0 and 1 (k = ceil(8 x 600 / 2400) = 2) are replayed
+    counts, idx = ev._share(s, {"agg": 8})
+    assert counts == {"agg": 2} and np.array_equal(idx, np.flatnonzero(np.arange(len(s.arrival_s)) % 8 < 2))
+    part = ev.evaluate(s, {"agg": 8})
+    whole = ev.evaluate(replace_min(s, 0), {"agg": 8})  # min_counted 0: the whole fleet
+    assert part.num_requests == int(np.count_nonzero(idx >= s.num_warm)) >= 600
+    assert whole.num_requests == s.num_counted
+    # the same engines see the same requests: a share's misses are at most the whole fleet's
+    assert part.misses <= whole.misses
+
+
+def replace_min(s, m):
+    import dataclasses
+
+    return dataclasses.replace(s, min_counted=m)
