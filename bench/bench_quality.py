@@ -26,6 +26,7 @@ Disaggregated runs use no KV-transfer flags, as bench_simulate.py's disaggregate
 
 Usage:  nice -n 10 .venv/bin/python bench/bench_quality.py [--cases a,b,...] [--jobs N] [--out DIR] [--json FILE]
         [--markdown FILE]
+        .venv/bin/python bench/bench_quality.py --render FILE.json     (the tables of an earlier run, no simulation)
 The simulate children are ``python -m planner.cli simulate`` with this interpreter and this process's
 environment (PYTHONPATH included), so a checkout elsewhere runs its own planner; children inherit the niceness.
 """
@@ -151,7 +152,10 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
     summary, details = out_dir / "summary.json", out_dir / "details.json"
     if summary.exists():
         s = json.loads(summary.read_text())["policies"]
-        d = json.loads(details.read_text())["policies"] if details.exists() else {}
+        doc = json.loads(details.read_text()) if details.exists() else {}
+        d = doc.get("policies", {})
+        res["decisions"] = {name: [(x["t_s"], fmt_fleet(x["targets"]), x["reason"]) for x in decs]
+                            for name, decs in doc.get("decisions", {}).items() if name.startswith("planner")}
         for name, v in s.items():
             dur = d.get(name, {}).get("duration_s")
             res["policies"][name] = {
@@ -211,6 +215,24 @@ def targets(case: Case, res: dict[str, Any]) -> dict[str, Any]:
     return t
 
 
+def reversals(decs: list[Any]) -> int:
+    """Scale decisions that turn the previous change of the same pool around (up after down or down after
+    up): a count of flapping. ``decs``: (t_s, fleet text "P+D" or "N", reason) in time order."""
+    last: dict[int, int] = {}
+    prev: list[int] | None = None
+    n = 0
+    for _, fleet, _ in decs:
+        cur = [int(x) for x in fleet.split("+")]
+        if prev is not None:
+            for i, (a, b) in enumerate(zip(prev, cur)):
+                if b != a:
+                    step = 1 if b > a else -1
+                    n += i in last and last[i] != step
+                    last[i] = step
+        prev = cur
+    return n
+
+
 def fmt_fleet(d: dict[str, Any]) -> str:
     return "+".join(str(v) for v in d.values())
 
@@ -232,6 +254,10 @@ def print_run(case: Case, res: dict[str, Any]) -> None:
         eph = f"{v['events_per_h']:.1f}" if v["events_per_h"] is not None else "-"
         print(f"  {name:<36}{100 * v['sla_attainment']:>8.2f}%{v['gpu_hours']:>9.3f}{ratio:>9}{v['scale_events']:>8}"
               f"{eph:>7}{fmt_fleet(v['max_replicas']):>11}{v['p99_ttft_ms']:>10.1f}{v['p99_itl_ms']:>9.2f}")
+    for name, decs in res.get("decisions", {}).items():
+        print(f"  {name} decisions ({len(decs)}, {reversals(decs)} reversals of direction): "
+              + (" ".join(f"{t:.0f}s:{fleet}" for t, fleet, _ in decs[:40]) + (" ..." if len(decs) > 40 else "")
+                 if decs else "none (held its initial fleet)"))
     dom = dominators({k: v for k, v in pols.items() if k in case.policies}, case.judged)
     print(f"  dominates {case.judged}: {', '.join(dom) if dom else 'none'}")
     t = targets(case, res)
@@ -264,7 +290,19 @@ def markdown(cases: list[Case], results: dict[str, dict[str, Any]], header: str)
 
         lines.append(f"| {case.name} | {', '.join(dom) if dom else 'none'} | {cell('attainment')} | {cell('cost')} "
                      f"| {cell('steady events')} | {res['wall_s']:.0f} |")
+    if any(c.kind == "target999" for c in cases):
+        lines += ["", "target999: its `static:auto` is the smallest static fleet reaching 99.9 % (`--auto-attainment "
+                      "0.999`); the planner row judged there is `planner:attainment_target=0.999`."]
     return "\n".join(lines) + "\n"
+
+
+def render(path: str) -> None:
+    """Print the markdown tables of a ``--json`` file again (no simulation)."""
+    doc = json.loads(Path(path).read_text())
+    cases = [c for c in build_cases("-") if c.name in doc["runs"]]
+    results = {c.name: doc["runs"][c.name] for c in cases}
+    sys.stdout.write(markdown(cases, results, f"Quality suite (`bench/bench_quality.py`), planner at {doc['planner_at']}, "
+                                              f"--jobs {doc['jobs']}, suite wall {doc['wall_s']:.0f} s"))
 
 
 def git_describe() -> str:
@@ -286,7 +324,11 @@ def main() -> None:
     ap.add_argument("--out", metavar="DIR", help="keep each run's simulate outputs in DIR/RUN")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     ap.add_argument("--markdown", metavar="FILE", help="also write the markdown tables to FILE")
+    ap.add_argument("--render", metavar="FILE.json", help="print the markdown tables of an earlier --json file and exit")
     args = ap.parse_args()
+    if args.render:
+        render(args.render)
+        return
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: expected an integer >= 1")
     work = Path(tempfile.mkdtemp(prefix="bench_quality_"))
