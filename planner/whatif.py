@@ -29,7 +29,10 @@ import numpy as np
 from mocker.config import EngineConfig
 from mocker.fleet import Fleet
 from mocker.records import TraceRequest
-from planner.core.sizing import SampleOutcome, TrafficSample
+from planner.core.sizing import SampleOutcome, TrafficSample, fail_count
+
+CHECK_EVERY = 128
+"""Arrivals between two early-stop checks of a replay (each check scans the records so far)."""
 
 
 class EngineFleetEvaluator:
@@ -69,7 +72,11 @@ class EngineFleetEvaluator:
         idx = np.flatnonzero(np.arange(len(sample.arrival_s)) % n < k)
         return {"agg": k}, idx
 
-    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int]) -> SampleOutcome:
+    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
+                 stop_kind: str = "any") -> SampleOutcome:
+        """The counted requests' misses (:class:`planner.core.sizing.FleetEvaluator`). With ``stop_allowed``, the
+        replay checks every :data:`CHECK_EVERY` arrivals whether the misses already certain (no first token
+        ``ttft_ms`` after arrival; a finished request over the ITL target) make the verdict FAIL, and stops."""
         counts, idx = self._share(sample, replicas)
         num_warm = sample.num_warm if idx is None else int(np.count_nonzero(idx < sample.num_warm))
         self.evaluations += 1
@@ -85,16 +92,35 @@ class EngineFleetEvaluator:
             if idx is not None:
                 arr_ms, isl, osl = arr_ms[idx], isl[idx], osl[idx]
             recs = []
+            n_counted = len(arr_ms) - num_warm
+            stop_at = fail_count(n_counted, stop_allowed) if stop_allowed is not None else None
             for i in range(len(arr_ms)):
                 t = float(arr_ms[i])
                 fleet.advance_until(t)
                 recs.append(fleet.submit(TraceRequest(i, t, int(isl[i]), int(osl[i])), t))
+                if stop_at is not None and i > num_warm and (i - num_warm) % CHECK_EVERY == 0:
+                    o = self._certain(recs[num_warm:], t, n_counted)
+                    if {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[stop_kind] >= stop_at:
+                        return o
             last = float(arr_ms[-1]) if len(arr_ms) else 0.0
             end = last + self.ttft_ms + float(osl.max() if len(osl) else 1) * self.itl_ms
             fleet.finish(end)
         finally:
             fleet.close()
         return self._count(recs[num_warm:], end)
+
+    def _certain(self, recs: list[Any], now_ms: float, n_counted: int) -> SampleOutcome:
+        """Misses already certain at ``now_ms`` among ``recs`` (of ``n_counted``), as an incomplete outcome."""
+        t_miss = i_miss = both = 0
+        for r in recs:
+            ft = r.first_token_ms
+            tm = (ft - r.arrival_ms > self.ttft_ms) if ft is not None else (now_ms - r.arrival_ms > self.ttft_ms)
+            im = (ft is not None and r.finish_ms is not None and r.output_length > 1
+                  and (r.finish_ms - ft) / (r.output_length - 1) > self.itl_ms)
+            t_miss += tm
+            i_miss += im
+            both += tm or im
+        return SampleOutcome(n_counted, t_miss, i_miss, both, complete=False)
 
     def _count(self, recs: list[Any], end_ms: float) -> SampleOutcome:
         n = len(recs)

@@ -97,13 +97,19 @@ class SampleOutcome:
     ttft_misses: int
     itl_misses: int
     misses: int
+    complete: bool = True
+    """False when the replay stopped early on a decided FAIL (misses then count those seen by then)."""
 
 
 class FleetEvaluator(Protocol):
     """Replays a :class:`TrafficSample` through a fleet of ``replicas`` (``{pool: count}``) of the deployment's
-    engines with the SLA targets of the planner, and counts the misses of the counted requests."""
+    engines with the SLA targets of the planner, and counts the misses of the counted requests. With
+    ``stop_allowed``, it may stop as soon as the ``stop_kind`` misses (``any``, ``ttft`` or ``itl``) already certain
+    reach :func:`fail_count` of the requests it counts (the verdict is FAIL whatever follows), returning them with
+    ``complete=False``."""
 
-    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int]) -> SampleOutcome: ...
+    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
+                 stop_kind: str = "any") -> SampleOutcome: ...
 
 
 def sample_size(allowed_miss: float, confidence: float = CONFIDENCE) -> int:
@@ -128,6 +134,18 @@ def miss_bounds(misses: int, n: int, confidence: float = CONFIDENCE) -> tuple[fl
     lo = 0.0 if misses == 0 else float(beta.ppf(alpha, misses, n - misses + 1))
     hi = 1.0 if misses >= n else float(beta.ppf(confidence, misses + 1, n - misses))
     return lo, hi
+
+
+def fail_count(n: int, allowed_miss: float, confidence: float = CONFIDENCE) -> int:
+    """Fewest misses of ``n`` whose verdict is FAIL (lower bound above ``allowed_miss``); ``n + 1`` if none."""
+    lo, hi = 0, n + 1
+    while lo < hi:  # the lower bound grows with the misses
+        mid = (lo + hi) // 2
+        if mid <= n and miss_bounds(mid, n, confidence)[0] > allowed_miss:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def verdict(misses: int, n: int, allowed_miss: float, confidence: float = CONFIDENCE) -> str:
@@ -288,17 +306,28 @@ class SimulatedSizing:
     limits: Mapping[str, tuple[int, int]]
     allowed_miss: float
     evaluations: int = 0
-    _cache: dict[tuple[int, ...], SampleOutcome] = field(default_factory=dict)
+    _cache: dict[tuple[tuple[int, ...], str], SampleOutcome] = field(default_factory=dict)
+    """Outcomes by (fleet, "" for a complete replay or the kind an early stop decided)."""
 
-    def outcome(self, counts: Mapping[str, int]) -> SampleOutcome:
+    def outcome(self, counts: Mapping[str, int], kind: str = "any", decide: bool = True) -> SampleOutcome:
+        """The sample's misses on fleet ``counts`` (cached). ``decide``: the evaluator may stop once the ``kind``
+        misses already make the verdict FAIL (an undersized fleet's long queues are the costliest to replay);
+        such an outcome counts only the misses seen by then."""
         key = tuple(int(counts[p]) for p in self.pools)
-        if key not in self._cache:
-            self._cache[key] = self.evaluator.evaluate(self.sample, dict(zip(self.pools, key)))
+        full = self._cache.get((key, ""))
+        if full is not None:
+            return full
+        ck = (key, kind if decide else "")
+        if ck not in self._cache:
+            o = self.evaluator.evaluate(self.sample, dict(zip(self.pools, key)),
+                                        stop_allowed=self.allowed_miss if decide else None, stop_kind=kind)
             self.evaluations += 1
-        return self._cache[key]
+            self._cache[(key, "" if o.complete else kind)] = o
+            ck = (key, "" if o.complete else kind)
+        return self._cache[ck]
 
     def _verdict(self, counts: Mapping[str, int], kind: str, allowed: float | None = None) -> str:
-        o = self.outcome(counts)
+        o = self.outcome(counts, kind, decide=allowed is None or allowed == self.allowed_miss)
         k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
         return verdict(k, o.num_requests, self.allowed_miss if allowed is None else allowed)
 
@@ -311,14 +340,21 @@ class SimulatedSizing:
         bought."""
         lo, hi = self.limits[pool]
         start = min(max(start, lo), hi)
-        allowed = self.allowed_miss
-        if self._verdict({**others, pool: hi}, kind) != PASS:
-            o = self.outcome({**others, pool: hi})
-            k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
-            allowed = max(allowed, miss_bounds(k, o.num_requests)[1])
+        n = self._search(pool, others, kind, start, lo, hi, self.allowed_miss)
+        if n < hi or self._verdict({**others, pool: hi}, kind) == PASS:
+            return n
+        o = self.outcome({**others, pool: hi}, kind, decide=False)
+        k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
+        bar = max(self.allowed_miss, miss_bounds(k, o.num_requests)[1])
+        return self._search(pool, others, kind, start, lo, hi, bar)
+
+    def _search(self, pool: str, others: Mapping[str, int], kind: str, start: int, lo: int, hi: int,
+                allowed: float) -> int:
+        """Least ``n`` in ``[lo, hi]`` passing at ``allowed`` (``hi`` when none does): doubling steps from
+        ``start``, then bisection."""
 
         def ok(n: int) -> bool:
-            return n >= hi or self._verdict({**others, pool: n}, kind, allowed) == PASS
+            return self._verdict({**others, pool: n}, kind, allowed) == PASS or (n >= hi and allowed > self.allowed_miss)
 
         if ok(start):
             good, step = start, 1
@@ -328,9 +364,11 @@ class SimulatedSizing:
             bad = max(lo - 1, good - step)
         else:
             bad, step = start, 1
-            while not ok(min(hi, bad + step)):
-                bad += step
+            while bad < hi and not ok(min(hi, bad + step)):
+                bad = min(hi, bad + step)
                 step *= 2
+            if bad >= hi:
+                return hi
             good = min(hi, bad + step)
         while good - bad > 1:
             mid = (good + bad) // 2

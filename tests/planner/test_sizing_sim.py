@@ -115,7 +115,7 @@ class Threshold:
         self.undecided_at = undecided_at or {}
         self.calls: list[dict[str, int]] = []
 
-    def evaluate(self, sample: TrafficSample, replicas) -> SampleOutcome:
+    def evaluate(self, sample: TrafficSample, replicas, stop_allowed=None, stop_kind="any") -> SampleOutcome:
         self.calls.append(dict(replicas))
         t = i = 0
         for p, n in replicas.items():
@@ -152,7 +152,7 @@ def test_plan_scales_down_to_a_passing_fleet_up_on_a_failing_one_and_holds_when_
 
 def test_a_target_no_fleet_reaches_buys_only_replicas_that_reduce_misses():
     class Floor(Threshold):
-        def evaluate(self, sample, replicas):
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any"):
             o = super().evaluate(sample, replicas)  # 30 misses below 4 replicas, then 20 misses at any size
             return SampleOutcome(1000, max(o.ttft_misses, 20), max(o.itl_misses, 20), max(o.misses, 20))
 
@@ -243,3 +243,26 @@ def replace_min(s, m):
     import dataclasses
 
     return dataclasses.replace(s, min_counted=m)
+
+
+def test_fail_count_is_the_least_miss_count_whose_lower_bound_exceeds_the_allowed_share():
+    from planner.core.sizing import fail_count
+
+    k = fail_count(1000, 0.005)
+    assert miss_bounds(k, 1000)[0] > 0.005 >= miss_bounds(k - 1, 1000)[0]
+    assert verdict(k, 1000, 0.005) == FAIL and verdict(k - 1, 1000, 0.005) != FAIL
+
+
+def test_an_early_stopped_replay_gives_the_same_verdict_as_the_whole_one():
+    from mocker.config import EngineConfig
+    from planner.whatif import EngineFleetEvaluator
+
+    ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
+    s = build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=sample_size(0.005), seed=(0,))
+    whole = ev.evaluate(s, {"agg": 1})
+    early = ev.evaluate(s, {"agg": 1}, stop_allowed=0.005)
+    assert whole.complete and not early.complete
+    assert verdict(whole.misses, whole.num_requests, 0.005) == verdict(early.misses, early.num_requests, 0.005) == FAIL
+    assert early.misses <= whole.misses
+    # a fleet that passes is replayed whole either way
+    assert ev.evaluate(s, {"agg": 4}, stop_allowed=0.005) == ev.evaluate(s, {"agg": 4})
