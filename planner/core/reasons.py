@@ -35,9 +35,8 @@ class Reason(str, Enum):
     HOLD_THROUGHPUT_FLOOR = "hold_throughput_floor"
     """Both loops on: the load loop would scale down, but the throughput result is the floor."""
     HOLD_WITHIN_SLA = "hold_within_sla"
-    HOLD_HYSTERESIS = "hold_hysteresis"
-    HOLD_SCALE_UP_TOLERANCE = "hold_scale_up_tolerance"
-    """The throughput requirement exceeds the current replicas by less than ``scale_up_tolerance``."""
+    """Load loop: every engine within the SLA; sizing by simulation: the current fleet is undecided (its sample
+    neither passes nor fails the target), so it is kept."""
     HOLD_COOLDOWN = "hold_cooldown"
     HOLD_EXTERNAL_GRACE = "hold_external_grace"
     HOLD_PENDING = "hold_pending"
