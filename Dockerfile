@@ -2,18 +2,28 @@
 # `dynoplan loadgen`, `dynoplan replay`. Runs as a non-root user and works with a read-only root
 # filesystem (writes only to /tmp, mount an emptyDir there).
 #   docker build -t dynoplan:latest .
-FROM python:3.11-slim AS build
+# BASE: any Debian-like image with Python 3.11 and the venv module. The default is the official
+# python:3.11-slim; tools/build-images.sh builds it with `buildah bud --build-arg BASE=...` from a
+# local debootstrap'ed Debian bookworm (python3, python3-venv) where no registry is reachable.
+ARG BASE=python:3.11-slim
+FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# Dependencies first, from pyproject.toml alone, so a source change does not reinstall them.
 COPY pyproject.toml README.md ./
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [d for x in ('planner', 'live', 'operator') for d in p['optional-dependencies'][x]]))" \
+    > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install -r /tmp/requirements.txt
 COPY mocker ./mocker
 COPY planner ./planner
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install ".[planner,live,operator]"
+RUN /opt/venv/bin/pip install --no-deps ".[planner,live,operator]"
 COPY examples/profiles/make_mocker_profile.py /tmp/make_mocker_profile.py
 RUN mkdir -p /opt/dynoplan/profiles \
  && /opt/venv/bin/python /tmp/make_mocker_profile.py /opt/dynoplan/profiles/mocker_vllm.npz
 
-FROM python:3.11-slim
+FROM ${BASE}
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/dynoplan /opt/dynoplan
 COPY examples/traces /opt/dynoplan/traces

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean infra-deps
+.PHONY: setup run test bench clean infra-deps e2e
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,17 +18,22 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/dynoplan simulate --trace examples/traces/azure_llm_conv_2023.csv --sla-ttft-ms 200 --sla-itl-ms 10 --compare planner planner:attainment_target=0.999 throughput-only static:auto hpa saturation --out out/
 
-# Real components for the integration tests: Debian packages (prometheus, chromium),
-# kube-apiserver/etcd/helm built from Go modules and the AIConfigurator venv, both into ~/.cache/dynoplan
-# (see tools/README.md).
+# Real components for the integration tests: Debian packages (prometheus, chromium, containerd, buildah...),
+# the Kubernetes binaries, etcd, CoreDNS and helm built from Go modules, the local cluster's images
+# (debootstrap + buildah) and the AIConfigurator venv, all into ~/.cache/dynoplan (see tools/README.md).
 infra-deps:
 	tools/install-system-deps.sh
 	tools/build-k8s-bins.sh
+	tools/build-images.sh
 	PY=$(PY) tools/build-aic-venv.sh
+
+# The README's Kubernetes walkthrough on a real one-node cluster (tools/cluster.py), alone.
+e2e: $(STAMP) infra-deps
+	$(BIN)/python -m pytest tests/e2e -p no:cacheprovider
 
 test: $(STAMP) infra-deps
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/e2e
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

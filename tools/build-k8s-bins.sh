@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, etcd and helm from their published Go modules with this machine's Go,
-# and cache them outside the repository, keyed by version:
-#   ${DYNOPLAN_CACHE:-$HOME/.cache/dynoplan}/bin/{kube-apiserver-vX,kube-controller-manager-vX,etcd-vX,helm-vX}
+# Build the Kubernetes binaries, etcd, CoreDNS and helm from their published Go modules with this
+# machine's Go, and cache them outside the repository, keyed by version:
+#   ${DYNOPLAN_CACHE:-$HOME/.cache/dynoplan}/bin/<name>-<version>
 # A binary already present is not rebuilt. Versions: tools/k8s-versions.env.
-# Usage: tools/build-k8s-bins.sh [kube-apiserver|kube-controller-manager|etcd|helm ...]
-#        (default: etcd kube-apiserver kube-controller-manager helm)
+# Usage: tools/build-k8s-bins.sh [NAME ...]   NAME: etcd kube-apiserver kube-controller-manager helm
+#        kube-scheduler kubelet kube-proxy kubectl coredns (default: all of them, in that order)
 # Environment: DYNOPLAN_CACHE (cache root), BUILD_P (go build -p, default 2), and the usual
 # GOCACHE/GOMODCACHE/GOPROXY. Prints one line per binary: "<name> <path> <seconds-or-cached>".
 set -euo pipefail
@@ -34,13 +34,36 @@ write_module() {
   printf '%s\n' "$main" >"$dir/main.go"
 }
 
-# build_k8s_cmd NAME APP_CONSTRUCTOR: a wrapper module whose main is k8s.io/kubernetes/cmd/NAME's main.
+# pin_staging: in the current wrapper module, require k8s.io/kubernetes and pin every staging module
+# it replaces with ./staging/src/k8s.io/X to the matching published v0.x release.
+pin_staging() {
+  go mod download "k8s.io/kubernetes@$KUBERNETES_VERSION"
+  local kmod; kmod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
+  local staging; staging="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9.-]*\) => \./staging/.*#\1#p' "$kmod")"
+  [ -n "$staging" ] || { echo "build-k8s-bins: no staging replace lines found in $kmod" >&2; exit 1; }
+  local args=() m
+  for m in $staging; do args+=("-replace=$m=$m@$K8S_STAGING_VERSION"); done
+  go mod edit "${args[@]}" "-require=k8s.io/kubernetes@$KUBERNETES_VERSION"
+}
+
+# k8s_ldflags: version stamps so `--version` prints the pinned Kubernetes version.
+k8s_ldflags() {
+  local minor="${KUBERNETES_VERSION#v1.}" f="-s -w" v
+  minor="${minor%%.*}"
+  for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f="$f -X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$f"
+}
+
+# build_k8s_cmd NAME APP_CONSTRUCTOR_CALL: a wrapper module whose main is k8s.io/kubernetes/cmd/NAME's main.
 build_k8s_cmd() {
   local name="$1" ctor="$2"
   local out="$bindir/$name-$KUBERNETES_VERSION" dir="$workroot/$name-$KUBERNETES_VERSION"
   write_module "$dir" "dynoplan.local/$name" "package main
 
 import (
+	\"context\"
 	\"os\"
 	_ \"time/tzdata\"
 
@@ -51,27 +74,91 @@ import (
 	\"k8s.io/kubernetes/cmd/$name/app\"
 )
 
-func main() { os.Exit(cli.Run(app.$ctor())) }"
+var _ = context.Background
+
+func main() { os.Exit(cli.Run(app.$ctor)) }"
   (
     cd "$dir"
-    go mod download "k8s.io/kubernetes@$KUBERNETES_VERSION"
-    # k8s.io/kubernetes replaces every staging module with ./staging/src/k8s.io/X; a consumer must
-    # pin each of them to the matching published v0.x release instead.
-    local kmod; kmod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
-    local staging; staging="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9.-]*\) => \./staging/.*#\1#p' "$kmod")"
-    [ -n "$staging" ] || { echo "build-k8s-bins: no staging replace lines found in $kmod" >&2; exit 1; }
-    local args=() m
-    for m in $staging; do args+=("-replace=$m=$m@$K8S_STAGING_VERSION"); done
-    go mod edit "${args[@]}" "-require=k8s.io/kubernetes@$KUBERNETES_VERSION"
+    pin_staging
     go mod tidy
-    local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-    local v=k8s.io/component-base/version
-    go build -p "$p" -o "$out.tmp" -ldflags "-s -w -X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" .
+    go build -p "$p" -o "$out.tmp" -ldflags "$(k8s_ldflags)" .
   )
   mv "$out.tmp" "$out"
 }
-build_kube_apiserver() { build_k8s_cmd kube-apiserver NewAPIServerCommand; }
-build_kube_controller_manager() { build_k8s_cmd kube-controller-manager NewControllerManagerCommand; }
+build_kube_apiserver() { build_k8s_cmd kube-apiserver "NewAPIServerCommand()"; }
+build_kube_controller_manager() { build_k8s_cmd kube-controller-manager "NewControllerManagerCommand()"; }
+build_kube_scheduler() { build_k8s_cmd kube-scheduler "NewSchedulerCommand()"; }
+build_kube_proxy() { build_k8s_cmd kube-proxy "NewProxyCommand()"; }
+# The kubelet's constructor takes the context its command runs under.
+build_kubelet() { build_k8s_cmd kubelet "NewKubeletCommand(context.Background())"; }
+
+build_kubectl() {
+  # kubectl's code is the published staging module k8s.io/kubectl; main as in k8s.io/kubernetes/cmd/kubectl.
+  local out="$bindir/kubectl-$KUBERNETES_VERSION" dir="$workroot/kubectl-$KUBERNETES_VERSION"
+  write_module "$dir" dynoplan.local/kubectl 'package main
+
+import (
+	"os"
+
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	"k8s.io/component-base/cli"
+	"k8s.io/component-base/logs"
+	"k8s.io/kubectl/pkg/cmd"
+	"k8s.io/kubectl/pkg/cmd/util"
+)
+
+func main() {
+	logs.GlogSetter(cmd.GetLogVerbosity(os.Args)) // nolint:errcheck
+	if err := cli.RunNoErrOutput(cmd.NewDefaultKubectlCommand()); err != nil {
+		util.CheckErr(err)
+	}
+}'
+  (
+    cd "$dir"
+    go mod edit "-require=k8s.io/kubectl@$K8S_STAGING_VERSION" "-require=k8s.io/client-go@$K8S_STAGING_VERSION" \
+      "-require=k8s.io/component-base@$K8S_STAGING_VERSION"
+    go mod tidy
+    go build -p "$p" -o "$out.tmp" -ldflags "$(k8s_ldflags)" .
+  )
+  mv "$out.tmp" "$out"
+}
+
+build_coredns() {
+  # Only the plugins the local cluster's Corefile uses (tools/cluster.py), in CoreDNS's own plugin order;
+  # the Kubernetes client libraries pinned to the same staging version as the cluster.
+  local out="$bindir/coredns-$COREDNS_VERSION" dir="$workroot/coredns-$COREDNS_VERSION"
+  write_module "$dir" dynoplan.local/coredns 'package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func init() {
+	dnsserver.Directives = []string{"bind", "ready", "health", "errors", "log", "loadbalance", "cache", "kubernetes"}
+}
+
+func main() { coremain.Run() }'
+  (
+    cd "$dir"
+    go mod edit "-require=github.com/coredns/coredns@$COREDNS_VERSION"
+    local m args=()
+    for m in api apimachinery client-go; do args+=("-require=k8s.io/$m@$K8S_STAGING_VERSION"); done
+    go mod edit "${args[@]}"
+    go mod tidy
+    go build -p "$p" -o "$out.tmp" -ldflags "-s -w" .
+  )
+  mv "$out.tmp" "$out"
+}
 
 build_etcd() {
   local out="$bindir/etcd-$ETCD_VERSION" dir="$workroot/etcd-$ETCD_VERSION"
@@ -103,14 +190,19 @@ build_helm() {
   mv "$dir/helm" "$out"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(etcd kube-apiserver kube-controller-manager helm)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(etcd kube-apiserver kube-controller-manager helm kube-scheduler kubelet kube-proxy kubectl coredns)
 for name in "${want[@]}"; do
   case "$name" in
     kube-apiserver) out="$bindir/kube-apiserver-$KUBERNETES_VERSION"; fn=build_kube_apiserver ;;
     kube-controller-manager) out="$bindir/kube-controller-manager-$KUBERNETES_VERSION"; fn=build_kube_controller_manager ;;
     etcd) out="$bindir/etcd-$ETCD_VERSION"; fn=build_etcd ;;
     helm) out="$bindir/helm-$HELM_VERSION"; fn=build_helm ;;
-    *) echo "build-k8s-bins: unknown binary '$name' (expected kube-apiserver, kube-controller-manager, etcd or helm)" >&2; exit 2 ;;
+    kube-scheduler) out="$bindir/kube-scheduler-$KUBERNETES_VERSION"; fn=build_kube_scheduler ;;
+    kubelet) out="$bindir/kubelet-$KUBERNETES_VERSION"; fn=build_kubelet ;;
+    kube-proxy) out="$bindir/kube-proxy-$KUBERNETES_VERSION"; fn=build_kube_proxy ;;
+    kubectl) out="$bindir/kubectl-$KUBERNETES_VERSION"; fn=build_kubectl ;;
+    coredns) out="$bindir/coredns-$COREDNS_VERSION"; fn=build_coredns ;;
+    *) echo "build-k8s-bins: unknown binary '$name' (expected etcd, kube-apiserver, kube-controller-manager, helm, kube-scheduler, kubelet, kube-proxy, kubectl or coredns)" >&2; exit 2 ;;
   esac
   if [ -x "$out" ]; then echo "$name $out cached"; continue; fi
   start=$(date +%s)

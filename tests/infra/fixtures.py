@@ -6,6 +6,8 @@
 - ``prometheus_factory`` (function): ``make(targets, scrape_interval_s=1.0) -> PrometheusServer``;
   every server it made is stopped (and its temp dir removed) at teardown.
 - ``chromium`` (session): a :class:`tests.infra.browser.HeadlessChromium`.
+- ``local_cluster`` (session): a :class:`tests.infra.cluster.LocalCluster` (``tools/cluster.py``: a real
+  one-node cluster with kubelet, containerd, CNI, kube-proxy, CoreDNS), torn down at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.infra.browser import HeadlessChromium
+from tests.infra.cluster import LocalCluster
 from tests.infra.k8s import ControlPlane, binary_path
 from tests.infra.prometheus import PrometheusServer, Targets
 
@@ -60,3 +63,12 @@ def prometheus_factory():
 def chromium() -> Iterator[HeadlessChromium]:
     with HeadlessChromium() as browser:
         yield browser
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    cluster = LocalCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
