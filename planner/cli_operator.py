@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kopf peering priority; the highest live peer is active (default 0 = from the host name)")
     p.add_argument("--health-port", type=int, help="liveness/readiness port (/healthz; 0 = off)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0 = off)")
+    p.add_argument("--dashboard-port", type=int, help="live dashboard port (/?planner=ns/name; 0 = off)")
     p.add_argument("--dgd-resync-s", type=float, help="DGD reconcile period, s")
     p.add_argument("--planner-max-sleep-s", type=float, help="longest sleep between planner steps, s")
     p.add_argument("--log-format", choices=("json", "plain"), default=None)
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
     keys = ("namespace", "reconcile_dgd", "prometheus_url", "shared_gpu_budget", "planner_defaults_file",
-            "worker_image", "standalone", "peering_name", "peering_priority", "health_port", "metrics_port", "dgd_resync_s",
+            "worker_image", "standalone", "peering_name", "peering_priority", "health_port", "metrics_port", "dashboard_port", "dgd_resync_s",
             "planner_max_sleep_s", "log_format")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 

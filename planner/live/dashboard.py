@@ -1,4 +1,10 @@
-"""The live dashboard page served by the planner at ``/``.
+"""The live dashboard: one page, one state recorder, two drivers.
+
+Drivers: ``dynoplan up`` / ``dynoplan planner`` (:class:`planner.live.service.PlannerService`, one
+planner, page at ``/``) and the Kubernetes operator (:mod:`planner.operator.dashboard`, one planner per
+DynoPlanner, page at ``/?planner=<namespace>/<name>``, reached with ``kubectl port-forward``). Both
+record with :class:`DashboardHistory` and serve :data:`DASHBOARD_HTML` with :func:`add_routes`; the
+state JSON has the same shape in both (:meth:`DashboardHistory.state`).
 
 Plotly.js comes from the installed ``plotly`` Python package (``package_data/plotly.min.js``), served at
 ``/static/plotly.min.js``: the page needs no network. The page polls ``/api/state`` every
@@ -11,13 +17,143 @@ Plotly.js comes from the installed ``plotly`` Python package (``package_data/plo
 - ``#queues``: per-engine queued prefill and decode requests (latest ForwardPassMetrics);
 - ``#decisions``: the recent decisions with their reasons; ``#events``: fleet events.
 
-For tests and tools the page sets ``window.dashboardReady = true`` after its first render,
-``window.dashboardUpdates`` (render count) and ``window.dashboardState`` (the last state).
+The page fetches ``api/state`` with its own query string (so ``?planner=ns/name`` selects the
+operator's planner). For tests and tools the page sets ``window.dashboardReady = true`` after its first
+render, ``window.dashboardUpdates`` (render count) and ``window.dashboardState`` (the last state).
 """
 
 from __future__ import annotations
 
+import collections
+import json
+import math
 from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+
+def _f(x: Any) -> Any:
+    """JSON-safe float (NaN/inf -> None)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+class DashboardHistory:
+    """What the page plots, recorded by a driver on its own clock (Unix seconds in the state JSON).
+
+    ``samples``: replicas per pool (spec / ready) over time; ``ticks``: one entry per planner tick (loops
+    run, observed and predicted load, observed TTFT/ITL, load-loop estimates); ``decisions``: published
+    decisions (newest last, at most 200); ``engines``: per-engine queues of the latest passes.
+    """
+
+    def __init__(self, history_points: int = 3600) -> None:
+        self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=history_points)
+        self.ticks: collections.deque[dict[str, Any]] = collections.deque(maxlen=history_points)
+        self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        self.last_pools: dict[str, Any] | None = None
+        self.engines: list[dict[str, Any]] = []
+
+    def record_sample(self, t: float, pools: Mapping[str, Any] | None) -> None:
+        """Replicas per pool at ``t`` (``PoolState`` values; None = unknown, e.g. the target is missing)."""
+        if pools is not None:
+            self.last_pools = {p: {"spec": s.replicas, "ready": s.ready_replicas} for p, s in pools.items()}
+        self.samples.append({"t": t, "pools": self.last_pools if pools is not None else None})
+
+    def record_tick(self, t: float, result: Any) -> None:
+        """One ``TickResult`` at ``t``: the tick series and, when it published targets, the decision."""
+        d, diag = result.decision, result.diagnostics
+        if d.targets is not None and d.decision_id is not None:
+            self.decisions.append({"t": t, "decision_id": d.decision_id, "targets": dict(d.targets),
+                                   "from": dict(diag.current_replicas or {}), "reason": d.reason.value,
+                                   "reasons": [r.value for r in d.reasons]})
+        obs_t = diag.observed
+        self.ticks.append({
+            "t": t, "loops": list(diag.loops_run), "reason": d.reason.value,
+            "observed_rps": _f(obs_t.requests_per_second) if obs_t is not None else None,
+            "observed_ttft_ms": _f(obs_t.mean_ttft_ms) if obs_t is not None else None,
+            "observed_itl_ms": _f(obs_t.mean_itl_ms) if obs_t is not None else None,
+            "predicted_rps": _f(diag.predicted_requests_per_second),
+            "estimated_ttft_ms": _f(diag.estimated_ttft_ms), "estimated_itl_ms": _f(diag.estimated_itl_ms),
+            "throughput_replicas": dict(diag.throughput_replicas),
+        })
+
+    def record_engines(self, latest: Mapping[tuple[int, int], Any]) -> None:
+        """Per-engine queues from the latest ForwardPassMetrics, keyed (worker id, DP rank)."""
+        self.engines = [{
+            "worker_id": wid, "dp_rank": rank, "pool": p.pool,
+            "running_prefill": p.scheduled_requests.num_prefill_requests,
+            "running_decode": p.scheduled_requests.num_decode_requests,
+            "queued_prefill": p.queued_requests.num_prefill_requests,
+            "queued_prefill_tokens": p.queued_requests.sum_prefill_tokens,
+            "queued_decode": p.queued_requests.num_decode_requests,
+            "wall_time_ms": p.wall_time * 1000.0,
+        } for (wid, rank), p in sorted(latest.items())]
+
+    def state(self, now_s: float, started_s: float, cfg: Any, poll_ms: int, last_result: Any = None,
+              **extra: Any) -> dict[str, Any]:
+        """The page's data (JSON-safe): ``cfg`` is the planner's ``PlannerConfig``; ``extra`` adds keys
+        (``traffic_error``, ``fleet``, ``fleet_events``, ``title``...)."""
+        return {
+            "now_s": now_s, "started_s": started_s,
+            "config": {"mode": cfg.mode, "pools": list(cfg.pools), "ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms,
+                       "adjustment_interval_s": cfg.adjustment_interval_s,
+                       "load_adjustment_interval_s": cfg.load_adjustment_interval_s,
+                       "throughput_enabled": cfg.throughput_enabled, "load_enabled": cfg.load_enabled,
+                       "pending_timeout_s": cfg.pending_timeout_s, "poll_ms": poll_ms},
+            "pools": self.last_pools,
+            "samples": list(self.samples),
+            "ticks": list(self.ticks),
+            "decisions": list(self.decisions)[::-1],
+            "engines": self.engines,
+            "last_reason": last_result.decision.reason.value if last_result else None,
+            "pending_decision_id": last_result.diagnostics.pending_decision_id if last_result else None,
+            **extra,
+        }
+
+
+def add_routes(app: web.Application, state_of: Callable[[web.Request], Awaitable[dict[str, Any] | str]]) -> None:
+    """``GET /`` (the page), ``/static/plotly.min.js`` and ``/api/state`` (``state_of(request)``: the state,
+    or a string saying why there is none, answered as 404 ``{"error": ...}``)."""
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=DASHBOARD_HTML, content_type="text/html")
+
+    async def plotly(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(plotly_js_path(), headers={"Content-Type": "application/javascript",
+                                                          "Cache-Control": "max-age=3600"})
+
+    async def state(request: web.Request) -> web.Response:
+        st = await state_of(request)
+        if isinstance(st, str):
+            return web.json_response({"error": st}, status=404)
+        return web.json_response(st, dumps=dumps)
+
+    app.router.add_get("/", index)
+    app.router.add_get("/static/plotly.min.js", plotly)
+    app.router.add_get("/api/state", state)
+
+
+def dumps(obj: Any) -> str:
+    """JSON with NaN/inf as null and paths as strings."""
+    return json.dumps(_clean(obj), allow_nan=False, default=_json_default)
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def plotly_js_path() -> Path:
@@ -40,9 +176,9 @@ h1{font-size:18px;margin:4px 0} .row{display:flex;flex-wrap:wrap;gap:8px}
 table{border-collapse:collapse;font-size:12px;background:#fff} td,th{border:1px solid #ddd;padding:2px 6px}
 #status{font-size:13px;margin:4px 0 8px}
 </style>
-<script src="/static/plotly.min.js"></script></head>
+<script src="static/plotly.min.js"></script></head>
 <body>
-<h1>dynoplan planner</h1><div id="status">loading...</div>
+<h1 id="title">dynoplan planner</h1><div id="status">loading...</div>
 <div class="row"><div id="replicas" class="plot"></div><div id="load" class="plot"></div>
 <div id="latency" class="plot"></div><div id="queues" class="plot"></div></div>
 <h2 style="font-size:15px">Recent decisions</h2>
@@ -100,13 +236,15 @@ function render(st) {
   const cur = pools.map(p => st.pools && st.pools[p] ? p + ": " + st.pools[p].spec + " (ready " + st.pools[p].ready + ")" : p + ": unknown").join(", ");
   document.getElementById("status").textContent = "mode " + cfg.mode + " | " + cur + " | last reason: " + (st.last_reason || "-") +
     (st.pending_decision_id ? " | pending decision " + st.pending_decision_id : "") + (st.traffic_error ? " | metrics: " + st.traffic_error : "");
+  if (st.title) { document.getElementById("title").textContent = st.title; document.title = st.title; }
   window.dashboardState = st; window.dashboardUpdates += 1; window.dashboardReady = true;
 }
 async function poll() {
   let delay = 1000;
   try {
-    const r = await fetch("/api/state", {cache: "no-store"});
+    const r = await fetch("api/state" + window.location.search, {cache: "no-store"});
     if (r.ok) { const st = await r.json(); delay = st.config.poll_ms || 1000; render(st); }
+    else { document.getElementById("status").textContent = "state: HTTP " + r.status + " " + (await r.text()); }
   } catch (e) { document.getElementById("status").textContent = "planner unreachable, retrying"; }
   setTimeout(poll, delay);
 }

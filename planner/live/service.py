@@ -22,11 +22,8 @@ The clock is injected (``clock``, default ``time.time``); times in the state JSO
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import math
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
@@ -35,16 +32,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from planner.core import Observations, Planner, TickResult
 from planner.core.metrics import PlannerMetrics
 from planner.core.reasons import Reason
-from planner.live.dashboard import DASHBOARD_HTML, plotly_js_path
+from planner.live.dashboard import DashboardHistory, add_routes
 
 log = logging.getLogger("dynoplan.planner")
-
-
-def _f(x: Any) -> Any:
-    """JSON-safe float (NaN/inf -> None)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 class PlannerService:
@@ -74,12 +64,8 @@ class PlannerService:
                                  registry=self.registry)
         self.c_timeouts = Counter("dynoplan_planner_pending_timeouts", "Decisions abandoned after pending_timeout_s",
                                   registry=self.registry)
-        self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=history_points)
-        self.ticks: collections.deque[dict[str, Any]] = collections.deque(maxlen=history_points)
-        self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        self.history = DashboardHistory(history_points)  # the dashboard's series (planner.live.dashboard)
         self.last_result: TickResult | None = None
-        self.last_pools: dict[str, Any] | None = None
-        self.engines: list[dict[str, Any]] = []
         self.traffic_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -120,22 +106,10 @@ class PlannerService:
                         diag.pending_decision_id, self.cfg.pending_timeout_s, Reason.PENDING_TIMEOUT_REPLAN.value)
         if d.targets is not None and d.decision_id is not None:
             await self.connector.apply(d.targets, d.decision_id, d.reason.value)
-            self.decisions.append({"t": now_s, "decision_id": d.decision_id, "targets": dict(d.targets),
-                                   "from": dict(diag.current_replicas or {}), "reason": d.reason.value,
-                                   "reasons": [r.value for r in d.reasons]})
             log.info("decision %s: %s -> %s (%s)", d.decision_id, dict(diag.current_replicas or {}), dict(d.targets),
                      ", ".join(r.value for r in d.reasons))
         self.metrics.update(result)
-        obs_t = diag.observed
-        self.ticks.append({
-            "t": now_s, "loops": list(diag.loops_run), "reason": d.reason.value,
-            "observed_rps": _f(obs_t.requests_per_second) if obs_t is not None else None,
-            "observed_ttft_ms": _f(obs_t.mean_ttft_ms) if obs_t is not None else None,
-            "observed_itl_ms": _f(obs_t.mean_itl_ms) if obs_t is not None else None,
-            "predicted_rps": _f(diag.predicted_requests_per_second),
-            "estimated_ttft_ms": _f(diag.estimated_ttft_ms), "estimated_itl_ms": _f(diag.estimated_itl_ms),
-            "throughput_replicas": dict(diag.throughput_replicas),
-        })
+        self.history.record_tick(now_s, result)
         self.last_result = result
         return result
 
@@ -156,22 +130,13 @@ class PlannerService:
         pools = await self.connector.observe()
         t = self.clock()
         if pools is not None:
-            self.last_pools = {p: {"spec": s.replicas, "ready": s.ready_replicas} for p, s in pools.items()}
             for p, s in pools.items():
                 self.g_replicas.labels(p, "spec").set(s.replicas)
                 self.g_replicas.labels(p, "ready").set(s.ready_replicas if s.ready_replicas is not None else s.replicas)
-        self.samples.append({"t": t, "pools": self.last_pools if pools is not None else None})
+        self.history.record_sample(t, pools)
         if self.fpm is not None:
             self.fpm.set_endpoints(self.connector.fpm_endpoints())  # follow the fleet between ticks too
-            self.engines = [{
-                "worker_id": wid, "dp_rank": rank, "pool": p.pool,
-                "running_prefill": p.scheduled_requests.num_prefill_requests,
-                "running_decode": p.scheduled_requests.num_decode_requests,
-                "queued_prefill": p.queued_requests.num_prefill_requests,
-                "queued_prefill_tokens": p.queued_requests.sum_prefill_tokens,
-                "queued_decode": p.queued_requests.num_decode_requests,
-                "wall_time_ms": p.wall_time * 1000.0,
-            } for (wid, rank), p in sorted(self.fpm.latest().items())]
+            self.history.record_engines(self.fpm.latest())
 
     async def _sample_loop(self) -> None:
         while True:
@@ -184,48 +149,24 @@ class PlannerService:
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
         """The dashboard's data (JSON-safe): targets, current pools, time series, decisions, engines."""
-        cfg = self.cfg
-        last = self.last_result
-        return {
-            "now_s": self.clock(), "started_s": self.started_s,
-            "config": {"mode": cfg.mode, "pools": list(cfg.pools), "ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms,
-                       "adjustment_interval_s": cfg.adjustment_interval_s,
-                       "load_adjustment_interval_s": cfg.load_adjustment_interval_s,
-                       "throughput_enabled": cfg.throughput_enabled, "load_enabled": cfg.load_enabled,
-                       "pending_timeout_s": cfg.pending_timeout_s, "poll_ms": self.poll_ms},
-            "pools": self.last_pools,
-            "samples": list(self.samples),
-            "ticks": list(self.ticks),
-            "decisions": list(self.decisions)[::-1],
-            "engines": self.engines,
-            "last_reason": last.decision.reason.value if last else None,
-            "pending_decision_id": last.diagnostics.pending_decision_id if last else None,
-            "traffic_error": self.traffic_error,
-            "fleet": self.connector.snapshot() if hasattr(self.connector, "snapshot") else [],
-            "fleet_events": list(getattr(self.connector, "events", []))[-50:][::-1],
-        }
+        return self.history.state(
+            self.clock(), self.started_s, self.cfg, self.poll_ms, self.last_result,
+            traffic_error=self.traffic_error,
+            fleet=self.connector.snapshot() if hasattr(self.connector, "snapshot") else [],
+            fleet_events=list(getattr(self.connector, "events", []))[-50:][::-1])
 
     # ------------------------------------------------------------------ HTTP
     def make_app(self) -> web.Application:
         app = web.Application()
         if hasattr(self.connector, "add_routes"):
             self.connector.add_routes(app)
-        app.router.add_get("/", self._index)
-        app.router.add_get("/static/plotly.min.js", self._plotly)
-        app.router.add_get("/api/state", self._state)
+        add_routes(app, self._state_of)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         return app
 
-    async def _index(self, request: web.Request) -> web.Response:
-        return web.Response(text=DASHBOARD_HTML, content_type="text/html")
-
-    async def _plotly(self, request: web.Request) -> web.FileResponse:
-        return web.FileResponse(plotly_js_path(), headers={"Content-Type": "application/javascript",
-                                                          "Cache-Control": "max-age=3600"})
-
-    async def _state(self, request: web.Request) -> web.Response:
-        return web.json_response(self.state(), dumps=_dumps)
+    async def _state_of(self, request: web.Request) -> dict[str, Any]:
+        return self.state()
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -263,25 +204,3 @@ class PlannerService:
             self.fpm.close()
         if hasattr(self.traffic, "close"):
             self.traffic.close()
-
-
-def _dumps(obj: Any) -> str:
-    import json
-
-    return json.dumps(_clean(obj), allow_nan=False, default=_json_default)
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

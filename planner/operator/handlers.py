@@ -9,7 +9,8 @@ write the result through :mod:`~planner.operator.kube`. Dependencies come from `
 - ``memo.registry``: the ``prometheus_client.CollectorRegistry`` served on ``/metrics``
 - ``memo.loop_metrics``: :class:`~planner.operator.loop.LoopMetrics` (registered on ``memo.registry``)
 - ``memo.budget``: the shared :class:`~planner.operator.loop.BudgetBook` (or None)
-- ``memo.loops``: the running :class:`~planner.operator.loop.PlannerLoop` per (namespace, name) (the probe)
+- ``memo.loops``: the running :class:`~planner.operator.loop.PlannerLoop` per (namespace, name) (the probe
+  and the live dashboard, :mod:`~planner.operator.dashboard`, on ``dashboard_port``)
 
 An invalid DGD becomes a ``Ready=False`` / ``InvalidSpec`` condition (no retry loop); API errors are
 kopf temporary errors (retried with back-off).
@@ -121,6 +122,20 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         settings.scanning.disabled = bool(memo.op_settings.namespace)
         memo.reconciles = Counter("dynoplan_operator_reconciles", "Reconcile actions taken", ["kind", "action"],
                                   registry=memo.registry)
+        memo.dashboard = None
+        if memo.op_settings.dashboard_port:
+            from planner.operator import dashboard
+
+            try:
+                memo.dashboard = await dashboard.start(memo.loops, memo.op_settings.dashboard_port)
+            except OSError as e:  # the page is an aid: a busy port must not stop the operator
+                log.error("live dashboard not served: port %s: %s", memo.op_settings.dashboard_port, e)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "dashboard", None) is not None:
+            await memo.dashboard.cleanup()
+            memo.dashboard = None
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:

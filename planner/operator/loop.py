@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
 from planner.core.metrics import PlannerMetrics
 from planner.errors import PlannerError
+from planner.live.dashboard import DashboardHistory
 from planner.operator.errors import SpecError
 from planner.operator.kube import Conflict, Gone, Kube, now_iso
 from planner.operator.reconcile import child_name, divide_budget, replica_patch, set_condition
@@ -162,6 +163,7 @@ class FpmFeed:
         self._ids: dict[tuple[str, int], int] = {}
         self._next_id = itertools.count()
         self.endpoints: dict[str, str] = {}
+        self._latest: dict[tuple[int, int], tuple[str, ForwardPassMetrics]] = {}
 
     def set_endpoints(self, endpoints: Mapping[str, str]) -> None:
         """Subscribe to exactly ``{endpoint: pool}`` (the subscriber tags passes with ``pool|endpoint``)."""
@@ -180,8 +182,14 @@ class FpmFeed:
             key = (ep, p.worker_id)
             if key not in self._ids:
                 self._ids[key] = next(self._next_id)
-            out.append(dataclasses.replace(p, pool=pool, worker_id=self._ids[key]))
+            q = dataclasses.replace(p, pool=pool, worker_id=self._ids[key])
+            self._latest[(q.worker_id, q.dp_rank)] = (ep, q)
+            out.append(q)
         return tuple(out)
+
+    def latest(self) -> dict[tuple[int, int], ForwardPassMetrics]:
+        """The last drained pass per engine (feed id, DP rank) of the endpoints still subscribed."""
+        return {k: p for k, (ep, p) in self._latest.items() if ep in self.endpoints}
 
     def close(self) -> None:
         self.sub.close()
@@ -218,11 +226,13 @@ class PlannerLoop:
                  traffic_factory: Callable[[PlannerSpec], Any], metrics_registry: Any,
                  budget: BudgetBook | None, min_sleep_s: float, max_sleep_s: float,
                  clock: Callable[[], float] = time.monotonic,
-                 fpm_factory: Callable[[Callable[[], float]], Any] | None = None) -> None:
+                 fpm_factory: Callable[[Callable[[], float]], Any] | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         """``traffic_factory(plan)``: an object with a blocking ``read(window_s) -> TrafficWindow | None``
         (:class:`~planner.sources.prometheus.PrometheusTrafficSource`; called again only when the plan's
         metrics settings change). ``fpm_factory(clock)``: the FPM feed of the load loop (default
-        :class:`FpmFeed`), created when a spec enables the load loop and closed by :meth:`close`."""
+        :class:`FpmFeed`), created when a spec enables the load loop and closed by :meth:`close`.
+        ``wall_clock``: Unix seconds for the dashboard's series (:attr:`history`)."""
         self.body = body  # kopf's live view of the DynoPlanner
         self.kube = kube
         self.defaults = defaults
@@ -244,6 +254,11 @@ class PlannerLoop:
         self.conditions: list[dict[str, Any]] = list(((body.get("status") or {}).get("conditions")) or [])
         self.last_result: TickResult | None = None
         self._last_status: dict[str, Any] | None = None
+        # The live dashboard's series (planner.live.dashboard, served by planner.operator.dashboard).
+        self.wall_clock = wall_clock
+        self.history = DashboardHistory()
+        self.started_wall_s = wall_clock()
+        self._plan: PlannerSpec | None = None
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -296,6 +311,8 @@ class PlannerLoop:
             await self._status()
             return self.max_sleep_s
         self._cond("TargetFound", True, "Found", f"DynamoGraphDeployment {plan.target}")
+        self._plan = plan
+        self.history.record_sample(self.wall_clock(), obs.pools)
 
         cfg = dataclasses.replace(plan.config, **{
             p: dataclasses.replace(plan.config.limits(p), gpus_per_engine=s.gpus_per_engine)
@@ -407,6 +424,9 @@ class PlannerLoop:
         result = await asyncio.to_thread(self.planner.tick, now,
                                          Observations(obs.pools, traffic, passes=passes, passes_ok=passes_ok))
         self.last_result = result
+        self.history.record_tick(self.wall_clock(), result)
+        if self.fpm is not None and hasattr(self.fpm, "latest"):
+            self.history.record_engines(self.fpm.latest())
         if result.diagnostics.throughput_replicas:
             self._thpt_need = {p: int(n) for p, n in result.diagnostics.throughput_replicas.items()}
         self._next_s = result.next_tick_s
@@ -415,20 +435,23 @@ class PlannerLoop:
         d = result.decision
         name = plan.name
         applied: dict[str, Any] | None = None
+        # Events are emitted after the status is written: whoever reads an Event and then the status sees
+        # the decision in both (the status carries desiredReplicas of the same decision).
+        events: list[tuple[Mapping[str, Any], str, str, str]] = []
         if d.targets is not None:
             cur = {p: s.replicas for p, s in obs.pools.items()}
             change = ", ".join(f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items())
                                if cur.get(p) != n)
             msg = f"decision {d.decision_id}: {change or 'no change'} ({', '.join(r.value for r in d.reasons) or d.reason.value})"
             if plan.advisory:
-                await self.kube.event(self.ref, "Normal", REASON_ADVISORY, msg)
+                events.append((self.ref, "Normal", REASON_ADVISORY, msg))
             else:
                 try:
                     applied = await conn.scale(obs, d.targets)
                 except Conflict:
                     log.info("scale conflict; re-reading", extra={"planner": name, "decision": d.decision_id})
-                    await self.kube.event(self.ref, "Warning", REASON_CONFLICT,
-                                          f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning")
+                    events.append((self.ref, "Warning", REASON_CONFLICT,
+                                   f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning"))
                     self._next_s = now  # re-read at once on the next step
                 except Gone:
                     applied = None
@@ -436,8 +459,8 @@ class PlannerLoop:
                     ups = any(d.targets[p] > cur.get(p, 0) for p in d.targets)
                     downs = any(d.targets[p] < cur.get(p, 0) for p in d.targets)
                     reason = REASON_REBALANCE if ups and downs else REASON_UP if ups else REASON_DOWN
-                    await self.kube.event(obs.body, "Normal", reason, msg)
-                    await self.kube.event(self.ref, "Normal", reason, msg)
+                    events.append((obs.body, "Normal", reason, msg))
+                    events.append((self.ref, "Normal", reason, msg))
                     log.info("scaled", extra={"planner": name, "decision": d.decision_id, "patch": applied,
                                               "reason": d.reason.value})
         diag = result.diagnostics
@@ -459,8 +482,22 @@ class PlannerLoop:
         if cap is not None:
             status["sharedBudget"] = {"name": plan.shared_budget, "capGpus": int(cap)}
         await self._status(status)
+        for ev in events:
+            await self.kube.event(*ev)
         now2 = self.clock()
         return min(max(self._next_s - now2, self.min_sleep_s), self.max_sleep_s)
+
+    def dashboard_state(self) -> dict[str, Any] | None:
+        """The dashboard page's state (:meth:`planner.live.dashboard.DashboardHistory.state`), or None
+        before the first valid spec. Pool names are the planner's (``agg`` / ``prefill`` / ``decode``)."""
+        if self.planner is None or self._plan is None:
+            return None
+        plan = self._plan
+        problems = [c.get("message") for c in self.conditions if c["type"] == "MetricsAvailable" and c["status"] == "False"]
+        return self.history.state(
+            self.wall_clock(), self.started_wall_s, self.planner.config, 1000, self.last_result,
+            title=f"dynoplan planner {plan.namespace}/{plan.name} (DynamoGraphDeployment {plan.target})",
+            traffic_error=problems[0] if problems else None, fleet=[], fleet_events=[])
 
     async def close(self) -> None:
         """Stop the FPM feed (its receive thread), if any."""

@@ -64,7 +64,9 @@ def desired_children(dgd: DgdSpec, default_image: str) -> list[dict[str, Any]]:
 
     Each carries an owner reference to the DGD (garbage collection), the labels
     ``dynoplan.dev/dgd``/``dynoplan.dev/service`` and a spec hash annotation. Pods run non-root with a
-    read-only root filesystem; readiness is the process's ``GET /ready`` on port 8000. A service whose
+    read-only root filesystem; readiness is the process's ``GET /ready`` on port 8000. The main container's
+    ``lifecycle``, ``extraPodSpec.terminationGracePeriodSeconds`` and sidecar ``extraPodSpec.containers``
+    are passed through (the chart's example drains workers with a preStop sleep). A service whose
     args publish FPM on a fixed TCP port (:func:`fpm_port`) also gets a container and Service port named
     ``fpm`` (the planner's load loop subscribes to it through the Service's EndpointSlices).
     """
@@ -100,8 +102,13 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
         container["ports"].append({"name": FPM_PORT_NAME, "containerPort": fport})
     if s.resources:
         container["resources"] = {k: dict(v) for k, v in s.resources.items() if k in ("requests", "limits") and v}
-    pod_spec = {"containers": [container], "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
-                "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    if s.lifecycle:
+        container["lifecycle"] = dict(s.lifecycle)
+    pod_spec: dict[str, Any] = {"containers": [container, *(dict(c) for c in s.sidecars)],
+                                "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+                                "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    if s.termination_grace_period_s is not None:
+        pod_spec["terminationGracePeriodSeconds"] = int(s.termination_grace_period_s)
     container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
     dep_spec = {"replicas": 1 if s.replicas is None else int(s.replicas),
                 "selector": {"matchLabels": selector},

@@ -54,6 +54,9 @@ class OperatorSettings:
     """Port of the liveness/readiness endpoint ``/healthz`` (0 = off)."""
     metrics_port: int = 9100
     """Port of the Prometheus ``/metrics`` endpoint (0 = off)."""
+    dashboard_port: int = 8090
+    """Port of the live dashboard (the page ``dynoplan up`` serves, one per DynoPlanner: ``/?planner=ns/name``;
+    0 = off)."""
     log_format: str = "json"
     """``json`` (structured) or ``plain``."""
 
@@ -65,7 +68,7 @@ class OperatorSettings:
                 p.append(f"{n}={v!r}: expected seconds > 0")
         if (not p) and self.planner_min_sleep_s > self.planner_max_sleep_s:
             p.append(f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s")
-        for n in ("health_port", "metrics_port"):
+        for n in ("health_port", "metrics_port", "dashboard_port"):
             v = getattr(self, n)
             if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535):
                 p.append(f"{n}={v!r}: expected a port 0..65535")

@@ -40,6 +40,12 @@ class ServiceSpec:
     envs: tuple[tuple[str, str], ...]
     resources: Mapping[str, Any] | None = None
     image_pull_policy: str | None = None
+    lifecycle: Mapping[str, Any] | None = None
+    """The main container's ``lifecycle`` (e.g. a ``preStop`` that lets in-flight streams finish), verbatim."""
+    termination_grace_period_s: int | None = None
+    """``extraPodSpec.terminationGracePeriodSeconds`` (None = Kubernetes' 30 s)."""
+    sidecars: tuple[Mapping[str, Any], ...] = ()
+    """``extraPodSpec.containers``: extra containers of the Pod, verbatim (they may mount the ``tmp`` volume)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +95,23 @@ def parse_dgd(body: Mapping[str, Any]) -> DgdSpec:
     services: dict[str, ServiceSpec] = {}
     for name, s in (spec.get("services") or {}).items():
         s = s or {}
-        main = ((s.get("extraPodSpec") or {}).get("mainContainer") or {})
+        extra = s.get("extraPodSpec") or {}
+        main = extra.get("mainContainer") or {}
+        grace = extra.get("terminationGracePeriodSeconds")
+        if grace is not None and not (isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0):
+            problems.append(f"spec.services.{name}.extraPodSpec.terminationGracePeriodSeconds={grace!r}: "
+                            "expected an integer >= 0 (seconds)")
+            grace = None
+        sidecars = extra.get("containers") or []
+        if not (isinstance(sidecars, list) and all(isinstance(c, dict) and c.get("name") for c in sidecars)):
+            problems.append(f"spec.services.{name}.extraPodSpec.containers: expected a list of containers, each with a name")
+            sidecars = []
         services[name] = ServiceSpec(
             name=name, component_type=s.get("componentType"), sub_component_type=s.get("subComponentType"),
             replicas=s.get("replicas"), gpus_per_engine=_gpus(s.get("resources"), f"spec.services.{name}", problems),
             image=main.get("image"), command=tuple(main.get("command") or ()), args=tuple(main.get("args") or ()),
-            envs=_envs(s.get("envs")), resources=s.get("resources"), image_pull_policy=main.get("imagePullPolicy"))
+            envs=_envs(s.get("envs")), resources=s.get("resources"), image_pull_policy=main.get("imagePullPolicy"),
+            lifecycle=main.get("lifecycle"), termination_grace_period_s=grace, sidecars=tuple(sidecars))
     if not services:
         problems.append("spec.services={}: expected at least one service")
     if problems:

@@ -163,6 +163,7 @@ class Env:
         defaults.write_text(yaml.safe_dump(planner_values))
         env.update({"DYNOPLAN_OPERATOR_NAMESPACE": self.ns, "DYNOPLAN_OPERATOR_PLANNER_DEFAULTS_FILE": str(defaults),
                     "DYNOPLAN_OPERATOR_HEALTH_PORT": str(self.health_port),
+                    "DYNOPLAN_OPERATOR_DASHBOARD_PORT": "0",  # tests/operator/test_dashboard.py covers it
                     "DYNOPLAN_OPERATOR_METRICS_PORT": str(self.metrics_port)})
         return {**{k: v for k, v in os.environ.items() if not k.startswith("DYNOPLAN_OPERATOR_")}, **env,
                 "KUBECONFIG": str(self.kubeconfig)}
@@ -266,15 +267,22 @@ def test_invalid_dgd_rejected_by_schema(env):
 
 
 def test_chart_example_resources_pass_the_real_schema(env):
-    """The chart's example DGD, DynoPlanner and load Job are accepted by the apiserver (dry run)."""
+    """The chart's example DGD, DynoPlanner, load Job and headless worker Service are accepted by the
+    apiserver (dry run)."""
     out = env.k8s.helm("template", RELEASE, str(CHART), "--namespace", env.ns, "--set", "example.enabled=true",
                        "--show-only", "templates/example.yaml").stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     kinds = {d["kind"]: d for d in docs}
-    assert sorted(kinds) == ["DynamoGraphDeployment", "DynoPlanner", "Job"] and len(docs) == 3
+    assert sorted(kinds) == ["DynamoGraphDeployment", "DynoPlanner", "Job", "Service"] and len(docs) == 4
     dgd, dpl, job = kinds["DynamoGraphDeployment"], kinds["DynoPlanner"], kinds["Job"]
     made = env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd, dry_run="All")
     assert made["spec"]["services"]["VllmWorker"]["replicas"] == 1
+    # the drain settings survive the schema (mainContainer.lifecycle is declared, extraPodSpec keeps the rest)
+    worker = made["spec"]["services"]["VllmWorker"]["extraPodSpec"]
+    assert worker["mainContainer"]["lifecycle"] == {"preStop": {"sleep": {"seconds": 20}}}
+    assert worker["terminationGracePeriodSeconds"] == 30
+    assert [c["name"] for c in made["spec"]["services"]["Frontend"]["extraPodSpec"]["containers"]] == ["worker-dns"]
+    kubernetes.client.CoreV1Api(env.admin).create_namespaced_service(env.ns, kinds["Service"], dry_run="All")
     made = env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], dpl, dry_run="All")
     assert made["spec"]["mode"] == "agg" and made["spec"]["replicas"] == {"minWorker": 1, "maxWorker": 4}
     kubernetes.client.BatchV1Api(env.admin).create_namespaced_job(env.ns, job, dry_run="All")
@@ -425,11 +433,12 @@ def test_advisory_planner_reports_without_patching(env):
     env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("h"))
     env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2],
                                            planner_manifest("adv", "h", env.profile, advisory=True))
-    env.wait(lambda: any(e.reason == "AdvisoryDecision" for e in env.events("adv")), "AdvisoryDecision event")
-    ev = next(e for e in env.events("adv") if e.reason == "AdvisoryDecision")
     # Traffic is 30 req/2 s, ISL 2000, OSL 280: prefill 30000/8000 = 3.75 -> 4, decode 4200/1500 = 2.8 -> 3.
-    assert "Prefill 1->4" in ev.message and "Decode 1->3" in ev.message
-    assert env.planner("adv")["status"]["desiredReplicas"] == {"prefill": 4, "decode": 3}
+    # The operator writes the status before the Event of the same decision: wait on the status first.
+    env.wait(lambda: (env.planner("adv").get("status") or {}).get("desiredReplicas") == {"prefill": 4, "decode": 3},
+             "status.desiredReplicas prefill 4, decode 3")
+    env.wait(lambda: any(e.reason == "AdvisoryDecision" and "Prefill 1->4" in e.message and "Decode 1->3" in e.message
+                         for e in env.events("adv")), "AdvisoryDecision event 'Prefill 1->4 ... Decode 1->3'")
     h = env.dgd("h")
     assert (h["spec"]["services"]["Prefill"]["replicas"], h["spec"]["services"]["Decode"]["replicas"]) == (1, 1)
     assert h["metadata"]["generation"] == 1 and not [e for e in env.events("h") if e.reason.startswith("Scaled")]
