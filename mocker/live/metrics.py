@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
                      0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
-GAP_BUCKETS_S: tuple[float, ...] = tuple(0.001 * 2.0 ** k for k in range(18))
+GAP_BUCKETS_S: tuple[float, ...] = (0.0,) + tuple(0.001 * 2.0 ** k for k in range(18))
 """Upper bounds (seconds) of ``dynoplan_frontend_request_interarrival_seconds``: 1 ms x powers of 2 up to
 131.072 s (prometheus_client adds +Inf). The planner's ``planner.core.sizing.GAP_BUCKETS_S`` are the same
 bounds plus +Inf (defined twice because the mocker never imports the planner; a test checks they agree)."""

@@ -147,7 +147,7 @@ class TrafficWindow:
         if not (math.isnan(self.num_inflight) or self.num_inflight >= 0):
             raise ObservationError(f"TrafficWindow.num_inflight={self.num_inflight!r}: expected a count >= 0 or NaN")
         for name in ("osl_buckets", "isl_buckets", "gap_buckets"):
-            prev = 0.0
+            prev = -1.0 if name == "gap_buckets" else 0.0  # gaps have an le=0 bucket (shared timestamps)
             for le, n in getattr(self, name):
                 if not (le > prev and math.isfinite(n) and n >= 0):
                     raise ObservationError(f"TrafficWindow.{name}: bucket ({le!r}, {n!r}): expected an upper bound "

@@ -10,7 +10,8 @@ simulation".
 The sample (all from :class:`~planner.core.observations.TrafficWindow`, never from a trace file):
 
 - arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram
-  (``gap_buckets``; log-uniform inside a bucket), run at the window's own rate profile (``arrival_counts``,
+  (``gap_buckets``; log-uniform inside a bucket; arrivals that share a timestamp, the histogram's ``le=0``
+  bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own rate profile (``arrival_counts``,
   arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean rate is the forecast
   (predicted count x demand-error factor / interval): the renewal process is laid out in the profile's
   operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
@@ -51,9 +52,10 @@ from planner.core.reasons import Reason
 CONFIDENCE = 0.95
 """One-sided confidence of the binomial verdicts (the conventional 95 %, z = 1.645)."""
 
-GAP_BUCKETS_S: tuple[float, ...] = tuple(0.001 * 2.0 ** k for k in range(18)) + (math.inf,)
+GAP_BUCKETS_S: tuple[float, ...] = (0.0,) + tuple(0.001 * 2.0 ** k for k in range(18)) + (math.inf,)
 """Upper bounds (``le``, seconds) of the frontend's inter-arrival histogram
-(``dynoplan_frontend_request_interarrival_seconds``): 1 ms x powers of 2 up to 131 s, then +Inf."""
+(``dynoplan_frontend_request_interarrival_seconds``): 0 (arrivals that share a timestamp), then 1 ms x powers
+of 2 up to 131 s, then +Inf."""
 
 ARRIVAL_BIN_S = 10.0
 """Resolution (seconds) of the window's arrival-rate profile (``TrafficWindow.arrival_counts``): the request
@@ -258,14 +260,22 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     g_rng, i_rng, o_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(list(seed)).spawn(3))
     horizon = max(min_horizon_s, min_requests / rate_per_s)
     n = int(math.ceil(rate_per_s * horizon)) + 1
-    edges = _bucket_edges(gap_buckets) if gap_buckets and sum(c for _, c in gap_buckets) >= 2 else None
+    zero = sum(c for le, c in gap_buckets if le <= 0.0)
+    positive = [(le, c) for le, c in gap_buckets if le > 0.0]
+    edges = _bucket_edges(positive) if positive and sum(c for _, c in positive) >= 2 else None
+    # arrivals sharing a timestamp (a zero gap) come in batches: b requests per batch on average, the batch
+    # sizes 1 + Poisson(b - 1) (what a clock that stamps every arrival of a tick alike makes of a Poisson
+    # stream); the gaps between batches from the positive part of the histogram
+    b = (zero + sum(c for _, c in positive)) / sum(c for _, c in positive) if edges is not None else 1.0
+    nb = int(math.ceil(n / b)) + 1
     if edges is None:
-        gaps, mean_gap = g_rng.exponential(1.0, n), 1.0
+        gaps, mean_gap = g_rng.exponential(1.0, nb), 1.0
     else:
-        gaps, mean_gap = _draw(g_rng, edges, n, log_uniform=True)
-    # operational time: unit mean gap; the first arrival one gap after the tick (a renewal process seen from
-    # an arbitrary instant starts with a residual gap; a full gap is the simple choice)
-    op = np.cumsum(gaps / mean_gap)
+        gaps, mean_gap = _draw(g_rng, edges, nb, log_uniform=True)
+    sizes = 1 + g_rng.poisson(b - 1.0, nb) if b > 1.0 else np.ones(nb, dtype=np.int64)
+    # operational time: one request per unit on average; the first batch one gap after the tick (a renewal
+    # process seen from an arbitrary instant starts with a residual gap; a full gap is the simple choice)
+    op = np.repeat(np.cumsum(gaps / mean_gap * b), sizes)[:n]
     arrivals = _warp(op, rate_per_s, rate_profile, profile_bin_s)
     arrivals = arrivals[arrivals < horizon]
     warm = max(0, int(num_inflight))

@@ -17,7 +17,7 @@ NAME = "dynoplan_frontend_request_interarrival_seconds"
 def test_bounds_agree_with_the_planner():
     # the mocker may not import the planner (import-linter), so the bounds are written twice
     assert GAP_BUCKETS_S + (math.inf,) == PLANNER_GAP_BUCKETS_S
-    assert GAP_BUCKETS_S[0] == 0.001 and GAP_BUCKETS_S[-1] == 131.072
+    assert GAP_BUCKETS_S[:2] == (0.0, 0.001) and GAP_BUCKETS_S[-1] == 131.072  # le=0: shared timestamps
 
 
 def _buckets(m: FrontendMetrics, model: str) -> dict[float, float]:
@@ -42,7 +42,7 @@ def test_gaps_are_observed_between_consecutive_arrivals():
     b = _buckets(m, "m")
     # cumulative counts: <= 1 ms: 0.0005, 0.001; <= 4 ms: + 0.003; <= 16 ms: + 0.010; <= 1.024 s: + 1.0;
     # <= 16.384 s: + 10.0; +Inf: + 200
-    want = {0.001: 2, 0.002: 2, 0.004: 3, 0.008: 3, 0.016: 4, 0.512: 4, 1.024: 5, 8.192: 5, 16.384: 6, 131.072: 6,
+    want = {0.0: 0, 0.001: 2, 0.002: 2, 0.004: 3, 0.008: 3, 0.016: 4, 0.512: 4, 1.024: 5, 8.192: 5, 16.384: 6, 131.072: 6,
             math.inf: 7}
     for le, n in want.items():
         assert b[le] == n, (le, b)
