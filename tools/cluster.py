@@ -37,6 +37,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import ssl
@@ -603,7 +604,7 @@ def clean_iptables() -> None:
             ours = [c for c in _chains(cmd, table) if c.startswith(("KUBE-", "CNI-"))]
             rules = run([cmd, "-w", "-t", table, "-S"], check=False).stdout.splitlines()
             for rule in rules:
-                parts = rule.split()
+                parts = shlex.split(rule)  # rules carry quoted comments
                 if parts[:1] == ["-A"] and parts[1] not in ours and any(
                         parts[i - 1] in ("-j", "-g") and parts[i] in ours for i in range(1, len(parts))):
                     run([cmd, "-w", "-t", table, "-D", *parts[1:]], check=False)
