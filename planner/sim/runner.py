@@ -19,13 +19,15 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from mocker.config import EngineConfig
-from mocker.records import TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
 from planner.core.budget import apply_limits
+from planner.core.loops import ThroughputLoop, pool_bounds
+from planner.core.sizing import ARRIVAL_BIN_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
-from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS
+from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, FrontendCounters, window
 from planner.whatif import EngineFleetEvaluator
 from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, SchedulePolicy, StaticPolicy
 
@@ -103,7 +105,7 @@ def _initial(ctx: RunContext, cfg: PlannerConfig | None = None) -> dict[str, int
     if ctx.profile is None:
         return {p: 1 for p in ctx.pools}
     cfg = ctx.config if cfg is None else cfg
-    want = peak_replicas(replace(ctx, config=cfg), first=True)
+    want = _initial_by_simulation(ctx, cfg) or peak_replicas(replace(ctx, config=cfg), first=True)
     # within the planner's limits, as the planner itself would place it: pool limits and the GPU budgets
     # (planner.core.budget.apply_limits; nothing runs yet, so its goal is the fleet)
     return apply_limits(want, {}, cfg).goal
@@ -114,6 +116,42 @@ def what_if(ctx: RunContext, cfg: PlannerConfig) -> EngineFleetEvaluator:
     the planner's SLA targets (:class:`planner.whatif.EngineFleetEvaluator`)."""
     return EngineFleetEvaluator(ctx.engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=ctx.settings.router,
                                 transfer=ctx.settings.transfer, seed=ctx.settings.seed)
+
+
+def first_window(requests: Sequence[TraceRequest], interval_s: float, ttft_ms: float, itl_ms: float) -> TrafficWindow | None:
+    """The frontend's window of the trace's first ``interval_s`` (counts, ISL/OSL and gap histograms, rate
+    profile), as the planner would read it; the OSL from the requests themselves (nothing has finished yet at
+    deployment time). None for an empty first interval."""
+    first = [r for r in requests if r.arrival_ms < interval_s * 1000.0]
+    if not first:
+        return None
+    fc = FrontendCounters(ttft_ms, itl_ms)
+    old = fc.scrape(0.0)
+    for r in first:
+        fc.on_arrival(RequestRecord(r.request_id, r.arrival_ms, r.input_length, r.output_length))
+    w = window(fc.scrape(interval_s), old)
+    osl = [r.output_length for r in first]
+    counts = [0] * len(OSL_BUCKETS_TOKENS)
+    for o in osl:
+        counts[bisect.bisect_left(OSL_BUCKETS_TOKENS, o)] += 1
+    return replace(w, mean_osl_tokens=sum(osl) / len(osl), num_finished=math.nan,
+                   osl_buckets=tuple((le, float(c)) for le, c in zip(OSL_BUCKETS_TOKENS, counts)),
+                   arrival_counts=fc.arrival_counts(0.0, interval_s, ARRIVAL_BIN_S), num_inflight=0.0)
+
+
+def _initial_by_simulation(ctx: RunContext, cfg: PlannerConfig) -> dict[str, int] | None:
+    """The initial fleet by the planner's own sizing by simulation of the trace's first interval (None when the
+    config sizes in closed form or the interval is empty): what an operator would deploy for that load."""
+    if not (cfg.simulated_sizing and cfg.sla_attainment_target is not None and cfg.throughput_enabled):
+        return None
+    w = first_window(ctx.requests, cfg.adjustment_interval_s, cfg.ttft_ms, cfg.itl_ms)
+    if w is None:
+        return None
+    loop = ThroughputLoop(replace(cfg, predictor="constant", demand_error_quantile=None), ctx.profile, what_if(ctx, cfg))
+    if not loop.learn(0.0, w, None, None):
+        return None
+    loop.propose({p: pool_bounds(cfg)[p][0] for p in cfg.pools})
+    return dict(loop.required)
 
 
 def _kv_target_from_sla(ctx: RunContext) -> float:

@@ -403,6 +403,11 @@ def test_apiserver_restart_mid_run(env):
 
 
 def test_operator_restart_resumes_without_spurious_scale(env):
+    # a steady state the planner itself sizes: prefill 30 x 2000 / 2 / 8000 = 3.75 -> 4, decode 30 x 400 / 2 /
+    # 1500 = 4.0 -> 4 (the fleet the previous tests left), so a restarted planner has nothing to change
+    env.prom.set_traffic(30, 2000, 400)
+    env.wait(lambda: (env.planner("p").get("status") or {}).get("desiredReplicas") == {"prefill": 4, "decode": 4},
+             "planner sized 4 + 4 before the restart", 60)
     env.wait(lambda: env.dgd("g")["status"]["state"] == "successful", "DGD ready before restart")
     before = env.dgd("g")
     n_events = len([e for e in env.events("g") if e.reason.startswith("Scaled")])
@@ -415,6 +420,7 @@ def test_operator_restart_resumes_without_spurious_scale(env):
     assert after["spec"]["services"] == before["spec"]["services"]
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert len([e for e in env.events("g") if e.reason.startswith("Scaled")]) == n_events
+    env.prom.set_traffic(30, 2000, 280)  # the traffic the later tests hand-compute with
 
 
 def test_invalid_planner_spec_is_a_condition_not_a_retry_loop(env):
