@@ -266,3 +266,17 @@ def test_an_early_stopped_replay_gives_the_same_verdict_as_the_whole_one():
     assert early.misses <= whole.misses
     # a fleet that passes is replayed whole either way
     assert ev.evaluate(s, {"agg": 4}, stop_allowed=0.005) == ev.evaluate(s, {"agg": 4})
+
+
+@given(need=st.integers(1, 40), current=st.integers(1, 40), undecided=st.booleans())
+@settings(max_examples=80, deadline=None)
+def test_a_decision_never_moves_further_than_the_sizing_of_its_demand(need, current, undecided):
+    # the goal is the current fleet or the least fleet the sample shows passing -- never beyond both
+    und = {"agg": current} if undecided and current < need else None
+    plan = _sizing(Threshold({"agg": need}, undecided_at=und)).plan({"agg": current})["agg"]
+    assert plan.goal in (current, need)
+    assert min(current, need) <= plan.goal <= max(current, need)
+    if current > need:
+        assert plan.goal == need and plan.reason == Reason.SCALE_DOWN_THROUGHPUT
+    if current < need:
+        assert plan.goal == (current if undecided else need)
