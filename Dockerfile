@@ -9,25 +9,31 @@ ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Dependencies first, from pyproject.toml alone, so a source change does not reinstall them.
+# Dependencies first, from pyproject.toml alone, into /opt/venv; a source change reuses this layer (and,
+# in the final stage, the copy of /opt/venv). The project itself goes to /opt/app (found through a .pth).
 COPY pyproject.toml README.md ./
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + [d for x in ('planner', 'live', 'operator') for d in p['optional-dependencies'][x]]))" \
+ && /opt/venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
++ [d for x in ('planner', 'live', 'operator') for d in p['project']['optional-dependencies'][x]]))" \
     > /tmp/requirements.txt \
- && /opt/venv/bin/pip install -r /tmp/requirements.txt
+ && /opt/venv/bin/pip install -r /tmp/requirements.txt \
+ && /opt/venv/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/dynoplan-app.pth', 'w').write( \
+'/opt/app/lib/python%d.%d/site-packages\n' % sys.version_info[:2])"
 COPY mocker ./mocker
 COPY planner ./planner
-RUN /opt/venv/bin/pip install --no-deps ".[planner,live,operator]"
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --prefix /opt/app . \
+ && /opt/venv/bin/python -c "import planner.cli, mocker"
 COPY examples/profiles/make_mocker_profile.py /tmp/make_mocker_profile.py
 RUN mkdir -p /opt/dynoplan/profiles \
- && /opt/venv/bin/python /tmp/make_mocker_profile.py /opt/dynoplan/profiles/mocker_vllm.npz
+ && PATH=/opt/app/bin:/opt/venv/bin:$PATH /opt/venv/bin/python /tmp/make_mocker_profile.py /opt/dynoplan/profiles/mocker_vllm.npz
 
 FROM ${BASE}
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/app /opt/app
 COPY --from=build /opt/dynoplan /opt/dynoplan
 COPY examples/traces /opt/dynoplan/traces
-ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp MPLCONFIGDIR=/tmp
+ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp MPLCONFIGDIR=/tmp
 RUN groupadd --gid 10001 dynoplan && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin dynoplan
 USER 10001:10001
 WORKDIR /tmp

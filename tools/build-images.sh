@@ -4,8 +4,8 @@
 #   base       Debian bookworm minbase + python3, python3-venv, from debootstrap (the mirror apt uses),
 #              committed with buildah from scratch                      -> localhost/dynoplan/base:bookworm
 #   pause      tools/images/pause.c, static, in an empty image          -> localhost/dynoplan/pause:1
-#   prometheus the Debian prometheus binary (tools/install-system-deps.sh) on the base
-#                                                                       -> localhost/dynoplan/prometheus:bookworm
+#   prometheus Prometheus from its Go module (tools/build-k8s-bins.sh prometheus) on the base
+#                                                                       -> localhost/dynoplan/prometheus:local
 #   dynoplan   the project's Dockerfile, `buildah bud --build-arg BASE=<base>` -> docker.io/library/dynoplan:latest
 # Output: ${DYNOPLAN_CACHE:-~/.cache/dynoplan}/images/<name>.tar and <name>.ref (the image reference);
 # the dynoplan archive's layers are uncompressed (written and imported faster; it stays on this machine).
@@ -92,10 +92,13 @@ build_pause() {
 }
 
 build_prometheus() {
-  local bin; bin="$(command -v prometheus)" || { echo "build-images: prometheus not installed (tools/install-system-deps.sh)" >&2; exit 1; }
-  local ver; ver="$("$bin" --version 2>&1 | sed -n 's/^prometheus, version \([^ ]*\).*/\1/p' | tr '+~' '--')"
+  # Prometheus built from its Go module by tools/build-k8s-bins.sh (Debian's has no Kubernetes service
+  # discovery, which the chart's scrape config needs).
+  source "$here/k8s-versions.env"
+  local bin="$cache/bin/prometheus-$PROMETHEUS_VERSION" ver="$PROMETHEUS_VERSION"
+  [ -x "$bin" ] || { echo "build-images: $bin missing: run tools/build-k8s-bins.sh prometheus" >&2; exit 1; }
   # A fixed reference (tools/cluster-values.yaml names it); the cache is keyed by the binary's version.
-  local ref="localhost/dynoplan/prometheus:bookworm" tar="$out/prometheus.tar"
+  local ref="localhost/dynoplan/prometheus:local" tar="$out/prometheus.tar"
   if [ -s "$tar" ] && [ "$(cat "$out/prometheus.key" 2>/dev/null)" = "$ver" ]; then echo "prometheus $tar cached ($ver)"; return; fi
   build_base >/dev/null
   local start; start=$(date +%s)
@@ -138,8 +141,7 @@ build_dynoplan() {
     || { tail -n 30 "$cache/build/dynoplan-bud.log" >&2; exit 1; }
   bh push --quiet --disable-compression "$DYNOPLAN_REF" "oci-archive:$tar.tmp:$DYNOPLAN_REF"
   mv "$tar.tmp" "$tar"; echo "$DYNOPLAN_REF" >"$out/dynoplan.ref"; echo "$key" >"$out/dynoplan.key"
-  # Old layers of earlier source versions are not needed again.
-  bh rmi --prune >/dev/null 2>&1 || true
+  # No `rmi --prune`: the untagged build-stage layers are the cache of the next build.
   echo "dynoplan $tar $(( $(date +%s) - start ))s ($key)"
 }
 

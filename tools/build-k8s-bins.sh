@@ -4,7 +4,7 @@
 #   ${DYNOPLAN_CACHE:-$HOME/.cache/dynoplan}/bin/<name>-<version>
 # A binary already present is not rebuilt. Versions: tools/k8s-versions.env.
 # Usage: tools/build-k8s-bins.sh [NAME ...]   NAME: etcd kube-apiserver kube-controller-manager helm
-#        kube-scheduler kubelet kube-proxy kubectl coredns (default: all of them, in that order)
+#        kube-scheduler kubelet kube-proxy kubectl coredns prometheus (default: all of them, in that order)
 # Environment: DYNOPLAN_CACHE (cache root), BUILD_P (go build -p, default 2), and the usual
 # GOCACHE/GOMODCACHE/GOPROXY. Prints one line per binary: "<name> <path> <seconds-or-cached>".
 set -euo pipefail
@@ -190,7 +190,20 @@ build_helm() {
   mv "$dir/helm" "$out"
 }
 
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(etcd kube-apiserver kube-controller-manager helm kube-scheduler kubelet kube-proxy kubectl coredns)
+build_prometheus() {
+  # The local cluster's Prometheus (tools/build-images.sh puts it in an image): Debian's prometheus is
+  # built without Kubernetes service discovery, which the chart's scrape config uses. Prometheus' go.mod
+  # has no replace lines, so `go install` builds exactly its released dependency set (web UI not embedded:
+  # the HTTP API is what the dashboards use).
+  local out="$bindir/prometheus-$PROMETHEUS_VERSION" dir="$workroot/prometheus-$PROMETHEUS_VERSION"
+  rm -rf "$dir"; mkdir -p "$dir"
+  local v=github.com/prometheus/common/version
+  GOBIN="$dir" go install -p "$p" -ldflags "-s -w -X $v.Version=$PROMETHEUS_RELEASE -X $v.Revision=go-module -X $v.Branch=$PROMETHEUS_VERSION" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
+  mv "$dir/prometheus" "$out"
+}
+
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(etcd kube-apiserver kube-controller-manager helm kube-scheduler kubelet kube-proxy kubectl coredns prometheus)
 for name in "${want[@]}"; do
   case "$name" in
     kube-apiserver) out="$bindir/kube-apiserver-$KUBERNETES_VERSION"; fn=build_kube_apiserver ;;
@@ -202,7 +215,8 @@ for name in "${want[@]}"; do
     kube-proxy) out="$bindir/kube-proxy-$KUBERNETES_VERSION"; fn=build_kube_proxy ;;
     kubectl) out="$bindir/kubectl-$KUBERNETES_VERSION"; fn=build_kubectl ;;
     coredns) out="$bindir/coredns-$COREDNS_VERSION"; fn=build_coredns ;;
-    *) echo "build-k8s-bins: unknown binary '$name' (expected etcd, kube-apiserver, kube-controller-manager, helm, kube-scheduler, kubelet, kube-proxy, kubectl or coredns)" >&2; exit 2 ;;
+    prometheus) out="$bindir/prometheus-$PROMETHEUS_VERSION"; fn=build_prometheus ;;
+    *) echo "build-k8s-bins: unknown binary '$name' (expected etcd, kube-apiserver, kube-controller-manager, helm, kube-scheduler, kubelet, kube-proxy, kubectl, coredns or prometheus)" >&2; exit 2 ;;
   esac
   if [ -x "$out" ]; then echo "$name $out cached"; continue; fi
   start=$(date +%s)

@@ -6,8 +6,9 @@
 - ``prometheus_factory`` (function): ``make(targets, scrape_interval_s=1.0) -> PrometheusServer``;
   every server it made is stopped (and its temp dir removed) at teardown.
 - ``chromium`` (session): a :class:`tests.infra.browser.HeadlessChromium`.
-- ``local_cluster`` (session): a :class:`tests.infra.cluster.LocalCluster` (``tools/cluster.py``: a real
-  one-node cluster with kubelet, containerd, CNI, kube-proxy, CoreDNS), torn down at the end.
+- ``local_cluster`` (module): a :class:`tests.infra.cluster.LocalCluster` (``tools/cluster.py``: a real
+  one-node cluster with kubelet, containerd, CNI, kube-proxy, CoreDNS), torn down after the module, so
+  it never runs next to other tests.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def chromium() -> Iterator[HeadlessChromium]:
         yield browser
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_cluster() -> Iterator[LocalCluster]:
     cluster = LocalCluster.start()
     try:
