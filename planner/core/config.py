@@ -337,9 +337,20 @@ def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
     return dataclasses.MISSING
 
 
+REMOVED_SETTINGS: frozenset[str] = frozenset({
+    "sizing", "sizing_percentile", "scale_down_hysteresis", "scale_up_tolerance", "prefill_queueing",
+    "prefill_ttft_tail", "prefill_length_mix", "agg_prefill_interference", "agg_itl_tail", "agg_itl_tail_calibration",
+    "decode_kv_tail", "attainment_gain", "attainment_significance_z", "attainment_discount_unservable",
+    "attainment_demand_guard", "attainment_relax", "attainment_max_headroom"})
+"""Settings of the closed-form sizing rules that the sizing by simulation replaced (docs/planner-core.md)."""
+
+
 def _unknown_hint(key: str) -> str:
-    """What the user probably meant by an unknown top-level ``key``: a pool key without its pool, or the
-    closest setting names (difflib ratio >= 0.6); empty when nothing is close."""
+    """What the user probably meant by an unknown top-level ``key``: a removed rule's setting, a pool key without
+    its pool, or the closest setting names (difflib ratio >= 0.6); empty when nothing is close."""
+    if key in REMOVED_SETTINGS:
+        return (" (removed: the sizing by simulation replaced that rule, see docs/planner-core.md \"How the planner "
+                "sizes a fleet\"; simulated_sizing=false gives the reference formulas)")
     if key in _POOL_KEYS:
         return (f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
                 f"or {key} under a prefill:/decode:/agg: section)")

@@ -67,17 +67,6 @@ def _mean(totals: Sequence[tuple[float, float]], fallback: float) -> float:
     return s / n if n > 0 else fallback
 
 
-def _misses(w: TrafficWindow) -> tuple[float, float]:
-    """(misses, requests) the frontend's SLA buckets report for a window: TTFT misses of the first tokens plus ITL
-    misses of the finished requests (their sum bounds the requests missing either), over the larger count;
-    (0, 0) when not reported."""
-    vals = (w.num_ttft_observed, w.num_ttft_within_sla, w.num_finished, w.num_itl_within_sla)
-    if not all(math.isfinite(v) for v in vals):
-        return 0.0, 0.0
-    return ((w.num_ttft_observed - w.num_ttft_within_sla) + (w.num_finished - w.num_itl_within_sla),
-            max(w.num_ttft_observed, w.num_finished))
-
-
 @dataclass
 class _Seen:
     """What one traffic window contributes to the sample (module :mod:`planner.core.sizing`)."""
@@ -87,7 +76,6 @@ class _Seen:
     osl_buckets: tuple[tuple[float, float], ...]
     isl_total: tuple[float, float]
     osl_total: tuple[float, float]
-    misses: tuple[float, float]
 
 
 class ThroughputLoop:
@@ -166,7 +154,7 @@ class ThroughputLoop:
             self.last_isl_tokens = w.mean_isl_tokens
         if keep:
             self._seen.append(_Seen(now_s, w.isl_buckets, w.osl_buckets, _total(w.mean_isl_tokens, w.num_requests),
-                                    _total(w.mean_osl_tokens, w.num_finished), _misses(w)))
+                                    _total(w.mean_osl_tokens, w.num_finished)))
             while self._seen and now_s - self._seen[0].t_s >= SIZE_HISTORY_S:
                 self._seen.popleft()
 
@@ -240,18 +228,12 @@ class ThroughputLoop:
 
     # ------------------------------------------------------------------ sizing
     def allowed_miss(self) -> float:
-        """Miss share the next interval may have: the target's ``a = 1 - sla_attainment_target`` plus what the windows
-        of the last ``SIZE_HISTORY_S`` left unspent, ``min(2a, max(a, 2a - m))`` with ``m`` their observed miss share
-        -- an error budget, as SLOs are kept over a period rather than per sample (a quiet hour that missed nothing
-        lets the next interval miss up to ``2a``; the two average to the target). Misses beyond the budget are not
-        made up (never below ``a``)."""
+        """Miss share the next interval may have: ``1 - sla_attainment_target``. (An error budget that let an interval
+        spend what the last hour left unspent was tried and removed: spending the surplus lowers the fleet, the
+        misses refill the budget's deficit, and the loop cycles -- with the load loop on, a steady load flapped
+        1 <-> 2 four times in 20 minutes.)"""
         assert self.config.sla_attainment_target is not None
-        a = 1.0 - self.config.sla_attainment_target
-        n = sum(s.misses[1] for s in self._seen)
-        if n <= 0:
-            return a
-        m = sum(s.misses[0] for s in self._seen) / n
-        return min(2.0 * a, max(a, 2.0 * a - m))
+        return 1.0 - self.config.sla_attainment_target
 
     def _size(self, demand: Demand, ready: Mapping[str, int] | None) -> None:
         cfg = self.config

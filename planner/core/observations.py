@@ -106,7 +106,7 @@ class TrafficWindow:
     SLA buckets (optional, NaN = not reported): ``num_ttft_observed`` first tokens in the window, of which
     ``num_ttft_within_sla`` had TTFT <= the TTFT target (a histogram's ``le=target`` bucket);
     ``num_finished`` requests finished, of which ``num_itl_within_sla`` had their own mean ITL <= the ITL
-    target. Used by the sizing by simulation's error budget (:meth:`planner.core.loops.ThroughputLoop.allowed_miss`).
+    target (reported on the planner's metrics and dashboards).
 
     ``osl_buckets`` (optional): the output-length histogram of the requests finished in the window, as
     ``(le_tokens, count)`` pairs with increasing upper bounds and *non-cumulative* counts (the increase of

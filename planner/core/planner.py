@@ -89,7 +89,7 @@ class Diagnostics:
     gpu_hours: float
     """GPU-hours of the spec integrated over ticks so far."""
     allowed_miss: float = math.nan
-    """Miss share the sizing by simulation allowed this interval (the target's plus the unspent error budget)."""
+    """Miss share the sizing by simulation allowed this interval (``1 - sla_attainment_target``; NaN in closed form)."""
     evaluations: int = 0
     """Candidate fleets the sizing by simulation replayed for the current sample (0: closed-form sizing)."""
     demand_factor: float = 1.0

@@ -262,6 +262,12 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     n = int(math.ceil(rate_per_s * horizon)) + 1
     zero = sum(c for le, c in gap_buckets if le <= 0.0)
     positive = [(le, c) for le, c in gap_buckets if le > 0.0]
+    if len(rate_profile) and positive:
+        # gaps longer than a profile bin are the profile's (a silent stretch is a run of empty bins): the renewal
+        # law covers the gaps within bins. A 20-minute silence otherwise enters as one huge gap whose weight in
+        # the mean crushes every other gap, and the sample becomes one extreme burst
+        lows = [0.0] + [le for le, _ in positive[:-1]]
+        positive = [(le, c) for (le, c), lo in zip(positive, lows) if lo < profile_bin_s]
     edges = _bucket_edges(positive) if positive and sum(c for _, c in positive) >= 2 else None
     # arrivals sharing a timestamp (a zero gap) come in batches: b requests per batch on average, the batch
     # sizes 1 + Poisson(b - 1) (what a clock that stamps every arrival of a tick alike makes of a Poisson
@@ -345,9 +351,9 @@ class SimulatedSizing:
         """Least count of ``pool`` (others fixed) whose ``kind`` misses pass.
 
         When not even the pool's upper limit passes (prompts no fleet serves in time, a target beyond the
-        engine), the bar becomes what the limit achieves -- the Clopper-Pearson upper bound of its own miss
-        share -- and the least count meeting that is returned: replicas that do not reduce misses are not
-        bought."""
+        engine), the bar becomes what the limit achieves: the least count whose misses are not significantly
+        above the limit's (its lower Clopper-Pearson bound within the limit's upper bound) is returned, so
+        replicas that do not reduce misses measurably are not bought."""
         lo, hi = self.limits[pool]
         start = min(max(start, lo), hi)
         n = self._search(pool, others, kind, start, lo, hi, self.allowed_miss)
@@ -363,8 +369,18 @@ class SimulatedSizing:
         """Least ``n`` in ``[lo, hi]`` passing at ``allowed`` (``hi`` when none does): doubling steps from
         ``start``, then bisection."""
 
+        bar = allowed > self.allowed_miss
+
         def ok(n: int) -> bool:
-            return self._verdict({**others, pool: n}, kind, allowed) == PASS or (n >= hi and allowed > self.allowed_miss)
+            if not bar:
+                return self._verdict({**others, pool: n}, kind, allowed) == PASS
+            # the target is out of reach: n is good enough when its misses are not significantly above what the
+            # limit achieves (its lower bound within the limit's upper bound)
+            if n >= hi:
+                return True
+            o = self.outcome({**others, pool: n}, kind, decide=False)
+            k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
+            return miss_bounds(k, o.num_requests)[0] <= allowed
 
         if ok(start):
             good, step = start, 1

@@ -97,9 +97,9 @@ def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
 
 def _initial(ctx: RunContext, cfg: PlannerConfig | None = None) -> dict[str, int]:
     """Fleet at t = 0 of the dynamic policies: ``ctx.initial``, or when None ("auto") what an operator would
-    have deployed for the load at the start — the throughput formulas with the policy's own config ``cfg``
-    (default ``ctx.config``) on the trace's first adjustment interval (as ``static:peak`` does for the
-    busiest one); 1 per pool without a profile."""
+    have deployed for the load at the start — the sizing by simulation with the policy's own config ``cfg``
+    (default ``ctx.config``) of the trace's first adjustment interval (:func:`_initial_by_simulation`; the
+    reference formulas when that config sizes in closed form); 1 per pool without a profile."""
     if ctx.initial:
         return dict(ctx.initial)
     if ctx.profile is None:
@@ -116,6 +116,11 @@ def what_if(ctx: RunContext, cfg: PlannerConfig) -> EngineFleetEvaluator:
     the planner's SLA targets (:class:`planner.whatif.EngineFleetEvaluator`)."""
     return EngineFleetEvaluator(ctx.engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=ctx.settings.router,
                                 transfer=ctx.settings.transfer, seed=ctx.settings.seed)
+
+
+def _capped(initial: dict[str, int], ctx: RunContext) -> dict[str, int]:
+    """A baseline's initial fleet within ``--max-replicas`` per pool (the cap of every baseline)."""
+    return {p: min(n, ctx.max_replicas) for p, n in initial.items()}
 
 
 def first_window(requests: Sequence[TraceRequest], interval_s: float, ttft_ms: float, itl_ms: float) -> TrafficWindow | None:
@@ -307,9 +312,9 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                 osl = sum(r.output_length for r in ctx.requests) / max(1, len(ctx.requests))
                 cap = next(iter(ctx.engines.values())).total_kv_tokens
                 target = max(1.0, kv_t * cap / (isl + osl / 2.0))
-        return HpaPolicy(s, pools, metric, target, _initial(ctx), max_replicas=ctx.max_replicas)
+        return HpaPolicy(s, pools, metric, target, _capped(_initial(ctx), ctx), max_replicas=ctx.max_replicas)
     if s == "saturation":
-        return SaturationPolicy(s, pools, _initial(ctx), max_replicas=ctx.max_replicas)
+        return SaturationPolicy(s, pools, _capped(_initial(ctx), ctx), max_replicas=ctx.max_replicas)
     raise SimulationConfigError(f"policy {spec!r}: expected planner[:k=v,...], throughput-only, static:N, static:P+D, "
                                 "static:peak, static:auto, schedule:T=N,..., hpa[:kv|running[:target]] or saturation")
 

@@ -102,3 +102,12 @@ def test_config_file_not_utf8_names_file_and_byte(tmp_path):
     with pytest.raises(ConfigError) as ei:  # was a UnicodeDecodeError traceback from dynoplan simulate --config
         load_config(bad)
     assert str(ei.value) == f"{bad}: cannot read config file: byte 0xe9 at offset 18: expected UTF-8 text"
+
+
+def test_a_removed_rules_setting_says_what_replaced_it():
+    from planner.core.config import config_from_mapping
+    from planner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"scale_down_hysteresis: unknown setting \(removed: the sizing by simulation "
+                                          r"replaced that rule, see docs/planner-core.md"):
+        config_from_mapping({"scale_down_hysteresis": 0.1})

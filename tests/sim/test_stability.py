@@ -70,3 +70,12 @@ def test_a_silent_gap_scales_down_to_the_minimum_and_the_budget_holds_counting_d
         # the budget, counting workers that were removed but still drain
         worst = max(int(r["agg_replicas"]) + int(r["agg_draining"]) for r in rows)
         assert worst <= 4
+
+
+def test_the_budget_counts_every_gpu_of_a_multi_rank_worker(tmp_path):
+    # --dp-size 2: a worker holds 2 GPUs; a 4-GPU budget allows 2 workers, whatever the load asks for
+    summary, _, timeline = _run(tmp_path, "synthetic:poisson?rate=30&duration_s=400&seed=1", "--sla-ttft-ms", "200",
+                                "--sla-itl-ms", "10", "--dp-size", "2", "--planner-set", "max_gpu_budget=4",
+                                "--compare", "planner")
+    assert max(int(r["agg_replicas"]) + int(r["agg_draining"]) for r in timeline) == 2
+    assert summary["planner"]["max_replicas"]["agg"] == 2
