@@ -21,11 +21,17 @@ run: $(STAMP)
 # Real components for the integration tests: Debian packages (prometheus, chromium, containerd, buildah...),
 # the Kubernetes binaries, etcd, CoreDNS and helm built from Go modules, the local cluster's images
 # (debootstrap + buildah) and the AIConfigurator venv, all into ~/.cache/dynoplan (see tools/README.md).
+# The image builds and the AIConfigurator venv are mostly downloads: they run next to the Go builds
+# (CPU-bound), and the Prometheus image, which needs the Go-built prometheus, after them.
+INFRA_LOG ?= /tmp/dynoplan-infra-deps.$(shell id -u)
 infra-deps:
 	tools/install-system-deps.sh
-	tools/build-k8s-bins.sh
-	tools/build-images.sh
-	PY=$(PY) tools/build-aic-venv.sh
+	@tools/build-images.sh base pause dynoplan >$(INFRA_LOG).images 2>&1 & img=$$!; \
+	 PY=$(PY) tools/build-aic-venv.sh >$(INFRA_LOG).aic 2>&1 & aic=$$!; \
+	 tools/build-k8s-bins.sh; go=$$?; \
+	 wait $$img; i=$$?; cat $(INFRA_LOG).images; wait $$aic; a=$$?; cat $(INFRA_LOG).aic; \
+	 [ $$go -eq 0 ] && [ $$i -eq 0 ] && [ $$a -eq 0 ] || { echo "infra-deps failed: go builds $$go, images $$i, aic venv $$a" >&2; exit 1; }
+	tools/build-images.sh prometheus
 
 # The README's Kubernetes walkthrough on a real one-node cluster (tools/cluster.py), alone.
 e2e: $(STAMP) infra-deps
