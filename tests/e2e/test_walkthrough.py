@@ -31,7 +31,9 @@ import yaml
 
 from tests.infra._proc import REPO_ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# The test takes about 6 minutes; its fixture may first rebuild the image (sources changed since
+# `make infra-deps`) and bring the cluster up, which pytest-timeout counts too.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NS = "dynoplan"
 DGD = "mocker-agg"
@@ -161,10 +163,12 @@ class Timeline:
         self._thread.join(5)
 
 
-def tail_job_manifest(image: str) -> dict[str, Any]:
+def tail_job_manifest(image: str, init_containers: list[dict[str, Any]]) -> dict[str, Any]:
+    """A second loadgen Job; it waits for the frontend with the example Job's own init container."""
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": TAIL_JOB, "namespace": NS},
             "spec": {"backoffLimit": 0, "template": {"spec": {
                 "restartPolicy": "Never", "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+                "initContainers": init_containers,
                 "containers": [{"name": "loadgen", "image": image, "imagePullPolicy": "IfNotPresent",
                                 "args": ["loadgen", "--url", f"http://{DGD}-frontend:8000", "--trace", TAIL_TRACE,
                                          "--quiet", "--report-json", "/tmp/report.json", "--per-request", "/tmp/req.jsonl"],
@@ -254,7 +258,9 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
     timeline = Timeline(api)
     c.run(APPLY, cwd=work)
     t_apply = time.monotonic()
-    (work / "tail.json").write_text(json.dumps(tail_job_manifest(image)))
+    init = load_job["spec"]["template"]["spec"]["initContainers"]
+    assert [x["name"] for x in init] == ["wait-frontend"], init
+    (work / "tail.json").write_text(json.dumps(tail_job_manifest(image, init)))
     c.run(f"kubectl -n {NS} apply -f tail.json", cwd=work)
     try:
         # Worker and frontend Pods Ready through the probes the operator's reconciler writes.
