@@ -39,7 +39,7 @@ e2e: $(STAMP) infra-deps
 
 test: $(STAMP) infra-deps
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest --ignore=tests/e2e
+	$(BIN)/python -m pytest
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
