@@ -100,7 +100,7 @@ class EngineFleetEvaluator:
                 recs.append(fleet.submit(TraceRequest(i, t, int(isl[i]), int(osl[i])), t))
                 if stop_at is not None and i > num_warm and (i - num_warm) % CHECK_EVERY == 0:
                     o = self._certain(recs[num_warm:], t, n_counted)
-                    if {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[stop_kind] >= stop_at:
+                    if o.misses_of(stop_kind) >= stop_at:
                         return o
             last = float(arr_ms[-1]) if len(arr_ms) else 0.0
             end = last + self.ttft_ms + float(osl.max() if len(osl) else 1) * self.itl_ms

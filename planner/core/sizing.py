@@ -102,6 +102,10 @@ class SampleOutcome:
     complete: bool = True
     """False when the replay stopped early on a decided FAIL (misses then count those seen by then)."""
 
+    def misses_of(self, kind: str) -> int:
+        """The misses of ``kind``: ``any`` (either target), ``ttft`` or ``itl``."""
+        return {"any": self.misses, "ttft": self.ttft_misses, "itl": self.itl_misses}[kind]
+
 
 class FleetEvaluator(Protocol):
     """Replays a :class:`TrafficSample` through a fleet of ``replicas`` (``{pool: count}``) of the deployment's
@@ -344,8 +348,7 @@ class SimulatedSizing:
 
     def _verdict(self, counts: Mapping[str, int], kind: str, allowed: float | None = None) -> str:
         o = self.outcome(counts, kind, decide=allowed is None or allowed == self.allowed_miss)
-        k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
-        return verdict(k, o.num_requests, self.allowed_miss if allowed is None else allowed)
+        return verdict(o.misses_of(kind), o.num_requests, self.allowed_miss if allowed is None else allowed)
 
     def least_passing(self, pool: str, others: Mapping[str, int], kind: str, start: int) -> int:
         """Least count of ``pool`` (others fixed) whose ``kind`` misses pass.
@@ -360,8 +363,7 @@ class SimulatedSizing:
         if n < hi or self._verdict({**others, pool: hi}, kind) == PASS:
             return n
         o = self.outcome({**others, pool: hi}, kind, decide=False)
-        k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
-        bar = max(self.allowed_miss, miss_bounds(k, o.num_requests)[1])
+        bar = max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1])
         return self._search(pool, others, kind, start, lo, hi, bar)
 
     def _search(self, pool: str, others: Mapping[str, int], kind: str, start: int, lo: int, hi: int,
@@ -379,8 +381,7 @@ class SimulatedSizing:
             if n >= hi:
                 return True
             o = self.outcome({**others, pool: n}, kind, decide=False)
-            k = {"any": o.misses, "ttft": o.ttft_misses, "itl": o.itl_misses}[kind]
-            return miss_bounds(k, o.num_requests)[0] <= allowed
+            return miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
 
         if ok(start):
             good, step = start, 1
