@@ -193,7 +193,10 @@ def run_loadgen(args: argparse.Namespace) -> int:
                           "read (the server streams faster than the client resolves); ITL counts them as 0 ms, "
                           "TPOT is unaffected", highlight=False)
         if rep["failed_requests"]:
-            console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]")
+            console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False)
+            firsts = {f["reason"]: f for f in reversed(rep["failures"])}  # the first failure of each reason
+            for reason, f in sorted(firsts.items()):
+                console.print(f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False)
     if args.report_json:
         Path(args.report_json).write_text(report_to_json(rep))  # parent checked up front (check_output_paths)
     if args.per_request:

@@ -9,7 +9,18 @@ role (aggregated / prefill / decode) and KV-event endpoint come from there. A UR
 the sources stops receiving new requests; requests already streaming from it finish normally. A worker
 that fails is retried elsewhere: before the first token the request is re-sent whole; after ``n`` tokens
 the remaining ``max_tokens - n`` are requested from another worker with the prompt extended by the ``n``
-tokens already produced (``input_length`` extension), so the client's stream loses no token.
+tokens already produced (``input_length`` extension; when the request has prompt block ids, ``hash_ids``
+is extended to cover them: :func:`mocker.live.tokenizer.continuation_hash_ids`), so the client's stream
+loses no token and ends with exactly ``max_tokens``. Such a continuation is counted in
+``dynoplan_frontend_stream_continuations_total``, every re-routed leg in ``dynamo_frontend_request_retries_total``.
+
+Failures: a request that cannot be served after it was accepted is answered with an OpenAI error body
+(HTTP 503, or the worker's 4xx) when no token was sent yet, else with an SSE error event
+(``data: {"error": {...}}`` then ``data: [DONE]``, no finish chunk); the error's ``code`` is its reason,
+counted in ``dynoplan_frontend_request_failures_total{reason}`` and logged as one warning line:
+``no_ready_worker`` (no worker of the needed role), ``all_workers_failed`` (every candidate failed),
+``retries_exhausted`` (more than ``max_retries`` worker failures), ``worker_refused`` (a worker answered a
+4xx, not retried), ``internal_error``.
 
 Routing (``--router``)
 ----------------------
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -64,6 +76,9 @@ from mocker.live.metrics import FrontendMetrics
 from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
+from mocker.live.tokenizer import continuation_hash_ids
+
+log = logging.getLogger("dynoplan.frontend")
 
 ROUTERS = ("round_robin", "least_loaded", "kv")
 
@@ -437,14 +452,23 @@ class Frontend:
                 await resp.write_eof()
                 return resp
             return web.json_response(full_body(p.kind, oid, model, created, "".join(texts), "length", u))
-        except RequestError as e:
-            if resp is not None and resp.prepared:
-                await resp.write(b"data: " + msgspec.json.encode(e.body()) + b"\n\ndata: [DONE]\n\n")
-                return resp
-            return web.json_response(e.body(), status=e.status)
         except (asyncio.CancelledError, ConnectionResetError):
             status = "cancelled"
             raise
+        except Exception as exc:  # noqa: BLE001 - every failure of an accepted request is answered and counted
+            e = exc if isinstance(exc, RequestError) else RequestError(
+                f"internal error: {type(exc).__name__}: {exc}", status=500, type_="InternalServerError", code="internal_error")
+            if e.code is None:
+                e.code = "request_error"
+            self.metrics.failures.labels(model, e.code).inc()
+            log.warning("request %s failed after %d of %d tokens (%s): %s", oid, len(times), p.output_length, e.code, e.message)
+            if resp is not None and resp.prepared:
+                try:
+                    await resp.write(b"data: " + msgspec.json.encode(e.body()) + b"\n\ndata: [DONE]\n\n")
+                except ConnectionResetError:
+                    status = "cancelled"
+                return resp
+            return web.json_response(e.body(), status=e.status)
         finally:
             self.metrics.inflight.labels(model).dec()
             self.metrics.requests.labels(model, kind, "stream" if p.stream else "unary", status).inc()
@@ -476,8 +500,10 @@ class Frontend:
             picked = self._pick(role, p, failed)
             if picked is None:
                 if produced == 0 and not failed:
-                    raise RequestError("no ready worker to serve the request", status=503, type_="ServiceUnavailable")
-                raise RequestError(f"all workers failed after {produced} tokens", status=503, type_="ServiceUnavailable")
+                    raise RequestError("no ready worker to serve the request", status=503, type_="ServiceUnavailable",
+                                       code="no_ready_worker")
+                raise RequestError(f"all workers failed after {produced} tokens ({retries} worker failures)", status=503,
+                                   type_="ServiceUnavailable", code="all_workers_failed")
             h, rank = picked
             body = dict(p.raw)
             body.pop("stream_options", None)
@@ -492,6 +518,14 @@ class Frontend:
                     body["input_length"] = p.input_length
                 else:  # continuation after a worker failure: the prompt now includes the tokens produced
                     body["input_length"] = p.input_length + produced
+                    body.pop("hash_ids", None)
+                    if p.hash_ids is not None:
+                        # a valid request for the next worker: its block ids cover the extended prompt
+                        try:
+                            body["hash_ids"] = list(continuation_hash_ids(p.hash_ids, p.input_length, produced,
+                                                                          h.trace_block_size))
+                        except ValueError:  # ids of another block size (a text prompt hashed for other workers)
+                            pass  # no ids: unique content, always valid
             want = 1 if disagg else remaining
             body["max_tokens"] = want
             body.pop("max_completion_tokens", None)
@@ -511,8 +545,11 @@ class Frontend:
                         retries += 1
                         self.metrics.retries.labels(self.s.model_name).inc()
                         if retries > self.s.max_retries:
-                            raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable") from None
+                            raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable",
+                                               code="retries_exhausted") from None
                         continue
+            if produced:
+                self.metrics.continuations.labels(self.s.model_name).inc()
             try:
                 async for piece in self._stream_from(h, p, body, want):
                     if disagg:  # the prefill leg's token: the decode worker emits all the client's tokens
@@ -520,12 +557,14 @@ class Frontend:
                         continue
                     produced += 1
                     yield piece
-            except WorkerFailed:
+            except WorkerFailed as e:
+                log.info("worker %s failed after %d of %d tokens of a request: %s", h.url, produced, p.output_length, e)
                 failed.add(h.url)
                 retries += 1
                 self.metrics.retries.labels(self.s.model_name).inc()
                 if retries > self.s.max_retries:
-                    raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable") from None
+                    raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable",
+                                       code="retries_exhausted") from None
                 continue
 
     async def _bootstrap_legs(self, ph: WorkerHandle, dh: WorkerHandle, p: ParsedRequest, p_body: dict[str, Any],  # type: ignore[no-untyped-def]
@@ -591,7 +630,7 @@ class Frontend:
                     except Exception:
                         msg = f"worker answered HTTP {r.status}"
                     if r.status < 500:
-                        raise RequestError(msg, status=r.status)
+                        raise RequestError(f"worker {h.url} refused the request: {msg}", status=r.status, code="worker_refused")
                     raise WorkerFailed(msg)
                 async for line in r.content:
                     if not line.startswith(b"data: "):

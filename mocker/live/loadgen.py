@@ -12,7 +12,15 @@ prompt length is then the server tokenizer's). Every request asks for ``max_toke
 and streams.
 
 Measurement, per request on ``time.monotonic``: arrival = when the request is sent; every received token
-chunk is one token time; finish = last token. Client-side TTFT / ITL / E2E ... are then computed by
+chunk is one token time; finish = last token.
+
+A request counts as completed only when it got every token it asked for (``max_tokens``), or fewer with a
+finish reason other than ``length`` (e.g. ``stop``: the server's model ended it). Otherwise it failed, with
+one of these reasons (the report's ``errors`` counts them, ``failures`` lists each failed request with its
+reason, message and token counts): ``http_<status>`` (a non-2xx answer; message: the error body's),
+``stream_error`` (an SSE ``data: {"error": ...}`` event; message: its ``code`` and ``message``),
+``truncated_stream`` (the stream ended short of ``max_tokens`` without a stop reason), ``no_tokens``,
+``timeout``, or the client exception's name (connection errors). Client-side TTFT / ITL / E2E ... are then computed by
 :func:`mocker.report.build_report` — the same definitions and key names as the offline replay report,
 in milliseconds of wall time (at a server speedup ratio R they read R times smaller than simulated
 time; ``scale_ms`` multiplies them back for comparisons).
@@ -70,12 +78,26 @@ class LoadgenSettings:
         return p
 
 
+@dataclass(frozen=True, slots=True)
+class RequestFailure:
+    """Why one request failed (see the module docstring for the reasons)."""
+
+    request_id: int
+    reason: str
+    message: str
+    tokens: int
+    """Tokens received before the failure."""
+    expected_tokens: int
+    """``max_tokens`` asked for."""
+
+
 @dataclass
 class LoadgenResult:
     """Duck-compatible with what :func:`mocker.report.build_report` reads from a replay result."""
 
     records: list[RequestRecord]
     errors: dict[str, int] = field(default_factory=dict)
+    failures: list[RequestFailure] = field(default_factory=list)
     client_queue_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     worker_seconds: float = 0.0
@@ -103,21 +125,52 @@ def request_body(s: LoadgenSettings, r: TraceRequest) -> dict[str, Any]:
     return body
 
 
-def _is_token(data: bytes, chat: bool) -> bool:
-    """Whether one SSE ``data:`` payload is an output token chunk (not a finish/usage chunk or [DONE])."""
+TOKEN, FINISH, ERROR, OTHER = "token", "finish", "error", "other"
+
+
+def classify_event(data: bytes, chat: bool) -> tuple[str, str | None]:
+    """What one SSE ``data:`` payload is: ``(TOKEN, None)`` an output token chunk, ``(FINISH, reason)`` a chunk
+    carrying a finish reason, ``(ERROR, "code: message")`` an error event, ``(OTHER, None)`` anything else
+    (usage chunk, ``[DONE]``, a role-only chat delta, a payload that is not JSON)."""
     if b'"finish_reason":null' in data and (not chat or b'"content":' in data):
-        return True  # fast path: a compact token chunk (dynoplan, vLLM)
+        return TOKEN, None  # fast path: a compact token chunk (dynoplan, vLLM)
     if data == b"[DONE]":
-        return False
-    d = json.loads(data)
+        return OTHER, None
+    try:
+        d = json.loads(data)
+    except ValueError:
+        return OTHER, None
+    if not isinstance(d, dict):
+        return OTHER, None
+    if d.get("error") is not None:
+        err = d["error"]
+        if isinstance(err, dict):
+            code = err.get("code") or err.get("type") or "error"
+            return ERROR, f"{code}: {err.get('message', '')}"
+        return ERROR, str(err)
     ch = d.get("choices") or []
-    if not ch or ch[0].get("finish_reason") is not None:
-        return False
-    return not chat or "content" in ch[0].get("delta", {})
+    if not ch:
+        return OTHER, None
+    fr = ch[0].get("finish_reason")
+    if fr is not None:
+        return FINISH, str(fr)
+    if not chat or "content" in (ch[0].get("delta") or {}):
+        return TOKEN, None
+    return OTHER, None
+
+
+
+def _fail(rec: RequestRecord, errors: dict[str, int], failures: list[RequestFailure] | None, reason: str,
+          message: str) -> None:
+    rec.status = "failed"
+    errors[reason] = errors.get(reason, 0) + 1
+    if failures is not None:
+        failures.append(RequestFailure(rec.request_id, reason, message[:300], len(rec.token_times_ms), rec.output_length))
 
 
 async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceRequest, t0: float,
-               rec: RequestRecord, errors: dict[str, int], payload: bytes | None = None) -> None:
+               rec: RequestRecord, errors: dict[str, int], payload: bytes | None = None,
+               failures: list[RequestFailure] | None = None) -> None:
     """Send one request and time its tokens. The stream is read in whatever pieces the socket delivers
     (``iter_any``), not line by line: every token in one piece arrived together and gets that piece's
     time, and the per-line awaits of ``StreamReader.readline`` (half this process's CPU at 10k tokens/s,
@@ -128,13 +181,18 @@ async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceReque
         payload = json.dumps(request_body(s, r)).encode()
     chat = s.endpoint == "chat"
     times = rec.token_times_ms
+    error: str | None = None
+    finish: str | None = None
     try:
         async with session.post(s.url.rstrip("/") + path, data=payload, headers=_JSON,
                                 timeout=aiohttp.ClientTimeout(total=s.request_timeout_s)) as resp:
-            if resp.status != 200:
-                key = f"http_{resp.status}"
-                errors[key] = errors.get(key, 0) + 1
-                rec.status = "failed"
+            if not 200 <= resp.status < 300:
+                body = (await resp.read())[:2000]
+                try:
+                    msg = str(json.loads(body)["error"]["message"])
+                except (ValueError, KeyError, TypeError):
+                    msg = body.decode(errors="replace")
+                _fail(rec, errors, failures, f"http_{resp.status}", msg)
                 return
             buf = b""
             async for piece in resp.content.iter_any():
@@ -145,22 +203,32 @@ async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceReque
                 *events, buf = buf.split(b"\n\n")
                 for ev in events:
                     for line in ev.split(b"\n"):
-                        if line.startswith(b"data: ") and _is_token(line[6:].strip(), chat):
+                        if not line.startswith(b"data: "):
+                            continue
+                        kind, detail = classify_event(line[6:].strip(), chat)
+                        if kind == TOKEN:
                             times.append(now)
+                        elif kind == FINISH:
+                            finish = detail
+                        elif kind == ERROR and error is None:
+                            error = detail
         if rec.token_times_ms:
             rec.first_token_ms = rec.token_times_ms[0]
             rec.finish_ms = rec.token_times_ms[-1]
-            rec.status = "finished"
+        n, want = len(times), r.output_length
+        if error is not None:
+            _fail(rec, errors, failures, "stream_error", f"{error} (after {n} of {want} tokens)")
+        elif n == 0:
+            _fail(rec, errors, failures, "no_tokens", f"the stream ended without a token (finish reason {finish})")
+        elif n < want and (finish is None or finish == "length"):
+            _fail(rec, errors, failures, "truncated_stream",
+                  f"the stream ended after {n} of {want} tokens with finish reason {finish}")
         else:
-            rec.status = "failed"
-            errors["no_tokens"] = errors.get("no_tokens", 0) + 1
+            rec.status = "finished"
     except asyncio.TimeoutError:
-        rec.status = "failed"
-        errors["timeout"] = errors.get("timeout", 0) + 1
+        _fail(rec, errors, failures, "timeout", f"no complete answer within {s.request_timeout_s:g} s")
     except (aiohttp.ClientError, OSError) as e:
-        rec.status = "failed"
-        key = type(e).__name__
-        errors[key] = errors.get(key, 0) + 1
+        _fail(rec, errors, failures, type(e).__name__, str(e))
 
 
 async def _warm_up(session: aiohttp.ClientSession, s: LoadgenSettings) -> None:
@@ -182,6 +250,7 @@ async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progres
     sem = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency > 0 else None
     records: list[RequestRecord] = []
     errors: dict[str, int] = {}
+    failures: list[RequestFailure] = []
     queue_ms: list[float] = []
     done = 0
     total = len(requests)
@@ -201,7 +270,7 @@ async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progres
                 queue_ms.append(max(0.0, sent - due_ms))
                 rec = RequestRecord(r.request_id, sent, r.input_length, r.output_length, admit_ms=sent)
                 records.append(rec)
-                await _one(session, s, r, t0, rec, errors, payload)
+                await _one(session, s, r, t0, rec, errors, payload, failures)
             finally:
                 if sem is not None:
                     sem.release()
@@ -221,7 +290,8 @@ async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progres
         await asyncio.gather(*tasks)
         wall = time.monotonic() - t0
     records.sort(key=lambda r: r.request_id)
-    return LoadgenResult(records=records, errors=errors, client_queue_ms=queue_ms, wall_s=wall)
+    failures.sort(key=lambda f: f.request_id)
+    return LoadgenResult(records=records, errors=errors, failures=failures, client_queue_ms=queue_ms, wall_s=wall)
 
 
 def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
@@ -234,13 +304,15 @@ def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
                           token_times_ms=[t * scale_ms for t in r.token_times_ms],
                           finish_ms=None if r.finish_ms is None else r.finish_ms * scale_ms, status=r.status)
         out.append(c)
-    return LoadgenResult(records=out, errors=dict(result.errors), client_queue_ms=[q * scale_ms for q in result.client_queue_ms],
+    return LoadgenResult(records=out, errors=dict(result.errors), failures=list(result.failures),
+                         client_queue_ms=[q * scale_ms for q in result.client_queue_ms],
                          wall_s=result.wall_s)
 
 
 def client_report(result: LoadgenResult) -> dict[str, Any]:
     """The offline report's keys (``mocker.report.build_report``) plus loadgen keys: ``failed_requests``,
-    ``errors`` (by kind), ``mean_client_queue_ms``, ``wall_time_s``, ``output_tokens_per_wall_s``.
+    ``errors`` (count by reason), ``failures`` (each failed request: ``request_id``, ``reason``, ``message``,
+    ``tokens`` received, ``expected_tokens``), ``mean_client_queue_ms``, ``wall_time_s``, ``output_tokens_per_wall_s``.
 
     ``coalesced_itl_ratio``: the share of ITL samples that are 0 ms because both tokens arrived in the
     same network read (unresolvable by the client; see the loadgen table note).
@@ -253,6 +325,8 @@ def client_report(result: LoadgenResult) -> dict[str, Any]:
     rep = build_report(result)  # type: ignore[arg-type]
     rep["failed_requests"] = sum(1 for r in result.records if r.status != "finished")
     rep["errors"] = dict(sorted(result.errors.items()))
+    rep["failures"] = [{"request_id": f.request_id, "reason": f.reason, "message": f.message, "tokens": f.tokens,
+                        "expected_tokens": f.expected_tokens} for f in result.failures]
     rep["mean_client_queue_ms"] = sum(result.client_queue_ms) / len(result.client_queue_ms) if result.client_queue_ms else 0.0
     rep["wall_time_s"] = result.wall_s
     toks = sum(len(r.token_times_ms) for r in result.records)

@@ -93,13 +93,19 @@ class FrontendMetrics:
         self.inflight = Gauge(p + "inflight_requests", "Requests in flight.", ["model"], registry=r)
         self.workers = Gauge(p + "workers", "Discovered workers by role.", ["role"], registry=r)
         self.retries = Counter(p + "request_retries", "Legs re-routed after a worker failed (the stream continues elsewhere).", ["model"], registry=r)
+        self.continuations = Counter("dynoplan_frontend_stream_continuations",
+                                     "Streams continued on another worker after a worker failed mid-stream (tokens already "
+                                     "sent to the client; the prompt is extended by them)", ["model"], registry=r)
+        self.failures = Counter("dynoplan_frontend_request_failures",
+                                "Accepted requests that failed, by reason (the client got an HTTP error or an SSE error "
+                                "event with this reason as its code)", ["model", "reason"], registry=r)
         self.interarrival = Histogram("dynoplan_frontend_request_interarrival_seconds",
                                       "Gap between a request's arrival and the previous request's arrival (wall seconds).",
                                       ["model"], buckets=GAP_BUCKETS_S, registry=r)
         self._last_arrival_s: dict[str, float] = {}
         # series exist (at 0) from the first scrape, so increase() over a window sees the first requests
         for m in (self.ttft, self.itl, self.duration, self.isl, self.osl, self.started, self.inflight, self.retries,
-                  self.interarrival):
+                  self.continuations, self.interarrival):
             m.labels(model)
 
     def observe_arrival(self, model: str, t_s: float) -> None:

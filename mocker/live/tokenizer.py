@@ -76,3 +76,51 @@ _WORDS = ("the", " model", " says", " hello", " to", " a", " simulated", " world
 def output_piece(index: int) -> str:
     """Text of the ``index``-th generated token (a fixed cycle of short words; the mocker has no model)."""
     return _WORDS[index % len(_WORDS)]
+
+
+_OUTPUT_TOKEN_MARK = 0x80000000
+"""Set in the stand-in token id of the ``j``-th generated token (``_OUTPUT_TOKEN_MARK | j``) when a
+continued prompt's blocks are hashed (:func:`continuation_hash_ids`); prompt token ids are CRC-32 values,
+so a generated token's id names its position in the output, which is what determines its text here
+(:func:`output_piece`)."""
+
+
+def continuation_hash_ids(hash_ids: Sequence[int], input_length: int, produced: int,
+                          block_tokens: int) -> tuple[int, ...]:
+    """Block ids of a prompt continued after ``produced`` generated tokens (a stream moved to another worker).
+
+    The continued prompt is the original ``input_length`` prompt tokens followed by the first ``produced``
+    output tokens, ``input_length + produced`` tokens in all, so it needs
+    ``ceil((input_length + produced) / block_tokens)`` ids (the worker refuses fewer:
+    :func:`mocker.live.protocol.parse_request`). The ids of the prompt's *full* blocks are kept (their
+    content is unchanged, so another worker that cached them reuses them); every later block holds the
+    prompt's partial tail (if any) and output tokens, and gets a new chained id — as
+    :func:`block_hash_ids` chains blocks: BLAKE2b of the previous block's id and the block's token ids,
+    where a generated token ``j`` stands as ``_OUTPUT_TOKEN_MARK | j`` and the prompt's partial tail as its
+    original id (split into two 32-bit words). Equal prompts continued after equal counts get equal ids
+    (the mocker's output text depends only on the token's index), as a real prefix cache would see them.
+
+    Raises ValueError when ``block_tokens`` < 1, ``input_length`` < 1, ``produced`` < 0 or ``hash_ids``
+    covers fewer than ``input_length`` tokens.
+    """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens={block_tokens}: expected a positive integer")
+    if input_length < 1 or produced < 0:
+        raise ValueError(f"input_length={input_length}, produced={produced}: expected >= 1 and >= 0")
+    if len(hash_ids) * block_tokens < input_length:
+        raise ValueError(f"hash_ids has {len(hash_ids)} ids of {block_tokens} tokens, fewer than the prompt's "
+                         f"{input_length} tokens")
+    full = input_length // block_tokens
+    ids = list(hash_ids[:full])
+    total = -(-(input_length + produced) // block_tokens)
+    parent = ids[-1] if ids else 0
+    for b in range(full, total):
+        start, end = b * block_tokens, min((b + 1) * block_tokens, input_length + produced)
+        block: list[int] = []
+        if start < input_length:  # the prompt's partial last block, known by its original id
+            tail = int(hash_ids[full])
+            block += [tail & 0xFFFFFFFF, (tail >> 32) & 0xFFFFFFFF]
+        block += [_OUTPUT_TOKEN_MARK | (j - input_length) for j in range(max(start, input_length), end)]
+        parent = _chain(parent, block)
+        ids.append(parent)
+    return tuple(ids)
