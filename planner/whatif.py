@@ -29,7 +29,7 @@ import numpy as np
 from mocker.config import EngineConfig
 from mocker.fleet import Fleet
 from mocker.records import TraceRequest
-from planner.core.sizing import SampleOutcome, TrafficSample, fail_count
+from planner.core.sizing import CONFIDENCE, SampleOutcome, TrafficSample, fail_count
 
 CHECK_EVERY = 128
 """Arrivals between two early-stop checks of a replay (each check scans the records so far)."""
@@ -73,10 +73,11 @@ class EngineFleetEvaluator:
         return {"agg": k}, idx
 
     def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
-                 stop_kind: str = "any") -> SampleOutcome:
+                 stop_kind: str = "any", stop_confidence: float = CONFIDENCE) -> SampleOutcome:
         """The counted requests' misses (:class:`planner.core.sizing.FleetEvaluator`). With ``stop_allowed``, the
         replay checks every :data:`CHECK_EVERY` arrivals whether the misses already certain (no first token
-        ``ttft_ms`` after arrival; a finished request over the ITL target) make the verdict FAIL, and stops."""
+        ``ttft_ms`` after arrival; a finished request over the ITL target) make the verdict FAIL at
+        ``stop_confidence``, and stops."""
         counts, idx = self._share(sample, replicas)
         num_warm = sample.num_warm if idx is None else int(np.count_nonzero(idx < sample.num_warm))
         self.evaluations += 1
@@ -93,7 +94,7 @@ class EngineFleetEvaluator:
                 arr_ms, isl, osl = arr_ms[idx], isl[idx], osl[idx]
             recs = []
             n_counted = len(arr_ms) - num_warm
-            stop_at = fail_count(n_counted, stop_allowed) if stop_allowed is not None else None
+            stop_at = fail_count(n_counted, stop_allowed, stop_confidence) if stop_allowed is not None else None
             for i in range(len(arr_ms)):
                 t = float(arr_ms[i])
                 fleet.advance_until(t)

@@ -32,7 +32,7 @@ from planner.core.observations import ForwardPassMetrics, TrafficWindow
 from planner.core.predictors import make_predictor
 from planner.core.reasons import Reason
 from planner.core.sizing import (ARRIVAL_BIN_S, SIZE_HISTORY_S, FleetEvaluator, PoolPlan, SimulatedSizing,
-                                 build_sample, pool_buckets, sample_size)
+                                 build_sample, pool_buckets, sequential_looks)
 from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
                                      size_pool)
 
@@ -254,15 +254,16 @@ class ThroughputLoop:
             self.required = {p: bounds[p][0] for p in cfg.pools}
             return
         allowed = self.allowed_miss()
+        looks = sequential_looks(allowed)
         seen = list(self._seen)
         sample = build_sample(
             rate, _mean([s.isl_total for s in seen], demand.isl_tokens),
             _mean([s.osl_total for s in seen], demand.osl_tokens), min_horizon_s=cfg.adjustment_interval_s,
-            min_requests=sample_size(allowed), isl_buckets=pool_buckets([s.isl_buckets for s in seen]) or demand.isl_buckets,
+            min_requests=looks[-1], isl_buckets=pool_buckets([s.isl_buckets for s in seen]) or demand.isl_buckets,
             osl_buckets=pool_buckets([s.osl_buckets for s in seen]) or demand.osl_buckets,
             gap_buckets=self._gap_buckets, num_inflight=int(self._inflight), warmup_s=self._duration_s,
             rate_profile=self._profile, profile_bin_s=ARRIVAL_BIN_S, seed=(self._sizings,))
-        self._search = SimulatedSizing(self.evaluator, sample, cfg.pools, bounds, allowed)
+        self._search = SimulatedSizing(self.evaluator, sample, cfg.pools, bounds, allowed, looks)
         if ready is not None and all(p in ready for p in cfg.pools):
             self.propose(ready)
 

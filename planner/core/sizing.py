@@ -33,7 +33,11 @@ The sample (all from :class:`~planner.core.observations.TrafficWindow`, never fr
 Verdicts: with ``k`` misses among ``N`` counted requests and ``a = 1 - target`` allowed, a fleet *passes*
 when the one-sided Clopper-Pearson upper bound of its miss share at :data:`CONFIDENCE` is <= ``a``, *fails*
 when the lower bound is > ``a``, and is *undecided* between (Clopper & Pearson, Biometrika 26, 1934: the
-exact binomial interval, from beta quantiles). The goal of a pool is the least passing count; a pool
+exact binomial interval, from beta quantiles). The verdict is sequential (:data:`LOOKS`): a fleet undecided on the
+first :func:`sample_size` requests is replayed on the sample's longer heads (2, 4, 8 x as many requests, nested:
+:meth:`TrafficSample.head`), so that a fleet well inside the target is not held to half of it by the length of
+one sample; each look is judged at :func:`look_confidence`, the level at which a fleet exactly at the allowed
+share passes at any look with 5 % probability (four looks at 95 % each would pass it 10 % of the time). The goal of a pool is the least passing count; a pool
 whose current count is undecided keeps it (no scale-up on a sample that cannot show a miss, no scale-down
 without a smaller fleet shown to pass): the deadband is the sample's own uncertainty, not a tuned margin.
 """
@@ -41,11 +45,12 @@ without a smaller fleet shown to pass): the deadband is the sample's own uncerta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
-from scipy.stats import beta
+from scipy.stats import beta, binom
 
 from planner.core.reasons import Reason
 
@@ -85,10 +90,26 @@ class TrafficSample:
     num_warm: int
     horizon_s: float
     min_counted: int = 0
+    interval_s: float = 0.0
+    """The span the counted requests cover at least (the decision interval), seconds."""
+    warmup_s: float = 0.0
+    """When the counted requests start (the in-flight warm-up), seconds from the tick."""
 
     @property
     def num_counted(self) -> int:
         return int(len(self.arrival_s) - self.num_warm)
+
+    def head(self, min_counted: int) -> TrafficSample:
+        """The sample's first part that holds ``min_counted`` counted requests and spans ``interval_s``: what
+        :func:`build_sample` would have drawn for ``min_requests=min_counted`` with the same seed, so that the
+        looks of a sequential verdict see nested samples. The whole sample when it holds no more."""
+        w = self.num_warm
+        if min_counted >= self.num_counted:
+            return replace(self, min_counted=int(min_counted))
+        end = max(self.warmup_s + self.interval_s, float(np.nextafter(self.arrival_s[w + min_counted - 1], np.inf)))
+        keep = max(int(np.searchsorted(self.arrival_s, end, side="left")), w + min_counted)
+        return TrafficSample(self.arrival_s[:keep], self.isl_tokens[:keep], self.osl_tokens[:keep], w, end,
+                             int(min_counted), self.interval_s, self.warmup_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +132,11 @@ class FleetEvaluator(Protocol):
     """Replays a :class:`TrafficSample` through a fleet of ``replicas`` (``{pool: count}``) of the deployment's
     engines with the SLA targets of the planner, and counts the misses of the counted requests. With
     ``stop_allowed``, it may stop as soon as the ``stop_kind`` misses (``any``, ``ttft`` or ``itl``) already certain
-    reach :func:`fail_count` of the requests it counts (the verdict is FAIL whatever follows), returning them with
+    reach :func:`fail_count` (at ``stop_confidence``) of the requests it counts (the verdict is FAIL whatever follows), returning them with
     ``complete=False``."""
 
     def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
-                 stop_kind: str = "any") -> SampleOutcome: ...
+                 stop_kind: str = "any", stop_confidence: float = CONFIDENCE) -> SampleOutcome: ...
 
 
 def sample_size(allowed_miss: float, confidence: float = CONFIDENCE) -> int:
@@ -162,6 +183,89 @@ def verdict(misses: int, n: int, allowed_miss: float, confidence: float = CONFID
     if lo > allowed_miss:
         return FAIL
     return UNDECIDED
+
+
+def pass_count(n: int, allowed_miss: float, confidence: float = CONFIDENCE) -> int:
+    """Most misses of ``n`` whose verdict is PASS (upper bound <= ``allowed_miss``); -1 if none."""
+    lo, hi = -1, n
+    while lo < hi:  # the upper bound grows with the misses
+        mid = (lo + hi + 1) // 2
+        if miss_bounds(mid, n, confidence)[1] <= allowed_miss:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+LOOKS = 4
+"""Looks of a sequential verdict (:func:`sequential_looks`): the sample doubles from one look to the next, 1, 2, 4
+and 8 x :func:`sample_size`. A fleet undecided on the first sample (its miss share near the allowed one) is
+replayed on the next, longer one. At the first look a fleet whose true miss share is about ``a / 2`` can pass (the
+derivation of :func:`sample_size`); at look ``j``, with ``N_j = 2^j x 2 z^2 / a`` and the pass condition
+``N p + z sqrt(N p) <= N a``, one at ``r a`` with ``2^(j+1) (1 - r)^2 = r``: r = 0.50, 0.61, 0.70, 0.78. So the
+margin the sample's size imposes shrinks from half the allowed misses to a fifth, at up to 15 x the replay of a
+single look, paid only by the fleets next to the boundary; each further doubling buys less (r -> 1 as
+``1 - 1 / sqrt(2^(j+1))``) and doubles the decision time."""
+
+
+def sequential_looks(allowed_miss: float, looks: int = LOOKS, confidence: float = CONFIDENCE) -> tuple[int, ...]:
+    """Counted requests at each look: ``sample_size(allowed_miss) x 2^j``, j = 0 .. looks - 1."""
+    base = sample_size(allowed_miss, confidence)
+    return tuple(base << j for j in range(max(1, int(looks))))
+
+
+def _binom_support(n: int, p: float) -> tuple[int, np.ndarray]:
+    """(first k, pmf) of Binomial(n, p) over the counts whose probability exceeds 1e-16 (the rest is dropped)."""
+    lo = max(0, int(binom.ppf(1e-16, n, p)) - 1)
+    hi = min(n, int(binom.isf(1e-16, n, p)) + 1)
+    k = np.arange(lo, hi + 1)
+    return lo, binom.pmf(k, n, p)
+
+
+def false_pass(allowed_miss: float, looks: Sequence[int], look_confidence: float) -> float:
+    """Probability that a fleet whose true miss share is exactly ``allowed_miss`` passes at one of the ``looks``
+    (nested samples of that many counted requests, misses independent Bernoulli, stopping at the first decided
+    verdict), each look judged at ``look_confidence``. Exact: the distribution of the misses of the paths still
+    undecided is carried from look to look and convolved with the binomial increment."""
+    a = float(allowed_miss)
+    lo, dist = 0, np.ones(1)
+    prev, passed = 0, 0.0
+    for n in looks:
+        k0, inc = _binom_support(int(n) - prev, a)
+        dist, lo = np.convolve(dist, inc), lo + k0
+        prev = int(n)
+        kp, kf = pass_count(prev, a, look_confidence), fail_count(prev, a, look_confidence)
+        ks = lo + np.arange(dist.size)
+        passed += float(dist[ks <= kp].sum())
+        keep = (ks > kp) & (ks < kf)
+        if not keep.any():
+            break
+        first = int(np.argmax(keep))
+        dist, lo = dist[keep], lo + first
+    return passed
+
+
+@lru_cache(maxsize=64)
+def look_confidence(allowed_miss: float, looks: tuple[int, ...], confidence: float = CONFIDENCE) -> float:
+    """Per-look confidence of a sequential verdict: the least (to 1e-6) at which :func:`false_pass` is at most
+    ``1 - confidence``, so that over all its looks the verdict keeps the error rate of a single look at
+    ``confidence`` (a repeated significance test calibrated as Pocock's, Biometrika 64, 1977, here exactly for
+    binomial misses). Between ``confidence`` (one look) and the Bonferroni ``1 - (1 - confidence) / len(looks)``,
+    which always suffices. E.g. a = 0.5 %, looks of 1083 x 1, 2, 4, 8: about 0.98 (tests/planner/test_sizing_sim.py
+    checks the bound)."""
+    if len(looks) <= 1:
+        return confidence
+    alpha = 1.0 - confidence
+    lo, hi = confidence, 1.0 - alpha / len(looks)
+    if false_pass(allowed_miss, looks, lo) <= alpha:
+        return lo
+    while hi - lo > 1e-6:
+        mid = 0.5 * (lo + hi)
+        if false_pass(allowed_miss, looks, mid) <= alpha:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _bucket_edges(buckets: Sequence[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -297,7 +401,8 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     isl = np.concatenate([isl[len(arrivals):], isl[:len(arrivals)]])
     osl = np.concatenate([osl[len(arrivals):], osl[:len(arrivals)]])
     arr = np.concatenate([np.arange(warm) * (warmup_s / warm) if warm else np.zeros(0), warmup_s + arrivals])
-    return TrafficSample(arr, isl, osl, warm, float(horizon + warmup_s), int(min_requests))
+    return TrafficSample(arr, isl, osl, warm, float(horizon + warmup_s), int(min_requests), float(min_horizon_s),
+                         warmup_s)
 
 
 @dataclass
@@ -313,11 +418,14 @@ class PoolPlan:
 
 @dataclass
 class SimulatedSizing:
-    """Candidate search over fleets for one sample (a decision); evaluations are cached per fleet.
+    """Candidate search over fleets for one sample (a decision); evaluations are cached per fleet and look.
 
     ``pools``: the planned pools, ``("agg",)`` or ``("prefill", "decode")``; ``limits``: ``{pool: (lo, hi)}``
-    replica bounds of the search; ``allowed_miss``: ``1 - target``. The sizing assumes that attainment does
-    not fall when a pool grows (the search brackets the least passing count by doubling, then bisects).
+    replica bounds of the search; ``allowed_miss``: ``1 - target``; ``looks``: the counted requests of each look
+    of the sequential verdict (:func:`sequential_looks`; the sample must hold the last; default one look of
+    ``sample.min_counted``). A fleet's verdict is that of the first look that decides it, each judged at
+    :func:`look_confidence`; undecided after the last look, it is undecided. The sizing assumes that attainment
+    does not fall when a pool grows (the search brackets the least passing count by doubling, then bisects).
     """
 
     evaluator: FleetEvaluator
@@ -325,30 +433,50 @@ class SimulatedSizing:
     pools: tuple[str, ...]
     limits: Mapping[str, tuple[int, int]]
     allowed_miss: float
+    looks: tuple[int, ...] = ()
     evaluations: int = 0
-    _cache: dict[tuple[tuple[int, ...], str], SampleOutcome] = field(default_factory=dict)
-    """Outcomes by (fleet, "" for a complete replay or the kind an early stop decided)."""
+    _cache: dict[tuple[tuple[int, ...], int, str], SampleOutcome] = field(default_factory=dict)
+    """Outcomes by (fleet, look, "" for a complete replay or the kind an early stop decided)."""
+    _views: list[TrafficSample] = field(default_factory=list)
+    confidence: float = CONFIDENCE
+    """The per-look confidence (set from ``looks``)."""
 
-    def outcome(self, counts: Mapping[str, int], kind: str = "any", decide: bool = True) -> SampleOutcome:
-        """The sample's misses on fleet ``counts`` (cached). ``decide``: the evaluator may stop once the ``kind``
-        misses already make the verdict FAIL (an undersized fleet's long queues are the costliest to replay);
-        such an outcome counts only the misses seen by then."""
+    def __post_init__(self) -> None:
+        if not self.looks:
+            self.looks = (self.sample.min_counted,)
+        self._views = [self.sample.head(m) for m in self.looks]
+        self.confidence = look_confidence(self.allowed_miss, tuple(self.looks))
+
+    def outcome(self, counts: Mapping[str, int], kind: str = "any", decide: bool = True, look: int = 0) -> SampleOutcome:
+        """The misses on fleet ``counts`` (cached) of the ``look``-th sample. ``decide``: the evaluator may stop
+        once the ``kind`` misses already make the verdict FAIL (an undersized fleet's long queues are the costliest
+        to replay); such an outcome counts only the misses seen by then."""
         key = tuple(int(counts[p]) for p in self.pools)
-        full = self._cache.get((key, ""))
+        full = self._cache.get((key, look, ""))
         if full is not None:
             return full
-        ck = (key, kind if decide else "")
+        ck = (key, look, kind if decide else "")
         if ck not in self._cache:
-            o = self.evaluator.evaluate(self.sample, dict(zip(self.pools, key)),
-                                        stop_allowed=self.allowed_miss if decide else None, stop_kind=kind)
+            o = self.evaluator.evaluate(self._views[look], dict(zip(self.pools, key)),
+                                        stop_allowed=self.allowed_miss if decide else None, stop_kind=kind,
+                                        stop_confidence=self.confidence)
             self.evaluations += 1
-            self._cache[(key, "" if o.complete else kind)] = o
-            ck = (key, "" if o.complete else kind)
+            self._cache[(key, look, "" if o.complete else kind)] = o
+            ck = (key, look, "" if o.complete else kind)
         return self._cache[ck]
 
-    def _verdict(self, counts: Mapping[str, int], kind: str, allowed: float | None = None) -> str:
-        o = self.outcome(counts, kind, decide=allowed is None or allowed == self.allowed_miss)
-        return verdict(o.misses_of(kind), o.num_requests, self.allowed_miss if allowed is None else allowed)
+    def decide(self, counts: Mapping[str, int], kind: str) -> tuple[str, SampleOutcome]:
+        """The sequential verdict of fleet ``counts`` on its ``kind`` misses, with the outcome of the deciding (or
+        last) look."""
+        for look in range(len(self.looks)):
+            o = self.outcome(counts, kind, look=look)
+            v = verdict(o.misses_of(kind), o.num_requests, self.allowed_miss, self.confidence)
+            if v != UNDECIDED:
+                break
+        return v, o
+
+    def _verdict(self, counts: Mapping[str, int], kind: str) -> str:
+        return self.decide(counts, kind)[0]
 
     def least_passing(self, pool: str, others: Mapping[str, int], kind: str, start: int) -> int:
         """Least count of ``pool`` (others fixed) whose ``kind`` misses pass.
@@ -375,7 +503,7 @@ class SimulatedSizing:
 
         def ok(n: int) -> bool:
             if not bar:
-                return self._verdict({**others, pool: n}, kind, allowed) == PASS
+                return self._verdict({**others, pool: n}, kind) == PASS
             # the target is out of reach: n is good enough when its misses are not significantly above what the
             # limit achieves (its lower bound within the limit's upper bound)
             if n >= hi:
@@ -433,8 +561,10 @@ class SimulatedSizing:
                 goal[p], reasons[p] = cur[p], Reason.HOLD_STEADY
         if len(self.pools) == 2:
             # the pair: grow the pool whose SLA it misses more while it fails (each pool alone passed)
-            while self._verdict(goal, "any") == FAIL:
-                o = self.outcome(goal)
+            while True:
+                v, o = self.decide(goal, "any")
+                if v != FAIL:
+                    break
                 p = "prefill" if o.ttft_misses >= o.itl_misses else "decode"
                 if goal[p] >= self.limits[p][1]:
                     p = "decode" if p == "prefill" else "prefill"

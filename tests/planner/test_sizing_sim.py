@@ -115,7 +115,7 @@ class Threshold:
         self.undecided_at = undecided_at or {}
         self.calls: list[dict[str, int]] = []
 
-    def evaluate(self, sample: TrafficSample, replicas, stop_allowed=None, stop_kind="any") -> SampleOutcome:
+    def evaluate(self, sample: TrafficSample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95) -> SampleOutcome:
         self.calls.append(dict(replicas))
         t = i = 0
         for p, n in replicas.items():
@@ -152,7 +152,7 @@ def test_plan_scales_down_to_a_passing_fleet_up_on_a_failing_one_and_holds_when_
 
 def test_a_target_no_fleet_reaches_buys_only_replicas_that_reduce_misses():
     class Floor(Threshold):
-        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any"):
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
             o = super().evaluate(sample, replicas)  # 30 misses below 4 replicas, then 20 misses at any size
             return SampleOutcome(1000, max(o.ttft_misses, 20), max(o.itl_misses, 20), max(o.misses, 20))
 
@@ -161,7 +161,7 @@ def test_a_target_no_fleet_reaches_buys_only_replicas_that_reduce_misses():
     assert _sizing(Floor({"agg": 4})).plan({"agg": 1})["agg"].goal == 1
 
     class Steep(Floor):
-        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any"):
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
             o = super().evaluate(sample, replicas)
             m = 100 if o.misses > 20 else 20
             return SampleOutcome(1000, m, m, m)
@@ -305,3 +305,108 @@ def test_a_long_silence_in_the_window_is_the_profiles_not_a_huge_gap():
     assert not np.any((a > 0.5) & (a < 100.0))  # the silent bins stay silent (the first arrival may land at ~0)
     active = np.diff(a[(a >= 100.0) & (a < 180.0)])
     assert np.mean(active) == pytest.approx(0.1, rel=0.15)  # 10 req/s, as observed
+
+
+# ------------------------------------------------------------------------------------------ sequential looks
+def test_pass_count_is_the_most_misses_whose_upper_bound_is_within_the_allowed_share():
+    from planner.core.sizing import pass_count
+
+    # 1000 requests at 0.5 %: upper bounds 0.30 % (0 misses), 0.474 % (1), 0.63 % (2) -> 1
+    assert pass_count(1000, 0.005) == 1
+    # 100 requests: even 0 misses leaves an upper bound of 1 - 0.05^(1/100) = 2.95 % > 0.5 %: none passes
+    assert pass_count(100, 0.005) == -1
+
+
+def test_false_pass_of_one_look_is_the_binomial_tail_at_the_pass_count():
+    from scipy.stats import binom
+
+    from planner.core.sizing import false_pass, pass_count
+
+    # one look: a fleet exactly at the allowed share passes when its misses are <= pass_count
+    k = pass_count(1083, 0.005)
+    assert false_pass(0.005, (1083,), 0.95) == pytest.approx(binom.cdf(k, 1083, 0.005), rel=1e-9)
+
+
+def test_false_pass_of_two_looks_matches_a_direct_sum_over_the_first_looks_misses():
+    from scipy.stats import binom
+
+    from planner.core.sizing import fail_count, false_pass, pass_count
+
+    a, n1, n2, c = 0.01, 300, 900, 0.95
+    p1, f1, p2 = pass_count(n1, a, c), fail_count(n1, a, c), pass_count(n2, a, c)
+    # pass at look 1, or continue (p1 < k1 < f1) and reach <= p2 after n2 - n1 more
+    direct = binom.cdf(p1, n1, a) + sum(binom.pmf(k1, n1, a) * binom.cdf(p2 - k1, n2 - n1, a)
+                                        for k1 in range(p1 + 1, f1))
+    assert false_pass(a, (n1, n2), c) == pytest.approx(direct, rel=1e-9)
+
+
+def test_look_confidence_keeps_the_overall_false_pass_at_five_percent():
+    from planner.core.sizing import false_pass, look_confidence, sequential_looks
+
+    for a in (0.01, 0.005, 0.001):
+        looks = sequential_looks(a)
+        assert looks == tuple(sample_size(a) * 2 ** j for j in range(4))
+        c = look_confidence(a, looks)
+        # four looks at 95 % each would let ~10 % of fleets exactly at the limit pass; the calibrated level does not
+        assert false_pass(a, looks, 0.95) > 0.05
+        assert false_pass(a, looks, c) <= 0.05
+        assert 0.95 < c <= 1 - 0.05 / 4  # between one look's level and Bonferroni's
+
+
+@given(m=st.integers(1, 3000))
+@settings(max_examples=40, deadline=None)
+def test_head_is_a_prefix_that_holds_the_requests_and_the_interval(m):
+    s = build_sample(6.0, 800.0, 100.0, min_horizon_s=180.0, min_requests=4000, num_inflight=5, warmup_s=2.0, seed=(3,))
+    h = s.head(m)
+    k = len(h.arrival_s)
+    assert np.array_equal(h.arrival_s, s.arrival_s[:k]) and np.array_equal(h.isl_tokens, s.isl_tokens[:k])
+    assert h.num_warm == 5 and h.num_counted >= m and h.min_counted == m
+    # every request of the head arrives before its end, which covers the interval after the warm-up
+    assert h.horizon_s >= 2.0 + 180.0 and np.all(h.arrival_s < h.horizon_s)
+    if k < len(s.arrival_s):
+        assert s.arrival_s[k] >= h.horizon_s  # nothing inside the head's span was left out
+
+
+class Noisy:
+    """Misses per look: ``misses[look]`` out of the look's counted requests, for one fleet size ``n`` (others 0)."""
+
+    def __init__(self, n: int, misses: list[int]) -> None:
+        self.n, self.misses, self.looks_seen = n, misses, []
+
+    def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+        m = sample.min_counted
+        look = [1000, 2000, 4000, 8000].index(m)
+        self.looks_seen.append((replicas["agg"], look))
+        k = self.misses[look] if replicas["agg"] == self.n else (0 if replicas["agg"] > self.n else m)
+        return SampleOutcome(m, k, k, k)
+
+
+def _seq_sizing(ev):
+    s = TrafficSample(np.zeros(8000), np.ones(8000, dtype=np.int64), np.ones(8000, dtype=np.int64), 0, 1.0, 8000)
+    return SimulatedSizing(ev, s, ("agg",), {"agg": (1, 8)}, 0.005, looks=(1000, 2000, 4000, 8000))
+
+
+def test_an_undecided_fleet_is_replayed_on_longer_samples_until_decided():
+    from planner.core.sizing import fail_count, look_confidence, pass_count
+
+    c = look_confidence(0.005, (1000, 2000, 4000, 8000))
+    # at the calibrated level 0 of 1000 passes nothing short of 0; 3 of 1000 is undecided, and so on: the fleet of 4
+    # misses 0.3 % at every look: 3, 6, 12, 24; 24 of 8000 (0.30 %) is within pass_count(8000) -> passes at the last
+    assert pass_count(1000, 0.005, c) < 3 < fail_count(1000, 0.005, c)
+    assert pass_count(8000, 0.005, c) >= 24
+    ev = Noisy(4, [3, 6, 12, 24])
+    sz = _seq_sizing(ev)
+    assert sz._verdict({"agg": 4}, "any") == PASS
+    assert [look for n, look in ev.looks_seen if n == 4] == [0, 1, 2, 3]
+    # 3 below it fails at the first look (1000 of 1000) and is not replayed again
+    assert sz._verdict({"agg": 3}, "any") == FAIL and [lk for n, lk in ev.looks_seen if n == 3] == [0]
+    plan = sz.plan({"agg": 6})["agg"]
+    assert (plan.goal, plan.reason) == (4, Reason.SCALE_DOWN_THROUGHPUT)
+
+
+def test_a_fleet_at_the_allowed_share_stays_undecided_after_the_last_look_and_holds():
+    ev = Noisy(4, [5, 10, 20, 40])  # exactly 0.5 % at every look
+    sz = _seq_sizing(ev)
+    assert sz._verdict({"agg": 4}, "any") == UNDECIDED
+    held = sz.plan({"agg": 4})["agg"]
+    assert (held.goal, held.required, held.reason) == (4, 5, Reason.HOLD_WITHIN_SLA)
