@@ -16,6 +16,12 @@
     3. the initial workers (``fleet.initial``), waited on ``/ready`` (readiness, not a sleep);
     4. the planner (``dynoplan planner``), which adopts those workers; it is restarted if it exits on
        its own (and adopts the fleet again);
+       Prometheus started by ``up`` is supervised too: when it exits it is restarted on the same port and
+       data directory after a back-off (:data:`PROMETHEUS_BACKOFF_S` doubling up to
+       :data:`PROMETHEUS_BACKOFF_MAX_S`, back to the start after it ran :data:`PROMETHEUS_STABLE_S`), each
+       exit and restart logged as one ``notice:`` line and counted in ``stack.json``
+       (``prometheus_restarts``); the planner holds (``hold_metrics_unknown``) meanwhile and resumes at its
+       first tick whose reads succeed;
     5. on Ctrl-C / SIGTERM: the planner, every worker recorded in ``fleet.json``, the frontend and
        Prometheus are stopped (SIGTERM to each process group, SIGKILL after 10 s): no orphans.
     ``state_dir/stack.json`` lists every URL and pid. Every child runs in its own session with its log
@@ -42,6 +48,13 @@ from typing import Any
 from planner.errors import ConfigError, PlannerError, ProfileError
 
 DYNOPLAN = (sys.executable, "-m", "planner.cli")
+
+PROMETHEUS_BACKOFF_S = 1.0
+"""Delay before the first restart of an exited Prometheus (s); doubled after each further exit."""
+PROMETHEUS_BACKOFF_MAX_S = 30.0
+"""Longest delay between Prometheus restarts (s)."""
+PROMETHEUS_STABLE_S = 60.0
+"""A Prometheus that ran this long before it exited restarts after :data:`PROMETHEUS_BACKOFF_S` again."""
 
 
 # ============================================================================== dynoplan planner
@@ -325,6 +338,40 @@ class _Stack:
             self.stop(name)
 
 
+class _Supervised:
+    """A child of ``up`` that is restarted with back-off when it exits (Prometheus; see the module docstring)."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name, self.argv = name, argv
+        self.restarts = 0
+        self.failures = 0
+        """Consecutive exits after short runs (sets the back-off)."""
+        self.started_s = time.monotonic()
+        self.due_s: float | None = None
+
+    def supervise(self, st: "_Stack", now_s: float) -> None:
+        """Notice an exit (schedule the restart) or restart when due; call it often."""
+        p = st.procs.get(self.name)
+        if p is not None and p.poll() is not None:
+            st.procs.pop(self.name)
+            if now_s - self.started_s >= PROMETHEUS_STABLE_S:
+                self.failures = 0
+            delay = min(PROMETHEUS_BACKOFF_MAX_S, PROMETHEUS_BACKOFF_S * 2.0 ** self.failures)
+            self.failures += 1
+            self.due_s = now_s + delay
+            print(f"notice: {self.name} exited with code {p.returncode} after {now_s - self.started_s:.1f} s; "
+                  f"restarting it in {delay:g} s ({_last_error_line(st.logs / (self.name + '.log'), st.log_start.get(self.name, 0))})",
+                  file=sys.stderr, flush=True)
+        if self.due_s is not None and now_s >= self.due_s:
+            self.due_s = None
+            self.restarts += 1
+            self.started_s = now_s
+            q = st.spawn(self.name, self.argv)
+            st.info[f"{self.name}_restarts"] = self.restarts
+            st.save()
+            print(f"notice: {self.name} restarted (pid {q.pid}, restart {self.restarts})", file=sys.stderr, flush=True)
+
+
 def _last_error_line(log_path: Path, start: int = 0) -> str:
     """The most telling line a child wrote to its log since byte ``start``: its last ``error:`` line
     (our CLIs print user mistakes that way), else its last non-empty line, else ``(no output)``."""
@@ -535,6 +582,7 @@ def run(args: argparse.Namespace) -> int:
         pl_port = stack_cfg.service_port or _free_port()
         pl_url = f"http://{stack_cfg.service_host}:{pl_port}"
         prom_url = stack_cfg.prometheus_url
+        prom_argv: list[str] | None = None
         if prom_url is None and stack_cfg.prometheus_enabled != "false":
             if binary is None:
                 print("notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
@@ -546,10 +594,10 @@ def run(args: argparse.Namespace) -> int:
                 _write_prometheus_config(pdir / "prometheus.yml", stack_cfg.prometheus_scrape_interval_s,
                                          f"127.0.0.1:{fe_port}", f"127.0.0.1:{pl_port}",
                                          state_dir / "prometheus_workers.json")
-                st.spawn("prometheus", [binary, f"--config.file={pdir / 'prometheus.yml'}",
-                                        f"--storage.tsdb.path={pdir / 'data'}",
-                                        f"--web.listen-address=127.0.0.1:{pr_port}", "--web.enable-lifecycle",
-                                        "--storage.tsdb.retention.time=1d", "--log.level=warn"])
+                prom_argv = [binary, f"--config.file={pdir / 'prometheus.yml'}", f"--storage.tsdb.path={pdir / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{pr_port}", "--web.enable-lifecycle",
+                             "--storage.tsdb.retention.time=1d", "--log.level=warn"]
+                st.spawn("prometheus", prom_argv)
                 prom_url = f"http://127.0.0.1:{pr_port}"
                 st.wait_ok("prometheus", prom_url + "/-/ready", 60)
         st.info["prometheus_url"] = prom_url
@@ -572,6 +620,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
               f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
         restarts = 0
+        prom = _Supervised("prometheus", prom_argv) if prom_argv else None
         while not st.stopping:
             p = st.procs["planner"]
             if p.poll() is not None:
@@ -587,11 +636,12 @@ def run(args: argparse.Namespace) -> int:
                 st.save()
             for w in initial_workers:
                 w.poll()  # reap a worker that exited (else it stays a zombie child of up)
-            for name in ("frontend", "prometheus"):
-                q = st.procs.get(name)
-                if q is not None and q.poll() is not None:
-                    print(f"notice: {name} exited with code {q.returncode}", file=sys.stderr, flush=True)
-                    st.procs.pop(name)
+            q = st.procs.get("frontend")
+            if q is not None and q.poll() is not None:
+                print(f"notice: frontend exited with code {q.returncode}", file=sys.stderr, flush=True)
+                st.procs.pop("frontend")
+            if prom is not None:
+                prom.supervise(st, time.monotonic())
             time.sleep(0.2)
         print("stopping", flush=True)
         return 0

@@ -11,9 +11,17 @@ Plotly.js comes from the installed ``plotly`` Python package (``package_data/plo
 ``config.poll_ms`` (default 1000 ms) and redraws with ``Plotly.react``:
 
 - ``#replicas``: replicas per pool over time (spec solid, ready dotted);
-- ``#load``: observed vs predicted requests/s (throughput loop ticks);
-- ``#latency``: observed TTFT and ITL (frontend interval means) and the load loop's estimates, with the
-  SLA targets as dashed lines;
+- ``#load``: observed requests/s (frontend, last interval), the predictor's forecast and the planned demand
+  (forecast x the demand-error factor, the ``demand_error_quantile`` of past observed/forecast ratios) the
+  throughput loop sized for, at its ticks;
+- ``#latency``: TTFT (top axis) and ITL (bottom axis, its own scale): frontend interval means, the load
+  loop's estimates when it runs, and the SLA targets as dashed lines;
+
+Every series is named for what it is, and a series without any data is left out (its legend entry too).
+The time charts mark events on their time axis (:meth:`DashboardHistory.marks`): scale decisions (dotted
+vertical lines, green up / orange down), worker deaths (red lines) and metric outages (grey bands over the
+throughput ticks whose traffic read was unknown; the lines of those ticks have gaps instead of the last
+value drawn through: their observed, forecast and planned values are null).
 - ``#queues``: per-engine queued prefill and decode requests (latest ForwardPassMetrics);
 - ``#decisions``: the recent decisions with their reasons; ``#events``: fleet events.
 
@@ -69,12 +77,20 @@ class DashboardHistory:
                                    "from": dict(diag.current_replicas or {}), "reason": d.reason.value,
                                    "reasons": [r.value for r in d.reasons]})
         obs_t = diag.observed
+        thpt = "throughput" in diag.loops_run
+        unknown = thpt and obs_t is None  # the traffic read failed: the plan is stale, nothing is plotted
+        planned = None if unknown else _f(diag.predicted_requests_per_second)
+        factor = _f(float(getattr(diag, "demand_factor", 1.0)))
         self.ticks.append({
             "t": t, "loops": list(diag.loops_run), "reason": d.reason.value,
+            "metrics_unknown": unknown,
             "observed_rps": _f(obs_t.requests_per_second) if obs_t is not None else None,
             "observed_ttft_ms": _f(obs_t.mean_ttft_ms) if obs_t is not None else None,
             "observed_itl_ms": _f(obs_t.mean_itl_ms) if obs_t is not None else None,
-            "predicted_rps": _f(diag.predicted_requests_per_second),
+            "predicted_rps": planned,
+            "forecast_rps": planned / factor if planned is not None and factor else None,
+            "demand_factor": None if unknown else factor,
+            "predictor": getattr(diag, "predictor", None),
             "estimated_ttft_ms": _f(diag.estimated_ttft_ms), "estimated_itl_ms": _f(diag.estimated_itl_ms),
             "throughput_replicas": dict(diag.throughput_replicas),
         })
@@ -91,6 +107,38 @@ class DashboardHistory:
             "wall_time_ms": p.wall_time * 1000.0,
         } for (wid, rank), p in sorted(latest.items())]
 
+    def outages(self, now_s: float) -> list[dict[str, Any]]:
+        """Metric outages: runs of throughput ticks whose traffic was unknown, as ``{"start_s", "end_s",
+        "ongoing"}`` (start: the first unknown tick; end: the next throughput tick with known traffic, or
+        ``now_s`` while it lasts)."""
+        out: list[dict[str, Any]] = []
+        cur: dict[str, Any] | None = None
+        for tk in self.ticks:
+            if "throughput" not in tk["loops"]:
+                continue
+            if tk.get("metrics_unknown"):
+                if cur is None:
+                    cur = {"start_s": tk["t"], "end_s": now_s, "ongoing": True}
+                    out.append(cur)
+            elif cur is not None:
+                cur["end_s"], cur["ongoing"] = tk["t"], False
+                cur = None
+        return out
+
+    def marks(self, now_s: float, fleet_events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Events for the charts' time axis: ``decisions`` ``{"t", "direction": "up"|"down"|"rebalance",
+        "label"}``, ``deaths`` ``{"t", "worker", "pool"}`` (fleet events ``died``), ``outages``
+        (:meth:`outages`)."""
+        decisions = []
+        for d in self.decisions:
+            before, after = sum(d["from"].values()), sum(d["targets"].values())
+            direction = "up" if after > before else "down" if after < before else "rebalance"
+            label = ", ".join(f"{p} {d['from'].get(p, '?')}→{n}" for p, n in d["targets"].items())
+            decisions.append({"t": d["t"], "direction": direction, "label": label, "reason": d["reason"]})
+        deaths = [{"t": e["t"], "worker": e.get("worker"), "pool": e.get("pool")}
+                  for e in (fleet_events or []) if e.get("event") == "died"]
+        return {"decisions": decisions, "deaths": sorted(deaths, key=lambda e: e["t"]), "outages": self.outages(now_s)}
+
     def state(self, now_s: float, started_s: float, cfg: Any, poll_ms: int, last_result: Any = None,
               **extra: Any) -> dict[str, Any]:
         """The page's data (JSON-safe): ``cfg`` is the planner's ``PlannerConfig``; ``extra`` adds keys
@@ -101,7 +149,9 @@ class DashboardHistory:
                        "adjustment_interval_s": cfg.adjustment_interval_s,
                        "load_adjustment_interval_s": cfg.load_adjustment_interval_s,
                        "throughput_enabled": cfg.throughput_enabled, "load_enabled": cfg.load_enabled,
-                       "pending_timeout_s": cfg.pending_timeout_s, "poll_ms": poll_ms},
+                       "pending_timeout_s": cfg.pending_timeout_s, "poll_ms": poll_ms,
+                       "demand_error_quantile": cfg.demand_error_quantile},
+            "marks": self.marks(now_s, extra.get("fleet_events")),
             "pools": self.last_pools,
             "samples": list(self.samples),
             "ticks": list(self.ticks),
@@ -195,30 +245,68 @@ function layout(title, ytitle, extra) {
     xaxis: {type: "date"}, yaxis: {title: {text: ytitle}, rangemode: "tozero"}, legend: {orientation: "h", y: -0.3}}, extra || {});
 }
 function esc(s) { return String(s).replace(/[&<>]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[c])); }
+function present(traces) {  // a series without any data is not drawn, nor listed in the legend
+  return traces.filter(tr => tr.always || tr.y.some(v => v !== null && v !== undefined))
+    .map(tr => { const c = Object.assign({}, tr); delete c.always; return c; });
+}
+function fmt(x, d) { return x === null || x === undefined ? "-" : Number(x).toFixed(d); }
+function marks(st, withText) {  // events on the time axis: decisions, worker deaths, metric outages
+  const m = st.marks || {decisions: [], deaths: [], outages: []}, shapes = [], notes = [];
+  m.outages.forEach(o => {
+    shapes.push({type: "rect", xref: "x", yref: "paper", x0: ts(o.start_s), x1: ts(o.end_s), y0: 0, y1: 1,
+                 fillcolor: "#999", opacity: 0.25, line: {width: 0}, layer: "below", name: "metrics outage"});
+    if (withText) notes.push({x: ts(o.start_s), y: 1, xref: "x", yref: "paper", yanchor: "bottom", xanchor: "left", showarrow: false,
+                 text: o.ongoing ? "metrics unknown" : "metrics gap", font: {size: 10, color: "#666"}});
+  });
+  m.decisions.forEach(d => {
+    const c = d.direction === "up" ? "#2ca02c" : d.direction === "down" ? "#ff7f0e" : "#9467bd";
+    shapes.push({type: "line", xref: "x", yref: "paper", x0: ts(d.t), x1: ts(d.t), y0: 0, y1: 1, line: {color: c, width: 1, dash: "dot"},
+                 name: "decision " + d.label});
+    if (withText) notes.push({x: ts(d.t), y: 1, xref: "x", yref: "paper", yanchor: "bottom", showarrow: false, text: d.label,
+                 font: {size: 9, color: c}});
+  });
+  m.deaths.forEach(e => {
+    shapes.push({type: "line", xref: "x", yref: "paper", x0: ts(e.t), x1: ts(e.t), y0: 0, y1: 1, line: {color: "#d62728", width: 2},
+                 name: "died " + e.worker});
+    if (withText) notes.push({x: ts(e.t), y: 0.92, xref: "x", yref: "paper", showarrow: false, text: "\u2715 " + esc(e.worker) + " died",
+                 font: {size: 9, color: "#d62728"}});
+  });
+  return {shapes: shapes, annotations: notes};
+}
 function render(st) {
-  const cfg = st.config, pools = cfg.pools;
+  const cfg = st.config, pools = cfg.pools, mk = marks(st, true);
   const rep = [];
   pools.forEach((p, i) => {
     const xs = [], spec = [], ready = [];
     st.samples.forEach(s => { if (s.pools && s.pools[p]) { xs.push(ts(s.t)); spec.push(s.pools[p].spec); ready.push(s.pools[p].ready); } });
-    rep.push({x: xs, y: spec, name: p + " replicas", mode: "lines", line: {shape: "hv", color: COLORS[i]}});
-    rep.push({x: xs, y: ready, name: p + " ready", mode: "lines", line: {shape: "hv", dash: "dot", color: COLORS[i]}});
+    rep.push({x: xs, y: spec, name: p + " replicas (requested)", mode: "lines", line: {shape: "hv", color: COLORS[i]}});
+    rep.push({x: xs, y: ready, name: p + " ready (serving)", mode: "lines", line: {shape: "hv", dash: "dot", color: COLORS[i]}});
   });
-  Plotly.react("replicas", rep, layout("Replicas per pool", "replicas", {yaxis: {title: {text: "replicas"}, rangemode: "tozero", dtick: 1}}));
-  const tk = st.ticks.filter(t => t.loops.indexOf("throughput") >= 0);
-  Plotly.react("load", [
-    {x: tk.map(t => ts(t.t)), y: tk.map(t => t.observed_rps), name: "observed req/s", mode: "lines+markers"},
-    {x: tk.map(t => ts(t.t)), y: tk.map(t => t.predicted_rps), name: "predicted req/s (next)", mode: "lines+markers", line: {dash: "dash"}}
-  ], layout("Observed vs predicted load", "requests/s"));
+  Plotly.react("replicas", rep, layout("Replicas per pool", "replicas",
+    Object.assign({yaxis: {title: {text: "replicas"}, rangemode: "tozero", dtick: 1}}, mk)));
+  const tk = st.ticks.filter(t => t.loops.indexOf("throughput") >= 0), tx = tk.map(t => ts(t.t));
+  const last = tk.filter(t => t.demand_factor !== null && t.demand_factor !== undefined).slice(-1)[0];
+  const q = cfg.demand_error_quantile, pred = last && last.predictor ? last.predictor : "predictor";
+  const planned = q === null || q === undefined ? "planned req/s (= forecast; demand-error factor off)"
+    : "planned req/s = forecast \u00d7 demand-error factor (q" + q + " of observed/forecast ratios; now \u00d7" +
+      fmt(last ? last.demand_factor : null, 2) + ")";
+  Plotly.react("load", present([
+    {x: tx, y: tk.map(t => t.observed_rps), name: "observed req/s (frontend, last interval)", mode: "lines+markers"},
+    {x: tx, y: tk.map(t => t.forecast_rps === undefined ? null : t.forecast_rps), name: "forecast req/s, next interval (" + pred + ")",
+     mode: "lines", line: {dash: "dot"}},
+    {x: tx, y: tk.map(t => t.predicted_rps), name: planned, mode: "lines+markers", line: {dash: "dash"}}
+  ]), layout("Load: observed, forecast and planned", "requests/s", mk));
   const all = st.ticks, x0 = st.samples.length ? ts(st.samples[0].t) : ts(st.now_s), x1 = ts(st.now_s);
-  Plotly.react("latency", [
-    {x: tk.map(t => ts(t.t)), y: tk.map(t => t.observed_ttft_ms), name: "TTFT (observed)", mode: "lines+markers", line: {color: COLORS[0]}},
-    {x: tk.map(t => ts(t.t)), y: tk.map(t => t.observed_itl_ms), name: "ITL (observed)", mode: "lines+markers", line: {color: COLORS[1]}},
-    {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_ttft_ms), name: "TTFT (load estimate)", mode: "markers", marker: {color: COLORS[0], symbol: "x"}},
-    {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_itl_ms), name: "ITL (load estimate)", mode: "markers", marker: {color: COLORS[1], symbol: "x"}},
-    {x: [x0, x1], y: [cfg.ttft_ms, cfg.ttft_ms], name: "TTFT target", mode: "lines", line: {dash: "dash", color: COLORS[0]}},
-    {x: [x0, x1], y: [cfg.itl_ms, cfg.itl_ms], name: "ITL target", mode: "lines", line: {dash: "dash", color: COLORS[1]}}
-  ], layout("TTFT / ITL vs targets", "ms"));
+  Plotly.react("latency", present([
+    {x: tx, y: tk.map(t => t.observed_ttft_ms), name: "TTFT observed (frontend interval mean)", mode: "lines+markers", line: {color: COLORS[0]}},
+    {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_ttft_ms), name: "TTFT load-loop estimate", mode: "markers", marker: {color: COLORS[0], symbol: "x"}},
+    {x: [x0, x1], y: [cfg.ttft_ms, cfg.ttft_ms], name: "TTFT target", mode: "lines", line: {dash: "dash", color: COLORS[0]}, always: true},
+    {x: tx, y: tk.map(t => t.observed_itl_ms), name: "ITL observed (frontend interval mean)", mode: "lines+markers", line: {color: COLORS[1]}, yaxis: "y2"},
+    {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_itl_ms), name: "ITL load-loop estimate", mode: "markers", marker: {color: COLORS[1], symbol: "x"}, yaxis: "y2"},
+    {x: [x0, x1], y: [cfg.itl_ms, cfg.itl_ms], name: "ITL target", mode: "lines", line: {dash: "dash", color: COLORS[1]}, yaxis: "y2", always: true}
+  ]), layout("TTFT (top) and ITL (bottom), each on its own axis", "TTFT ms", Object.assign({
+    yaxis: {title: {text: "TTFT ms"}, rangemode: "tozero", domain: [0.55, 1]},
+    yaxis2: {title: {text: "ITL ms"}, rangemode: "tozero", domain: [0, 0.42], anchor: "x"}}, marks(st, false))));
   const en = st.engines, names = en.map(e => e.pool + " w" + e.worker_id + "/r" + e.dp_rank);
   Plotly.react("queues", [
     {x: names, y: en.map(e => e.queued_prefill), type: "bar", name: "queued prefill"},

@@ -117,7 +117,8 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
         try:
             pts = page.evaluate(POINTS)
             names = page.evaluate("document.getElementById('replicas').data.map(t => t.name)")
-            assert names == ["prefill replicas", "prefill ready", "decode replicas", "decode ready"], names
+            assert names == ["prefill replicas (requested)", "prefill ready (serving)", "decode replicas (requested)",
+                             "decode ready (serving)"], names
             assert all(k > 0 for k in pts["replicas"]), pts
             assert page.evaluate("Math.max(...document.getElementById('replicas').data[0].y)") == 3
             assert page.evaluate("Math.max(...document.getElementById('replicas').data[2].y)") == 3
