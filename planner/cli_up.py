@@ -184,7 +184,21 @@ def run_planner(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     stack = load_stack_config(args.config)
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack.state_dir
-    _make_state_dir(state_dir)
+    host, port = args.host or stack.service_host, stack.service_port if args.port is None else args.port
+    bad = _port_in_use(host, port) if port else None
+    if bad:  # before anything starts (the local connector starts the fleet before the service listens)
+        key = "--port" if args.port is not None else "service.port"
+        raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port "
+                          "(or 0 for any free port)", source=str(args.config))
+    created = _make_state_dir(state_dir)
+    try:
+        return _run_planner(args, stack, state_dir)
+    except ConfigError:
+        _remove_empty_dirs(created)  # a refused start (e.g. port in use) leaves no empty state dir behind
+        raise
+
+
+def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
     planner = _build_planner(stack)
     cfg = stack.planner
     if stack.connector == "local":
@@ -402,13 +416,30 @@ def _port_in_use(host: str, port: int) -> tuple[str, str] | None:
     return None
 
 
-def _make_state_dir(path: Path) -> None:
+def _make_state_dir(path: Path) -> list[Path]:
+    """Create ``path`` (and its missing parents) and check it is writable; returns the directories created,
+    deepest first. Raises ConfigError naming ``state_dir``."""
+    created = []
+    p = path
+    while not p.exists() and p != p.parent:
+        created.append(p)
+        p = p.parent
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / ".write-test").write_text("")
         (path / ".write-test").unlink()
     except OSError as e:
         raise ConfigError(f"state_dir={str(path)!r}: expected a writable directory ({e.strerror or e})") from None
+    return created
+
+
+def _remove_empty_dirs(dirs: list[Path]) -> None:
+    """Remove the directories :func:`_make_state_dir` created, deepest first, as long as they are empty."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            return
 
 
 def _prometheus_problem(stack_cfg: Any) -> str | None:
@@ -531,9 +562,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
                           "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
-    _make_state_dir(state_dir)
     from planner.connectors.local import pid_alive
 
+    # every refusal comes before the state dir is created: a refused start leaves nothing behind
     other = _running_up(state_dir)
     if other is not None:
         raise ConfigError(f"state_dir={str(state_dir)!r}: another `dynoplan up` (pid {other}) runs this stack; "
@@ -561,6 +592,7 @@ def run(args: argparse.Namespace) -> int:
     if want_prometheus and binary is None and stack_cfg.prometheus_enabled == "true":
         raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
                           "(apt-get install -y prometheus) or DYNOPLAN_PROMETHEUS", source=str(cfg_path))
+    _make_state_dir(state_dir)
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")
     write_atomic(state_dir / "prometheus_workers.json", "[]")

@@ -36,6 +36,7 @@ naming each bad field, its value and what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -51,6 +52,22 @@ LIVE_ENGINE_STALE_S = 5.0
 send a ForwardPassMetrics heartbeat every second (``mocker serve --heartbeat-s``), so an engine silent for 5 s
 is gone; with 30 s a stopped worker's last idle pass kept the load loop from scaling up for 30 s after
 every scale-down (it needs every engine over the SLA)."""
+
+def _load_interval_default(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``planner.load_adjustment_interval_s`` when the load loop is off and the file does not set it: the
+    core's default (5 s) unless that is not shorter than ``adjustment_interval_s``, then half of it. With the
+    load loop off the setting only paces the throughput loop's retry of a goal not yet reached
+    (``Planner._next_tick``), so a short ``adjustment_interval_s`` (``5``) must not be refused because of a
+    loop the user did not turn on nor configure. Set explicitly, or with the load loop on, it is validated as
+    given."""
+    if "load_adjustment_interval_s" in raw or raw.get("load_enabled") is True:
+        return raw
+    ai = raw.get("adjustment_interval_s")
+    default = next(f.default for f in dataclasses.fields(PlannerConfig) if f.name == "load_adjustment_interval_s")
+    if isinstance(ai, (int, float)) and not isinstance(ai, bool) and 0 < ai <= default:
+        return {**raw, "load_adjustment_interval_s": ai / 2.0}
+    return raw
+
 
 _TOP_KEYS = {"planner", "profile", "warm_start_trace", "connector", "state_dir", "service", "frontend", "fleet",
              "prometheus", "fpm"}
@@ -115,6 +132,7 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     else:
         if "engine_stale_s" not in planner_raw:
             planner_raw = {**planner_raw, "engine_stale_s": LIVE_ENGINE_STALE_S}
+        planner_raw = _load_interval_default(planner_raw)
         try:
             planner = config_from_mapping(planner_raw, source=None)
             mode_known, throughput_on = True, planner.throughput_enabled
@@ -317,6 +335,16 @@ def load_stack_config(path: str | Path) -> StackConfig:
         data = yaml.safe_load(p.read_text())
     except OSError as e:
         raise ConfigError(f"cannot read stack file: {e.strerror}", source=str(p)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"cannot read stack file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 "
+                          "text", source=str(p)) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"cannot parse stack file: {str(e).splitlines()[0]}", source=str(p)) from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and cmark is not None and cmark is not mark:
+            context += f" started at line {cmark.line + 1}, column {cmark.column + 1}"
+        raise ConfigError(f"cannot parse stack file{where}: {what}" + (f" ({context})" if context else "")
+                          + "; expected YAML (see examples/stack.yaml)", source=str(p)) from None
     return stack_config_from_mapping(data or {}, p.resolve().parent, source=str(p))
