@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from planner.core import profile_from_arrays, save_profile
 from tests.infra._proc import start_process, tail, wait_until
@@ -74,6 +75,19 @@ def step_trace(path: Path, phases: list[tuple[float, float]], isl: int = 200, os
         t_ms += dur * 1000.0
     path.write_text("\n".join(lines) + "\n")
     return len(lines)
+
+
+def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page: (name, sorted labels) -> value."""
+    out = {}
+    for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=5).text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(m: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, lb), v in m.items() if n == name and all(dict(lb).get(k) == x for k, x in labels.items()))
 
 
 def pid_alive(pid: int) -> bool:

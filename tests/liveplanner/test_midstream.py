@@ -20,9 +20,8 @@ import threading
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.liveplanner.stack import UpStack, stack_file, step_trace
+from tests.liveplanner.stack import UpStack, samples, stack_file, step_trace, total
 
 pytestmark = pytest.mark.integration
 
@@ -31,19 +30,6 @@ BURST = 12
 """Requests of the run, all sent within 12 ms."""
 ISL, OSL = 200, 600
 """200 prompt tokens = 12.5 blocks of 16 (a partial last block); 600 output tokens last seconds at speedup 1."""
-
-
-def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a /metrics page: (name, sorted labels) -> value."""
-    out = {}
-    for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=5).text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def total(m: dict, name: str, **labels: str) -> float:
-    return sum(v for (n, lb), v in m.items() if n == name and all(dict(lb).get(k) == x for k, x in labels.items()))
 
 
 def _run(tmp_path, replicas: int, prompt_mode: str):
