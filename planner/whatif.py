@@ -12,8 +12,12 @@ independent and alike: when the sample holds more counted requests than the verd
 (``TrafficSample.min_counted``), only the first ``k`` engines and the requests routed to them are replayed,
 ``k`` the fewest that still receive the needed count. Their records are exactly those of the whole fleet's
 engines ``0..k-1`` (the fleet's round robin over the kept requests hands the ``j``-th to engine ``j mod k``),
-and the cost of a decision no longer grows with the fleet. Other routers and disaggregated fleets are
-replayed whole.
+and the cost of a decision no longer grows with the fleet. The sample names the pool whose share may be
+replayed (``TrafficSample.share_pool``, the pool being sized). In a disaggregated fleet that is the pool sized
+while the other is ample: its engines ``0..k-1`` receive exactly their requests (prefill routing is in arrival
+order; decode routing in order of prefill completion, so a decode share sees the same stream only in
+distribution), and the ample pool keeps its per-engine load (``ceil(m k / n)`` of its ``m`` engines, so it stays
+ample). The pair check, other routers and DP-ranked engines are replayed whole.
 
 A sample's requests carry no prefix hash ids (the frontend exports lengths, not content), so the what-if
 fleet sees no prefix-cache hits: where the real traffic shares prefixes, the sizing errs on the safe side.
@@ -61,17 +65,20 @@ class EngineFleetEvaluator:
 
     def _share(self, sample: TrafficSample, replicas: Mapping[str, int]) -> tuple[dict[str, int], np.ndarray | None]:
         """(engines to replay, indices of the requests they receive or None for all) -- module docstring."""
-        n = int(replicas.get("agg", 0))
+        pool = sample.share_pool
+        n = int(replicas.get(pool, 0)) if pool else 0
         counted = sample.num_counted
-        if (set(self.engines) != {"agg"} or self.router != "round_robin" or n <= 1 or sample.min_counted <= 0
-                or self.engines["agg"].dp_size != 1 or counted <= sample.min_counted):
+        if (not pool or self.router != "round_robin" or n <= 1 or sample.min_counted <= 0
+                or any(cfg.dp_size != 1 for cfg in self.engines.values()) or counted <= sample.min_counted):
             return dict(replicas), None
         k = min(n, max(1, math.ceil(n * sample.min_counted / counted)))
         if k >= n:
             return dict(replicas), None
+        # the shared pool's engines 0..k-1 and every request routed to them; any other pool keeps its engines per
+        # request (the proportional share, rounded up: an ample pool stays ample)
+        counts = {p: (k if p == pool else min(int(c), max(1, math.ceil(int(c) * k / n)))) for p, c in replicas.items()}
         idx = np.flatnonzero(np.arange(len(sample.arrival_s)) % n < k)
-        return {"agg": k}, idx
-
+        return counts, idx
     def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
                  stop_kind: str = "any", stop_confidence: float = CONFIDENCE) -> SampleOutcome:
         """The counted requests' misses (:class:`planner.core.sizing.FleetEvaluator`). With ``stop_allowed``, the

@@ -94,6 +94,9 @@ class TrafficSample:
     """The span the counted requests cover at least (the decision interval), seconds."""
     warmup_s: float = 0.0
     """When the counted requests start (the in-flight warm-up), seconds from the tick."""
+    share_pool: str = ""
+    """The pool whose round-robin engine share an evaluator may replay instead of the whole fleet (the pool being
+    sized; "" = replay the whole fleet): see :class:`planner.whatif.EngineFleetEvaluator`."""
 
     @property
     def num_counted(self) -> int:
@@ -109,7 +112,7 @@ class TrafficSample:
         end = max(self.warmup_s + self.interval_s, float(np.nextafter(self.arrival_s[w + min_counted - 1], np.inf)))
         keep = max(int(np.searchsorted(self.arrival_s, end, side="left")), w + min_counted)
         return TrafficSample(self.arrival_s[:keep], self.isl_tokens[:keep], self.osl_tokens[:keep], w, end,
-                             int(min_counted), self.interval_s, self.warmup_s)
+                             int(min_counted), self.interval_s, self.warmup_s, self.share_pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,8 +438,8 @@ class SimulatedSizing:
     allowed_miss: float
     looks: tuple[int, ...] = ()
     evaluations: int = 0
-    _cache: dict[tuple[tuple[int, ...], int, str], SampleOutcome] = field(default_factory=dict)
-    """Outcomes by (fleet, look, "" for a complete replay or the kind an early stop decided)."""
+    _cache: dict[tuple[tuple[int, ...], str, int, str], SampleOutcome] = field(default_factory=dict)
+    """Outcomes by (fleet, share pool, look, "" for a complete replay or the kind an early stop decided)."""
     _views: list[TrafficSample] = field(default_factory=list)
     confidence: float = CONFIDENCE
     """The per-look confidence (set from ``looks``)."""
@@ -447,36 +450,41 @@ class SimulatedSizing:
         self._views = [self.sample.head(m) for m in self.looks]
         self.confidence = look_confidence(self.allowed_miss, tuple(self.looks))
 
-    def outcome(self, counts: Mapping[str, int], kind: str = "any", decide: bool = True, look: int = 0) -> SampleOutcome:
+    def outcome(self, counts: Mapping[str, int], kind: str = "any", decide: bool = True, look: int = 0,
+                pool: str | None = None) -> SampleOutcome:
         """The misses on fleet ``counts`` (cached) of the ``look``-th sample. ``decide``: the evaluator may stop
         once the ``kind`` misses already make the verdict FAIL (an undersized fleet's long queues are the costliest
-        to replay); such an outcome counts only the misses seen by then."""
-        key = tuple(int(counts[p]) for p in self.pools)
-        full = self._cache.get((key, look, ""))
+        to replay); such an outcome counts only the misses seen by then. ``pool``: the pool being sized, whose
+        engine share the evaluator may replay (the only pool when there is one; None in a disaggregated fleet:
+        the pair, replayed whole)."""
+        fleet = tuple(int(counts[p]) for p in self.pools)
+        share = pool if pool is not None else (self.pools[0] if len(self.pools) == 1 else "")
+        key = (fleet, share, look)
+        full = self._cache.get((*key, ""))
         if full is not None:
             return full
-        ck = (key, look, kind if decide else "")
+        ck = (*key, kind if decide else "")
         if ck not in self._cache:
-            o = self.evaluator.evaluate(self._views[look], dict(zip(self.pools, key)),
+            o = self.evaluator.evaluate(replace(self._views[look], share_pool=share), dict(zip(self.pools, fleet)),
                                         stop_allowed=self.allowed_miss if decide else None, stop_kind=kind,
                                         stop_confidence=self.confidence)
             self.evaluations += 1
-            self._cache[(key, look, "" if o.complete else kind)] = o
-            ck = (key, look, "" if o.complete else kind)
+            self._cache[(*key, "" if o.complete else kind)] = o
+            ck = (*key, "" if o.complete else kind)
         return self._cache[ck]
 
-    def decide(self, counts: Mapping[str, int], kind: str) -> tuple[str, SampleOutcome]:
+    def decide(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> tuple[str, SampleOutcome]:
         """The sequential verdict of fleet ``counts`` on its ``kind`` misses, with the outcome of the deciding (or
-        last) look."""
+        last) look (``pool`` as for :meth:`outcome`)."""
         for look in range(len(self.looks)):
-            o = self.outcome(counts, kind, look=look)
+            o = self.outcome(counts, kind, look=look, pool=pool)
             v = verdict(o.misses_of(kind), o.num_requests, self.allowed_miss, self.confidence)
             if v != UNDECIDED:
                 break
         return v, o
 
-    def _verdict(self, counts: Mapping[str, int], kind: str) -> str:
-        return self.decide(counts, kind)[0]
+    def _verdict(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> str:
+        return self.decide(counts, kind, pool)[0]
 
     def least_passing(self, pool: str, others: Mapping[str, int], kind: str, start: int) -> int:
         """Least count of ``pool`` (others fixed) whose ``kind`` misses pass.
@@ -488,9 +496,9 @@ class SimulatedSizing:
         lo, hi = self.limits[pool]
         start = min(max(start, lo), hi)
         n = self._search(pool, others, kind, start, lo, hi, self.allowed_miss)
-        if n < hi or self._verdict({**others, pool: hi}, kind) == PASS:
+        if n < hi or self._verdict({**others, pool: hi}, kind, pool) == PASS:
             return n
-        o = self.outcome({**others, pool: hi}, kind, decide=False)
+        o = self.outcome({**others, pool: hi}, kind, decide=False, pool=pool)
         bar = max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1])
         return self._search(pool, others, kind, start, lo, hi, bar)
 
@@ -503,12 +511,12 @@ class SimulatedSizing:
 
         def ok(n: int) -> bool:
             if not bar:
-                return self._verdict({**others, pool: n}, kind) == PASS
+                return self._verdict({**others, pool: n}, kind, pool) == PASS
             # the target is out of reach: n is good enough when its misses are not significantly above what the
             # limit achieves (its lower bound within the limit's upper bound)
             if n >= hi:
                 return True
-            o = self.outcome({**others, pool: n}, kind, decide=False)
+            o = self.outcome({**others, pool: n}, kind, decide=False, pool=pool)
             return miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
 
         if ok(start):
@@ -546,8 +554,8 @@ class SimulatedSizing:
             ample = {p: self.limits[p][1] for p in self.pools}
             req = {"prefill": self.least_passing("prefill", {"decode": ample["decode"]}, "ttft", cur["prefill"]),
                    "decode": self.least_passing("decode", {"prefill": ample["prefill"]}, "any", cur["decode"])}
-            verdicts = {"prefill": self._verdict({"prefill": cur["prefill"], "decode": ample["decode"]}, "ttft"),
-                        "decode": self._verdict({"prefill": ample["prefill"], "decode": cur["decode"]}, "any")}
+            verdicts = {"prefill": self._verdict({"prefill": cur["prefill"], "decode": ample["decode"]}, "ttft", "prefill"),
+                        "decode": self._verdict({"prefill": ample["prefill"], "decode": cur["decode"]}, "any", "decode")}
         goal = {}
         reasons = {}
         for p in self.pools:

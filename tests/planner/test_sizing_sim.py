@@ -5,6 +5,7 @@ are a known function of the fleet, and end to end against the real engine fleet 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -184,7 +185,8 @@ def test_engine_fleet_evaluator_counts_misses_of_an_undersized_fleet():
     ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
     # 20 req/s of ISL 1000 / OSL 200: one engine's decode passes slow past 10 ms (measured: 1191 of 1201
     # miss), four engines serve every request within 200 / 10 ms
-    s = build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=10, seed=(0,))
+    s = dataclasses.replace(build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=10, seed=(0,)),
+                            share_pool="agg")
     one = ev.evaluate(s, {"agg": 1})
     four = ev.evaluate(s, {"agg": 4})
     # one engine replays the whole sample; of four, the round-robin share of one engine holds the 10 needed
@@ -236,7 +238,8 @@ def test_round_robin_share_replays_exactly_the_first_engines_of_the_fleet():
     from planner.whatif import EngineFleetEvaluator
 
     ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
-    s = build_sample(40.0, 1000.0, 150.0, min_horizon_s=60.0, min_requests=600, num_inflight=16, warmup_s=2.0, seed=(9,))
+    s = dataclasses.replace(build_sample(40.0, 1000.0, 150.0, min_horizon_s=60.0, min_requests=600, num_inflight=16,
+                                         warmup_s=2.0, seed=(9,)), share_pool="agg")
     # 8 engines, ~2400 counted requests, 600 needed: engines 0 and 1 (k = ceil(8 x 600 / 2400) = 2) are replayed
     counts, idx = ev._share(s, {"agg": 8})
     assert counts == {"agg": 2} and np.array_equal(idx, np.flatnonzero(np.arange(len(s.arrival_s)) % 8 < 2))
@@ -410,3 +413,30 @@ def test_a_fleet_at_the_allowed_share_stays_undecided_after_the_last_look_and_ho
     assert sz._verdict({"agg": 4}, "any") == UNDECIDED
     held = sz.plan({"agg": 4})["agg"]
     assert (held.goal, held.required, held.reason) == (4, 5, Reason.HOLD_WITHIN_SLA)
+
+
+def test_disaggregated_share_replays_the_sized_pools_engines_and_a_proportional_ample_pool():
+    from mocker.config import EngineConfig
+    from planner.whatif import EngineFleetEvaluator
+
+    ev = EngineFleetEvaluator({"prefill": EngineConfig(worker_type="prefill"),
+                               "decode": EngineConfig(worker_type="decode")}, ttft_ms=300.0, itl_ms=30.0)
+    s = build_sample(30.0, 1500.0, 100.0, min_horizon_s=60.0, min_requests=300, seed=(2,))
+    # ~1800 counted requests, 300 needed: prefill sized at 6 engines -> k = ceil(6 x 300 / 1800) = 1 or 2 engines,
+    # the decode pool of 16 keeps its per-engine load: ceil(16 k / 6)
+    sp = dataclasses.replace(s, share_pool="prefill")
+    counts, idx = ev._share(sp, {"prefill": 6, "decode": 16})
+    k = math.ceil(6 * 300 / s.num_counted)
+    assert counts == {"prefill": k, "decode": math.ceil(16 * k / 6)}
+    assert np.array_equal(idx, np.flatnonzero(np.arange(len(s.arrival_s)) % 6 < k))
+    # no share pool (the pair check) or a share that would hold all the requests: the whole fleet
+    assert ev._share(s, {"prefill": 6, "decode": 16}) == ({"prefill": 6, "decode": 16}, None)
+    assert ev._share(dataclasses.replace(sp, min_counted=s.num_counted), {"prefill": 6, "decode": 16})[1] is None
+    # one prefill engine is the whole pool (927 of 1801 miss the TTFT target, measured); from two engines up the
+    # whole fleet misses nothing, and neither does the share of 1801 / n requests
+    one = ev.evaluate(sp, {"prefill": 1, "decode": 16})
+    assert one == ev.evaluate(s, {"prefill": 1, "decode": 16}) and one.ttft_misses > one.num_requests // 3
+    for n in (2, 3, 6):
+        part, whole = ev.evaluate(sp, {"prefill": n, "decode": 16}), ev.evaluate(s, {"prefill": n, "decode": 16})
+        assert part.num_requests == math.ceil(s.num_counted / n) and whole.num_requests == s.num_counted
+        assert part.ttft_misses == whole.ttft_misses == 0
