@@ -10,8 +10,9 @@ FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone, into /opt/venv; a source change reuses this layer (and,
-# in the final stage, the copy of /opt/venv). The project itself goes to /opt/app (found through a .pth).
-COPY pyproject.toml README.md ./
+# in the final stage, the copy of /opt/venv; README.md, which the project's metadata names, comes later so that
+# a README edit does not reinstall the dependencies). The project itself goes to /opt/app (found through a .pth).
+COPY pyproject.toml ./
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
@@ -20,6 +21,7 @@ print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
  && /opt/venv/bin/pip install -r /tmp/requirements.txt \
  && /opt/venv/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/dynoplan-app.pth', 'w').write( \
 '/opt/app/lib/python%d.%d/site-packages\n' % sys.version_info[:2])"
+COPY README.md ./
 COPY mocker ./mocker
 COPY planner ./planner
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --prefix /opt/app . \
