@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """A real one-node Kubernetes cluster on this machine, for the README walkthrough where there is no
-Docker Hub and no container engine (kind needs both). Usage (root)::
+Docker Hub and no container engine (kind needs both). Run it as root::
 
-    .venv/bin/python tools/cluster.py up       # build what is missing, start, wait until usable
-    .venv/bin/python tools/cluster.py status   # which components run; exit 1 when not all
-    .venv/bin/python tools/cluster.py down     # stop everything, undo every host change
+    .venv/bin/python tools/cluster.py up            # start, wait until usable (a healthy running cluster is kept)
+    .venv/bin/python tools/cluster.py status        # which components run; exit 1 when not all
+    .venv/bin/python tools/cluster.py down          # stop everything, undo every host change
+    .venv/bin/python tools/cluster.py down --purge  # ... and delete the state directory (image cache, logs)
 
 ``up`` prints the ``export KUBECONFIG=... PATH=...`` that makes ``kubectl`` and ``helm`` (the pinned
-builds) talk to the cluster.
+builds) talk to the cluster. When every component already runs and the apiserver and the node are
+healthy, ``up`` changes nothing and prints that line again; state of an earlier run that is not a
+healthy cluster (some components stopped, or leftovers of a crash) is brought down first. A failed
+``up`` brings down what it started before it exits (exit 1).
 
 What runs, each as a plain process (no systemd), logs in ``<state>/logs``:
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (iptables mode),
@@ -24,7 +28,9 @@ the containers, unmounts what the kubelet and containerd mounted (``/var/lib/kub
 containerd's snapshots), deletes ``cni0`` and ``dynoplan0``, removes the iptables chains the kubelet,
 kube-proxy and the CNI plugins made (``KUBE-*``, ``CNI-*``) and the kubepods cgroups, and restores the
 kernel settings they change (``kernel.panic``, ``kernel.panic_on_oops``, ``vm.overcommit_memory``,
-``net.ipv4.ip_forward``, ``route_localnet``) to the values saved by ``up``.
+``net.ipv4.ip_forward``, ``route_localnet``) to the values saved by ``up``. It keeps the state directory
+(containerd's image store, about 3 GB, and the logs) as a cache for the next ``up``; ``down --purge``
+deletes it too.
 
 Settings from the environment: ``DYNOPLAN_CACHE`` (binaries and images, default ``~/.cache/dynoplan``),
 ``DYNOPLAN_CLUSTER_DIR`` (state, default ``/var/lib/dynoplan-cluster``).
@@ -467,12 +473,70 @@ def import_images() -> dict[str, str]:
     return refs
 
 
+def node_ready() -> bool:
+    code, node = api_get(f"/api/v1/nodes/{NODE_NAME}")
+    return code == 200 and any(c["type"] == "Ready" and c["status"] == "True"
+                               for c in node.get("status", {}).get("conditions", []))
+
+
+def health_problems() -> list[str]:
+    """Why the cluster of an earlier ``up`` is not usable; empty when every component runs, the
+    apiserver answers ``/readyz`` and the node is Ready."""
+    problems = [f"{c} stopped" for c in COMPONENTS if running(c) is None]
+    if problems:
+        return problems
+    try:
+        if api_get("/readyz")[0] != 200:
+            problems.append("kube-apiserver /readyz is not 200")
+        elif not node_ready():
+            problems.append(f"node {NODE_NAME} is not Ready")
+    except (OSError, ValueError) as e:  # refused, TLS, missing certificates
+        problems.append(f"kube-apiserver unreachable ({type(e).__name__}: {e})")
+    return problems
+
+
+def export_line() -> str:
+    return f"export KUBECONFIG={KUBECONFIG} PATH={BIN_LINKS}:$PATH"
+
+
 def up(timeout_s: float = 180.0) -> None:
-    t0 = time.monotonic()
+    """Start the cluster and wait until it is usable; keep a healthy running one as it is.
+
+    State of an earlier run that is not a healthy cluster is brought down first. When a step fails,
+    what was started is brought down again and ClusterError is raised (naming the step).
+    """
     check_prerequisites()
-    if any(running(c) for c in COMPONENTS) or leftovers():
-        print("cluster: state of an earlier run found; bringing it down first", file=sys.stderr)
+    if all(running(c) for c in COMPONENTS):
+        problems = health_problems()
+        if not problems:
+            print(f"cluster already up and healthy (node {NODE_NAME}, {APISERVER}): nothing changed; "
+                  "`tools/cluster.py down` first to start afresh")
+            print(export_line())
+            return
+        print(f"cluster: an earlier run is running but not healthy ({'; '.join(problems)}); bringing it down first",
+              file=sys.stderr)
         down()
+    else:
+        left = leftovers()
+        if left:
+            print(f"cluster: state of an earlier run found ({', '.join(left[:3])}"
+                  f"{f' and {len(left) - 3} more' if len(left) > 3 else ''}); bringing it down first", file=sys.stderr)
+            down()
+    try:
+        _start(timeout_s)
+    except BaseException as e:  # also Ctrl-C: never leave a half-started cluster behind
+        print("cluster up failed; bringing down what it started", file=sys.stderr)
+        try:
+            down()
+        except ClusterError as d:
+            if isinstance(e, ClusterError):
+                raise ClusterError(f"{e}\nand the clean-up after it failed: {d}") from None
+            print(f"cluster: the clean-up failed: {d}", file=sys.stderr)
+        raise
+
+
+def _start(timeout_s: float) -> None:
+    t0 = time.monotonic()
     for d in (STATE / "etcd", PKI, LOGS, RUN):
         shutil.rmtree(d, ignore_errors=True)
     STATE.mkdir(parents=True, exist_ok=True)
@@ -535,11 +599,6 @@ def up(timeout_s: float = 180.0) -> None:
     # CoreDNS reads Services and EndpointSlices cluster-wide: the admin credentials (a local tool).
     start("coredns", [str(binary("coredns")), "-conf", str(corefile(kc_admin))])
 
-    def node_ready() -> bool:
-        code, node = api_get(f"/api/v1/nodes/{NODE_NAME}")
-        return code == 200 and any(c["type"] == "Ready" and c["status"] == "True"
-                                   for c in node.get("status", {}).get("conditions", []))
-
     wait(node_ready, timeout_s, f"node {NODE_NAME} Ready", LOGS / "kubelet.log", interval_s=0.5)
     wait(lambda: api_get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200, timeout_s,
          "kube-controller-manager (default ServiceAccount)", LOGS / "kube-controller-manager.log")
@@ -562,7 +621,7 @@ def up(timeout_s: float = 180.0) -> None:
          "kube-proxy rules for kube-dns", LOGS / "kube-proxy.log")
     print(f"cluster up in {time.monotonic() - t0:.0f} s: node {NODE_NAME} ({NODE_IP}), images "
           + ", ".join(refs.values()))
-    print(f"export KUBECONFIG={KUBECONFIG} PATH={BIN_LINKS}:$PATH")
+    print(export_line())
 
 
 # ----------------------------------------------------------------------------------------- down
@@ -647,8 +706,9 @@ def remove_cgroups() -> None:
             pass
 
 
-def down() -> None:
-    """Stop everything and undo every host change; safe to run again and on a half-started cluster."""
+def down(purge: bool = False) -> None:
+    """Stop everything and undo every host change; safe to run again and on a half-started cluster.
+    The state directory (containerd's image store, logs) stays as a cache unless ``purge``."""
     for c in ("kube-proxy", "kube-scheduler", "kube-controller-manager", "kubelet", "coredns"):
         stop(c)
     kill_containers()
@@ -683,6 +743,20 @@ def down() -> None:
     if problems or left:
         raise ClusterError("cluster down left: " + "; ".join(problems + left))
     print("cluster down: processes stopped, mounts, interfaces, iptables chains and kernel settings restored")
+    if purge:
+        purge_state()
+    elif STATE.exists():
+        print(f"cluster down: kept {STATE} (image store and logs, a cache for the next up; `down --purge` deletes it)")
+
+
+def purge_state() -> None:
+    """Delete the state directory; refuses while anything is mounted under it."""
+    held = mounts_under(STATE)
+    if held:
+        raise ClusterError(f"not purging {STATE}: still mounted: {', '.join(held)}")
+    if STATE.exists():
+        shutil.rmtree(STATE)
+        print(f"cluster down: deleted {STATE}")
 
 
 def status() -> int:
@@ -692,20 +766,48 @@ def status() -> int:
         ok &= pid is not None
         print(f"{c:24s} {'running pid ' + str(pid) if pid else 'stopped'}")
     if ok:
-        print(f"export KUBECONFIG={KUBECONFIG} PATH={BIN_LINKS}:$PATH")
+        print(export_line())
     return 0 if ok else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``tools/cluster.py: error: ...``), exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected seconds > 0")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="tools/cluster.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("up", "down", "status"))
-    p.add_argument("--timeout-s", type=float, default=180.0, help="deadline of each wait in up (180)")
+    doc = __doc__ or ""
+    p = _Parser(prog="tools/cluster.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description=doc.split("\n\nWhat runs")[0].replace("::\n", ":\n"),
+                epilog="Details: tools/README.md (\"The local cluster\").")
+    p.add_argument("--timeout-s", type=positive_seconds, default=180.0, metavar="S",
+                   help="deadline of each wait in up, seconds > 0 (default 180)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{up,status,down}", parser_class=_Parser)
+    u = sub.add_parser("up", help="start the cluster and wait until usable (a healthy running one is kept; "
+                                  "a failed up brings down what it started)")
+    u.add_argument("--timeout-s", type=positive_seconds, default=argparse.SUPPRESS, metavar="S",
+                   help="deadline of each wait, seconds > 0 (default 180)")
+    sub.add_parser("status", help="which components run; exit 1 when not all")
+    d = sub.add_parser("down", help="stop everything and undo every host change (the state directory stays as a cache)")
+    d.add_argument("--purge", action="store_true", help=f"also delete the state directory {STATE} (image store, logs)")
     a = p.parse_args(argv)
     try:
         if a.command == "up":
             up(a.timeout_s)
         elif a.command == "down":
-            down()
+            down(purge=a.purge)
         else:
             return status()
     except ClusterError as e:
