@@ -91,7 +91,9 @@ def test_rbac_is_namespaced_and_shrinks_with_options(helm_bin):
 
 def test_optional_parts(helm_bin):
     base = render(helm_bin)
-    assert by_kind(base, "ServiceMonitor") == [] and by_kind(base, "Job") == []
+    assert by_kind(base, "ServiceMonitor") == []
+    # the only Job without the example: the post-delete hook (templates/uninstall-hook.yaml)
+    assert [j["metadata"]["name"] for j in by_kind(base, "Job")] == ["rel-dynoplan-uninstall"]
     dash = next(d for d in by_kind(base, "ConfigMap") if d["metadata"]["name"].endswith("dashboard"))
     import json
     board = json.loads(dash["data"]["dynoplan.json"])
@@ -107,7 +109,8 @@ def test_optional_parts(helm_bin):
     sm = render(helm_bin, "prometheus.serviceMonitor=true")
     assert len(by_kind(sm, "ServiceMonitor")) == 2
     ex = render(helm_bin, "example.enabled=true")
-    kinds = sorted(d["kind"] for d in ex if d["apiVersion"] in ("nvidia.com/v1alpha1", "dynoplan.dev/v1alpha1", "batch/v1"))
+    kinds = sorted(d["kind"] for d in ex if d["apiVersion"] in ("nvidia.com/v1alpha1", "dynoplan.dev/v1alpha1", "batch/v1")
+                   and "helm.sh/hook" not in (d["metadata"].get("annotations") or {}))
     assert kinds == ["DynamoGraphDeployment", "DynoPlanner", "Job"]
 
 
