@@ -30,7 +30,7 @@ from planner.operator.errors import SpecError
 from planner.operator.kube import Gone, now_iso
 from planner.operator.loop import PlannerLoop
 from planner.operator.reconcile import (LABEL_DGD, LABEL_SERVICE, child_actions, desired_children, dgd_status,
-                                        set_condition)
+                                        reconcile_problems, set_condition)
 from planner.operator.settings import OperatorSettings
 from planner.operator.spec import DGD_GROUP, DGD_PLURAL, DGD_VERSION, DPL_GROUP, DPL_PLURAL, DPL_VERSION, parse_dgd
 from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
@@ -47,6 +47,9 @@ async def reconcile_dgd(body: Any, memo: Any) -> dict[str, Any] | None:
     prev = dict(body.get("status") or {})
     try:
         dgd = parse_dgd(body)
+        problems = reconcile_problems(dgd, memo.op_settings.worker_image)
+        if problems:
+            raise SpecError(f"DynamoGraphDeployment {ns}/{name}", problems)
     except SpecError as e:
         status = {"state": "failed", "conditions": set_condition(prev.get("conditions"), "Ready", "False", "InvalidSpec",
                                                                  str(e), now_iso(), meta.get("generation"))}

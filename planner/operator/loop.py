@@ -11,7 +11,8 @@ the ready endpoints of each pool's Service, port named ``fpm``). :class:`FpmFeed
 DynoPlanner and runs until stopped.
 
 Event reasons (constant): ``ScaledUp``, ``ScaledDown``, ``Rebalanced``, ``AdvisoryDecision``,
-``ScaleConflict``, ``InvalidSpec``, ``TargetNotFound``. Condition types on the DynoPlanner: ``SpecValid``,
+``ScaleConflict``, ``AdoptedExternalChange`` (replicas changed by someone else, adopted and left alone for
+``external_change_grace_s``), ``InvalidSpec``, ``TargetNotFound``. Condition types on the DynoPlanner: ``SpecValid``,
 ``TargetFound``, ``MetricsAvailable``, ``Ready``.
 """
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
+from planner.core.reasons import Reason
 from planner.core.metrics import PlannerMetrics
 from planner.errors import PlannerError
 from planner.live.dashboard import DashboardHistory
@@ -40,6 +42,9 @@ log = logging.getLogger("dynoplan.operator.planner")
 REASON_UP, REASON_DOWN, REASON_REBALANCE = "ScaledUp", "ScaledDown", "Rebalanced"
 REASON_ADVISORY, REASON_CONFLICT = "AdvisoryDecision", "ScaleConflict"
 REASON_INVALID, REASON_NOT_FOUND = "InvalidSpec", "TargetNotFound"
+REASON_ADOPTED = "AdoptedExternalChange"
+PROFILE_HINT = "/opt/dynoplan/profiles/mocker_vllm.npz"
+"""The profile the project's image bakes in (a default mocker worker; README, the chart's example)."""
 
 
 @dataclass
@@ -259,6 +264,13 @@ class PlannerLoop:
         self.history = DashboardHistory()
         self.started_wall_s = wall_clock()
         self._plan: PlannerSpec | None = None
+        self._inputs_key: Any = None
+        self._inputs_problems: list[str] = []
+        self._profile: Any = None
+        self._last_seen: dict[str, int] = {}  # pool -> spec replicas of the previous tick (for the adoption Event)
+        # status.observed / status.predicted keep the last throughput-loop values between its ticks
+        self._last_observed: dict[str, Any] = {"requestsPerSecond": None, "ttftMs": None, "itlMs": None}
+        self._last_predicted: dict[str, Any] = {"requestsPerSecond": None}
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -294,12 +306,70 @@ class PlannerLoop:
                 pass
         return self.max_sleep_s
 
-    async def step(self) -> float:
-        """One iteration: parse, observe, tick when due, act, report. Returns seconds to sleep."""
+    def _input_problems(self, plan: PlannerSpec | None) -> list[str]:
+        """Problems of the planner's inputs that need no DGD: ``spec.throughput.profile`` (required while the
+        throughput loop is on, loadable, with the halves the mode needs) and ``spec.engine`` (the sizing by
+        simulation's engine). Checked again only when they (or the config) change; the loaded profile is kept
+        in ``self._profile``."""
+        spec = self.body.get("spec") or {}
+        thr = spec.get("throughput") or {}
+        path = thr.get("profile")
+        engine = spec.get("engine")
+        if plan is not None:
+            cfg, thpt_on = plan.config, plan.config.throughput_enabled
+        else:  # the config itself is invalid: judge the profile and the engine on the defaults
+            cfg = self.defaults
+            thpt_on = thr["enabled"] if isinstance(thr.get("enabled"), bool) else self.defaults.throughput_enabled
+        key = (cfg, thpt_on, path, repr(engine))
+        if key == self._inputs_key:
+            return self._inputs_problems
+        problems: list[str] = []
+        profile = None
+        if path:
+            try:
+                profile = load_profile(path)
+            except PlannerError as e:
+                msg = str(e)
+                msg = msg[len(str(path)) + 2:] if msg.startswith(f"{path}: ") else msg
+                problems.append(f"spec.throughput.profile={path!r}: {msg}")
+        elif thpt_on:
+            problems.append(
+                "spec.throughput.profile: required while the throughput loop is on (spec.throughput.enabled, default "
+                "true): expected the path, in the operator Pod, of the workers' performance profile (.npz; the image "
+                f"has {PROFILE_HINT}), or spec.throughput.enabled: false with spec.load.enabled: true")
+        if profile is not None and thpt_on:
+            need = [h for h, pools in (("prefill", ("prefill", "agg")), ("decode", ("decode", "agg")))
+                    if any(p in pools for p in cfg.pools)]
+            missing = [h for h in need if getattr(profile, h, None) is None]
+            if missing:
+                what = ("both halves, prefill and decode (aggregated workers do both)" if cfg.mode == "agg"
+                        else f"the {' and '.join(need)} " + ("halves" if len(need) > 1 else "half"))
+                problems.append(f"spec.throughput.profile={path!r}: mode {cfg.mode} needs a profile with {what}; "
+                                f"this one has no {' and no '.join(missing)} half")
         try:
-            plan = parse_planner(self.body, self.defaults)
+            from planner.whatif import evaluator_from_spec
+
+            evaluator_from_spec(engine, cfg)
+        except PlannerError as e:
+            problems.extend(getattr(e, "problems", None) or [str(e)])
+        self._inputs_key, self._inputs_problems, self._profile = key, problems, profile
+        return problems
+
+    async def step(self) -> float:
+        """One iteration: parse, observe, tick when due, act, report. Returns seconds to sleep.
+
+        Every spec problem (settings, ``spec.targetRef.name``, profile, engine) is reported at once, before
+        the target DGD is looked up: a DynoPlanner whose DGD is missing still shows its spec problems."""
+        m = self.body["metadata"]
+        where = f"DynoPlanner {m.get('namespace')}/{m.get('name')}"
+        try:
+            plan: PlannerSpec | None = parse_planner(self.body, self.defaults)
+            problems: list[str] = []
         except SpecError as e:
-            return await self._invalid(e)
+            plan, problems = None, list(e.problems)
+        problems += self._input_problems(plan)
+        if problems or plan is None:
+            return await self._invalid(SpecError(where, problems))
         conn = KubernetesConnector(self.kube, plan)
         try:
             obs = await conn.observe()
@@ -330,8 +400,7 @@ class PlannerLoop:
             try:
                 from planner.whatif import evaluator_from_spec
 
-                profile = load_profile(plan.profile) if plan.profile else None
-                self.planner = Planner(cfg, profile, evaluator=evaluator_from_spec(engine, cfg))
+                self.planner = Planner(cfg, self._profile, evaluator=evaluator_from_spec(engine, cfg))
             except PlannerError as e:
                 return await self._invalid(SpecError(f"DynoPlanner {plan.namespace}/{plan.name}", str(e)))
             self._planner_key = key
@@ -463,15 +532,29 @@ class PlannerLoop:
                     events.append((self.ref, "Normal", reason, msg))
                     log.info("scaled", extra={"planner": name, "decision": d.decision_id, "patch": applied,
                                               "reason": d.reason.value})
+        cur_spec = {p: s.replicas for p, s in obs.pools.items()}
+        if d.reason is Reason.ADOPTED_EXTERNAL_CHANGE:
+            changed = [p for p, r in d.pool_reasons.items() if r is Reason.ADOPTED_EXTERNAL_CHANGE] or sorted(cur_spec)
+            what = ", ".join(f"{obs.services[p].name} {self._last_seen.get(p, '?')}->{cur_spec[p]}"
+                             for p in sorted(changed) if p in obs.services)
+            events.append((self.ref, "Normal", REASON_ADOPTED,
+                           f"replicas changed outside the planner, adopted: {what}; left alone for "
+                           f"external_change_grace_s={cfg.external_change_grace_s:g} s"))
+        self._last_seen = cur_spec
         diag = result.diagnostics
+        if diag.observed is not None:
+            self._last_observed = {"requestsPerSecond": _num(diag.observed.requests_per_second),
+                                   "ttftMs": _num(diag.observed.mean_ttft_ms), "itlMs": _num(diag.observed.mean_itl_ms)}
+        predicted = _num(diag.predicted_requests_per_second)
+        if predicted is not None:
+            self._last_predicted = {"requestsPerSecond": predicted}
         desired = dict(d.targets) if d.targets is not None else {p: s.replicas for p, s in obs.pools.items()}
         self._cond("Ready", True, "Planning", f"last reason {d.reason.value}")
         status: dict[str, Any] = {
             "desiredReplicas": {("worker" if p == "agg" else p): int(n) for p, n in desired.items()},
-            "observed": {"requestsPerSecond": _num(diag.observed.requests_per_second) if diag.observed else None,
-                         "ttftMs": _num(diag.observed.mean_ttft_ms) if diag.observed else None,
-                         "itlMs": _num(diag.observed.mean_itl_ms) if diag.observed else None},
-            "predicted": {"requestsPerSecond": _num(diag.predicted_requests_per_second)},
+            # the last throughput-loop values (kept between its ticks, so `kubectl get -w` shows them throughout)
+            "observed": dict(self._last_observed),
+            "predicted": dict(self._last_predicted),
             "lastDecision": {"reason": d.reason.value, "time": now_iso(),
                              **({"id": int(d.decision_id)} if d.decision_id is not None else {})},
         }

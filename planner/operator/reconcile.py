@@ -79,6 +79,25 @@ def desired_children(dgd: DgdSpec, default_image: str) -> list[dict[str, Any]]:
     return out
 
 
+def reconcile_problems(dgd: DgdSpec, default_image: str) -> list[str]:
+    """What keeps the reconciler from running ``dgd``'s services (empty when none): a service that would
+    run the operator's worker image (no image of its own, or that same image) with neither ``command`` nor
+    ``args`` in ``extraPodSpec.mainContainer``. That image's entrypoint is ``dynoplan``, which needs a
+    subcommand (``mocker serve``, ``frontend``): such a Pod would exit at once and crash-loop with empty
+    logs. Services of componentType ``planner`` are not run (the operator plans)."""
+    problems = []
+    for name in sorted(dgd.services):
+        s = dgd.services[name]
+        if s.component_type == "planner" or s.command or s.args:
+            continue
+        if s.image is None or s.image == default_image:
+            problems.append(
+                f"spec.services.{name}.extraPodSpec.mainContainer: no command or args: expected the container's "
+                f"command line, e.g. args: [mocker, serve, --port, \"{HTTP_PORT}\"] for a worker or [frontend, --port, "
+                f"\"{HTTP_PORT}\", ...] (the image {s.image or default_image} runs `dynoplan`, which needs a subcommand)")
+    return problems
+
+
 def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[str, Any]]:
     cname = child_name(dgd.name, s.name)
     labels = {LABEL_DGD: dgd.name, LABEL_SERVICE: s.name, LABEL_MANAGED: MANAGER}

@@ -187,21 +187,72 @@ def _snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
 
 
+_POOL_SPEC = {"agg": "Worker", "prefill": "Prefill", "decode": "Decode"}
+
+
+def spec_field_names(spec: Mapping[str, Any]) -> dict[str, str]:
+    """PlannerConfig setting name (``ttft_ms``, ``agg.min_replicas``, ...) -> the DynoPlanner field a user
+    sets it with: the typed CRD field (``spec.sla.ttftMs``, ``spec.replicas.minWorker``), or
+    ``spec.settings.<key as written>`` for keys set under ``spec.settings`` (they win over the typed
+    fields) and for settings without a typed field."""
+    from planner.core.config import PlannerConfig as _PC
+
+    names: dict[str, str] = {}
+    for f in dataclasses.fields(_PC):
+        if f.name in _POOL_SPEC:
+            for k in ("min_replicas", "max_replicas", "gpus_per_engine"):
+                names[f"{f.name}.{k}"] = f"spec.settings.{f.name}.{k}"
+        else:
+            names[f.name] = f"spec.settings.{f.name}"
+    for path, key in _SPEC_KEYS:
+        pool = next((p for p in _POOL_SPEC if key.startswith(p + "_") and key[len(p) + 1:] in
+                     ("min_replicas", "max_replicas")), None)
+        names[f"{pool}.{key[len(pool) + 1:]}" if pool else key] = "spec." + ".".join(path)
+    for k, v in (spec.get("settings") or {}).items():
+        sk = _snake(str(k))
+        if sk in _POOL_SPEC and isinstance(v, Mapping):
+            for pk in v:
+                names[f"{sk}.{_snake(str(pk))}"] = f"spec.settings.{k}.{pk}"
+        else:
+            names[sk] = f"spec.settings.{k}"
+            pool = next((p for p in _POOL_SPEC if sk.startswith(p + "_")), None)
+            if pool:  # flat pool key, e.g. aggMinReplicas
+                names[f"{pool}.{sk[len(pool) + 1:]}"] = f"spec.settings.{k}"
+    return names
+
+
+def name_spec_fields(problems: list[str], spec: Mapping[str, Any]) -> list[str]:
+    """``problems`` of the planner core with each setting name replaced by the DynoPlanner field that sets
+    it (:func:`spec_field_names`), e.g. ``agg.min_replicas=5: expected <= agg.max_replicas=2`` ->
+    ``spec.replicas.minWorker=5: expected <= spec.replicas.maxWorker=2``. A name is replaced where it is
+    followed by ``=`` or ``:`` (a setting, not a word of the message)."""
+    import re
+
+    names = spec_field_names(spec)
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                         + r")(?=[=:])")
+    return [pattern.sub(lambda m: names[m.group(1)], p) for p in problems]
+
+
 def parse_planner(body: Mapping[str, Any], defaults: PlannerConfig | None = None) -> PlannerSpec:
     """Typed view of a DynoPlanner body on top of ``defaults`` (the operator's planner defaults).
 
-    Raises SpecError listing every invalid planner setting (field, value, expectation).
+    Raises SpecError listing every invalid planner setting and a missing ``spec.targetRef.name`` at once,
+    each named by its DynoPlanner field (:func:`name_spec_fields`), with the value and the expectation.
     """
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     where = f"DynoPlanner {meta.get('namespace')}/{meta.get('name')}"
+    problems: list[str] = []
     try:
         cfg = config_from_mapping(planner_overrides(spec), base=defaults or PlannerConfig())
     except ConfigError as e:
-        raise SpecError(where, e.problems) from None
+        problems.extend(name_spec_fields(e.problems, spec))
     target = _dig(spec, ("targetRef", "name"))
     if not target:
-        raise SpecError(where, "spec.targetRef.name: expected the name of a DynamoGraphDeployment")
+        problems.append("spec.targetRef.name: expected the name of a DynamoGraphDeployment")
+    if problems:
+        raise SpecError(where, problems)
     m = spec.get("metrics") or {}
     b = spec.get("budget") or {}
     services = {k: str(v) for k, v in (spec.get("services") or {}).items() if v}

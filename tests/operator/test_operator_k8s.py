@@ -207,8 +207,10 @@ def dgd_manifest(name: str, prefill: int = 1, decode: int = 1, **extra_services)
             "spec": {"backendFramework": "vllm", "services": {
                 "Frontend": {"componentType": "frontend", "replicas": 1,
                              "extraPodSpec": {"mainContainer": {"image": "dynoplan:test", "args": ["frontend"]}}},
-                "Prefill": {"componentType": "worker", "subComponentType": "prefill", "replicas": prefill},
-                "Decode": {"componentType": "worker", "subComponentType": "decode", "replicas": decode},
+                "Prefill": {"componentType": "worker", "subComponentType": "prefill", "replicas": prefill,
+                            "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
+                "Decode": {"componentType": "worker", "subComponentType": "decode", "replicas": decode,
+                           "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
                 **extra_services}}}
 
 
