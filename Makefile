@@ -20,11 +20,12 @@ run: $(STAMP)
 
 # Real components for the integration tests: Debian packages (prometheus, chromium, containerd, buildah...),
 # the Kubernetes binaries, etcd, CoreDNS and helm built from Go modules, the local cluster's images
-# (debootstrap + buildah) and the AIConfigurator venv, all into ~/.cache/dynoplan (see tools/README.md).
+# (debootstrap + buildah) and the AIConfigurator venv, all into ~/.cache/dynoplan (see tools/README.md). It makes
+# the .venv first (tools/cluster.py runs in it).
 # The image builds and the AIConfigurator venv are mostly downloads: they run next to the Go builds
 # (CPU-bound), and the Prometheus image, which needs the Go-built prometheus, after them.
 INFRA_LOG ?= /tmp/dynoplan-infra-deps.$(shell id -u)
-infra-deps:
+infra-deps: $(STAMP)
 	tools/install-system-deps.sh
 	@tools/build-images.sh base pause dynoplan >$(INFRA_LOG).images 2>&1 & img=$$!; \
 	 PY=$(PY) tools/build-aic-venv.sh >$(INFRA_LOG).aic 2>&1 & aic=$$!; \

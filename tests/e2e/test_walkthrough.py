@@ -5,14 +5,18 @@ operator's live dashboard in headless Chromium, and three faults.
 
 The commands are the README's (checked verbatim against README.md, see ``README_COMMANDS``); the only
 additions are the test's shorter load (``-f tests/e2e/values-e2e.yaml`` on ``helm template``), a
-second, low-rate load Job that keeps streams in flight through the scale-down, ``:PORT`` (a free local
-port) in ``kubectl port-forward``, and no ``-w`` on ``kubectl get``. Every wait polls the state it
+second, low-rate load Job that keeps streams in flight through the scale-down, and ``:PORT`` (a free local
+port) in ``kubectl port-forward``. Every wait polls the state it
 checks, with a deadline and a message naming it.
 
 Timeline (s from the apply): Pods Ready (~30) -> load 20 req/s for 150 s -> scale-up, new Pods Ready and
 serving -> a worker Pod killed under load (replaced; the frontend's documented retries keep every
 request) -> load ends, scale-down, removed Pods drain their streams -> dashboard checked -> operator Pod
-deleted (resumes, no scale) -> replicas edited by hand (adopted) -> the tail Job completes.
+deleted (resumes, no scale) -> replicas edited by hand (adopted, an AdoptedExternalChange Event) -> the tail
+Job completes -> helm uninstall with the DGD still there (the post-delete hook removes the operator's
+finalizer) -> the example deleted (completes; its Deployments garbage-collected). Right after the scale-up,
+example.yaml is applied again: the DGD is unchanged (it sets no worker replicas). ``kubectl get dynoplanners
+-w`` runs as the README shows it (read until the planner's row, then stopped).
 """
 
 from __future__ import annotations
@@ -47,11 +51,18 @@ HELM_INSTALL = "helm install dynoplan helm/dynoplan -n dynoplan --create-namespa
 ROLLOUT = "kubectl -n dynoplan rollout status deploy/dynoplan-dynoplan-operator"
 TEMPLATE = ("helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
             "--show-only templates/example.yaml > example.yaml")
-APPLY = "kubectl -n dynoplan apply -f example.yaml"
-GET = "kubectl -n dynoplan get dgd,dynoplanners -w"
+TEMPLATE_LOAD = ("helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
+                 "--show-only templates/example-load.yaml > load.yaml")
+APPLY = "kubectl -n dynoplan apply -f example.yaml -f load.yaml"
+GET = "kubectl -n dynoplan get dynoplanners -w"
+GET_DGD = "kubectl -n dynoplan get dgd"
+RERUN_LOAD = "kubectl -n dynoplan delete job mocker-agg-load && kubectl -n dynoplan apply -f load.yaml"
 PROM_FORWARD = "kubectl -n dynoplan port-forward svc/dynoplan-dynoplan-prometheus 9090"
 DASH_FORWARD = "kubectl -n dynoplan port-forward svc/dynoplan-dynoplan-operator 8090"
-README_COMMANDS = (HELM_INSTALL, ROLLOUT, TEMPLATE, APPLY, GET, PROM_FORWARD, DASH_FORWARD)
+DELETE_EXAMPLE = "kubectl -n dynoplan delete -f load.yaml -f example.yaml"
+UNINSTALL = "helm uninstall dynoplan -n dynoplan"
+README_COMMANDS = (HELM_INSTALL, ROLLOUT, TEMPLATE, TEMPLATE_LOAD, APPLY, GET, GET_DGD, RERUN_LOAD, PROM_FORWARD,
+                   DASH_FORWARD, DELETE_EXAMPLE, UNINSTALL)
 
 TAIL_JOB = "e2e-tail-load"
 # Low-rate load with long streams (300 tokens) through the scale-down, the operator restart and the edit.
@@ -130,10 +141,15 @@ class Timeline:
                 dgd = self.co.get_namespaced_custom_object("nvidia.com", "v1alpha1", NS, "dynamographdeployments", DGD)
                 pods = self.core.list_namespaced_pod(NS, label_selector=f"dynoplan.dev/dgd={DGD},dynoplan.dev/service={WORKER_SVC}").items
                 spec = dgd["spec"]["services"][WORKER_SVC].get("replicas")
+                try:
+                    dpl = self.co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD)
+                    observed_rps = ((dpl.get("status") or {}).get("observed") or {}).get("requestsPerSecond")
+                except Exception:  # noqa: BLE001 - not created yet
+                    observed_rps = "absent"
                 ready = ((dgd.get("status") or {}).get("services") or {}).get(WORKER_SVC, {}).get("readyReplicas")
                 fe = self.core.list_namespaced_pod(NS, label_selector=f"dynoplan.dev/dgd={DGD},dynoplan.dev/service=Frontend").items
                 t = self.now()
-                row = {"t": t, "wall": time.time(), "spec": spec, "ready": ready,
+                row = {"t": t, "wall": time.time(), "spec": spec, "ready": ready, "observed_rps": observed_rps,
                        "frontend_ready": [any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
                                           for p in fe], "pods": {
                     p.metadata.name: {"ip": p.status.pod_ip, "deleting": p.metadata.deletion_timestamp is not None,
@@ -205,6 +221,34 @@ def test_readme_lists_the_commands_the_test_runs():
     missing = [c for c in README_COMMANDS if c not in text]
     assert not missing, f"README.md no longer shows these walkthrough commands: {missing}"
     assert "tools/cluster.py up" in text and "tools/cluster.py down" in text
+    # no command the walkthrough shows re-applies example.yaml (it would be a hand edit of the DGD's replicas
+    # if the DGD set them; the test below checks that it sets none)
+    assert "apply -f example.yaml &&" not in text and "sudo " not in text.split("## Kubernetes walkthrough")[1].split("\n## ")[0]
+
+
+def watch_lines(cluster, command: str, until: Callable[[list[str]], bool], timeout_s: float = 60) -> list[str]:
+    """Run a ``kubectl ... -w`` command line until ``until(lines)``; its lines. Fails naming the command
+    when it exits (e.g. kubectl refusing the arguments) or the deadline passes."""
+    proc = subprocess.Popen(["bash", "-c", f"exec {command}"], env=cluster.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout or ():
+            lines.append(line.rstrip("\n"))
+            if until(lines):
+                done.set()
+                return
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ok = done.wait(timeout_s) and until(lines)
+    proc.kill()
+    proc.wait(10)
+    if not ok:
+        pytest.fail(f"`{command}` (exit {proc.returncode}) did not show what was expected within {timeout_s:.0f} s: {lines}")
+    return lines
 
 
 def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # noqa: C901 - one story, in order
@@ -251,9 +295,15 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
     figures["operator_rbac"] = can
 
     # ------------------------------------------------------------------ the example (README) + a tail load
-    c.run(f"{TEMPLATE.split(' > ')[0]} -f {REPO_ROOT / 'tests/e2e/values-e2e.yaml'} > example.yaml", cwd=work)
+    for command in (TEMPLATE, TEMPLATE_LOAD):
+        c.run(command.replace(" > ", f" -f {REPO_ROOT / 'tests/e2e/values-e2e.yaml'} > "), cwd=work)
     docs = [d for d in yaml.safe_load_all((work / "example.yaml").read_text()) if d]
-    load_job = next(d for d in docs if d["kind"] == "Job")
+    # the DGD leaves the worker count to the planner (re-applying it below changes nothing)
+    dgd_doc = next(d for d in docs if d["kind"] == "DynamoGraphDeployment")
+    assert "replicas" not in dgd_doc["spec"]["services"][WORKER_SVC], dgd_doc["spec"]["services"][WORKER_SVC]
+    load_docs = [d for d in yaml.safe_load_all((work / "load.yaml").read_text()) if d]
+    assert [d["kind"] for d in load_docs] == ["Job"] and not any(d["kind"] == "Job" for d in docs)
+    load_job = load_docs[0]
     image = load_job["spec"]["template"]["spec"]["containers"][0]["image"]
     timeline = Timeline(api)
     c.run(APPLY, cwd=work)
@@ -285,9 +335,12 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         urls = poll(lambda: c.kubectl("-n", NS, "exec", fe.metadata.name, "-c", "main", "--", "cat",
                                       "/tmp/workers.txt").stdout.split(), 30, "workers file lists the worker Pod")
         assert urls == [f"http://{w0.status.pod_ip}:8000"], urls
-        get = c.run(GET.replace(" -w", ""), cwd=work).stdout
-        assert DGD in get and "dynoplanner" in get.lower(), get
-        figures["kubectl_get"] = get
+        # The README's watch: kubectl accepts it and shows the planner row under its columns.
+        watched = watch_lines(c, GET, lambda ls: any(ln.startswith(DGD + " ") for ln in ls))
+        assert "WORKER" in watched[0] and "OBSERVED-RPS" in watched[0] and "REASON" in watched[0], watched
+        get = c.run(GET_DGD, cwd=work).stdout
+        assert DGD in get and "READY" in get.splitlines()[0], get
+        figures["kubectl_get"] = "\n".join(watched) + "\n" + get
 
         prom_pf = PortForward(c, PROM_FORWARD)
         dash_pf = PortForward(c, DASH_FORWARD)
@@ -300,6 +353,12 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
                   "the planner scales the worker pool above 1 under the load Job", interval_s=1)
         figures["scaled_up_to"] = up
         figures["scale_up_at_s"] = round(time.monotonic() - t_apply, 1)
+        # The README's example.yaml applied again (e.g. after editing it) leaves the DGD as the planner scaled it.
+        again = c.run(f"kubectl -n {NS} apply -f example.yaml", cwd=work).stdout
+        assert f"dynamographdeployment.nvidia.com/{DGD} unchanged" in again, again
+        after = co.get_namespaced_custom_object("nvidia.com", "v1alpha1", NS, "dynamographdeployments", DGD)
+        assert (after["spec"]["services"][WORKER_SVC].get("replicas") or 1) > 1, after["spec"]["services"][WORKER_SVC]
+        figures["example_reapplied"] = again.strip().splitlines()
         new_ready = poll(lambda: pods_ready(worker_sel, up), 180, f"{up} worker Pods Ready after the scale-up")
         poll(lambda: page.evaluate("Math.max(...window.dashboardState.samples.filter(s => s.pools)"
                                    ".map(s => s.pools.agg.spec))") > 1, 30, "dashboard shows the scale-up")
@@ -441,6 +500,31 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         figures["frontend_requests"] = {r["metric"].get("status"): float(r["value"][1]) for r in
                                         prom.query("sum by (status) (dynamo_frontend_requests_total)")}
         prom_pf.close()
+
+        # OBSERVED-RPS of `kubectl get dynoplanners -w`: once the throughput loop observed the traffic, the
+        # status keeps an observation (the load loop's ticks in between do not blank it).
+        rps = [r["observed_rps"] for r in timeline.rows if r.get("observed_rps") not in (None, "absent")]
+        first = next(i for i, r in enumerate(timeline.rows) if r.get("observed_rps") not in (None, "absent"))
+        blank = [r["t"] for r in timeline.rows[first:] if r.get("observed_rps") in (None, "absent")]
+        assert rps and not blank, f"status.observed.requestsPerSecond blank at t={blank[:10]}"
+        events = json.loads(c.kubectl("-n", NS, "get", "events", "--field-selector",
+                                      f"involvedObject.kind=DynoPlanner,involvedObject.name={DGD}", "-o", "json").stdout)
+        adopted = [e["message"] for e in events["items"] if e["reason"] == "AdoptedExternalChange"]
+        assert any(f"{WORKER_SVC} {before}->{edited}" in m for m in adopted), adopted
+        figures["adopted_event"] = adopted
+
+        # ------------------------------------------------------------------ uninstall with the DGD still there
+        # The wrong order (chart first): the post-delete hook removes the operator's finalizer, so deleting
+        # the example afterwards completes and the DGD's Deployments go through owner references.
+        c.run(f"kubectl -n {NS} delete -f load.yaml", cwd=work)
+        c.run(UNINSTALL, cwd=work, timeout_s=300)
+        left = co.get_namespaced_custom_object("nvidia.com", "v1alpha1", NS, "dynamographdeployments", DGD)
+        assert "dynoplan.dev/finalizer" not in (left["metadata"].get("finalizers") or []), left["metadata"]
+        c.run(f"kubectl -n {NS} delete -f example.yaml --timeout=60s", cwd=work, timeout_s=90)
+        apps = kubernetes.client.AppsV1Api(api)
+        poll(lambda: not apps.list_namespaced_deployment(NS, label_selector=f"dynoplan.dev/dgd={DGD}").items, 120,
+             "the deleted DGD's Deployments garbage-collected")
+        figures["uninstall"] = "helm uninstall, then the example deleted: finalizer removed, children collected"
     finally:
         timeline.stop()
         figures["replicas_over_time"] = timeline.spec_series()

@@ -271,14 +271,14 @@ def test_invalid_dgd_rejected_by_schema(env):
 def test_chart_example_resources_pass_the_real_schema(env):
     """The chart's example DGD, DynoPlanner, load Job and headless worker Service are accepted by the
     apiserver (dry run)."""
-    out = env.k8s.helm("template", RELEASE, str(CHART), "--namespace", env.ns, "--set", "example.enabled=true",
-                       "--show-only", "templates/example.yaml").stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = [d for t in ("templates/example.yaml", "templates/example-load.yaml") for d in yaml.safe_load_all(
+        env.k8s.helm("template", RELEASE, str(CHART), "--namespace", env.ns, "--set", "example.enabled=true",
+                     "--show-only", t).stdout) if d]
     kinds = {d["kind"]: d for d in docs}
     assert sorted(kinds) == ["DynamoGraphDeployment", "DynoPlanner", "Job", "Service"] and len(docs) == 4
     dgd, dpl, job = kinds["DynamoGraphDeployment"], kinds["DynoPlanner"], kinds["Job"]
     made = env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd, dry_run="All")
-    assert made["spec"]["services"]["VllmWorker"]["replicas"] == 1
+    assert "replicas" not in made["spec"]["services"]["VllmWorker"]  # the planner owns the count (no schema default)
     # the drain settings survive the schema (mainContainer.lifecycle is declared, extraPodSpec keeps the rest)
     worker = made["spec"]["services"]["VllmWorker"]["extraPodSpec"]
     assert worker["mainContainer"]["lifecycle"] == {"preStop": {"sleep": {"seconds": 20}}}
