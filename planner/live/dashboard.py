@@ -14,8 +14,9 @@ Plotly.js comes from the installed ``plotly`` Python package (``package_data/plo
 - ``#load``: observed requests/s (frontend, last interval), the predictor's forecast and the planned demand
   (forecast x the demand-error factor, the ``demand_error_quantile`` of past observed/forecast ratios) the
   throughput loop sized for, at its ticks;
-- ``#latency``: TTFT (top axis) and ITL (bottom axis, its own scale): frontend interval means, the load
-  loop's estimates when it runs, and the SLA targets as dashed lines;
+- ``#latency``: TTFT (top axis) and ITL (bottom axis), each on its own log scale (a 1 ms ITL and its 50 ms
+  target both readable): frontend interval means, the load loop's estimates when it runs, and the SLA
+  targets as dashed lines;
 
 Every series is named for what it is, and a series without any data is left out (its legend entry too).
 The time charts mark events on their time axis (:meth:`DashboardHistory.marks`): scale decisions (dotted
@@ -304,9 +305,10 @@ function render(st) {
     {x: tx, y: tk.map(t => t.observed_itl_ms), name: "ITL observed (frontend interval mean)", mode: "lines+markers", line: {color: COLORS[1]}, yaxis: "y2"},
     {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_itl_ms), name: "ITL load-loop estimate", mode: "markers", marker: {color: COLORS[1], symbol: "x"}, yaxis: "y2"},
     {x: [x0, x1], y: [cfg.itl_ms, cfg.itl_ms], name: "ITL target", mode: "lines", line: {dash: "dash", color: COLORS[1]}, yaxis: "y2", always: true}
-  ]), layout("TTFT (top) and ITL (bottom), each on its own axis", "TTFT ms", Object.assign({
-    yaxis: {title: {text: "TTFT ms"}, rangemode: "tozero", domain: [0.55, 1]},
-    yaxis2: {title: {text: "ITL ms"}, rangemode: "tozero", domain: [0, 0.42], anchor: "x"}}, marks(st, false))));
+  ]), layout("TTFT (top) and ITL (bottom), each on its own log axis", "TTFT ms", Object.assign({
+    xaxis: {type: "date", anchor: "y2"},
+    yaxis: {title: {text: "TTFT ms"}, type: "log", domain: [0.55, 1], anchor: "x"},
+    yaxis2: {title: {text: "ITL ms"}, type: "log", domain: [0, 0.42], anchor: "x"}}, marks(st, false))));
   const en = st.engines, names = en.map(e => e.pool + " w" + e.worker_id + "/r" + e.dp_rank);
   Plotly.react("queues", [
     {x: names, y: en.map(e => e.queued_prefill), type: "bar", name: "queued prefill"},

@@ -122,6 +122,7 @@ def test_prometheus_killed_is_restarted_and_the_planner_resumes_within_two_ticks
             assert f"died {victim['name']}" in deaths, deaths
             assert page.evaluate("document.getElementById('replicas').layout.annotations.some(a => "
                                  f"a.text.indexOf({victim['name']!r} + ' died') >= 0)")
+            print(f"dashboard screenshot: {page.screenshot(tmp_path / 'dashboard.png')}")
             assert page.errors() == []
         finally:
             page.close()

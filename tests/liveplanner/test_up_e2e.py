@@ -118,6 +118,7 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             assert "agg 1\u21923" in notes or "agg 1\u21922" in notes, notes
             print(f"\ndashboard: load series {[n for n, _, _ in load]}, latency series {[(n, ax) for n, ax, _ in lat]}, "
                   f"{len(ups)} scale-up and {len(downs)} scale-down marks")
+            print(f"dashboard screenshot: {page.screenshot(tmp_path / 'dashboard.png')}")
             assert page.errors() == []
         finally:
             page.close()
