@@ -268,9 +268,12 @@ class PlannerLoop:
         self._inputs_problems: list[str] = []
         self._profile: Any = None
         self._last_seen: dict[str, int] = {}  # pool -> spec replicas of the previous tick (for the adoption Event)
-        # status.observed / status.predicted keep the last throughput-loop values between its ticks
-        self._last_observed: dict[str, Any] = {"requestsPerSecond": None, "ttftMs": None, "itlMs": None}
-        self._last_predicted: dict[str, Any] = {"requestsPerSecond": None}
+        # status.observed / status.predicted keep the last throughput-loop values between its ticks, and
+        # across an operator restart (the new loop starts from the status the previous one wrote)
+        st = body.get("status") or {}
+        self._last_observed: dict[str, Any] = {k: (st.get("observed") or {}).get(k)
+                                               for k in ("requestsPerSecond", "ttftMs", "itlMs")}
+        self._last_predicted: dict[str, Any] = {"requestsPerSecond": (st.get("predicted") or {}).get("requestsPerSecond")}
 
     @property
     def ref(self) -> dict[str, Any]:

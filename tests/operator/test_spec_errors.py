@@ -305,3 +305,21 @@ def test_observed_rps_is_kept_between_throughput_ticks_and_a_hand_edit_is_an_eve
     assert ev[2] == ("replicas changed outside the planner, adopted: W 1->3; left alone for "
                      "external_change_grace_s=180 s")
     assert kube.planner_status["desiredReplicas"] == {"worker": 3}
+
+
+def test_a_new_operator_keeps_the_observation_the_previous_one_wrote(tmp_path):
+    """An operator restart: the new planner loop starts from the DynoPlanner's status, so its first ticks
+    (before its own first throughput tick) do not blank OBSERVED-RPS."""
+    prof = tmp_path / "p.npz"
+    save_profile(make_profile(), prof)
+    kube = FakeKube(ready_dgd(1))
+    body = planner_body(mode="agg", throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
+                        load={"enabled": True, "intervalS": 5}, settings={"simulatedSizing": False})
+    body["status"] = {"observed": {"requestsPerSecond": 7.5, "ttftMs": 90.0, "itlMs": 9.0},
+                      "predicted": {"requestsPerSecond": 8.0}}
+    now = [0.0]
+    loop = loop_for(body, kube, traffic=Traffic(), clock=lambda: now[0])
+    asyncio.run(loop.step())  # the first tick: the core warms up, no throughput loop
+    assert "throughput" not in loop.last_result.diagnostics.loops_run
+    assert kube.planner_status["observed"] == {"requestsPerSecond": 7.5, "ttftMs": 90.0, "itlMs": 9.0}
+    assert kube.planner_status["predicted"] == {"requestsPerSecond": 8.0}
