@@ -142,7 +142,8 @@ class EngineFleetEvaluator:
                 itl[k] = (r.finish_ms - ft) / (r.output_length - 1) if r.output_length > 1 else 0.0
         t_miss = ttft > self.ttft_ms
         i_miss = itl > self.itl_ms
-        return SampleOutcome(n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()))
+        return SampleOutcome(n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()),
+                             unfinished=int(np.isinf(itl).sum()))
 
 
 def _snake(name: str) -> str:

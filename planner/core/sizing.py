@@ -125,6 +125,9 @@ class SampleOutcome:
     misses: int
     complete: bool = True
     """False when the replay stopped early on a decided FAIL (misses then count those seen by then)."""
+    unfinished: int = 0
+    """Counted requests not finished when the replay ended (0 when it stopped early): what an overloaded fleet
+    leaves queued, where every fleet may miss alike but a larger one still serves more."""
 
     def misses_of(self, kind: str) -> int:
         """The misses of ``kind``: ``any`` (either target), ``ttft`` or ``itl``."""
@@ -443,6 +446,8 @@ class SimulatedSizing:
     _views: list[TrafficSample] = field(default_factory=list)
     confidence: float = CONFIDENCE
     """The per-look confidence (set from ``looks``)."""
+    _bar_unfinished: float = 1.0
+    """Upper bound of the limit's unfinished share, while a search runs against the limit's bar."""
 
     def __post_init__(self) -> None:
         if not self.looks:
@@ -491,8 +496,11 @@ class SimulatedSizing:
 
         When not even the pool's upper limit passes (prompts no fleet serves in time, a target beyond the
         engine), the bar becomes what the limit achieves: the least count whose misses are not significantly
-        above the limit's (its lower Clopper-Pearson bound within the limit's upper bound) is returned, so
-        replicas that do not reduce misses measurably are not bought."""
+        above the limit's (its lower Clopper-Pearson bound within the limit's upper bound), and whose unfinished
+        requests are not significantly more than the limit's (the same test), is returned, so replicas that do
+        not reduce misses measurably are not bought. The second test is for a load beyond the limit's capacity:
+        there every fleet misses every request of the sample, and only the requests still queued at the end
+        tell that a larger fleet serves more."""
         lo, hi = self.limits[pool]
         start = min(max(start, lo), hi)
         n = self._search(pool, others, kind, start, lo, hi, self.allowed_miss)
@@ -500,6 +508,7 @@ class SimulatedSizing:
             return n
         o = self.outcome({**others, pool: hi}, kind, decide=False, pool=pool)
         bar = max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1])
+        self._bar_unfinished = miss_bounds(o.unfinished, o.num_requests)[1]
         return self._search(pool, others, kind, start, lo, hi, bar)
 
     def _search(self, pool: str, others: Mapping[str, int], kind: str, start: int, lo: int, hi: int,
@@ -517,7 +526,8 @@ class SimulatedSizing:
             if n >= hi:
                 return True
             o = self.outcome({**others, pool: n}, kind, decide=False, pool=pool)
-            return miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
+            return (miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
+                    and miss_bounds(o.unfinished, o.num_requests)[0] <= self._bar_unfinished)
 
         if ok(start):
             good, step = start, 1

@@ -440,3 +440,45 @@ def test_disaggregated_share_replays_the_sized_pools_engines_and_a_proportional_
         part, whole = ev.evaluate(sp, {"prefill": n, "decode": 16}), ev.evaluate(s, {"prefill": n, "decode": 16})
         assert part.num_requests == math.ceil(s.num_counted / n) and whole.num_requests == s.num_counted
         assert part.ttft_misses == whole.ttft_misses == 0
+
+
+def test_a_load_beyond_the_limits_capacity_scales_to_the_limit_not_to_the_minimum():
+    class Overload:
+        """Every fleet misses all 1000 requests; n replicas leave 1000 - 200 n of them unfinished (>= 0)."""
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            n = replicas["agg"]
+            return SampleOutcome(1000, 1000, 1000, 1000, unfinished=max(0, 1000 - 200 * n))
+
+    # the limit of 4 leaves 200 unfinished (upper bound ~22 %); 3 leave 400 (lower bound ~37 %): significantly more,
+    # so 3 is not as good as the limit although both miss every request
+    plan = _sizing(Overload(), hi=4).plan({"agg": 1})["agg"]
+    assert (plan.goal, plan.reason) == (4, Reason.SCALE_UP_THROUGHPUT)
+
+    class Saturated(Overload):
+        """Beyond 2 replicas nothing changes: 2 are as good as any larger fleet."""
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            return super().evaluate(sample, {"agg": min(replicas["agg"], 2)})
+
+    assert _sizing(Saturated(), hi=8).plan({"agg": 1})["agg"].goal == 2
+
+
+def test_the_engine_fleet_at_ten_times_its_capacity_goes_to_the_limit():
+    from mocker.config import EngineConfig
+    from planner.core.sizing import sequential_looks
+    from planner.whatif import EngineFleetEvaluator
+
+    # the live-scaling example's workers (real-time engine, 2048 KV blocks of 16 tokens): one serves ~4 req/s of
+    # 1024-token prompts; at 40 req/s every fleet up to the limit of 4 misses every sampled request, and the
+    # sizing used to pick the minimum (measured: goal 1, hold_steady); the queue left unfinished tells 4 from 1
+    cfg = EngineConfig.from_mapping({"speedup_ratio": 1.0, "num_gpu_blocks": 2048, "block_size": 16})
+    ev = EngineFleetEvaluator({"agg": cfg}, ttft_ms=200.0, itl_ms=15.0)
+    looks = sequential_looks(0.005)
+    s = build_sample(40.0, 1024.0, 64.0, min_horizon_s=10.0, min_requests=looks[-1], num_inflight=50, warmup_s=1.0,
+                     seed=(1,))
+    sz = SimulatedSizing(ev, s, ("agg",), {"agg": (1, 4)}, 0.005, looks)
+    one, four = (sz.outcome({"agg": n}, decide=False) for n in (1, 4))
+    assert one.misses == four.misses == one.num_requests and one.unfinished > four.unfinished
+    plan = sz.plan({"agg": 1})["agg"]
+    assert (plan.goal, plan.reason) == (4, Reason.SCALE_UP_THROUGHPUT)
