@@ -155,11 +155,13 @@ POOL_ROLES = {"agg": "aggregated", "prefill": "prefill", "decode": "decode"}
 
 
 def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin",
-                        where: str = "spec.engine") -> EngineFleetEvaluator:
+                        where: str = "spec.engine") -> EngineFleetEvaluator | None:
     """The operator's engine model: ``engine`` is the DynoPlanner's ``spec.engine`` mapping of flat
     :class:`mocker.config.EngineConfig` fields (snake_case or camelCase; None or empty = ``EngineConfig()``),
     the same engine for every pool of ``config`` (a ``PlannerConfig``) with the pool's role; SLA targets
-    ``config.ttft_ms`` / ``config.itl_ms``.
+    ``config.ttft_ms`` / ``config.itl_ms``. None (the closed-form sizing) when ``config`` does not size by
+    simulation (``simulated_sizing`` off, or planning one half of a disaggregated deployment, ``mode: prefill``
+    or ``decode``: a what-if fleet needs both halves); the engine settings are validated all the same.
 
     Raises :class:`planner.errors.ConfigError` naming ``where.<field>``, the value and what was expected
     (mocker's validation), or ``where`` itself when it is not a mapping."""
@@ -176,6 +178,8 @@ def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin"
                           "expected it left out")
     try:
         base = EngineConfig.from_mapping(flat)
+        if not getattr(config, "simulated_sizing", True) or tuple(config.pools) not in (("agg",), ("prefill", "decode")):
+            return None
         engines = {p: base.replace(worker_type=POOL_ROLES[p]) for p in config.pools}
         return EngineFleetEvaluator(engines, ttft_ms=config.ttft_ms, itl_ms=config.itl_ms, router=router)
     except MockerConfigError as e:

@@ -80,3 +80,13 @@ def test_operator_spec_engine_errors_name_the_field(engine, problem):
     with pytest.raises(ConfigError) as e:
         evaluator_from_spec(engine, PlannerConfig(mode="agg"))
     assert problem in str(e.value)
+
+
+def test_operator_planning_one_half_of_a_disaggregated_deployment_sizes_in_closed_form():
+    # mode prefill / decode plans one pool: a what-if fleet needs both halves, so no engine model (closed form);
+    # simulated_sizing off likewise. The engine settings are still checked
+    for mode in ("prefill", "decode"):
+        assert evaluator_from_spec({"numGpuBlocks": 4096}, PlannerConfig(mode=mode)) is None
+        with pytest.raises(ConfigError, match="spec.engine.num_gpu_blocks=0"):
+            evaluator_from_spec({"numGpuBlocks": 0}, PlannerConfig(mode=mode))
+    assert evaluator_from_spec(None, PlannerConfig(mode="agg", simulated_sizing=False)) is None
