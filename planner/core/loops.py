@@ -254,7 +254,10 @@ class ThroughputLoop:
             self.required = {p: bounds[p][0] for p in cfg.pools}
             return
         allowed = self.allowed_miss()
+        # looks longer than the hour the sample's sizes are drawn from would invent traffic (and replay hours of it
+        # per candidate at low rates): the looks that fit in SIZE_HISTORY_S at the forecast rate, at least one
         looks = sequential_looks(allowed)
+        looks = tuple(m for m in looks if m / rate <= SIZE_HISTORY_S) or looks[:1]
         seen = list(self._seen)
         sample = build_sample(
             rate, _mean([s.isl_total for s in seen], demand.isl_tokens),
