@@ -249,6 +249,20 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     if ca is not None and not ca.is_file():
         problems.append(f"prometheus.ca_file={str(ca)!r}: file not found (expected a PEM CA bundle)")
     kw["prometheus_ca_file"] = str(ca) if ca is not None else None
+    # the stack's own listeners must not share a port: each would start, and the later one fail on
+    # "Address already in use" (the planner only in its log, restarted over and over). 0 = a free port each.
+    # Workers take free ports (planner.connectors.local.free_port), so they cannot collide with these.
+    own_ports = [("frontend.port", kw["frontend_port"]), ("service.port", kw["service_port"])]
+    if kw["prometheus_url"] is None and en != "false":  # only a Prometheus `up` starts listens on prometheus.port
+        own_ports.append(("prometheus.port", kw["prometheus_port"]))
+    seen: dict[int, str] = {}
+    for key, v in own_ports:
+        if not (isinstance(v, int) and not isinstance(v, bool)) or v == 0:
+            continue
+        if v in seen:
+            problems.append(f"{key}={v}: same port as {seen[v]}, expected distinct ports (or 0 for any free port)")
+        else:
+            seen[v] = key
     fpm = data.get("fpm", True)
     if not isinstance(fpm, bool):
         problems.append(f"fpm={fpm!r}: expected true or false")

@@ -72,3 +72,35 @@ def test_short_adjustment_interval_is_not_refused_for_a_load_loop_that_is_off(tm
     assert "load_adjustment_interval_s" not in text
     p.write_text(text)
     assert load_stack_config(p).planner.load_adjustment_interval_s == 2.5
+
+
+@pytest.mark.parametrize("cmd,sections,expected", [
+    ("up", {"frontend": {"port": 18090}, "service": {"port": 18090}},
+     "service.port=18090: same port as frontend.port, expected distinct ports"),
+    ("planner", {"frontend": {"port": 18090}, "service": {"port": 18090}},
+     "service.port=18090: same port as frontend.port, expected distinct ports"),
+    ("up", {"frontend": {"port": 18091}, "prometheus": {"port": 18091}},
+     "prometheus.port=18091: same port as frontend.port, expected distinct ports"),
+    ("up", {"service": {"port": 18092}, "prometheus": {"port": 18092}},
+     "prometheus.port=18092: same port as service.port, expected distinct ports"),
+])
+def test_equal_ports_of_the_stack_are_refused_before_anything_starts(tmp_path, cmd, sections, expected):
+    p = stack_file(tmp_path, **sections, state_dir="new/state")
+    r = _run(cmd, "--config", str(p))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert expected in r.stderr, r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_equal_ports_are_fine_where_they_do_not_listen(tmp_path):
+    prof = str(write_profile(tmp_path / "p.npz"))
+    base = {"planner": {"mode": "agg"}, "profile": prof}
+    # 0 = a free port each; prometheus.port is unused with an external Prometheus or none
+    cfg = stack_config_from_mapping({**base, "frontend": {"port": 0}, "service": {"port": 0}}, tmp_path)
+    assert (cfg.frontend_port, cfg.service_port, cfg.prometheus_port) == (0, 0, 0)
+    for pr in ({"url": "http://127.0.0.1:9090", "port": 8080}, {"enabled": False, "port": 8080}):
+        assert stack_config_from_mapping({**base, "prometheus": pr}, tmp_path).prometheus_port == 8080
+    with pytest.raises(ConfigError) as e:
+        stack_config_from_mapping({**base, "prometheus": {"port": 8080}}, tmp_path)  # frontend's default 8080
+    assert e.value.problems == ["prometheus.port=8080: same port as frontend.port, expected distinct ports "
+                                "(or 0 for any free port)"]
