@@ -27,7 +27,10 @@
     ``state_dir/stack.json`` lists every URL and pid. Every child runs in its own session with its log
     in ``state_dir/logs``.
 
-User mistakes (bad stack file, missing profile, port in use) print one line and exit 2.
+User mistakes (bad stack file, missing profile, port in use) print one line and exit 2. A start that fails
+after the checks (a worker flag the worker rejects, a child that exits before it is ready) stops what it started
+and removes the state dir if this run created it (the error quotes the failing log's telling line); a state dir
+that existed before keeps the run's files and logs.
 """
 
 from __future__ import annotations
@@ -300,6 +303,8 @@ class _Stack:
         self.log_start: dict[str, int] = {}
         self.stopping = False
         """Set by SIGINT/SIGTERM; start-up waits stop at once (KeyboardInterrupt) instead of finishing."""
+        self.keep_logs = True
+        """False when a failed start removes the state dir (and these logs): errors then name no log path."""
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log_path = self.logs / f"{name}.log"
@@ -326,11 +331,17 @@ class _Stack:
             if p.poll() is not None:
                 log_path = self.logs / f"{name}.log"
                 raise ConfigError(f"{name} exited with code {p.returncode} during start-up: "
-                                  f"{_last_error_line(log_path, self.log_start.get(name, 0))} (log: {log_path})")
+                                  f"{_last_error_line(log_path, self.log_start.get(name, 0))}{self.log_ref(name)}")
             if _get_ok(url):
                 return
             time.sleep(0.1)
-        raise ConfigError(f"{name} not ready at {url} after {timeout_s:g} s (log: {self.logs / (name + '.log')})")
+        raise ConfigError(f"{name} not ready at {url} after {timeout_s:g} s: "
+                          f"{_last_error_line(self.logs / (name + '.log'), self.log_start.get(name, 0))}"
+                          f"{self.log_ref(name)}")
+
+    def log_ref(self, name: str) -> str:
+        """`` (log: PATH)`` when the logs outlive a failed start (:attr:`keep_logs`), else empty."""
+        return f" (log: {self.logs / (name + '.log')})" if self.keep_logs else ""
 
     def stop(self, name: str) -> None:
         from planner.connectors.local import stop_pids
@@ -512,7 +523,7 @@ def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lambda: False
+def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lambda: False, keep_logs: bool = True
                            ) -> list[subprocess.Popen[bytes]]:
     """Start the initial fleet through the same LocalConnector the planner uses; wait until ready.
     Returns the worker processes (``up`` is their parent and reaps them when they exit)."""
@@ -540,8 +551,12 @@ def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lamb
                 if pools and all(pools[p].ready_replicas == stack_cfg.initial.get(p, 0) for p in cfg.pools):
                     return
                 if time.monotonic() > deadline:
-                    raise ConfigError(f"initial workers not ready after {stack_cfg.ready_timeout_s:g} s "
-                                      f"(logs in {state_dir / 'logs'})")
+                    late = [w for w in conn.workers if w.state == "starting"]
+                    tail = (f": worker {late[0].name}: {_last_error_line(state_dir / 'logs' / f'{late[0].name}.log')}"
+                            if late else "")
+                    raise ConfigError(f"fleet.ready_timeout_s={stack_cfg.ready_timeout_s:g}: initial workers not "
+                                      f"ready after {stack_cfg.ready_timeout_s:g} s{tail}"
+                                      + (f" (logs in {state_dir / 'logs'})" if keep_logs else ""))
                 await asyncio.sleep(0.1)
         finally:
             await conn.close(stop_workers=False)
@@ -592,12 +607,16 @@ def run(args: argparse.Namespace) -> int:
     if want_prometheus and binary is None and stack_cfg.prometheus_enabled == "true":
         raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
                           "(apt-get install -y prometheus) or DYNOPLAN_PROMETHEUS", source=str(cfg_path))
-    _make_state_dir(state_dir)
+    created = _make_state_dir(state_dir)
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")
     write_atomic(state_dir / "prometheus_workers.json", "[]")
 
     st = _Stack(state_dir)
+    # a failed start removes the state dir it created (with its logs: the error quotes the failing log's telling
+    # line); a state dir that existed before keeps what this run wrote, logs included
+    st.keep_logs = not created
+    ready = False
 
     def on_signal(signum: int, frame: Any) -> None:
         st.stopping = True
@@ -639,7 +658,7 @@ def run(args: argparse.Namespace) -> int:
             if why:
                 print(f"notice: prometheus.url={stack_cfg.prometheus_url!r} does not answer ({why}); the planner "
                       "holds with hold_metrics_unknown until it does", file=sys.stderr, flush=True)
-        initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping)
+        initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping, st.keep_logs)
         planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
                         "--port", str(pl_port), "--frontend-url", fe_url]
         if prom_url:
@@ -651,6 +670,7 @@ def run(args: argparse.Namespace) -> int:
         st.save()
         print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
               f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
+        ready = True
         restarts = 0
         prom = _Supervised("prometheus", prom_argv) if prom_argv else None
         while not st.stopping:
@@ -677,7 +697,12 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.2)
         print("stopping", flush=True)
         return 0
+    except KeyboardInterrupt:
+        ready = True  # stopped by the user during start-up, not a failed start: the state dir stays
+        raise
     finally:
         st.stop_all()
+        if not ready and created:
+            shutil.rmtree(created[-1], ignore_errors=True)  # the topmost directory this run created
         for s, h in old.items():
             signal.signal(s, h)

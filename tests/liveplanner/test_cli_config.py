@@ -119,7 +119,9 @@ def test_up_port_in_use_named_before_anything_starts(tmp_path):
 
 def test_up_bad_worker_flag_reports_the_worker_error(tmp_path):
     """A worker flag mocker serve rejects: up stops at the first worker exit with that worker's own one-line
-    error and leaves nothing running."""
+    error and leaves nothing running. The state dir existed before, so it keeps what the run wrote (a fresh one
+    is removed: tests/liveplanner/test_cli_small_things.py)."""
+    (tmp_path / "state").mkdir()
     p = stack_file(tmp_path, prometheus={"enabled": False},
                    fleet={"initial": {"agg": 1}, "worker_args": {"agg": ["--speedup-ratio", "-3"]}})
     r = _run("up", "--config", str(p))

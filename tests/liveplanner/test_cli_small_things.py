@@ -104,3 +104,35 @@ def test_equal_ports_are_fine_where_they_do_not_listen(tmp_path):
         stack_config_from_mapping({**base, "prometheus": {"port": 8080}}, tmp_path)  # frontend's default 8080
     assert e.value.problems == ["prometheus.port=8080: same port as frontend.port, expected distinct ports "
                                 "(or 0 for any free port)"]
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line contains ``text``."""
+    from pathlib import Path
+
+    from tests.liveplanner.stack import pid_alive
+
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd and pid_alive(int(d.name)):
+                out.append(int(d.name))
+    return out
+
+
+def test_failed_start_removes_the_state_dir_it_created(tmp_path):
+    """A worker flag mocker serve rejects, found only when the worker starts (after the frontend): the error
+    quotes the worker's own line, names no log (it is gone with the state dir), and nothing runs on."""
+    p = stack_file(tmp_path, prometheus={"enabled": False}, state_dir="new/state",
+                   fleet={"initial": {"agg": 1}, "worker_args": {"agg": ["--speedup-ratioo", "1"]}})
+    r = _run("up", "--config", str(p))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "fleet.worker_args.agg=['--speedup-ratioo', '1']: worker agg-1 exited during start-up: " in r.stderr
+    assert "unrecognized arguments: --speedup-ratioo 1" in r.stderr, r.stderr
+    assert "log" not in r.stderr.split("exited during start-up")[1], r.stderr
+    assert not (tmp_path / "new").exists()  # the state dir and the parent this run created
+    assert _processes_naming(str(tmp_path / "new" / "state")) == []
