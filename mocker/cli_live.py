@@ -153,14 +153,18 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout-s", type=_positive_float, default=600.0, help="per-request timeout (default 600 s)")
     parser.add_argument("--report-json", metavar="FILE", help="write the client-side report (offline report key names)")
     parser.add_argument("--per-request", metavar="FILE", help="write one JSON line per request (client-side times, ms)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar and no table (failed requests are still summed up on stderr)")
+    parser.epilog = ("Exit code: 0 when every request completed, 1 when any request failed (the failures are "
+                     "summed up on stderr and listed in --report-json), 2 on a usage error or a --url that cannot "
+                     "be reached (checked once before the run).")
 
 
 def run_loadgen(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mocker.live.loadgen import LoadgenSettings, client_report, run_load, scaled
+    from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
     from mocker.report import render_table, report_to_json, write_per_request_jsonl
     from mocker.traces import load_trace
 
@@ -176,6 +180,10 @@ def run_loadgen(args: argparse.Namespace) -> int:
     reqs = load_trace(args.trace, trace_block_size=args.trace_block_size, seed=args.seed)
     if args.max_requests:
         reqs = reqs[: args.max_requests]
+    why = _run_loop(connect_problem(s.url))
+    if why is not None:
+        raise ConfigError(f"url={s.url!r}: cannot connect ({why}); expected a running OpenAI-compatible server "
+                          "(e.g. the frontend of `dynoplan up`)")
     console = Console(stderr=True)
     if args.quiet:
         result = _run_loop(run_load(s, reqs))
@@ -192,11 +200,11 @@ def run_loadgen(args: argparse.Namespace) -> int:
             console.print(f"note: {rep['coalesced_itl_ratio']:.1%} of inter-token gaps had both tokens in one network "
                           "read (the server streams faster than the client resolves); ITL counts them as 0 ms, "
                           "TPOT is unaffected", highlight=False)
-        if rep["failed_requests"]:
-            console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False)
-            firsts = {f["reason"]: f for f in reversed(rep["failures"])}  # the first failure of each reason
-            for reason, f in sorted(firsts.items()):
-                console.print(f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False)
+    if rep["failed_requests"]:  # also under --quiet: the exit code 1 says something failed, these lines say what
+        console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False)
+        firsts = {f["reason"]: f for f in reversed(rep["failures"])}  # the first failure of each reason
+        for reason, f in sorted(firsts.items()):
+            console.print(f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False)
     if args.report_json:
         Path(args.report_json).write_text(report_to_json(rep))  # parent checked up front (check_output_paths)
     if args.per_request:

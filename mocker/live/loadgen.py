@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -63,8 +66,14 @@ class LoadgenSettings:
 
     def problems(self) -> list[str]:
         p = []
-        if not self.url.startswith(("http://", "https://")):
-            p.append(f"url={self.url!r}: expected an http(s) base URL")
+        parts = urlsplit(self.url)
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a port that is not a number from 0 to 65535
+            bad_port = False
+        except ValueError:
+            bad_port = True
+        if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
+            p.append(f"url={self.url!r}: expected an http(s) base URL with a host, e.g. http://127.0.0.1:8080")
         if not self.time_compression > 0:
             p.append(f"time_compression={self.time_compression}: expected > 0")
         if self.max_concurrency < 0:
@@ -240,6 +249,30 @@ async def _warm_up(session: aiohttp.ClientSession, s: LoadgenSettings) -> None:
             await r.read()
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         pass
+
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long :func:`connect_problem` waits for the server's first answer (s)."""
+
+
+async def connect_problem(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None when the server at base ``url`` answers one ``GET /v1/models`` (any HTTP status: only reaching
+    it matters; the run reports request errors itself), else why it cannot be reached (one line, e.g.
+    ``Connection refused``, ``no answer within 5 s``). Checked once before a run so a dead URL is one error,
+    not a whole trace of failed requests."""
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url.rstrip("/") + "/v1/models",
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                await r.read()
+    except asyncio.TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except aiohttp.ClientConnectorError as e:
+        errno = getattr(e.os_error, "errno", None)  # asyncio's strerror reads "Connect call failed (...)"
+        return os.strerror(errno) if errno else " ".join(str(e).split())
+    except (aiohttp.ClientError, OSError) as e:
+        return f"{type(e).__name__}: {' '.join(str(e).split())}"
+    return None
 
 
 async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progress: Any = None) -> LoadgenResult:

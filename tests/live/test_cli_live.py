@@ -67,3 +67,42 @@ def test_loadgen_output_under_missing_directory_is_refused_not_created(tmp_path,
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert f"{flag} {target}: parent directory" in p.stderr and "expected an existing directory" in p.stderr
     assert not (tmp_path / "missing").exists()
+
+
+LOADGEN_TRACE = "synthetic:poisson?rate=10&num_requests=3"
+
+
+@pytest.mark.parametrize("url,needle", [
+    ("http://", "url='http://': expected an http(s) base URL with a host"),
+    ("localhost:18080", "url='localhost:18080': expected an http(s) base URL with a host"),
+    ("http://127.0.0.1:99999", "url='http://127.0.0.1:99999': expected an http(s) base URL with a host"),
+    ("http://127.0.0.1:1", "url='http://127.0.0.1:1': cannot connect (Connection refused)"),
+])
+def test_loadgen_url_without_host_or_server_is_one_line_exit_2(url, needle):
+    p = subprocess.run(CMD + ["loadgen", "--url", url, "--trace", LOADGEN_TRACE], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("dynoplan loadgen: error: ") and needle in p.stderr, p.stderr
+
+
+def test_loadgen_quiet_keeps_the_failure_lines_and_help_names_the_exit_codes(tmp_path):
+    """A frontend without workers answers every request 503: exit 1, and --quiet still says why on stderr."""
+    from tests.infra._proc import start_process, wait_until
+
+    (tmp_path / "workers.txt").write_text("")
+    log = tmp_path / "frontend.log"
+    fe = start_process(CMD + ["frontend", "--port", "0", "--workers-file", str(tmp_path / "workers.txt")], log)
+    try:
+        wait_until(lambda: "listening on http://" in log.read_text(), 60, "frontend", fe, log)
+        url = log.read_text().split("listening on ")[1].split()[0]
+        p = subprocess.run(CMD + ["loadgen", "--quiet", "--url", url, "--trace", LOADGEN_TRACE], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        fe.terminate()
+        fe.wait(timeout=30)
+    assert p.returncode == 1, p.stderr
+    assert p.stdout == ""
+    assert p.stderr.splitlines() == ["3 requests failed: {'http_503': 3}",
+                                     "  http_503: request 0: no ready worker to serve the request"], p.stderr
+    h = subprocess.run(CMD + ["loadgen", "--help"], capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0 and "1 when any request failed" in " ".join(h.stdout.split()), h.stdout
