@@ -16,11 +16,12 @@ Plotly.js comes from the installed ``plotly`` Python package (``package_data/plo
   throughput loop sized for, at its ticks;
 - ``#latency``: TTFT (top axis) and ITL (bottom axis), each on its own log scale (a 1 ms ITL and its 50 ms
   target both readable): frontend interval means, the load loop's estimates when it runs, and the SLA
-  targets as dashed lines;
+  targets as dashed lines; every tick label is a full value in ms (1-2-5 per decade, decades only over more
+  than 3 decades), not plotly's bare ``2``/``5`` minor labels;
 
 Every series is named for what it is, and a series without any data is left out (its legend entry too).
 The time charts mark events on their time axis (:meth:`DashboardHistory.marks`): scale decisions (dotted
-vertical lines, green up / orange down), worker deaths (red lines) and metric outages (grey bands over the
+vertical lines, green up / orange down; a label close to the previous one is staggered a level lower), worker deaths (red lines) and metric outages (grey bands over the
 throughput ticks whose traffic read was unknown; the lines of those ticks have gaps instead of the last
 value drawn through: their observed, forecast and planned values are null).
 - ``#queues``: per-engine queued prefill and decode requests (latest ForwardPassMetrics);
@@ -250,6 +251,22 @@ function present(traces) {  // a series without any data is not drawn, nor liste
   return traces.filter(tr => tr.always || tr.y.some(v => v !== null && v !== undefined))
     .map(tr => { const c = Object.assign({}, tr); delete c.always; return c; });
 }
+const LABEL_GAP = 0.06;  // fraction of the time axis a decision label needs (about 70 px of 1200)
+const LABEL_LEVELS = [{y: 1, yanchor: "bottom"}, {y: 1, yanchor: "top"}, {y: 0.86, yanchor: "top"}];
+function logTicks(values, unit) {
+  // a log axis whose every tick label reads as a full value with its unit ("200 ms", not plotly's bare "2"
+  // for 2 x 10^k): data spanning 0.7 decade or more gets 1-2-5 per decade (decades only over more than 3),
+  // a narrower span plotly's own ticks, formatted as full values too (tickformat applies to every log tick)
+  const v = values.filter(x => x !== null && x !== undefined && x > 0 && isFinite(x));
+  const full = {tickformat: ".3~r", ticksuffix: " " + unit};
+  if (!v.length) return full;
+  const mn = Math.log10(Math.min(...v)), mx = Math.log10(Math.max(...v));
+  if (mx - mn < 0.7) return full;
+  const lo = Math.floor(mn), hi = Math.ceil(mx), steps = hi - lo > 3 ? [1] : [1, 2, 5], vals = [];
+  for (let e = lo; e <= hi; e++) steps.forEach(k => vals.push(k * Math.pow(10, e)));
+  return Object.assign(full, {tickmode: "array", tickvals: vals,
+                              ticktext: vals.map(x => String(+x.toPrecision(3)) + " " + unit)});
+}
 function fmt(x, d) { return x === null || x === undefined ? "-" : Number(x).toFixed(d); }
 function marks(st, withText) {  // events on the time axis: decisions, worker deaths, metric outages
   const m = st.marks || {decisions: [], deaths: [], outages: []}, shapes = [], notes = [];
@@ -259,12 +276,18 @@ function marks(st, withText) {  // events on the time axis: decisions, worker de
     if (withText) notes.push({x: ts(o.start_s), y: 1, xref: "x", yref: "paper", yanchor: "bottom", xanchor: "left", showarrow: false,
                  text: o.ongoing ? "metrics unknown" : "metrics gap", font: {size: 10, color: "#666"}});
   });
+  // a label closer than LABEL_GAP of the time span to the previous one goes one level lower (above the plot,
+  // then inside its top), so marks seconds apart do not overprint each other's labels
+  const t0 = st.samples.length ? st.samples[0].t : st.now_s, near = Math.max(1, st.now_s - t0) * LABEL_GAP;
+  let prevT = null, level = 0;
   m.decisions.forEach(d => {
     const c = d.direction === "up" ? "#2ca02c" : d.direction === "down" ? "#ff7f0e" : "#9467bd";
     shapes.push({type: "line", xref: "x", yref: "paper", x0: ts(d.t), x1: ts(d.t), y0: 0, y1: 1, line: {color: c, width: 1, dash: "dot"},
                  name: "decision " + d.label});
-    if (withText) notes.push({x: ts(d.t), y: 1, xref: "x", yref: "paper", yanchor: "bottom", showarrow: false, text: d.label,
-                 font: {size: 9, color: c}});
+    level = prevT !== null && d.t - prevT < near ? (level + 1) % LABEL_LEVELS.length : 0;
+    prevT = d.t;
+    if (withText) notes.push(Object.assign({x: ts(d.t), xref: "x", yref: "paper", showarrow: false, text: d.label,
+                 font: {size: 9, color: c}}, LABEL_LEVELS[level]));
   });
   m.deaths.forEach(e => {
     shapes.push({type: "line", xref: "x", yref: "paper", x0: ts(e.t), x1: ts(e.t), y0: 0, y1: 1, line: {color: "#d62728", width: 2},
@@ -298,17 +321,19 @@ function render(st) {
     {x: tx, y: tk.map(t => t.predicted_rps), name: planned, mode: "lines+markers", line: {dash: "dash"}}
   ]), layout("Load: observed, forecast and planned", "requests/s", mk));
   const all = st.ticks, x0 = st.samples.length ? ts(st.samples[0].t) : ts(st.now_s), x1 = ts(st.now_s);
-  Plotly.react("latency", present([
+  const lat = present([
     {x: tx, y: tk.map(t => t.observed_ttft_ms), name: "TTFT observed (frontend interval mean)", mode: "lines+markers", line: {color: COLORS[0]}},
     {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_ttft_ms), name: "TTFT load-loop estimate", mode: "markers", marker: {color: COLORS[0], symbol: "x"}},
     {x: [x0, x1], y: [cfg.ttft_ms, cfg.ttft_ms], name: "TTFT target", mode: "lines", line: {dash: "dash", color: COLORS[0]}, always: true},
     {x: tx, y: tk.map(t => t.observed_itl_ms), name: "ITL observed (frontend interval mean)", mode: "lines+markers", line: {color: COLORS[1]}, yaxis: "y2"},
     {x: all.map(t => ts(t.t)), y: all.map(t => t.estimated_itl_ms), name: "ITL load-loop estimate", mode: "markers", marker: {color: COLORS[1], symbol: "x"}, yaxis: "y2"},
     {x: [x0, x1], y: [cfg.itl_ms, cfg.itl_ms], name: "ITL target", mode: "lines", line: {dash: "dash", color: COLORS[1]}, yaxis: "y2", always: true}
-  ]), layout("TTFT (top) and ITL (bottom), each on its own log axis", "TTFT ms", Object.assign({
+  ]), onAxis = ax => [].concat(...lat.filter(tr => (tr.yaxis || "y") === ax).map(tr => tr.y));
+  Plotly.react("latency", lat, layout("TTFT (top) and ITL (bottom), each on its own log axis", "TTFT ms", Object.assign({
     xaxis: {type: "date", anchor: "y2"},
-    yaxis: {title: {text: "TTFT ms"}, type: "log", domain: [0.55, 1], anchor: "x"},
-    yaxis2: {title: {text: "ITL ms"}, type: "log", domain: [0, 0.42], anchor: "x"}}, marks(st, false))));
+    yaxis: Object.assign({title: {text: "TTFT ms"}, type: "log", domain: [0.55, 1], anchor: "x"}, logTicks(onAxis("y"), "ms")),
+    yaxis2: Object.assign({title: {text: "ITL ms"}, type: "log", domain: [0, 0.42], anchor: "x"}, logTicks(onAxis("y2"), "ms"))},
+    marks(st, false))));
   const en = st.engines, names = en.map(e => e.pool + " w" + e.worker_id + "/r" + e.dp_rank);
   Plotly.react("queues", [
     {x: names, y: en.map(e => e.queued_prefill), type: "bar", name: "queued prefill"},
