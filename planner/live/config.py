@@ -143,6 +143,9 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
             throughput_on = planner_raw.get("throughput_enabled", True) is not False
             planner = PlannerConfig(mode=mode) if mode_known else PlannerConfig()
     kw: dict[str, Any] = {}
+    # a pool of another mode under a defaulted mode: the fix is usually planner.mode, so say it was not set
+    mode_unset = not isinstance(planner_raw, Mapping) or "mode" not in planner_raw
+    unset_note = f"planner.mode unset, default {planner.mode}; " if mode_unset else ""
 
     def path(key: str, v: Any) -> Path | None:
         if v is None:
@@ -212,7 +215,7 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     for p in initial if mode_known else ():
         if p not in planner.pools:
             problems.append(f"fleet.initial.{p}: pool not planned in mode {planner.mode!r} "
-                            f"(expected {', '.join(planner.pools)})")
+                            f"({unset_note}expected {', '.join(planner.pools)})")
     kw["initial"] = init
     wa = fl.get("worker_args") or {}
     if not isinstance(wa, Mapping) or not all(isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v)
@@ -223,7 +226,7 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     for p in kw["worker_args"] if mode_known else ():
         if p not in planner.pools:
             problems.append(f"fleet.worker_args.{p}: pool not planned in mode {planner.mode!r} "
-                            f"(expected {', '.join(planner.pools)})")
+                            f"({unset_note}expected {', '.join(planner.pools)})")
         elif planner.mode == "disagg" and _worker_engine(kw["worker_args"][p]) == "trtllm":
             problems.append(f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
                             f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang")

@@ -136,3 +136,25 @@ def test_failed_start_removes_the_state_dir_it_created(tmp_path):
     assert "log" not in r.stderr.split("exited during start-up")[1], r.stderr
     assert not (tmp_path / "new").exists()  # the state dir and the parent this run created
     assert _processes_naming(str(tmp_path / "new" / "state")) == []
+
+
+def test_pool_of_another_mode_under_a_defaulted_mode_names_planner_mode(tmp_path):
+    p = stack_file(tmp_path)
+    import yaml
+
+    doc = yaml.safe_load(p.read_text())
+    del doc["planner"]  # no planner section: mode disagg by default; the file's fleet is agg
+    p.write_text(yaml.safe_dump(doc))
+    r = _run("up", "--config", str(p))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert ("fleet.initial.agg: pool not planned in mode 'disagg' (planner.mode unset, default disagg; expected "
+            "prefill, decode)") in r.stderr, r.stderr
+    assert ("fleet.worker_args.agg: pool not planned in mode 'disagg' (planner.mode unset, default disagg; "
+            "expected prefill, decode)") in r.stderr, r.stderr
+    assert not (tmp_path / "state").exists()
+    # set explicitly: no note
+    doc["planner"] = {"mode": "disagg"}
+    p.write_text(yaml.safe_dump(doc))
+    r = _run("up", "--config", str(p))
+    assert r.returncode == 2 and "fleet.initial.agg: pool not planned in mode 'disagg' (expected prefill, decode)" \
+        in r.stderr, r.stderr
