@@ -201,10 +201,13 @@ def run_loadgen(args: argparse.Namespace) -> int:
                           "read (the server streams faster than the client resolves); ITL counts them as 0 ms, "
                           "TPOT is unaffected", highlight=False)
     if rep["failed_requests"]:  # also under --quiet: the exit code 1 says something failed, these lines say what
-        console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False)
+        # soft_wrap: one line each however long (rich would otherwise wrap at the terminal width, 80 in a pipe)
+        console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False,
+                      soft_wrap=True)
         firsts = {f["reason"]: f for f in reversed(rep["failures"])}  # the first failure of each reason
         for reason, f in sorted(firsts.items()):
-            console.print(f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False)
+            console.print(f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False,
+                          soft_wrap=True)
     if args.report_json:
         Path(args.report_json).write_text(report_to_json(rep))  # parent checked up front (check_output_paths)
     if args.per_request:
