@@ -6,9 +6,9 @@ The stack starts with 2 workers under 12 req/s of ISL 200 / OSL 20. The closed-f
 profile (tests/liveplanner/stack.py) asks for ceil(12 x 200 / 1000) = 3 replicas; the simulation of the
 workers' engine (``FAST_WORKER``: vLLM polynomial timing at speedup 20) shows one worker meeting the SLA,
 so the planner scales *down* to 1 and holds 1 at a measured 12 req/s (test_up_e2e: the closed-form sizing
-scales the same stack to 3 under the same load). A sample spans ``sample_size(1 - 0.995)`` = 1083
-requests at the forecast rate (planner.core.sizing: 90 s at 12 req/s, not the 3 s window's 36 requests);
-the trace's arrivals are evenly spaced, so the sampled gaps are too and the count is within a few of that.
+scales the same stack to 3 under the same load). A look of the sequential verdict replays at least
+``sample_size(1 - 0.995)`` = 1083 requests at the forecast rate (planner.core.sizing: 90 s at 12 req/s, not the
+3 s window's 36 requests), at most the last look's 8 x as many.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner.core.sizing import sample_size
+from planner.core.sizing import sequential_looks
 from tests.liveplanner.stack import UpStack, stack_file, step_trace
 
 pytestmark = pytest.mark.integration
@@ -53,8 +53,10 @@ def test_up_sizes_by_simulation_from_the_frontends_histograms(tmp_path):
 
             def read_under_load() -> bool:
                 m = _planner_metrics(up.planner_url)
-                # a throughput window inside the load: its gap histogram holds about 12/s x 3 s gaps
-                if m.get("dynoplan_planner_observed_interarrival_gaps", 0.0) > 12 and not seen:
+                # a throughput window inside the load (its gap histogram holds about 12/s x 3 s gaps) that was sized
+                # by simulation (the counter of the decision's evaluations is exported after the tick that read it)
+                if (m.get("dynoplan_planner_observed_interarrival_gaps", 0.0) > 12
+                        and m.get("dynoplan_planner_sizing_evaluations_total", 0.0) >= 1 and not seen):
                     seen.update(m)
                 return bool(seen) and up.spec() == 1
 
@@ -84,11 +86,13 @@ def test_up_sizes_by_simulation_from_the_frontends_histograms(tmp_path):
         # the window the planner read: gaps and the in-flight gauge (a count, not NaN: the frontend exports it)
         assert math.isfinite(seen["dynoplan_planner_observed_inflight_requests"])
         assert seen["dynoplan_planner_observed_inflight_requests"] >= 0
-        # its sizing ran by simulation: fleets simulated, each on a sample of about sample_size requests
+        # its sizing ran by simulation: fleets simulated, each on one look of the sequential verdict (at least
+        # sample_size counted requests, at most the last look's, plus the in-flight start state)
         evals = seen["dynoplan_planner_sizing_evaluations_total"]
         assert evals >= 1
         per_fleet = seen["dynoplan_planner_sizing_replayed_requests_total"] / evals
-        assert 0.9 * sample_size(1 - 0.995) <= per_fleet <= 1.2 * sample_size(1 - 0.995), per_fleet
+        looks = sequential_looks(1 - 0.995)
+        assert 0.9 * looks[0] <= per_fleet <= 1.2 * looks[-1], per_fleet
         m1 = _planner_metrics(up.planner_url)
         assert m1["dynoplan_planner_sizing_evaluations_total"] > evals  # and the later decisions simulated too
         # the frontend's histogram in Prometheus: one gap per request after the first, every one scraped
