@@ -103,9 +103,9 @@ class TrafficSample:
         return int(len(self.arrival_s) - self.num_warm)
 
     def head(self, min_counted: int) -> TrafficSample:
-        """The sample's first part that holds ``min_counted`` counted requests and spans ``interval_s``: what
-        :func:`build_sample` would have drawn for ``min_requests=min_counted`` with the same seed, so that the
-        looks of a sequential verdict see nested samples. The whole sample when it holds no more."""
+        """The sample's first part that holds ``min_counted`` counted requests and spans ``interval_s`` after the
+        warm-up (its requests kept): a prefix, so that the looks of a sequential verdict see nested samples. The
+        whole sample when it holds no more."""
         w = self.num_warm
         if min_counted >= self.num_counted:
             return replace(self, min_counted=int(min_counted))
@@ -257,8 +257,8 @@ def look_confidence(allowed_miss: float, looks: tuple[int, ...], confidence: flo
     ``1 - confidence``, so that over all its looks the verdict keeps the error rate of a single look at
     ``confidence`` (a repeated significance test calibrated as Pocock's, Biometrika 64, 1977, here exactly for
     binomial misses). Between ``confidence`` (one look) and the Bonferroni ``1 - (1 - confidence) / len(looks)``,
-    which always suffices. E.g. a = 0.5 %, looks of 1083 x 1, 2, 4, 8: about 0.98 (tests/planner/test_sizing_sim.py
-    checks the bound)."""
+    which always suffices. E.g. a = 0.5 %, looks of 1083 x 1, 2, 4, 8: 0.972, a false pass of 4.6 %
+    (tests/planner/test_sizing_sim.py checks the bound)."""
     if len(looks) <= 1:
         return confidence
     alpha = 1.0 - confidence
@@ -443,11 +443,10 @@ class SimulatedSizing:
     evaluations: int = 0
     _cache: dict[tuple[tuple[int, ...], str, int, str], SampleOutcome] = field(default_factory=dict)
     """Outcomes by (fleet, share pool, look, "" for a complete replay or the kind an early stop decided)."""
-    _views: list[TrafficSample] = field(default_factory=list)
-    confidence: float = CONFIDENCE
-    """The per-look confidence (set from ``looks``)."""
-    _bar_unfinished: float = 1.0
-    """Upper bound of the limit's unfinished share, while a search runs against the limit's bar."""
+    _views: list[TrafficSample] = field(init=False, repr=False)
+    """The sample's head for each look."""
+    confidence: float = field(init=False)
+    """The per-look confidence (:func:`look_confidence` of ``looks``)."""
 
     def __post_init__(self) -> None:
         if not self.looks:
@@ -508,13 +507,13 @@ class SimulatedSizing:
             return n
         o = self.outcome({**others, pool: hi}, kind, decide=False, pool=pool)
         bar = max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1])
-        self._bar_unfinished = miss_bounds(o.unfinished, o.num_requests)[1]
-        return self._search(pool, others, kind, start, lo, hi, bar)
+        return self._search(pool, others, kind, start, lo, hi, bar, miss_bounds(o.unfinished, o.num_requests)[1])
 
     def _search(self, pool: str, others: Mapping[str, int], kind: str, start: int, lo: int, hi: int,
-                allowed: float) -> int:
+                allowed: float, unfinished_bar: float = 1.0) -> int:
         """Least ``n`` in ``[lo, hi]`` passing at ``allowed`` (``hi`` when none does): doubling steps from
-        ``start``, then bisection."""
+        ``start``, then bisection. Above the target's share, ``allowed`` and ``unfinished_bar`` are the limit's
+        bars (:meth:`least_passing`)."""
 
         bar = allowed > self.allowed_miss
 
@@ -527,7 +526,7 @@ class SimulatedSizing:
                 return True
             o = self.outcome({**others, pool: n}, kind, decide=False, pool=pool)
             return (miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
-                    and miss_bounds(o.unfinished, o.num_requests)[0] <= self._bar_unfinished)
+                    and miss_bounds(o.unfinished, o.num_requests)[0] <= unfinished_bar)
 
         if ok(start):
             good, step = start, 1
