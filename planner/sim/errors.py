@@ -1,9 +1,7 @@
-"""Errors of the closed-loop simulation (all :class:`planner.errors.PlannerError`: the CLI prints one line)."""
+"""The closed-loop simulation's exception; the tree and its docs are in :mod:`dynoplan.errors`."""
 
 from __future__ import annotations
 
-from planner.errors import ConfigError
+from dynoplan.errors import SimulationConfigError
 
-
-class SimulationConfigError(ConfigError):
-    """An invalid simulation setting or policy spec (``problems`` names each field, value and expectation)."""
+__all__ = ["SimulationConfigError"]

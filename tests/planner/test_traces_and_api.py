@@ -42,14 +42,14 @@ def test_bundled_traces_read():
 def test_trace_errors_name_file_line_field(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1}\n{"timestamp": "x", "input_length": 1}\n')
-    with pytest.raises(TraceError, match=r"bad.jsonl:2: field 'timestamp': expected a number >= 0, got 'x'"):
+    with pytest.raises(TraceError, match=r"bad.jsonl:2: field 'timestamp' expected a number >= 0, got 'x'"):
         read_trace_requests(f)
     c = tmp_path / "bad.csv"
     c.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,1\n")
-    with pytest.raises(TraceError, match=r"bad.csv:1: field 'GeneratedTokens': missing column"):
+    with pytest.raises(TraceError, match=r"bad.csv:1: field 'GeneratedTokens' missing column"):
         read_trace_requests(c)
     c.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n")
-    with pytest.raises(TraceError, match=r"bad.csv:2: field 'TIMESTAMP': cannot parse 'yesterday'"):
+    with pytest.raises(TraceError, match=r"bad.csv:2: field 'TIMESTAMP' cannot parse 'yesterday'"):
         read_trace_requests(c)
     with pytest.raises(TraceError, match="unknown trace format"):
         read_trace_requests(tmp_path / "x.txt")
