@@ -1,9 +1,9 @@
-"""The README's Kubernetes walkthrough, end to end, on a real one-node cluster (tools/cluster.py): the
+"""The Kubernetes walkthrough (docs/kubernetes.md), end to end, on a real one-node cluster (tools/cluster.py): the
 project's image in Pods, the chart's probes, RBAC and securityContext under a kubelet, the planner
 scaling the example DGD under the example's load Job, the chart's Prometheus and Grafana queries, the
 operator's live dashboard in headless Chromium, and three faults.
 
-The commands are the README's (checked verbatim against README.md, see ``README_COMMANDS``); the only
+The commands are the walkthrough's (checked verbatim against docs/kubernetes.md, see ``README_COMMANDS``); the only
 additions are the test's shorter load (``-f tests/e2e/values-e2e.yaml`` on ``helm template``), a
 second, low-rate load Job that keeps streams in flight through the scale-down, and ``:PORT`` (a free local
 port) in ``kubectl port-forward``. Every wait polls the state it
@@ -46,7 +46,7 @@ OPERATOR_DEPLOY = "dynoplan-dynoplan-operator"
 OPERATOR_SA = "dynoplan-dynoplan"
 OUT = REPO_ROOT / "out" / "e2e"
 
-# The README's commands, as the test runs them (README_COMMANDS are checked to appear in README.md).
+# The README's commands, as the test runs them (README_COMMANDS are checked to appear in docs/kubernetes.md).
 HELM_INSTALL = "helm install dynoplan helm/dynoplan -n dynoplan --create-namespace -f tools/cluster-values.yaml"
 ROLLOUT = "kubectl -n dynoplan rollout status deploy/dynoplan-dynoplan-operator"
 TEMPLATE = ("helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
@@ -70,8 +70,8 @@ TAIL_TRACE = "synthetic:poisson?rate=1&duration_s=330&isl=500&osl=300&seed=7"
 
 
 def readme_text() -> str:
-    """README.md with shell line continuations joined (a command split over lines reads as one)."""
-    return re.sub(r"\s*\\\n\s*", " ", (REPO_ROOT / "README.md").read_text())
+    """docs/kubernetes.md with shell line continuations joined (a command split over lines reads as one)."""
+    return re.sub(r"\s*\\\n\s*", " ", (REPO_ROOT / "docs" / "kubernetes.md").read_text())
 
 
 def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 1.0) -> Any:
@@ -219,7 +219,7 @@ def job_status(cluster, name: str) -> dict[str, Any]:
 def test_readme_lists_the_commands_the_test_runs():
     text = readme_text()
     missing = [c for c in README_COMMANDS if c not in text]
-    assert not missing, f"README.md no longer shows these walkthrough commands: {missing}"
+    assert not missing, f"docs/kubernetes.md no longer shows these walkthrough commands: {missing}"
     assert "tools/cluster.py up" in text and "tools/cluster.py down" in text
     # no command the walkthrough shows re-applies example.yaml (it would be a hand edit of the DGD's replicas
     # if the DGD set them; the test below checks that it sets none)

@@ -1,4 +1,4 @@
-"""The live-scaling example's prose agrees with itself and with its load: the repository README and the
+"""The live-scaling example's prose agrees with itself and with its load: docs/local-stack.md and the
 example's README describe the scale-down the same way, and the stack file's comment names the load's prompt
 length and the README's worker figures."""
 
@@ -16,9 +16,9 @@ def _flat(path: Path) -> str:
     return " ".join(path.read_text().split())
 
 
-def test_both_readmes_describe_the_scale_down_alike():
+def test_local_stack_doc_and_example_readme_describe_the_scale_down_alike():
     phrase = "the planner scales down in steps (orange marks, e.g. `agg 4→3`, then `agg 3→1`)"
-    assert phrase in _flat(ROOT / "README.md")
+    assert phrase in _flat(ROOT / "docs" / "local-stack.md")
     assert phrase in _flat(EXAMPLE / "README.md")
 
 

@@ -115,14 +115,14 @@ def test_optional_parts(helm_bin):
 
 
 def _walkthrough() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "kubernetes.md").read_text()
     start = text.index("## Kubernetes walkthrough")
     return text[start:text.index("\n## ", start + 10)]
 
 
 def test_readme_walkthrough_names_exist(helm_bin):
-    """A fresh user's pass over the README's Kubernetes walkthrough: the kind cluster name, every file it
-    names, and every object name it uses (rendered with the README's release name and namespace)."""
+    """A fresh user's pass over the Kubernetes walkthrough (docs/kubernetes.md): the kind cluster name, every file it
+    names, and every object name it uses (rendered with the walkthrough's release name and namespace)."""
     import re
 
     text = _walkthrough()
