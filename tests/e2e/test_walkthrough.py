@@ -16,7 +16,7 @@ deleted (resumes, no scale) -> replicas edited by hand (adopted, an AdoptedExter
 Job completes -> helm uninstall with the DGD still there (the post-delete hook removes the operator's
 finalizer) -> the example deleted (completes; its Deployments garbage-collected). Right after the scale-up,
 example.yaml is applied again: the DGD is unchanged (it sets no worker replicas). ``kubectl get dynoplanners
--w`` runs as the README shows it (read until the planner's row, then stopped).
+-w`` runs as the walkthrough shows it (read until the planner's row, then stopped).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ OPERATOR_DEPLOY = "dynoplan-dynoplan-operator"
 OPERATOR_SA = "dynoplan-dynoplan"
 OUT = REPO_ROOT / "out" / "e2e"
 
-# The README's commands, as the test runs them (README_COMMANDS are checked to appear in docs/kubernetes.md).
+# The walkthrough's commands, as the test runs them (README_COMMANDS are checked to appear in docs/kubernetes.md).
 HELM_INSTALL = "helm install dynoplan helm/dynoplan -n dynoplan --create-namespace -f tools/cluster-values.yaml"
 ROLLOUT = "kubectl -n dynoplan rollout status deploy/dynoplan-dynoplan-operator"
 TEMPLATE = ("helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
@@ -91,7 +91,7 @@ def poll(check: Callable[[], Any], timeout_s: float, what: str, interval_s: floa
 
 
 class PortForward:
-    """``kubectl port-forward`` (the README's command with ``:PORT``) in the background; ``url``."""
+    """``kubectl port-forward`` (the walkthrough's command with ``:PORT``) in the background; ``url``."""
 
     def __init__(self, cluster, command: str) -> None:
         target = command.rsplit(" ", 1)
@@ -258,12 +258,12 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
     OUT.mkdir(parents=True, exist_ok=True)
     work = tmp_path / "walkthrough"
     work.mkdir()
-    for d in ("helm", "tools"):  # the README's relative paths, run from a scratch directory
+    for d in ("helm", "tools"):  # the walkthrough's relative paths, run from a scratch directory
         (work / d).symlink_to(REPO_ROOT / d)
     figures: dict[str, Any] = {}
     t_start = time.monotonic()
 
-    # ------------------------------------------------------------------ install (README)
+    # ------------------------------------------------------------------ install (docs/kubernetes.md)
     c.run(HELM_INSTALL, cwd=work, timeout_s=300)
     c.run(ROLLOUT, cwd=work, timeout_s=300)
     api = kubernetes.config.new_client_from_config(str(c.kubeconfig))
@@ -294,7 +294,7 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
                    "delete dynamographdeployments.nvidia.com": "no"} and can_other == "no", (can, can_other)
     figures["operator_rbac"] = can
 
-    # ------------------------------------------------------------------ the example (README) + a tail load
+    # ------------------------------------------------------------------ the example (docs/kubernetes.md) + a tail load
     for command in (TEMPLATE, TEMPLATE_LOAD):
         c.run(command.replace(" > ", f" -f {REPO_ROOT / 'tests/e2e/values-e2e.yaml'} > "), cwd=work)
     docs = [d for d in yaml.safe_load_all((work / "example.yaml").read_text()) if d]
@@ -335,7 +335,7 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         urls = poll(lambda: c.kubectl("-n", NS, "exec", fe.metadata.name, "-c", "main", "--", "cat",
                                       "/tmp/workers.txt").stdout.split(), 30, "workers file lists the worker Pod")
         assert urls == [f"http://{w0.status.pod_ip}:8000"], urls
-        # The README's watch: kubectl accepts it and shows the planner row under its columns.
+        # The walkthrough's watch: kubectl accepts it and shows the planner row under its columns.
         watched = watch_lines(c, GET, lambda ls: any(ln.startswith(DGD + " ") for ln in ls))
         assert "WORKER" in watched[0] and "OBSERVED-RPS" in watched[0] and "REASON" in watched[0], watched
         get = c.run(GET_DGD, cwd=work).stdout
@@ -353,7 +353,7 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
                   "the planner scales the worker pool above 1 under the load Job", interval_s=1)
         figures["scaled_up_to"] = up
         figures["scale_up_at_s"] = round(time.monotonic() - t_apply, 1)
-        # The README's example.yaml applied again (e.g. after editing it) leaves the DGD as the planner scaled it.
+        # The walkthrough's example.yaml applied again (e.g. after editing it) leaves the DGD as the planner scaled it.
         again = c.run(f"kubectl -n {NS} apply -f example.yaml", cwd=work).stdout
         assert f"dynamographdeployment.nvidia.com/{DGD} unchanged" in again, again
         after = co.get_namespaced_custom_object("nvidia.com", "v1alpha1", NS, "dynamographdeployments", DGD)
