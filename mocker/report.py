@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -160,7 +161,7 @@ def _is_completed(r: RequestRecord) -> bool:
 
 # ---------------------------------------------------------------------------------------------- report
 def build_report(
-    result: "ReplayResult",
+    result: ReplayResult,
     *,
     sla_ttft_ms: float | None = None,
     sla_itl_ms: float | None = None,
@@ -184,7 +185,7 @@ def build_report(
     total_in = sum(r.input_length for r in done)
     total_out = sum(len(r.token_times_ms) for r in done)
     cached = sum(r.cached_tokens for r in done)
-    duration_ms = max((r.finish_ms for r in done), default=0.0)  # type: ignore[type-var]
+    duration_ms = max((r.finish_ms for r in done if r.finish_ms is not None), default=0.0)  # done: all finished
     duration_s = max(duration_ms / 1000.0, 1e-9)
 
     # Every token time of every request, flattened once (request order); the per-request figures are read
@@ -210,7 +211,7 @@ def build_report(
     # request straight into its slice of ``itl`` (no array of all gaps with the request boundaries to drop).
     itl = np.empty(total_tok - n_req)
     o = 0
-    for a, b in zip(start[multi].tolist(), stop[multi].tolist()):
+    for a, b in zip(start[multi].tolist(), stop[multi].tolist(), strict=True):
         np.subtract(flat[a + 1:b], flat[a:b - 1], out=itl[o:o + b - a - 1])
         o += b - a - 1
     np.maximum(itl, 0.0, out=itl)
@@ -259,8 +260,10 @@ def build_report(
             good &= ~multi | (mean_itl <= sla_itl_ms)
         good_n = int(good.sum())
         good_tokens = int(n_tok[good].sum())
-        if sla_ttft_ms is None and sla_itl_ms is None:  # e2e-only SLA: token-less completions count too
-            good_n += sum(1 for r in done if not r.token_times_ms and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms)  # type: ignore[operator]
+        if sla_ttft_ms is None and sla_itl_ms is None and sla_e2e_ms is not None:
+            # e2e-only SLA: token-less completions count too (``done`` all have ``finish_ms``)
+            good_n += sum(1 for r in done if not r.token_times_ms and r.finish_ms is not None
+                          and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms)
         rep |= {
             "sla_ttft_ms": sla_ttft_ms,
             "sla_itl_ms": sla_itl_ms,
@@ -402,7 +405,9 @@ def render_table(report: dict[str, Any], *, title: str = "dynoplan replay", clie
                      f"{report['kvbm_onboarded_blocks_g3']:,}, {report['kvbm_onboarded_blocks_g4']:,}"))
     if "goodput_completed_requests" in report:
         targets = ", ".join(
-            f"{k[4:-3].upper()} <= {report[k]:g} ms" for k in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms") if report.get(k) is not None
+            f"{k[4:-3].upper()} <= {report[k]:g} ms"
+            for k in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms")
+            if report.get(k) is not None
         )
         rows.append((f"goodput ({targets})", f"{report['goodput_completed_requests']:,} req"))
         rows.append(("SLA attainment", f"{report['sla_attainment']:.2%}"))

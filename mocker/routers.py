@@ -19,13 +19,14 @@ routers keep per-core state keyed by ``(worker_id, dp_rank)``, never by position
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from mocker.engine.vllm import VllmCore
 from mocker.kv.manager import engine_block_keys
-from mocker.records import TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 from mocker.request import State
 
 
@@ -157,7 +158,7 @@ class KvRouter:
             self._cores_ref, self._cores_views = workers, cv
         chosen_views = self._cores_views
         index = self.index
-        for w, view in zip(workers, chosen_views):
+        for w, view in zip(workers, chosen_views, strict=True):
             view.refresh()
             if not keys_l:
                 overlap = 0
@@ -175,7 +176,7 @@ class KvRouter:
         self._pending = (chosen_views[choice], keys_l, req.input_length - overlaps[choice] * bs, n_unique)
         return choice
 
-    def on_routed(self, record) -> None:  # type: ignore[no-untyped-def]
+    def on_routed(self, record: RequestRecord) -> None:
         """Book the request just placed by :meth:`choose` (its record tells when prefill and decode end)."""
         if self._pending is None:
             return

@@ -32,10 +32,14 @@ Pieces:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from mocker.kv.manager import BlockKvManager
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mocker.kv.radix import RadixNode, SeqContent
 
 TIERS: tuple[str, ...] = ("G1", "G2", "G3", "G4")
 
@@ -143,8 +147,8 @@ class ListeningBlockKvManager(BlockKvManager):
     def allocate_full(self, key: int | None) -> bool:
         self._about_to_evict(0 if self.free > 0 else 1)
         ok = super().allocate_full(key)
-        if ok and self.listener is not None:
-            self.listener.on_stored([(key, None)])  # type: ignore[list-item]
+        if ok and key is not None and self.listener is not None:  # ok: key was registered (not None)
+            self.listener.on_stored([(key, None)])
         return ok
 
     def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
@@ -159,8 +163,8 @@ class ListeningBlockKvManager(BlockKvManager):
 
     def promote_private(self, key: int | None) -> bool:
         ok = super().promote_private(key)
-        if ok and self.listener is not None:
-            self.listener.on_stored([(key, None)])  # type: ignore[list-item]
+        if ok and key is not None and self.listener is not None:  # ok: key was registered (not None)
+            self.listener.on_stored([(key, None)])
         return ok
 
     def allocate_private(self, n: int) -> None:
@@ -203,10 +207,11 @@ class RadixEventAdapter:
         self.sink = sink
         self.unique_base = unique_base
 
-    def page_keys(self, content, start: int, end: int) -> list[int]:  # type: ignore[no-untyped-def]
-        """Engine block keys of the reportable pages in tokens ``[start, end)`` of ``content``."""
+    def page_keys(self, content: SeqContent | None, start: int, end: int) -> list[int]:
+        """Engine block keys of the reportable pages in tokens ``[start, end)`` of ``content`` (None: the
+        tree's root, which holds no tokens)."""
         q, page = self.q, self.page
-        if not q or end <= start:
+        if not q or end <= start or content is None:
             return []
         out = []
         bounds, keys, ub = content.bounds, content.keys, self.unique_base
@@ -224,7 +229,7 @@ class RadixEventAdapter:
             pos += page
         return out
 
-    def tree_keys(self, root) -> list[int]:  # type: ignore[no-untyped-def]
+    def tree_keys(self, root: RadixNode) -> list[int]:
         """Engine block keys of every reportable page held in the tree below ``root`` (a snapshot: what
         replaying every event so far gives)."""
         out: list[int] = []
@@ -235,7 +240,7 @@ class RadixEventAdapter:
             stack.extend(n.children.values())
         return out
 
-    def __call__(self, kind: str, content, start: int, end: int) -> None:  # type: ignore[no-untyped-def]
+    def __call__(self, kind: str, content: SeqContent | None, start: int, end: int) -> None:
         keys = self.page_keys(content, start, end)
         if not keys:
             return

@@ -23,7 +23,8 @@ The engine core uses this class exactly like the native pool (same methods, same
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeGuard
 
 from mocker.errors import SimulationError
 from mocker.kv.events import TupleSink
@@ -41,7 +42,7 @@ class KvbmBlockManager(BlockKvManager):
     __slots__ = ("parent", "children", "listener", "evicted", "offload_sink")
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
-                 listener: "KvListener | None" = None) -> None:
+                 listener: KvListener | None = None) -> None:
         super().__init__(num_blocks, enable_prefix_caching)
         self.inactive: OrderedDict[int, None] = OrderedDict()
         """inactive keys, least recently freed first"""
@@ -116,14 +117,14 @@ class KvbmBlockManager(BlockKvManager):
             self.listener.on_removed(removed)
 
     # ------------------------------------------------------------------ BlockKvManager API
-    def _is_new(self, key: int | None) -> bool:
+    def _is_new(self, key: int | None) -> TypeGuard[int]:
         return key is not None and self.caching and key not in self.active and key not in self.inactive
 
     def allocate_full(self, key: int | None) -> bool:
         self._take_fresh()
         if self._is_new(key):
-            self.active[key] = 1  # type: ignore[index]
-            self._register([key], None)  # type: ignore[list-item]
+            self.active[key] = 1
+            self._register([key], None)
             return True
         self.private_in_use += 1
         return False
@@ -157,18 +158,17 @@ class KvbmBlockManager(BlockKvManager):
             else:
                 self.private_in_use += 1
             prev = key
-        if removed:
-            self.listener.on_removed(removed)  # type: ignore[union-attr]
-        if registered:
-            if self.listener is not None:
-                self.listener.on_stored([(k, self.parent.get(k)) for k in registered])
+        if removed and self.listener is not None:  # removed is a list only with a listener
+            self.listener.on_removed(removed)
+        if registered and self.listener is not None:
+            self.listener.on_stored([(k, self.parent.get(k)) for k in registered])
         return registered
 
     def promote_private(self, key: int | None) -> bool:
         if self._is_new(key):
             self.private_in_use -= 1
-            self.active[key] = 1  # type: ignore[index]
-            self._register([key], None)  # type: ignore[list-item]
+            self.active[key] = 1
+            self._register([key], None)
             return True
         return False
 
@@ -198,7 +198,7 @@ class KvbmBlockManager(BlockKvManager):
             raise SimulationError(f"kvbm lineage: {n} child links != {len(self.parent)} parent links")
 
 
-def make_g1_pool(cfg: "EngineConfig") -> BlockKvManager:
+def make_g1_pool(cfg: EngineConfig) -> BlockKvManager:
     """The G1 block pool ``cfg.g1_backend`` names for a vLLM / TRT-LLM core (lower tiers, when configured, are
     attached by the core: :meth:`mocker.engine.vllm.VllmCore.attach_tiers`)."""
     if cfg.g1_backend == "native":

@@ -17,7 +17,7 @@ and its offset, so equal keys mean equal content and equal prefix.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from mocker.errors import SimulationError
 

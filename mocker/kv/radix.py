@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
 from mocker.errors import SimulationError
 
@@ -54,7 +54,7 @@ class SeqContent:
 
     @classmethod
     def for_request(cls, hash_ids: Sequence[int] | None, prompt_len: int, unique_key: int,
-                    trace_block_size: int = 512) -> "SeqContent":
+                    trace_block_size: int = 512) -> SeqContent:
         """Prompt tokens from trace ``hash_ids`` (one per ``trace_block_size`` tokens; ``None`` = unique
         content), then output tokens unique to the request (key ``unique_key``).
 
@@ -99,7 +99,7 @@ class SeqContent:
             i += 1
         return tuple(parts)
 
-    def common(self, other: "SeqContent", pos: int, length: int) -> int:
+    def common(self, other: SeqContent, pos: int, length: int) -> int:
         """Tokens equal in both sequences from ``pos`` on, at most ``length``."""
         if self is other:
             return length
@@ -125,7 +125,7 @@ class SeqContent:
     def prefix_identity(self, n_tokens: int) -> tuple[int, ...]:
         """Hashable identity of the first ``n_tokens`` tokens."""
         parts: list[int] = []
-        for s, k in zip(self.bounds, self.keys):
+        for s, k in zip(self.bounds, self.keys, strict=True):
             if s >= n_tokens:
                 break
             parts.append(s)
@@ -138,7 +138,7 @@ class RadixNode:
 
     __slots__ = ("parent", "children", "content", "start", "length", "lock_ref", "time", "uid")
 
-    def __init__(self, parent: "RadixNode | None", content: SeqContent | None, start: int, length: int,
+    def __init__(self, parent: RadixNode | None, content: SeqContent | None, start: int, length: int,
                  time: int, uid: int) -> None:
         self.parent = parent
         self.children: dict[object, RadixNode] = {}
@@ -173,7 +173,7 @@ class RadixCache:
         self.root = RadixNode(None, None, 0, 0, 0, 0)
         self.root.lock_ref = 1  # never evictable
         self._heap: list[tuple[int, int, RadixNode]] = []
-        self.listener = None
+        self.listener: Callable[[str, SeqContent | None, int, int], None] | None = None
         """Optional ``listener(kind, content, start, end)``: tokens ``[start, end)`` of ``content`` were
         ``stored`` in / ``removed`` from the tree (KV events, :class:`mocker.kv.events.RadixEventAdapter`)."""
 
@@ -201,7 +201,7 @@ class RadixCache:
             if child is None:
                 break
             n = child.length if child.length < limit - pos else limit - pos
-            c = child.content.common(content, pos, n)  # type: ignore[union-attr]
+            c = child.content.common(content, pos, n)  # type: ignore[union-attr]  # only the root has no content
             c = (c // page) * page
             pos += c
             if c < child.length:
@@ -233,7 +233,7 @@ class RadixCache:
                 self.evictable_size -= node.length
                 self.protected_size += node.length
             node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # a node below the root has a parent
 
     def dec_lock(self, node: RadixNode) -> None:
         root = self.root
@@ -246,7 +246,7 @@ class RadixCache:
                 self.protected_size -= node.length
                 if not node.children:
                     heapq.heappush(self._heap, (node.time, node.uid, node))
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # a node below the root has a parent
 
     # ------------------------------------------------------------------ tree edits
     def _new_node(self, parent: RadixNode, content: SeqContent, start: int, length: int) -> RadixNode:
@@ -285,7 +285,7 @@ class RadixCache:
             if child is None:
                 break
             n = child.length if child.length < limit - pos else limit - pos
-            c = child.content.common(content, pos, n)  # type: ignore[union-attr]
+            c = child.content.common(content, pos, n)  # type: ignore[union-attr]  # only the root has no content
             c = (c // page) * page
             if c == 0:
                 break
@@ -333,7 +333,7 @@ class RadixCache:
                     self.listener("stored", content, pos, end)
                 return new, dup
             n = child.length if child.length < end - pos else end - pos
-            c = child.content.common(content, pos, n)  # type: ignore[union-attr]
+            c = child.content.common(content, pos, n)  # type: ignore[union-attr]  # only the root has no content
             c = (c // page) * page
             if c == 0:
                 raise SimulationError("radix insert: page identity collision")
@@ -392,7 +392,7 @@ class RadixCache:
                 self.free += node.length
                 freed += node.length
             parent = node.parent
-            del parent.children[node.content.page_id(node.start, page)]  # type: ignore[union-attr]
+            del parent.children[node.content.page_id(node.start, page)]  # type: ignore[union-attr]  # not the root
             node.parent = None
             node.length = 0
             if parent is not self.root and parent.lock_ref == 0 and not parent.children:

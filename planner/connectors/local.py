@@ -23,6 +23,7 @@ Pools and worker roles: ``agg`` -> ``--worker-type aggregated``, ``prefill`` -> 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,9 +32,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -132,19 +134,15 @@ def read_fleet_file(state_dir: Path) -> dict[str, Any]:
 def stop_pids(pids: list[int], timeout_s: float = 10.0) -> None:
     """SIGTERM each pid's process group, SIGKILL what is left after ``timeout_s`` (used by ``up``)."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
         if pid_alive(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 @dataclass
@@ -160,7 +158,7 @@ class WorkerProc:
     drain_since_s: float = 0.0
     fpm_endpoint: str | None = None
     failures: int = 0
-    proc: subprocess.Popen | None = None  # type: ignore[type-arg]
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -235,12 +233,9 @@ class LocalConnector:
         argv = [*self.s.command, "mocker", "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--worker-id", str(wid), "--model-name", self.s.model_name, "--worker-type", WORKER_TYPE[pool],
                 *self.s.worker_args.get(pool, ())]
-        logf = open(self.dir / "logs" / f"{name}.log", "ab")
-        try:
+        with open(self.dir / "logs" / f"{name}.log", "ab") as logf:
             proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-        finally:
-            logf.close()
         w = WorkerProc(name, pool, wid, port, proc.pid, "starting", time.time(), proc=proc)
         self.workers.append(w)
         self._save()  # recorded before anything else can happen to it
@@ -253,10 +248,8 @@ class LocalConnector:
         return not pid_alive(w.pid)
 
     def _signal(self, w: WorkerProc, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     async def _get_json(self, url: str, timeout_s: float = 1.0) -> tuple[int, Any]:
         assert self._http is not None
@@ -267,7 +260,7 @@ class LocalConnector:
                 except ValueError:
                     body = None
                 return r.status, body
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return 0, None
 
     # ------------------------------------------------------------------ reconcile
@@ -346,10 +339,8 @@ class LocalConnector:
         """Stop managing. ``stop_workers``: also stop every worker (SIGTERM, then SIGKILL)."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if stop_workers:
             await asyncio.to_thread(stop_pids, [w.pid for w in self.workers])
             for w in self.workers:

@@ -28,11 +28,13 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from planner.core import PoolState
 from planner.errors import PlannerError
@@ -138,7 +140,7 @@ class VirtualConnector:
         return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(PREFIX) and not self._authorized(request):
             return web.json_response({"error": "unauthorized: expected Authorization: Bearer <token>"}, status=401,
                                      headers={"WWW-Authenticate": "Bearer"})
@@ -176,7 +178,7 @@ class VirtualConnector:
         try:
             async with self._cond:
                 await asyncio.wait_for(self._cond.wait_for(newer), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return web.Response(status=204)
         return web.json_response(self.info.to_dict())
 
@@ -199,19 +201,21 @@ class VirtualConnector:
         except ValueError:
             return web.json_response({"error": "decision id: expected an integer"}, status=400)
         if self.info.decision_id is None or did != self.info.decision_id:
-            return web.json_response({"error": f"decision {did} is not the latest ({self.info.decision_id})"}, status=409)
+            return web.json_response({"error": f"decision {did} is not the latest ({self.info.decision_id})"},
+                                     status=409)
         if self.info.acknowledged_id == did:
             return web.json_response({"error": f"decision {did} already completed"}, status=409)
-        reps: dict[str, int] | str = dict(self.info.targets or {})
+        reps: dict[str, int] = dict(self.info.targets or {})
         if request.can_read_body:
             try:
                 body = await request.json()
             except ValueError:
                 return web.json_response({"error": "body: expected JSON"}, status=400)
             if body:
-                reps = self._replicas_from(body)
-                if isinstance(reps, str):
-                    return web.json_response({"error": reps}, status=400)
+                parsed = self._replicas_from(body)
+                if isinstance(parsed, str):
+                    return web.json_response({"error": parsed}, status=400)
+                reps = parsed
         self.info.replicas.update(reps)
         self.info.acknowledged_id = did
         self._save()

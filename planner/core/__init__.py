@@ -40,11 +40,30 @@ Errors: :mod:`planner.errors` (``PlannerError`` root; ``ConfigError``, ``Profile
 ``ObservationError``).
 """
 
-from planner.core.config import PlannerConfig, PoolLimits, add_config_arguments, config_from_args, config_from_mapping, load_config
-from planner.core.interpolation import (DecodeProfile, PerformanceProfile, PrefillProfile, load_profile,
-                                        profile_from_arrays, save_profile)
-from planner.core.observations import (ForwardPassMetrics, Observations, PoolState, QueuedRequests,
-                                       ScheduledRequests, TrafficWindow)
+from planner.core.config import (
+    PlannerConfig,
+    PoolLimits,
+    add_config_arguments,
+    config_from_args,
+    config_from_mapping,
+    load_config,
+)
+from planner.core.interpolation import (
+    DecodeProfile,
+    PerformanceProfile,
+    PrefillProfile,
+    load_profile,
+    profile_from_arrays,
+    save_profile,
+)
+from planner.core.observations import (
+    ForwardPassMetrics,
+    Observations,
+    PoolState,
+    QueuedRequests,
+    ScheduledRequests,
+    TrafficWindow,
+)
 from planner.core.planner import Decision, Diagnostics, Planner, TickResult
 from planner.core.reasons import Reason
 from planner.core.traces import read_trace_intervals

@@ -23,8 +23,8 @@ Invariant (hypothesis-tested): if ``sum((current_p + draining_p) x gpus_p) <= ma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from planner.core.config import PlannerConfig
 
@@ -57,8 +57,9 @@ def apply_limits(desired: Mapping[str, int], current: Mapping[str, int], config:
     goal: dict[str, int] = {}
     for p in pools:
         d = int(desired.get(p, current.get(p, lo[p])))
-        if hi[p] is not None and d > hi[p]:  # type: ignore[operator]
-            d = int(hi[p])  # type: ignore[arg-type]
+        cap = hi[p]
+        if cap is not None and d > cap:
+            d = int(cap)
             reasons.append("capped_by_max_replicas")
         if d < lo[p]:
             d = lo[p]
@@ -91,7 +92,7 @@ def apply_limits(desired: Mapping[str, int], current: Mapping[str, int], config:
         reasons.append("raised_to_min_gpu_budget")
         while sum(goal[p] * g[p] for p in pools) < config.min_gpu_budget:
             left = budget - sum(goal[p] * g[p] for p in pools)
-            cands = [p for p in pools if (hi[p] is None or goal[p] < hi[p]) and g[p] <= left]  # type: ignore[operator]
+            cands = [p for p in pools if ((h := hi[p]) is None or goal[p] < h) and g[p] <= left]
             if not cands:
                 break
             p = min(cands, key=lambda q: (goal[q] * g[q], pools.index(q)))

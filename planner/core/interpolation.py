@@ -32,16 +32,20 @@ ISL, which grows in proportion at the edge's throughput (:meth:`PrefillProfile.t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from planner.errors import ProfileError
 
+FloatArray = npt.NDArray[np.float64]
 
-def _arr(name: str, a: Any, ndim: int, src: str) -> np.ndarray:
+
+def _arr(name: str, a: Any, ndim: int, src: str) -> FloatArray:
     x = np.asarray(a, dtype=float)
     if x.ndim != ndim:
         raise ProfileError(src, f"array {name!r} has shape {x.shape}: expected {ndim}-D")
@@ -50,7 +54,7 @@ def _arr(name: str, a: Any, ndim: int, src: str) -> np.ndarray:
     return x
 
 
-def _increasing(name: str, x: np.ndarray, src: str) -> None:
+def _increasing(name: str, x: FloatArray, src: str) -> None:
     if x.size > 1 and not np.all(np.diff(x) > 0):
         raise ProfileError(src, f"array {name!r}: expected strictly increasing values")
 
@@ -59,9 +63,9 @@ def _increasing(name: str, x: np.ndarray, src: str) -> None:
 class PrefillProfile:
     """Prefill performance vs ISL (see module docstring for units)."""
 
-    isl: np.ndarray
-    ttft_ms: np.ndarray
-    thpt_per_gpu: np.ndarray
+    isl: FloatArray
+    ttft_ms: FloatArray
+    thpt_per_gpu: FloatArray
     source: str = "<memory>"
 
     def __post_init__(self) -> None:
@@ -95,7 +99,7 @@ class PrefillProfile:
             return float(self.ttft_ms[-1]) * float(isl_tokens) / edge
         return float(np.interp(isl_tokens, self.isl, self.ttft_ms))
 
-    def ttft_ms_of(self, isl_tokens: np.ndarray) -> np.ndarray:
+    def ttft_ms_of(self, isl_tokens: FloatArray) -> FloatArray:
         """:meth:`ttft_ms_at` of each length in ``isl_tokens`` (same values, element for element), as a float64
         array of the same shape."""
         x = np.asarray(isl_tokens, dtype=np.float64)
@@ -124,14 +128,18 @@ class DecodePoint:
 class DecodeProfile:
     """Decode performance on a (KV usage, context length) grid (see module docstring for units)."""
 
-    kv_usage: np.ndarray
-    context_length: np.ndarray
-    itl_ms: np.ndarray
-    thpt_per_gpu: np.ndarray
+    kv_usage: FloatArray
+    context_length: FloatArray
+    itl_ms: FloatArray
+    thpt_per_gpu: FloatArray
     max_kv_tokens: float
     source: str = "<memory>"
     resolution: int = 200
     """KV-usage samples scanned by :meth:`best_thpt_per_gpu`."""
+    _itl: Callable[[FloatArray], FloatArray] = field(init=False, repr=False)
+    """ITL (ms) at an (n, 2) array of (KV usage, context length) points: the bilinear interpolator."""
+    _thpt: Callable[[FloatArray], FloatArray] = field(init=False, repr=False)
+    """Throughput/GPU at an (n, 2) array of points: the bilinear interpolator."""
 
     def __post_init__(self) -> None:
         from scipy.interpolate import RegularGridInterpolator
@@ -153,24 +161,26 @@ class DecodeProfile:
         # A 1-point axis is duplicated so the bilinear interpolator has a cell (the value is constant along it).
         kv_ax, ctx_ax, itl_g, thpt_g = kv, ctx, itl, thpt
         if kv_ax.size == 1:
-            kv_ax, itl_g, thpt_g = np.array([kv[0], kv[0] + 1.0]), np.vstack([itl_g, itl_g]), np.vstack([thpt_g, thpt_g])
+            kv_ax = np.array([kv[0], kv[0] + 1.0])
+            itl_g, thpt_g = np.vstack([itl_g, itl_g]), np.vstack([thpt_g, thpt_g])
         if ctx_ax.size == 1:
-            ctx_ax, itl_g, thpt_g = np.array([ctx[0], ctx[0] + 1.0]), np.hstack([itl_g, itl_g]), np.hstack([thpt_g, thpt_g])
+            ctx_ax = np.array([ctx[0], ctx[0] + 1.0])
+            itl_g, thpt_g = np.hstack([itl_g, itl_g]), np.hstack([thpt_g, thpt_g])
         object.__setattr__(self, "_itl", RegularGridInterpolator((kv_ax, ctx_ax), itl_g))
         object.__setattr__(self, "_thpt", RegularGridInterpolator((kv_ax, ctx_ax), thpt_g))
 
-    def _clamp(self, kv_usage: Any, context_length: float) -> np.ndarray:
+    def _clamp(self, kv_usage: Any, context_length: float) -> FloatArray:
         kv = np.clip(np.atleast_1d(np.asarray(kv_usage, dtype=float)), self.kv_usage[0], self.kv_usage[-1])
         ctx = np.full_like(kv, min(max(float(context_length), self.context_length[0]), self.context_length[-1]))
         return np.column_stack([kv, ctx])
 
     def itl_ms_at(self, kv_usage: float, context_length: float) -> float:
         """ITL (ms) at KV usage fraction and context length (tokens), bilinear, clamped to the grid."""
-        return float(self._itl(self._clamp(kv_usage, context_length))[0])  # type: ignore[attr-defined]
+        return float(self._itl(self._clamp(kv_usage, context_length))[0])
 
     def thpt_per_gpu_at(self, kv_usage: float, context_length: float) -> float:
         """Decode throughput (output tokens/s/GPU) at (KV usage, context length), clamped to the grid."""
-        return float(self._thpt(self._clamp(kv_usage, context_length))[0])  # type: ignore[attr-defined]
+        return float(self._thpt(self._clamp(kv_usage, context_length))[0])
 
     def best_thpt_per_gpu(self, itl_ms: float, context_length: float) -> DecodePoint:
         """Highest throughput/GPU whose interpolated ITL is <= ``itl_ms`` at ``context_length``.
@@ -181,8 +191,8 @@ class DecodeProfile:
         """
         kv = np.union1d(np.linspace(self.kv_usage[0], self.kv_usage[-1], self.resolution), self.kv_usage)
         pts = self._clamp(kv, context_length)
-        itl = self._itl(pts)  # type: ignore[attr-defined]
-        thpt = self._thpt(pts)  # type: ignore[attr-defined]
+        itl = self._itl(pts)
+        thpt = self._thpt(pts)
         ok = np.nonzero(itl <= itl_ms)[0]
         i, met = (int(ok[-1]), True) if ok.size else (0, False)
         return DecodePoint(float(thpt[i]), float(itl[i]), float(kv[i]), met)
@@ -196,7 +206,7 @@ class PerformanceProfile:
     decode: DecodeProfile | None = None
 
 
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
+def _load_npz(path: Path) -> dict[str, FloatArray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
@@ -204,7 +214,7 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
         raise ProfileError(str(path), f"cannot read .npz: {e}") from None
 
 
-def _need(data: dict[str, np.ndarray], name: str, src: str) -> np.ndarray:
+def _need(data: dict[str, FloatArray], name: str, src: str) -> FloatArray:
     if name not in data:
         raise ProfileError(src, f"missing array {name!r} (has: {', '.join(sorted(data)) or 'none'})")
     return data[name]
@@ -226,9 +236,9 @@ def profile_from_arrays(data: dict[str, Any], source: str = "<memory>") -> Perfo
     return PerformanceProfile(prefill, decode)
 
 
-def profile_to_arrays(profile: PerformanceProfile) -> dict[str, np.ndarray]:
+def profile_to_arrays(profile: PerformanceProfile) -> dict[str, FloatArray]:
     """The arrays :func:`save_profile` writes (inverse of :func:`profile_from_arrays`)."""
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, FloatArray] = {}
     if profile.prefill is not None:
         p = profile.prefill
         out.update(prefill_isl=p.isl, prefill_ttft_ms=p.ttft_ms, prefill_thpt_per_gpu=p.thpt_per_gpu)
@@ -241,10 +251,10 @@ def profile_to_arrays(profile: PerformanceProfile) -> dict[str, np.ndarray]:
 
 def save_profile(profile: PerformanceProfile, path: str | Path) -> None:
     """Write ``profile`` as a ``.npz`` in the format of the module docstring."""
-    np.savez(path, **profile_to_arrays(profile))  # type: ignore[arg-type]
+    np.savez(path, **profile_to_arrays(profile))
 
 
-def _grid_from_scattered(x: np.ndarray, y: np.ndarray, z: np.ndarray, xi: np.ndarray, yi: np.ndarray) -> np.ndarray:
+def _grid_from_scattered(x: FloatArray, y: FloatArray, z: FloatArray, xi: FloatArray, yi: FloatArray) -> FloatArray:
     from scipy.interpolate import griddata
 
     X, Y = np.meshgrid(xi, yi, indexing="ij")
@@ -255,20 +265,23 @@ def _grid_from_scattered(x: np.ndarray, y: np.ndarray, z: np.ndarray, xi: np.nda
     holes = np.isnan(g)
     if holes.any():
         g[holes] = griddata((x, y), z, (X[holes], Y[holes]), method="nearest")
-    return g
+    grid: FloatArray = g
+    return grid
 
 
 def load_profiler_results_dir(path: str | Path, resolution: int = 50) -> PerformanceProfile:
     """Read a Dynamo profiler results directory (see module docstring); either half may be missing."""
     root = Path(path)
-    pf, df = root / "selected_prefill_interpolation" / "raw_data.npz", root / "selected_decode_interpolation" / "raw_data.npz"
+    pf = root / "selected_prefill_interpolation" / "raw_data.npz"
+    df = root / "selected_decode_interpolation" / "raw_data.npz"
     prefill = decode = None
     if pf.exists():
         d = _load_npz(pf)
         isl = np.asarray(_need(d, "prefill_isl", str(pf)), dtype=float)
         order = np.argsort(isl)
         prefill = PrefillProfile(isl[order], np.asarray(_need(d, "prefill_ttft", str(pf)), dtype=float)[order],
-                                 np.asarray(_need(d, "prefill_thpt_per_gpu", str(pf)), dtype=float)[order], source=str(pf))
+                                 np.asarray(_need(d, "prefill_thpt_per_gpu", str(pf)), dtype=float)[order],
+                                 source=str(pf))
     if df.exists():
         d = _load_npz(df)
         x = np.asarray(_need(d, "x_kv_usage", str(df)), dtype=float).ravel()
@@ -277,7 +290,8 @@ def load_profiler_results_dir(path: str | Path, resolution: int = 50) -> Perform
         zt = np.asarray(_need(d, "z_thpt_per_gpu", str(df)), dtype=float).ravel()
         mk = float(np.asarray(_need(d, "max_kv_tokens", str(df))).ravel()[0])
         if not (x.size == y.size == zi.size == zt.size) or x.size == 0:
-            raise ProfileError(str(df), "x_kv_usage, y_context_length, z_itl, z_thpt_per_gpu: expected equal, non-zero lengths")
+            raise ProfileError(str(df), "x_kv_usage, y_context_length, z_itl, z_thpt_per_gpu: "
+                                        "expected equal, non-zero lengths")
         xi = np.unique(x) if np.unique(x).size <= 2 else np.linspace(x.min(), x.max(), resolution)
         yi = np.unique(y) if np.unique(y).size <= 2 else np.linspace(y.min(), y.max(), resolution)
         decode = DecodeProfile(xi, yi, _grid_from_scattered(x, y, zi, xi, yi), _grid_from_scattered(x, y, zt, xi, yi),

@@ -18,7 +18,8 @@ samples, so memory is bounded and a long run of same-sized passes cannot crowd o
 range. With several features each feature has its own set of buckets, chosen by the first feature the
 pass carries (agg: passes with prefill tokens, decode-only passes): otherwise the far more numerous
 decode-only passes evict the few prefill-carrying passes of the same total size, and the prefill slope
-rests on one or two samples (seen on Azure 1x: slope 3.6e-4 s/token, 18x the true one). Idle heartbeats (``wall_time == 0``) are skipped. A slope that is not positive, or a feature that
+rests on one or two samples (seen on Azure 1x: slope 3.6e-4 s/token, 18x the true one).
+Idle heartbeats (``wall_time == 0``) are skipped. A slope that is not positive, or a feature that
 never varied, is *degenerate*: estimates needing it are unknown (``None``), never "free", so a bad fit
 cannot cause unbounded scale-up.
 
@@ -44,8 +45,8 @@ from __future__ import annotations
 import math
 import operator
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class RegressionFit:
         t = self.intercept_s
         if self.prefill_pass_s and float(tokens.get("sum_prefill_tokens", 0.0)) > 0:
             t += self.prefill_pass_s
-        for f, s in zip(self.features, self.slopes_s_per_token):
+        for f, s in zip(self.features, self.slopes_s_per_token, strict=True):
             x = float(tokens.get(f, 0.0))
             if x == 0.0:
                 continue
@@ -97,7 +98,8 @@ class RegressionFit:
 class PassTimeRegression:
     """Online least-squares regression of pass wall time on token counts, bounded and bucketed."""
 
-    def __init__(self, features: Sequence[str], *, n_buckets: int = 16, per_bucket: int = 32, min_samples: int = 8) -> None:
+    def __init__(self, features: Sequence[str], *, n_buckets: int = 16, per_bucket: int = 32,
+                 min_samples: int = 8) -> None:
         self.features = tuple(features)
         self._get = operator.attrgetter(*self.features)
         self.n_buckets = n_buckets
@@ -194,14 +196,16 @@ class EngineEstimate:
 
 
 def estimate_ttft_ms(fit: RegressionFit | None, queued_prefill_tokens: float, isl_tokens: float,
-                     max_num_batched_tokens: int, decode_kv_tokens: float = 0.0, num_decode_requests: int = 0) -> float | None:
+                     max_num_batched_tokens: int, decode_kv_tokens: float = 0.0,
+                     num_decode_requests: int = 0) -> float | None:
     """TTFT (ms) of a new ``isl_tokens`` request behind ``queued_prefill_tokens`` (module docstring)."""
     if fit is None or "sum_prefill_tokens" not in fit.features:
         return None
     total = max(0.0, queued_prefill_tokens) + max(0.0, isl_tokens)
     if total <= 0:
         return 0.0
-    chunk = float(max(1, max_num_batched_tokens - (num_decode_requests if "sum_decode_kv_tokens" in fit.features else 0)))
+    decode_rows = num_decode_requests if "sum_decode_kv_tokens" in fit.features else 0
+    chunk = float(max(1, max_num_batched_tokens - decode_rows))
     full, rest = int(total // chunk), total - chunk * int(total // chunk)
     extra = {"sum_decode_kv_tokens": decode_kv_tokens} if "sum_decode_kv_tokens" in fit.features else {}
     t = full * fit.predict_s(sum_prefill_tokens=chunk, **extra)

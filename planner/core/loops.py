@@ -19,22 +19,43 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import PerformanceProfile
-from planner.core.load import (FEATURES_BY_POOL, EngineEstimate, PassTimeRegression, RegressionFit, estimate_engine,
-                               guess_isl_tokens)
+from planner.core.load import (
+    FEATURES_BY_POOL,
+    EngineEstimate,
+    PassTimeRegression,
+    RegressionFit,
+    estimate_engine,
+    guess_isl_tokens,
+)
 from planner.core.observations import ForwardPassMetrics, TrafficWindow
 from planner.core.predictors import make_predictor
 from planner.core.reasons import Reason
-from planner.core.sizing import (ARRIVAL_BIN_S, SIZE_HISTORY_S, FleetEvaluator, PoolPlan, SimulatedSizing,
-                                 build_sample, pool_buckets, sequential_looks)
-from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
-                                     size_pool)
+from planner.core.sizing import (
+    ARRIVAL_BIN_S,
+    SIZE_HISTORY_S,
+    FleetEvaluator,
+    PoolPlan,
+    SimulatedSizing,
+    build_sample,
+    pool_buckets,
+    sequential_looks,
+)
+from planner.core.throughput import (
+    Demand,
+    ceil_replicas,
+    clamp_correction,
+    decode_correction,
+    prefill_correction,
+    size_pool,
+)
 
 Goals = dict[str, tuple[int, Reason]]
 """Per pool: (goal replicas, reason)."""
@@ -393,14 +414,20 @@ class LoadLoop:
             return v
 
         if any(val is None for e in engs for _, val, _ in values(e)):
-            return 0, (Reason.HOLD_REGRESSION_WARMING_UP if self.fit(pool) is None else Reason.HOLD_REGRESSION_DEGENERATE)
-        if all(any(val > sla for _, val, sla in values(e)) for e in engs):  # type: ignore[operator]
-            if need_ttft and all(e.estimated_ttft_ms > cfg.ttft_ms for e in engs):  # type: ignore[operator]
-                return (self._up_step(current, min(e.estimated_ttft_ms / cfg.ttft_ms for e in engs)),  # type: ignore[operator]
-                        Reason.SCALE_UP_TTFT)
+            warming = self.fit(pool) is None
+            return 0, (Reason.HOLD_REGRESSION_WARMING_UP if warming else Reason.HOLD_REGRESSION_DEGENERATE)
+
+        def known(e: EngineEstimate) -> list[tuple[float, float]]:
+            """(estimate, SLA) pairs of ``values(e)``: all of them, none is None past the check above."""
+            return [(val, sla) for _, val, sla in values(e) if val is not None]
+
+        if all(any(val > sla for val, sla in known(e)) for e in engs):
+            ttfts = [e.estimated_ttft_ms for e in engs if e.estimated_ttft_ms is not None]  # all, when need_ttft
+            if need_ttft and all(t > cfg.ttft_ms for t in ttfts):
+                return self._up_step(current, min(t / cfg.ttft_ms for t in ttfts)), Reason.SCALE_UP_TTFT
             return +1, Reason.SCALE_UP_ITL
         if current > cfg.limits(pool).min_replicas and all(
-                all(val < sla * cfg.load_sensitivity for _, val, sla in values(e)) for e in engs):  # type: ignore[operator]
+                all(val < sla * cfg.load_sensitivity for val, sla in known(e)) for e in engs):
             n = len(engs)
             per_replica = max(1, round(n / max(1, current)))
             if n - per_replica <= 0:

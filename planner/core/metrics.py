@@ -12,11 +12,15 @@ decisions_total (counter of published decisions), and the enum ``decision_reason
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
+from prometheus_client.metrics import MetricWrapperBase
 
 from planner.core.planner import TickResult
 from planner.core.reasons import Reason
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
 
 PREFIX = "dynamo_planner_"
 
@@ -48,7 +52,7 @@ class PlannerMetrics:
         self.decision_reason = Enum(PREFIX + "decision_reason", "Reason of the latest tick's decision", names,
                                     states=[r.value for r in Reason], registry=registry)
 
-    def _l(self, m):  # type: ignore[no-untyped-def]
+    def _l(self, m: _M) -> _M:
         return m.labels(**self.labels) if self.labels else m
 
     def update(self, result: TickResult) -> None:

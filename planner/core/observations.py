@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, TypeVar
 
 from planner.errors import ObservationError
 
@@ -51,6 +52,10 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+_Part = TypeVar("_Part", ScheduledRequests, QueuedRequests)
+"""A part of :class:`ForwardPassMetrics` that :meth:`ForwardPassMetrics.from_mapping` adapts."""
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardPassMetrics:
     """One engine pass on one DP rank. ``wall_time`` seconds (0.0 = idle heartbeat, skipped by the
@@ -65,17 +70,17 @@ class ForwardPassMetrics:
     timestamp_s: float = 0.0
 
     @classmethod
-    def from_mapping(cls, obj: Any, *, pool: str, timestamp_s: float | None = None) -> "ForwardPassMetrics":
+    def from_mapping(cls, obj: Any, *, pool: str, timestamp_s: float | None = None) -> ForwardPassMetrics:
         """Adapt a dict (msgpack/JSON) or any object with the Dynamo field names.
 
         ``timestamp_ms`` (mocker records) is converted to seconds when ``timestamp_s`` is not given.
         Raises ObservationError naming a missing or negative field.
         """
-        def sub(part: Any, cls_: type) -> Any:
+        def sub(part: Any, cls_: type[_Part]) -> _Part:
             if part is None:
                 return cls_()
             kw = {}
-            for f in cls_.__dataclass_fields__:  # type: ignore[attr-defined]
+            for f in cls_.__dataclass_fields__:
                 v = _get(part, f, None)
                 if v is not None:
                     kw[f] = v
@@ -185,7 +190,8 @@ class PoolState:
         if not (isinstance(self.replicas, int) and self.replicas >= 0):
             raise ObservationError(f"PoolState.replicas={self.replicas!r}: expected an integer >= 0")
         if self.ready_replicas is not None and not (isinstance(self.ready_replicas, int) and self.ready_replicas >= 0):
-            raise ObservationError(f"PoolState.ready_replicas={self.ready_replicas!r}: expected an integer >= 0 or None")
+            raise ObservationError(f"PoolState.ready_replicas={self.ready_replicas!r}: "
+                                   "expected an integer >= 0 or None")
         if not (isinstance(self.draining_replicas, int) and self.draining_replicas >= 0):
             raise ObservationError(f"PoolState.draining_replicas={self.draining_replicas!r}: expected an integer >= 0")
 

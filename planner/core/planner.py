@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from planner.core.budget import apply_limits, gpus
 from planner.core.config import PlannerConfig
@@ -97,7 +98,8 @@ class Diagnostics:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data (NaN/inf -> None, enums -> their names)."""
-        return _plain(dataclasses.asdict(self))
+        out: dict[str, Any] = _plain(dataclasses.asdict(self))
+        return out
 
 
 def _plain(x: Any) -> Any:
@@ -205,8 +207,9 @@ class Planner:
         if first:
             self._next_thpt_s = now_s + cfg.adjustment_interval_s
             self._next_load_s = now_s + cfg.load_adjustment_interval_s
-            if cfg.throughput_enabled and cfg.first_sizing_s is not None and cfg.first_sizing_s < cfg.adjustment_interval_s:
-                self._early_s = now_s + cfg.first_sizing_s
+            first_s = cfg.first_sizing_s
+            if cfg.throughput_enabled and first_s is not None and first_s < cfg.adjustment_interval_s:
+                self._early_s = now_s + first_s
         assert self._next_thpt_s is not None and self._next_load_s is not None
         thpt = cfg.throughput_enabled and not first and now_s + _EPS >= self._next_thpt_s
         load = cfg.load_enabled and not first and now_s + _EPS >= self._next_load_s
@@ -233,8 +236,7 @@ class Planner:
         ready: dict[str, int] | None = None
         if known:
             assert pools is not None
-            ready = {p: pools[p].ready_replicas if pools[p].ready_replicas is not None else pools[p].replicas
-                     for p in cfg.pools}
+            ready = {p: r if (r := pools[p].ready_replicas) is not None else pools[p].replicas for p in cfg.pools}
         reasons: list[Reason] = []
         thpt_ok = early_ok = False
         if "throughput" in loops:
@@ -247,8 +249,8 @@ class Planner:
         ests = self.load.estimates(self.throughput.last_isl_tokens) if cfg.load_enabled else []
 
         def finish(decision: Decision) -> TickResult:
-            if known:
-                self._last_gpus = gpus({p: pools[p].replicas for p in cfg.pools}, cfg)  # type: ignore[index]
+            if known and pools is not None:
+                self._last_gpus = gpus({p: pools[p].replicas for p in cfg.pools}, cfg)
             return TickResult(decision, self._diag(now_s, loops, obs, decision, ests), self._next_tick())
 
         def hold(reason: Reason, pool_reasons: Mapping[str, Reason] | None = None) -> TickResult:
@@ -285,7 +287,8 @@ class Planner:
             main = Reason.PENDING_TIMEOUT_REPLAN if Reason.PENDING_TIMEOUT_REPLAN in reasons else next(
                 (r for r in reasons if r not in ACTION_REASONS), None)
             if main is None:
-                prs = [pool_reasons[p] for p in cfg.pools if p in pool_reasons and pool_reasons[p] not in ACTION_REASONS]
+                prs = [pool_reasons[p] for p in cfg.pools
+                       if p in pool_reasons and pool_reasons[p] not in ACTION_REASONS]
                 main = prs[0] if prs else (Reason.HOLD_STEADY if loops else Reason.HOLD_NOT_DUE)
             return hold(main, pool_reasons)
         decision_id = self.guard.publish(now_s, targets, current)
@@ -331,7 +334,8 @@ class Planner:
         for p, floor in floors.items():
             if goal[p] < floor:
                 goal[p] = floor
-                pool_reasons[p] = Reason.RAISED_TO_THROUGHPUT_FLOOR if floor > current[p] else Reason.HOLD_THROUGHPUT_FLOOR
+                pool_reasons[p] = (Reason.RAISED_TO_THROUGHPUT_FLOOR if floor > current[p]
+                                   else Reason.HOLD_THROUGHPUT_FLOOR)
         return goal, pool_reasons
 
     def _diag(self, now_s: float, loops: tuple[str, ...], obs: Observations, decision: Decision,
@@ -344,8 +348,10 @@ class Planner:
         interval = self.config.adjustment_interval_s
         return Diagnostics(
             now_s=now_s, loops_run=loops,
-            current_replicas={p: pools[p].replicas for p in self.config.pools if p in pools} if pools is not None else None,
-            ready_replicas={p: pools[p].ready_replicas for p in self.config.pools if p in pools} if pools is not None else None,
+            current_replicas=({p: pools[p].replicas for p in self.config.pools if p in pools}
+                              if pools is not None else None),
+            ready_replicas=({p: pools[p].ready_replicas for p in self.config.pools if p in pools}
+                            if pools is not None else None),
             observed=obs.traffic if "throughput" in loops else None,
             predicted_num_requests=d.num_requests, predicted_isl_tokens=d.isl_tokens, predicted_osl_tokens=d.osl_tokens,
             predicted_requests_per_second=d.num_requests / interval if math.isfinite(d.num_requests) else math.nan,

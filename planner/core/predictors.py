@@ -36,11 +36,15 @@ import logging
 import math
 import warnings
 from collections import deque
-from typing import Any, Callable, ContextManager, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from planner.errors import ConfigError
+
+FloatArray = npt.NDArray[np.float64]
 
 
 class Predictor(Protocol):
@@ -55,7 +59,7 @@ class Predictor(Protocol):
     def warm_start(self, values: Sequence[float]) -> None: ...
 
 
-def _single_thread_blas() -> Callable[[], ContextManager[Any]]:
+def _single_thread_blas() -> Callable[[], contextlib.AbstractContextManager[Any]]:
     """A factory of contexts limiting BLAS/OpenMP to one thread (``threadpoolctl``).
 
     Model fits are tiny matrix problems: multi-threaded OpenBLAS only spins, and on a shared 2-core machine
@@ -167,8 +171,12 @@ class ArimaPredictor(BasePredictor):
         self.fits = 0
         self._since_fit = 0
 
-    def _tf(self, v: float | np.ndarray) -> Any:
-        return np.log1p(v) if self.log1p else v
+    def _tf(self, v: FloatArray) -> FloatArray:
+        out: FloatArray = np.log1p(v) if self.log1p else v
+        return out
+
+    def _tf_one(self, v: float) -> float:
+        return float(np.log1p(v)) if self.log1p else v
 
     def _fit(self) -> None:
         import pmdarima
@@ -191,7 +199,7 @@ class ArimaPredictor(BasePredictor):
             return
         with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
-            self.model.update([self._tf(v)])
+            self.model.update([self._tf_one(v)])
         self._since_fit += 1
 
     def _model_predict(self) -> float:

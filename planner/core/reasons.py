@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Reason(str, Enum):
+class Reason(str, Enum):  # noqa: UP042  # StrEnum would change str() of a member (the value, not "Reason.X")
     # actions
     SCALE_UP_THROUGHPUT = "scale_up_throughput"
     """Throughput loop: predicted demand needs more replicas."""

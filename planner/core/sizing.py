@@ -11,10 +11,10 @@ The sample (all from :class:`~planner.core.observations.TrafficWindow`, never fr
 
 - arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram
   (``gap_buckets``; log-uniform inside a bucket; arrivals that share a timestamp, the histogram's ``le=0``
-  bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own rate profile (``arrival_counts``,
-  arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean rate is the forecast
-  (predicted count x demand-error factor / interval): the renewal process is laid out in the profile's
-  operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
+  bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own
+  rate profile (``arrival_counts``, arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean
+  rate is the forecast (predicted count x demand-error factor / interval): the renewal process is laid out in the
+  profile's operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
   both scales: the gaps' spread within seconds, the rate's swings over tens of seconds. Without a gap
   histogram the gaps are exponential (the maximum-entropy law of a positive gap of known mean); without a
   profile the rate is flat.
@@ -37,22 +37,28 @@ exact binomial interval, from beta quantiles). The verdict is sequential (:data:
 first :func:`sample_size` requests is replayed on the sample's longer heads (2, 4, 8 x as many requests, nested:
 :meth:`TrafficSample.head`), so that a fleet well inside the target is not held to half of it by the length of
 one sample; each look is judged at :func:`look_confidence`, the level at which a fleet exactly at the allowed
-share passes at any look with 5 % probability (four looks at 95 % each would pass it 10 % of the time). The goal of a pool is the least passing count; a pool
-whose current count is undecided keeps it (no scale-up on a sample that cannot show a miss, no scale-down
-without a smaller fleet shown to pass): the deadband is the sample's own uncertainty, not a tuned margin.
+share passes at any look with 5 % probability (four looks at 95 % each would pass it 10 % of the time). The goal of a
+pool is the least passing count; a pool whose current count is undecided keeps it (no scale-up on a sample that cannot
+show a miss, no scale-down without a smaller fleet shown to pass): the deadband is the sample's own uncertainty, not a
+tuned margin.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 from scipy.stats import beta, binom
 
 from planner.core.reasons import Reason
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 CONFIDENCE = 0.95
 """One-sided confidence of the binomial verdicts (the conventional 95 %, z = 1.645)."""
@@ -84,9 +90,9 @@ class TrafficSample:
     verdicts need (:func:`sample_size`; an evaluator may replay a share of a larger sample that still holds them).
     """
 
-    arrival_s: np.ndarray
-    isl_tokens: np.ndarray
-    osl_tokens: np.ndarray
+    arrival_s: FloatArray
+    isl_tokens: IntArray
+    osl_tokens: IntArray
     num_warm: int
     horizon_s: float
     min_counted: int = 0
@@ -138,8 +144,8 @@ class FleetEvaluator(Protocol):
     """Replays a :class:`TrafficSample` through a fleet of ``replicas`` (``{pool: count}``) of the deployment's
     engines with the SLA targets of the planner, and counts the misses of the counted requests. With
     ``stop_allowed``, it may stop as soon as the ``stop_kind`` misses (``any``, ``ttft`` or ``itl``) already certain
-    reach :func:`fail_count` (at ``stop_confidence``) of the requests it counts (the verdict is FAIL whatever follows), returning them with
-    ``complete=False``."""
+    reach :func:`fail_count` (at ``stop_confidence``) of the requests it counts (the verdict is FAIL whatever follows),
+    returning them with ``complete=False``."""
 
     def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
                  stop_kind: str = "any", stop_confidence: float = CONFIDENCE) -> SampleOutcome: ...
@@ -220,7 +226,7 @@ def sequential_looks(allowed_miss: float, looks: int = LOOKS, confidence: float 
     return tuple(base << j for j in range(max(1, int(looks))))
 
 
-def _binom_support(n: int, p: float) -> tuple[int, np.ndarray]:
+def _binom_support(n: int, p: float) -> tuple[int, FloatArray]:
     """(first k, pmf) of Binomial(n, p) over the counts whose probability exceeds 1e-16 (the rest is dropped)."""
     lo = max(0, int(binom.ppf(1e-16, n, p)) - 1)
     hi = min(n, int(binom.isf(1e-16, n, p)) + 1)
@@ -274,7 +280,7 @@ def look_confidence(allowed_miss: float, looks: tuple[int, ...], confidence: flo
     return hi
 
 
-def _bucket_edges(buckets: Sequence[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _bucket_edges(buckets: Sequence[tuple[float, float]]) -> tuple[FloatArray, FloatArray, FloatArray] | None:
     """(lower, upper, weight) per bucket of a non-cumulative histogram ``(le, count)``; the +Inf bucket spans
     ``(lo, 2 lo]``. None without counts."""
     les = np.array([b[0] for b in buckets], dtype=float)
@@ -286,8 +292,8 @@ def _bucket_edges(buckets: Sequence[tuple[float, float]]) -> tuple[np.ndarray, n
     return lo, hi, cnt / cnt.sum()
 
 
-def _draw(rng: np.random.Generator, edges: tuple[np.ndarray, np.ndarray, np.ndarray], n: int,
-          log_uniform: bool) -> tuple[np.ndarray, float]:
+def _draw(rng: np.random.Generator, edges: tuple[FloatArray, FloatArray, FloatArray], n: int,
+          log_uniform: bool) -> tuple[FloatArray, float]:
     """``n`` values from a histogram's ``edges`` (a bucket by its weight, then uniform -- or log-uniform, the
     first bucket from ``le / 2`` since a zero bound has no logarithm -- inside it) and the histogram's mean
     under the same law (so that rescaling does not depend on ``n``)."""
@@ -323,7 +329,7 @@ def pool_buckets(histograms: Sequence[Sequence[tuple[float, float]]]) -> tuple[t
     return tuple((le, out[le]) for le in bounds) if bounds else ()
 
 
-def _lengths(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n: int, mean: float) -> np.ndarray:
+def _lengths(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n: int, mean: float) -> IntArray:
     """Integer token lengths >= 1 drawn from ``buckets`` and scaled by ``mean`` / the histogram's mean; all at
     ``mean`` without a histogram."""
     edges = _bucket_edges(buckets) if buckets else None
@@ -335,7 +341,7 @@ def _lengths(rng: np.random.Generator, buckets: Sequence[tuple[float, float]], n
     return np.maximum(1, np.rint(x)).astype(np.int64)
 
 
-def _warp(op: np.ndarray, rate_per_s: float, profile: Sequence[float], bin_s: float) -> np.ndarray:
+def _warp(op: FloatArray, rate_per_s: float, profile: Sequence[float], bin_s: float) -> FloatArray:
     """Real times of arrivals at operational times ``op`` (unit rate): ``t = Lambda^-1(op)`` with the intensity
     ``rate x p_j`` in bin ``j`` of the profile normalised to mean 1 and repeated cyclically; ``op / rate`` when
     the profile is empty or has no arrivals."""
@@ -348,7 +354,8 @@ def _warp(op: np.ndarray, rate_per_s: float, profile: Sequence[float], bin_s: fl
     k, rem = np.divmod(op, cycle)
     j = np.clip(np.searchsorted(edges, rem, side="right") - 1, 0, c.size - 1)
     # rem falls in a bin with lam > 0 (a zero-rate bin has zero width in operational time)
-    return k * (c.size * bin_s) + j * bin_s + (rem - edges[j]) / np.where(lam[j] > 0, lam[j], np.inf)
+    t_s: FloatArray = k * (c.size * bin_s) + j * bin_s + (rem - edges[j]) / np.where(lam[j] > 0, lam[j], np.inf)
+    return t_s
 
 
 def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: float, *, min_horizon_s: float,
@@ -362,8 +369,8 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     ``min_requests`` >= 1 set the length (``max(min_horizon_s, min_requests / rate)``), buckets as
     ``TrafficWindow`` carries them, ``num_inflight`` requests spread evenly over the first ``warmup_s`` seconds
     (the start state; not counted; the counted requests start at ``warmup_s``), ``rate_profile`` arrivals per
-    ``profile_bin_s`` bin (relative rates; any scale), ``seed`` for :class:`numpy.random.SeedSequence`. Gaps, ISLs and OSLs come
-    from three independent streams and are rescaled by the laws' means, not the draws': the same seed at a
+    ``profile_bin_s`` bin (relative rates; any scale), ``seed`` for :class:`numpy.random.SeedSequence`. Gaps, ISLs and
+    OSLs come from three independent streams and are rescaled by the laws' means, not the draws': the same seed at a
     higher rate gives the same requests, compressed in time, plus more of them (common random numbers, so
     that sizing at two loads compares like with like). Raises ValueError on a rate or mean that is not a
     positive finite number."""
@@ -381,7 +388,7 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
         # law covers the gaps within bins. A 20-minute silence otherwise enters as one huge gap whose weight in
         # the mean crushes every other gap, and the sample becomes one extreme burst
         lows = [0.0] + [le for le, _ in positive[:-1]]
-        positive = [(le, c) for (le, c), lo in zip(positive, lows) if lo < profile_bin_s]
+        positive = [(le, c) for (le, c), lo in zip(positive, lows, strict=True) if lo < profile_bin_s]
     edges = _bucket_edges(positive) if positive and sum(c for _, c in positive) >= 2 else None
     # arrivals sharing a timestamp (a zero gap) come in batches: b requests per batch on average, the batch
     # sizes 1 + Poisson(b - 1) (what a clock that stamps every arrival of a tick alike makes of a Poisson
@@ -469,7 +476,8 @@ class SimulatedSizing:
             return full
         ck = (*key, kind if decide else "")
         if ck not in self._cache:
-            o = self.evaluator.evaluate(replace(self._views[look], share_pool=share), dict(zip(self.pools, fleet)),
+            o = self.evaluator.evaluate(replace(self._views[look], share_pool=share),
+                                        dict(zip(self.pools, fleet, strict=True)),
                                         stop_allowed=self.allowed_miss if decide else None, stop_kind=kind,
                                         stop_confidence=self.confidence)
             self.evaluations += 1
@@ -563,8 +571,10 @@ class SimulatedSizing:
             ample = {p: self.limits[p][1] for p in self.pools}
             req = {"prefill": self.least_passing("prefill", {"decode": ample["decode"]}, "ttft", cur["prefill"]),
                    "decode": self.least_passing("decode", {"prefill": ample["prefill"]}, "any", cur["decode"])}
-            verdicts = {"prefill": self._verdict({"prefill": cur["prefill"], "decode": ample["decode"]}, "ttft", "prefill"),
-                        "decode": self._verdict({"prefill": ample["prefill"], "decode": cur["decode"]}, "any", "decode")}
+            verdicts = {
+                "prefill": self._verdict({"prefill": cur["prefill"], "decode": ample["decode"]}, "ttft", "prefill"),
+                "decode": self._verdict({"prefill": ample["prefill"], "decode": cur["decode"]}, "any", "decode"),
+            }
         goal = {}
         reasons = {}
         for p in self.pools:

@@ -18,13 +18,16 @@ from __future__ import annotations
 import csv
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from planner.core.observations import TrafficWindow
 from planner.errors import TraceError
+
+FloatArray = npt.NDArray[np.float64]
 
 
 def _parse_azure_ts(s: str) -> float:
@@ -32,14 +35,15 @@ def _parse_azure_ts(s: str) -> float:
     if "." in s:
         head, frac = s.split(".", 1)
         s = head + "." + frac[:6]
-        return datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
-    return datetime.strptime(s, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC).timestamp()
+    return datetime.strptime(s, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
 
 
-def read_trace_requests(path: str | Path, fmt: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_trace_requests(path: str | Path, fmt: str | None = None) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(arrival_s relative to the first arrival, isl_tokens, osl_tokens) arrays of a trace, sorted by arrival."""
     p = Path(path)
-    fmt = fmt or ("azure" if p.suffix.lower() == ".csv" else "mooncake" if p.suffix.lower() in (".jsonl", ".json") else None)
+    suffix = p.suffix.lower()
+    fmt = fmt or ("azure" if suffix == ".csv" else "mooncake" if suffix in (".jsonl", ".json") else None)
     if fmt not in ("azure", "mooncake"):
         raise TraceError(str(p), None, None, "unknown trace format: expected a .csv (Azure) or .jsonl (Mooncake) file")
     t: list[float] = []
@@ -57,7 +61,7 @@ def read_trace_requests(path: str | Path, fmt: str | None = None) -> tuple[np.nd
                     for col, conv, dst in (("TIMESTAMP", _parse_azure_ts, t), ("ContextTokens", float, isl),
                                            ("GeneratedTokens", float, osl)):
                         try:
-                            dst.append(conv(row[col]))  # type: ignore[operator]
+                            dst.append(conv(row[col]))
                         except (TypeError, ValueError):
                             raise TraceError(str(p), i, col, f"cannot parse {row[col]!r}") from None
             else:
@@ -68,7 +72,8 @@ def read_trace_requests(path: str | Path, fmt: str | None = None) -> tuple[np.nd
                         obj = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise TraceError(str(p), i, None, f"invalid JSON: {e.msg}") from None
-                    for col, dst, scale in (("timestamp", t, 1e-3), ("input_length", isl, 1.0), ("output_length", osl, 1.0)):
+                    for col, dst, scale in (("timestamp", t, 1e-3), ("input_length", isl, 1.0),
+                                            ("output_length", osl, 1.0)):
                         v = obj.get(col) if isinstance(obj, dict) else None
                         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                             raise TraceError(str(p), i, col, f"expected a number >= 0, got {v!r}")
@@ -83,7 +88,7 @@ def read_trace_requests(path: str | Path, fmt: str | None = None) -> tuple[np.nd
     return ta, ia[order], oa[order]
 
 
-def bucket_intervals(arrival_s: np.ndarray, isl_tokens: np.ndarray, osl_tokens: np.ndarray,
+def bucket_intervals(arrival_s: FloatArray, isl_tokens: FloatArray, osl_tokens: FloatArray,
                      interval_s: float) -> list[TrafficWindow]:
     """Per-interval request count and mean ISL/OSL (windows [k I, (k+1) I) from time 0)."""
     if len(arrival_s) == 0:

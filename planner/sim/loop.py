@@ -19,9 +19,11 @@ sample anyway and its engine state uses the latest pass.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
@@ -161,8 +163,8 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
                 passes = _relay(fleet.take_fpm(settings.fpm_per_engine), settings.fpm_per_engine)
             view = View(now_s=t, counts={p: fleet.pool_counts(p) for p in pools},
                         engines={p: fleet.engine_states(p) for p in pools},
-                        traffic=lambda d, _t=t: traffic(d, _t), passes=passes,
-                        sla_misses=lambda d, _t=t: misses(d, _t))
+                        traffic=functools.partial(traffic, now=t), passes=passes,
+                        sla_misses=functools.partial(misses, now=t))
             step = policy.tick(view)
             last_step = {"reason": step.reason, "predicted_rps": step.predicted_rps,
                          "estimated_ttft_ms": step.estimated_ttft_ms, "estimated_itl_ms": step.estimated_itl_ms}
@@ -242,7 +244,8 @@ def _end_timeline(timeline: list[dict[str, Any]], end_t: float, fleet: Any, pool
 
 
 def _sample(t: float, fleet: Any, pools: tuple[str, ...], snaps: list[CounterSnapshot], snap_t: list[float],
-            interval_s: float, last_step: Mapping[str, Any], reasons: list[str], gpw: Mapping[str, int]) -> dict[str, Any]:
+            interval_s: float, last_step: Mapping[str, Any], reasons: list[str],
+            gpw: Mapping[str, int]) -> dict[str, Any]:
     row: dict[str, Any] = {"t_s": round(t, 6)}
     waiting = running = 0
     kv: list[float] = []

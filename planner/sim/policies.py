@@ -40,10 +40,19 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
 
-from planner.core import ForwardPassMetrics, Observations, PerformanceProfile, Planner, PlannerConfig, PoolState, TrafficWindow
+from planner.core import (
+    ForwardPassMetrics,
+    Observations,
+    PerformanceProfile,
+    Planner,
+    PlannerConfig,
+    PoolState,
+    TrafficWindow,
+)
 from planner.core.sizing import FleetEvaluator
 from planner.sim.errors import SimulationConfigError
 from planner.sim.fleet import EngineState, PoolCounts
@@ -167,7 +176,8 @@ class PlannerPolicy:
         # the frontend window of one interval, or what exists since the start (the early sizing's window)
         span = min(self.config.adjustment_interval_s, view.now_s - self._start_s)
         obs = Observations(
-            pools={p: PoolState(view.counts[p].requested, view.counts[p].ready, view.counts[p].draining) for p in self.pools},
+            pools={p: PoolState(view.counts[p].requested, view.counts[p].ready, view.counts[p].draining)
+                   for p in self.pools},
             traffic=view.traffic(span) if span > 0 else None,
             passes=view.passes)
         res = self._planner.tick(view.now_s, obs)

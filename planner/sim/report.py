@@ -20,8 +20,9 @@ import csv
 import html
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,8 @@ from mocker.records import RequestRecord
 from planner.sim.loop import SimRun
 
 
-def sla_flags(records: Sequence[RequestRecord], ttft_ms: float, itl_ms: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sla_flags(records: Sequence[RequestRecord], ttft_ms: float,
+              itl_ms: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(both, ttft_ok, itl_ok) boolean arrays, one entry per record (see module docstring)."""
     n = len(records)
     ttft = np.full(n, np.inf)
@@ -147,7 +149,8 @@ def render_table(doc: Mapping[str, Any], title: str = "dynoplan simulate") -> An
     for name, s in doc["policies"].items():
         t.add_row(name, f"{100 * s['sla_attainment']:.2f}%", f"{100 * s['ttft_attainment']:.2f}%",
                   f"{100 * s['itl_attainment']:.2f}%", f(s["goodput_rps"], 2),
-                  f"{f(s['p50_ttft_ms'])} / {f(s['p99_ttft_ms'])}", f"{f(s['p50_itl_ms'], 2)} / {f(s['p99_itl_ms'], 2)}",
+                  f"{f(s['p50_ttft_ms'])} / {f(s['p99_ttft_ms'])}",
+                  f"{f(s['p50_itl_ms'], 2)} / {f(s['p99_itl_ms'], 2)}",
                   f"{s['gpu_hours']:.3f}", " ".join(f"{p}={v:.2f}" for p, v in s["mean_replicas"].items()),
                   " ".join(f"{p}={v}" for p, v in s["max_replicas"].items()), str(s["scale_events"]))
     return t
@@ -212,7 +215,8 @@ def _series(run: SimRun, key: str) -> list[Any]:
 def figure_data(runs: Sequence[SimRun]) -> dict[str, Any]:
     """Plotly traces and layouts per plot id (one trace per policy and series; x = timeline seconds)."""
     s0 = runs[0].settings if runs else None
-    figs: dict[str, Any] = {pid: {"data": [], "layout": {"title": {"text": title}, "xaxis": {"title": {"text": "time (s)"}},
+    figs: dict[str, Any] = {pid: {"data": [], "layout": {"title": {"text": title},
+                                                          "xaxis": {"title": {"text": "time (s)"}},
                                                           "height": 340, "margin": {"t": 40, "b": 40}}}
                             for pid, title in PLOTS}
     for run in runs:
@@ -220,13 +224,16 @@ def figure_data(runs: Sequence[SimRun]) -> dict[str, Any]:
         hover = [html.escape(str(row.get("reason", ""))) for row in run.timeline]
         for p in run.pools:
             figs["plot-replicas"]["data"].append({"type": "scatter", "mode": "lines", "line": {"shape": "hv"},
-                                                 "name": f"{run.policy} {p}", "x": x, "y": _series(run, f"{p}_replicas"),
-                                                 "text": hover, "hovertemplate": "%{y} replicas<br>%{text}<extra>%{fullData.name}</extra>"})
+                                                 "name": f"{run.policy} {p}", "x": x,
+                                                 "y": _series(run, f"{p}_replicas"), "text": hover,
+                                                 "hovertemplate": "%{y} replicas<br>%{text}"
+                                                                  "<extra>%{fullData.name}</extra>"})
         figs["plot-rate"]["data"].append({"type": "scatter", "mode": "lines", "name": f"{run.policy} observed",
                                           "x": x, "y": _series(run, "observed_rps")})
         if any(v is not None for v in _series(run, "predicted_rps")):
             figs["plot-rate"]["data"].append({"type": "scatter", "mode": "lines", "line": {"dash": "dot"},
-                                              "name": f"{run.policy} predicted", "x": x, "y": _series(run, "predicted_rps")})
+                                              "name": f"{run.policy} predicted", "x": x,
+                                              "y": _series(run, "predicted_rps")})
         figs["plot-ttft"]["data"].append({"type": "scatter", "mode": "lines", "name": run.policy, "x": x,
                                           "y": _series(run, "observed_ttft_ms"), "text": hover})
         figs["plot-itl"]["data"].append({"type": "scatter", "mode": "lines", "name": run.policy, "x": x,
@@ -237,8 +244,8 @@ def figure_data(runs: Sequence[SimRun]) -> dict[str, Any]:
                                         "y": _series(run, "kv_usage_mean")})
     if runs:
         x = _series(runs[0], "t_s")
-        figs["plot-replicas"]["data"].append({"type": "scatter", "mode": "lines", "name": "observed req/s", "yaxis": "y2",
-                                              "line": {"color": "rgba(120,120,120,0.5)"}, "x": x,
+        figs["plot-replicas"]["data"].append({"type": "scatter", "mode": "lines", "name": "observed req/s",
+                                              "yaxis": "y2", "line": {"color": "rgba(120,120,120,0.5)"}, "x": x,
                                               "y": _series(runs[0], "observed_rps")})
         figs["plot-replicas"]["layout"]["yaxis2"] = {"overlaying": "y", "side": "right", "title": {"text": "req/s"}}
     if s0 is not None and runs:
@@ -260,7 +267,8 @@ def render_html(runs: Sequence[SimRun], doc: Mapping[str, Any]) -> str:
     rows = []
     for name, s in doc["policies"].items():
         cells = [name, f"{100 * s['sla_attainment']:.2f}%", f"{100 * s['ttft_attainment']:.2f}%",
-                 f"{100 * s['itl_attainment']:.2f}%", f"{s['gpu_hours']:.3f}", str(s["p99_ttft_ms"]), str(s["p99_itl_ms"]),
+                 f"{100 * s['itl_attainment']:.2f}%", f"{s['gpu_hours']:.3f}", str(s["p99_ttft_ms"]),
+                 str(s["p99_itl_ms"]),
                  ", ".join(f"{p}={v:.2f}" for p, v in s["mean_replicas"].items()),
                  ", ".join(f"{p}={v}" for p, v in s["max_replicas"].items()), str(s["scale_events"])]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
@@ -270,7 +278,9 @@ def render_html(runs: Sequence[SimRun], doc: Mapping[str, Any]) -> str:
     data = json.dumps(figs, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>dynoplan simulate report</title>
-<style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} td:first-child{{text-align:left}} .plot{{width:100%}}</style>
+<style>body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}} \
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} td:first-child{{text-align:left}} \
+.plot{{width:100%}}</style>
 <script>{get_plotlyjs()}</script></head>
 <body><h1>dynoplan simulate</h1>
 {table}
@@ -278,7 +288,8 @@ def render_html(runs: Sequence[SimRun], doc: Mapping[str, Any]) -> str:
 <script>
 const FIGS = {data};
 window.plotsDrawn = 0;
-Promise.all(Object.entries(FIGS).map(([id, f]) => Plotly.newPlot(id, f.data, f.layout, {{responsive: true, displaylogo: false}}).then(() => window.plotsDrawn++)))
+Promise.all(Object.entries(FIGS).map(([id, f]) => \
+Plotly.newPlot(id, f.data, f.layout, {{responsive: true, displaylogo: false}}).then(() => window.plotsDrawn++)))
   .then(() => {{ window.plotReady = true; }});
 </script>
 </body></html>

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -36,8 +36,8 @@ class FpmSubscriber:
     def __init__(self, stale_s: float = 10.0, max_buffer: int = 50_000, clock: Callable[[], float] = time.time) -> None:
         self.stale_s = stale_s
         self.clock = clock
-        self._ctx = zmq.Context.instance()
-        self._socks: dict[str, tuple[zmq.Socket, str]] = {}  # type: ignore[type-arg]
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._socks: dict[str, tuple[zmq.Socket[bytes], str]] = {}
         self._wanted: dict[str, str] = {}
         self._buf: collections.deque[ForwardPassMetrics] = collections.deque(maxlen=max_buffer)
         self._latest: dict[tuple[int, int], tuple[ForwardPassMetrics, float]] = {}
@@ -80,7 +80,7 @@ class FpmSubscriber:
                 for ep in registered - set(self._socks):
                     registered.discard(ep)
                 poller = zmq.Poller()
-                for ep, (s, _) in self._socks.items():
+                for s, _ in self._socks.values():
                     poller.register(s, zmq.POLLIN)
                 registered = set(self._socks)
                 events = dict(poller.poll(200))

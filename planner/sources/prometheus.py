@@ -37,8 +37,9 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from planner.core import TrafficWindow
 from planner.errors import ConfigError
@@ -133,7 +134,7 @@ def inflight_query(selector: str = "") -> str:
     return f"sum({INFLIGHT}{selector})"
 
 
-def non_cumulative(cumulative: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+def non_cumulative(cumulative: Iterable[tuple[float | str, float]]) -> tuple[tuple[float, float], ...]:
     """Prometheus ``le`` buckets (cumulative counts, any order, +Inf included) -> ``(le, count)`` pairs in
     increasing ``le`` with the count of each bucket alone (differences of consecutive bounds; a negative
     difference, which extrapolated increases of a bucket pair can give by rounding, counts 0). Empty when
@@ -315,7 +316,7 @@ class DirectScrapeTrafficSource:
         self.last_error = None
         return True
 
-    def start(self) -> "DirectScrapeTrafficSource":
+    def start(self) -> DirectScrapeTrafficSource:
         def loop() -> None:
             while not self._stop.is_set():
                 self.scrape_once()
