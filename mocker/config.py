@@ -228,7 +228,8 @@ def resolve_kv_capacity(cfg: EngineConfig, *, blocks_given: bool) -> EngineConfi
     Raises ConfigError (AIConfigurator unavailable, the model does not fit)."""
     if cfg.gpu_memory_fraction is None or blocks_given:
         return cfg
-    from mocker.timing_aic import aic_num_gpu_blocks  # here: only an aic: timing samples AIConfigurator
+    # here, not at module level: only an aic: timing samples AIConfigurator
+    from mocker.timing_aic import aic_num_gpu_blocks
 
     return cfg.replace(num_gpu_blocks=aic_num_gpu_blocks(cfg.timing, cfg.effective_block_size,
                                                          cfg.gpu_memory_fraction))

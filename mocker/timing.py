@@ -221,7 +221,8 @@ def load_timing(source: TimingSource) -> TimingModel:
     if source.timing == POLYNOMIAL:
         return PolynomialTiming(source.total_kv_tokens)
     if is_aic(source.timing):  # optional AIConfigurator source
-        from mocker.timing_aic import ensure_profile  # here: only an aic: spec needs the sampler
+        # here, not at module level: only an aic: spec needs the sampler
+        from mocker.timing_aic import ensure_profile
 
         return NpzTiming(ensure_profile(source.timing))
     return NpzTiming(source.timing)

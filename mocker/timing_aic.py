@@ -40,8 +40,8 @@ import numpy as np
 if not __package__:  # run as a script in the AIConfigurator venv: import the leaf spec parser from the repository
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dynoplan.errors import AicSpecError, ConfigError  # noqa: E402 - after the script-mode path set-up
-from mocker.timing_spec import parse_aic_spec  # noqa: E402
+from dynoplan.errors import AicSpecError, ConfigError
+from mocker.timing_spec import parse_aic_spec
 
 GRIDS: dict[str, dict[str, list[int]]] = {
     "default": {"prefill": [16, 128, 512, 1024, 2048, 4096, 8192, 16384],

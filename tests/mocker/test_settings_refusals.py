@@ -93,8 +93,8 @@ def test_replace_validates_and_ignores_none():
     assert e.value.problems == ["num_gpu_blocks=0: expected > 0"]
     with pytest.raises(ConfigError) as e:
         cfg.replace(timing="nope")
-    assert e.value.problems == ["timing='nope': expected 'polynomial', a path to a .npz profile or "
-                                "'aic:model=...,system=...'"]
+    assert e.value.problems == [("timing='nope': expected 'polynomial', a path to a .npz profile or "
+                                "'aic:model=...,system=...'")]
 
 
 def test_schema_states_bound_default_and_description_once():

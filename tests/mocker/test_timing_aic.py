@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dynoplan.errors import AicSpecError
 from mocker.errors import ConfigError
 from mocker.timing import NpzTiming
-from dynoplan.errors import AicSpecError
 from mocker.timing_aic import aic_num_gpu_blocks, ensure_profile, profile_path
 from mocker.timing_spec import parse_aic_spec as parse_spec
 
@@ -36,7 +36,7 @@ def test_parse_spec_defaults_and_errors():
 def test_missing_package_is_a_config_error_naming_it(monkeypatch, tmp_path):
     pytest.importorskip("numpy")
     try:
-        import aiconfigurator_core  # noqa: F401
+        import aiconfigurator_core
         pytest.skip("aiconfigurator-core importable in this interpreter")
     except ImportError:
         pass
@@ -74,7 +74,7 @@ def test_real_aiconfigurator_profile_offline(monkeypatch, tmp_path):
 
 def test_cli_aic_without_package_is_one_line_error(monkeypatch, tmp_path, capsys):
     try:
-        import aiconfigurator_core  # noqa: F401
+        import aiconfigurator_core
         pytest.skip("aiconfigurator-core importable in this interpreter")
     except ImportError:
         pass
