@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+from dynoplan.settings import check
 from mocker.cli_replay import (_nonneg_float, _nonneg_int, _one_line_error, _positive_float, _positive_int,
                                add_engine_arguments, engine_config_from_args)
 from mocker.config import ENGINES
@@ -62,15 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from mocker.live.worker import WorkerSettings, serve
 
     cfg = engine_config_from_args(args).replace(worker_type=args.worker_type, dp_size=args.dp_size)
-    s = WorkerSettings(engine=cfg, host=args.host, port=args.port, model_name=args.model_name, worker_id=args.worker_id,
-                       max_model_len=args.max_model_len,
-                       fpm_endpoint=None if args.fpm_endpoint == "off" else args.fpm_endpoint,
-                       kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
-                       heartbeat_s=args.heartbeat_s, kv_bytes_per_token=args.kv_bytes_per_token,
-                       kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps, bootstrap_port=args.bootstrap_port)
-    p = s.problems()
-    if p:
-        raise ConfigError(p)
+    s = check(lambda: WorkerSettings(
+        engine=cfg, host=args.host, port=args.port, model_name=args.model_name, worker_id=args.worker_id,
+        max_model_len=args.max_model_len, fpm_endpoint=None if args.fpm_endpoint == "off" else args.fpm_endpoint,
+        kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
+        heartbeat_s=args.heartbeat_s, kv_bytes_per_token=args.kv_bytes_per_token,
+        kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps, bootstrap_port=args.bootstrap_port))
     from mocker.engine import make_engine  # fail now, with the engine's own message, not at start-up
 
     make_engine(cfg)
@@ -125,12 +123,10 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
 def run_frontend(args: argparse.Namespace) -> int:
     from mocker.live.frontend import FrontendSettings, serve
 
-    s = FrontendSettings(host=args.host, port=args.port, workers=tuple(u for u in args.workers.split(",") if u),
-                         workers_file=args.workers_file, router=args.router, model_name=args.model_name, poll_s=args.poll_s,
-                         pd_mode=args.pd_mode)
-    p = s.problems()
-    if p:
-        raise ConfigError(p)
+    s = check(lambda: FrontendSettings(
+        host=args.host, port=args.port, workers=tuple(u for u in args.workers.split(",") if u),
+        workers_file=args.workers_file, router=args.router, model_name=args.model_name, poll_s=args.poll_s,
+        pd_mode=args.pd_mode))
     return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
 
 
@@ -172,11 +168,9 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
     trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
-    s = LoadgenSettings(url=args.url, model=args.model, endpoint=args.endpoint, time_compression=args.time_compression,
-                        max_concurrency=args.max_concurrency, prompt_mode=args.prompt_mode, request_timeout_s=args.request_timeout_s)
-    p = s.problems()
-    if p:
-        raise ConfigError(p)
+    s = check(lambda: LoadgenSettings(
+        url=args.url, model=args.model, endpoint=args.endpoint, time_compression=args.time_compression,
+        max_concurrency=args.max_concurrency, prompt_mode=args.prompt_mode, request_timeout_s=args.request_timeout_s))
     reqs = load_trace(args.trace, trace_block_size=args.trace_block_size, seed=args.seed)
     if args.max_requests:
         reqs = reqs[: args.max_requests]

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
+from dynoplan.settings import check
 from mocker.config import ENGINES, EngineConfig
 from mocker.errors import ConfigError
 from mocker.modelcfg import KV_CACHE_DTYPES
@@ -256,7 +257,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             kb = kv_bytes_per_token_from_file(mc, args.kv_cache_dtype)
         overrides["kv_bytes_per_token"] = kb
     from mocker.kv.tiers import parse_bandwidth_flags  # KVBM flags (kv tiers owner's hook)
-    from mocker.timing_aic import resolve_kv_capacity
+    from mocker.config import resolve_kv_capacity
 
     overrides.update(parse_bandwidth_flags(getattr(args, "tier_bandwidth", [])))
     return resolve_kv_capacity(base.replace(**overrides), blocks_given=args.num_gpu_blocks is not None)
@@ -289,8 +290,8 @@ def transfer_config_from_args(args: argparse.Namespace) -> Any:
     bw = args.kv_transfer_bandwidth or 0.0
     if bw > 0 and kv_bytes is None:
         raise ConfigError(f"--kv-transfer-bandwidth {bw:g}: needs --kv-bytes-per-token or --model-config")
-    return p, d, KvTransferConfig(bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes, timing=args.kv_transfer_timing,
-                                  handoff=args.handoff)
+    return p, d, check(lambda: KvTransferConfig(bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes,
+                                                timing=args.kv_transfer_timing, handoff=args.handoff))
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -319,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         arrival_speedup = 1.0
 
     from mocker.fleet import FleetConfig, run_replay  # after input validation: user errors surface first
-    fleet = FleetConfig(
+    fleet = check(lambda: FleetConfig(
         num_workers=args.workers,
         router=args.router,
         arrival_speedup=arrival_speedup,
@@ -331,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
         num_prefill_workers=n_prefill,
         num_decode_workers=n_decode,
         transfer=transfer,
-    )
+    ))
     if not args.quiet:  # rich only for the progress bar and the table (--quiet never loads it)
         from rich.console import Console
 

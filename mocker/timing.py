@@ -1,6 +1,8 @@
 """Pass-time models of the simulated engines (milliseconds).
 
-Two sources, selected by :attr:`mocker.config.EngineConfig.timing`:
+Sources, selected by the timing spec :attr:`mocker.config.EngineConfig.timing` (parsed by
+:mod:`mocker.timing_spec`; ``aic:`` specs become an :class:`NpzTiming` over a sampled profile,
+:mod:`mocker.timing_aic`):
 
 - :class:`PolynomialTiming` — the reference mocker's baseline (DESIGN.md, "Polynomial timing baseline"):
   ``prefill(T) = 4.209989e-07*T^2 + 1.518344e-02*T + 16.50142`` with ``T = batch_size * (mean ISL - mean
@@ -24,8 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
-from mocker.config import EngineConfig
 from mocker.errors import ConfigError
+from mocker.timing_spec import POLYNOMIAL, is_aic
 
 # DESIGN.md "Polynomial timing baseline" (reference mocker polynomial model).
 PREFILL_A, PREFILL_B, PREFILL_C = 4.209989e-07, 1.518344e-02, 16.50142
@@ -202,12 +204,25 @@ def _bilinear_extrap(x: np.ndarray, y: np.ndarray, gx: np.ndarray, gy: np.ndarra
     return z00 * (1 - tx) * (1 - ty) + z10 * tx * (1 - ty) + z01 * (1 - tx) * ty + z11 * tx * ty
 
 
-def load_timing(cfg: EngineConfig) -> TimingModel:
-    """The timing source named by ``cfg.timing`` ('polynomial' or a ``.npz`` path)."""
-    if cfg.timing == "polynomial":
-        return PolynomialTiming(cfg.total_kv_tokens)
-    if cfg.timing.startswith("aic:"):  # optional AIConfigurator source (mocker.timing_aic)
-        from mocker.timing_aic import load_aic_timing
+class TimingSource(Protocol):
+    """What :func:`load_timing` reads of an engine's settings (:class:`mocker.config.EngineConfig` has both)."""
 
-        return load_aic_timing(cfg.timing)
-    return NpzTiming(cfg.timing)
+    @property
+    def timing(self) -> str: ...
+
+    @property
+    def total_kv_tokens(self) -> int: ...
+
+
+def load_timing(source: TimingSource) -> TimingModel:
+    """The timing model named by ``source.timing`` ('polynomial', a ``.npz`` path or an ``aic:`` spec);
+    the polynomial's KV capacity is ``source.total_kv_tokens`` (tokens). Raises ConfigError (unreadable or
+    malformed profile, AIConfigurator unavailable)."""
+    if source.timing == POLYNOMIAL:
+        return PolynomialTiming(source.total_kv_tokens)
+    if is_aic(source.timing):  # optional AIConfigurator source
+        # here, not at module level: only an aic: spec needs the sampler
+        from mocker.timing_aic import ensure_profile
+
+        return NpzTiming(ensure_profile(source.timing))
+    return NpzTiming(source.timing)

@@ -2,8 +2,8 @@
 
 ``timing="aic:model=Qwen/Qwen3-8B,system=h200_sxm,backend=vllm,tp=1,quant=bf16"`` samples AIConfigurator's
 per-pass latency on a grid once, stores it as a timing profile ``.npz`` (the arrays of
-:class:`mocker.timing.NpzTiming`) in a cache directory, and interpolates it from then on, so a replay never
-calls AIConfigurator per pass. Grid (see :func:`sample_profile`):
+:class:`mocker.timing.NpzTiming`) in a cache directory (:func:`ensure_profile`), and
+:func:`mocker.timing.load_timing` interpolates it from then on, so a replay never calls AIConfigurator per pass. Grid (see :func:`sample_profile`):
 
 * prefill: ``run_static(mode="static_ctx")`` at batch 1 over new-token counts -> ``ttft`` (ms);
 * decode: ``run_static(mode="static_gen")`` at (batch size, context length) -> ``tpot`` (ms), stored at
@@ -18,12 +18,11 @@ interpreter named by the environment variable ``DYNOPLAN_AIC_PYTHON`` (a separat
 0.12 needs numpy >= 2.1), running this file as a script. Neither available -> :class:`ConfigError` naming the
 missing package and the import error.
 
-Spec keys: ``model`` (Hugging Face id AIConfigurator knows), ``system`` (e.g. h200_sxm), ``backend`` (vllm,
-sglang, trtllm; default vllm), ``tp`` (default 1), ``quant`` (GEMM quantisation: bf16 default, fp8, ...),
-``version`` (database version; default latest).
+Spec keys and their defaults: :mod:`mocker.timing_spec` (which parses them).
 
-This module imports only the standard library and numpy at top level so that it runs as a script in the
-AIConfigurator venv: ``python mocker/timing_aic.py SPEC OUT.npz [--grid small|default]``.
+This module imports only the standard library, numpy and the leaf :mod:`mocker.timing_spec` at top level so that
+it runs as a script in the AIConfigurator venv: ``python mocker/timing_aic.py SPEC OUT.npz [--grid small|default]``
+(the repository root is put on ``sys.path`` then).
 """
 
 from __future__ import annotations
@@ -38,46 +37,18 @@ from typing import Any
 
 import numpy as np
 
-SPEC_KEYS = ("model", "system", "backend", "tp", "quant", "version")
-BACKENDS = ("vllm", "sglang", "trtllm")
+if not __package__:  # run as a script in the AIConfigurator venv: import the leaf spec parser from the repository
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dynoplan.errors import AicSpecError, ConfigError
+from mocker.timing_spec import parse_aic_spec
+
 GRIDS: dict[str, dict[str, list[int]]] = {
     "default": {"prefill": [16, 128, 512, 1024, 2048, 4096, 8192, 16384],
                 "batch": [1, 8, 32, 128, 256], "context": [128, 1024, 4096, 16384]},
     "small": {"prefill": [128, 1024, 4096], "batch": [1, 16], "context": [512, 4096]},
 }
 """Sample points: prefill new tokens; decode batch sizes x context lengths (tokens)."""
-
-
-class AicSpecError(ValueError):
-    """A malformed ``aic:`` spec (converted to ConfigError by the mocker)."""
-
-
-def parse_spec(timing: str) -> dict[str, Any]:
-    """Parse ``aic:k=v,k=v`` into a dict with defaults applied. Raises :class:`AicSpecError` naming the key."""
-    if not timing.startswith("aic:"):
-        raise AicSpecError(f"timing={timing!r}: expected 'aic:model=...,system=...'")
-    out: dict[str, Any] = {"backend": "vllm", "tp": 1, "quant": "bf16", "version": None}
-    problems = []
-    for part in filter(None, timing[4:].split(",")):
-        k, sep, v = part.partition("=")
-        k, v = k.strip(), v.strip()
-        if not sep or k not in SPEC_KEYS:
-            problems.append(f"{part!r}: expected key=value with key one of {', '.join(SPEC_KEYS)}")
-        elif k == "tp":
-            if not v.isdigit() or int(v) <= 0:
-                problems.append(f"tp={v!r}: expected a positive integer")
-            else:
-                out["tp"] = int(v)
-        else:
-            out[k] = v
-    for k in ("model", "system"):
-        if not out.get(k):
-            problems.append(f"{k}: missing, e.g. aic:model=Qwen/Qwen3-8B,system=h200_sxm")
-    if out["backend"] not in BACKENDS:
-        problems.append(f"backend={out['backend']!r}: expected one of {', '.join(BACKENDS)}")
-    if problems:
-        raise AicSpecError(f"timing={timing!r}: " + "; ".join(problems))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- AIC side
@@ -148,7 +119,7 @@ def cache_dir() -> Path:
 
 def profile_path(timing: str, grid: str = "default") -> Path:
     """Where the sampled profile of ``timing`` is cached (keyed by the parsed spec and grid)."""
-    spec = parse_spec(timing)
+    spec = parse_aic_spec(timing)
     key = hashlib.sha256(json.dumps([spec, grid], sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / f"{key}.npz"
 
@@ -171,13 +142,8 @@ def aic_available() -> str | None:
 
 def ensure_profile(timing: str, grid: str = "default") -> Path:
     """Path of the cached profile, sampling AIConfigurator first when missing. Raises ConfigError."""
-    from mocker.errors import ConfigError
-
-    try:
-        spec = parse_spec(timing)
-        path = profile_path(timing, grid)
-    except AicSpecError as e:
-        raise ConfigError(str(e)) from None
+    spec = parse_aic_spec(timing)
+    path = profile_path(timing, grid)
     if path.is_file():
         return path
     why = aic_available()
@@ -186,17 +152,14 @@ def ensure_profile(timing: str, grid: str = "default") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     try:
-        try:
-            import aiconfigurator_core  # noqa: F401
-            np.savez(tmp, **sample_profile(spec, grid))
-        except ImportError:
-            r = subprocess.run([os.environ["DYNOPLAN_AIC_PYTHON"], __file__, timing, str(tmp), "--grid", grid],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-                raise ConfigError(f"timing={timing!r}: AIConfigurator failed: {last}")
-    except AicSpecError as e:
-        raise ConfigError(str(e)) from None
+        import aiconfigurator_core  # noqa: F401
+        np.savez(tmp, **sample_profile(spec, grid))
+    except ImportError:
+        r = subprocess.run([os.environ["DYNOPLAN_AIC_PYTHON"], __file__, timing, str(tmp), "--grid", grid],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise ConfigError(f"timing={timing!r}: AIConfigurator failed: {last}")
     tmp.replace(path)
     return path
 
@@ -205,8 +168,6 @@ def aic_num_gpu_blocks(timing: str, block_size: int, gpu_memory_fraction: float 
                        grid: str = "default") -> int:
     """KV blocks that fit: floor((GPU memory * fraction - non-KV memory) / (kv bytes/token * block size)).
     Raises ConfigError when the model does not fit at that fraction."""
-    from mocker.errors import ConfigError
-
     d = np.load(ensure_profile(timing, grid))
     free = float(d["gpu_mem_bytes"]) * gpu_memory_fraction - float(d["non_kv_bytes"])
     blocks = int(free // (float(d["kv_bytes_per_token"]) * block_size))
@@ -214,22 +175,6 @@ def aic_num_gpu_blocks(timing: str, block_size: int, gpu_memory_fraction: float 
         raise ConfigError(f"gpu_memory_fraction={gpu_memory_fraction!r}: the model ({timing}) leaves no room for "
                           f"KV blocks ({free / 1e9:.2f} GB left); expected a larger fraction or more TP")
     return blocks
-
-
-def load_aic_timing(timing: str, grid: str = "default") -> Any:
-    """A :class:`mocker.timing.NpzTiming` over the (cached) AIConfigurator profile of ``timing``."""
-    from mocker.timing import NpzTiming
-
-    return NpzTiming(ensure_profile(timing, grid))
-
-
-def resolve_kv_capacity(cfg: Any, *, blocks_given: bool) -> Any:
-    """``cfg`` with num_gpu_blocks sized by :func:`aic_num_gpu_blocks` when ``cfg.gpu_memory_fraction`` is set
-    and the blocks were not given explicitly; otherwise ``cfg`` unchanged. Raises ConfigError."""
-    if cfg.gpu_memory_fraction is None or blocks_given:
-        return cfg
-    return cfg.replace(num_gpu_blocks=aic_num_gpu_blocks(cfg.timing, cfg.effective_block_size,
-                                                         cfg.gpu_memory_fraction))
 
 
 def _main(argv: list[str]) -> int:
@@ -241,7 +186,7 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--grid", choices=sorted(GRIDS), default="default")
     a = ap.parse_args(argv)
     try:
-        np.savez(a.out, **sample_profile(parse_spec(a.spec), a.grid))
+        np.savez(a.out, **sample_profile(parse_aic_spec(a.spec), a.grid))
     except AicSpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

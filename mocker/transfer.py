@@ -35,48 +35,37 @@ Handoff paths (:class:`KvTransferConfig.handoff`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-from mocker.errors import ConfigError
+from pydantic import Field
+
+from dynoplan.settings import Problems, settings
 from mocker.timing import round_ns
 
 TIMING_MODES: tuple[str, ...] = ("full_prompt", "destination_missing")
 HANDOFF_PATHS: tuple[str, ...] = ("direct", "coordinated")
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class KvTransferConfig:
-    """How prompt KV moves from a prefill to a decode worker. Validated at construction (ConfigError
-    listing every problem)."""
+    """How prompt KV moves from a prefill to a decode worker. Bad values: pydantic's ``ValidationError`` when
+    constructed directly; wrap user input in :func:`dynoplan.settings.check` (or ``build``) for ConfigError."""
 
-    bandwidth_gbps: float = 0.0
-    """Link bandwidth in GB/s (1 GB/s = 1e9 bytes/s); 0 disables the transfer delay."""
-    kv_bytes_per_token: int | None = None
-    """KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, see :mod:`mocker.modelcfg`);
-    required when ``bandwidth_gbps > 0``."""
-    timing: Literal["full_prompt", "destination_missing"] = "full_prompt"
-    """Which prompt tokens are charged: all, or only those whose blocks the destination lacks."""
-    handoff: Literal["direct", "coordinated"] = "coordinated"
-    """Handoff path (module docstring)."""
+    bandwidth_gbps: float = Field(
+        0.0, ge=0, description="Link bandwidth (GB/s, 1 GB/s = 1e9 bytes/s, finite, >= 0); 0 disables the transfer "
+                               "delay (Dynamo Mocker's kv_transfer_bandwidth).")
+    kv_bytes_per_token: int | None = Field(
+        None, gt=0, description="KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, mocker.modelcfg); "
+                                "required when bandwidth_gbps > 0 (Dynamo Mocker's kv_transfer_bytes_per_token).")
+    timing: Literal["full_prompt", "destination_missing"] = Field(
+        "full_prompt", description="Which prompt tokens are charged: all, or only those whose blocks the "
+                                   "destination lacks.")
+    handoff: Literal["direct", "coordinated"] = Field("coordinated", description="Handoff path (module docstring).")
 
     def __post_init__(self) -> None:
-        p: list[str] = []
-        bw = self.bandwidth_gbps
-        if not isinstance(bw, (int, float)) or isinstance(bw, bool) or not (bw >= 0) or bw == float("inf"):
-            p.append(f"kv_transfer_bandwidth={bw!r}: expected a finite number of GB/s >= 0 (0 disables)")
-        b = self.kv_bytes_per_token
-        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b <= 0):
-            p.append(f"kv_bytes_per_token={b!r}: expected a positive integer (bytes)")
-        if not p and bw > 0 and b is None:
-            p.append(f"kv_bytes_per_token=None: needed when kv_transfer_bandwidth={bw!r} > 0 "
-                     "(set it directly or from a model config.json)")
-        if self.timing not in TIMING_MODES:
-            p.append(f"kv_transfer_timing={self.timing!r}: expected one of {', '.join(TIMING_MODES)}")
-        if self.handoff not in HANDOFF_PATHS:
-            p.append(f"handoff={self.handoff!r}: expected one of {', '.join(HANDOFF_PATHS)}")
-        if p:
-            raise ConfigError(p)
+        if self.bandwidth_gbps > 0 and self.kv_bytes_per_token is None:
+            raise Problems(f"kv_bytes_per_token=None: needed when bandwidth_gbps={self.bandwidth_gbps!r} > 0 "
+                           "(set it directly or from a model config.json)")
 
     @property
     def enabled(self) -> bool:

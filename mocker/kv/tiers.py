@@ -49,7 +49,10 @@ from heapq import heappop, heappush
 from math import inf
 from typing import Callable, Sequence
 
-from mocker.config import TIER_LINKS, EngineConfig, kv_tier_problems
+from pydantic import Field
+
+from dynoplan.settings import Problems, check, settings
+from mocker.config import TIER_LINKS, EngineConfig, LinkGBps, PositiveInt, TierBlocks, tier_problems
 from mocker.errors import ConfigError, SimulationError
 
 GB = 1e9
@@ -146,61 +149,46 @@ class ProcessorSharingLink:
 
 
 # ---------------------------------------------------------------------------------------------- config
-_ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
-"""Tier defaults come from :class:`mocker.config.EngineConfig` (one place; see its field docs)."""
+_ENGINE = EngineConfig()
+"""Tier defaults come from :class:`mocker.config.EngineConfig` (one place; see its field descriptions)."""
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class TierConfig:
     """Lower-tier settings (``g1_backend=kvbm`` only): the tier fields of an :class:`EngineConfig` plus the
-    block size in bytes. Build it with :meth:`from_engine`; defaults and checks are EngineConfig's
-    (:func:`mocker.config.kv_tier_problems`). Errors: :class:`ConfigError` from :meth:`validate`."""
+    block size in bytes. Build it with :meth:`from_engine`; defaults, bounds and the G3/G4-need-G2 rule are
+    EngineConfig's (:func:`mocker.config.tier_problems`). Bad values: pydantic's ``ValidationError`` when
+    constructed directly, ConfigError from :meth:`from_engine`."""
 
-    bytes_per_block: int
-    """KV bytes of one block = block_size * kv_bytes_per_token (bytes)."""
-    num_g2_blocks: int = _ENGINE_DEFAULTS["num_g2_blocks"]
-    """Host blocks per worker (0 = no G2)."""
-    num_g3_blocks: int = _ENGINE_DEFAULTS["num_g3_blocks"]
-    """Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage through it)."""
-    g4: bool = _ENGINE_DEFAULTS["g4"]
-    """Shared object tier of unbounded size (needs G2)."""
-    offload_batch_size: int = _ENGINE_DEFAULTS["offload_batch_size"]
-    """Blocks per G1->G2 offload transfer (blocks)."""
-    bw_g1_g2_gbps: float = _ENGINE_DEFAULTS["bw_g1_g2_gbps"]
-    """Device->host (offload) bandwidth per worker (GB/s; assumption: PCIe Gen4 x16 effective)."""
-    bw_g2_g1_gbps: float = _ENGINE_DEFAULTS["bw_g2_g1_gbps"]
-    """Host->device (onboard) bandwidth per worker (GB/s)."""
-    bw_g2_g3_gbps: float = _ENGINE_DEFAULTS["bw_g2_g3_gbps"]
-    """Host->disk bandwidth, shared (GB/s; assumption: NVMe)."""
-    bw_g3_g2_gbps: float = _ENGINE_DEFAULTS["bw_g3_g2_gbps"]
-    """Disk->host bandwidth, shared (GB/s)."""
-    bw_g3_g4_gbps: float = _ENGINE_DEFAULTS["bw_g3_g4_gbps"]
-    """Disk->object bandwidth, shared (GB/s; assumption)."""
-    bw_g4_g2_gbps: float = _ENGINE_DEFAULTS["bw_g4_g2_gbps"]
-    """Object->host bandwidth, shared (GB/s)."""
+    bytes_per_block: PositiveInt = Field(description="KV bytes of one block = block_size * kv_bytes_per_token (bytes).")
+    num_g2_blocks: TierBlocks = Field(_ENGINE.num_g2_blocks, description="Host blocks per worker (0 = no G2).")
+    num_g3_blocks: TierBlocks = Field(
+        _ENGINE.num_g3_blocks, description="Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage "
+                                           "through it).")
+    g4: bool = Field(_ENGINE.g4, description="Shared object tier of unbounded size (needs G2).")
+    offload_batch_size: PositiveInt = Field(_ENGINE.offload_batch_size,
+                                            description="Blocks per G1->G2 offload transfer (blocks).")
+    bw_g1_g2_gbps: LinkGBps = Field(_ENGINE.bw_g1_g2_gbps, description="Device->host (offload) bandwidth per worker (GB/s).")
+    bw_g2_g1_gbps: LinkGBps = Field(_ENGINE.bw_g2_g1_gbps, description="Host->device (onboard) bandwidth per worker (GB/s).")
+    bw_g2_g3_gbps: LinkGBps = Field(_ENGINE.bw_g2_g3_gbps, description="Host->disk bandwidth, shared (GB/s).")
+    bw_g3_g2_gbps: LinkGBps = Field(_ENGINE.bw_g3_g2_gbps, description="Disk->host bandwidth, shared (GB/s).")
+    bw_g3_g4_gbps: LinkGBps = Field(_ENGINE.bw_g3_g4_gbps, description="Disk->object bandwidth, shared (GB/s).")
+    bw_g4_g2_gbps: LinkGBps = Field(_ENGINE.bw_g4_g2_gbps, description="Object->host bandwidth, shared (GB/s).")
+
+    def __post_init__(self) -> None:
+        p = tier_problems(self.num_g2_blocks, self.num_g3_blocks, self.g4)
+        if p:
+            raise Problems(p)
 
     @classmethod
-    def from_engine(cls, cfg: EngineConfig) -> "TierConfig":
+    def from_engine(cls, cfg: EngineConfig) -> TierConfig:
         """The tier settings of ``cfg`` (bytes per block = effective block size x ``cfg.kv_bytes_per_token``).
         Raises ConfigError when ``kv_bytes_per_token`` is missing or a setting is invalid."""
         kb = cfg.kv_bytes_per_token
         if kb is None:
             raise ConfigError("kv_bytes_per_token=None: KVBM tier transfers need the model's KV bytes per token")
-        return cls(bytes_per_block=cfg.effective_block_size * kb,
-                   **{f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "bytes_per_block"}).validate()
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        v = self.bytes_per_block
-        if not _is_int(v) or v <= 0:
-            p.append(f"bytes_per_block={v!r}: expected a positive integer")
-        return p + kv_tier_problems(self)
-
-    def validate(self) -> "TierConfig":
-        p = self.problems()
-        if p:
-            raise ConfigError(p)
-        return self
+        names = [f.name for f in fields(cls) if f.name != "bytes_per_block"]
+        return check(lambda: cls(bytes_per_block=cfg.effective_block_size * kb, **{n: getattr(cfg, n) for n in names}))
 
 
 @dataclass(slots=True)
@@ -228,7 +216,6 @@ class TierHierarchy:
     """G2 per worker, shared G3 and G4, and their links, for ``num_workers`` workers (ids 0..n-1)."""
 
     def __init__(self, cfg: TierConfig, num_workers: int, listener: TierListener | None = None) -> None:
-        cfg.validate()
         self.cfg = cfg
         self.listener = listener
         self.g2: list[OrderedDict[int, None]] = []
@@ -446,12 +433,6 @@ class TierHierarchy:
                 raise SimulationError(f"worker {w}: queued offloads not tracked")
         if len(self.g3) > self.cfg.num_g3_blocks:
             raise SimulationError(f"G3 holds {len(self.g3)} > {self.cfg.num_g3_blocks} blocks")
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 
 
 LINKS: tuple[str, ...] = TIER_LINKS

@@ -61,7 +61,7 @@ import os
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import aiohttp
 import msgspec
@@ -69,7 +69,9 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import Field
 
+from dynoplan.settings import Problems, settings
 from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
@@ -80,31 +82,31 @@ from mocker.live.tokenizer import continuation_hash_ids
 
 log = logging.getLogger("dynoplan.frontend")
 
-ROUTERS = ("round_robin", "least_loaded", "kv")
+RouterName = Literal["round_robin", "least_loaded", "kv"]
+ROUTERS: tuple[str, ...] = get_args(RouterName)
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class FrontendSettings:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    workers: tuple[str, ...] = ()
-    """Static worker base URLs."""
-    workers_file: str | None = None
-    """A file of worker URLs, re-read when it changes."""
-    router: str = "round_robin"
-    model_name: str = "mocker"
-    poll_s: float = 0.5
-    """How often the workers file is checked and unready workers are probed (s)."""
-    max_retries: int = 3
-    """Re-routes per request after worker failures."""
-    pd_mode: str = "direct"
-    """Disaggregated hand-off: ``direct`` (prefill, then decode) or ``bootstrap`` (both at once, the decode
-    worker waits on the prefill worker's bootstrap port); bootstrap needs prefill workers that have one."""
+    """Settings of the live frontend (``dynoplan frontend`` flags). Bad values: pydantic's ``ValidationError``
+    when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
-    def problems(self) -> list[str]:
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 = any free port).")
+    workers: tuple[str, ...] = Field((), description="Static worker base URLs (http:// or https://).")
+    workers_file: str | None = Field(None, description="A file of worker URLs, re-read when it changes.")
+    router: RouterName = Field("round_robin", description="Routing policy: round_robin, least_loaded or kv.")
+    model_name: str = Field("mocker", description="Served model name.")
+    poll_s: float = Field(
+        0.5, gt=0, description="How often the workers file is checked and unready workers are probed (s).")
+    max_retries: int = Field(3, ge=0, description="Re-routes per request after worker failures.")
+    pd_mode: Literal["direct", "bootstrap"] = Field(
+        "direct", description="Disaggregated hand-off: direct (prefill, then decode) or bootstrap (both at once, the "
+                              "decode worker waits on the prefill worker's bootstrap port); bootstrap needs prefill "
+                              "workers that have one.")
+
+    def __post_init__(self) -> None:
         p = []
-        if self.router not in ROUTERS:
-            p.append(f"router={self.router!r}: expected one of {', '.join(ROUTERS)}")
         if not self.workers and not self.workers_file:
             p.append("workers: give --workers URL[,URL...] and/or --workers-file FILE")
         if self.workers_file and not os.path.isfile(self.workers_file):  # later it may vanish (re-read: no workers)
@@ -113,11 +115,8 @@ class FrontendSettings:
         for u in self.workers:
             if not u.startswith(("http://", "https://")):
                 p.append(f"workers: {u!r} is not an http(s) URL")
-        if self.poll_s <= 0:
-            p.append(f"poll_s={self.poll_s}: expected > 0")
-        if self.pd_mode not in ("direct", "bootstrap"):
-            p.append(f"pd_mode={self.pd_mode!r}: expected 'direct' or 'bootstrap'")
-        return p
+        if p:
+            raise Problems(p)
 
 
 @dataclass(eq=False)

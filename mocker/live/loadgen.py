@@ -33,39 +33,42 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 from urllib.parse import urlsplit
 
 import aiohttp
+from pydantic import Field
 
+from dynoplan.settings import Problems, settings
 from mocker.config import EngineConfig
 from mocker.live.driver import sleep_until_monotonic
 from mocker.records import RequestRecord, TraceRequest
 
-PROMPT_MODES = ("length", "text")
+PromptMode = Literal["length", "text"]
+PROMPT_MODES: tuple[str, ...] = get_args(PromptMode)
 _JSON = {"Content-Type": "application/json"}
 SEND_LEAD_S = 0.05
 """A request's task is created this long before its send time and waits for it itself."""
-ENDPOINTS = ("completions", "chat")
+Endpoint = Literal["completions", "chat"]
+ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class LoadgenSettings:
-    url: str
-    """Base URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8080``."""
-    model: str = "mocker"
-    endpoint: str = "completions"
-    time_compression: float = 1.0
-    """Arrival times are divided by this (> 0)."""
-    max_concurrency: int = 0
-    """Max requests in flight; 0 = unbounded."""
-    prompt_mode: str = "length"
-    request_timeout_s: float = 600.0
-    """Per-request timeout (s); a timed-out request counts as failed."""
+    """Settings of the load generator (``dynoplan loadgen`` flags). Bad values: pydantic's ``ValidationError``
+    when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
-    def problems(self) -> list[str]:
-        p = []
+    url: str = Field(description="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080.")
+    model: str = Field("mocker", description="Model name to request.")
+    endpoint: Endpoint = Field("completions", description="API to call: completions or chat.")
+    time_compression: float = Field(1.0, gt=0, description="Arrival times are divided by this (dimensionless, > 0).")
+    max_concurrency: int = Field(0, ge=0, description="Max requests in flight; 0 = unbounded.")
+    prompt_mode: PromptMode = Field(
+        "length", description="length: send input_length/hash_ids extension fields; text: a generated prompt.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Per-request timeout (s); a timed-out request counts as failed.")
+
+    def __post_init__(self) -> None:
         parts = urlsplit(self.url)
         try:
             parts.port  # noqa: B018 - raises ValueError on a port that is not a number from 0 to 65535
@@ -73,18 +76,7 @@ class LoadgenSettings:
         except ValueError:
             bad_port = True
         if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
-            p.append(f"url={self.url!r}: expected an http(s) base URL with a host, e.g. http://127.0.0.1:8080")
-        if not self.time_compression > 0:
-            p.append(f"time_compression={self.time_compression}: expected > 0")
-        if self.max_concurrency < 0:
-            p.append(f"max_concurrency={self.max_concurrency}: expected >= 0")
-        if self.prompt_mode not in PROMPT_MODES:
-            p.append(f"prompt_mode={self.prompt_mode!r}: expected one of {', '.join(PROMPT_MODES)}")
-        if self.endpoint not in ENDPOINTS:
-            p.append(f"endpoint={self.endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
-        if not self.request_timeout_s > 0:
-            p.append(f"request_timeout_s={self.request_timeout_s}: expected > 0")
-        return p
+            raise Problems(f"url={self.url!r}: expected an http(s) base URL with a host, e.g. http://127.0.0.1:8080")
 
 
 @dataclass(frozen=True, slots=True)

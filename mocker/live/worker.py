@@ -54,6 +54,9 @@ import zmq
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pydantic import Field
+
+from dynoplan.settings import settings
 from mocker.config import EngineConfig
 from mocker.errors import MockerError
 from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
@@ -76,45 +79,31 @@ CoreFactory = Callable[[EngineConfig, int, int], EngineCore]
 """(config, worker_id, dp_rank) -> a fresh engine core."""
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class WorkerSettings:
-    """Settings of one live worker process."""
+    """Settings of one live worker process (``mocker serve`` flags). Bad values: pydantic's ``ValidationError``
+    when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    """HTTP port (0 = any free port)."""
-    model_name: str = "mocker"
-    """Served model name (``/v1/models``; requests for another model get 404)."""
-    worker_id: int = 0
-    max_model_len: int | None = None
-    """Max prompt + output tokens; None = the KV capacity of one rank (a longer request could never run)."""
-    fpm_endpoint: str | None = "tcp://127.0.0.1:0"
-    """ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port)."""
-    kv_events_endpoint: str | None = "tcp://127.0.0.1:0"
-    """ZMQ PUB endpoint of KV events (None = off)."""
-    heartbeat_s: float = 1.0
-    """Idle FPM heartbeat period (s)."""
-    kv_bytes_per_token: int = 0
-    """Decode role: KV bytes per prompt token for the transfer delay (0 = no delay)."""
-    kv_transfer_bandwidth_gbps: float = 0.0
-    """Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay)."""
-    keep_records: int = 200_000
-    """Finished records kept for ``GET /records``."""
-    bootstrap_port: int | None = None
-    """Prefill role: TCP port of the bootstrap handoff server (0 = any free port; None = off)."""
-
-    def problems(self) -> list[str]:
-        p = self.engine.problems()
-        if not (0 <= self.port <= 65535):
-            p.append(f"port={self.port}: expected 0..65535")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            p.append(f"max_model_len={self.max_model_len}: expected >= 2")
-        if self.heartbeat_s <= 0:
-            p.append(f"heartbeat_s={self.heartbeat_s}: expected > 0")
-        if self.kv_bytes_per_token < 0 or self.kv_transfer_bandwidth_gbps < 0:
-            p.append("kv_bytes_per_token and kv_transfer_bandwidth_gbps must be >= 0")
-        return p
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="The simulated engine (one per DP rank).")
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free port).")
+    model_name: str = Field("mocker", description="Served model name (/v1/models; requests for another model get 404).")
+    worker_id: int = Field(0, description="Worker id reported in ForwardPassMetrics and KV events.")
+    max_model_len: int | None = Field(
+        None, ge=2, description="Max prompt + output tokens; None = the KV capacity of one rank (a longer request "
+                                "could never run).")
+    fpm_endpoint: str | None = Field(
+        "tcp://127.0.0.1:0", description="ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port).")
+    kv_events_endpoint: str | None = Field("tcp://127.0.0.1:0", description="ZMQ PUB endpoint of KV events (None = off).")
+    heartbeat_s: float = Field(1.0, gt=0, description="Idle FPM heartbeat period (s).")
+    kv_bytes_per_token: int = Field(
+        0, ge=0, description="Decode role: KV bytes per prompt token for the transfer delay (0 = no delay).")
+    kv_transfer_bandwidth_gbps: float = Field(
+        0.0, ge=0, description="Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay).")
+    keep_records: int = Field(200_000, ge=0, description="Finished records kept for GET /records.")
+    bootstrap_port: int | None = Field(
+        None, ge=0, le=65535, description="Prefill role: TCP port of the bootstrap handoff server (0 = any free port; "
+                                          "None = off).")
 
 
 def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> EngineCore:

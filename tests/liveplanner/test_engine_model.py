@@ -70,9 +70,10 @@ def test_operator_spec_engine_camel_or_snake_case_per_pool():
 
 
 @pytest.mark.parametrize("engine, problem", [
-    ({"numGpuBlocks": 0}, "spec.engine.num_gpu_blocks=0: expected a positive integer"),
-    ({"engine": "tgi"}, "spec.engine.engine='tgi': unknown engine, expected one of vllm, trtllm, sglang"),
-    ({"bogus": 1}, "spec.engine.bogus: unknown setting, expected one of "),
+    ({"numGpuBlocks": 0}, "spec.engine.num_gpu_blocks=0: expected > 0"),
+    ({"engine": "tgi"}, "spec.engine.engine='tgi': expected one of 'vllm', 'trtllm' or 'sglang'"),
+    ({"bogus": 1}, "spec.engine.bogus: unknown setting"),
+    ({"maxNumSeq": 1}, "spec.engine.max_num_seq: unknown setting (did you mean max_num_seqs?)"),
     ([1], "spec.engine=[1]: expected a mapping of engine settings (EngineConfig fields)"),
     ({"workerType": "decode"}, "spec.engine.workerType='decode': set per pool by the planner's mode"),
 ])

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
@@ -43,14 +44,13 @@ def test_charged_tokens_modes():
 
 
 def test_transfer_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match="kv_transfer_bandwidth=-1"):
-        KvTransferConfig(bandwidth_gbps=-1, kv_bytes_per_token=1)
-    with pytest.raises(ConfigError, match="kv_bytes_per_token=None: needed"):
-        KvTransferConfig(bandwidth_gbps=10)
-    with pytest.raises(ConfigError, match="handoff='x'"):
-        KvTransferConfig(handoff="x")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="kv_transfer_timing='x'"):
-        KvTransferConfig(timing="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as e:
+        build(KvTransferConfig, {"bandwidth_gbps": -1, "kv_bytes_per_token": 0, "handoff": "x", "timing": "x"})
+    assert e.value.problems == ["bandwidth_gbps=-1: expected >= 0.0", "kv_bytes_per_token=0: expected > 0",
+                                "timing='x': expected one of 'full_prompt' or 'destination_missing'",
+                                "handoff='x': expected one of 'direct' or 'coordinated'"]
+    with pytest.raises(ConfigError, match=r"kv_bytes_per_token=None: needed when bandwidth_gbps=10.0 > 0"):
+        build(KvTransferConfig, {"bandwidth_gbps": 10})
 
 
 # ------------------------------------------------------------------------------------------ reference timeline
@@ -176,7 +176,7 @@ def test_trtllm_and_mixed_kv_layout_disaggregation_are_config_errors():
     with pytest.raises(ConfigError, match="prefill='vllm', decode='sglang'.*same KV layout"):
         Fleet({"prefill": EngineConfig(), "decode": EngineConfig(engine="sglang")})
     with pytest.raises(ConfigError, match="num_decode_workers=0"):
-        FleetConfig(num_prefill_workers=2)
+        build(FleetConfig, {"num_prefill_workers": 2})
     with pytest.raises(ConfigError, match="expected pools"):
         Fleet({"prefill": EngineConfig()})
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.engine import VllmCore
 from mocker.errors import ConfigError
@@ -77,13 +78,15 @@ def test_determinism_identical_records():
 ])
 def test_fleet_config_errors_name_the_field(kw, field):
     with pytest.raises(ConfigError, match=field):
-        FleetConfig(**kw)
+        build(FleetConfig, kw)
 
 
 def test_fleet_config_collects_every_problem():
     with pytest.raises(ConfigError) as e:
-        FleetConfig(num_workers=-1, router="x")
-    assert len(e.value.problems) == 2
+        build(FleetConfig, {"num_workers": -1, "router": "x", "kv_event_lag_ms": -2})
+    assert e.value.problems == ["num_workers=-1: expected > 0",
+                                "router='x': expected one of 'round_robin', 'least_loaded' or 'kv'",
+                                "kv_event_lag_ms=-2: expected >= 0.0"]
 
 
 def test_least_loaded_prefers_the_idle_worker():
@@ -127,4 +130,4 @@ def test_kv_router_ties_broken_by_seed_only():
 
 def test_invalid_engine_config_is_a_config_error():
     with pytest.raises(ConfigError, match="num_gpu_blocks=0"):
-        run_replay(reqs(2), EngineConfig(num_gpu_blocks=0), FleetConfig())
+        run_replay(reqs(2), EngineConfig.from_mapping({"num_gpu_blocks": 0}), FleetConfig())

@@ -29,9 +29,9 @@ def test_gc_setting_restored(enabled):
 
 
 def test_gc_restored_after_error():
-    bad = EngineConfig(block_size=-1)
-    with pytest.raises((ConfigError, ValueError)):
-        run_replay(REQS, bad, FleetConfig(num_workers=1))
+    bad = EngineConfig(engine="trtllm")  # valid settings the disaggregated fleet refuses (inside run_replay)
+    with pytest.raises(ConfigError, match="TensorRT-LLM"):
+        run_replay(REQS, bad, FleetConfig(num_prefill_workers=1, num_decode_workers=1))
     assert gc.isenabled()
 
 

@@ -62,8 +62,8 @@ def test_registered_and_built_by_make_engine():
 
 
 def test_bad_policy_is_a_config_error_naming_the_field():
-    with pytest.raises(ConfigError, match="sglang.schedule_policy='sjf'"):
-        make_engine(cfg(sglang={"schedule_policy": "sjf"}))
+    with pytest.raises(ConfigError, match=r"sglang.schedule_policy='sjf': expected one of 'fifo' or 'lpm'"):
+        EngineConfig.from_mapping({"engine": "sglang", "sglang": {"schedule_policy": "sjf"}})
 
 
 # ---------------------------------------------------------------------------------------------- timing facts

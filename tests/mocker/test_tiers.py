@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dynoplan.settings import build
 from mocker.errors import ConfigError
 from mocker.kv.tiers import ProcessorSharingLink, TierConfig, TierHierarchy
 
@@ -133,12 +134,12 @@ def test_g4_hit_stages_through_g2_concurrently_with_g3():
 
 def test_tier_config_errors_name_field_and_value():
     with pytest.raises(ConfigError) as e:
-        TierConfig(bytes_per_block=0, num_g3_blocks=5, offload_batch_size=-1, bw_g2_g3_gbps=-2).validate()
-    msg = str(e.value)
-    assert "bytes_per_block=0: expected a positive integer" in msg
-    assert "offload_batch_size=-1" in msg
-    assert "num_g2_blocks=0: G3/G4 hits stage through G2" in msg
-    assert "bw_g2_g3_gbps=-2" in msg
+        build(TierConfig, {"bytes_per_block": 0, "num_g3_blocks": 5, "offload_batch_size": -1, "bw_g2_g3_gbps": -2})
+    assert e.value.problems == ["bytes_per_block=0: expected > 0", "offload_batch_size=-1: expected > 0",
+                                "bw_g2_g3_gbps=-2: expected >= 0.0"]
+    with pytest.raises(ConfigError) as e:  # the cross-field rule, once every field is valid
+        build(TierConfig, {"bytes_per_block": 1, "num_g3_blocks": 5})
+    assert e.value.problems == ["num_g2_blocks=0: G3/G4 hits stage through G2; expected num_g2_blocks > 0"]
 
 
 def _trace(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.errors import ConfigError
@@ -150,8 +151,8 @@ def test_tier_config_defaults_come_from_engine_config():
             assert getattr(tc, f.name) == getattr(eng, f.name), f.name
     tc2 = TierConfig.from_engine(EngineConfig(**BASE, num_g2_blocks=5, num_g3_blocks=7, bw_g3_g4_gbps=0.25))
     assert (tc2.bytes_per_block, tc2.num_g2_blocks, tc2.num_g3_blocks, tc2.bw_g3_g4_gbps) == (16 * 15625, 5, 7, 0.25)
-    with pytest.raises(ConfigError, match=r"offload_batch_size=0: expected a positive integer"):
-        TierConfig(bytes_per_block=1, offload_batch_size=0).validate()
+    with pytest.raises(ConfigError, match=r"offload_batch_size=0: expected > 0"):
+        build(TierConfig, {"bytes_per_block": 1, "offload_batch_size": 0})
 
 
 @pytest.mark.parametrize("flags, msg", [

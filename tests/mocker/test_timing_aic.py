@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dynoplan.errors import AicSpecError
 from mocker.errors import ConfigError
 from mocker.timing import NpzTiming
-from mocker.timing_aic import (AicSpecError, aic_num_gpu_blocks, ensure_profile, load_aic_timing, parse_spec,
-                               profile_path)
+from mocker.timing_aic import aic_num_gpu_blocks, ensure_profile, profile_path
+from mocker.timing_spec import parse_aic_spec as parse_spec
 
 SPEC = "aic:model=Qwen/Qwen3-8B,system=h200_sxm,backend=vllm,tp=1"
 AIC_PY = os.environ.get("DYNOPLAN_AIC_PYTHON") or os.path.join(
@@ -35,7 +36,7 @@ def test_parse_spec_defaults_and_errors():
 def test_missing_package_is_a_config_error_naming_it(monkeypatch, tmp_path):
     pytest.importorskip("numpy")
     try:
-        import aiconfigurator_core  # noqa: F401
+        import aiconfigurator_core
         pytest.skip("aiconfigurator-core importable in this interpreter")
     except ImportError:
         pass
@@ -43,7 +44,7 @@ def test_missing_package_is_a_config_error_naming_it(monkeypatch, tmp_path):
     monkeypatch.setenv("DYNOPLAN_AIC_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match=r"timing='aic:.*needs the optional package aiconfigurator-core.*"
                                           r"No module named 'aiconfigurator_core'"):
-        load_aic_timing(SPEC)
+        ensure_profile(SPEC)
     with pytest.raises(ConfigError, match=r"tp='x': expected a positive integer"):
         ensure_profile("aic:model=m,system=s,tp=x")
 
@@ -60,7 +61,7 @@ def test_real_aiconfigurator_profile_offline(monkeypatch, tmp_path):
     assert float(d["kv_bytes_per_token"]) == pytest.approx(147456, rel=0.01)
     assert np.all(np.diff(d["prefill_ttft_ms"]) > 0)          # more new tokens, longer prefill
     assert d["decode_itl"].shape == (len(d["decode_active_kv_tokens"]), len(d["decode_context_length"]))
-    t = load_aic_timing(SPEC, grid="small")
+    t = NpzTiming(ensure_profile(SPEC, grid="small"))
     assert isinstance(t, NpzTiming)
     assert t.prefill_ms(1, 1024, 0) == pytest.approx(float(d["prefill_ttft_ms"][1]))
     blocks = aic_num_gpu_blocks(SPEC, 64, 0.9, grid="small")
@@ -73,7 +74,7 @@ def test_real_aiconfigurator_profile_offline(monkeypatch, tmp_path):
 
 def test_cli_aic_without_package_is_one_line_error(monkeypatch, tmp_path, capsys):
     try:
-        import aiconfigurator_core  # noqa: F401
+        import aiconfigurator_core
         pytest.skip("aiconfigurator-core importable in this interpreter")
     except ImportError:
         pass

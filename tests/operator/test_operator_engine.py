@@ -71,5 +71,5 @@ def test_invalid_spec_engine_is_an_invalid_spec_condition(env):
     env.wait(lambda: _conditions(env, "badengine").get("SpecValid", {}).get("status") == "False", "InvalidSpec condition")
     cond = _conditions(env, "badengine")["SpecValid"]
     assert cond["reason"] == "InvalidSpec"
-    assert "spec.engine.num_gpu_blocks=0: expected a positive integer" in cond["message"]
+    assert "spec.engine.num_gpu_blocks=0: expected > 0" in cond["message"]
     env.co.delete_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], "badengine")
