@@ -82,8 +82,8 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_planner(stack: Any, with_evaluator: bool = True) -> Any:
+    from planner.arguments import warm_start_windows
     from planner.core import Planner, load_profile
-    from planner.core.traces import read_trace_intervals
 
     try:
         profile = load_profile(stack.profile) if stack.profile else None
@@ -92,7 +92,7 @@ def _build_planner(stack: Any, with_evaluator: bool = True) -> Any:
         raise ConfigError(f"profile={str(stack.profile)!r}: expected a performance profile .npz "
                           f"(`dynoplan profile --out FILE`): {msg}") from None
     try:
-        warm = (read_trace_intervals(stack.warm_start_trace, stack.planner.adjustment_interval_s)
+        warm = (warm_start_windows(stack.warm_start_trace, stack.planner.adjustment_interval_s)
                 if stack.warm_start_trace else ())
     except (OSError, ValueError) as e:
         msg = str(e).removeprefix(f"{stack.warm_start_trace}: ")
