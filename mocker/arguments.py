@@ -128,15 +128,24 @@ def one_line_error(prog: str) -> Callable[[str], NoReturn]:
 
 
 def failed_requests_note(records: Sequence[Any], engine: EngineConfig) -> str | None:
-    """The warning text for requests that failed (a prompt that can never fit a worker's KV cache), or None
-    when none did; shared by ``dynoplan replay`` and ``dynoplan simulate`` (which prefix their own names)."""
+    """The warning text for requests the engine rejected, or None when none was; shared by ``dynoplan
+    replay`` and ``dynoplan simulate`` (which prefix their own names).
+
+    A request fails when its sequence — prompt plus the output tokens generated so far — can never fit one
+    worker's KV cache (``num_gpu_blocks x block_size`` tokens; a request that outgrows it while decoding is
+    preempted and then refused on re-admission), or, without chunked prefill, when its prompt exceeds
+    ``max_num_batched_tokens``. The note names the failed request with the most prompt + output tokens."""
     failed = [r for r in records if r.status == "failed"]
     if not failed:
         return None
-    return (f"{len(failed)} of {len(records)} requests failed: a prompt that can never fit in a worker's KV cache "
-            f"(longest failed prompt {max(r.input_length for r in failed)} tokens; num_gpu_blocks="
-            f"{engine.num_gpu_blocks} x block_size={engine.effective_block_size} = "
-            f"{engine.num_gpu_blocks * engine.effective_block_size} tokens); they count as not completed")
+    big = max(failed, key=lambda r: (r.input_length + r.output_length, r.input_length))
+    capacity = engine.num_gpu_blocks * engine.effective_block_size
+    no_chunk = ("" if engine.enable_chunked_prefill else
+                f", or a prompt above max_num_batched_tokens={engine.max_num_batched_tokens} (chunked prefill off)")
+    return (f"{len(failed)} of {len(records)} requests failed: prompt + output tokens that can never fit in a "
+            f"worker's KV cache{no_chunk} (largest failed request: {big.input_length} prompt + {big.output_length} "
+            f"output = {big.input_length + big.output_length} tokens; num_gpu_blocks={engine.num_gpu_blocks} x "
+            f"block_size={engine.effective_block_size} = {capacity} tokens); they count as not completed")
 
 
 # ---------------------------------------------------------------------------------------------- parser
