@@ -132,7 +132,6 @@ def _share(text: str) -> float:
 def _check_out_dir(path: str) -> None:
     """Create ``--out DIR`` and prove it writable before any simulation runs (a late failure would lose the
     results). Raises SimulationConfigError naming the path."""
-
     if os.path.exists(path) and not os.path.isdir(path):
         raise SimulationConfigError(f"--out {path}: exists and is not a directory, expected a directory (created if missing)")
     try:
@@ -150,7 +149,6 @@ def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
     """Each pool of ``--initial-replicas`` within the planner's [min_replicas, max_replicas] (max: the pool's
     ``max_replicas``, else ``max_gpu_budget // gpus_per_engine``) and the fleet's GPUs within
     ``max_gpu_budget``. Rejects rather than clamps. Raises SimulationConfigError."""
-
     if not initial:
         return
     gpus = 0
@@ -168,7 +166,6 @@ def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
 
 
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
-
     if text is None or text == "auto":
         return None
     try:
@@ -182,7 +179,6 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
 
 
 def _attainment(v: float | str | None) -> float | str | None:
-
     if v == OFF:
         return v
     if v is not None and not 0 < v < 1:
@@ -195,7 +191,6 @@ def _check_settings_node(flag: str, path: str, root: Any, numeric: dict[str, set
     None when empty): a key given twice in one mapping (the last would win; named with both lines) and, for
     the setting names in ``numeric`` (section -> keys, ``""`` = top level), a quoted number
     (``max_replicas: "3"``, refused as ``2.5`` is). Raises SimulationConfigError."""
-
     def walk(node: Any, section: str) -> None:
         if isinstance(node, yaml.SequenceNode):
             for item in node.value:
@@ -261,7 +256,6 @@ def _load_planner_profile(path: str) -> Any:
     """``--profile FILE``: the planner's performance profile. An engine timing profile given here (the
     other kind of .npz) gets the swapped-file message ``dynoplan profile --timing`` gives the other way
     round. Raises SimulationConfigError / ProfileError naming the file."""
-
     try:
         return load_profile(path)
     except ProfileError:

@@ -168,7 +168,7 @@ def test_real_process_error_has_no_traceback(tmp_path: Path) -> None:
 
 
 def test_flags_override_yaml(tmp_path: Path) -> None:
-    from mocker.cli_replay import engine_config_from_args
+    from mocker.arguments import engine_config_from_args
     from planner.cli import build_parser
 
     y = tmp_path / "e.yaml"
@@ -318,7 +318,7 @@ def test_output_under_missing_directory_is_refused_not_created(tmp_path: Path, c
 
 @pytest.mark.parametrize("flag", ["--workers", "--prefill-workers", "--decode-workers"])
 def test_worker_count_upper_bound(capsys: pytest.CaptureFixture[str], flag: str) -> None:
-    from mocker.cli_replay import MAX_WORKERS
+    from mocker.arguments import MAX_WORKERS
 
     rc, _, err = cli(capsys, "--trace", SMALL, flag, str(MAX_WORKERS + 1))
     assert_one_line_error(rc, err, flag, f"'{MAX_WORKERS + 1}'", f"between 1 and {MAX_WORKERS}")
