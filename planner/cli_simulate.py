@@ -500,7 +500,7 @@ def _warm_start(path: str, interval_s: float, trace_block_size: int) -> list[Any
 
 
 def _warn_failed(policy: str, records: Any, engine: Any) -> None:
-    """One warning line on stderr when requests failed (:func:`mocker.cli_replay.failed_requests_note`, the
+    """One warning line on stderr when requests failed (:func:`mocker.arguments.failed_requests_note`, the
     text ``dynoplan replay`` prints), naming the policy."""
     note = failed_requests_note(records, engine)
     if note:
