@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from planner.core import (ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, QueuedRequests,
-                          ScheduledRequests, TrafficWindow, read_trace_intervals)
+                          ScheduledRequests, TrafficWindow)
+from planner.arguments import warm_start_windows
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ def run(predictor: str, hours: float, per_engine: int, scale: float, mode: str =
     name, _, refit = predictor.partition(":")  # "prophet:3" = prophet refitted every 3rd interval
     cfg = PlannerConfig(predictor=name, load_enabled=True, max_gpu_budget=16, ttft_ms=500.0, itl_ms=50.0,
                         prophet_refit_every=int(refit or 1), mode=mode)
-    intervals = read_trace_intervals(TRACE, cfg.adjustment_interval_s)
+    intervals = warm_start_windows(TRACE, cfg.adjustment_interval_s)
     pl = Planner(cfg, bench_profile())
     rng = np.random.default_rng(20261130)
     spec = {"prefill": 1, "decode": 1} if mode == "disagg" else {"agg": 2}

@@ -14,53 +14,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
-import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 from dynoplan.settings import check
-from mocker.cli_replay import (_nonneg_float, _nonneg_int, _one_line_error, _positive_float, _positive_int,
-                               add_engine_arguments, engine_config_from_args)
-from mocker.config import ENGINES
+from mocker.arguments import (add_worker_arguments, check_output_paths, engine_config_from_args, nonneg_int,
+                              one_line_error, positive_float, positive_int)
+from mocker.engine import make_engine
 from mocker.errors import ConfigError
-
-
-def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser, "engine (as in replay; override --engine-config)")
-    e = parser.add_argument_group("worker layout")
-    e.add_argument("--trace-block-size", type=_positive_int, metavar="N",
-                   help="tokens per prompt block id (hash_ids) in requests and KV events (default 512)")
-    e.add_argument("--worker-type", choices=("aggregated", "prefill", "decode"), help="role in a disaggregated pool (default aggregated)")
-    e.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks, each its own scheduler and KV cache (default 1)")
+from mocker.report import render_table, report_to_json, write_per_request_jsonl
+from mocker.traces import load_trace
 
 
 # ---------------------------------------------------------------------------------------------- mocker serve
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``dynoplan mocker serve ...`` (nested subcommand)."""
-    parser.error = _one_line_error("dynoplan mocker")  # type: ignore[method-assign]
+    parser.error = one_line_error("dynoplan mocker")  # type: ignore[method-assign]
     sub = parser.add_subparsers(dest="mocker_command", metavar="{serve}")
     sub.required = True
     p = sub.add_parser("serve", allow_abbrev=False, help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
                        description="Run one live mocker worker on the wall clock (see mocker.live.worker).")
-    p.error = _one_line_error("dynoplan mocker serve")  # type: ignore[method-assign]
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=_nonneg_int, default=8000, help="HTTP port, 0 = any free port (default 8000)")
-    p.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
-    p.add_argument("--worker-id", type=_nonneg_int, default=0, help="worker id in FPM and KV events (default 0)")
-    p.add_argument("--max-model-len", type=_positive_int, help="max prompt+output tokens (default: one rank's KV capacity)")
-    p.add_argument("--fpm-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for ForwardPassMetrics ('off' to disable)")
-    p.add_argument("--kv-events-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for KV events ('off' to disable)")
-    p.add_argument("--heartbeat-s", type=_positive_float, default=1.0, help="idle FPM heartbeat period (default 1 s)")
-    p.add_argument("--kv-bytes-per-token", type=_nonneg_int, default=0, help="decode role: KV bytes per prompt token (0 = no transfer delay)")
-    p.add_argument("--kv-transfer-bandwidth-gbps", type=_nonneg_float, default=0.0, help="decode role: KV transfer GB/s (0 = no delay)")
-    p.add_argument("--bootstrap-port", type=_nonneg_int, help="prefill role: TCP port of the bootstrap handoff (0 = any free port)")
-    _add_engine_flags(p)
+    p.error = one_line_error("dynoplan mocker serve")  # type: ignore[method-assign]
+    add_worker_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from mocker.live.worker import WorkerSettings, serve
+    from mocker.live.worker import WorkerSettings, serve  # aiohttp + pyzmq (~0.3 s): only when a worker starts
 
     cfg = engine_config_from_args(args).replace(worker_type=args.worker_type, dp_size=args.dp_size)
     s = check(lambda: WorkerSettings(
@@ -69,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
         kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
         heartbeat_s=args.heartbeat_s, kv_bytes_per_token=args.kv_bytes_per_token,
         kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps, bootstrap_port=args.bootstrap_port))
-    from mocker.engine import make_engine  # fail now, with the engine's own message, not at start-up
-
-    make_engine(cfg)
+    make_engine(cfg)  # fail now, with the engine's own message, not at start-up
     return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
 
 
@@ -108,20 +86,20 @@ def _serve_forever(make: Callable[[Callable[[int], None]], Any], host: str) -> i
 
 # ---------------------------------------------------------------------------------------------- frontend
 def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.error = _one_line_error("dynoplan frontend")  # type: ignore[method-assign]
+    parser.error = one_line_error("dynoplan frontend")  # type: ignore[method-assign]
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=_nonneg_int, default=8080, help="HTTP port, 0 = any free port (default 8080)")
+    parser.add_argument("--port", type=nonneg_int, default=8080, help="HTTP port, 0 = any free port (default 8080)")
     parser.add_argument("--workers", default="", metavar="URL[,URL...]", help="static worker base URLs")
     parser.add_argument("--workers-file", metavar="FILE", help="file of worker URLs (one per line), re-read when it changes")
     parser.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing policy (default round_robin)")
     parser.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
-    parser.add_argument("--poll-s", type=_positive_float, default=0.5, help="discovery poll period (default 0.5 s)")
+    parser.add_argument("--poll-s", type=positive_float, default=0.5, help="discovery poll period (default 0.5 s)")
     parser.add_argument("--pd-mode", choices=("direct", "bootstrap"), default="direct",
                         help="disaggregated hand-off: direct (prefill then decode) or bootstrap (both at once; default direct)")
 
 
 def run_frontend(args: argparse.Namespace) -> int:
-    from mocker.live.frontend import FrontendSettings, serve
+    from mocker.live.frontend import FrontendSettings, serve  # aiohttp (~0.3 s): only when a frontend starts
 
     s = check(lambda: FrontendSettings(
         host=args.host, port=args.port, workers=tuple(u for u in args.workers.split(",") if u),
@@ -132,21 +110,21 @@ def run_frontend(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- loadgen
 def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.error = _one_line_error("dynoplan loadgen")  # type: ignore[method-assign]
+    parser.error = one_line_error("dynoplan loadgen")  # type: ignore[method-assign]
     parser.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
     parser.add_argument("--trace", required=True, metavar="TRACE", help="trace file (Azure CSV, Mooncake JSONL) or synthetic:KIND?... spec")
-    parser.add_argument("--trace-block-size", type=_positive_int, default=512, help="tokens per trace hash id (default 512)")
-    parser.add_argument("--seed", type=_nonneg_int, default=0, help="seed of synthetic workloads (default 0)")
-    parser.add_argument("--time-compression", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
-    parser.add_argument("--max-requests", type=_positive_int, metavar="N", help="send only the first N requests")
-    parser.add_argument("--max-concurrency", type=_nonneg_int, default=0, help="max requests in flight, 0 = unbounded (default)")
+    parser.add_argument("--trace-block-size", type=positive_int, default=512, help="tokens per trace hash id (default 512)")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="seed of synthetic workloads (default 0)")
+    parser.add_argument("--time-compression", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    parser.add_argument("--max-requests", type=positive_int, metavar="N", help="send only the first N requests")
+    parser.add_argument("--max-concurrency", type=nonneg_int, default=0, help="max requests in flight, 0 = unbounded (default)")
     parser.add_argument("--model", default="mocker", help="model name to request (default mocker)")
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions", help="API to call (default completions)")
     parser.add_argument("--prompt-mode", choices=("length", "text"), default="length",
                         help="length: send input_length/hash_ids extension fields (dynoplan servers); text: a generated prompt")
-    parser.add_argument("--scale-ms", type=_positive_float, default=1.0, metavar="K",
+    parser.add_argument("--scale-ms", type=positive_float, default=1.0, metavar="K",
                         help="multiply reported times by K (e.g. the server's speedup ratio, to read simulated ms)")
-    parser.add_argument("--request-timeout-s", type=_positive_float, default=600.0, help="per-request timeout (default 600 s)")
+    parser.add_argument("--request-timeout-s", type=positive_float, default=600.0, help="per-request timeout (default 600 s)")
     parser.add_argument("--report-json", metavar="FILE", help="write the client-side report (offline report key names)")
     parser.add_argument("--per-request", metavar="FILE", help="write one JSON line per request (client-side times, ms)")
     parser.add_argument("--quiet", action="store_true",
@@ -157,14 +135,11 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_loadgen(args: argparse.Namespace) -> int:
+    # aiohttp (~0.3 s) and rich: only when a load generator runs (every dynoplan command imports this module)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
-    from mocker.report import render_table, report_to_json, write_per_request_jsonl
-    from mocker.traces import load_trace
-
-    from mocker.cli_replay import check_output_paths
 
     trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)

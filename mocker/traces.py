@@ -12,8 +12,9 @@ Formats
 - **Mooncake JSONL** (kvcache-ai/Mooncake FAST'25 traces): one JSON object per line with ``timestamp``
   (ms), ``input_length``, ``output_length`` and optional ``hash_ids`` (one id per ``trace_block_size``
   prompt tokens; equal leading ids = shared prefix). Aliases accepted: ``created_time`` for
-  ``timestamp``, ``input_tokens`` / ``output_tokens`` for the lengths. Timestamps are used as given (not
-  rebased). Blank lines are skipped. As in the reference mocker (``Trace::from_mooncake``), an
+  ``timestamp``, ``input_tokens`` / ``output_tokens`` for the lengths. Timestamps are milliseconds since
+  the trace start, used as given (not rebased), at most :data:`MAX_TRACE_TIMESTAMP_MS`; Unix epoch
+  milliseconds (>= :data:`EPOCH_MS_THRESHOLD`) are refused with a message saying so. Blank lines are skipped. As in the reference mocker (``Trace::from_mooncake``), an
   ``input_length`` larger than ``len(hash_ids) * trace_block_size`` is clamped to that capacity.
 - **Synthetic**: ``synthetic:KIND?key=value&...`` — see :func:`parse_synthetic_spec`.
 
@@ -80,6 +81,18 @@ _MOONCAKE_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
+MAX_TRACE_TIMESTAMP_MS = 2.0**52 * 1e-6
+"""Largest accepted Mooncake timestamp, ms (about 4.5e9 ms = 52 days). Simulated times are float64
+milliseconds and pass durations are rounded to whole nanoseconds (:func:`mocker.timing.round_ns`); a float64
+``t`` resolves steps of ``t * 2**-52``, which stays below 1 ns = 1e-6 ms only while ``t < 2**52 * 1e-6``
+ms. Later timestamps would silently merge the engine's pass times (a 1e308 ms trace reports every latency
+as 0.00)."""
+
+EPOCH_MS_THRESHOLD = 1e12
+"""A timestamp at or above this many ms reads as Unix epoch milliseconds (1e12 ms after 1970-01-01 is
+2001-09-09T01:46:40Z), not milliseconds since the trace start: refused with that diagnosis."""
+
+
 def load_trace(spec: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE, seed: int | None = None) -> list[TraceRequest]:
     """Load a workload from a file path or a ``synthetic:...`` spec.
 
@@ -326,7 +339,9 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
         out.append(TraceRequest(len(out), ts, isl, osl, hash_ids))  # type: ignore[arg-type]
     if not out:
         raise TraceError(p, None, None, "no requests: the file is empty")
-    _check_monotone(np.fromiter((r.arrival_ms for r in out), dtype=np.float64, count=len(out)), lines, p, "timestamp")
+    arrival = np.fromiter((r.arrival_ms for r in out), dtype=np.float64, count=len(out))
+    _check_monotone(arrival, lines, p, "timestamp")
+    _check_timestamp_bound(arrival, lines, p, "timestamp")
     return out
 
 
@@ -385,6 +400,24 @@ def _positive_int(text: str, path: str, line: int, field: str) -> int:
     if v <= 0 or v > MAX_TRACE_TOKENS:
         raise TraceError(path, line, field, f"{v}: expected a positive integer <= {MAX_TRACE_TOKENS}")
     return v
+
+
+def _check_timestamp_bound(arrival: np.ndarray, lines: list[int], path: str, field: str) -> None:
+    """TraceError for the first timestamp above :data:`MAX_TRACE_TIMESTAMP_MS` (``arrival`` in row order),
+    diagnosing Unix epoch milliseconds (:data:`EPOCH_MS_THRESHOLD`)."""
+    over = np.flatnonzero(arrival > MAX_TRACE_TIMESTAMP_MS)
+    if not over.size:
+        return
+    i = int(over[0])
+    t = float(arrival[i])
+    if EPOCH_MS_THRESHOLD <= t < 1e15:  # up to year 33658: a plausible wall-clock time
+        when = _dt.datetime.fromtimestamp(t / 1000.0, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise TraceError(path, lines[i], field,
+                         f"{t:.6g} ms looks like Unix epoch milliseconds ({when}); expected milliseconds since the "
+                         f"trace start (subtract the first row's timestamp), at most {MAX_TRACE_TIMESTAMP_MS:.4g} ms")
+    raise TraceError(path, lines[i], field,
+                     f"{t:.6g} ms: expected milliseconds since the trace start, at most {MAX_TRACE_TIMESTAMP_MS:.4g} ms "
+                     f"(about 52 days; float64 ms resolve the engine's nanosecond pass times only up to there)")
 
 
 def _check_monotone(arrival: np.ndarray, lines: list[int], path: str, field: str) -> None:

@@ -10,7 +10,11 @@ import argparse
 import re
 from pathlib import Path
 
-from mocker.cli_replay import _one_line_error, _positive_int
+from mocker.arguments import engine_config_from_args, one_line_error, positive_int
+from planner.arguments import add_engine_arguments, check_out_not_inputs
+from planner.core import save_profile
+from planner.sim.errors import SimulationConfigError
+from planner.sim.profile import ProfileSweep, profile_engine
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -46,8 +50,6 @@ def out_path(text: str) -> Path:
     """The file ``--out`` names: ``text`` with ``.npz`` appended when it does not end in it (numpy's
     ``savez`` rule, so the printed path is the written one). Raises SimulationConfigError when the path or
     its ``.npz`` form is an existing directory or its parent is not a directory."""
-    from planner.sim.errors import SimulationConfigError
-
     if not text.strip() or Path(text).name in ("", ".npz"):
         raise SimulationConfigError(f"--out {text!r}: no file name, expected a FILE.npz path")
     p = Path(text if text.endswith(".npz") else text + ".npz")
@@ -61,9 +63,8 @@ def out_path(text: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from planner.cli_simulate import add_engine_arguments
-
-    parser.error = _one_line_error("dynoplan profile")  # type: ignore[method-assign]
+    """Register the ``profile`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
+    parser.error = one_line_error("dynoplan profile")  # type: ignore[method-assign]
     # a grid value that starts with '-' ("--isl -5,100") reaches the flag's type check (which names the flag
     # and the value) instead of being taken for an unknown option; argparse's own rule only covers "-5" / "-.5"
     parser._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")  # type: ignore[attr-defined]
@@ -72,33 +73,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--isl", type=_int_list, metavar="N,N,...", help="prefill ISL grid (tokens)")
     parser.add_argument("--kv-usage", type=_float_list, metavar="F,F,...", help="decode KV-usage grid (fractions)")
     parser.add_argument("--context", type=_int_list, metavar="N,N,...", help="decode context-length grid (tokens)")
-    parser.add_argument("--gpus-per-engine", type=_positive_int, default=1, metavar="N", help="GPUs per engine (default 1)")
+    parser.add_argument("--gpus-per-engine", type=positive_int, default=1, metavar="N", help="GPUs per engine (default 1)")
     add_engine_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from mocker.cli_replay import engine_config_from_args
-    from planner.cli_simulate import _replay_namespace
-    from planner.core import save_profile
-    from planner.sim.profile import ProfileSweep, profile_engine
-
-    from planner.cli_simulate import _check_out_not_inputs
+    """Sweep the engine and write ``--out``; returns 0 (raises SimulationConfigError / ConfigError)."""
+    from rich.console import Console  # rich (~0.1 s): only when a profile runs (every command imports this module)
 
     out = out_path(args.out)  # before the sweep: a bad --out must not cost the profile
-    _check_out_not_inputs(str(out), {f: getattr(args, a, None) for f, a in (
+    check_out_not_inputs(str(out), {f: getattr(args, a, None) for f, a in (
         ("--timing", "timing"), ("--engine-config", "engine_config"), ("--model-config", "model_config"))},
         outputs={out.name: str(out)})
-    engine = engine_config_from_args(_replay_namespace(args))
+    engine = engine_config_from_args(args)
     kw = {k: v for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
           if v is not None}
     prof = profile_engine(engine, ProfileSweep(gpus_per_engine=args.gpus_per_engine, **kw))
     try:
         save_profile(prof, out)
     except OSError as e:
-        from planner.sim.errors import SimulationConfigError
-
         raise SimulationConfigError(f"--out {out}: cannot write: {e.strerror or e}") from None
     Console(stderr=True).print(f"wrote {out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
                                f"{prof.decode.kv_usage.size}x{prof.decode.context_length.size} grid")  # type: ignore[union-attr]

@@ -15,22 +15,37 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
+import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from mocker.cli_replay import (MAX_WORKERS, _nonneg_float, _nonneg_int, _positive_float, _positive_int, _worker_count,
-                               engine_config_from_args, failed_requests_note)
-from mocker.cli_replay import RATE_ENVELOPE_HELP
-from mocker.cli_replay import add_engine_arguments as _add_replay_engine_arguments
-from mocker.cli_replay import add_transfer_arguments as _add_replay_transfer_arguments
-from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS
+import numpy as np
+import yaml
+
+from mocker.arguments import (MAX_WORKERS, RATE_ENVELOPE_HELP, engine_config_from_args, failed_requests_note,
+                              kv_transfer_from_args, nonneg_float, nonneg_int, one_line_error,
+                              parse_engine_config_text, positive_float, read_engine_config_text, worker_count)
+from mocker.errors import MockerError
+from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
+from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
+from planner.core import PlannerConfig, config_from_mapping, load_profile
+from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits
+from planner.errors import ConfigError, PlannerError, ProfileError
+from planner.sim.errors import SimulationConfigError
+from planner.sim.loop import SimSettings, simulate
+from planner.sim.profile import profile_engine
+from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
+from planner.sim.runner import AutoStaticUnreachable, RunContext, make_policy
 
 
 def _at_most(top: float):
     """argparse type: a finite number in (0, ``top``] (milliseconds)."""
     def parse(text: str) -> float:
-        v = _positive_float(text)
+        v = positive_float(text)
         if v > top:
             raise argparse.ArgumentTypeError(f"{text!r}: expected at most {top:.0f} ms")
         return v
@@ -41,59 +56,32 @@ POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | s
                "schedule:T=N,T=N,... (T=P+D disagg; first T=0) | hpa[:kv|running[:target]] | saturation")
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine flags of ``dynoplan replay`` (same names and meaning), plus trace block size and DP ranks."""
-    _add_replay_engine_arguments(parser, "engine (override --engine-config; as in dynoplan replay)")
-    e = parser.add_argument_group("engine layout")
-    e.add_argument("--trace-block-size", type=_positive_int, metavar="N", help="tokens per trace hash id (default 512)")
-    e.add_argument("--dp-size", type=_positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
-
-
-def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
-    """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode), same names, choices and defaults
-    (:func:`mocker.cli_replay.add_transfer_arguments`); the pool sizes (replay's --prefill-workers /
-    --decode-workers) are the policy's."""
-    _add_replay_transfer_arguments(parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)"))
-
-
-def _replay_namespace(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` completed with ``dynoplan replay``'s defaults for flags simulate does not offer, so the
-    replay module's own ``engine_config_from_args`` / ``transfer_config_from_args`` read them."""
-    from mocker import cli_replay
-
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    cli_replay.add_arguments(p)
-    base = vars(p.parse_args(["--trace", "-"]))
-    return argparse.Namespace(**{**base, **{k: v for k, v in vars(args).items() if k in base or not k.startswith("_")}})
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mocker.cli_replay import _one_line_error
-
-    parser.error = _one_line_error("dynoplan simulate")  # type: ignore[method-assign]
+    """Register the ``simulate`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
+    parser.error = one_line_error("dynoplan simulate")  # type: ignore[method-assign]
     w = parser.add_argument_group("workload")
     w.add_argument("--trace", required=True, metavar="TRACE", help="Azure CSV, Mooncake JSONL or synthetic:... spec")
-    w.add_argument("--arrival-speedup", type=_positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    w.add_argument("--arrival-speedup", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
     w.add_argument("--rate-envelope", metavar="SPEC", help=RATE_ENVELOPE_HELP)
-    w.add_argument("--seed", type=_nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)")
+    w.add_argument("--seed", type=nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)")
     s = parser.add_argument_group("loop")
     s.add_argument("--mode", choices=("agg", "disagg"), help="aggregated or prefill+decode pools (default: the "
                    "--config file's mode, else agg)")
     s.add_argument("--compare", nargs="+", default=["planner"], metavar="POLICY", help=POLICY_HELP)
-    s.add_argument("--startup-delay-s", type=_nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
+    s.add_argument("--startup-delay-s", type=nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
     s.add_argument("--sla-ttft-ms", type=_at_most(MAX_TTFT_MS), metavar="MS",
                    help="TTFT target (default: the --config file's ttft_ms, else 500)")
     s.add_argument("--sla-itl-ms", type=_at_most(MAX_ITL_MS), metavar="MS",
                    help="ITL target (default: the --config file's itl_ms, else 50)")
     s.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing among ready workers (default round_robin)")
-    s.add_argument("--sample-interval-s", type=_positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
+    s.add_argument("--sample-interval-s", type=positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
     s.add_argument("--initial-replicas", metavar="N|P+D|auto",
                    help="fleet at t=0 for dynamic policies (default auto: sized by the throughput formulas for the "
                         "trace's first adjustment interval, as an operator would have deployed it); each pool "
                         "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
                         "(else exit 2, no clamping)")
     s.add_argument("--auto-attainment", type=_share, default=0.995, metavar="F", help="static:auto target, 0 < F <= 1 (default 0.995)")
-    s.add_argument("--max-replicas", type=_worker_count, default=64, metavar="N",
+    s.add_argument("--max-replicas", type=worker_count, default=64, metavar="N",
                    help=f"per-pool cap for baselines and static:auto (at most {MAX_WORKERS})")
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
@@ -144,11 +132,6 @@ def _share(text: str) -> float:
 def _check_out_dir(path: str) -> None:
     """Create ``--out DIR`` and prove it writable before any simulation runs (a late failure would lose the
     results). Raises SimulationConfigError naming the path."""
-    import os
-    import tempfile
-
-    from planner.sim.errors import SimulationConfigError
-
     if os.path.exists(path) and not os.path.isdir(path):
         raise SimulationConfigError(f"--out {path}: exists and is not a directory, expected a directory (created if missing)")
     try:
@@ -162,42 +145,10 @@ def _check_out_dir(path: str) -> None:
 OUTPUT_FILES: tuple[str, ...] = ("summary.json", "details.json", "timeline.csv", "requests.jsonl", "report.html")
 
 
-def _check_out_not_inputs(out: str, inputs: dict[str, str | None],
-                          outputs: dict[str, str] | None = None) -> None:
-    """Refuse an ``--out`` where an output file would overwrite an input file (``--trace``, ``--config``,
-    ``--profile``, ``--timing``, ...): compared by ``os.path.samefile`` / realpath. ``outputs`` maps each
-    output's name to its path (default: :data:`OUTPUT_FILES` inside the directory ``out``; ``dynoplan profile``
-    passes its one ``.npz`` file). Raises SimulationConfigError naming ``--out`` and the input's flag."""
-    import os
-
-    from planner.sim.errors import SimulationConfigError
-
-    if outputs is None:
-        outputs = {name: os.path.join(out, name) for name in OUTPUT_FILES}
-    for flag, path in inputs.items():
-        if not path or not os.path.exists(path):
-            continue
-        for name, target in outputs.items():
-            same = os.path.realpath(target) == os.path.realpath(path)
-            if not same and os.path.exists(target):
-                try:
-                    same = os.path.samefile(target, path)
-                except OSError:
-                    same = False
-            if same:
-                if target == out:  # a single output file (dynoplan profile)
-                    raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path}, expected an output "
-                                                f"path different from every input file")
-                raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path} ({name}), expected an output "
-                                            f"directory that holds none of the input files")
-
-
 def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
     """Each pool of ``--initial-replicas`` within the planner's [min_replicas, max_replicas] (max: the pool's
     ``max_replicas``, else ``max_gpu_budget // gpus_per_engine``) and the fleet's GPUs within
     ``max_gpu_budget``. Rejects rather than clamps. Raises SimulationConfigError."""
-    from planner.sim.errors import SimulationConfigError
-
     if not initial:
         return
     gpus = 0
@@ -215,8 +166,6 @@ def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
 
 
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
-    from planner.sim.errors import SimulationConfigError
-
     if text is None or text == "auto":
         return None
     try:
@@ -230,8 +179,6 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
 
 
 def _attainment(v: float | str | None) -> float | str | None:
-    from planner.sim.errors import SimulationConfigError
-
     if v == OFF:
         return v
     if v is not None and not 0 < v < 1:
@@ -239,24 +186,11 @@ def _attainment(v: float | str | None) -> float | str | None:
     return v
 
 
-def _check_settings_file(flag: str, path: str | None, numeric: dict[str, set[str]] | None = None) -> None:
-    """Refuse what YAML/JSON loaders accept silently in a settings file: a key given twice in one mapping
-    (the last would win; named with both lines) and, for the setting names in ``numeric`` (section -> keys,
-    ``""`` = top level), a quoted number (``max_replicas: "3"``, refused as ``2.5`` is). A file that cannot
-    be read or parsed is left to its loader's own error. Raises SimulationConfigError."""
-    if path is None:
-        return
-    from pathlib import Path
-
-    import yaml
-
-    from planner.sim.errors import SimulationConfigError
-
-    try:
-        root = yaml.compose(Path(path).read_text())  # JSON is YAML 1.2 for this purpose (line marks kept)
-    except (OSError, ValueError, yaml.YAMLError):
-        return
-
+def _check_settings_node(flag: str, path: str, root: Any, numeric: dict[str, set[str]] | None = None) -> None:
+    """Refuse what YAML/JSON loaders accept silently in a settings file (``root``: its composed YAML node,
+    None when empty): a key given twice in one mapping (the last would win; named with both lines) and, for
+    the setting names in ``numeric`` (section -> keys, ``""`` = top level), a quoted number
+    (``max_replicas: "3"``, refused as ``2.5`` is). Raises SimulationConfigError."""
     def walk(node: Any, section: str) -> None:
         if isinstance(node, yaml.SequenceNode):
             for item in node.value:
@@ -291,11 +225,6 @@ def _check_settings_file(flag: str, path: str | None, numeric: dict[str, set[str
 
 def _planner_numeric_keys() -> dict[str, set[str]]:
     """PlannerConfig's numeric settings by section (top level ``""``, pool sections ``agg``/``prefill``/``decode``)."""
-    import dataclasses
-
-    from planner.core import PlannerConfig
-    from planner.core.config import PoolLimits
-
     def nums(cls: Any) -> set[str]:
         return {f.name for f in dataclasses.fields(cls) if str(f.type).split(" | ")[0] in ("int", "float")}
 
@@ -309,10 +238,6 @@ def _check_planner_set(text: str, key: str, value: str) -> None:
     key (unknown, wrong type, out of range) is reported naming the whole flag (``--planner-set foo=1: unknown
     setting ...``); otherwise returns and the caller re-raises the whole config's error. Raises
     SimulationConfigError."""
-    from planner.core import config_from_mapping
-    from planner.errors import ConfigError
-    from planner.sim.errors import SimulationConfigError
-
     try:
         config_from_mapping({key: value})
     except ConfigError as e:
@@ -331,17 +256,10 @@ def _load_planner_profile(path: str) -> Any:
     """``--profile FILE``: the planner's performance profile. An engine timing profile given here (the
     other kind of .npz) gets the swapped-file message ``dynoplan profile --timing`` gives the other way
     round. Raises SimulationConfigError / ProfileError naming the file."""
-    import os
-
-    from planner.core import load_profile
-    from planner.errors import ProfileError
-    from planner.sim.errors import SimulationConfigError
-
     try:
         return load_profile(path)
     except ProfileError:
         if os.path.isfile(path):
-            import numpy as np
 
             try:
                 with np.load(path) as z:
@@ -357,142 +275,98 @@ def _load_planner_profile(path: str) -> Any:
         raise
 
 
-def _file_settings(path: str | None) -> dict[str, Any]:
-    """The top-level settings of a planner settings file (a lone ``planner:`` mapping is looked into, as
-    load_config does); empty when there is no file or it cannot be parsed (``load_config`` then reports the
-    file's error)."""
-    if path is None:
-        return {}
-    import json
-    from pathlib import Path
-
-    import yaml
-
+def _read_planner_file(path: str) -> dict[str, Any]:
+    """``--config FILE``: read once (bytes -> UTF-8 text -> YAML, or JSON for ``.json``; a pipe works too),
+    checked by :func:`_check_settings_node`, a lone ``planner:`` mapping looked into. Returns the settings
+    mapping for :func:`planner.core.config_from_mapping`. Raises ConfigError naming the file (unreadable,
+    not UTF-8, unparsable, not a mapping; the messages of :func:`planner.core.load_config`) or
+    SimulationConfigError (a duplicate key, a quoted number)."""
     try:
-        text = Path(path).read_text()
-        data = json.loads(text) if path.lower().endswith(".json") else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError):
-        return {}
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file: {e.strerror}", source=path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # a binary or Latin-1 file
+        raise ConfigError(f"cannot read config file: byte 0x{raw[e.start]:02x} at offset {e.start}: "
+                          "expected UTF-8 text", source=path) from None
+    try:
+        if path.lower().endswith(".json"):
+            data = json.loads(text)
+            try:  # JSON is YAML 1.2 for the checks (line marks kept); what PyYAML cannot compose goes unchecked
+                root = yaml.compose(text)
+            except yaml.YAMLError:
+                root = None
+            _check_settings_node("--config", path, root, _planner_numeric_keys())
+        else:
+            loader = yaml.SafeLoader(text)
+            try:
+                root = loader.get_single_node()
+                _check_settings_node("--config", path, root, _planner_numeric_keys())
+                data = loader.construct_document(root) if root is not None else None
+            finally:
+                loader.dispose()
+    except (ValueError, yaml.YAMLError) as e:  # parser errors of either format
+        if isinstance(e, SimulationConfigError):
+            raise
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of "
+                          f"setting: value)", source=path) from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
-        return {}
+        raise ConfigError(f"expected a mapping of settings at the top level, got {type(data).__name__}", source=path)
     if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
         data = data["planner"]
     return data
 
 
-def build_context(args: argparse.Namespace) -> Any:
-    """Trace, engines, settings, planner config and profile from the flags (raises on user mistakes)."""
-    from mocker.traces import load_trace
-    from planner.core import PlannerConfig, read_trace_intervals
-    from planner.sim.errors import SimulationConfigError
-    from planner.sim.loop import SimSettings
-    from planner.sim.profile import profile_engine
-    from planner.sim.runner import RunContext
+def _read_engine_file(path: str) -> Any:
+    """``--engine-config FILE``: read once (a pipe works too), checked by :func:`_check_settings_node`, and
+    parsed; the document goes to :func:`mocker.arguments.engine_config_from_args`. Raises ConfigError
+    naming the file or SimulationConfigError (a duplicate key)."""
+    text = read_engine_config_text(path)
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:  # reported with the engine loader's message just below
+        root = None
+    _check_settings_node("--engine-config", path, root)
+    return parse_engine_config_text(text, path)
 
-    _check_settings_file("--config", args.planner_config, _planner_numeric_keys())
-    _check_settings_file("--engine-config", getattr(args, "engine_config", None))
-    overrides: dict[str, Any] = {}
-    for kv in args.planner_set:
-        if "=" not in kv:
-            raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
-        k, v = kv.split("=", 1)
-        overrides[k.strip()] = v.strip()
 
-    def load_config(path: str | None, ov: dict[str, Any]) -> Any:
-        """The core's load_config; when it fails, a --planner-set item at fault is named as the flag."""
-        from planner.core import load_config as core_load_config
-        from planner.errors import ConfigError
+def _planner_config(file_settings: dict[str, Any], overrides: dict[str, Any], source: str | None) -> PlannerConfig:
+    """``file_settings`` (the ``--config`` file's mapping) with ``overrides`` on top (a pool section's keys
+    merged into the file's, as :func:`planner.core.load_config` does), validated by
+    :func:`planner.core.config_from_mapping`. Raises ConfigError naming the file."""
+    data = dict(file_settings)
+    for k, v in overrides.items():
+        k = k.replace("-", "_")
+        if k in ("agg", "prefill", "decode") and isinstance(v, dict) and isinstance(data.get(k), dict):
+            data[k] = {**data[k], **v}
+        else:
+            data[k] = v
+    return config_from_mapping(data, source=source)
 
-        try:
-            return core_load_config(path, ov)
-        except ConfigError:
-            for item in args.planner_set:
-                key, value = item.split("=", 1)
-                _check_planner_set(item, key.strip(), value.strip())
-            raise
-    base = {"max_gpu_budget": 64}
-    in_file = _file_settings(args.planner_config)
-    if args.mode is None:  # --planner-set's or the file's mode if they name one, else agg
-        named = overrides.get("mode", in_file.get("mode"))
-        args.mode = named if named is not None else "agg"
-    # the run's mode before validation: the file's settings (GPU budget, pools) are checked against it
-    overrides["mode"] = args.mode
-    # flag > --planner-set > --config file > default: the file's values are validated (unknown keys, NaN
-    # rejected by load_config) and used where the flag was not given
-    # simulate's defaults (a simulated fleet may use 64 GPUs) where the file does not set them: file > default
-    base = {k: v for k, v in base.items() if k not in in_file}
-    cfg0 = load_config(args.planner_config, {**base, **overrides})
-    if args.mode not in ("agg", "disagg"):
-        raise SimulationConfigError(f"planner mode={args.mode!r}: simulate runs a whole fleet, expected agg or disagg")
-    args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms
-    args.sla_itl_ms = cfg0.itl_ms if args.sla_itl_ms is None else args.sla_itl_ms
-    overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms})
-    if args.attainment_target is not None:  # the flag beats --planner-set and the file: one effective value
-        overrides["sla_attainment_target"] = None if args.attainment_target == OFF else args.attainment_target
-    rargs = _replay_namespace(args)
-    engine = engine_config_from_args(rargs)
-    transfer = None
-    if args.mode == "disagg":
-        from mocker import cli_replay
 
-        if hasattr(cli_replay, "transfer_config_from_args"):
-            rargs.prefill_workers = rargs.decode_workers = 1
-            transfer = cli_replay.transfer_config_from_args(rargs)[2]
-    else:
-        given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
-                                ("--kv-bytes-per-token", args.kv_bytes_per_token),
-                                ("--model-config", args.model_config),
-                                ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype),
-                                ("--kv-transfer-timing", None if args.kv_transfer_timing == "full_prompt" else 1),
-                                ("--handoff", None if args.handoff == "coordinated" else 1)) if v is not None]
-        if given:
-            raise SimulationConfigError(f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "
-                                        f"expected --mode disagg or none of them")
-    envelope = None
-    if getattr(args, "rate_envelope", None) is not None:  # checked before the trace is read
-        from mocker.traces import parse_rate_envelope
+def build_context(args: argparse.Namespace) -> RunContext:
+    """Trace, engines, settings, planner config and profile from the flags (raises on user mistakes).
 
-        envelope = parse_rate_envelope(args.rate_envelope)
-    reqs = load_trace(args.trace, trace_block_size=engine.trace_block_size, seed=args.seed)
-    if args.arrival_speedup != 1.0:
-        from mocker.traces import scale_arrivals
-
-        reqs = scale_arrivals(reqs, args.arrival_speedup)
-    if envelope is not None:  # after --arrival-speedup, as in dynoplan replay
-        from mocker.traces import apply_rate_envelope
-
-        reqs = apply_rate_envelope(reqs, envelope)
-    span_s = max((r.arrival_ms for r in reqs), default=0.0) / 1000.0
-    if span_s / args.sample_interval_s > MAX_SAMPLES:
-        raise SimulationConfigError(f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
-                                    f"{span_s / args.sample_interval_s:.3g} samples, expected >= "
-                                    f"{span_s / MAX_SAMPLES:g} s (at most {MAX_SAMPLES} samples per policy)")
-    if args.mode == "agg":
-        engines = {"agg": engine}
-    else:
-        engines = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
-    if cfg0.max_num_batched_tokens not in (PlannerConfig().max_num_batched_tokens, engine.max_num_batched_tokens):
-        raise SimulationConfigError(f"planner max_num_batched_tokens={cfg0.max_num_batched_tokens}: differs from the "
-                                    f"engine's {engine.max_num_batched_tokens}, expected it unset (set the engine's "
-                                    f"--max-num-batched-tokens instead)")
-    overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
-    cfg = load_config(args.planner_config, {**base, **overrides})
-    # a worker of dp_size ranks holds dp_size GPUs at least: the planner's budget counts them so
-    cfg = dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
-        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()})
+    Steps, in this order (a user mistake surfaces before any expensive work): read each settings file once
+    (:func:`_read_inputs`), the planner config (:func:`_planner_settings`), the engine and its KV transfer
+    (:func:`_engine_and_transfer`), the trace (:func:`_requests`), the pools' engines and the final planner
+    config (:func:`_pools`), the initial fleet, the profile, the warm start. ``args.mode``,
+    ``args.sla_ttft_ms`` and ``args.sla_itl_ms`` are filled in with the effective values."""
+    in_file, engine_file = _read_inputs(args)
+    overrides, cfg0 = _planner_settings(args, in_file)
+    engine, transfer = _engine_and_transfer(args, engine_file)
+    reqs = _requests(args, engine.trace_block_size)
+    engines, cfg = _pools(args, in_file, overrides, cfg0, engine)
     initial = _parse_initial(args.initial_replicas, tuple(engines))
     _check_initial(initial, cfg)
     profile = _load_planner_profile(args.profile) if args.profile else profile_engine(engine)
-    warm = ()
-    if args.warm_start:
-        from mocker.errors import MockerError
-        from planner.errors import PlannerError
-
-        try:
-            warm = read_trace_intervals(args.warm_start, cfg.adjustment_interval_s)
-        except (PlannerError, MockerError, OSError) as e:
-            msg = str(e) if not isinstance(e, OSError) else (e.strerror or str(e))
-            raise SimulationConfigError(f"--warm-start {args.warm_start}: {msg}") from None
+    warm = _warm_start(args.warm_start, cfg.adjustment_interval_s, engine.trace_block_size) if args.warm_start else ()
     # GPUs per worker: the planner's gpus_per_engine for the pool (what its budget counts), at least one per
     # DP rank (a worker of dp_size ranks holds dp_size GPUs at minimum)
     gpw = {p: max(cfg.limits(p).gpus_per_engine, e.dp_size) for p, e in engines.items()}
@@ -503,8 +377,130 @@ def build_context(args: argparse.Namespace) -> Any:
                       _attainment(args.attainment_target))
 
 
+def _read_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The ``--config`` file's settings mapping (empty without one) and the ``--engine-config`` file's parsed
+    document (None without one), each file read once."""
+    in_file = _read_planner_file(args.planner_config) if args.planner_config is not None else {}
+    engine_path = getattr(args, "engine_config", None)
+    return in_file, (_read_engine_file(engine_path) if engine_path is not None else None)
+
+
+def _load_config(args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[str, Any]) -> PlannerConfig:
+    """:func:`_planner_config` of the ``--config`` settings; when it fails, a ``--planner-set`` item at fault
+    is named as the flag."""
+    try:
+        return _planner_config(in_file, overrides, args.planner_config)
+    except ConfigError:
+        for item in args.planner_set:
+            key, value = item.split("=", 1)
+            _check_planner_set(item, key.strip(), value.strip())
+        raise
+
+
+SIMULATE_DEFAULTS: dict[str, Any] = {"max_gpu_budget": 64}
+"""simulate's planner defaults where the ``--config`` file does not set them (a simulated fleet may use 64 GPUs)."""
+
+
+def _planner_settings(args: argparse.Namespace, in_file: dict[str, Any]) -> tuple[dict[str, Any], PlannerConfig]:
+    """The planner overrides (flag > ``--planner-set`` > ``--config`` file > default) and the config they give
+    before the engine is known. Sets ``args.mode`` (``--planner-set``'s or the file's mode if they name one,
+    else agg) and the SLA targets (the flags, else the config's). Raises SimulationConfigError / ConfigError."""
+    overrides: dict[str, Any] = {}
+    for kv in args.planner_set:
+        if "=" not in kv:
+            raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        overrides[k.strip()] = v.strip()
+    if args.mode is None:
+        named = overrides.get("mode", in_file.get("mode"))
+        args.mode = named if named is not None else "agg"
+    # the run's mode before validation: the file's settings (GPU budget, pools) are checked against it
+    overrides["mode"] = args.mode
+    cfg0 = _load_config(args, in_file, {**_defaults_not_in(in_file), **overrides})
+    if args.mode not in ("agg", "disagg"):
+        raise SimulationConfigError(f"planner mode={args.mode!r}: simulate runs a whole fleet, expected agg or disagg")
+    args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms
+    args.sla_itl_ms = cfg0.itl_ms if args.sla_itl_ms is None else args.sla_itl_ms
+    overrides.update({"mode": args.mode, "ttft_ms": args.sla_ttft_ms, "itl_ms": args.sla_itl_ms})
+    if args.attainment_target is not None:  # the flag beats --planner-set and the file: one effective value
+        overrides["sla_attainment_target"] = None if args.attainment_target == OFF else args.attainment_target
+    return overrides, cfg0
+
+
+def _defaults_not_in(in_file: dict[str, Any]) -> dict[str, Any]:
+    """:data:`SIMULATE_DEFAULTS` the ``--config`` file does not set (file > simulate's default)."""
+    return {k: v for k, v in SIMULATE_DEFAULTS.items() if k not in in_file}
+
+
+def _engine_and_transfer(args: argparse.Namespace, engine_file: Any) -> tuple[Any, Any]:
+    """The engine (defaults < ``--engine-config`` < flags) and, with ``--mode disagg``, the KV transfer
+    between the pools. Raises SimulationConfigError for a KV-transfer flag without ``--mode disagg``."""
+    engine = engine_config_from_args(args, engine_file)
+    if args.mode == "disagg":
+        return engine, kv_transfer_from_args(args)
+    given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
+                            ("--kv-bytes-per-token", args.kv_bytes_per_token),
+                            ("--model-config", args.model_config),
+                            ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype),
+                            ("--kv-transfer-timing", None if args.kv_transfer_timing == "full_prompt" else 1),
+                            ("--handoff", None if args.handoff == "coordinated" else 1)) if v is not None]
+    if given:
+        raise SimulationConfigError(f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "
+                                    f"expected --mode disagg or none of them")
+    return engine, None
+
+
+def _requests(args: argparse.Namespace, trace_block_size: int) -> list[Any]:
+    """The trace's requests after ``--arrival-speedup`` and then ``--rate-envelope`` (as in dynoplan replay;
+    the envelope is checked before the trace is read). Raises SimulationConfigError when the trace span
+    would give more than :data:`MAX_SAMPLES` timeline samples."""
+    envelope = parse_rate_envelope(args.rate_envelope) if getattr(args, "rate_envelope", None) is not None else None
+    reqs = load_trace(args.trace, trace_block_size=trace_block_size, seed=args.seed)
+    if args.arrival_speedup != 1.0:
+        reqs = scale_arrivals(reqs, args.arrival_speedup)
+    if envelope is not None:
+        reqs = apply_rate_envelope(reqs, envelope)
+    span_s = max((r.arrival_ms for r in reqs), default=0.0) / 1000.0
+    if span_s / args.sample_interval_s > MAX_SAMPLES:
+        raise SimulationConfigError(f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
+                                    f"{span_s / args.sample_interval_s:.3g} samples, expected >= "
+                                    f"{span_s / MAX_SAMPLES:g} s (at most {MAX_SAMPLES} samples per policy)")
+    return reqs
+
+
+def _pools(args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[str, Any], cfg0: PlannerConfig,
+           engine: Any) -> tuple[dict[str, Any], PlannerConfig]:
+    """The engine of each pool (``agg``, or ``prefill`` + ``decode`` with their worker roles) and the final
+    planner config: the engine's ``max_num_batched_tokens`` (a different planner value is refused) and each
+    pool's ``gpus_per_engine`` at least its workers' DP size. Raises SimulationConfigError."""
+    if args.mode == "agg":
+        engines = {"agg": engine}
+    else:
+        engines = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
+    if cfg0.max_num_batched_tokens not in (PlannerConfig().max_num_batched_tokens, engine.max_num_batched_tokens):
+        raise SimulationConfigError(f"planner max_num_batched_tokens={cfg0.max_num_batched_tokens}: differs from the "
+                                    f"engine's {engine.max_num_batched_tokens}, expected it unset (set the engine's "
+                                    f"--max-num-batched-tokens instead)")
+    overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
+    cfg = _load_config(args, in_file, {**_defaults_not_in(in_file), **overrides})
+    # a worker of dp_size ranks holds dp_size GPUs at least: the planner's budget counts them so
+    cfg = dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
+        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()})
+    return engines, cfg
+
+
+def _warm_start(path: str, interval_s: float, trace_block_size: int) -> list[Any]:
+    """``--warm-start TRACE``: the trace's intervals (:func:`planner.arguments.warm_start_windows`, the reader
+    of ``--trace``). Raises SimulationConfigError naming the flag and the reader's message."""
+    try:
+        return warm_start_windows(path, interval_s, trace_block_size=trace_block_size)
+    except (PlannerError, MockerError, OSError) as e:
+        msg = str(e) if not isinstance(e, OSError) else (e.strerror or str(e))
+        raise SimulationConfigError(f"--warm-start {path}: {msg}") from None
+
+
 def _warn_failed(policy: str, records: Any, engine: Any) -> None:
-    """One warning line on stderr when requests failed (:func:`mocker.cli_replay.failed_requests_note`, the
+    """One warning line on stderr when requests failed (:func:`mocker.arguments.failed_requests_note`, the
     text ``dynoplan replay`` prints), naming the policy."""
     note = failed_requests_note(records, engine)
     if note:
@@ -512,25 +508,23 @@ def _warn_failed(policy: str, records: Any, engine: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run every ``--compare`` policy; returns 0 (raises on user mistakes, AutoStaticUnreachable after the
+    other policies ran and were reported)."""
+    # rich (~0.1 s to import) only when a simulation runs: the dispatcher imports every CLI module per command
     from rich.console import Console
-
-    from planner.sim.loop import simulate
-    from planner.sim.report import render_table, summary_document, write_outputs
-    from planner.sim.runner import make_policy
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.out is not None and not args.out.strip():
-        from planner.sim.errors import SimulationConfigError
-
         raise SimulationConfigError(f"--out {args.out!r}: empty, expected a directory path (omit --out to write nothing)")
     if args.out:
-        _check_out_not_inputs(args.out, {"--trace": args.trace, "--config": args.planner_config,
+        check_out_not_inputs(args.out, {"--trace": args.trace, "--config": args.planner_config,
                                          "--profile": args.profile, "--warm-start": args.warm_start,
                                          "--rate-envelope": args.rate_envelope,
                                          "--engine-config": getattr(args, "engine_config", None),
-                                         "--model-config": getattr(args, "model_config", None)})
+                                         "--model-config": getattr(args, "model_config", None)},
+                             {name: os.path.join(args.out, name) for name in OUTPUT_FILES})
         _check_out_dir(args.out)
     ctx = build_context(args)
-    from planner.sim.runner import AutoStaticUnreachable
 
     policies, failed = [], None
     dups = [spec for spec, n in collections.Counter(args.compare).items() if n > 1]
@@ -551,8 +545,6 @@ def run(args: argparse.Namespace) -> int:
     for pol in policies:
         t0 = time.perf_counter()
         if show:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             with Progress(TextColumn(f"{pol.name:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=True) as bar:
                 task = bar.add_task(pol.name, total=len(ctx.requests))
@@ -573,11 +565,8 @@ def run(args: argparse.Namespace) -> int:
         doc = write_outputs(runs, args.out, meta) if args.out else summary_document(runs)
     except OSError as e:
         # the results must not be lost: table and summary JSON on stdout, then the one-line error (exit 2)
-        import json
-
-        from planner.sim.errors import SimulationConfigError
-        from planner.sim.report import schema_summary
-
+    
+    
         doc = summary_document(runs)
         out = Console(width=max(Console().width, 180), emoji=False)
         out.print(render_table(doc, title=title))

@@ -42,13 +42,23 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from planner.arguments import warm_start_windows
+from planner.core import Planner, load_profile
 from planner.errors import ConfigError, PlannerError, ProfileError
+from planner.live.config import load_stack_config, worker_engines
+from planner.whatif import EngineFleetEvaluator
+
+# The connectors, traffic sources, service, prometheus_client and requests are imported where used: with
+# aiohttp, pyzmq and requests they cost ~0.5 s, and the dispatcher imports every CLI module on each command.
 
 DYNOPLAN = (sys.executable, "-m", "planner.cli")
 
@@ -82,9 +92,6 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_planner(stack: Any, with_evaluator: bool = True) -> Any:
-    from planner.core import Planner, load_profile
-    from planner.core.traces import read_trace_intervals
-
     try:
         profile = load_profile(stack.profile) if stack.profile else None
     except (ProfileError, OSError, ValueError) as e:
@@ -92,7 +99,7 @@ def _build_planner(stack: Any, with_evaluator: bool = True) -> Any:
         raise ConfigError(f"profile={str(stack.profile)!r}: expected a performance profile .npz "
                           f"(`dynoplan profile --out FILE`): {msg}") from None
     try:
-        warm = (read_trace_intervals(stack.warm_start_trace, stack.planner.adjustment_interval_s)
+        warm = (warm_start_windows(stack.warm_start_trace, stack.planner.adjustment_interval_s)
                 if stack.warm_start_trace else ())
     except (OSError, ValueError) as e:
         msg = str(e).removeprefix(f"{stack.warm_start_trace}: ")
@@ -109,9 +116,6 @@ def _build_evaluator(stack: Any) -> Any:
     stack's workers run (:func:`planner.live.config.worker_engines`), the frontend's router, the decode workers'
     KV transfer and the planner's SLA targets. None (closed-form sizing, with a warning) when a pool's worker
     flags do not give an engine, or when the throughput loop is off."""
-    from planner.live.config import worker_engines
-    from planner.whatif import EngineFleetEvaluator
-
     cfg = stack.planner
     if not cfg.throughput_enabled:
         return None
@@ -130,7 +134,6 @@ def _build_evaluator(stack: Any) -> Any:
 class RecordingTrafficSource:
     """A traffic source (``read(window_s) -> TrafficWindow | None``) that keeps the last known window it
     returned (``last``) for :func:`sizing_collector`; every other attribute is the wrapped source's."""
-
     def __init__(self, source: Any) -> None:
         self.source = source
         self.last: Any = None
@@ -182,8 +185,6 @@ def sizing_collector(planner: Any, last_window: Any) -> Any:
 
 
 def run_planner(args: argparse.Namespace) -> int:
-    from planner.live.config import load_stack_config
-
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     stack = load_stack_config(args.config)
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack.state_dir
@@ -293,7 +294,6 @@ def _get_ok(url: str) -> bool:
 
 class _Stack:
     """The child processes of ``up`` and how to stop them."""
-
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir
         self.logs = state_dir / "logs"
@@ -305,7 +305,6 @@ class _Stack:
         """Set by SIGINT/SIGTERM; start-up waits stop at once (KeyboardInterrupt) instead of finishing."""
         self.keep_logs = True
         """False when a failed start removes the state dir (and these logs): errors then name no log path."""
-
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log_path = self.logs / f"{name}.log"
         self.log_start[name] = log_path.stat().st_size if log_path.exists() else 0
@@ -365,7 +364,6 @@ class _Stack:
 
 class _Supervised:
     """A child of ``up`` that is restarted with back-off when it exits (Prometheus; see the module docstring)."""
-
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name, self.argv = name, argv
         self.restarts = 0
@@ -412,8 +410,6 @@ def _last_error_line(log_path: Path, start: int = 0) -> str:
 
 def _port_in_use(host: str, port: int) -> tuple[str, str] | None:
     """None when ``host:port`` can be bound now, else ``(what is wrong: "host" | "port", reason)``."""
-    import socket
-
     with socket.socket() as s:
         # as the servers do (aiohttp, Prometheus): connections in TIME_WAIT from a previous run do not block
         # the port, a listening socket does
@@ -511,8 +507,6 @@ def _prometheus_binary() -> str | None:
 
 
 def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner: str, workers_sd: Path) -> None:
-    import yaml
-
     iv = f"{max(1, int(scrape_s * 1000))}ms"
     doc = {"global": {"scrape_interval": iv, "scrape_timeout": iv, "evaluation_interval": iv},
            "scrape_configs": [
@@ -566,20 +560,71 @@ def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lamb
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.connectors.local import read_fleet_file, stop_pids, write_atomic
-    from planner.live.config import load_stack_config
-
+    """Start the local stack of ``--config`` (frontend, Prometheus, initial workers, planner) and supervise it
+    until SIGINT/SIGTERM. Returns 0 (stopped), 1 (the planner kept exiting); raises ConfigError for a refused
+    start — every refusal comes before the state dir is created (:func:`_refuse_or_clean_up`)."""
     cfg_path = Path(args.config).resolve()
     stack_cfg = load_stack_config(cfg_path)
-    # profile / warm start errors now, as one line, before anything starts (worker flags: the workers' start-up)
+    state_dir, binary = _refuse_or_clean_up(args, cfg_path, stack_cfg)
+    created = _new_state_dir(state_dir)
+    st = _Stack(state_dir)
+    # a failed start removes the state dir it created (with its logs: the error quotes the failing log's telling
+    # line); a state dir that existed before keeps what this run wrote, logs included
+    st.keep_logs = not created
+    ready = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        st.stopping = True
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        fe_port = stack_cfg.frontend_port or _free_port()
+        fe_url = f"http://127.0.0.1:{fe_port}"
+        st.spawn("frontend", [*DYNOPLAN, "frontend", "--host", "127.0.0.1", "--port", str(fe_port),
+                              "--workers-file", str(state_dir / "workers.txt"), "--router", stack_cfg.frontend_router,
+                              "--poll-s", str(stack_cfg.frontend_poll_s), "--model-name", stack_cfg.model_name])
+        st.wait_ok("frontend", fe_url + "/health", 60)
+        st.info["frontend_url"] = fe_url
+        pl_port = stack_cfg.service_port or _free_port()
+        pl_url = f"http://{stack_cfg.service_host}:{pl_port}"
+        prom_url, prom_argv = _start_prometheus(st, stack_cfg, binary, fe_port, pl_port)
+        initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping, st.keep_logs)
+        planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
+                        "--port", str(pl_port), "--frontend-url", fe_url]
+        if prom_url:
+            planner_argv += ["--prometheus-url", prom_url]
+        st.spawn("planner", planner_argv)
+        st.wait_ok("planner", pl_url + "/health", 120)
+        st.info["planner_url"] = pl_url
+        st.info["dashboard_url"] = pl_url + "/"
+        st.save()
+        print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
+              f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
+        ready = True
+        return _supervise(st, args.max_planner_restarts, planner_argv, initial_workers, prom_argv)
+    except KeyboardInterrupt:
+        ready = True  # stopped by the user during start-up, not a failed start: the state dir stays
+        raise
+    finally:
+        st.stop_all()
+        if not ready and created:
+            shutil.rmtree(created[-1], ignore_errors=True)  # the topmost directory this run created
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _refuse_or_clean_up(args: argparse.Namespace, cfg_path: Path, stack_cfg: Any) -> tuple[Path, str | None]:
+    """Every check of ``dynoplan up`` before anything starts or is created: the profile and warm start (one
+    line each; worker flags are the workers' start-up's), the connector, another ``up`` on the state dir,
+    the fixed ports, the Prometheus binary. Processes a previous run left behind are stopped. Returns the
+    state dir and the Prometheus binary (None: none wanted or none installed). Raises ConfigError."""
+    from planner.connectors.local import pid_alive, read_fleet_file, stop_pids
+
     _build_planner(stack_cfg, with_evaluator=False)
     if stack_cfg.connector != "local":
         raise ConfigError(f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
                           "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
-    from planner.connectors.local import pid_alive
-
-    # every refusal comes before the state dir is created: a refused start leaves nothing behind
     other = _running_up(state_dir)
     if other is not None:
         raise ConfigError(f"state_dir={str(state_dir)!r}: another `dynoplan up` (pid {other}) runs this stack; "
@@ -607,102 +652,84 @@ def run(args: argparse.Namespace) -> int:
     if want_prometheus and binary is None and stack_cfg.prometheus_enabled == "true":
         raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
                           "(apt-get install -y prometheus) or DYNOPLAN_PROMETHEUS", source=str(cfg_path))
+    return state_dir, binary
+
+
+def _new_state_dir(state_dir: Path) -> list[Path]:
+    """Create the state dir (:func:`_make_state_dir`: returns the directories created, deepest first) with an empty
+    fleet file, workers file and Prometheus worker targets."""
+    from planner.connectors.local import write_atomic
+
     created = _make_state_dir(state_dir)
     write_atomic(state_dir / "fleet.json", json.dumps({"spec": {}, "workers": [], "next_worker_id": 1}))
     (state_dir / "workers.txt").write_text("")
     write_atomic(state_dir / "prometheus_workers.json", "[]")
+    return created
 
-    st = _Stack(state_dir)
-    # a failed start removes the state dir it created (with its logs: the error quotes the failing log's telling
-    # line); a state dir that existed before keeps what this run wrote, logs included
-    st.keep_logs = not created
-    ready = False
 
-    def on_signal(signum: int, frame: Any) -> None:
-        st.stopping = True
+def _start_prometheus(st: Any, stack_cfg: Any, binary: str | None, fe_port: int,
+                      pl_port: int) -> tuple[str | None, list[str] | None]:
+    """Start the stack's own Prometheus (scraping the frontend, the planner and the workers) unless the stack
+    names one (``prometheus.url``: a notice when it does not answer) or none is wanted or installed (the
+    planner then scrapes the frontend directly). Returns (Prometheus URL or None, its argv when started)."""
+    prom_url = stack_cfg.prometheus_url
+    prom_argv: list[str] | None = None
+    state_dir = st.dir
+    if prom_url is None and stack_cfg.prometheus_enabled != "false":
+        if binary is None:
+            print("notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
+                  file=sys.stderr, flush=True)
+        else:
+            pr_port = stack_cfg.prometheus_port or _free_port()
+            pdir = state_dir / "prometheus"
+            pdir.mkdir(exist_ok=True)
+            _write_prometheus_config(pdir / "prometheus.yml", stack_cfg.prometheus_scrape_interval_s,
+                                     f"127.0.0.1:{fe_port}", f"127.0.0.1:{pl_port}",
+                                     state_dir / "prometheus_workers.json")
+            prom_argv = [binary, f"--config.file={pdir / 'prometheus.yml'}", f"--storage.tsdb.path={pdir / 'data'}",
+                         f"--web.listen-address=127.0.0.1:{pr_port}", "--web.enable-lifecycle",
+                         "--storage.tsdb.retention.time=1d", "--log.level=warn"]
+            st.spawn("prometheus", prom_argv)
+            prom_url = f"http://127.0.0.1:{pr_port}"
+            st.wait_ok("prometheus", prom_url + "/-/ready", 60)
+    st.info["prometheus_url"] = prom_url
+    st.save()
+    if stack_cfg.prometheus_url:
+        why = _prometheus_problem(stack_cfg)
+        if why:
+            print(f"notice: prometheus.url={stack_cfg.prometheus_url!r} does not answer ({why}); the planner "
+                  "holds with hold_metrics_unknown until it does", file=sys.stderr, flush=True)
+    return prom_url, prom_argv
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        fe_port = stack_cfg.frontend_port or _free_port()
-        fe_url = f"http://127.0.0.1:{fe_port}"
-        st.spawn("frontend", [*DYNOPLAN, "frontend", "--host", "127.0.0.1", "--port", str(fe_port),
-                              "--workers-file", str(state_dir / "workers.txt"), "--router", stack_cfg.frontend_router,
-                              "--poll-s", str(stack_cfg.frontend_poll_s), "--model-name", stack_cfg.model_name])
-        st.wait_ok("frontend", fe_url + "/health", 60)
-        st.info["frontend_url"] = fe_url
-        pl_port = stack_cfg.service_port or _free_port()
-        pl_url = f"http://{stack_cfg.service_host}:{pl_port}"
-        prom_url = stack_cfg.prometheus_url
-        prom_argv: list[str] | None = None
-        if prom_url is None and stack_cfg.prometheus_enabled != "false":
-            if binary is None:
-                print("notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
+
+def _supervise(st: Any, max_planner_restarts: int, planner_argv: list[str], initial_workers: list[Any],
+               prom_argv: list[str] | None) -> int:
+    """Until SIGINT/SIGTERM: restart an exited planner (it adopts the fleet) up to ``max_planner_restarts``
+    times (then 1), reap exited initial workers, note an exited frontend, supervise Prometheus. Returns 0
+    when stopped."""
+    restarts = 0
+    prom = _Supervised("prometheus", prom_argv) if prom_argv else None
+    while not st.stopping:
+        p = st.procs["planner"]
+        if p.poll() is not None:
+            if restarts >= max_planner_restarts:
+                print(f"dynoplan up: planner exited with code {p.returncode} {restarts + 1} times; stopping",
                       file=sys.stderr, flush=True)
-            else:
-                pr_port = stack_cfg.prometheus_port or _free_port()
-                pdir = state_dir / "prometheus"
-                pdir.mkdir(exist_ok=True)
-                _write_prometheus_config(pdir / "prometheus.yml", stack_cfg.prometheus_scrape_interval_s,
-                                         f"127.0.0.1:{fe_port}", f"127.0.0.1:{pl_port}",
-                                         state_dir / "prometheus_workers.json")
-                prom_argv = [binary, f"--config.file={pdir / 'prometheus.yml'}", f"--storage.tsdb.path={pdir / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{pr_port}", "--web.enable-lifecycle",
-                             "--storage.tsdb.retention.time=1d", "--log.level=warn"]
-                st.spawn("prometheus", prom_argv)
-                prom_url = f"http://127.0.0.1:{pr_port}"
-                st.wait_ok("prometheus", prom_url + "/-/ready", 60)
-        st.info["prometheus_url"] = prom_url
-        st.save()
-        if stack_cfg.prometheus_url:
-            why = _prometheus_problem(stack_cfg)
-            if why:
-                print(f"notice: prometheus.url={stack_cfg.prometheus_url!r} does not answer ({why}); the planner "
-                      "holds with hold_metrics_unknown until it does", file=sys.stderr, flush=True)
-        initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping, st.keep_logs)
-        planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
-                        "--port", str(pl_port), "--frontend-url", fe_url]
-        if prom_url:
-            planner_argv += ["--prometheus-url", prom_url]
-        st.spawn("planner", planner_argv)
-        st.wait_ok("planner", pl_url + "/health", 120)
-        st.info["planner_url"] = pl_url
-        st.info["dashboard_url"] = pl_url + "/"
-        st.save()
-        print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
-              f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
-        ready = True
-        restarts = 0
-        prom = _Supervised("prometheus", prom_argv) if prom_argv else None
-        while not st.stopping:
-            p = st.procs["planner"]
-            if p.poll() is not None:
-                if restarts >= args.max_planner_restarts:
-                    print(f"dynoplan up: planner exited with code {p.returncode} {restarts + 1} times; stopping",
-                          file=sys.stderr, flush=True)
-                    return 1
-                restarts += 1
-                print(f"notice: planner exited with code {p.returncode}; restarting it (it adopts the fleet)",
-                      file=sys.stderr, flush=True)
-                st.spawn("planner", planner_argv)
-                st.info["planner_restarts"] = restarts
-                st.save()
-            for w in initial_workers:
-                w.poll()  # reap a worker that exited (else it stays a zombie child of up)
-            q = st.procs.get("frontend")
-            if q is not None and q.poll() is not None:
-                print(f"notice: frontend exited with code {q.returncode}", file=sys.stderr, flush=True)
-                st.procs.pop("frontend")
-            if prom is not None:
-                prom.supervise(st, time.monotonic())
-            time.sleep(0.2)
-        print("stopping", flush=True)
-        return 0
-    except KeyboardInterrupt:
-        ready = True  # stopped by the user during start-up, not a failed start: the state dir stays
-        raise
-    finally:
-        st.stop_all()
-        if not ready and created:
-            shutil.rmtree(created[-1], ignore_errors=True)  # the topmost directory this run created
-        for s, h in old.items():
-            signal.signal(s, h)
+                return 1
+            restarts += 1
+            print(f"notice: planner exited with code {p.returncode}; restarting it (it adopts the fleet)",
+                  file=sys.stderr, flush=True)
+            st.spawn("planner", planner_argv)
+            st.info["planner_restarts"] = restarts
+            st.save()
+        for w in initial_workers:
+            w.poll()  # reap a worker that exited (else it stays a zombie child of up)
+        q = st.procs.get("frontend")
+        if q is not None and q.poll() is not None:
+            print(f"notice: frontend exited with code {q.returncode}", file=sys.stderr, flush=True)
+            st.procs.pop("frontend")
+        if prom is not None:
+            prom.supervise(st, time.monotonic())
+        time.sleep(0.2)
+    print("stopping", flush=True)
+    return 0

@@ -173,7 +173,7 @@ def test_real_process_error_has_no_traceback(tmp_path: Path) -> None:
 
 
 def test_flags_override_yaml(tmp_path: Path) -> None:
-    from mocker.cli_replay import engine_config_from_args
+    from mocker.arguments import engine_config_from_args
     from planner.cli import build_parser
 
     y = tmp_path / "e.yaml"
@@ -253,8 +253,9 @@ def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: p
     rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20",
                        "--num-gpu-blocks", "2", "--quiet", "--report-json", str(rj))
     assert rc == 0 and out == ""
-    assert err == ("dynoplan replay: warning: 3 of 3 requests failed: a prompt that can never fit in a worker's KV "
-                   "cache (longest failed prompt 600 tokens; num_gpu_blocks=2 x block_size=64 = 128 tokens); "
+    assert err == ("dynoplan replay: warning: 3 of 3 requests failed: prompt + output tokens that can never fit in a "
+                   "worker's KV cache (largest failed request: 600 prompt + 20 output = 620 tokens; num_gpu_blocks=2 "
+                   "x block_size=64 = 128 tokens); "
                    "they count as not completed\n")
     rep = json.loads(rj.read_text())
     assert (rep["num_requests"], rep["completed_requests"]) == (3, 0)
@@ -265,6 +266,22 @@ def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: p
     rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=100&osl=20",
                        "--num-gpu-blocks", "4", "--quiet")
     assert (rc, err) == (0, "")  # 100 + 20 tokens fit in 256: no warning
+
+
+def test_a_short_prompt_with_a_long_output_is_named_with_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 100 prompt tokens fit in 16 x 64 = 1024; with 5000 output tokens the sequence outgrows the cache while
+    # decoding and is refused: the note names prompt and output, not a 100-token "prompt that can never fit"
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5000}\n'
+                 '{"timestamp": 10, "input_length": 1000, "output_length": 10}\n')
+    rc, out, err = cli(capsys, "--trace", str(t), "--num-gpu-blocks", "16", "--block-size", "64", "--quiet")
+    assert (rc, out) == (0, "")
+    assert err == ("dynoplan replay: warning: 1 of 2 requests failed: prompt + output tokens that can never fit in a "
+                   "worker's KV cache (largest failed request: 100 prompt + 5000 output = 5100 tokens; "
+                   "num_gpu_blocks=16 x block_size=64 = 1024 tokens); they count as not completed\n")
+    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=2&isl=300&osl=2",
+                       "--max-num-batched-tokens", "256", "--no-chunked-prefill", "--quiet")
+    assert rc == 0 and "or a prompt above max_num_batched_tokens=256 (chunked prefill off)" in err
 
 
 def test_engine_config_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -306,7 +323,7 @@ def test_output_under_missing_directory_is_refused_not_created(tmp_path: Path, c
 
 @pytest.mark.parametrize("flag", ["--workers", "--prefill-workers", "--decode-workers"])
 def test_worker_count_upper_bound(capsys: pytest.CaptureFixture[str], flag: str) -> None:
-    from mocker.cli_replay import MAX_WORKERS
+    from mocker.arguments import MAX_WORKERS
 
     rc, _, err = cli(capsys, "--trace", SMALL, flag, str(MAX_WORKERS + 1))
     assert_one_line_error(rc, err, flag, f"'{MAX_WORKERS + 1}'", f"between 1 and {MAX_WORKERS}")

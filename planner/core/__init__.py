@@ -24,7 +24,8 @@ Profiles (:mod:`planner.core.interpolation`)
     ``load_profile(path) -> PerformanceProfile`` (.npz or Dynamo profiler results dir), ``save_profile``,
     ``profile_from_arrays``, ``PrefillProfile``, ``DecodeProfile``, ``PerformanceProfile``
 Warm start (:mod:`planner.core.traces`)
-    ``read_trace_intervals(path, interval_s) -> list[TrafficWindow]`` (Azure CSV / Mooncake JSONL)
+    ``bucket_intervals(arrival_s, isl_tokens, osl_tokens, interval_s) -> list[TrafficWindow]`` (the drivers
+    read the trace file: :func:`planner.arguments.warm_start_windows`)
 Metrics (:mod:`planner.core.metrics`)
     ``PlannerMetrics(registry, labels=None).update(tick_result)``
 Sizing by simulation (:mod:`planner.core.sizing`)
@@ -66,12 +67,12 @@ from planner.core.observations import (
 )
 from planner.core.planner import Decision, Diagnostics, Planner, TickResult
 from planner.core.reasons import Reason
-from planner.core.traces import read_trace_intervals
+from planner.core.traces import bucket_intervals
 
 __all__ = [
     "Decision", "DecodeProfile", "Diagnostics", "ForwardPassMetrics", "Observations",
     "PerformanceProfile", "Planner", "PlannerConfig", "PoolLimits", "PoolState", "PrefillProfile",
     "QueuedRequests", "Reason", "ScheduledRequests", "TickResult", "TrafficWindow", "add_config_arguments",
-    "config_from_args", "config_from_mapping", "load_config", "load_profile", "profile_from_arrays",
-    "read_trace_intervals", "save_profile",
+    "bucket_intervals", "config_from_args", "config_from_mapping", "load_config", "load_profile",
+    "profile_from_arrays", "save_profile",
 ]

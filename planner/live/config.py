@@ -281,49 +281,33 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     return StackConfig(planner=planner, **kw)
 
 
-def _worker_namespace(argv: tuple[str, ...], pool: str | None = None) -> Any:
-    """``argv`` of a ``mocker serve`` worker (of ``pool``: with its ``--worker-type``) parsed by the worker's
-    own argument parser; raises SystemExit on flags it rejects."""
-    import argparse
-    import contextlib
-    import io
-
-    from mocker import cli_live
-    from planner.connectors.local import WORKER_TYPE  # the role the local connector starts the pool's workers with
-
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    cli_live.add_arguments(parser)
-    role = ["--worker-type", WORKER_TYPE[pool]] if pool is not None else []
-    with contextlib.redirect_stderr(io.StringIO()):
-        ns, _ = parser.parse_known_args(["serve", *role, *argv])
-    return ns
-
-
 def _worker_engine(argv: tuple[str, ...]) -> str | None:
     """The engine family (``vllm``/``sglang``/``trtllm``) a ``mocker serve`` worker started with ``argv``
     would run (its ``--engine`` / ``--engine-config``, relative to the current directory as for the worker),
-    parsed by the worker's own argument parser; None when the flags do not parse (the worker's start-up then
-    reports them)."""
-    from mocker import cli_live
+    as :func:`mocker.arguments.worker_from_argv` builds it; None when the flags do not parse or the engine is
+    invalid (the worker's start-up then reports them)."""
+    from mocker.arguments import worker_from_argv
 
     try:
-        return str(cli_live.engine_config_from_args(_worker_namespace(argv)).engine)
-    except (SystemExit, Exception):  # noqa: BLE001 - not ours to report: the worker's start-up does
+        return str(worker_from_argv(argv).engine.engine)
+    except Exception:  # noqa: BLE001 - not ours to report: the worker's start-up does
         return None
 
 
 def worker_engines(stack: StackConfig) -> tuple[dict[str, Any], Any, list[str]]:
     """The engine each planned pool's workers run, as ``mocker serve`` builds it from ``fleet.worker_args``
-    (defaults < ``--engine-config`` < flags; role from the pool, DP size from ``--dp-size``), and the KV
-    transfer of the decode workers' ``--kv-transfer-bandwidth-gbps`` / ``--kv-bytes-per-token``.
+    (:func:`mocker.arguments.worker_from_argv`: defaults < ``--engine-config`` < flags; role from the pool,
+    DP size from ``--dp-size``), and the KV transfer of the decode workers' ``--kv-transfer-bandwidth-gbps`` /
+    ``--kv-bytes-per-token``.
 
     Returns ``({pool: mocker.config.EngineConfig}, mocker.transfer.KvTransferConfig | None, problems)``:
     a pool without worker flags (e.g. the virtual connector's external workers) gets the mocker's default
     engine; a pool whose flags the worker's parser rejects is left out and named in ``problems`` (its
     workers' start-up reports the flag itself). Paths in the flags are relative to the current directory,
     as for the workers."""
-    from mocker import cli_live
+    from mocker.arguments import WorkerArgvError, worker_from_argv
     from mocker.transfer import KvTransferConfig
+    from planner.connectors.local import WORKER_TYPE  # the role the local connector starts the pool's workers with
 
     engines: dict[str, Any] = {}
     problems: list[str] = []
@@ -331,17 +315,18 @@ def worker_engines(stack: StackConfig) -> tuple[dict[str, Any], Any, list[str]]:
     for pool in stack.planner.pools:
         argv = tuple(stack.worker_args.get(pool, ()))
         try:
-            ns = _worker_namespace(argv, pool)
-            engines[pool] = cli_live.engine_config_from_args(ns).replace(worker_type=ns.worker_type,
-                                                                          dp_size=ns.dp_size)
-            if pool == "decode" and ns.kv_transfer_bandwidth_gbps > 0:
-                # the live frontend's default pd_mode "direct": the prefill leg completes, then the decode leg
-                transfer = KvTransferConfig(bandwidth_gbps=float(ns.kv_transfer_bandwidth_gbps),
-                                            kv_bytes_per_token=int(ns.kv_bytes_per_token) or None, handoff="direct")
-        except SystemExit:
-            problems.append(f"fleet.worker_args.{pool}={list(argv)!r}: flags mocker serve rejects")
+            worker = worker_from_argv(argv, WORKER_TYPE[pool])
+        except WorkerArgvError as e:
+            problems.append(f"fleet.worker_args.{pool}={list(argv)!r}: flags mocker serve rejects ({e})")
+            continue
         except Exception as e:  # noqa: BLE001 - mocker's ConfigError / OSError of an --engine-config file
             problems.append(f"fleet.worker_args.{pool}: {' '.join(str(e).split())}")
+            continue
+        engines[pool] = worker.engine
+        if pool == "decode" and worker.kv_transfer_bandwidth_gbps > 0:
+            # the live frontend's default pd_mode "direct": the prefill leg completes, then the decode leg
+            transfer = KvTransferConfig(bandwidth_gbps=worker.kv_transfer_bandwidth_gbps,
+                                        kv_bytes_per_token=worker.kv_bytes_per_token or None, handoff="direct")
     return engines, transfer, problems
 
 

@@ -41,7 +41,8 @@ def test_worker_engines_without_flags_is_the_default_engine_and_bad_flags_are_na
     assert engines == {"agg": EngineConfig(worker_type="aggregated")} and problems == []
     bad = stack_file(tmp_path, fleet={"worker_args": {"agg": ["--num-gpu-blocks", "x"]}})
     engines, _, problems = worker_engines(load_stack_config(bad))
-    assert engines == {} and problems == ["fleet.worker_args.agg=['--num-gpu-blocks', 'x']: flags mocker serve rejects"]
+    assert engines == {} and problems == ["fleet.worker_args.agg=['--num-gpu-blocks', 'x']: flags mocker serve rejects "
+                                             "(argument --num-gpu-blocks: 'x': expected a positive integer)"]
 
 
 def test_up_builds_the_evaluator_with_the_frontend_router_and_sla(tmp_path):

@@ -405,3 +405,24 @@ def test_synthetic_zero_prefix_groups_or_len_says_at_least_one() -> None:
     with pytest.raises(TraceError) as ei:
         load_trace("synthetic:constant?rate=2&duration_s=120&prefix_groups=3&prefix_len=0")
     assert ei.value.field == "prefix_len" and "prefix_len=0: expected an integer >= 1" in str(ei.value)
+
+
+def test_mooncake_timestamps_are_bounded_and_epoch_ms_is_diagnosed(tmp_path: Path) -> None:
+    from mocker.traces import EPOCH_MS_THRESHOLD, MAX_TRACE_TIMESTAMP_MS
+
+    assert MAX_TRACE_TIMESTAMP_MS == pytest.approx(4_503_599_627.370496)  # 2**52 ns in ms
+    # float64 ms still resolve 1 ns (1e-6 ms) at the bound, no longer at twice it
+    assert np.spacing(MAX_TRACE_TIMESTAMP_MS) < 1e-6 < np.spacing(2 * MAX_TRACE_TIMESTAMP_MS)
+    row = '{{"timestamp": {}, "input_length": 10, "output_length": 5}}\n'
+    f = tmp_path / "t.jsonl"
+    f.write_text(row.format(0) + row.format(4_503_599_627))  # just inside: accepted
+    assert [r.arrival_ms for r in load_trace(f)] == [0.0, 4_503_599_627.0]
+    f.write_text(row.format(0) + row.format("1e308"))
+    with pytest.raises(TraceError, match=r"t.jsonl:2: field 'timestamp' 1e\+308 ms: expected milliseconds since the "
+                                         r"trace start, at most 4.504e\+09 ms"):
+        load_trace(f)
+    f.write_text(row.format(1_700_000_000_000) + row.format(1_700_000_001_000))
+    assert 1_700_000_000_000 >= EPOCH_MS_THRESHOLD
+    with pytest.raises(TraceError, match=r"t.jsonl:1: field 'timestamp' 1.7e\+12 ms looks like Unix epoch milliseconds "
+                                         r"\(2023-11-14T22:13:20Z\); expected milliseconds since the trace start"):
+        load_trace(f)

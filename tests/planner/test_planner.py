@@ -359,9 +359,9 @@ def test_deterministic_and_json_diagnostics():
 
 
 def test_warm_start_from_trace_primes_predictors():
-    from planner.core.traces import read_trace_intervals
+    from planner.arguments import warm_start_windows
 
-    hist = read_trace_intervals("examples/traces/azure_llm_conv_2023.csv", 180.0)
+    hist = warm_start_windows("examples/traces/azure_llm_conv_2023.csv", 180.0)
     pl = Planner(thpt_config(predictor="constant"), profile(), warm_start=hist)
     assert pl.throughput._pred_req.predict_next() == hist[-1].num_requests
     assert len(pl.throughput._pred_req.values) == len(hist)
