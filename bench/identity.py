@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACES = ROOT / "examples" / "traces"
-AZURE = str(TRACES / "azure_llm_conv_2023.csv")
-MOONCAKE = str(TRACES / "mooncake_conversation.jsonl")
+# Relative to ROOT (every command runs there): simulate's details.json records the trace path as given, so
+# the digests do not depend on where the checkout is.
+AZURE = "examples/traces/azure_llm_conv_2023.csv"
+MOONCAKE = "examples/traces/mooncake_conversation.jsonl"
 DISAGG = ["--prefill-workers", "2", "--decode-workers", "2", "--kv-transfer-bandwidth", "64",
           "--kv-bytes-per-token", "131072"]
 # The same fleets as bench/bench_replay.py's CASES, as CLI flags.
