@@ -314,7 +314,7 @@ def _check_planner_set(text: str, key: str, value: str) -> None:
     from planner.sim.errors import SimulationConfigError
 
     try:
-        config_from_mapping({key: value})
+        config_from_mapping({key: value}, cli=True)
     except ConfigError as e:
         k = key.replace("-", "_")
         own = [p for p in e.problems if p.startswith((f"{k}:", f"{k}=", f"{k}."))]

@@ -63,7 +63,7 @@ def _load_interval_default(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     if "load_adjustment_interval_s" in raw or raw.get("load_enabled") is True:
         return raw
     ai = raw.get("adjustment_interval_s")
-    default = next(f.default for f in dataclasses.fields(PlannerConfig) if f.name == "load_adjustment_interval_s")
+    default = PlannerConfig().load_adjustment_interval_s
     if isinstance(ai, (int, float)) and not isinstance(ai, bool) and 0 < ai <= default:
         return {**raw, "load_adjustment_interval_s": ai / 2.0}
     return raw
