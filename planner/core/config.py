@@ -261,56 +261,72 @@ def _unknown(key: str) -> str:
     return f"{key}: unknown setting{hint}"
 
 
-def _field_kinds() -> dict[str, tuple[str, bool]]:
-    """Setting name (top level and ``<pool>.<key>``) -> (base type name, optional?), from the annotations."""
+def field_kinds(cls: Any, prefix: str = "") -> dict[str, tuple[str, bool]]:
+    """Setting name (``prefix`` + field name) -> (base type name of its annotation, optional?) of the
+    settings class ``cls`` (annotations are strings here: ``"float | None"`` -> ``("float", True)``)."""
     out: dict[str, tuple[str, bool]] = {}
-    for prefix, cls in [("", PlannerConfig)] + [(p + ".", PoolLimits) for p in _POOL_NAMES]:
-        for f in dataclasses.fields(cls):
-            parts = [x.strip() for x in str(f.type).split("|")]
-            out[prefix + f.name] = (parts[0].split("[")[0], "None" in parts[1:])
+    for f in dataclasses.fields(cls):
+        parts = [x.strip() for x in str(f.type).split("|")]
+        out[prefix + f.name] = (parts[0].split("[")[0], "None" in parts[1:])
+    return out
+
+
+def _field_kinds() -> dict[str, tuple[str, bool]]:
+    """:func:`field_kinds` of PlannerConfig and its pools (``agg.max_replicas``)."""
+    out = field_kinds(PlannerConfig)
+    for p in _POOL_NAMES:
+        out.update(field_kinds(PoolLimits, p + "."))
     return out
 
 
 _BOOL_TEXT = {"1": True, "0": False}
 
 
-def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``KEY=VALUE`` text (``--planner-set``, ``planner:key=value``, ``--ttft-ms 300``) as typed values: each
-    string value is read as a YAML scalar (``300`` -> 300, ``true``/``yes``/``on`` -> True, ``null``/``~``/empty
-    -> None), then by the setting's type: a list setting splits ``a,b`` on commas, an optional setting reads
-    ``none`` as None, a boolean reads ``1``/``0``, a number reads what YAML 1.1 leaves as text (``1e3``).
-    Keys are as given (``-`` or ``_``); values that are not strings, and unknown keys, pass unchanged (the
-    validation names them)."""
+def text_value(text: str, kind: str, optional: bool = False) -> Any:
+    """Command-line or environment ``text`` as the value of a setting whose annotation's base type is
+    ``kind`` (``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"tuple"``, a Literal alias; ``""`` unknown).
+
+    Read as a YAML scalar (``300`` -> 300, ``true``/``yes``/``on`` -> True, ``null``/``~``/empty -> None),
+    then by the kind: a ``str`` setting keeps the text, a list setting splits ``a,b`` on commas, an optional
+    setting reads ``none`` as None, a boolean reads ``1``/``0``, a number reads what YAML 1.1 leaves as text
+    (``1e3``). What does not parse stays text, for the validation to name."""
     import yaml
 
+    text = text.strip()
+    if kind == "str":
+        return text
+    if kind == "tuple":
+        return [x.strip() for x in text.split(",") if x.strip()]
+    if optional and text.lower() == "none":
+        return None
+    if kind == "bool" and text in _BOOL_TEXT:
+        return _BOOL_TEXT[text]
+    try:
+        value = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        return text  # a flow mapping/list or a date: the text itself (the validation names it)
+    if kind in ("int", "float") and isinstance(value, str):
+        try:
+            return int(value) if kind == "int" else float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``KEY=VALUE`` text (``--planner-set``, ``planner:key=value``, ``--ttft-ms 300``) as typed values: each
+    string value read by :func:`text_value` with its setting's type (flat pool keys ``agg_max_replicas``
+    included). Keys are kept as given (``-`` or ``_``); values that are not strings, and unknown keys' values
+    (read as YAML scalars), pass on for the validation to judge."""
     kinds = _field_kinds()
     out: dict[str, Any] = {}
     for key, value in data.items():
         k = str(key).replace("-", "_")
         pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1:] in _POOL_KEYS), None)
-        base, optional = kinds.get(f"{pool}.{k[len(pool) + 1:]}" if pool else k, ("", False))
-        if isinstance(value, str):
-            text = value.strip()
-            if base == "tuple":
-                value = [x.strip() for x in text.split(",") if x.strip()]
-            elif optional and text.lower() == "none":
-                value = None
-            elif base == "bool" and text in _BOOL_TEXT:
-                value = _BOOL_TEXT[text]
-            else:
-                try:
-                    value = yaml.safe_load(text) if text else None
-                except yaml.YAMLError:
-                    value = text
-                if isinstance(value, (dict, list, tuple)) or (value is not None and not isinstance(
-                        value, (str, int, float, bool))):
-                    value = text  # a flow mapping/list or a date: the text itself (the validation names it)
-                if base in ("int", "float") and isinstance(value, str):
-                    try:
-                        value = int(value) if base == "int" else float(value)
-                    except ValueError:
-                        pass
-        out[key] = value
+        kind, optional = kinds.get(f"{pool}.{k[len(pool) + 1:]}" if pool else k, ("", False))
+        out[key] = text_value(value, kind, optional) if isinstance(value, str) else value
     return out
 
 

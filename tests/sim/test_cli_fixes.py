@@ -126,7 +126,7 @@ def test_config_file_mode_is_honoured(tmp_path, profile):
 
 
 @pytest.mark.parametrize("text, needles", [
-    ("ttft_ms: .nan\n", ("ttft_ms=nan", "finite number > 0")),
+    ("ttft_ms: .nan\n", ("ttft_ms=nan", "expected a finite number")),
     ("planner:\n  itl_ms: .nan\n", ("itl_ms=nan",)),
     ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
     ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
