@@ -228,7 +228,7 @@ def test_profile_grid_errors_name_flag_value_and_the_two_points_needed(tmp_path,
 # ------------------------------------------------------------------ 10. error lines name the flag
 @pytest.mark.parametrize("argv, needles", [
     (["--planner-set", "foo=1"], ["--planner-set foo=1: unknown setting"]),
-    (["--planner-set", "ttft_ms=abc"], ["--planner-set ttft_ms=abc:", "expected a float"]),
+    (["--planner-set", "ttft_ms=abc"], ["--planner-set ttft_ms=abc: ttft_ms='abc': expected a number"]),
     (["--compare", "hpa:running:0"], ["policy 'hpa:running:0':", "target=0.0"]),
 ])
 def test_error_lines_name_the_flag(capsys, profile, argv, needles):
