@@ -309,9 +309,11 @@ def text_value(text: str, kind: str, optional: bool = False) -> Any:
         return text  # a flow mapping/list or a date: the text itself (the validation names it)
     if kind in ("int", "float") and isinstance(value, str):
         try:
-            return int(value) if kind == "int" else float(value)
+            value = int(value) if kind == "int" else float(value)
         except ValueError:
             return value
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)  # "1e+06": how Go templates (the Helm chart's env values) write a large integer
     return value
 
 
