@@ -27,8 +27,9 @@ import dataclasses
 import difflib
 import json
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import Field
 

@@ -25,8 +25,9 @@ naming each bad field, its value and what was expected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field

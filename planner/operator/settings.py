@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -71,8 +72,8 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         """The cross-field check; raises :class:`~dynoplan.settings.Problems`."""
         if self.planner_min_sleep_s > self.planner_max_sleep_s:
-            raise Problems([f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s="
-                            f"{self.planner_max_sleep_s!r}"])
+            raise Problems(f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s="
+                           f"{self.planner_max_sleep_s!r}")
 
 
 def effective_peering_priority(settings: OperatorSettings, host: str | None = None) -> int:
