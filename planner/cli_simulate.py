@@ -478,8 +478,10 @@ def build_context(args: argparse.Namespace) -> Any:
     overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
     cfg = load_config(args.planner_config, {**base, **overrides})
     # a worker of dp_size ranks holds dp_size GPUs at least: the planner's budget counts them so
-    cfg = dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
-        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()})
+    from dynoplan.settings import check  # the new budget is validated: a ConfigError line, not a traceback
+
+    cfg = check(lambda: dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
+        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()}))
     initial = _parse_initial(args.initial_replicas, tuple(engines))
     _check_initial(initial, cfg)
     profile = _load_planner_profile(args.profile) if args.profile else profile_engine(engine)
