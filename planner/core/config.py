@@ -1,7 +1,7 @@
 """The planner's one settings object: :class:`PlannerConfig` (frozen, validated at construction).
 
 Each field states its unit, bound, default and the source of the default once, in its ``Field``. Defaults
-follow the Dynamo Planner design (docs/architecture.md "Planner"): adjustment interval 180 s, load
+follow the Dynamo Planner design (docs/architecture.md "Planner facts"): adjustment interval 180 s, load
 interval 5 s, TTFT 500 ms, ITL 50 ms, min_endpoint 1, max_gpu_budget 8, Kalman q_level 1.0,
 q_trend 0.1, r 10.0, min points 5, Prophet window 50, VirtualConnector timeout 1800 s (used here as
 the pending-action timeout). Fields beyond the reference (the sizing by simulation, the auto predictor,
@@ -67,7 +67,7 @@ class PoolLimits:
     """Replica limits of one worker pool (prefill, decode or agg)."""
 
     min_replicas: int = Field(1, ge=0, description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
-                                                   "min_endpoint, docs/architecture.md \"Planner\").")
+                                                   "min_endpoint, docs/architecture.md \"Planner facts\").")
     max_replicas: int | None = Field(None, ge=0, description="Most replicas the planner requests, >= 0; null (the "
                                                              "default) = only the GPU budget limits it.")
     gpus_per_engine: int = Field(1, ge=1, description="GPUs one replica occupies, >= 1 (default 1).")
@@ -111,14 +111,15 @@ class PlannerConfig:
                                                          "(0,d,0)), refit after this many new points, >= 1 "
                                                          "(default 10).")
     kalman_q_level: float = Field(1.0, ge=0, description="Kalman: process noise of the level, >= 0 (default 1.0, "
-                                                         "Dynamo).")
+                                                         "docs/architecture.md \"Load predictors\").")
     kalman_q_trend: float = Field(0.1, ge=0, description="Kalman: process noise of the trend, >= 0 (default 0.1, "
-                                                         "Dynamo).")
-    kalman_r: float = Field(10.0, ge=0, description="Kalman: measurement noise, >= 0 (default 10.0, Dynamo).")
+                                                         "docs/architecture.md \"Load predictors\").")
+    kalman_r: float = Field(10.0, ge=0, description="Kalman: measurement noise, >= 0 (default 10.0, "
+                                                 "docs/architecture.md \"Load predictors\").")
     kalman_min_points: int = Field(5, ge=1, description="Kalman: points needed before the filter is used, >= 1 "
-                                                        "(default 5, Dynamo).")
+                                                        "(default 5, docs/architecture.md \"Load predictors\").")
     prophet_window: int = Field(50, ge=1, description="Prophet: fit on the last this-many points, >= 1 (default "
-                                                      "50, Dynamo).")
+                                                      "50, docs/architecture.md \"Load predictors\").")
     prophet_refit_every: int = Field(1, ge=1, description="Prophet: refit every this-many intervals, >= 1 (1 = "
                                                           "every interval, the reference); in between, predict "
                                                           "from the last fit. The three series (count, ISL, OSL) "
@@ -132,7 +133,7 @@ class PlannerConfig:
     decode: PoolLimits = Field(default_factory=_pool, description="Replica limits of the decode pool.")
     agg: PoolLimits = Field(default_factory=_pool, description="Replica limits of the aggregated pool.")
     max_gpu_budget: int = Field(8, ge=0, description="Total GPUs all pools may occupy, counting every replica "
-                                                     "requested, >= 0 (default 8, Dynamo).")
+                                                     "requested, >= 0 (default 8, docs/architecture.md \"Planner facts\").")
     min_gpu_budget: int = Field(0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the "
                                                      "default, = no minimum).")
     load_prefill_window_s: float = Field(30.0, gt=0, description=(
