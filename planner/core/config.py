@@ -288,15 +288,17 @@ def text_value(text: str, kind: str, optional: bool = False) -> Any:
     """Command-line or environment ``text`` as the value of a setting whose annotation's base type is
     ``kind`` (``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"tuple"``, a Literal alias; ``""`` unknown).
 
-    Read as a YAML scalar (``300`` -> 300, ``true``/``yes``/``on`` -> True, ``null``/``~``/empty -> None),
-    then by the kind: a ``str`` setting keeps the text, a list setting splits ``a,b`` on commas, an optional
-    setting reads ``none`` as None, a boolean reads ``1``/``0``, a number reads what YAML 1.1 leaves as text
-    (``1e3``). What does not parse stays text, for the validation to name."""
+    A text setting (``str`` or a Literal alias such as ``Mode``) keeps the text (``off`` is a word there, not
+    YAML's false); a list setting splits ``a,b`` on commas; an optional setting reads ``none`` as None; a
+    boolean reads ``1``/``0``. Otherwise the text is read as a YAML scalar (``300`` -> 300, ``true``/``yes``/
+    ``on`` -> True, ``null``/``~``/empty -> None); a number setting also reads what YAML 1.1 leaves as text
+    (``1e3``), an integer setting an integral number in exponent form (``1e+06``, as Go's templates write
+    it). What does not parse stays text, for the validation to name."""
     import yaml
 
     text = text.strip()
-    if kind == "str":
-        return text
+    if kind not in ("int", "float", "bool", "tuple", ""):
+        return text  # a str or Literal setting: "off" is the word, not YAML's false
     if kind == "tuple":
         return [x.strip() for x in text.split(",") if x.strip()]
     if optional and text.lower() == "none":
@@ -309,9 +311,9 @@ def text_value(text: str, kind: str, optional: bool = False) -> Any:
         return text
     if value is not None and not isinstance(value, (str, int, float, bool)):
         return text  # a flow mapping/list or a date: the text itself (the validation names it)
-    if kind in ("int", "float") and isinstance(value, str):
+    if kind in ("int", "float") and isinstance(value, str):  # digits are YAML ints already: "1e3", "1e+06"
         try:
-            value = int(value) if kind == "int" else float(value)
+            value = float(value)
         except ValueError:
             return value
     if kind == "int" and isinstance(value, float) and value.is_integer():

@@ -164,3 +164,16 @@ def test_a_removed_rules_setting_says_what_replaced_it():
     with pytest.raises(ConfigError, match=r"scale_down_hysteresis: unknown setting \(removed: the sizing by simulation "
                                           r"replaced that rule, see docs/planner-core.md"):
         config_from_mapping({"scale_down_hysteresis": 0.1})
+
+
+def test_text_value_reads_command_line_and_environment_text_by_the_settings_type():
+    from planner.core.config import text_value
+
+    assert [text_value("1e+06", "int"), text_value("2.147483647e+09", "int"), text_value("1e3", "float"),
+            text_value("1.5", "int"), text_value("abc", "int"), text_value("off", "Mode"), text_value("off", "bool"),
+            text_value("none", "float", optional=True), text_value("", "float", optional=True),
+            text_value("a, b", "tuple"), text_value("0", "bool"), text_value(" 7 ", "str")] == [
+        1_000_000, 2_147_483_647, 1000.0, 1.5, "abc", "off", False, None, None, ["a", "b"], False, "7"]
+    # a predictor named "off" by mistake is named as the text given, not as YAML's false
+    with pytest.raises(ConfigError, match=r"predictor='off': expected one of"):
+        config_from_mapping({"predictor": "off"}, cli=True)
