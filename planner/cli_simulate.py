@@ -32,8 +32,9 @@ from mocker.arguments import (MAX_WORKERS, RATE_ENVELOPE_HELP, engine_config_fro
 from mocker.errors import MockerError
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
 from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
+from dynoplan.settings import check
 from planner.core import PlannerConfig, config_from_mapping, load_profile
-from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits
+from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits, parse_cli_values
 from planner.errors import ConfigError, PlannerError, ProfileError
 from planner.sim.errors import SimulationConfigError
 from planner.sim.loop import SimSettings, simulate
@@ -239,7 +240,7 @@ def _check_planner_set(text: str, key: str, value: str) -> None:
     setting ...``); otherwise returns and the caller re-raises the whole config's error. Raises
     SimulationConfigError."""
     try:
-        config_from_mapping({key: value})
+        config_from_mapping({key: value}, cli=True)
     except ConfigError as e:
         k = key.replace("-", "_")
         own = [p for p in e.problems if p.startswith((f"{k}:", f"{k}=", f"{k}."))]
@@ -341,7 +342,7 @@ def _planner_config(file_settings: dict[str, Any], overrides: dict[str, Any], so
     merged into the file's, as :func:`planner.core.load_config` does), validated by
     :func:`planner.core.config_from_mapping`. Raises ConfigError naming the file."""
     data = dict(file_settings)
-    for k, v in overrides.items():
+    for k, v in parse_cli_values(overrides).items():  # command-line text read by the setting's type
         k = k.replace("-", "_")
         if k in ("agg", "prefill", "decode") and isinstance(v, dict) and isinstance(data.get(k), dict):
             data[k] = {**data[k], **v}
@@ -484,8 +485,9 @@ def _pools(args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[st
     overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
     cfg = _load_config(args, in_file, {**_defaults_not_in(in_file), **overrides})
     # a worker of dp_size ranks holds dp_size GPUs at least: the planner's budget counts them so
-    cfg = dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
-        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()})
+    # the new budget is validated: a ConfigError line, not a traceback
+    cfg = check(lambda: dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
+        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()}))
     return engines, cfg
 
 

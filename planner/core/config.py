@@ -1,16 +1,23 @@
 """The planner's one settings object: :class:`PlannerConfig` (frozen, validated at construction).
 
-Defaults follow the Dynamo Planner design (DESIGN.md "Planner facts"): adjustment interval 180 s, load
+Each field states its unit, bound, default and the source of the default once, in its ``Field``. Defaults
+follow the Dynamo Planner design (docs/architecture.md "Planner facts"): adjustment interval 180 s, load
 interval 5 s, TTFT 500 ms, ITL 50 ms, min_endpoint 1, max_gpu_budget 8, Kalman q_level 1.0,
 q_trend 0.1, r 10.0, min points 5, Prophet window 50, VirtualConnector timeout 1800 s (used here as
 the pending-action timeout). Fields beyond the reference (the sizing by simulation, the auto predictor,
 ...) document their own defaults.
 
+The class is a :func:`dynoplan.settings.settings` model: strict types (a bool is not an integer, ``"5"`` is
+not a number), unknown keys rejected, field bounds checked by pydantic; the cross-field checks
+(:meth:`PlannerConfig.__post_init__`) raise :class:`~dynoplan.settings.Problems` with every line at once.
+Direct construction raises pydantic's ``ValidationError``; the functions below raise
+:class:`~planner.errors.ConfigError` with one ``field=value: expected ...`` line per problem.
+
 Sources: :func:`config_from_mapping` (a dict, e.g. parsed YAML/JSON; nested ``prefill:``/``decode:``/
-``agg:`` pool sections or flat ``prefill_min_replicas`` keys), :func:`load_config` (a ``.yaml``/``.yml``/
-``.json`` file plus overrides), :func:`add_config_arguments` / :func:`config_from_args` (CLI flags
-``--ttft-ms 300 --prefill-max-replicas 4``; flags win over the file). Every invalid value is reported
-in one :class:`~planner.errors.ConfigError` naming the field, the value and what was expected.
+``agg:`` pool sections or flat ``prefill_min_replicas`` keys; ``cli=True`` for ``KEY=VALUE`` text),
+:func:`load_config` (a ``.yaml``/``.yml``/``.json`` file plus overrides), :func:`add_config_arguments` /
+:func:`config_from_args` (CLI flags ``--ttft-ms 300 --prefill-max-replicas 4``; flags win over the file).
+Command-line text is read as a YAML scalar (:func:`parse_cli_values`).
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ import argparse
 import dataclasses
 import difflib
 import json
-import math
-import types
 import typing
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal
 
+from pydantic import Field
+
+from dynoplan.settings import Problems, build, settings
 from planner.errors import ConfigError
 
 MAX_TTFT_MS = 3_600_000.0
@@ -46,125 +54,169 @@ POOLS_BY_MODE: dict[str, tuple[str, ...]] = {
 
 PREDICTORS: tuple[str, ...] = ("constant", "arima", "kalman", "prophet", "auto")
 
+Mode = Literal["disagg", "prefill", "decode", "agg"]
+"""The values of :data:`MODES` as a type."""
+Predictor = Literal["constant", "arima", "kalman", "prophet", "auto"]
+"""The values of :data:`PREDICTORS` as a type."""
+Candidate = Literal["constant", "arima", "kalman", "prophet"]
+"""A candidate of the ``auto`` predictor: any predictor but ``auto`` itself."""
 
-@dataclass(frozen=True, slots=True)
+
+@settings
 class PoolLimits:
-    """Replica limits of one worker pool (prefill, decode or agg).
+    """Replica limits of one worker pool (prefill, decode or agg)."""
 
-    ``min_replicas`` (default 1 = Dynamo ``min_endpoint``), ``max_replicas`` (``None`` = only the GPU
-    budget limits it), ``gpus_per_engine`` (GPUs one replica occupies, default 1).
-    """
-
-    min_replicas: int = 1
-    max_replicas: int | None = None
-    gpus_per_engine: int = 1
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
+                                                   "min_endpoint, docs/architecture.md \"Planner facts\").")
+    max_replicas: int | None = Field(None, ge=0, description="Most replicas the planner requests, >= 0; null (the "
+                                                             "default) = only the GPU budget limits it.")
+    gpus_per_engine: int = Field(1, ge=1, description="GPUs one replica occupies, >= 1 (default 1).")
 
 
-@dataclass(frozen=True, slots=True)
+def _pool() -> PoolLimits:
+    return PoolLimits()
+
+
+@settings
 class PlannerConfig:
     """Every knob of the planner core. Construct directly or via :func:`config_from_mapping`.
 
-    Raises :class:`~planner.errors.ConfigError` listing every invalid field at once.
+    Direct construction raises pydantic's ``ValidationError`` (a ``ValueError``); :func:`config_from_mapping`
+    raises :class:`~planner.errors.ConfigError` listing every invalid field at once.
     """
 
-    mode: str = "disagg"
-    """One of :data:`MODES`."""
-    throughput_enabled: bool = True
-    """Run the throughput-based loop (predict demand, size from the performance profile)."""
-    load_enabled: bool = False
-    """Run the load-based loop on ForwardPassMetrics (+/-1 replica per load interval)."""
-    adjustment_interval_s: float = 180.0
-    """Throughput loop period, seconds (Dynamo ``adjustment_interval`` default 180)."""
-    load_adjustment_interval_s: float = 5.0
-    """Load loop period, seconds (default 5); must be shorter than ``adjustment_interval_s``."""
-    ttft_ms: float = 500.0
-    """TTFT SLA, milliseconds (default 500)."""
-    itl_ms: float = 50.0
-    """ITL SLA, milliseconds (default 50)."""
-    correction_enabled: bool = True
-    """Apply correction factors actual/expected TTFT (prefill) and ITL (decode); False = factors 1."""
-    predictor: str = "arima"
-    """Demand predictor, one of :data:`PREDICTORS` (Dynamo default ``arima``)."""
-    predictor_log1p: bool = False
-    """ARIMA: fit on log1p(values) and predict expm1 (reference option)."""
-    predictor_min_points: int = 5
-    """ARIMA / Prophet: points needed before the model is used (constant fallback before)."""
-    arima_refit_every: int = 10
-    """ARIMA: when the fitted model is degenerate (order (0,d,0)), refit after this many new points."""
-    kalman_q_level: float = 1.0
-    kalman_q_trend: float = 0.1
-    kalman_r: float = 10.0
-    kalman_min_points: int = 5
-    prophet_window: int = 50
-    """Prophet: fit on the last this-many points (default 50)."""
-    prophet_refit_every: int = 1
-    """Prophet: refit every this-many intervals (1 = every interval, the reference); in between, predict
-    from the last fit. The three series (count, ISL, OSL) are staggered so a tick carries one fit."""
-    auto_candidates: tuple[str, ...] = ("constant", "kalman", "arima")
-    """``auto`` predictor: candidates whose rolling one-step error is compared."""
-    auto_error_window: int = 10
-    """``auto`` predictor: number of recent one-step absolute errors averaged."""
-    prefill: PoolLimits = field(default_factory=PoolLimits)
-    decode: PoolLimits = field(default_factory=PoolLimits)
-    agg: PoolLimits = field(default_factory=PoolLimits)
-    max_gpu_budget: int = 8
-    """Total GPUs all pools may occupy, counting every replica requested (default 8)."""
-    min_gpu_budget: int = 0
-    """Total GPUs the pools should occupy at least (0 = no minimum)."""
-    load_prefill_window_s: float = 30.0
-    """Load loop, agg ITL estimate: each engine's prefill work rate (prefill tokens per second of pass wall
-    time) is taken over the passes it reported in the last this-many seconds (a window of several load
-    intervals, so the few passes relayed per tick average out; :func:`planner.core.load.estimate_itl_ms`)."""
-    load_sensitivity: float = 0.8
-    """Load loop: scale down only when every engine is below SLA x this factor (0 < s <= 1)."""
-    max_num_batched_tokens: int = 8192
-    """Engine chunk size used to simulate the prefill queue for the TTFT estimate (default 8192)."""
-    regression_buckets: int = 16
-    """Load regressions: token-count buckets (log2-spaced) used to retain samples evenly."""
-    regression_samples_per_bucket: int = 32
-    """Load regressions: most recent samples kept per bucket (memory is bounded by buckets x this)."""
-    regression_min_samples: int = 8
-    """Load regressions: samples needed before an estimate is made (none = unknown)."""
-    engine_stale_s: float = 30.0
-    """An engine that sent no ForwardPassMetrics for this long is no longer counted."""
-    pending_timeout_s: float = 1800.0
-    """A decision not reflected in ready replicas after this long is abandoned and re-planned
-    (Dynamo VirtualConnector default 1800 s)."""
-    scale_down_cooldown_s: float = 0.0
-    """No scale-down of a pool within this long after it was scaled up (0 = off)."""
-    external_change_grace_s: float = 180.0
-    """After adopting a replica count set by someone else, leave that pool alone this long."""
-    load_max_scale_up_factor: float = 2.0
-    """Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this))
-    replicas (at least +1); 1.0 = the reference's +1 per interval."""
-    first_sizing_s: float | None = 30.0
-    """Early sizing: at start + this (seconds), size every pool from the traffic seen since the start (its
-    count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of
-    waiting a whole ``adjustment_interval_s`` with whatever fleet was deployed; the predictors are not fed.
-    30 s holds a few hundred requests at a few requests per second (the count is within ~10 %) and leaves a
-    60 s start-up well inside the first interval. None = off (reference: first sizing at start + interval)."""
-    demand_error_quantile: float | None = 0.9
-    """Burst-aware demand: the predicted request count is multiplied by this quantile of the recent one-step
-    ratios ``observed / predicted`` (floored at 1, so it never shrinks demand), the load the fleet must expect
-    given how far the predictor has been short; None = off (size for the point prediction, reference)."""
-    demand_error_window: int = 20
-    """Burst-aware demand: most recent ratios kept."""
-    demand_error_min_points: int = 3
-    """Burst-aware demand: ratios needed before the factor is applied (1 before)."""
-    simulated_sizing: bool = True
-    """Throughput loop: size the pools by simulation (:mod:`planner.core.sizing`) -- replay a traffic sample of the
-    coming interval through candidate fleets of the deployment's engines and take the cheapest whose simulated
-    attainment meets ``sla_attainment_target`` by a binomial bound. Used when the driver gives the planner an
-    engine model (``Planner(..., evaluator=)``) and the target is set; otherwise, or False, the closed-form
-    sizing of :mod:`planner.core.throughput`."""
-    sla_attainment_target: float | None = 0.995
-    """Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < f < 1: the bar of the sizing
-    by simulation (:mod:`planner.core.sizing`). None = size by the closed-form reference formulas."""
+    mode: Mode = Field("disagg", description="Pools planned: disagg (prefill + decode), prefill, decode (that pool "
+                                             "only) or agg (one aggregated pool); default disagg.")
+    throughput_enabled: bool = Field(True, description="Run the throughput-based loop (predict demand, size from "
+                                                       "the performance profile); default true.")
+    load_enabled: bool = Field(False, description="Run the load-based loop on ForwardPassMetrics (+/-1 replica per "
+                                                  "load interval); default false.")
+    adjustment_interval_s: float = Field(180.0, gt=0, description="Throughput loop period, seconds > 0 (default "
+                                                                  "180, Dynamo adjustment_interval).")
+    load_adjustment_interval_s: float = Field(5.0, gt=0, description="Load loop period, seconds > 0 (default 5); "
+                                                                     "must be shorter than adjustment_interval_s.")
+    ttft_ms: float = Field(500.0, gt=0, le=MAX_TTFT_MS, description="TTFT SLA, milliseconds, 0 < value <= 3600000 "
+                                                                    "(default 500).")
+    itl_ms: float = Field(50.0, gt=0, le=MAX_ITL_MS, description="ITL SLA, milliseconds, 0 < value <= 10000 "
+                                                                 "(default 50).")
+    correction_enabled: bool = Field(True, description="Apply correction factors actual/expected TTFT (prefill) "
+                                                       "and ITL (decode); false = factors 1. Default true.")
+    predictor: Predictor = Field("arima", description="Demand predictor: constant, arima, kalman, prophet or auto "
+                                                      "(default arima, the Dynamo default).")
+    predictor_log1p: bool = Field(False, description="ARIMA: fit on log1p(values) and predict expm1 (reference "
+                                                     "option); default false.")
+    predictor_min_points: int = Field(5, ge=1, description="ARIMA / Prophet: points needed before the model is "
+                                                           "used (constant fallback before), >= 1 (default 5).")
+    arima_refit_every: int = Field(10, ge=1, description="ARIMA: when the fitted model is degenerate (order "
+                                                         "(0,d,0)), refit after this many new points, >= 1 "
+                                                         "(default 10).")
+    kalman_q_level: float = Field(1.0, ge=0, description="Kalman: process noise of the level, >= 0 (default 1.0, "
+                                                         "docs/architecture.md \"Load predictors\").")
+    kalman_q_trend: float = Field(0.1, ge=0, description="Kalman: process noise of the trend, >= 0 (default 0.1, "
+                                                         "docs/architecture.md \"Load predictors\").")
+    kalman_r: float = Field(10.0, ge=0, description="Kalman: measurement noise, >= 0 (default 10.0, "
+                                                 "docs/architecture.md \"Load predictors\").")
+    kalman_min_points: int = Field(5, ge=1, description="Kalman: points needed before the filter is used, >= 1 "
+                                                        "(default 5, docs/architecture.md \"Load predictors\").")
+    prophet_window: int = Field(50, ge=1, description="Prophet: fit on the last this-many points, >= 1 (default "
+                                                      "50, docs/architecture.md \"Load predictors\").")
+    prophet_refit_every: int = Field(1, ge=1, description="Prophet: refit every this-many intervals, >= 1 (1 = "
+                                                          "every interval, the reference); in between, predict "
+                                                          "from the last fit. The three series (count, ISL, OSL) "
+                                                          "are staggered so a tick carries one fit.")
+    auto_candidates: tuple[Candidate, ...] = Field(("constant", "kalman", "arima"), min_length=1, description=(
+        "auto predictor: candidates whose rolling one-step error is compared, a non-empty list of constant, "
+        "arima, kalman, prophet (default constant, kalman, arima)."))
+    auto_error_window: int = Field(10, ge=1, description="auto predictor: number of recent one-step absolute "
+                                                         "errors averaged, >= 1 (default 10).")
+    prefill: PoolLimits = Field(default_factory=_pool, description="Replica limits of the prefill pool.")
+    decode: PoolLimits = Field(default_factory=_pool, description="Replica limits of the decode pool.")
+    agg: PoolLimits = Field(default_factory=_pool, description="Replica limits of the aggregated pool.")
+    max_gpu_budget: int = Field(8, ge=0, description="Total GPUs all pools may occupy, counting every replica "
+                                                     "requested, >= 0 (default 8, docs/architecture.md \"Planner facts\").")
+    min_gpu_budget: int = Field(0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the "
+                                                     "default, = no minimum).")
+    load_prefill_window_s: float = Field(30.0, gt=0, description=(
+        "Load loop, agg ITL estimate: each engine's prefill work rate (prefill tokens per second of pass wall "
+        "time) is taken over the passes it reported in the last this-many seconds, > 0 (default 30: several load "
+        "intervals, so the few passes relayed per tick average out; planner.core.load.estimate_itl_ms)."))
+    load_sensitivity: float = Field(0.8, gt=0, le=1, description="Load loop: scale down only when every engine is "
+                                                                 "below SLA x this factor, 0 < value <= 1 (default "
+                                                                 "0.8).")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Engine chunk size used to simulate the prefill "
+                                                                "queue for the TTFT estimate, tokens >= 1 (default "
+                                                                "8192).")
+    regression_buckets: int = Field(16, ge=1, description="Load regressions: token-count buckets (log2-spaced) "
+                                                          "used to retain samples evenly, >= 1 (default 16).")
+    regression_samples_per_bucket: int = Field(32, ge=1, description="Load regressions: most recent samples kept "
+                                                                     "per bucket (memory is bounded by buckets x "
+                                                                     "this), >= 1 (default 32).")
+    regression_min_samples: int = Field(8, ge=2, description="Load regressions: samples needed before an estimate "
+                                                             "is made (none = unknown), >= 2 (default 8).")
+    engine_stale_s: float = Field(30.0, gt=0, description="An engine that sent no ForwardPassMetrics for this long "
+                                                          "is no longer counted, seconds > 0 (default 30).")
+    pending_timeout_s: float = Field(1800.0, gt=0, description="A decision not reflected in ready replicas after "
+                                                               "this long is abandoned and re-planned, seconds > 0 "
+                                                               "(default 1800, Dynamo VirtualConnector timeout).")
+    scale_down_cooldown_s: float = Field(0.0, ge=0, description="No scale-down of a pool within this long after it "
+                                                                "was scaled up, seconds >= 0 (0, the default, = "
+                                                                "off).")
+    external_change_grace_s: float = Field(180.0, ge=0, description="After adopting a replica count set by someone "
+                                                                    "else, leave that pool alone this long, seconds "
+                                                                    ">= 0 (default 180).")
+    load_max_scale_up_factor: float = Field(2.0, ge=1, description=(
+        "Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this)) "
+        "replicas (at least +1), >= 1 (default 2; 1.0 = the reference's +1 per interval)."))
+    first_sizing_s: float | None = Field(30.0, gt=0, description=(
+        "Early sizing: at start + this (seconds > 0), size every pool from the traffic seen since the start (its "
+        "count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of "
+        "waiting a whole adjustment_interval_s with whatever fleet was deployed; the predictors are not fed. "
+        "Default 30: it holds a few hundred requests at a few requests per second (the count is within ~10 %) and "
+        "leaves a 60 s start-up well inside the first interval. A value >= adjustment_interval_s means no early "
+        "sizing. null = off (reference: first sizing at start + interval)."))
+    demand_error_quantile: float | None = Field(0.9, gt=0, le=1, description=(
+        "Burst-aware demand: the predicted request count is multiplied by this quantile (0 < value <= 1, default "
+        "0.9) of the recent one-step ratios observed / predicted (floored at 1, so it never shrinks demand), the "
+        "load the fleet must expect given how far the predictor has been short; null = off (size for the point "
+        "prediction, reference)."))
+    demand_error_window: int = Field(20, ge=1, description="Burst-aware demand: most recent ratios kept, >= 1 "
+                                                           "(default 20).")
+    demand_error_min_points: int = Field(3, ge=1, description="Burst-aware demand: ratios needed before the factor "
+                                                              "is applied (1 before), >= 1 (default 3).")
+    simulated_sizing: bool = Field(True, description=(
+        "Throughput loop: size the pools by simulation (planner.core.sizing) -- replay a traffic sample of the "
+        "coming interval through candidate fleets of the deployment's engines and take the cheapest whose "
+        "simulated attainment meets sla_attainment_target by a binomial bound. Used when the driver gives the "
+        "planner an engine model (Planner(..., evaluator=)) and the target is set; otherwise, or false, the "
+        "closed-form sizing of planner.core.throughput. Default true."))
+    sla_attainment_target: float | None = Field(0.995, gt=0, lt=1, description=(
+        "Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < value < 1 (default "
+        "0.995): the bar of the sizing by simulation (planner.core.sizing). null = size by the closed-form "
+        "reference formulas."))
 
     def __post_init__(self) -> None:
-        problems = _validate(self)
-        if problems:
-            raise ConfigError(problems)
+        """The cross-field checks; raises :class:`~dynoplan.settings.Problems` with every line it finds."""
+        p: list[str] = []
+        if self.load_adjustment_interval_s >= self.adjustment_interval_s:
+            p.append(f"load_adjustment_interval_s={self.load_adjustment_interval_s!r}: expected less than "
+                     f"adjustment_interval_s={self.adjustment_interval_s!r}")
+        if not (self.throughput_enabled or self.load_enabled):
+            p.append("throughput_enabled=False and load_enabled=False: expected at least one loop enabled")
+        if self.min_gpu_budget > self.max_gpu_budget:
+            p.append(f"min_gpu_budget={self.min_gpu_budget!r}: expected <= max_gpu_budget={self.max_gpu_budget!r}")
+        min_gpus = 0
+        for pool in ("prefill", "decode", "agg"):
+            lim = self.limits(pool)
+            if lim.max_replicas is not None and lim.min_replicas > lim.max_replicas:
+                p.append(f"{pool}.min_replicas={lim.min_replicas!r}: expected <= {pool}.max_replicas="
+                         f"{lim.max_replicas!r}")
+            if pool in POOLS_BY_MODE[self.mode]:
+                min_gpus += lim.min_replicas * lim.gpus_per_engine
+        if min_gpus > self.max_gpu_budget:
+            p.append(f"max_gpu_budget={self.max_gpu_budget!r}: expected >= {min_gpus} GPUs, what the pools' "
+                     f"min_replicas x gpus_per_engine need")
+        if p:
+            raise Problems(p)
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -182,160 +234,11 @@ class PlannerConfig:
         return out
 
 
-def _validate(c: PlannerConfig) -> list[str]:
-    p: list[str] = []
-
-    def pos(name: str, v: float) -> None:
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            p.append(f"{name}={v!r}: expected a finite number > 0")
-
-    def nonneg(name: str, v: float) -> None:
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            p.append(f"{name}={v!r}: expected a finite number >= 0")
-
-    if c.mode not in MODES:
-        p.append(f"mode={c.mode!r}: expected one of {', '.join(MODES)}")
-    for n in ("adjustment_interval_s", "load_adjustment_interval_s", "ttft_ms", "itl_ms", "engine_stale_s",
-              "pending_timeout_s", "load_prefill_window_s"):
-        pos(n, getattr(c, n))
-    for n, top in (("ttft_ms", MAX_TTFT_MS), ("itl_ms", MAX_ITL_MS)):
-        v = getattr(c, n)
-        if isinstance(v, (int, float)) and math.isfinite(v) and v > top:
-            p.append(f"{n}={v!r}: expected at most {top:.0f} ms")
-    if c.sla_attainment_target is not None and not (
-            isinstance(c.sla_attainment_target, (int, float)) and 0 < c.sla_attainment_target < 1):
-        p.append(f"sla_attainment_target={c.sla_attainment_target!r}: expected 0 < value < 1 or null")
-    if not (isinstance(c.load_max_scale_up_factor, (int, float)) and math.isfinite(c.load_max_scale_up_factor)
-            and c.load_max_scale_up_factor >= 1):
-        p.append(f"load_max_scale_up_factor={c.load_max_scale_up_factor!r}: expected a finite number >= 1")
-    # first_sizing_s >= adjustment_interval_s is valid and means no early sizing (the first interval comes first)
-    if c.first_sizing_s is not None and not (isinstance(c.first_sizing_s, (int, float)) and 0 < c.first_sizing_s):
-        p.append(f"first_sizing_s={c.first_sizing_s!r}: expected seconds > 0, or null")
-    if c.demand_error_quantile is not None and not (
-            isinstance(c.demand_error_quantile, (int, float)) and 0 < c.demand_error_quantile <= 1):
-        p.append(f"demand_error_quantile={c.demand_error_quantile!r}: expected 0 < value <= 1 or null")
-    for n in ("scale_down_cooldown_s", "external_change_grace_s", "kalman_q_level", "kalman_q_trend", "kalman_r"):
-        nonneg(n, getattr(c, n))
-    if (isinstance(c.load_adjustment_interval_s, (int, float)) and isinstance(c.adjustment_interval_s, (int, float))
-            and c.load_adjustment_interval_s >= c.adjustment_interval_s):
-        p.append(f"load_adjustment_interval_s={c.load_adjustment_interval_s!r}: expected less than "
-                 f"adjustment_interval_s={c.adjustment_interval_s!r}")
-    if not (c.throughput_enabled or c.load_enabled):
-        p.append("throughput_enabled=False and load_enabled=False: expected at least one loop enabled")
-    if c.predictor not in PREDICTORS:
-        p.append(f"predictor={c.predictor!r}: expected one of {', '.join(PREDICTORS)}")
-    bad = [x for x in c.auto_candidates if x not in PREDICTORS or x == "auto"]
-    if bad or not c.auto_candidates:
-        p.append(f"auto_candidates={list(c.auto_candidates)!r}: expected a non-empty list of "
-                 f"{', '.join(x for x in PREDICTORS if x != 'auto')}")
-    if not (isinstance(c.load_sensitivity, (int, float)) and 0 < c.load_sensitivity <= 1):
-        p.append(f"load_sensitivity={c.load_sensitivity!r}: expected 0 < value <= 1")
-    for n in ("predictor_min_points", "kalman_min_points", "prophet_window", "prophet_refit_every", "auto_error_window",
-              "max_num_batched_tokens", "regression_buckets", "regression_samples_per_bucket",
-              "regression_min_samples", "arima_refit_every", "demand_error_window", "demand_error_min_points"):
-        v = getattr(c, n)
-        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-            p.append(f"{n}={v!r}: expected an integer >= 1")
-    if c.regression_min_samples < 2 if isinstance(c.regression_min_samples, int) else False:
-        p.append(f"regression_min_samples={c.regression_min_samples!r}: expected an integer >= 2")
-    for n in ("max_gpu_budget", "min_gpu_budget"):
-        v = getattr(c, n)
-        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
-            p.append(f"{n}={v!r}: expected an integer >= 0")
-    if isinstance(c.max_gpu_budget, int) and isinstance(c.min_gpu_budget, int) and c.min_gpu_budget > c.max_gpu_budget:
-        p.append(f"min_gpu_budget={c.min_gpu_budget!r}: expected <= max_gpu_budget={c.max_gpu_budget!r}")
-    min_gpus = 0
-    for pool in ("prefill", "decode", "agg"):
-        lim = getattr(c, pool)
-        if not isinstance(lim, PoolLimits):
-            p.append(f"{pool}={lim!r}: expected a pool section with min_replicas, max_replicas, gpus_per_engine")
-            continue
-        ok = True
-        if not (isinstance(lim.min_replicas, int) and lim.min_replicas >= 0):
-            p.append(f"{pool}.min_replicas={lim.min_replicas!r}: expected an integer >= 0")
-            ok = False
-        if lim.max_replicas is not None and not (isinstance(lim.max_replicas, int) and lim.max_replicas >= 0):
-            p.append(f"{pool}.max_replicas={lim.max_replicas!r}: expected an integer >= 0 or null")
-            ok = False
-        if not (isinstance(lim.gpus_per_engine, int) and lim.gpus_per_engine >= 1):
-            p.append(f"{pool}.gpus_per_engine={lim.gpus_per_engine!r}: expected an integer >= 1")
-            ok = False
-        if ok and lim.max_replicas is not None and lim.min_replicas > lim.max_replicas:
-            p.append(f"{pool}.min_replicas={lim.min_replicas!r}: expected <= {pool}.max_replicas={lim.max_replicas!r}")
-        if ok and c.mode in MODES and pool in POOLS_BY_MODE[c.mode]:
-            min_gpus += lim.min_replicas * lim.gpus_per_engine
-    if isinstance(c.max_gpu_budget, int) and min_gpus > c.max_gpu_budget:
-        p.append(f"max_gpu_budget={c.max_gpu_budget!r}: expected >= {min_gpus} GPUs, what the pools' "
-                 f"min_replicas x gpus_per_engine need")
-    return p
-
-
 # ----------------------------------------------------------------------------------------------- sources
 
-_POOL_KEYS = tuple(f.name for f in fields(PoolLimits))
-_TOP = {f.name: f for f in fields(PlannerConfig)}
 _POOL_NAMES = ("prefill", "decode", "agg")
-
-
-def _type_of(tp: Any) -> tuple[type, bool]:
-    """(base type, optional?) of a field annotation string/type."""
-    if isinstance(tp, str):
-        tp = eval(tp, {"tuple": tuple, "PoolLimits": PoolLimits})  # noqa: S307 - our own annotations
-    optional = False
-    if isinstance(tp, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(tp))
-        tp = args[0]
-    origin = typing.get_origin(tp)
-    return (origin or tp), optional
-
-
-def _a(noun: str) -> str:
-    """``noun`` with its indefinite article ("an int", "a float")."""
-    return f"{'an' if noun[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {noun}"
-
-
-def _coerce(name: str, value: Any, tp: Any, problems: list[str]) -> Any:
-    base, optional = _type_of(tp)
-    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
-        if optional:
-            return None
-        problems.append(f"{name}=None: expected {_a(base.__name__)}")
-        return dataclasses.MISSING
-    try:
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, int) and value in (0, 1):
-                return bool(value)
-            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-                return value.lower() in ("true", "1", "yes", "on")
-            raise ValueError
-        if base is int:
-            if isinstance(value, bool):
-                raise ValueError
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if base is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if base is str:
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-        if base is tuple:
-            if isinstance(value, str):
-                return tuple(x.strip() for x in value.split(",") if x.strip())
-            if isinstance(value, (list, tuple)):
-                return tuple(str(x) for x in value)
-            raise ValueError
-    except (TypeError, ValueError):
-        pass
-    problems.append(f"{name}={value!r}: expected {'a comma-separated list' if base is tuple else _a(base.__name__)}")
-    return dataclasses.MISSING
-
+_POOL_KEYS = tuple(f.name for f in dataclasses.fields(PoolLimits))
+_TOP = tuple(f.name for f in dataclasses.fields(PlannerConfig))
 
 REMOVED_SETTINGS: frozenset[str] = frozenset({
     "sizing", "sizing_percentile", "scale_down_hysteresis", "scale_up_tolerance", "prefill_queueing",
@@ -345,83 +248,136 @@ REMOVED_SETTINGS: frozenset[str] = frozenset({
 """Settings of the closed-form sizing rules that the sizing by simulation replaced (docs/planner-core.md)."""
 
 
-def _unknown_hint(key: str) -> str:
-    """What the user probably meant by an unknown top-level ``key``: a removed rule's setting, a pool key without
-    its pool, or the closest setting names (difflib ratio >= 0.6); empty when nothing is close."""
+def _unknown(key: str) -> str:
+    """The problem line of an unknown top-level ``key``: a removed rule's setting, a pool key without its
+    pool, or the closest setting names (difflib ratio >= 0.6)."""
     if key in REMOVED_SETTINGS:
-        return (" (removed: the sizing by simulation replaced that rule, see docs/planner-core.md \"How the planner "
+        hint = (" (removed: the sizing by simulation replaced that rule, see docs/planner-core.md \"How the planner "
                 "sizes a fleet\"; simulated_sizing=false gives the reference formulas)")
-    if key in _POOL_KEYS:
-        return (f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
+    elif key in _POOL_KEYS:
+        hint = (f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
                 f"or {key} under a prefill:/decode:/agg: section)")
-    close = difflib.get_close_matches(key, list(_TOP), n=3)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+    else:
+        close = difflib.get_close_matches(key, list(_TOP), n=3)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"{key}: unknown setting{hint}"
+
+
+def field_kinds(cls: Any, prefix: str = "") -> dict[str, tuple[str, bool]]:
+    """Setting name (``prefix`` + field name) -> (base type name of its annotation, optional?) of the
+    settings class ``cls`` (annotations are strings here: ``"float | None"`` -> ``("float", True)``)."""
+    out: dict[str, tuple[str, bool]] = {}
+    for f in dataclasses.fields(cls):
+        parts = [x.strip() for x in str(f.type).split("|")]
+        out[prefix + f.name] = (parts[0].split("[")[0], "None" in parts[1:])
+    return out
+
+
+def _field_kinds() -> dict[str, tuple[str, bool]]:
+    """:func:`field_kinds` of PlannerConfig and its pools (``agg.max_replicas``)."""
+    out = field_kinds(PlannerConfig)
+    for p in _POOL_NAMES:
+        out.update(field_kinds(PoolLimits, p + "."))
+    return out
+
+
+_BOOL_TEXT = {"1": True, "0": False}
+
+
+def text_value(text: str, kind: str, optional: bool = False) -> Any:
+    """Command-line or environment ``text`` as the value of a setting whose annotation's base type is
+    ``kind`` (``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"tuple"``, a Literal alias; ``""`` unknown).
+
+    A text setting (``str`` or a Literal alias such as ``Mode``) keeps the text (``off`` is a word there, not
+    YAML's false); a list setting splits ``a,b`` on commas; an optional setting reads ``none`` as None; a
+    boolean reads ``1``/``0``. Otherwise the text is read as a YAML scalar (``300`` -> 300, ``true``/``yes``/
+    ``on`` -> True, ``null``/``~``/empty -> None); a number setting also reads what YAML 1.1 leaves as text
+    (``1e3``), an integer setting an integral number in exponent form (``1e+06``, as Go's templates write
+    it). What does not parse stays text, for the validation to name."""
+    import yaml
+
+    text = text.strip()
+    if kind not in ("int", "float", "bool", "tuple", ""):
+        return text  # a str or Literal setting: "off" is the word, not YAML's false
+    if kind == "tuple":
+        return [x.strip() for x in text.split(",") if x.strip()]
+    if optional and text.lower() == "none":
+        return None
+    if kind == "bool" and text in _BOOL_TEXT:
+        return _BOOL_TEXT[text]
+    try:
+        value = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        return text  # a flow mapping/list or a date: the text itself (the validation names it)
+    if kind in ("int", "float") and isinstance(value, str):  # digits are YAML ints already: "1e3", "1e+06"
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)  # "1e+06": how Go templates (the Helm chart's env values) write a large integer
+    return value
+
+
+def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``KEY=VALUE`` text (``--planner-set``, ``planner:key=value``, ``--ttft-ms 300``) as typed values: each
+    string value read by :func:`text_value` with its setting's type (flat pool keys ``agg_max_replicas``
+    included). Keys are kept as given (``-`` or ``_``); values that are not strings, and unknown keys' values
+    (read as YAML scalars), pass on for the validation to judge."""
+    kinds = _field_kinds()
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        k = str(key).replace("-", "_")
+        pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1:] in _POOL_KEYS), None)
+        kind, optional = kinds.get(f"{pool}.{k[len(pool) + 1:]}" if pool else k, ("", False))
+        out[key] = text_value(value, kind, optional) if isinstance(value, str) else value
+    return out
 
 
 def config_from_mapping(data: Mapping[str, Any], *, source: str | None = None,
-                        base: PlannerConfig | None = None) -> PlannerConfig:
+                        base: PlannerConfig | None = None, cli: bool = False) -> PlannerConfig:
     """Build a :class:`PlannerConfig` from plain data, on top of ``base`` (default: the defaults).
 
-    Keys: any field name; pool sections ``prefill``/``decode``/``agg`` as mappings of
-    ``min_replicas``/``max_replicas``/``gpus_per_engine`` or flat ``<pool>_<key>`` keys. String values are
-    parsed (so CLI strings work). Raises ConfigError listing unknown keys and invalid values at once.
+    Keys: any field name (``-`` read as ``_``); pool sections ``prefill``/``decode``/``agg`` as mappings of
+    ``min_replicas``/``max_replicas``/``gpus_per_engine`` or flat ``<pool>_<key>`` keys. Values must have the
+    setting's type (YAML/JSON values); ``cli=True`` reads string values as command-line text first
+    (:func:`parse_cli_values`). Raises ConfigError listing unknown keys and invalid values at once.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping of settings, got {type(data).__name__}", source=source)
-    base = base or PlannerConfig()
+    if cli:
+        data = parse_cli_values(data)
+    merged = (base or PlannerConfig()).to_dict()
     problems: list[str] = []
-    top: dict[str, Any] = {}
-    pools: dict[str, dict[str, Any]] = {p: {} for p in _POOL_NAMES}
     for key, value in data.items():
         k = str(key).replace("-", "_")
-        if k in _POOL_NAMES:
-            if not isinstance(value, Mapping):
-                problems.append(f"{k}={value!r}: expected a mapping with {', '.join(_POOL_KEYS)}")
-                continue
-            for pk, pv in value.items():
-                pk = str(pk).replace("-", "_")
-                if pk not in _POOL_KEYS:
-                    problems.append(f"{k}.{pk}: unknown setting (expected one of {', '.join(_POOL_KEYS)})")
-                else:
-                    pools[k][pk] = pv
+        if k in _POOL_NAMES and isinstance(value, Mapping):
+            merged[k] = {**merged[k], **{str(pk).replace("-", "_"): pv for pk, pv in value.items()}}
             continue
-        pool_prefix = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1:] in _POOL_KEYS), None)
-        if pool_prefix is not None:
-            pools[pool_prefix][k[len(pool_prefix) + 1:]] = value
+        pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1:] in _POOL_KEYS), None)
+        if pool is not None:
+            merged[pool] = {**merged[pool], k[len(pool) + 1:]: value}
         elif k in _TOP:
-            top[k] = value
+            merged[k] = value
         else:
-            problems.append(f"{k}: unknown setting{_unknown_hint(k)}")
-    kwargs: dict[str, Any] = {}
-    for k, v in top.items():
-        cv = _coerce(k, v, _TOP[k].type, problems)
-        if cv is not dataclasses.MISSING:
-            kwargs[k] = cv
-    pool_types = {f.name: f.type for f in fields(PoolLimits)}
-    for pool, vals in pools.items():
-        if not vals:
-            continue
-        cur = dataclasses.asdict(getattr(base, pool))
-        for pk, pv in vals.items():
-            cv = _coerce(f"{pool}.{pk}", pv, pool_types[pk], problems)
-            if cv is not dataclasses.MISSING:
-                cur[pk] = cv
-        kwargs[pool] = PoolLimits(**cur)
+            problems.append(_unknown(k))
     try:
-        cfg = dataclasses.replace(base, **kwargs)
+        cfg = build(PlannerConfig, merged)
     except ConfigError as e:
         problems.extend(e.problems)
-        cfg = None
     if problems:
         raise ConfigError(problems, source=source)
-    assert cfg is not None
     return cfg
 
 
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> PlannerConfig:
     """Read a YAML (``.yaml``/``.yml``) or JSON file, apply ``overrides`` on top, validate.
 
-    Raises ConfigError (naming the file) when it cannot be read or parsed or a value is invalid.
+    ``overrides`` are command-line values: a string is read as in :func:`parse_cli_values`, other values are
+    taken as they are. Raises ConfigError (naming the file) when it cannot be read or parsed or a value is
+    invalid.
     """
     data: dict[str, Any] = {}
     src = str(path) if path is not None else None
@@ -454,7 +410,7 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
         if "planner" in loaded and isinstance(loaded["planner"], dict) and len(loaded) == 1:
             loaded = loaded["planner"]
         data.update(loaded)
-    for k, v in (overrides or {}).items():
+    for k, v in parse_cli_values(overrides or {}).items():
         k = k.replace("-", "_")
         if k in _POOL_NAMES and isinstance(v, Mapping) and isinstance(data.get(k), Mapping):
             data[k] = {**data[k], **v}
@@ -464,25 +420,26 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
 
 
 def _flag_specs() -> list[tuple[str, str]]:
-    """(dest, help) of every CLI flag: top-level scalars and flat pool keys."""
+    """(dest, help) of every CLI flag: top-level settings and flat pool keys; the help is the field's
+    description."""
     specs = []
-    for f in fields(PlannerConfig):
+    for f in dataclasses.fields(PlannerConfig):
         if f.name in _POOL_NAMES:
-            for pk in _POOL_KEYS:
-                specs.append((f"{f.name}_{pk}", f"{f.name} pool {pk}"))
+            for pf in dataclasses.fields(PoolLimits):
+                specs.append((f"{f.name}_{pf.name}", f"{f.name} pool: {pf.default.description}"))
         else:
-            specs.append((f.name, f.name.replace("_", " ")))
+            specs.append((f.name, str(f.default.description)))
     return specs
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config PATH`` and one ``--<field>`` flag per setting (values parsed like file values)."""
+    """Add ``--config PATH`` and one ``--<field>`` flag per setting (values read by :func:`parse_cli_values`)."""
     g = parser.add_argument_group("planner settings (override --config)")
     g.add_argument("--config", dest="planner_config", default=None, metavar="PATH",
                    help="planner settings file (.yaml/.yml/.json)")
     for dest, help_text in _flag_specs():
         g.add_argument("--" + dest.replace("_", "-"), dest="planner__" + dest, default=None, metavar="V",
-                       help=help_text)
+                       help=help_text.replace("%", "%%"))
 
 
 def config_from_args(args: argparse.Namespace) -> PlannerConfig:

@@ -4,45 +4,35 @@
 planner:            # PlannerConfig fields (planner.core.config), e.g. mode, adjustment_interval_s, ttft_ms
   mode: agg
   adjustment_interval_s: 30
-  # engine_stale_s defaults to 5 here (LIVE_ENGINE_STALE_S), not the core's 30
 profile: profile.npz          # performance profile (needed by the throughput loop); relative to this file
-warm_start_trace: null        # optional trace for the predictors' warm start
 connector: local              # local (process fleet) | virtual (HTTP protocol, an external system applies)
-state_dir: .dynoplan          # fleet.json, workers.txt, logs (relative to this file)
-service: {host: 127.0.0.1, port: 8090, token: null}   # planner HTTP: dashboard, /api/state, /metrics, /v1/virtual
-frontend: {port: 8080, router: least_loaded, poll_s: 0.25, model_name: mocker}
+service: {port: 8090}         # planner HTTP: dashboard, /api/state, /metrics, /v1/virtual
+frontend: {router: least_loaded}
 fleet:
   initial: {agg: 1}                 # replicas started by `up` (and the VirtualConnector's initial state)
   worker_args: {agg: ["--speedup-ratio", "10"]}   # mocker serve flags; also the engine the sizing by
                                                   # simulation replays (worker_engines)
-  drain_grace_s: 1.5
-  drain_timeout_s: 60
-  ready_timeout_s: 60
-prometheus:
-  enabled: auto             # auto: start one if the `prometheus` binary is installed, else scrape directly
-  url: null                 # use an existing server instead of starting one
-  port: 0                   # 0 = a free port
-  scrape_interval_s: 1
-  timeout_s: 5
-  namespace: null
-  bearer_token: null
-  ca_file: null
-fpm: true                   # subscribe to the workers' ForwardPassMetrics streams
+prometheus: {enabled: auto}
 ```
 
+Each section is a :func:`dynoplan.settings.settings` model (:class:`StackFileSettings` and its
+:class:`ServiceSection`, :class:`FrontendSection`, :class:`FleetSection`, :class:`PrometheusSection`); every
+default is in its ``Field``. The ``planner:`` section is a :class:`~planner.core.config.PlannerConfig` with two
+defaults of the live stack (:data:`LIVE_ENGINE_STALE_S`, :func:`_load_interval_default`).
 :func:`load_stack_config` validates everything at once and raises :class:`~planner.errors.ConfigError`
 naming each bad field, its value and what was expected.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, Field
 
+from dynoplan.settings import build, settings
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
 from planner.errors import ConfigError
@@ -52,6 +42,7 @@ LIVE_ENGINE_STALE_S = 5.0
 send a ForwardPassMetrics heartbeat every second (``mocker serve --heartbeat-s``), so an engine silent for 5 s
 is gone; with 30 s a stopped worker's last idle pass kept the load loop from scaling up for 30 s after
 every scale-down (it needs every engine over the SLA)."""
+
 
 def _load_interval_default(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     """``planner.load_adjustment_interval_s`` when the load loop is off and the file does not set it: the
@@ -63,222 +54,279 @@ def _load_interval_default(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     if "load_adjustment_interval_s" in raw or raw.get("load_enabled") is True:
         return raw
     ai = raw.get("adjustment_interval_s")
-    default = next(f.default for f in dataclasses.fields(PlannerConfig) if f.name == "load_adjustment_interval_s")
+    default = PlannerConfig().load_adjustment_interval_s
     if isinstance(ai, (int, float)) and not isinstance(ai, bool) and 0 < ai <= default:
         return {**raw, "load_adjustment_interval_s": ai / 2.0}
     return raw
 
 
-_TOP_KEYS = {"planner", "profile", "warm_start_trace", "connector", "state_dir", "service", "frontend", "fleet",
-             "prometheus", "fpm"}
+def _bool_text(v: Any) -> Any:
+    """YAML's ``true``/``false`` as the text ``"true"``/``"false"`` (``prometheus.enabled``)."""
+    return {True: "true", False: "false"}[v] if isinstance(v, bool) else v
 
 
-@dataclass(frozen=True)
+def _non_empty(v: str) -> str:
+    if not v:
+        raise ValueError("expected a non-empty string (quote it in YAML)")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_non_empty)]
+"""A non-empty string."""
+Flag = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                       else v)]
+"""A command-line flag or its value; a YAML number (``10``) is its text (``"10"``)."""
+Port = Annotated[int, Field(ge=0, le=65535)]
+"""A TCP port; 0 = any free port."""
+Seconds = Annotated[float, Field(gt=0)]
+"""A duration in seconds, > 0."""
+
+
+@settings
+class ServiceSection:
+    """``service:``: the planner's HTTP listener (dashboard, ``/api/state``, ``/metrics``, ``/v1/virtual``)."""
+
+    host: Text = Field("127.0.0.1", description="Address the planner listens on (default 127.0.0.1).")
+    port: Port = Field(8090, description="TCP port, 0..65535 (default 8090; 0 = a free port).")
+    token: Text | None = Field(None, description="Bearer token the HTTP API requires; null (the default) = none.")
+
+
+@settings
+class FrontendSection:
+    """``frontend:``: the OpenAI-compatible frontend ``dynoplan up`` starts in front of the workers."""
+
+    port: Port = Field(8080, description="TCP port, 0..65535 (default 8080; 0 = a free port).")
+    router: Literal["round_robin", "least_loaded", "kv"] = Field("least_loaded", description=(
+        "Request routing across workers: round_robin, least_loaded (the default) or kv."))
+    poll_s: Seconds = Field(0.25, description="Worker discovery poll period, seconds > 0 (default 0.25).")
+    model_name: Text = Field("mocker", description="Model name the frontend serves (default mocker).")
+
+
+@settings
+class FleetSection:
+    """``fleet:``: the workers ``dynoplan up`` starts and how they are stopped."""
+
+    initial: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description=(
+        "Replicas started per pool (and the VirtualConnector's initial state), each >= 0; a pool not named "
+        "starts with its planner.<pool>.min_replicas, or 1 when that is 0."))
+    worker_args: dict[str, tuple[Flag, ...]] = Field(default_factory=dict, description=(
+        "mocker serve flags per pool; also the engine the sizing by simulation replays (worker_engines). "
+        "Default none."))
+    drain_grace_s: Seconds = Field(1.5, description="Time a worker removed from routing gets to finish its "
+                                                    "requests before it is stopped, seconds > 0 (default 1.5).")
+    drain_timeout_s: Seconds = Field(60.0, description="Longest wait for a stopped worker to exit, seconds > 0 "
+                                                       "(default 60).")
+    ready_timeout_s: Seconds = Field(60.0, description="Longest wait for a started worker's /ready, seconds > 0 "
+                                                       "(default 60).")
+
+
+@settings
+class PrometheusSection:
+    """``prometheus:``: where the planner's metrics come from."""
+
+    enabled: Annotated[Literal["auto", "true", "false"], BeforeValidator(_bool_text)] = Field("auto", description=(
+        "auto (the default): start a Prometheus if the prometheus binary is installed, else scrape the workers "
+        "directly; true: start one (the binary is required); false: scrape directly."))
+    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(None, description=(
+        "An existing server's http:// or https:// URL to use instead of starting one; null (the default) = "
+        "start or scrape as enabled says."))
+    port: Port = Field(0, description="Port of the Prometheus `up` starts, 0..65535 (0, the default, = a free "
+                                      "port).")
+    scrape_interval_s: Seconds = Field(1.0, description="Scrape interval, seconds > 0 (default 1).")
+    timeout_s: Seconds = Field(5.0, description="HTTP timeout of one query, seconds > 0 (default 5).")
+    namespace: Text | None = Field(None, description="Metrics namespace (prefix) of the workers' series; null "
+                                                     "(the default) = the mocker's.")
+    bearer_token: Text | None = Field(None, description="Bearer token sent to the server; null (the default) = "
+                                                        "none.")
+    ca_file: Text | None = Field(None, description="PEM CA bundle for an https:// server, relative to the stack "
+                                                   "file; null (the default) = the system's.")
+
+
+def _no_settings() -> dict[str, Any]:
+    return {}
+
+
+@settings
+class StackFileSettings:
+    """The stack file as written (paths unresolved); :func:`stack_config_from_mapping` resolves it into a
+    :class:`StackConfig`."""
+
+    planner: dict[str, Any] = Field(default_factory=_no_settings, description=(
+        "PlannerConfig fields (planner.core.config); engine_stale_s defaults to 5 here (LIVE_ENGINE_STALE_S)."))
+    profile: Text | None = Field(None, description="Performance profile (.npz), relative to this file; needed by "
+                                                   "the throughput loop. Default none.")
+    warm_start_trace: Text | None = Field(None, description="Trace for the predictors' warm start, relative to "
+                                                            "this file; default none.")
+    connector: Literal["local", "virtual"] = Field("local", description=(
+        "local (the default: a process fleet) or virtual (HTTP protocol, an external system applies)."))
+    state_dir: Text = Field(".dynoplan", description="fleet.json, workers.txt, logs, relative to this file "
+                                                     "(default .dynoplan).")
+    service: ServiceSection = Field(default_factory=ServiceSection, description=ServiceSection.__doc__)
+    frontend: FrontendSection = Field(default_factory=FrontendSection, description=FrontendSection.__doc__)
+    fleet: FleetSection = Field(default_factory=FleetSection, description=FleetSection.__doc__)
+    prometheus: PrometheusSection = Field(default_factory=PrometheusSection, description=PrometheusSection.__doc__)
+    fpm: bool = Field(True, description="Subscribe to the workers' ForwardPassMetrics streams (default true).")
+
+
+@settings
 class StackConfig:
-    """Parsed stack file (see the module docstring); paths are absolute."""
+    """The resolved stack file (see the module docstring): paths absolute, the planner section validated.
+    Built by :func:`stack_config_from_mapping` only; the defaults are those of :class:`StackFileSettings`."""
 
     planner: PlannerConfig
-    profile: Path | None = None
-    warm_start_trace: Path | None = None
-    connector: str = "local"
-    state_dir: Path = Path(".dynoplan")
-    service_host: str = "127.0.0.1"
-    service_port: int = 8090
-    token: str | None = None
-    frontend_port: int = 8080
-    frontend_router: str = "least_loaded"
-    frontend_poll_s: float = 0.25
-    model_name: str = "mocker"
-    initial: Mapping[str, int] = field(default_factory=dict)
-    worker_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    drain_grace_s: float = 1.5
-    drain_timeout_s: float = 60.0
-    ready_timeout_s: float = 60.0
-    prometheus_enabled: str = "auto"
-    prometheus_url: str | None = None
-    prometheus_port: int = 0
-    prometheus_scrape_interval_s: float = 1.0
-    prometheus_timeout_s: float = 5.0
-    prometheus_namespace: str | None = None
-    prometheus_bearer_token: str | None = None
-    prometheus_ca_file: str | None = None
-    fpm: bool = True
+    profile: Path | None
+    warm_start_trace: Path | None
+    connector: str
+    state_dir: Path
+    service_host: str
+    service_port: int
+    token: str | None
+    frontend_port: int
+    frontend_router: str
+    frontend_poll_s: float
+    model_name: str
+    initial: Mapping[str, int]
+    worker_args: Mapping[str, tuple[str, ...]]
+    drain_grace_s: float
+    drain_timeout_s: float
+    ready_timeout_s: float
+    prometheus_enabled: str
+    prometheus_url: str | None
+    prometheus_port: int
+    prometheus_scrape_interval_s: float
+    prometheus_timeout_s: float
+    prometheus_namespace: str | None
+    prometheus_bearer_token: str | None
+    prometheus_ca_file: str | None
+    fpm: bool
 
 
-def _section(data: Mapping[str, Any], name: str, keys: set[str], problems: list[str]) -> dict[str, Any]:
-    sec = data.get(name) or {}
-    if not isinstance(sec, Mapping):
-        problems.append(f"{name}={sec!r}: expected a mapping")
+def _without(data: Any, paths: list[list[str]]) -> Any:
+    """``data`` with the keys at ``paths`` removed (a path is cut where the data is no longer a mapping)."""
+    if not isinstance(data, Mapping):
         return {}
-    for k in sec:
-        if k not in keys:
-            problems.append(f"{name}.{k}: unknown setting (expected one of {', '.join(sorted(keys))})")
-    return dict(sec)
+    out = dict(data)
+    for path in paths:
+        cur: dict[str, Any] = out
+        for i, key in enumerate(path):
+            if key not in cur:
+                break
+            if i == len(path) - 1 or not isinstance(cur[key], Mapping):
+                del cur[key]
+                break
+            cur[key] = dict(cur[key])
+            cur = cur[key]
+    return out
+
+
+def _problem_path(line: str) -> list[str]:
+    """The field path of a ``field=value: expected ...`` / ``field: ...`` line."""
+    cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=len(line))
+    return line[:cut].split(".")
 
 
 def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: str | None = None) -> StackConfig:
-    """Validate plain data (parsed YAML) into a :class:`StackConfig`; relative paths against ``base_dir``."""
-    problems: list[str] = []
+    """Validate plain data (parsed YAML) into a :class:`StackConfig`; relative paths against ``base_dir``.
+
+    The sections' fields are checked by :class:`StackFileSettings` and the planner section by
+    :func:`~planner.core.config.config_from_mapping`; the checks across sections (pools of the planner's mode,
+    files found, distinct ports, the load loop's inputs) then run on the valid values (an invalid value is
+    replaced by its default for them), so every problem is reported at once. Raises ConfigError."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
-    for k in data:
-        if k not in _TOP_KEYS:
-            problems.append(f"{k}: unknown setting (expected one of {', '.join(sorted(_TOP_KEYS))})")
+    problems: list[str] = []
+    try:
+        f = build(StackFileSettings, data)
+    except ConfigError as e:
+        problems.extend(e.problems)
+        try:  # the rest judged without the invalid values
+            f = build(StackFileSettings, _without(data, [_problem_path(p) for p in e.problems]))
+        except ConfigError:
+            raise ConfigError(problems, source=source) from None
     planner_raw = data.get("planner") or {}
-    if not isinstance(planner_raw, Mapping):
-        problems.append(f"planner={planner_raw!r}: expected a mapping of planner settings (PlannerConfig fields)")
-        # nothing to judge the pools and the profile of the other sections against
-        planner, mode_known, throughput_on = PlannerConfig(), False, False
+    mode_known = isinstance(planner_raw, Mapping)
+    if not isinstance(planner_raw, Mapping):  # named above: nothing to judge the pools and the profile against
+        planner, throughput_on = PlannerConfig(), False
     else:
         if "engine_stale_s" not in planner_raw:
             planner_raw = {**planner_raw, "engine_stale_s": LIVE_ENGINE_STALE_S}
         planner_raw = _load_interval_default(planner_raw)
         try:
             planner = config_from_mapping(planner_raw, source=None)
-            mode_known, throughput_on = True, planner.throughput_enabled
+            throughput_on = planner.throughput_enabled
         except ConfigError as e:
             problems.extend("planner." + p for p in e.problems)
             mode = planner_raw.get("mode", "disagg")  # keep checking the other sections against the intended mode
             mode_known = mode in MODES
             throughput_on = planner_raw.get("throughput_enabled", True) is not False
             planner = PlannerConfig(mode=mode) if mode_known else PlannerConfig()
-    kw: dict[str, Any] = {}
     # a pool of another mode under a defaulted mode: the fix is usually planner.mode, so say it was not set
-    mode_unset = not isinstance(planner_raw, Mapping) or "mode" not in planner_raw
+    mode_unset = not (isinstance(planner_raw, Mapping) and "mode" in planner_raw)
     unset_note = f"planner.mode unset, default {planner.mode}; " if mode_unset else ""
 
-    def path(key: str, v: Any) -> Path | None:
+    def path(v: str | None) -> Path | None:
         if v is None:
-            return None
-        if not isinstance(v, str) or not v:
-            problems.append(f"{key}={v!r}: expected a path")
             return None
         p = Path(v)
         return p if p.is_absolute() else (base_dir / p).resolve()
 
-    kw["profile"] = path("profile", data.get("profile"))
-    if kw["profile"] is not None and not kw["profile"].exists():
-        problems.append(f"profile={str(kw['profile'])!r}: file not found")
-    if throughput_on and kw["profile"] is None:
+    profile = path(f.profile)
+    if profile is not None and not profile.exists():
+        problems.append(f"profile={str(profile)!r}: file not found")
+    if throughput_on and profile is None:
         problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
-    kw["warm_start_trace"] = path("warm_start_trace", data.get("warm_start_trace"))
-    kw["state_dir"] = path("state_dir", data.get("state_dir", ".dynoplan")) or base_dir / ".dynoplan"
-    conn = data.get("connector", "local")
-    if conn not in ("local", "virtual"):
-        problems.append(f"connector={conn!r}: expected local or virtual")
-    kw["connector"] = conn
-
-    def num(key: str, v: Any, integer: bool = False, minimum: float = 0.0, strict: bool = True) -> Any:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (not integer or isinstance(v, int))
-        ok = ok and (v > minimum if strict else v >= minimum)
-        if not ok:
-            problems.append(f"{key}={v!r}: expected {'an integer' if integer else 'a number'} "
-                            f"{'>' if strict else '>='} {minimum:g}")
-        return v
-
-    def port(key: str, v: Any) -> Any:
-        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535):
-            problems.append(f"{key}={v!r}: expected a TCP port, an integer from 0 (any free port) to 65535")
-        return v
-
-    def text(key: str, v: Any) -> str | None:
-        if v is not None and not (isinstance(v, str) and v):
-            problems.append(f"{key}={v!r}: expected a non-empty string (quote it in YAML)")
-            return None
-        return v
-
-    svc = _section(data, "service", {"host", "port", "token"}, problems)
-    kw["service_host"] = text("service.host", svc.get("host", "127.0.0.1")) or "127.0.0.1"
-    kw["service_port"] = port("service.port", svc.get("port", 8090))
-    kw["token"] = text("service.token", svc.get("token"))
-    fe = _section(data, "frontend", {"port", "router", "poll_s", "model_name"}, problems)
-    kw["frontend_port"] = port("frontend.port", fe.get("port", 8080))
-    kw["frontend_router"] = fe.get("router", "least_loaded")
-    if kw["frontend_router"] not in ("round_robin", "least_loaded", "kv"):
-        problems.append(f"frontend.router={kw['frontend_router']!r}: expected round_robin, least_loaded or kv")
-    kw["frontend_poll_s"] = num("frontend.poll_s", fe.get("poll_s", 0.25))
-    kw["model_name"] = text("frontend.model_name", fe.get("model_name", "mocker")) or "mocker"
-    fl = _section(data, "fleet", {"initial", "worker_args", "drain_grace_s", "drain_timeout_s", "ready_timeout_s"}, problems)
-    initial = fl.get("initial") or {}
-    if not isinstance(initial, Mapping):
-        problems.append(f"fleet.initial={initial!r}: expected a mapping pool -> replicas")
-        initial = {}
+    fl, pr = f.fleet, f.prometheus
     init: dict[str, int] = {}
     for p in planner.pools:
         lim = planner.limits(p)
-        v = initial.get(p, lim.min_replicas or 1)
-        init[p] = num(f"fleet.initial.{p}", v, True, 0, strict=False)
-        hi = lim.max_replicas
+        v = init[p] = fl.initial.get(p, lim.min_replicas or 1)
         # below min_replicas is fine (the planner raises the fleet at its first tick); above max is a mistake
-        if isinstance(v, int) and not isinstance(v, bool) and hi is not None and v > hi:
-            problems.append(f"fleet.initial.{p}={v}: expected at most planner.{p}.max_replicas={hi}")
-    for p in initial if mode_known else ():
-        if p not in planner.pools:
-            problems.append(f"fleet.initial.{p}: pool not planned in mode {planner.mode!r} "
-                            f"({unset_note}expected {', '.join(planner.pools)})")
-    kw["initial"] = init
-    wa = fl.get("worker_args") or {}
-    if not isinstance(wa, Mapping) or not all(isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v)
-                                              for v in wa.values()):
-        problems.append(f"fleet.worker_args={wa!r}: expected a mapping pool -> list of flags")
-        wa = {}
-    kw["worker_args"] = {p: tuple(str(x) for x in v) for p, v in wa.items()}
-    for p in kw["worker_args"] if mode_known else ():
-        if p not in planner.pools:
-            problems.append(f"fleet.worker_args.{p}: pool not planned in mode {planner.mode!r} "
-                            f"({unset_note}expected {', '.join(planner.pools)})")
-        elif planner.mode == "disagg" and _worker_engine(kw["worker_args"][p]) == "trtllm":
-            problems.append(f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
-                            f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang")
-    for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s"):
-        if k in fl:
-            kw[k] = num(f"fleet.{k}", fl[k])
-    pr = _section(data, "prometheus", {"enabled", "url", "port", "scrape_interval_s", "timeout_s", "namespace",
-                                       "bearer_token", "ca_file"}, problems)
-    en = pr.get("enabled", "auto")
-    en = {True: "true", False: "false"}.get(en, en)
-    if en not in ("auto", "true", "false"):
-        problems.append(f"prometheus.enabled={en!r}: expected auto, true or false")
-    kw["prometheus_enabled"] = en
-    kw["prometheus_url"] = text("prometheus.url", pr.get("url"))
-    if kw["prometheus_url"] is not None and not kw["prometheus_url"].startswith(("http://", "https://")):
-        problems.append(f"prometheus.url={kw['prometheus_url']!r}: expected an http:// or https:// URL")
-    kw["prometheus_port"] = port("prometheus.port", pr.get("port", 0))
-    kw["prometheus_scrape_interval_s"] = num("prometheus.scrape_interval_s", pr.get("scrape_interval_s", 1.0))
-    kw["prometheus_timeout_s"] = num("prometheus.timeout_s", pr.get("timeout_s", 5.0))
-    kw["prometheus_namespace"] = text("prometheus.namespace", pr.get("namespace"))
-    kw["prometheus_bearer_token"] = text("prometheus.bearer_token", pr.get("bearer_token"))
-    ca = path("prometheus.ca_file", pr.get("ca_file"))
+        if lim.max_replicas is not None and v > lim.max_replicas:
+            problems.append(f"fleet.initial.{p}={v}: expected at most planner.{p}.max_replicas={lim.max_replicas}")
+    worker_args = dict(fl.worker_args)
+    for what, pools in (("initial", fl.initial), ("worker_args", worker_args)):
+        for p in pools if mode_known else ():
+            if p not in planner.pools:
+                problems.append(f"fleet.{what}.{p}: pool not planned in mode {planner.mode!r} "
+                                f"({unset_note}expected {', '.join(planner.pools)})")
+            elif what == "worker_args" and planner.mode == "disagg" and _worker_engine(worker_args[p]) == "trtllm":
+                problems.append(f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
+                                f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang")
+    enabled = pr.enabled
+    ca = path(pr.ca_file)
     if ca is not None and not ca.is_file():
         problems.append(f"prometheus.ca_file={str(ca)!r}: file not found (expected a PEM CA bundle)")
-    kw["prometheus_ca_file"] = str(ca) if ca is not None else None
     # the stack's own listeners must not share a port: each would start, and the later one fail on
     # "Address already in use" (the planner only in its log, restarted over and over). 0 = a free port each.
     # Workers take free ports (planner.connectors.local.free_port), so they cannot collide with these.
-    own_ports = [("frontend.port", kw["frontend_port"]), ("service.port", kw["service_port"])]
-    if kw["prometheus_url"] is None and en != "false":  # only a Prometheus `up` starts listens on prometheus.port
-        own_ports.append(("prometheus.port", kw["prometheus_port"]))
+    own_ports = [("frontend.port", f.frontend.port), ("service.port", f.service.port)]
+    if pr.url is None and enabled != "false":  # only a Prometheus `up` starts listens on prometheus.port
+        own_ports.append(("prometheus.port", pr.port))
     seen: dict[int, str] = {}
-    for key, v in own_ports:
-        if not (isinstance(v, int) and not isinstance(v, bool)) or v == 0:
-            continue
-        if v in seen:
-            problems.append(f"{key}={v}: same port as {seen[v]}, expected distinct ports (or 0 for any free port)")
-        else:
-            seen[v] = key
-    fpm = data.get("fpm", True)
-    if not isinstance(fpm, bool):
-        problems.append(f"fpm={fpm!r}: expected true or false")
-    kw["fpm"] = bool(fpm)
-    if mode_known and planner.load_enabled and conn == "virtual":
+    for key, port in own_ports:
+        if port and port in seen:
+            problems.append(f"{key}={port}: same port as {seen[port]}, expected distinct ports (or 0 for any free "
+                            f"port)")
+        elif port:
+            seen[port] = key
+    if mode_known and planner.load_enabled and f.connector == "virtual":
         problems.append("planner.load_enabled=True: expected false with connector virtual (the load loop reads the "
                         "workers' ForwardPassMetrics, which only the local connector discovers)")
-    elif mode_known and planner.load_enabled and fpm is False:
+    elif mode_known and planner.load_enabled and f.fpm is False:
         problems.append("fpm=False: expected true when planner.load_enabled is true (the load loop reads the "
                         "workers' ForwardPassMetrics)")
     if problems:
         raise ConfigError(problems, source=source)
-    return StackConfig(planner=planner, **kw)
+    return StackConfig(
+        planner=planner, profile=profile, warm_start_trace=path(f.warm_start_trace), connector=f.connector,
+        state_dir=path(f.state_dir) or base_dir, service_host=f.service.host, service_port=f.service.port,
+        token=f.service.token, frontend_port=f.frontend.port, frontend_router=f.frontend.router,
+        frontend_poll_s=f.frontend.poll_s, model_name=f.frontend.model_name, initial=init, worker_args=worker_args,
+        drain_grace_s=fl.drain_grace_s, drain_timeout_s=fl.drain_timeout_s, ready_timeout_s=fl.ready_timeout_s,
+        prometheus_enabled=enabled, prometheus_url=pr.url, prometheus_port=pr.port,
+        prometheus_scrape_interval_s=pr.scrape_interval_s, prometheus_timeout_s=pr.timeout_s,
+        prometheus_namespace=pr.namespace, prometheus_bearer_token=pr.bearer_token,
+        prometheus_ca_file=str(ca) if ca is not None else None, fpm=f.fpm)
 
 
 def _worker_engine(argv: tuple[str, ...]) -> str | None:

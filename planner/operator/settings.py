@@ -7,82 +7,73 @@ construction, all problems reported at once (:class:`~planner.operator.errors.Se
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
+from pydantic import Field
+
+from dynoplan.errors import ConfigError
+from dynoplan.settings import Problems, build, settings
 from planner.operator.errors import SettingsError
 
 ENV_PREFIX = "DYNOPLAN_OPERATOR_"
 
 
-@dataclass(frozen=True, slots=True)
+@settings
 class OperatorSettings:
-    """Operator process settings. Units are in the names."""
+    """Operator process settings. Units are in the names; each field's default and bound are in its ``Field``.
 
-    namespace: str = ""
-    """Namespace watched (the Helm release namespace); "" = every namespace (needs a ClusterRole)."""
-    reconcile_dgd: bool = True
-    """Reconcile each DGD into Deployments + Services; False where a real Dynamo operator owns DGDs
-    (the planner then only patches ``spec.services.<name>.replicas``)."""
-    dgd_resync_s: float = 10.0
-    """Period of the level-triggered DGD reconcile (children and status), seconds."""
-    planner_min_sleep_s: float = 0.5
-    """Shortest sleep between planner ticks, seconds (guards against a tight loop)."""
-    planner_max_sleep_s: float = 5.0
-    """Longest sleep between planner ticks, seconds (readiness and manual edits are seen this often)."""
-    prometheus_url: str = "http://prometheus:9090"
-    """Default Prometheus URL for planners whose spec has no ``metrics.prometheusUrl``."""
-    prometheus_timeout_s: float = 5.0
-    """HTTP timeout of one Prometheus query, seconds."""
-    shared_gpu_budget: int = 0
-    """Namespace-wide GPUs shared by every planner with ``budget.sharedBudget`` set (0 = off)."""
-    worker_image: str = "dynoplan:latest"
-    """Image of DGD service Deployments whose spec names no image."""
-    planner_defaults_file: str = ""
-    """YAML of PlannerConfig defaults (the Helm values ``planner:``); a DynoPlanner spec overrides them."""
-    standalone: bool = False
-    """Run without kopf peering (single replica, no KopfPeering resource)."""
-    peering_name: str = "dynoplan"
-    """kopf peering (namespaced KopfPeering) name for HA: one active operator per peering."""
-    peering_priority: int = 0
-    """This replica's kopf peering priority: the live peer with the highest priority is active, the others
-    pause until it is gone. 0 = derived from the host name (the Pod name), so replicas differ: kopf pauses
-    *every* operator when two peers have the same priority."""
-    health_port: int = 8080
-    """Port of the liveness/readiness endpoint ``/healthz`` (0 = off)."""
-    metrics_port: int = 9100
-    """Port of the Prometheus ``/metrics`` endpoint (0 = off)."""
-    dashboard_port: int = 8090
-    """Port of the live dashboard (the page ``dynoplan up`` serves, one per DynoPlanner: ``/?planner=ns/name``;
-    0 = off)."""
-    log_format: str = "json"
-    """``json`` (structured) or ``plain``."""
+    Direct construction raises pydantic's ``ValidationError``; :func:`settings_from_mapping` and
+    :func:`settings_from_env` raise :class:`~planner.operator.errors.SettingsError` with every problem."""
+
+    namespace: str = Field("", description="Namespace watched (the Helm release namespace); \"\" (the default) = "
+                                           "every namespace (needs a ClusterRole).")
+    reconcile_dgd: bool = Field(True, description="Reconcile each DGD into Deployments + Services (default true); "
+                                                  "false where a real Dynamo operator owns DGDs (the planner then "
+                                                  "only patches spec.services.<name>.replicas).")
+    dgd_resync_s: float = Field(10.0, gt=0, description="Period of the level-triggered DGD reconcile (children and "
+                                                        "status), seconds > 0 (default 10).")
+    planner_min_sleep_s: float = Field(0.5, gt=0, description="Shortest sleep between planner ticks, seconds > 0 "
+                                                              "(default 0.5; guards against a tight loop); <= "
+                                                              "planner_max_sleep_s.")
+    planner_max_sleep_s: float = Field(5.0, gt=0, description="Longest sleep between planner ticks, seconds > 0 "
+                                                              "(default 5; readiness and manual edits are seen this "
+                                                              "often).")
+    prometheus_url: str = Field("http://prometheus:9090", pattern=r"^https?://", description=(
+        "Default Prometheus URL (http:// or https://) for planners whose spec has no metrics.prometheusUrl "
+        "(default http://prometheus:9090)."))
+    prometheus_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one Prometheus query, seconds > 0 "
+                                                               "(default 5).")
+    shared_gpu_budget: int = Field(0, ge=0, description="Namespace-wide GPUs shared by every planner with "
+                                                        "budget.sharedBudget set, >= 0 (0, the default, = off).")
+    worker_image: str = Field("dynoplan:latest", description="Image of DGD service Deployments whose spec names no "
+                                                             "image (default dynoplan:latest).")
+    planner_defaults_file: str = Field("", description="YAML of PlannerConfig defaults (the Helm values planner:); "
+                                                       "a DynoPlanner spec overrides them. \"\" (the default) = "
+                                                       "the planner's own defaults.")
+    standalone: bool = Field(False, description="Run without kopf peering (single replica, no KopfPeering "
+                                                "resource); default false.")
+    peering_name: str = Field("dynoplan", description="kopf peering (namespaced KopfPeering) name for HA: one "
+                                                      "active operator per peering (default dynoplan).")
+    peering_priority: int = Field(0, ge=0, le=2**31 - 1, description=(
+        "This replica's kopf peering priority, 0..2147483647: the live peer with the highest priority is active, "
+        "the others pause until it is gone. 0 (the default) = derived from the host name (the Pod name), so "
+        "replicas differ: kopf pauses every operator when two peers have the same priority."))
+    health_port: int = Field(8080, ge=0, le=65535, description="Port of the liveness/readiness endpoint /healthz, "
+                                                               "0..65535 (default 8080; 0 = off).")
+    metrics_port: int = Field(9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint, 0..65535 "
+                                                                "(default 9100; 0 = off).")
+    dashboard_port: int = Field(8090, ge=0, le=65535, description=(
+        "Port of the live dashboard (the page dynoplan up serves, one per DynoPlanner: /?planner=ns/name), "
+        "0..65535 (default 8090; 0 = off)."))
+    log_format: Literal["json", "plain"] = Field("json", description="json (structured, the default) or plain.")
 
     def __post_init__(self) -> None:
-        p: list[str] = []
-        for n in ("dgd_resync_s", "planner_min_sleep_s", "planner_max_sleep_s", "prometheus_timeout_s"):
-            v = getattr(self, n)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
-                p.append(f"{n}={v!r}: expected seconds > 0")
-        if (not p) and self.planner_min_sleep_s > self.planner_max_sleep_s:
-            p.append(f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s")
-        for n in ("health_port", "metrics_port", "dashboard_port"):
-            v = getattr(self, n)
-            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535):
-                p.append(f"{n}={v!r}: expected a port 0..65535")
-        if not (isinstance(self.peering_priority, int) and not isinstance(self.peering_priority, bool)
-                and 0 <= self.peering_priority < 2**31):
-            p.append(f"peering_priority={self.peering_priority!r}: expected an integer 0..2147483647 (0 = from the host name)")
-        if not (isinstance(self.shared_gpu_budget, int) and self.shared_gpu_budget >= 0):
-            p.append(f"shared_gpu_budget={self.shared_gpu_budget!r}: expected an integer >= 0")
-        if self.log_format not in ("json", "plain"):
-            p.append(f"log_format={self.log_format!r}: expected json or plain")
-        if not self.prometheus_url.startswith(("http://", "https://")):
-            p.append(f"prometheus_url={self.prometheus_url!r}: expected an http(s) URL")
-        if p:
-            raise SettingsError(p)
+        """The cross-field check; raises :class:`~dynoplan.settings.Problems`."""
+        if self.planner_min_sleep_s > self.planner_max_sleep_s:
+            raise Problems(f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s="
+                           f"{self.planner_max_sleep_s!r}")
 
 
 def effective_peering_priority(settings: OperatorSettings, host: str | None = None) -> int:
@@ -98,46 +89,29 @@ def effective_peering_priority(settings: OperatorSettings, host: str | None = No
 
 
 def settings_from_mapping(data: Mapping[str, Any]) -> OperatorSettings:
-    """Settings from plain data (strings parsed as the field type). Raises SettingsError naming each
-    unknown key or unparsable value."""
-    problems: list[str] = []
+    """Settings from plain data; keys are field names (``-`` read as ``_``). A string given for a setting that
+    is not text (environment variables, CLI flags) is read by :func:`planner.core.config.text_value`
+    (``"false"`` -> False, ``"16"`` -> 16). Raises SettingsError naming each unknown key (with the closest
+    setting name) and each invalid value, all at once."""
+    from planner.core.config import field_kinds, text_value
+
+    kinds = field_kinds(OperatorSettings)
     kw: dict[str, Any] = {}
-    types = {f.name: f.type for f in fields(OperatorSettings)}
     for key, raw in data.items():
-        k = key.replace("-", "_")
-        if k not in types:
-            problems.append(f"{k}: unknown operator setting (expected one of {', '.join(types)})")
-            continue
-        tp = types[k]
-        try:
-            if tp in (bool, "bool"):
-                if isinstance(raw, bool):
-                    kw[k] = raw
-                elif str(raw).lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-                    kw[k] = str(raw).lower() in ("true", "1", "yes", "on")
-                else:
-                    raise ValueError
-            elif tp in (int, "int"):
-                kw[k] = int(raw)
-            elif tp in (float, "float"):
-                kw[k] = float(raw)
-            else:
-                kw[k] = str(raw)
-        except (TypeError, ValueError):
-            problems.append(f"{k}={raw!r}: expected a {tp if isinstance(tp, str) else tp.__name__}")
-    if problems:
-        raise SettingsError(problems)
+        k = str(key).replace("-", "_")
+        kind, optional = kinds.get(k, ("", False))
+        kw[k] = text_value(raw, kind, optional) if isinstance(raw, str) else raw
     try:
-        return OperatorSettings(**kw)
-    except SettingsError as e:
-        raise SettingsError(problems + e.problems) from None
+        return build(OperatorSettings, kw)
+    except ConfigError as e:
+        raise SettingsError(e.problems) from None
 
 
 def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> OperatorSettings:
     """Settings from ``DYNOPLAN_OPERATOR_<FIELD>`` variables, then ``overrides`` (e.g. CLI flags)."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
-    for f in fields(OperatorSettings):
+    for f in dataclasses.fields(OperatorSettings):
         v = env.get(ENV_PREFIX + f.name.upper())
         if v is not None:
             data[f.name] = v

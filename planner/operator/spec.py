@@ -144,8 +144,8 @@ class PlannerSpec:
     """EndpointSlice port name of the workers' FPM socket (``spec.load.fpmPortName``)."""
 
 
-# spec path -> PlannerConfig key
-_SPEC_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
+# spec path -> PlannerConfig key (the CRD's schema of each is generated from it: planner.operator.schemas)
+SPEC_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("mode",), "mode"),
     (("sla", "ttftMs"), "ttft_ms"), (("sla", "itlMs"), "itl_ms"),
     (("throughput", "enabled"), "throughput_enabled"),
@@ -174,7 +174,7 @@ def planner_overrides(spec: Mapping[str, Any]) -> dict[str, Any]:
     """PlannerConfig keys set by a DynoPlanner spec: the typed fields, then ``spec.settings`` (any
     PlannerConfig key, snake_case or camelCase) on top."""
     out: dict[str, Any] = {}
-    for path, key in _SPEC_KEYS:
+    for path, key in SPEC_KEYS:
         v = _dig(spec, path)
         if v is not None:
             out[key] = v
@@ -204,7 +204,7 @@ def spec_field_names(spec: Mapping[str, Any]) -> dict[str, str]:
                 names[f"{f.name}.{k}"] = f"spec.settings.{f.name}.{k}"
         else:
             names[f.name] = f"spec.settings.{f.name}"
-    for path, key in _SPEC_KEYS:
+    for path, key in SPEC_KEYS:
         pool = next((p for p in _POOL_SPEC if key.startswith(p + "_") and key[len(p) + 1:] in
                      ("min_replicas", "max_replicas")), None)
         names[f"{pool}.{key[len(pool) + 1:]}" if pool else key] = "spec." + ".".join(path)

@@ -255,7 +255,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                     raise SimulationConfigError(f"policy {spec!r}: {k.strip()!r} given twice: expected each key once")
                 kv[k.strip()] = v.strip()
             att = kv.pop("attainment_target", None)
-            cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}")
+            cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}", cli=True)
         else:
             att = None
         target = ctx.attainment_target

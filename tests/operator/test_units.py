@@ -161,11 +161,31 @@ def test_operator_settings_env_and_errors():
     assert s.reconcile_dgd is False and s.shared_gpu_budget == 16
     with pytest.raises(SettingsError) as e:
         settings_from_env({"DYNOPLAN_OPERATOR_HEALTH_PORT": "70000", "DYNOPLAN_OPERATOR_DGD_RESYNC_S": "-1"})
-    assert "health_port=70000" in str(e.value) and "dgd_resync_s=-1.0" in str(e.value)
-    with pytest.raises(SettingsError, match="bogus: unknown operator setting"):
+    assert set(e.value.problems) == {"health_port=70000: expected <= 65535", "dgd_resync_s=-1: expected > 0.0"}
+    with pytest.raises(SettingsError, match="bogus: unknown setting"):
         from planner.operator.settings import settings_from_mapping
         settings_from_mapping({"bogus": 1})
     assert OperatorSettings().planner_max_sleep_s == 5.0 and not math.isnan(OperatorSettings().dgd_resync_s)
+
+
+def test_operator_settings_strict_types_and_every_problem_at_once():
+    from planner.operator.settings import settings_from_mapping
+
+    with pytest.raises(SettingsError) as e:
+        settings_from_mapping({"health_port": True, "dgd_resync_s": "fast", "helth_port": 1, "log_format": "xml",
+                               "prometheus_url": "ftp://p", "standalone": 1, "shared_gpu_budget": -1})
+    assert set(e.value.problems) == {
+        "health_port=True: expected an integer", "dgd_resync_s='fast': expected a number",
+        "helth_port: unknown setting (did you mean health_port?)",
+        "log_format='xml': expected one of 'json' or 'plain'",
+        "prometheus_url='ftp://p': expected text matching ^https?://",
+        "standalone=1: expected a boolean (true/false)", "shared_gpu_budget=-1: expected >= 0"}
+    # environment text is read as the setting's type; a text setting keeps the text
+    s = settings_from_mapping({"dgd_resync_s": "2.5", "standalone": "yes", "peering_name": "true", "health_port": "0"})
+    assert (s.dgd_resync_s, s.standalone, s.peering_name, s.health_port) == (2.5, True, "true", 0)
+    with pytest.raises(SettingsError) as e:
+        settings_from_mapping({"planner_min_sleep_s": 9})
+    assert e.value.problems == ["planner_min_sleep_s=9.0: expected <= planner_max_sleep_s=5.0"]
 
 
 def test_cli_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
@@ -175,7 +195,7 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert main(["operator", "--health-port", "70000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "health_port=70000: expected a port 0..65535" in err[0]
+    assert len(err) == 1 and "health_port=70000: expected <= 65535" in err[0]
     bad = tmp_path / "p.yaml"
     bad.write_text("ttft_ms: -1\n")
     assert main(["operator", "--planner-defaults-file", str(bad)]) == 2
@@ -271,7 +291,9 @@ def test_peering_priority_explicit_or_stable_from_the_host_name():
     assert a == effective_peering_priority(OperatorSettings(), host="dynoplan-operator-5d9c-abcde")
     assert 1 <= a < 2**31
     assert a != effective_peering_priority(OperatorSettings(), host="dynoplan-operator-5d9c-fghij")
-    with pytest.raises(SettingsError, match="peering_priority=-1"):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="peering_priority"):
         OperatorSettings(peering_priority=-1)
 
 

@@ -21,35 +21,88 @@ def test_defaults_match_design():
 def test_all_problems_collected_at_once():
     with pytest.raises(ConfigError) as ei:
         config_from_mapping({"adjustment_interval_s": -1, "load_adjustment_interval_s": 500, "predictor": "lstm",
-                             "prefill": {"min_replicas": 3, "max_replicas": 2}, "bogus": 1})
+                             "prefill": {"min_replicas": -3, "max_replicas": 2}, "bogus": 1})
     e = ei.value
     assert isinstance(e, PlannerError)
-    text = "; ".join(e.problems)
-    assert len(e.problems) == 5
-    assert "adjustment_interval_s=-1.0: expected a finite number > 0" in text
-    assert "load_adjustment_interval_s=500.0: expected less than adjustment_interval_s" in text
-    assert "predictor='lstm': expected one of constant, arima, kalman, prophet, auto" in text
-    assert "prefill.min_replicas=3: expected <= prefill.max_replicas=2" in text
-    assert "bogus: unknown setting" in text
+    assert set(e.problems) == {
+        "bogus: unknown setting",
+        "adjustment_interval_s=-1: expected > 0.0",
+        "predictor='lstm': expected one of 'constant', 'arima', 'kalman', 'prophet' or 'auto'",
+        "prefill.min_replicas=-3: expected >= 0",
+    }
+    # the cross-field checks run once every field is valid, and report every line at once too
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"load_adjustment_interval_s": 500, "prefill": {"min_replicas": 3, "max_replicas": 2},
+                             "min_gpu_budget": 9, "throughput_enabled": False})
+    assert ei.value.problems == [
+        "load_adjustment_interval_s=500.0: expected less than adjustment_interval_s=180.0",
+        "throughput_enabled=False and load_enabled=False: expected at least one loop enabled",
+        "min_gpu_budget=9: expected <= max_gpu_budget=8",
+        "prefill.min_replicas=3: expected <= prefill.max_replicas=2",
+    ]
 
 
-def test_load_interval_not_shorter_than_throughput_interval():
-    with pytest.raises(ConfigError, match="load_adjustment_interval_s=180.0: expected less than"):
+def test_direct_construction_is_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="load_adjustment_interval_s=180.0: expected less than"):
         PlannerConfig(load_adjustment_interval_s=180.0)
+    with pytest.raises(ValidationError, match="ttft_ms"):
+        PlannerConfig(ttft_ms=-1.0)
+    with pytest.raises(ValidationError, match="max_gpu_budget=3: expected >= 4 GPUs"):
+        PlannerConfig(max_gpu_budget=3, prefill=PoolLimits(1, None, 2), decode=PoolLimits(1, None, 2))
 
 
 def test_budget_smaller_than_pool_minimums():
     with pytest.raises(ConfigError, match=r"max_gpu_budget=3: expected >= 4 GPUs"):
-        PlannerConfig(max_gpu_budget=3, prefill=PoolLimits(1, None, 2), decode=PoolLimits(1, None, 2))
+        config_from_mapping({"max_gpu_budget": 3, "prefill": {"gpus_per_engine": 2}, "decode": {"gpus_per_engine": 2}})
     with pytest.raises(ConfigError, match="min_gpu_budget=9: expected <= max_gpu_budget=8"):
-        PlannerConfig(min_gpu_budget=9)
+        config_from_mapping({"min_gpu_budget": 9})
 
 
 def test_bad_types_named():
     with pytest.raises(ConfigError) as ei:
         config_from_mapping({"ttft_ms": "fast", "decode": {"gpus_per_engine": 1.5}, "load_enabled": "maybe"})
-    assert set(ei.value.problems) == {"ttft_ms='fast': expected a float", "decode.gpus_per_engine=1.5: expected an int",
-                                      "load_enabled='maybe': expected a bool"}
+    assert set(ei.value.problems) == {"ttft_ms='fast': expected a number",
+                                      "decode.gpus_per_engine=1.5: expected an integer",
+                                      "load_enabled='maybe': expected a boolean (true/false)"}
+
+
+def test_strict_types_a_bool_is_not_an_int_and_text_is_not_a_number():
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"max_gpu_budget": True, "ttft_ms": "300", "agg": {"max_replicas": False},
+                             "simulated_sizing": 1})
+    assert set(ei.value.problems) == {"max_gpu_budget=True: expected an integer",
+                                      "ttft_ms='300': expected a number",
+                                      "agg.max_replicas=False: expected an integer",
+                                      "simulated_sizing=1: expected a boolean (true/false)"}
+    # an integer is a number: 300 is 300.0 (a YAML or JSON file writes 300)
+    assert config_from_mapping({"ttft_ms": 300}).ttft_ms == 300.0
+
+
+def test_bounds_named_with_the_bound():
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"ttft_ms": 4_000_000, "itl_ms": 0, "load_sensitivity": 1.5, "sla_attainment_target": 1,
+                             "regression_min_samples": 1, "auto_candidates": [], "first_sizing_s": 0})
+    assert set(ei.value.problems) == {
+        "ttft_ms=4000000: expected <= 3600000.0", "itl_ms=0: expected > 0.0", "load_sensitivity=1.5: expected <= 1.0",
+        "sla_attainment_target=1: expected < 1.0", "regression_min_samples=1: expected >= 2",
+        "auto_candidates=[]: expected at least 1 items", "first_sizing_s=0: expected > 0.0"}
+    with pytest.raises(ConfigError, match=r"auto_candidates.0='auto': expected one of 'constant', 'arima'"):
+        config_from_mapping({"auto_candidates": ["auto"]})
+
+
+def test_cli_text_is_read_as_yaml_scalars():
+    c = config_from_mapping({"ttft_ms": "300", "load_enabled": "yes", "first_sizing_s": "none", "agg-max-replicas": "3",
+                             "auto_candidates": "constant, kalman", "itl_ms": "1e2", "predictor_log1p": "1",
+                             "sla_attainment_target": "null", "mode": "agg"}, cli=True)
+    assert (c.ttft_ms, c.load_enabled, c.first_sizing_s, c.agg.max_replicas, c.auto_candidates, c.itl_ms,
+            c.predictor_log1p, c.sla_attainment_target) == (300.0, True, None, 3, ("constant", "kalman"), 100.0,
+                                                            True, None)
+    with pytest.raises(ConfigError) as ei:
+        config_from_mapping({"max_gpu_budget": "true", "ttft_ms": "fast", "ttft": "1"}, cli=True)
+    assert set(ei.value.problems) == {"max_gpu_budget=True: expected an integer", "ttft_ms='fast': expected a number",
+                                      "ttft: unknown setting (did you mean ttft_ms?)"}
 
 
 def test_yaml_json_and_cli_overrides(tmp_path):
@@ -77,7 +130,7 @@ def test_file_errors_name_the_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
     neg = tmp_path / "neg.yaml"
     neg.write_text("adjustment_interval_s: -5\n")
-    with pytest.raises(ConfigError, match=r"neg.yaml: adjustment_interval_s=-5.0: expected a finite number > 0"):
+    with pytest.raises(ConfigError, match=r"neg.yaml: adjustment_interval_s=-5: expected > 0.0"):
         load_config(neg)
 
 
@@ -111,3 +164,16 @@ def test_a_removed_rules_setting_says_what_replaced_it():
     with pytest.raises(ConfigError, match=r"scale_down_hysteresis: unknown setting \(removed: the sizing by simulation "
                                           r"replaced that rule, see docs/planner-core.md"):
         config_from_mapping({"scale_down_hysteresis": 0.1})
+
+
+def test_text_value_reads_command_line_and_environment_text_by_the_settings_type():
+    from planner.core.config import text_value
+
+    assert [text_value("1e+06", "int"), text_value("2.147483647e+09", "int"), text_value("1e3", "float"),
+            text_value("1.5", "int"), text_value("abc", "int"), text_value("off", "Mode"), text_value("off", "bool"),
+            text_value("none", "float", optional=True), text_value("", "float", optional=True),
+            text_value("a, b", "tuple"), text_value("0", "bool"), text_value(" 7 ", "str")] == [
+        1_000_000, 2_147_483_647, 1000.0, 1.5, "abc", "off", False, None, None, ["a", "b"], False, "7"]
+    # a predictor named "off" by mistake is named as the text given, not as YAML's false
+    with pytest.raises(ConfigError, match=r"predictor='off': expected one of"):
+        config_from_mapping({"predictor": "off"}, cli=True)

@@ -126,7 +126,7 @@ def test_config_file_mode_is_honoured(tmp_path, profile):
 
 
 @pytest.mark.parametrize("text, needles", [
-    ("ttft_ms: .nan\n", ("ttft_ms=nan", "finite number > 0")),
+    ("ttft_ms: .nan\n", ("ttft_ms=nan", "expected a finite number")),
     ("planner:\n  itl_ms: .nan\n", ("itl_ms=nan",)),
     ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
     ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
@@ -284,11 +284,11 @@ def test_transfer_flags_only_in_disagg(capsys, name):
     (["--sla-itl-ms", "1e12"], ("--sla-itl-ms", "'1e12'", "expected at most 10000 ms")),
     (["--sla-ttft-ms", "1e308"], ("--sla-ttft-ms", "expected at most 3600000 ms")),
     (["--max-replicas", "99999999999"], ("--max-replicas", "expected a worker count between 1 and 4096")),
-    (["--compare", "planner:itl_ms=1e20"], ("itl_ms=1e+20", "expected at most 10000 ms")),
-    (["--planner-set", "ttft_ms=4e6"], ("ttft_ms=4000000.0", "expected at most 3600000 ms")),
+    (["--compare", "planner:itl_ms=1e20"], ("itl_ms=1e+20: expected <= 10000.0",)),
+    (["--planner-set", "ttft_ms=4e6"], ("ttft_ms=4000000.0: expected <= 3600000.0",)),
     (["--compare", "hpa:kv:0.5:extra"], ("'extra'", "expected hpa, hpa:METRIC or hpa:METRIC:TARGET")),
     (["--compare", "planner:predictor=kalman,predictor=arima"], ("'predictor' given twice",)),
-    (["--compare", "planner:max_gpu_budget=1.5"], ("max_gpu_budget='1.5'", "expected an int")),
+    (["--compare", "planner:max_gpu_budget=1.5"], ("max_gpu_budget=1.5", "expected an integer")),
 ])
 def test_out_of_range_sla_replicas_and_malformed_specs_are_one_line(capsys, profile, argv, needles):
     try:
@@ -298,17 +298,27 @@ def test_out_of_range_sla_replicas_and_malformed_specs_are_one_line(capsys, prof
     _one_line(capsys, rc, *needles)
 
 
-def test_broken_yaml_names_the_line_and_yaml_booleans_take_0_1(tmp_path, capsys, profile):
+def test_broken_yaml_names_the_line_and_yaml_booleans_are_true_false(tmp_path, capsys, profile):
     bad = tmp_path / "bad.yaml"
     bad.write_text("itl_ms: 40\nttft_ms: [1, 2\n")
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--config", str(bad)])
     _one_line(capsys, rc, str(bad), "cannot parse config file at line 3, column 1", "expected a YAML or JSON mapping")
     from planner.core.config import load_config
 
+    from planner.errors import ConfigError
+
     ok = tmp_path / "ok.yaml"
-    ok.write_text("correction_enabled: 0\nsimulated_sizing: 1\n")
+    ok.write_text("correction_enabled: false\nsimulated_sizing: true\n")
     cfg = load_config(ok)
     assert cfg.correction_enabled is False and cfg.simulated_sizing is True
+    # in a file a boolean is true/false (strict types, dynoplan.settings); 0/1 are integers there
+    ok.write_text("correction_enabled: 0\nsimulated_sizing: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(ok)
+    assert e.value.problems == ["correction_enabled=0: expected a boolean (true/false)",
+                                "simulated_sizing=1: expected a boolean (true/false)"]
+    # on the command line 0/1 still read as booleans (planner.core.config.text_value)
+    assert load_config(None, {"correction_enabled": "0", "simulated_sizing": "1"}).correction_enabled is False
 
 
 def test_policy_names_are_printed_verbatim_not_as_emoji(capsys, profile):

@@ -116,7 +116,7 @@ def test_unservable_prompt_warns_per_policy_and_the_static_fleet_is_counted(tmp_
     assert len(err) == 2, err
     for line, name in zip(err, ("static:1", "planner")):
         assert line.startswith(f"dynoplan simulate: warning: policy {name}: 1 of 1 requests failed"), line
-        assert "2147483647 tokens" in line
+        assert "2147483647 prompt + 10 output = 2147483657 tokens" in line
     pol = _policies(out)
     assert pol["static:1"]["max_replicas"] == {"agg": 1}
     assert pol["static:1"]["mean_replicas"] == {"agg": 1.0}
@@ -129,7 +129,7 @@ def test_one_unservable_prompt_among_normal_ones_warns(tmp_path, capsys, profile
     assert cli_main(["simulate", "--trace", trace, "--profile", profile, "--quiet", "--compare", "static:1"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "policy static:1: 1 of 3 requests failed" in err[0], err
-    assert "2000000 tokens" in err[0]
+    assert "2000000 prompt + 10 output = 2000010 tokens" in err[0]
 
 
 # ------------------------------------------------------------------ 6. an empty --out
@@ -228,7 +228,7 @@ def test_profile_grid_errors_name_flag_value_and_the_two_points_needed(tmp_path,
 # ------------------------------------------------------------------ 10. error lines name the flag
 @pytest.mark.parametrize("argv, needles", [
     (["--planner-set", "foo=1"], ["--planner-set foo=1: unknown setting"]),
-    (["--planner-set", "ttft_ms=abc"], ["--planner-set ttft_ms=abc:", "expected a float"]),
+    (["--planner-set", "ttft_ms=abc"], ["--planner-set ttft_ms=abc: ttft_ms='abc': expected a number"]),
     (["--compare", "hpa:running:0"], ["policy 'hpa:running:0':", "target=0.0"]),
 ])
 def test_error_lines_name_the_flag(capsys, profile, argv, needles):
