@@ -65,7 +65,7 @@ from mocker.live.driver import RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
-from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm, wire_block_id
+from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEventBatch, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
 from mocker.transfer import KvTransferConfig
@@ -284,7 +284,7 @@ class Worker:
             self._observe_finished(rank, rec)
 
     def _publish_core_kv_events(self, rank: int, events: list[tuple[str, int, int | None]]) -> None:
-        """Publish the core's recorded cache changes (engine block keys), one KvEvent per run of one kind,
+        """Publish the core's recorded cache changes (engine block keys), one KvEventBatch per run of one kind,
         in the order they happened; then forget them."""
         if not events:
             return
@@ -296,7 +296,7 @@ class Worker:
                 while j < len(events) and events[j][0] == kind:
                     j += 1
                 self._kv_event_id += 1
-                self.kv_pub.publish(KV_TOPIC, KvEvent(self.s.worker_id, rank, self._kv_event_id, kind,  # type: ignore[arg-type]
+                self.kv_pub.publish(KV_TOPIC, KvEventBatch(self.s.worker_id, rank, self._kv_event_id, kind,  # type: ignore[arg-type]
                                                       [wire_block_id(e[1]) for e in events[i:j]]))
                 i = j
         events.clear()
