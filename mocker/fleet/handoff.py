@@ -29,7 +29,7 @@ from mocker.transfer import KvTransferConfig
 if TYPE_CHECKING:
     from mocker.kv.events import KvEventIndex
 
-Hold = tuple[Any, Worker, list[int], int]
+Hold = tuple[Any, Worker, Any, int]
 """A KV hold or reservation: (core, its worker, pinned block keys / SGLang tree node or reservation, private
 blocks or token slots)."""
 
@@ -300,7 +300,7 @@ class HandoffMixin:
         src = fl.pcore
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], fl.req.input_length, fl.pkeys)
         # destination_missing: what the destination lacked when it reserved (its cached prefix is locked since)
-        hit = fl.reserve[2].cached if fl.reserve is not None else 0  # type: ignore[union-attr]
+        hit = fl.reserve[2].cached if fl.reserve is not None else 0
         fl.phase = Phase.TRANSFER
         self._push(t + tr.transfer_ms(tr.charged_tokens(fl.req.input_length, hit)), FleetEvent.ACTIVATE, fl)
 

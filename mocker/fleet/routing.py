@@ -30,6 +30,17 @@ class RoutingMixin:
     _kv_index: dict[str, KvEventIndex]
     _adv: Callable[[Any, float], None]
     _where: list[Any]
+    _heap: list[Any]
+    _draining: list[Any]
+    _clock: float
+    _pf_to: float
+    _sg: bool
+    _coordinated: bool
+    _dst_first: bool
+    _events_to: Callable[[float], None]
+    _check_draining: Callable[[float], None]
+    _route_decode_first: Callable[[Flight, float], None]
+    _release_holds: Callable[[Flight, float], None]
 
     def submit(self, req: TraceRequest, now_ms: float) -> RequestRecord:
         """Route ``req`` arriving at ``now_ms`` among the ready workers of the entry pool (agg or prefill); with
