@@ -32,7 +32,8 @@ from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.errors import ConfigError, SimulationError
 from mocker.fleet.handoff import HandoffMixin
-from mocker.fleet.pools import POOLS_DISAGG, EngineState, FleetEvent, Pool, PoolCounts, Worker
+from mocker.fleet.pools import (EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_READY, POOLS_DISAGG, EngineState,
+                                FleetEvent, Pool, PoolCounts, Worker)
 from mocker.fleet.routing import RoutingMixin
 from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
@@ -206,7 +207,7 @@ class Fleet(RoutingMixin, HandoffMixin):
         if startup_delay_ms == 0:
             self._make_ready(w, float(now_ms))
         else:
-            self._push(w.ready_ms, FleetEvent.READY, w)
+            self._push(w.ready_ms, EVENT_READY, w)
         return wid
 
     def remove_worker(self, pool: str, now_ms: float, worker_id: int | None = None) -> int:
@@ -288,12 +289,12 @@ class Fleet(RoutingMixin, HandoffMixin):
             if not heap or heap[0][0] > t:
                 break
             et, _, kind, obj = heappop(heap)
-            if kind == FleetEvent.READY:
+            if kind == EVENT_READY:
                 if obj.state == "starting":
                     self._make_ready(obj, et)
-            elif kind == FleetEvent.PREFILL_DONE:
+            elif kind == EVENT_PREFILL_DONE:
                 self._on_prefill_done(obj, et)
-            elif kind == FleetEvent.ACTIVATE:
+            elif kind == EVENT_ACTIVATE:
                 self._activate(obj, et)
             else:
                 self._on_reserve(obj, et)

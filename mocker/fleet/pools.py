@@ -33,6 +33,12 @@ class FleetEvent(Enum):
     """SGLang destination-first handoff: retry a decode core's pending reservations."""
 
 
+# The members as module globals, which the event loop reads: a global lookup costs a tenth of an enum
+# attribute lookup (Python 3.11: ~0.01 vs ~0.12 us), several per request.
+EVENT_READY, EVENT_PREFILL_DONE, EVENT_ACTIVATE, EVENT_RESERVE = (FleetEvent.READY, FleetEvent.PREFILL_DONE,
+                                                                   FleetEvent.ACTIVATE, FleetEvent.RESERVE)
+
+
 @dataclass(frozen=True)
 class PoolCounts:
     """Worker counts of one pool at a moment."""
@@ -110,4 +116,5 @@ class Pool:
         self.cores = [c for w in self.ready for c in w.cores]
 
 
-__all__ = ["POOLS_AGG", "POOLS_DISAGG", "EngineState", "FleetEvent", "Pool", "PoolCounts", "Worker"]
+__all__ = ["EVENT_ACTIVATE", "EVENT_PREFILL_DONE", "EVENT_READY", "EVENT_RESERVE", "POOLS_AGG", "POOLS_DISAGG",
+           "EngineState", "FleetEvent", "Pool", "PoolCounts", "Worker"]

@@ -14,7 +14,8 @@ import dataclasses
 from collections import deque
 from typing import Any, Callable
 
-from mocker.fleet.handoff import Flight, Phase
+from mocker.fleet.handoff import (PHASE_CANCELLED, PHASE_DECODE, PHASE_PREFILL, PHASE_QUEUED, PHASE_RESERVING,
+                                  PHASE_TRANSFER, PHASE_WAIT_DECODE, Flight)
 from mocker.fleet.pools import Pool
 from mocker.kv.events import KvEvent, KvEventIndex
 from mocker.records import RequestRecord, TraceRequest
@@ -108,7 +109,7 @@ class RoutingMixin:
                                  output_length=1)
             fl.prec = prec
             fl.pcore = c
-            fl.phase = Phase.PREFILL
+            fl.phase = PHASE_PREFILL
             c.add_request(preq, t, prec)
             er = c.requests.get(rid) if self._coordinated else None
             if er is not None:
@@ -147,29 +148,29 @@ class RoutingMixin:
             record.finish_ms = now_ms
             return True
         fl: Flight = where
-        if fl.phase == Phase.QUEUED:
+        if fl.phase == PHASE_QUEUED:
             self.entry.queue = deque(x for x in self.entry.queue if x[2] != rid)
             self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
-        elif fl.phase == Phase.PREFILL:
+        elif fl.phase == PHASE_PREFILL:
             self._adv(fl.pcore, now_ms)
             fl.pcore.cancel(rid, now_ms)
             w = self.pools["prefill"].by_id[fl.pcore.worker_id]
             if fl in w.inflight:
                 w.inflight.remove(fl)
             self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
-        elif fl.phase == Phase.RESERVING:
+        elif fl.phase == PHASE_RESERVING:
             pass  # still waiting for its destination's reservation: skipped when its turn comes
-        elif fl.phase == Phase.WAIT_DECODE:
+        elif fl.phase == PHASE_WAIT_DECODE:
             self.pools["decode"].queue = deque(x for x in self.pools["decode"].queue if x is not fl)
-        elif fl.phase == Phase.TRANSFER:
+        elif fl.phase == PHASE_TRANSFER:
             self._release_holds(fl, now_ms)
-        elif fl.phase == Phase.DECODE:
+        elif fl.phase == PHASE_DECODE:
             self._adv(fl.dcore, now_ms)
             if not fl.dcore.cancel(rid, now_ms):
                 return False
         else:
             return False
-        fl.phase = Phase.CANCELLED
+        fl.phase = PHASE_CANCELLED
         record.status = "cancelled"
         record.finish_ms = now_ms
         self._check_draining(now_ms)
