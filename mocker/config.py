@@ -175,10 +175,6 @@ class EngineConfig:
         """True when KVBM lower tiers are configured (G2 present; G3/G4 need it)."""
         return self.g1_backend == "kvbm" and bool(self.num_g2_blocks)
 
-    def validate(self) -> EngineConfig:
-        """Return self: construction validated it. (The engine cores and the fleet still call it.)"""
-        return self
-
     def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with ``changes`` applied (``None`` values are ignored). Raises ConfigError."""
         return check(lambda: dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None}))

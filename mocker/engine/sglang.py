@@ -48,11 +48,12 @@ from __future__ import annotations
 
 from collections import deque
 from math import inf
+from typing import NamedTuple
 
 import numpy as np
 
 from mocker.config import EngineConfig
-from mocker.engine.vllm import PassOutcome, _var
+from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
 from mocker.errors import SimulationError
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
@@ -67,7 +68,16 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 """lpm: prefix length (tokens) under which duplicate in-queue prefixes are deprioritised (SGLang)."""
 RETRACT_DECODE_STEPS = 20
 """SGLang ``global_config.retract_decode_steps``: output tokens assumed per kept request after a retraction."""
-_FAST_CHUNK = 4096
+
+
+class ExtendWork(NamedTuple):
+    """One admitted request's work in an extend pass (tokens)."""
+
+    prompt_len: int
+    prefix_tokens: int
+    """Leading tokens already computed (cached prefix or earlier chunks): the prefix the prefill model sees."""
+    extend_tokens: int
+    """Tokens computed by this pass (chunk end - prefix)."""
 
 
 class SglangRequest(EngineRequest):
@@ -92,6 +102,8 @@ class SglangRequest(EngineRequest):
 
 class SglangCore(PassTimeline):
     """One simulated SGLang engine (one DP rank). See the module docstring for semantics."""
+
+    capabilities = CoreCapabilities(block_keys=False, radix_handoff=True)
 
     def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
                  timing: TimingModel | None = None) -> None:
@@ -118,7 +130,6 @@ class SglangCore(PassTimeline):
         self.min_ratio = self.init_ratio * s.min_new_token_ratio_factor
         self.ratio_step = (self.init_ratio - self.min_ratio) / s.new_token_ratio_decay_steps
         self.new_token_ratio = self.init_ratio
-        self._retract_ratio = self.init_ratio
         self.collect_fpm = collect_fpm
         self.fpm: list[ForwardPassMetrics] = []
         self.waiting: deque[SglangRequest] = deque()
@@ -507,8 +518,8 @@ class SglangCore(PassTimeline):
         scored.sort(key=lambda t: (t[0], t[1], t[2]))
         self.waiting = deque(head + [t[3] for t in scored])
 
-    def _admit(self, now: float) -> tuple[list[SglangRequest], list[tuple[int, int, int]], bool, list[int]]:
-        """get_new_batch_prefill: returns (admitted, [(prompt_len, prefix, computed)], oom, rejected ids)."""
+    def _admit(self, now: float) -> tuple[list[SglangRequest], list[ExtendWork], bool, list[int]]:
+        """get_new_batch_prefill: returns (admitted, their ExtendWork, oom, rejected ids)."""
         if self.hold_waiting:
             return [], [], False, []
         kv = self.kv
@@ -523,7 +534,7 @@ class SglangCore(PassTimeline):
         rem_chunk = float(self.chunk_size)
         page = self.page
         can_run: list[SglangRequest] = []
-        items: list[tuple[int, int, int]] = []
+        items: list[ExtendWork] = []
         rejected: list[int] = []
         oom = False
         waiting = self.waiting
@@ -595,7 +606,7 @@ class SglangCore(PassTimeline):
                     r.transition(State.PREFILLING)
             r.materialized = chunk_end
             waiting.popleft()
-            items.append((r.prompt_len, prefix_len, chunk_end - prefix_len))
+            items.append(ExtendWork(r.prompt_len, prefix_len, chunk_end - prefix_len))
             can_run.append(r)
             rem_total -= charged + reserve
             rem_input -= charged
@@ -605,7 +616,9 @@ class SglangCore(PassTimeline):
         return can_run, items, oom, rejected
 
     def _retract_check(self, reqs: list[SglangRequest]) -> list[SglangRequest]:
-        """Retract the shortest-output requests until one more page each fits; evict if the pool is short."""
+        """Retract the shortest-output requests until one more page each fits (taken out of ``reqs``; returned,
+        for the back of the queue; new_token_ratio set to SGLang's retract_decode estimate, module
+        docstring step 5); evict if the pool is short."""
         kv = self.kv
         page = self.page
         retracted: list[SglangRequest] = []
@@ -630,7 +643,7 @@ class SglangCore(PassTimeline):
             for r in reqs:
                 dec += r.generated
                 mx += r.output_len
-            self._retract_ratio = min(1.0, (dec + RETRACT_DECODE_STEPS * len(reqs)) / mx)
+            self.new_token_ratio = min(1.0, (dec + RETRACT_DECODE_STEPS * len(reqs)) / mx)
         if kv.free < need:
             kv.evict(need - kv.free)
         return retracted
@@ -686,6 +699,8 @@ class SglangCore(PassTimeline):
         return finished, emitters
 
     def _pass(self, now: float, want_outcome: bool) -> PassOutcome | None:
+        """One pass starting at ``now`` (module docstring, steps 1-5), in named steps. Returns the outcome
+        when ``want_outcome``."""
         self._policy()
         if self.prefilled:
             self._admit_prefilled()
@@ -693,81 +708,15 @@ class SglangCore(PassTimeline):
         if oom:
             self.new_token_ratio = self.init_ratio
         p = self.pass_index
-        retracted: list[SglangRequest] = []
-        admitted_ids = [r.request_id for r in can_run]
         dec_lens: list[int] = []
         if can_run:
-            bc = len(can_run)
-            total_isl = sum(r.materialized for r in can_run)
-            total_pre = sum(it[1] for it in items)
-            pf = round_ns(self.timing.prefill_ms(bc, total_isl // bc, total_pre // bc))
-            if self.speedup != 1.0 and pf > 0:
-                pf = round_ns(pf / self.speedup)
-            end = now + pf
-            newly: list[SglangRequest] = []
-            chunked: list[SglangRequest] = []
-            for r in can_run:
-                r.computed = r.materialized
-                if r.materialized < r.seq_len:
-                    self._cache_prefix(r, False)
-                    chunked.append(r)
-                else:
-                    newly.append(r)
-            for r in reversed(chunked):
-                self.waiting.appendleft(r)
-            if self.collect_fpm:
-                dec_lens = [r.seq_len for r in newly]
-            if newly:
-                retracted = self._retract_check(newly)
-                finished, emitters = self._decode_tokens(newly, end, p)
-                self.running.extend(r for r in newly if r.state is not State.FINISHED)
-            else:
-                finished, emitters = [], []
+            end, finished, emitters, retracted = self._extend_pass(now, p, can_run, items, dec_lens)
+        elif self.running:
+            end, finished, emitters, retracted = self._decode_pass(now, p, rejected, dec_lens)
         else:
-            running = self.running
-            if running:
-                retracted = self._retract_check(running)
-                s = 0
-                for r in running:
-                    s += r.prompt_len + r.generated
-                n = len(running)
-                if self.collect_fpm:
-                    dec_lens = [r.seq_len for r in running]
-                dec = decode_pass_ms(self.timing, min(s, self.total_kv_tokens), n, self.speedup)
-                end = now + dec
-                finished, emitters = self._decode_tokens(running, end, p)
-                if len(emitters) < n:
-                    # a lone request that outgrew the whole pool can never continue: reject it
-                    for r in running:
-                        if r not in emitters and r.state is not State.FINISHED:
-                            self._release(r)
-                            self._reject(r, end)
-                            rejected.append(r.request_id)
-                if finished or rejected:
-                    self.running = [r for r in running if r.state is State.DECODING or r.state is State.PREFILLING]
-            else:
-                end = now
-                finished, emitters = [], []
-                if ((self.waiting and not self.hold_waiting) or self.prefilled) and not rejected and (
-                        self.external_tokens or self.external_locks):
-                    # a driver's handoff holds take the room: idle until one is released (mocker.fleet stalls
-                    # the core on this error and resumes it at the release)
-                    raise SimulationError(f"worker {self.worker_id}: the queue head does not fit while handoff "
-                                          "holds are live")
-                if self.waiting and not rejected and not self.hold_waiting:
-                    # nothing runs and the head cannot be admitted on an idle engine: it never will be
-                    r = self.waiting.popleft()
-                    self._release(r)
-                    self._reject(r, now)
-                    rejected.append(r.request_id)
-                elif self.prefilled and not rejected:
-                    r = self.prefilled.popleft()
-                    self._release(r)
-                    self._reject(r, now)
-                    rejected.append(r.request_id)
+            self._idle_pass(now, rejected)
+            end, finished, emitters, retracted = now, [], [], []
         self.waiting.extend(retracted)  # retracted requests re-queue at the back (SGLang retract_decode)
-        if retracted:
-            self.new_token_ratio = self._retract_ratio
         if not can_run and not retracted:
             nr = self.new_token_ratio - self.ratio_step
             self.new_token_ratio = nr if nr > self.min_ratio else self.min_ratio
@@ -779,8 +728,87 @@ class SglangCore(PassTimeline):
         self.next_pass_ms = end
         if not want_outcome:
             return None
-        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished, admitted_ids,
-                           [r.request_id for r in retracted], rejected, fpm)
+        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished,
+                           [r.request_id for r in can_run], [r.request_id for r in retracted], rejected, fpm)
+
+    def _extend_pass(self, now: float, p: int, can_run: list[SglangRequest], items: list[ExtendWork],
+                     dec_lens: list[int]) -> tuple[float, list[int], list[SglangRequest], list[SglangRequest]]:
+        """Step 3: pass ``p`` computes the admitted ``can_run`` (prefill time of the timing model); chunked
+        requests store their prefix and return to the front of the queue, completed prompts emit their first
+        token and join the running batch. Appends the emitters' sequence lengths to ``dec_lens`` (FPM only).
+        Returns (end ms, finished ids, emitters, retracted)."""
+        bc = len(can_run)
+        total_isl = sum(r.materialized for r in can_run)
+        total_pre = sum(it.prefix_tokens for it in items)
+        pf = round_ns(self.timing.prefill_ms(bc, total_isl // bc, total_pre // bc))
+        if self.speedup != 1.0 and pf > 0:
+            pf = round_ns(pf / self.speedup)
+        end = now + pf
+        newly: list[SglangRequest] = []
+        chunked: list[SglangRequest] = []
+        for r in can_run:
+            r.computed = r.materialized
+            if r.materialized < r.seq_len:
+                self._cache_prefix(r, False)
+                chunked.append(r)
+            else:
+                newly.append(r)
+        for r in reversed(chunked):
+            self.waiting.appendleft(r)
+        if self.collect_fpm:
+            dec_lens.extend(r.seq_len for r in newly)
+        if not newly:
+            return end, [], [], []
+        retracted = self._retract_check(newly)
+        finished, emitters = self._decode_tokens(newly, end, p)
+        self.running.extend(r for r in newly if r.state is not State.FINISHED)
+        return end, finished, emitters, retracted
+
+    def _decode_pass(self, now: float, p: int, rejected: list[int],
+                     dec_lens: list[int]) -> tuple[float, list[int], list[SglangRequest], list[SglangRequest]]:
+        """Step 4: retract if one more page each does not fit, then every running request decodes one token
+        in pass ``p`` (decode time of the timing model). A lone request that outgrew the whole pool is
+        rejected (id appended to ``rejected``). Appends the sequence lengths to ``dec_lens`` (FPM only).
+        Returns (end ms, finished ids, emitters, retracted)."""
+        running = self.running
+        retracted = self._retract_check(running)
+        s = 0
+        for r in running:
+            s += r.prompt_len + r.generated
+        n = len(running)
+        if self.collect_fpm:
+            dec_lens.extend(r.seq_len for r in running)
+        end = now + decode_pass_ms(self.timing, min(s, self.total_kv_tokens), n, self.speedup)
+        finished, emitters = self._decode_tokens(running, end, p)
+        if len(emitters) < n:
+            # a lone request that outgrew the whole pool can never continue: reject it
+            for r in running:
+                if r not in emitters and r.state is not State.FINISHED:
+                    self._release(r)
+                    self._reject(r, end)
+                    rejected.append(r.request_id)
+        if finished or rejected:
+            self.running = [r for r in running if r.state is State.DECODING or r.state is State.PREFILLING]
+        return end, finished, emitters, retracted
+
+    def _idle_pass(self, now: float, rejected: list[int]) -> None:
+        """Nothing admitted and nothing running: the queue head cannot be admitted on an idle engine, so it
+        never will be (rejected, id appended to ``rejected``) — unless a driver's handoff holds take the room:
+        then SimulationError (:mod:`mocker.fleet` stalls the core on it and resumes it at the release)."""
+        if ((self.waiting and not self.hold_waiting) or self.prefilled) and not rejected and (
+                self.external_tokens or self.external_locks):
+            raise SimulationError(f"worker {self.worker_id}: the queue head does not fit while handoff "
+                                  "holds are live")
+        if self.waiting and not rejected and not self.hold_waiting:
+            r = self.waiting.popleft()
+            self._release(r)
+            self._reject(r, now)
+            rejected.append(r.request_id)
+        elif self.prefilled and not rejected:
+            r = self.prefilled.popleft()
+            self._release(r)
+            self._reject(r, now)
+            rejected.append(r.request_id)
 
     def _reject(self, r: SglangRequest, now: float) -> None:
         if r.state is State.PREFILLING or r.state is State.DECODING:
@@ -790,38 +818,79 @@ class SglangCore(PassTimeline):
         r.record.finish_ms = now
         del self.requests[r.request_id]
 
-    def _make_fpm(self, now: float, end: float, items: list[tuple[int, int, int]], dec_lens: list[int]) -> ForwardPassMetrics:
-        pre = [it for it in items if it[2] > 0]
-        pre_len = [it[0] for it in pre]
+    def _queued(self, include_prefilled: bool) -> QueuedRequests:
+        """The FPM's queue: waiting prompts, and retracted (plus, with ``include_prefilled``, transferred)
+        requests as queued decodes."""
         qp = [r.prompt_len for r in self.waiting if r.generated == 0]
-        qd = [r.seq_len for r in self.waiting if r.generated > 0] + [r.seq_len for r in self.prefilled]
+        qd = [r.seq_len for r in self.waiting if r.generated > 0]
+        if include_prefilled:
+            qd += [r.seq_len for r in self.prefilled]
+        return queued_requests(qp, qd)
+
+    def _make_fpm(self, now: float, end: float, items: list[ExtendWork], dec_lens: list[int]) -> ForwardPassMetrics:
+        pre = [it for it in items if it.extend_tokens > 0]
+        pre_len = [it.prompt_len for it in pre]
         return ForwardPassMetrics(
             worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
             scheduled_requests=ScheduledRequests(
-                num_prefill_requests=len(pre), sum_prefill_tokens=sum(it[2] for it in pre),
-                var_prefill_length=_var(pre_len), sum_prefill_kv_tokens=sum(it[1] for it in pre),
+                num_prefill_requests=len(pre), sum_prefill_tokens=sum(it.extend_tokens for it in pre),
+                var_prefill_length=population_variance(pre_len),
+                sum_prefill_kv_tokens=sum(it.prefix_tokens for it in pre),
                 num_decode_requests=len(dec_lens), sum_decode_kv_tokens=sum(dec_lens),
-                var_decode_kv_tokens=_var(dec_lens)),
-            queued_requests=QueuedRequests(
-                num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
-                num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd)),
-            timestamp_ms=end)
+                var_decode_kv_tokens=population_variance(dec_lens)),
+            queued_requests=self._queued(True), timestamp_ms=end)
 
     # ================================================================== fast path
     def _stretch(self, horizon: float) -> bool:
         """Run a stretch of decode passes at once when nothing but token counts can change: no admission
         (checked pass by pass with the exact float budget), no retraction, no finish, page size 1.
-        Bulk LRU eviction frees the same leaves as pass-by-pass eviction would. False if not applicable."""
+        Bulk LRU eviction frees the same leaves as pass-by-pass eviction would. False if not applicable.
+        Steps: :meth:`_stretch_bound` (passes without retraction or finish, before the horizon),
+        :meth:`_stretch_ratios`, :meth:`_stretch_admission_pass` (the first pass that would admit the queue
+        head), :meth:`_stretch_ends`, then :meth:`_stretch_apply` and :meth:`_stretch_finish`."""
+        bound = self._stretch_bound(horizon)
+        if bound is None:
+            return False
+        k, s0, cap0 = bound
+        ratios = self._stretch_ratios(k)
+        waiting = self.waiting
+        running = self.running  # the stretch's batch (finished members stay in this list, for the FPM)
+        n = len(running)
+        if waiting and n < self.max_seqs and not self.hold_waiting:
+            k = self._stretch_admission_pass(k, n, cap0, ratios)
+            if k < 2:
+                return False
+        now = self.next_pass_ms
+        ends = self._stretch_ends(now, s0, n, k, horizon)
+        if ends is None:
+            return False
+        k = len(ends)
+        self._stretch_apply(k)
+        self.new_token_ratio = float(ratios[k])
+        self._stretch_finish(float(ends[-1]))
+        if self.collect_fpm:
+            self._stretch_fpm(now, ends, running, s0)
+        self._flush_ends()
+        self._ends_chunks.append(ends)
+        self.pass_index += k
+        self.next_pass_ms = float(ends[-1])
+        return True
+
+    def _stretch_bound(self, horizon: float) -> tuple[int, int, int] | None:
+        """(passes, active tokens in the first, free + evictable tokens) of the longest stretch with no
+        retraction and no finish before its last pass, at most :data:`FAST_CHUNK_PASSES` and (monotone
+        decode time) not far beyond ``horizon``; None when under two passes or not applicable (page size
+        not 1, transferred requests waiting, a running request not decoding)."""
         running = self.running
         n = len(running)
         if n == 0 or self.page != 1 or self.prefilled:
-            return False
+            return None
         k_cap = 1 << 60
         s0 = 0
         decoding = State.DECODING
         for r in running:
             if r.state is not decoding or r.node is None:
-                return False
+                return None
             g = r.generated
             rem = r.output_len - g
             if rem < k_cap:
@@ -833,82 +902,92 @@ class SglangCore(PassTimeline):
         k_ret = (cap0 - n) // n + 1  # passes j with cap0 - n*j >= n need no retraction
         if k_ret < k_cap:
             k_cap = k_ret
-        if k_cap > _FAST_CHUNK:
-            k_cap = _FAST_CHUNK
+        if k_cap > FAST_CHUNK_PASSES:
+            k_cap = FAST_CHUNK_PASSES
         if k_cap < 2:
-            return False
-        now = self.next_pass_ms
+            return None
         total = self.total_kv_tokens
         if horizon != inf and self._monotone_decode:
             # decode time grows with active tokens, so no pass of the stretch is shorter than the first
             d0 = decode_pass_ms(self.timing, s0 if s0 < total else total, n, self.speedup)
-            k_h = int((horizon - now) / max(d0, 1e-9)) + 2
+            k_h = int((horizon - self.next_pass_ms) / max(d0, 1e-9)) + 2
             if k_h < k_cap:
                 k_cap = k_h
             if k_cap < 2:
-                return False
-        waiting = self.waiting
-        small = k_cap <= 48
-        if small:
+                return None
+        return k_cap, s0, cap0
+
+    def _stretch_ratios(self, k: int) -> list[float] | np.ndarray:
+        """new_token_ratio before each of the next ``k`` decode passes and after the last (``k + 1`` values):
+        repeated subtraction floored at the minimum, as pass by pass (a list for ``k <= 48``; an array
+        otherwise, whose cumsum adds in the same order)."""
+        if k <= 48:
             ratios_l = [self.new_token_ratio]
             rt = self.new_token_ratio
             step, lo = self.ratio_step, self.min_ratio
-            for _ in range(k_cap):
+            for _ in range(k):
                 rt = rt - step
                 if rt < lo:
                     rt = lo
                 ratios_l.append(rt)
+            return ratios_l
+        acc_r = np.full(k + 1, -self.ratio_step)
+        acc_r[0] = self.new_token_ratio
+        return np.maximum(np.cumsum(acc_r), self.min_ratio)
+
+    def _stretch_admission_pass(self, k: int, n: int, cap0: int, ratios: list[float] | np.ndarray) -> int:
+        """The first of the next ``k`` decode passes at whose start :meth:`_admit` would admit the waiting
+        head (its budget computed exactly as there, same float order), ``k`` if none; 0 when the head's
+        admission cannot be predicted this way (lpm with several waiting, a head that never fits, nothing
+        to extend)."""
+        waiting = self.waiting
+        if self.lpm and len(waiting) > 1:
+            return 0
+        h = waiting[0]
+        if h.seq_len + 1 > self.total_kv_tokens:
+            return 0
+        if h.materialized == 0 and self.caching:
+            cp = self.kv.match_len(h.content, h.seq_len - 1)
         else:
-            # repeated subtraction, floored (cumsum adds in the same order as the pass-by-pass updates)
-            acc_r = np.full(k_cap + 1, -self.ratio_step)
-            acc_r[0] = self.new_token_ratio
-            ratios = np.maximum(np.cumsum(acc_r), self.min_ratio)
-        k = k_cap
-        if waiting and n < self.max_seqs and not self.hold_waiting:
-            if self.lpm and len(waiting) > 1:
-                return False
-            h = waiting[0]
-            if h.seq_len + 1 > self.total_kv_tokens:
-                return False
-            if h.materialized == 0 and self.caching:
-                cp = kv.match_len(h.content, h.seq_len - 1)
-            else:
-                cp = 0
-            extend = h.seq_len - (h.materialized if h.materialized > cp else cp)
-            if extend == 0:
-                return False
-            chunk = extend if extend <= self.chunk_size else min(self.chunk_size, extend)
-            charged = float(chunk)
-            clip = self.clip
-            if chunk < extend:
-                reserve = 0
-            else:
-                rem = h.output_len - h.generated
-                reserve = rem if rem < clip else clip
-            need_h = charged + reserve
-            if not (charged > self.max_prefill or charged > self.chunk_size):
-                # the admission budget of pass j, computed exactly as _admit would (same float order)
-                if small:
-                    rems = [r.output_len - r.generated for r in running]
-                    for j in range(k):
-                        rt = ratios_l[j]
-                        res = 0.0
-                        for rem in rems:
-                            x = rem - j
-                            res += (x if x < clip else clip) * rt
-                        if need_h < float(cap0 - n * j) - res:
-                            k = j
-                            break
-                else:
-                    rems_a = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
-                    js = np.arange(k, dtype=np.int64)
-                    m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]
-                    reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
-                    ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
-                    if ok.any():
-                        k = int(np.argmax(ok))
-                if k < 2:
-                    return False
+            cp = 0
+        extend = h.seq_len - (h.materialized if h.materialized > cp else cp)
+        if extend == 0:
+            return 0
+        chunk = extend if extend <= self.chunk_size else min(self.chunk_size, extend)
+        charged = float(chunk)
+        clip = self.clip
+        if chunk < extend:
+            reserve = 0
+        else:
+            rem = h.output_len - h.generated
+            reserve = rem if rem < clip else clip
+        need_h = charged + reserve
+        if charged > self.max_prefill or charged > self.chunk_size:
+            return k
+        running = self.running
+        if type(ratios) is list:
+            rems = [r.output_len - r.generated for r in running]
+            for j in range(k):
+                rt = ratios[j]
+                res = 0.0
+                for rem in rems:
+                    x = rem - j
+                    res += (x if x < clip else clip) * rt
+                if need_h < float(cap0 - n * j) - res:
+                    return j
+            return k
+        rems_a = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
+        js = np.arange(k, dtype=np.int64)
+        m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]  # type: ignore[call-overload]
+        reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
+        ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
+        return int(np.argmax(ok)) if ok.any() else k
+
+    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> np.ndarray | None:
+        """End times (ms) of up to ``k`` decode passes from ``now`` (``s0`` active tokens in the first, ``n``
+        more in each next, capped at the pool), the last being the first to end at or after ``horizon``;
+        each end is the previous plus the pass duration, as pass by pass. None when under two passes."""
+        total = self.total_kv_tokens
         if k <= 48:
             ends_l: list[float] = []
             t = now
@@ -930,25 +1009,31 @@ class SglangCore(PassTimeline):
                     sj = s0 + n * j
                     t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
                     ends_l.append(t)
-            k = len(ends_l)
+            if len(ends_l) < 2:
+                return None
+            return np.array(ends_l)
+        sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
+        d = decode_pass_ms_array(self.timing, sv, n, self.speedup)
+        acc = np.empty(k + 1)
+        acc[0] = now
+        acc[1:] = d
+        ends = np.cumsum(acc)[1:]
+        if horizon != inf:
+            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left"))
             if k < 2:
-                return False
-            ends = np.array(ends_l)
-        else:
-            sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
-            d = decode_pass_ms_array(self.timing, sv, n, self.speedup)
-            acc = np.empty(k + 1)
-            acc[0] = now
-            acc[1:] = d
-            ends = np.cumsum(acc)[1:]
-            if horizon != inf:
-                k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left"))
-                if k < 2:
-                    return False
-                ends = ends[:k]
+                return None
+            ends = ends[:k]
+        return ends
+
+    def _stretch_apply(self, k: int) -> None:
+        """``k`` decode passes' tokens for every running request: ``n * k`` token slots taken (evicting LRU
+        leaves when short), counters and emission ranges advanced, each new page joining the request's tree
+        path (its own leaf extended in place when it is the only holder)."""
+        running = self.running
+        kv = self.kv
         p = self.pass_index
         last = p + k - 1
-        need = n * k
+        need = len(running) * k
         if kv.free < need:
             kv.evict(need - kv.free)
         kv.take(need)
@@ -978,8 +1063,10 @@ class SglangCore(PassTimeline):
         if moved:
             kv.private -= moved
             kv.protected_size += moved
-        self.new_token_ratio = ratios_l[k] if small else float(ratios[k])
-        end = float(ends[-1])
+
+    def _stretch_finish(self, end: float) -> None:
+        """Requests that reached their output length in the stretch finish at ``end`` (its last pass)."""
+        running = self.running
         done = False
         for r in running:
             if r.generated >= r.output_len:
@@ -992,23 +1079,20 @@ class SglangCore(PassTimeline):
                 del self.requests[r.request_id]
                 done = True
         if done:
+            decoding = State.DECODING
             self.running = [r for r in running if r.state is decoding]
-        if self.collect_fpm:
-            starts = np.concatenate(([now], ends[:-1]))
-            lens0 = [r.seq_len - k for r in running]
-            var_dec = _var(lens0)
-            qp = [r.prompt_len for r in waiting if r.generated == 0]
-            qd = [r.seq_len for r in waiting if r.generated > 0]
-            queued = QueuedRequests(num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
-                                    num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd))
-            for j in range(k):
-                self.fpm.append(ForwardPassMetrics(
-                    worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,
-                    scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=s0 + n * j,
-                                                         var_decode_kv_tokens=var_dec),
-                    queued_requests=queued, timestamp_ms=float(ends[j])))
-        self._flush_ends()
-        self._ends_chunks.append(ends)
-        self.pass_index = p + k
-        self.next_pass_ms = float(ends[-1])
-        return True
+
+    def _stretch_fpm(self, now: float, ends: np.ndarray, batch: list[SglangRequest], s0: int) -> None:
+        """One ForwardPassMetrics per pass of the stretch (``batch``: its decoding requests, those finished in
+        it included; ``s0`` active tokens in the first pass). The lengths' variance is shift-invariant."""
+        k = len(ends)
+        n = len(batch)
+        starts = np.concatenate(([now], ends[:-1]))
+        var_dec = population_variance([r.seq_len - k for r in batch])
+        queued = self._queued(False)
+        for j in range(k):
+            self.fpm.append(ForwardPassMetrics(
+                worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,
+                scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=s0 + n * j,
+                                                     var_decode_kv_tokens=var_dec),
+                queued_requests=queued, timestamp_ms=float(ends[j])))

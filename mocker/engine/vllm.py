@@ -43,52 +43,49 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heappop, heappush
-from dataclasses import dataclass, field
 from math import inf
 
 import numpy as np
 
 from mocker.config import EngineConfig
+from mocker.engine.base import (DECODE_STEP, FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, ScheduleOutcome,
+                                ScheduledWork, population_variance, queued_requests)
 from mocker.errors import ConfigError, SimulationError
 from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
-from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
+from mocker.records import ForwardPassMetrics, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.engine.timeline import PassTimeline
 from mocker.request import EngineRequest, State
 from mocker.timing import (PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing,
                            round_ns)
 
-_SCHEDULED, _BLOCKED, _CUR_PREEMPTED = 0, 1, 2
-_FAST_CHUNK = 4096
+# module-level names of the enum members: a global lookup and an ``is`` test in the scheduling loops
+_SCHEDULED, _BLOCKED, _PREEMPTED_SELF = ScheduleOutcome.SCHEDULED, ScheduleOutcome.BLOCKED, ScheduleOutcome.PREEMPTED_SELF
 _SCALAR_MAX = 40
 
 
-@dataclass(slots=True)
-class PassOutcome:
-    """Result of one engine pass (times in ms of the driving clock)."""
+class _PassWork:
+    """Scheduling state of one pass (made by :meth:`VllmCore._pass`, charged by ``_schedule``, undone by
+    ``_preempt``): token budget left, the prefill batch's request count and sums of prompt tokens computed
+    by its end and before it (the timing model's inputs), each scheduled request's :class:`ScheduledWork`
+    by id, and the ids preempted so far."""
 
-    start_ms: float
-    end_ms: float
-    emissions: list[tuple[int, float]] = field(default_factory=list)
-    """(request_id, token time) for every token emitted at ``end_ms``."""
-    finished: list[int] = field(default_factory=list)
-    admitted: list[int] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-    rejected: list[int] = field(default_factory=list)
-    fpm: ForwardPassMetrics | None = None
+    __slots__ = ("budget", "prefill_n", "prefill_isl_sum", "prefill_prefix_sum", "sched", "preempted")
 
-
-def _var(xs: list[int]) -> float:
-    if len(xs) < 2:
-        return 0.0
-    m = sum(xs) / len(xs)
-    return sum((x - m) ** 2 for x in xs) / len(xs)
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.prefill_n = 0
+        self.prefill_isl_sum = 0
+        self.prefill_prefix_sum = 0
+        self.sched: dict[int, ScheduledWork] = {}
+        self.preempted: list[int] = []
 
 
 class VllmCore(PassTimeline):
     """One simulated vLLM engine (one DP rank). See the module docstring for semantics and API."""
 
+    capabilities = CoreCapabilities(block_keys=True, radix_handoff=False)
     no_evict = False  # TRT-LLM GUARANTEED_NO_EVICT overrides
 
     def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
@@ -125,13 +122,8 @@ class VllmCore(PassTimeline):
         self._init_pass_timeline()
         self._added = 0
         """Requests ever added: the next request's index (``all_requests`` may be released)."""
-        # per-pass scratch
-        self._budget = 0
-        self._bc = self._bisl = self._bpre = 0
-        self._sched: dict[int, tuple[int, int, int]] = {}
-        self._preempted_any = False
-        self._pass_preempted: list[int] = []
         self._run_seq = 0
+        """Admissions so far: the next admitted request's ``run_seq`` (its order in the running batch)."""
         # decode cohort (fast path only): see _co_prepare
         self._co_ok = not collect_fpm and (self.lifo or self.no_evict)
         self._co_n = 0
@@ -343,13 +335,16 @@ class VllmCore(PassTimeline):
         return (1 if need_total - act <= self.kv.available() else 0), cached
 
     # ================================================================== the pass
-    def _schedule(self, r: EngineRequest, from_waiting: bool, cached: int) -> int:
+    def _schedule(self, w: _PassWork, r: EngineRequest, from_waiting: bool, cached: int) -> ScheduleOutcome:
+        """Schedule ``r``'s next tokens in pass ``w`` (``from_waiting``: at admission, ``cached`` prompt tokens
+        hit in the prefix cache): up to the budget, KV allocated up to the new position, preempting victims
+        when blocks run out (module docstring, step 1)."""
         before = r.computed if r.computed > 0 else r.computed + cached
         prompt_len = r.prompt_len
         prompt_before = before if before < prompt_len else prompt_len
         seq_len = prompt_len + r.generated
         remaining = seq_len - before
-        budget = self._budget
+        budget = w.budget
         if not self.chunked and prompt_len - prompt_before > 0 and prompt_len - prompt_before > budget:
             return _BLOCKED
         desired = remaining if remaining < budget else budget
@@ -374,9 +369,9 @@ class VllmCore(PassTimeline):
                     target = before
                     need = 0
                     break
-                self._preempt(victim)
+                self._preempt(victim, w)
                 if victim is r:
-                    return _CUR_PREEMPTED
+                    return _PREEMPTED_SELF
             if target == before and desired > 0:
                 return _BLOCKED
             # a partial block that becomes a full prompt block joins the prefix cache
@@ -410,12 +405,12 @@ class VllmCore(PassTimeline):
         used = target - before
         prompt_after = target if target < prompt_len else prompt_len
         prompt_tokens = prompt_after - prompt_before
-        self._sched[r.request_id] = (used, prompt_tokens, prompt_before)
+        w.sched[r.request_id] = ScheduledWork(used, prompt_tokens, prompt_before)
         if prompt_tokens > 0:
-            self._bc += 1
-            self._bisl += prompt_after
-            self._bpre += prompt_before
-        self._budget = budget - used
+            w.prefill_n += 1
+            w.prefill_isl_sum += prompt_after
+            w.prefill_prefix_sum += prompt_before
+        w.budget = budget - used
         return _SCHEDULED
 
     def _pick_victim(self) -> EngineRequest | None:
@@ -423,7 +418,8 @@ class VllmCore(PassTimeline):
             return None
         return self.running[-1] if self.lifo else self.running[0]
 
-    def _preempt(self, v: EngineRequest) -> None:
+    def _preempt(self, v: EngineRequest, w: _PassWork) -> None:
+        """Preempt ``v`` by recompute (KV freed, re-queued first) and undo its work in pass ``w``."""
         self.running.remove(v)
         self._free(v)
         v.computed = 0
@@ -432,16 +428,14 @@ class VllmCore(PassTimeline):
         v.record.num_preemptions += 1
         self.preemptions_total += 1
         self.waiting.appendleft(v)
-        self._preempted_any = True
-        self._pass_preempted.append(v.request_id)
-        undone = self._sched.pop(v.request_id, None)
+        w.preempted.append(v.request_id)
+        undone = w.sched.pop(v.request_id, None)
         if undone is not None:
-            used, pt, pb = undone
-            self._budget += used
-            if pt > 0:
-                self._bc -= 1
-                self._bisl -= pb + pt
-                self._bpre -= pb
+            w.budget += undone.used_tokens
+            if undone.prompt_tokens > 0:
+                w.prefill_n -= 1
+                w.prefill_isl_sum -= undone.prompt_before + undone.prompt_tokens
+                w.prefill_prefix_sum -= undone.prompt_before
 
     def _free(self, r: EngineRequest) -> None:
         self.kv.release(r.hashed_held, r.private_blocks)
@@ -604,24 +598,58 @@ class VllmCore(PassTimeline):
         return False
 
     def _pass(self, now: float, want_outcome: bool, cohort: bool = False) -> PassOutcome | None:
-        self._bc = self._bisl = self._bpre = 0
-        sched = self._sched = {}
-        self._preempted_any = False
-        self._pass_preempted = []
+        """One pass starting at ``now`` (module docstring, steps 1-4), in named steps; ``cohort``: the decode
+        cohort's members (a prefix of ``running``) take part lazily. Returns the outcome when ``want_outcome``."""
+        co_n = self._co_prepare() if cohort else 0
+        w = _PassWork(self.max_batched - co_n)
+        emitters: list[EngineRequest] = []
+        # cohort members each compute their dangling token and emit (lazily): the sum of their sequence lengths
+        s_dec, n_dec = self._schedule_running(w, co_n, emitters, self._co_c + co_n * self.pass_index if co_n else 0)
         admitted: list[int] = []
         rejected: list[int] = []
-        emitters: list[EngineRequest] = []
-        co_n = self._co_prepare() if cohort else 0
+        if not w.preempted:
+            s_dec, n_dec = self._admit_waiting(w, now, emitters, admitted, rejected, s_dec, n_dec)
+        else:
+            emitters, s_dec, n_dec = self._emitters_after_preemption(w)
+        dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
+        end = (now + self._prefill_ms(w)) + dec
+        if (not co_n and not w.sched and not rejected and not admitted and not w.preempted
+                and (self.running or self.waiting or self._onboarding)):
+            if self._onboarding:  # KVBM: what is left waits for onboarding transfers
+                return self._tier_idle(now, want_outcome)
+            raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
+        fpm = self._make_fpm(now, end, w.sched) if self.collect_fpm else None
+        p = self.pass_index
+        done: list[EngineRequest] = []
+        if co_n:
+            if w.preempted:
+                raise SimulationError("preemption in a cohort pass (the pre-check should have excluded it)")
+            self._finish_cohort_members(p, end, done)
+        self._emit(emitters, p, end, done)
+        if done:
+            self._drop_finished(done)
+        if fpm is not None:
+            self.fpm.append(fpm)
+        self._ends_py.append(end)
+        self.pass_index = p + 1
+        self.next_pass_ms = end
+        if not want_outcome:
+            return None
+        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], [r.request_id for r in done], admitted,
+                           w.preempted, rejected, fpm)
+
+    def _schedule_running(self, w: _PassWork, co_n: int, emitters: list[EngineRequest], s_dec: int) -> tuple[int, int]:
+        """Step 1: the running requests after the cohort's ``co_n`` members, in order, while budget remains.
+        Appends the requests that will emit to ``emitters``; returns (sum of the sequence lengths, count) of
+        the decoding ones, starting from the cohort's ``s_dec`` and ``co_n``."""
         running = self.running
-        self._budget = self.max_batched - co_n
-        # cohort members (a prefix of running) each compute their dangling token and emit (lazily)
-        s_dec = self._co_c + co_n * self.pass_index if co_n else 0
+        sched = w.sched
         n_dec = co_n
         i = co_n
         decoding = State.DECODING
         bs = self.block_size
         kv = self.kv
-        while i < len(running) and self._budget > 0:
+        while i < len(running) and w.budget > 0:
             r = running[i]
             if r.state is decoding and (r.alloc_tokens % bs or kv.free > 0):
                 # common case inlined: a decoding request computes its one dangling token and will emit
@@ -631,98 +659,109 @@ class VllmCore(PassTimeline):
                     kv.private_in_use += 1
                     r.private_blocks += 1
                 r.alloc_tokens = r.computed = seq_len
-                sched[r.request_id] = (1, 0, r.prompt_len)
-                self._budget -= 1
+                sched[r.request_id] = DECODE_STEP
+                w.budget -= 1
                 emitters.append(r)
                 s_dec += seq_len
                 n_dec += 1
                 i += 1
                 continue
-            out = self._schedule(r, False, 0)
-            if out == _SCHEDULED:
+            out = self._schedule(w, r, False, 0)
+            if out is _SCHEDULED:
                 i += 1
                 seq_len = r.prompt_len + r.generated
                 if r.computed == seq_len:
                     emitters.append(r)
-                    if sched[r.request_id][1] == 0 and r.generated > 0:
+                    if sched[r.request_id].prompt_tokens == 0 and r.generated > 0:
                         s_dec += seq_len
                         n_dec += 1
-            elif out == _BLOCKED:
+            elif out is _BLOCKED:
                 break
+        return s_dec, n_dec
+
+    def _admit_waiting(self, w: _PassWork, now: float, emitters: list[EngineRequest], admitted: list[int],
+                       rejected: list[int], s_dec: int, n_dec: int) -> tuple[int, int]:
+        """Step 2 (nothing preempted): admit waiting requests in order while ``running < max_num_seqs`` and
+        they fit; prompts that can never fit are rejected. Appends to ``emitters`` / ``admitted`` /
+        ``rejected``; returns the decoding (sum of sequence lengths, count) updated."""
         waiting = self.waiting
-        if not self._preempted_any:
-            while waiting and len(running) < self.max_seqs:
-                r = waiting[0]
-                decision, cached = self._admission(r)
-                if decision < 0:
-                    waiting.popleft()
-                    self._reject(r, now)
-                    rejected.append(r.request_id)
-                    continue
-                if decision == 0:
-                    break
-                if self.tiers is not None and self._tier_onboard(r, cached, now):
-                    waiting.popleft()
-                    continue
-                if self._schedule(r, True, cached) != _SCHEDULED:
-                    break
+        running = self.running
+        sched = w.sched
+        while waiting and len(running) < self.max_seqs:
+            r = waiting[0]
+            decision, cached = self._admission(r)
+            if decision < 0:
                 waiting.popleft()
-                running.append(r)
-                self._run_seq += 1
-                r.run_seq = self._run_seq
-                r.transition(State.PREFILLING)
-                self._on_admit(r, cached, now)
-                self._reserve(r)
-                admitted.append(r.request_id)
-                seq_len = r.prompt_len + r.generated
-                if r.computed == seq_len:
-                    emitters.append(r)
-                    if sched[r.request_id][1] == 0 and r.generated > 0:
-                        s_dec += seq_len
-                        n_dec += 1
-        else:
-            # preemptions removed requests from the batch: recompute who emits, in running order
-            emitters = []
-            s_dec = n_dec = 0
-            for r in running:
-                w = sched.get(r.request_id)
-                if w is not None and r.computed == r.prompt_len + r.generated:
-                    emitters.append(r)
-                    if w[1] == 0 and r.generated > 0:
-                        s_dec += r.prompt_len + r.generated
-                        n_dec += 1
-        # ---- timing
-        if self._bc:
-            bc = self._bc
-            pf = round_ns(self.timing.prefill_ms(bc, self._bisl // bc, self._bpre // bc))
-            if self.speedup != 1.0 and pf > 0:
-                pf = round_ns(pf / self.speedup)
-        else:
-            pf = 0.0
-        dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
-        end = (now + pf) + dec
-        if (not co_n and not sched and not rejected and not admitted and not self._pass_preempted
-                and (running or waiting or self._onboarding)):
-            if self._onboarding:  # KVBM: what is left waits for onboarding transfers
-                return self._tier_idle(now, want_outcome)
-            raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
-        fpm = self._make_fpm(now, end, sched) if self.collect_fpm else None
-        # ---- emit
-        p = self.pass_index
-        done: list[EngineRequest] = []
-        if co_n:
-            if self._preempted_any:
-                raise SimulationError("preemption in a cohort pass (the pre-check should have excluded it)")
-            heap = self._co_heap
-            fin_state = State.FINISHED
-            while heap and heap[0][0] <= p:
-                _, _, ver, r = heappop(heap)
-                if ver != r.co_ver:
-                    continue
-                self._co_leave(r, p + 1)
-                r.transition(fin_state)
-                self._finish(r, end)
-                done.append(r)
+                self._reject(r, now)
+                rejected.append(r.request_id)
+                continue
+            if decision == 0:
+                break
+            if self.tiers is not None and self._tier_onboard(r, cached, now):
+                waiting.popleft()
+                continue
+            if self._schedule(w, r, True, cached) is not _SCHEDULED:
+                break
+            waiting.popleft()
+            running.append(r)
+            self._run_seq += 1
+            r.run_seq = self._run_seq
+            r.transition(State.PREFILLING)
+            self._on_admit(r, cached, now)
+            self._reserve(r)
+            admitted.append(r.request_id)
+            seq_len = r.prompt_len + r.generated
+            if r.computed == seq_len:
+                emitters.append(r)
+                if sched[r.request_id].prompt_tokens == 0 and r.generated > 0:
+                    s_dec += seq_len
+                    n_dec += 1
+        return s_dec, n_dec
+
+    def _emitters_after_preemption(self, w: _PassWork) -> tuple[list[EngineRequest], int, int]:
+        """Step 2 (something preempted: no admission): preemptions removed requests from the batch, so who
+        emits is recomputed in running order. Returns (emitters, decoding sum of sequence lengths, count)."""
+        emitters: list[EngineRequest] = []
+        s_dec = n_dec = 0
+        sched = w.sched
+        for r in self.running:
+            work = sched.get(r.request_id)
+            if work is not None and r.computed == r.prompt_len + r.generated:
+                emitters.append(r)
+                if work.prompt_tokens == 0 and r.generated > 0:
+                    s_dec += r.prompt_len + r.generated
+                    n_dec += 1
+        return emitters, s_dec, n_dec
+
+    def _prefill_ms(self, w: _PassWork) -> float:
+        """Step 3, prefill part: the timing model over the requests computing prompt tokens this pass
+        (integer mean ISL and mean prefix), rounded to ns, divided by the speedup; 0 ms if none."""
+        bc = w.prefill_n
+        if not bc:
+            return 0.0
+        pf = round_ns(self.timing.prefill_ms(bc, w.prefill_isl_sum // bc, w.prefill_prefix_sum // bc))
+        if self.speedup != 1.0 and pf > 0:
+            pf = round_ns(pf / self.speedup)
+        return pf
+
+    def _finish_cohort_members(self, p: int, end: float, done: list[EngineRequest]) -> None:
+        """Step 4 for the cohort: members whose last token is emitted by pass ``p`` finish at ``end``
+        (appended to ``done``)."""
+        heap = self._co_heap
+        fin_state = State.FINISHED
+        while heap and heap[0][0] <= p:
+            _, _, ver, r = heappop(heap)
+            if ver != r.co_ver:
+                continue
+            self._co_leave(r, p + 1)
+            r.transition(fin_state)
+            self._finish(r, end)
+            done.append(r)
+
+    def _emit(self, emitters: list[EngineRequest], p: int, end: float, done: list[EngineRequest]) -> None:
+        """Step 4: every emitter gets one token at ``end`` (pass ``p``); those reaching their output length
+        finish (appended to ``done``), the others decode from now on."""
+        decoding = State.DECODING
         for r in emitters:
             g = r.generated + 1
             r.generated = g
@@ -738,17 +777,6 @@ class VllmCore(PassTimeline):
                 done.append(r)
             elif r.state is not decoding:
                 r.transition(decoding)
-        if done:
-            self._drop_finished(done)
-        if fpm is not None:
-            self.fpm.append(fpm)
-        self._ends_py.append(end)
-        self.pass_index = p + 1
-        self.next_pass_ms = end
-        if not want_outcome:
-            return None
-        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], [r.request_id for r in done], admitted,
-                           list(self._pass_preempted), rejected, fpm)
 
     # ================================================================== decode cohort (fast path)
     # Running requests that decode pass after pass form a "cohort" whose per-request counters are lazy:
@@ -933,7 +961,7 @@ class VllmCore(PassTimeline):
         else:
             self.running = [r for r in self.running if r.state is not State.FINISHED]
 
-    def _make_fpm(self, now: float, end: float, sched: dict[int, tuple[int, int, int]]) -> ForwardPassMetrics:
+    def _make_fpm(self, now: float, end: float, sched: dict[int, ScheduledWork]) -> ForwardPassMetrics:
         pre_len: list[int] = []
         pre_new = pre_kv = 0
         dec_kv: list[int] = []
@@ -953,19 +981,17 @@ class VllmCore(PassTimeline):
         return ForwardPassMetrics(
             worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
             scheduled_requests=ScheduledRequests(
-                num_prefill_requests=len(pre_len), sum_prefill_tokens=pre_new, var_prefill_length=_var(pre_len),
+                num_prefill_requests=len(pre_len), sum_prefill_tokens=pre_new,
+                var_prefill_length=population_variance(pre_len),
                 sum_prefill_kv_tokens=pre_kv, num_decode_requests=len(dec_kv), sum_decode_kv_tokens=sum(dec_kv),
-                var_decode_kv_tokens=_var(dec_kv)),
-            queued_requests=QueuedRequests(
-                num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
-                num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd)),
-            timestamp_ms=end)
+                var_decode_kv_tokens=population_variance(dec_kv)),
+            queued_requests=queued_requests(qp, qd), timestamp_ms=end)
 
     # ================================================================== fast path
     def _decode_ends(self, now: float, s0: int, n: int, k_cap: int, horizon: float) -> list[float] | np.ndarray:
         """End times (ms) of the passes of a decode stretch: ``n`` requests, ``s0`` active KV tokens in the
         first pass starting at ``now``, ``n`` more in each next one; at most ``k_cap`` (>= 1) passes (and at
-        most ``_FAST_CHUNK``), the last being the first to end at or after ``horizon``. A list for a short
+        most ``FAST_CHUNK_PASSES``), the last being the first to end at or after ``horizon``. A list for a short
         stretch (at most ``_SCALAR_MAX`` passes tried), a float64 array otherwise. Each end is the previous end
         plus the pass duration, so the figures are those of running the passes one by one."""
         timing, speed = self.timing, self.speedup
@@ -980,8 +1006,8 @@ class VllmCore(PassTimeline):
             d0 = (float(timing.decode_table(s0)[s0]) if use_table and s0 <= cap  # type: ignore[attr-defined]
                   else decode_pass_ms(timing, s0, n, speed))
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
-        if k_try > _FAST_CHUNK:
-            k_try = _FAST_CHUNK
+        if k_try > FAST_CHUNK_PASSES:
+            k_try = FAST_CHUNK_PASSES
         s_last = s0 + n * (k_try - 1)
         table = timing.decode_table(s_last) if use_table and s_last <= cap else None  # type: ignore[attr-defined]
         if k_try <= _SCALAR_MAX:
@@ -1099,8 +1125,7 @@ class VllmCore(PassTimeline):
         var_dec = float(np.var(lens)) if n > 1 else 0.0  # a common shift does not change the variance
         qp = [r.prompt_len for r in self.waiting if r.state == State.WAITING]
         qd = [r.seq_len for r in self.waiting if r.state == State.PREEMPTED]
-        queued = QueuedRequests(num_prefill_requests=len(qp), sum_prefill_tokens=sum(qp), var_prefill_length=_var(qp),
-                                num_decode_requests=len(qd), sum_decode_kv_tokens=sum(qd), var_decode_kv_tokens=_var(qd))
+        queued = queued_requests(qp, qd)
         for j in range(len(ends)):
             self.fpm.append(ForwardPassMetrics(
                 worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,

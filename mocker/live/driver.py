@@ -34,29 +34,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Callable
 
+from mocker.engine.base import EngineCore, PassOutcome
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
 
-
 _log = logging.getLogger(__name__)
-
-class PassLike(Protocol):
-    """What the driver reads from the core's step outcome."""
-
-    end_ms: float
-
-
-class EngineCore(Protocol):
-    """The clock-free engine core contract (implemented by ``mocker.engine``)."""
-
-    def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord: ...
-
-    def cancel(self, request_id: int, now_ms: float) -> Any: ...
-
-    def has_work(self) -> bool: ...
-
-    def step(self, now_ms: float) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -80,31 +63,13 @@ class StreamState:
     finalized, so the driver keeps them and copies them into the record at finish)."""
 
 
-PassHook = Callable[[int, Any, list[RequestRecord], float], None]
+PassHook = Callable[[int, PassOutcome, list[RequestRecord], float], None]
 """Called after each pass: (dp_rank, outcome, records finished in this pass, lag_ms)."""
 
 
-def outcome_emissions(outcome: Any) -> Iterable[int]:
+def outcome_emissions(outcome: PassOutcome) -> list[int]:
     """Request ids that received one token at ``outcome.end_ms``."""
-    em = getattr(outcome, "emitted", None)
-    if em is None:
-        em = getattr(outcome, "emissions", None)
-    if em is None:
-        em = getattr(outcome, "tokens", ())
-    return [e if isinstance(e, int) else getattr(e, "request_id", e[0]) for e in em]
-
-
-def outcome_finished(outcome: Any) -> Iterable[int]:
-    return list(getattr(outcome, "finished", ()) or ())
-
-
-def outcome_rejected(outcome: Any) -> Iterable[int]:
-    """Requests the core refused (a prompt that can never fit in its KV cache)."""
-    return list(getattr(outcome, "rejected", ()) or ())
-
-
-def outcome_fpm(outcome: Any) -> ForwardPassMetrics | None:
-    return getattr(outcome, "fpm", None)
+    return [rid for rid, _ in outcome.emissions]
 
 
 COARSE_SLEEP_MARGIN_S = 0.002
@@ -269,10 +234,8 @@ class RankDriver:
         The core receives it when its timeline reaches the stamp (see the module docstring). ``prefilled``:
         a disaggregated decode request whose prompt KV arrived from a prefill worker; it is admitted with the
         core's ``add_prefilled_request`` (prompt KV present, no prefill pass: the offline fleet's P/D rule,
-        :mod:`mocker.fleet`). A core without that method raises ValueError (refused, a 400).
+        :mod:`mocker.fleet`).
         """
-        if prefilled and not hasattr(self.core, "add_prefilled_request"):
-            raise ValueError(f"engine core {type(self.core).__name__} cannot admit a prefilled (handed-off) request")
         t = max(self.clock.now_ms() if arrival_ms is None else float(arrival_ms), self._last_arrival_ms, self._pass_start_ms)
         self._last_arrival_ms = t
         stamped = TraceRequest(req.request_id, t, req.input_length, req.output_length, req.hash_ids)
@@ -308,7 +271,7 @@ class RankDriver:
             if req.request_id in self._prefilled:
                 self._prefilled.discard(req.request_id)
                 if st is not None:
-                    st.record = self.core.add_prefilled_request(req, req.arrival_ms, st.record)  # type: ignore[attr-defined]
+                    st.record = self.core.add_prefilled_request(req, req.arrival_ms, st.record)
                 continue
             if st is None:
                 continue
@@ -343,18 +306,17 @@ class RankDriver:
                     st.token_times_ms.append(end)
                     st.queue.put_nowait(Emission(end, st.delivered))
                     st.delivered += 1
-            done_ids = [rid for rid in [*outcome_finished(outcome), *outcome_rejected(outcome)] if rid in self.streams]
+            done_ids = [rid for rid in [*outcome.finished, *outcome.rejected] if rid in self.streams]
             for rid in done_ids:
                 st = self.streams[rid]
                 if len(st.record.token_times_ms) < len(st.token_times_ms):
                     st.record.token_times_ms = st.token_times_ms
                 finished_records.append(st.record)
-            release = getattr(self.core, "release_finished", None)
-            if release is not None and (done_ids or self.passes % 64 == 0):
+            if done_ids or self.passes % 64 == 0:
                 # the live worker streams FPMs and keeps records itself: the core forgets finished requests,
                 # the pass end times no live request needs and its collected FPMs (memory stays bounded)
-                release()
-            fpm = outcome_fpm(outcome)
+                self.core.release_finished()
+            fpm = outcome.fpm
             if fpm is not None:
                 self.latest_fpm = fpm
             if self.on_pass is not None:  # streams of this pass's finished requests are still registered here

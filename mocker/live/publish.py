@@ -5,7 +5,7 @@ Wire format (both sockets): two-frame messages ``[topic, msgpack(payload)]``.
 - topic ``b"fpm"``: a :class:`mocker.records.ForwardPassMetrics` per engine pass and DP rank; when a rank
   has run no pass for ``heartbeat_s`` seconds an idle heartbeat (``wall_time == 0.0``, zero counts) is
   sent, so subscribers can tell "idle" from "gone" (Dynamo's FPM convention).
-- topic ``b"kv"``: a :class:`KvEvent` (``stored`` / ``removed`` prompt block ids, DP rank, a per-worker
+- topic ``b"kv"``: a :class:`KvEventBatch` (``stored`` / ``removed`` prompt block ids, DP rank, a per-worker
   increasing ``event_id`` so a subscriber can detect a gap and resynchronise from ``GET /kv_state``).
 
 Subscribers decode with :func:`decode_fpm` / :func:`decode_kv_event`.
@@ -28,15 +28,17 @@ WIRE_ID_MASK = (1 << 64) - 1
 
 
 def wire_block_id(key: int) -> int:
-    """A block key as sent in :class:`KvEvent` (unsigned 64-bit, msgpack's integer range): ``key mod 2**64``.
+    """A block key as sent in :class:`KvEventBatch` (unsigned 64-bit, msgpack's integer range): ``key mod 2**64``.
 
     Engine block keys (:func:`mocker.kv.manager.engine_block_keys`) are Python ints that can exceed 64 bits
     (chained hash x engine blocks per trace block); producers and routers both apply this map."""
     return key & WIRE_ID_MASK
 
 
-class KvEvent(msgspec.Struct, frozen=True):
-    """Blocks of prompt content a worker's cache gained (``stored``) or lost (``removed``).
+class KvEventBatch(msgspec.Struct, frozen=True):
+    """The wire message of topic ``kv``: a run of blocks of prompt content one DP rank's cache gained
+    (``stored``) or lost (``removed``), one ``event_id`` for the run. (In-process, one block's change is a
+    :class:`mocker.kv.events.KvEvent`, what the virtual-time fleet feeds its router.)
 
     ``block_ids``: the engine block keys the core cached or evicted (:func:`mocker.kv.manager.engine_block_keys`,
     as :func:`wire_block_id`; the worker's ``/info`` says ``kv_block_ids: engine``). A producer that can only
@@ -52,14 +54,14 @@ class KvEvent(msgspec.Struct, frozen=True):
 
 _ENC = msgspec.msgpack.Encoder()
 _FPM_DEC = msgspec.msgpack.Decoder(ForwardPassMetrics)
-_KV_DEC = msgspec.msgpack.Decoder(KvEvent)
+_KV_DEC = msgspec.msgpack.Decoder(KvEventBatch)
 
 
 def decode_fpm(payload: bytes) -> ForwardPassMetrics:
     return _FPM_DEC.decode(payload)
 
 
-def decode_kv_event(payload: bytes) -> KvEvent:
+def decode_kv_event(payload: bytes) -> KvEventBatch:
     return _KV_DEC.decode(payload)
 
 

@@ -58,16 +58,17 @@ from pydantic import Field
 
 from dynoplan.settings import settings
 from mocker.config import EngineConfig
+from mocker.engine.base import EngineCore, PassOutcome
 from mocker.errors import MockerError
 from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
 from mocker.kv.kvbm import EventingKvbmBlockManager, KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
 from mocker.kv.radix import RadixCache
-from mocker.live.driver import EngineCore, RankDriver, WallClock, outcome_emissions
+from mocker.live.driver import RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
-from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEvent, Publisher, idle_fpm, wire_block_id
+from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEventBatch, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
 from mocker.transfer import KvTransferConfig
@@ -233,24 +234,17 @@ class Worker:
             self._child_cache[rank] = c
         return c
 
-    def _on_pass(self, rank: int, outcome: Any, finished: list[RequestRecord], lag_ms: float) -> None:
+    def _on_pass(self, rank: int, outcome: PassOutcome, finished: list[RequestRecord], lag_ms: float) -> None:
         c = self._children(rank)
-        fpm = getattr(outcome, "fpm", None)
+        fpm = outcome.fpm
         core = self.drivers[rank].core if rank < len(self.drivers) else None
-        if core is not None and hasattr(core, "num_running") and hasattr(core, "active_blocks"):
+        if core is not None:
             # the core's own state after the pass (exact: blocks include shared prefix blocks once)
             c["running"].set(core.num_running)
             c["waiting"].set(core.num_waiting + len(self.drivers[rank]._pending))
             blocks = core.active_blocks()
             c["kv_active_tokens"].set(blocks * self.cfg.effective_block_size)
             c["kv_usage"].set(blocks / self.cfg.num_gpu_blocks)
-        elif fpm is not None:  # a core without introspection: derive from the pass's FPM
-            sch, q = fpm.scheduled_requests, fpm.queued_requests
-            c["running"].set(sch.num_prefill_requests + sch.num_decode_requests)
-            c["waiting"].set(q.num_prefill_requests + q.num_decode_requests)
-            active = sch.sum_prefill_kv_tokens + sch.sum_decode_kv_tokens
-            c["kv_active_tokens"].set(active)
-            c["kv_usage"].set(min(1.0, active / max(1, self.cfg.total_kv_tokens)))
         if fpm is not None:
             c["pass_time"].inc(max(0.0, fpm.wall_time))
             if self.fpm_pub is not None:
@@ -279,7 +273,7 @@ class Worker:
             self._observe_finished(rank, rec)
 
     def _publish_core_kv_events(self, rank: int, events: list[tuple[str, int, int | None]]) -> None:
-        """Publish the core's recorded cache changes (engine block keys), one KvEvent per run of one kind,
+        """Publish the core's recorded cache changes (engine block keys), one KvEventBatch per run of one kind,
         in the order they happened; then forget them."""
         if not events:
             return
@@ -291,7 +285,7 @@ class Worker:
                 while j < len(events) and events[j][0] == kind:
                     j += 1
                 self._kv_event_id += 1
-                self.kv_pub.publish(KV_TOPIC, KvEvent(self.s.worker_id, rank, self._kv_event_id, kind,  # type: ignore[arg-type]
+                self.kv_pub.publish(KV_TOPIC, KvEventBatch(self.s.worker_id, rank, self._kv_event_id, kind,  # type: ignore[arg-type]
                                                       [wire_block_id(e[1]) for e in events[i:j]]))
                 i = j
         events.clear()

@@ -17,50 +17,17 @@ GPU time of a worker = (released or now) - requested, times its GPUs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mocker.config import EngineConfig
+from mocker.fleet import EngineState, PoolCounts
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
-
-
-@dataclass(frozen=True, slots=True)
-class PoolCounts:
-    """Workers of one pool: ``requested`` (starting + ready, what the spec asks for), ``ready``
-    (routable), ``draining`` (removed, finishing their requests) and requests ``queued_at_fleet``."""
-
-    requested: int
-    ready: int
-    draining: int
-    queued_at_fleet: int
-
-
-@dataclass(frozen=True, slots=True)
-class EngineState:
-    """One ready worker's scheduler state: ``waiting``/``running`` requests, ``kv_usage`` (active KV
-    blocks / total blocks, 0..1)."""
-
-    worker_id: int
-    waiting: int
-    running: int
-    kv_usage: float
-
-
-@dataclass
-class _Worker:
-    worker_id: int
-    pool: str
-    core: Any
-    requested_ms: float
-    ready_ms: float
-    state: str = "starting"  # starting | ready | draining | released
-    released_ms: float | None = None
-    fpm_seen: int = 0
 
 
 class PooledFleet:
     """Adapter of ``mocker.fleet.Fleet`` (pooled, aggregated or disaggregated) to this module's API:
-    :class:`EngineState` per ready engine, ``take_fpm(max_per_worker)``, ``worker_spans()``."""
+    :class:`mocker.fleet.EngineState` per DP rank of each ready worker and :class:`mocker.fleet.PoolCounts`
+    (the fleet's own), ``take_fpm(max_per_worker)``, ``worker_spans()``."""
 
     def __init__(self, fleet: Any) -> None:
         self.fleet = fleet
@@ -84,11 +51,10 @@ class PooledFleet:
         return list(self.fleet.take_fpm())
 
     def pool_counts(self, pool: str) -> PoolCounts:
-        c = self.fleet.pool_counts(pool)
-        return PoolCounts(c.requested, c.ready, c.draining, c.queued_at_fleet)
+        return self.fleet.pool_counts(pool)  # type: ignore[no-any-return]
 
     def engine_states(self, pool: str) -> list[EngineState]:
-        return [EngineState(e.worker_id, e.num_waiting, e.num_running, e.kv_usage) for e in self.fleet.engine_states(pool)]
+        return list(self.fleet.engine_states(pool))
 
     def gpu_seconds(self, now_ms: float, gpus_per_worker: Mapping[str, int] | None = None) -> dict[str, float]:
         return dict(self.fleet.gpu_seconds(now_ms, dict(gpus_per_worker or {}) or None))
@@ -112,4 +78,4 @@ def make_fleet(engines: Mapping[str, EngineConfig], *, router: str = "round_robi
                              single_step=single_step, **kw))
 
 
-__all__ = ["EngineState", "PoolCounts", "PooledFleet", "make_fleet"]
+__all__ = ["PooledFleet", "make_fleet"]

@@ -256,8 +256,8 @@ def _sample(t: float, fleet: Any, pools: tuple[str, ...], snaps: list[CounterSna
         row[f"{p}_draining"] = c.draining
         row[f"{p}_queued_at_fleet"] = c.queued_at_fleet
         for e in fleet.engine_states(p):
-            waiting += e.waiting
-            running += e.running
+            waiting += e.num_waiting
+            running += e.num_running
             kv.append(e.kv_usage)
     k = bisect.bisect_right(snap_t, t - interval_s + 1e-9) - 1
     w = window(snaps[-1], snaps[max(k, 0)]) if t > 0 and snaps[-1].t_s > snaps[max(k, 0)].t_s else None

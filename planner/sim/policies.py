@@ -55,7 +55,7 @@ from planner.core import (
 )
 from planner.core.sizing import FleetEvaluator
 from planner.sim.errors import SimulationConfigError
-from planner.sim.fleet import EngineState, PoolCounts
+from mocker.fleet import EngineState, PoolCounts
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ class HpaPolicy:
         targets = {}
         for p in self.pools:
             engs = view.engines[p]
-            vals = [e.kv_usage if self.metric == "kv" else float(e.running) for e in engs]
+            vals = [e.kv_usage if self.metric == "kv" else float(e.num_running) for e in engs]
             targets[p] = self.desired(p, view.now_s, view.counts[p].requested, vals)
         changed = any(targets[p] != view.counts[p].requested for p in self.pools)
         reason = "hold_within_tolerance"
@@ -288,7 +288,7 @@ class SaturationPolicy:
             return 0, "hold_pending"
         n = len(engines)
         kv = sum(e.kv_usage for e in engines) / n
-        q = sum(e.waiting for e in engines) / n
+        q = sum(e.num_waiting for e in engines) / n
         if (self.kv_threshold - kv < self.kv_spare or self.queue_threshold - q < self.queue_spare) \
                 and current < self.max_replicas:
             return +1, "saturation_scale_up"

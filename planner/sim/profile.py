@@ -93,7 +93,6 @@ def _decode_point(cfg: EngineConfig, n: int, context: int, osl: int) -> float:
 
 def profile_engine(cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep()) -> PerformanceProfile:
     """Sweep ``cfg`` (module docstring) and return the profile. Raises SimulationConfigError when no grid point fits."""
-    cfg.validate()
     cap_tokens = cfg.total_kv_tokens
     isl = [x for x in sweep.isl_tokens if x + 2 <= cap_tokens * 0.95]
     if len(isl) < 2:

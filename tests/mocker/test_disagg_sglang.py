@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mocker.config import EngineConfig
 from mocker.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
+from mocker.fleet.handoff import Phase
 from mocker.records import TraceRequest
 from mocker.transfer import KvTransferConfig
 
@@ -134,9 +135,10 @@ def test_destination_reserves_before_the_prefill_and_the_source_holds_after_it()
         assert c.external_tokens == c.external_locks == 0 and c.kv.private == 0 and c.kv.protected_size == 0
 
 
-PHASES = {2001.0: 7, 2005.0: 7, 2010.0: 1, 2020.0: 1, 2070.0: 3, 100_000.0: 3, 150_000.0: 4}
-"""cancel time (ms) -> the cancelled request's fleet phase then: 7 waiting for its reservation, 1 prefilling
-(reservation live), 3 transferring (reservation + source hold live), 4 decoding (both released)."""
+PHASES = {2001.0: Phase.RESERVING, 2005.0: Phase.RESERVING, 2010.0: Phase.PREFILL, 2020.0: Phase.PREFILL,
+          2070.0: Phase.TRANSFER, 100_000.0: Phase.TRANSFER, 150_000.0: Phase.DECODE}
+"""cancel time (ms) -> the cancelled request's fleet phase then: waiting for its reservation, prefilling
+(reservation live), transferring (reservation + source hold live), decoding (both released)."""
 
 
 @pytest.mark.parametrize("cancel_at", list(PHASES))

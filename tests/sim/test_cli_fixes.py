@@ -143,12 +143,13 @@ def test_config_file_bad_keys_rejected(tmp_path, capsys, profile, text, needles)
 # ---------------------------------------------------------------------------------------------- HPA / saturation
 def _view(now_s: float, window_requests: float | None, current: int = 2):
     from planner.core import TrafficWindow
-    from planner.sim.fleet import EngineState, PoolCounts
+    from mocker.fleet import EngineState, PoolCounts
     from planner.sim.policies import View
 
     w = None if window_requests is None else TrafficWindow(now_s, window_requests, 100.0, 10.0)
     counts = {"agg": PoolCounts(current, current, 0, 0)}
-    return View(now_s, counts, {"agg": [EngineState(i, 0, 0, 0.0) for i in range(current)]}, lambda d: w)
+    engines = [EngineState("agg", i, 0, num_waiting=0, num_running=0, kv_usage=0.0) for i in range(current)]
+    return View(now_s, counts, {"agg": engines}, lambda d: w)
 
 
 @pytest.mark.parametrize("make, act_s", [

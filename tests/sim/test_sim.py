@@ -13,7 +13,8 @@ from mocker.records import RequestRecord, TraceRequest
 from mocker.traces import load_trace
 from planner.cli import main as cli_main
 from planner.core import PlannerConfig
-from planner.sim.fleet import EngineState, make_fleet
+from mocker.fleet import EngineState
+from planner.sim.fleet import make_fleet
 from planner.sim.loop import SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, CounterSnapshot, FrontendCounters, window
 from planner.sim.policies import HpaPolicy, SaturationPolicy, Step, View
@@ -155,7 +156,7 @@ def test_hpa_scale_down_waits_for_the_stabilization_window():
 
 def test_saturation_rule():
     s = SaturationPolicy("saturation", ("agg",), {"agg": 1})
-    e = lambda kv, w: EngineState(0, w, 1, kv)  # noqa: E731
+    e = lambda kv, w: EngineState("agg", 0, 0, num_waiting=w, num_running=1, kv_usage=kv)  # noqa: E731
     assert s.decide(2, 2, [e(0.75, 0), e(0.75, 0)]) == (1, "saturation_scale_up")      # spare KV 0.05 < 0.1
     assert s.decide(2, 2, [e(0.1, 3), e(0.1, 3)]) == (1, "saturation_scale_up")        # spare queue 2 < 3
     assert s.decide(3, 3, [e(0.2, 0)] * 3) == (-1, "saturation_scale_down")            # 2 engines: 0.3 kv
