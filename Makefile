@@ -34,7 +34,7 @@ infra-deps: $(STAMP)
 	 [ $$go -eq 0 ] && [ $$i -eq 0 ] && [ $$a -eq 0 ] || { echo "infra-deps failed: go builds $$go, images $$i, aic venv $$a" >&2; exit 1; }
 	tools/build-images.sh prometheus
 
-# The README's Kubernetes walkthrough on a real one-node cluster (tools/cluster.py), alone.
+# The Kubernetes walkthrough (docs/kubernetes.md) on a real one-node cluster (tools/cluster.py), alone.
 e2e: $(STAMP) infra-deps
 	$(BIN)/python -m pytest tests/e2e -p no:cacheprovider
 

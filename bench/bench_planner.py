@@ -8,7 +8,7 @@ load loop's regressions and estimates run for real. Decisions are applied at onc
 
 Prints, per predictor: p50 / p99 / max of all ticks, p50 / p99 of the throughput-loop ticks (where the
 predictor runs) and the ratio of the all-tick p99 to the ``constant`` predictor's (the reference measured in
-this same run). Targets (issue 4): p99 < 50 ms for constant/Kalman, < 500 ms for ARIMA/Prophet/auto.
+this same run). Targets: p99 < 50 ms for constant/Kalman, < 500 ms for ARIMA/Prophet/auto.
 ``prophet:3`` is Prophet with ``prophet_refit_every=3`` (one staggered fit per throughput tick instead of
 three).
 Figures only, no assertions.

@@ -1,4 +1,4 @@
-"""Quality suite of the planner (issue 14, item 5): figures only, no assertions.
+"""Quality suite of the planner: figures only, no assertions.
 
 Each run is one ``dynoplan simulate --compare POLICIES`` (60 s start-up delay) in a child process; the suite
 reads its ``summary.json`` / ``details.json`` and prints, per run and policy: SLA attainment, GPU-hours, the

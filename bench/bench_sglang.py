@@ -2,7 +2,7 @@
 ``--engine '{"engine":{"backend":"sglang"}}'``), both run in this session, side by side. The cases and the
 comparison live in ``bench_replay.py`` (one runner for every engine):
 
-  (s)  Azure conversation trace, 4 workers, round_robin (issue 3 target: aggregates within 3%, speed >= 1.0)
+  (s)  Azure conversation trace, 4 workers, round_robin (target: aggregates within 3%, speed >= 1.0)
   (sk) Mooncake conversation trace (prefix sharing), 4 workers, KV-aware routing, num_gpu_blocks 262144 (slow:
        the reference needs ~6 minutes; not in the default set)
   (ds) Azure, 2 prefill + 2 decode SGLang workers, KV transfer 64 GB/s x 131072 B/token

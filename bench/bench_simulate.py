@@ -1,4 +1,4 @@
-"""Speed and quality of ``dynoplan simulate`` (issue 5), figures only, no assertions.
+"""Speed and quality of ``dynoplan simulate``, figures only, no assertions.
 
 Speed: an hour-long trace (bundled Azure conversation trace, 1x) with the planner in the loop, in a child
 process: wall time, CPU time (user + system, from ``wait4``; the box is shared, so CPU time is the

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.error = one_line_error("dynoplan replay")  # type: ignore[method-assign]
     parser.epilog = (
         "TRACE is an Azure LLM inference CSV, a Mooncake JSONL file, or a synthetic workload such as "
-        "'synthetic:poisson?rate=5&duration_s=600&isl=1000&osl=200&seed=1' (see README). "
+        "'synthetic:poisson?rate=5&duration_s=600&isl=1000&osl=200&seed=1' (see docs/offline.md \"Trace formats\"). "
         "Engine settings: defaults < --engine-config YAML < flags."
     )
     w = parser.add_argument_group("workload")

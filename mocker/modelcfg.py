@@ -1,6 +1,6 @@
 """KV bytes per token from a Hugging Face ``config.json``.
 
-Formula (DESIGN.md "KV transfer (P/D)"; the per-token KV footprint of standard attention)::
+Formula (docs/architecture.md "KV transfer"; the per-token KV footprint of standard attention)::
 
     kv_bytes_per_token = num_hidden_layers * 2 (K and V) * num_key_value_heads * head_dim * dtype_bytes
 

@@ -4,7 +4,7 @@ Sources, selected by the timing spec :attr:`mocker.config.EngineConfig.timing` (
 :mod:`mocker.timing_spec`; ``aic:`` specs become an :class:`NpzTiming` over a sampled profile,
 :mod:`mocker.timing_aic`):
 
-- :class:`PolynomialTiming` — the reference mocker's baseline (DESIGN.md, "Polynomial timing baseline"):
+- :class:`PolynomialTiming` — the reference mocker's baseline (docs/architecture.md "Polynomial timing baseline"):
   ``prefill(T) = 4.209989e-07*T^2 + 1.518344e-02*T + 16.50142`` with ``T = batch_size * (mean ISL - mean
   cached prefix)`` of the pass (0 ms when nothing new is computed), and
   ``decode(p) = max(1.0, -25.74*p^2 + 54.01*p + 5.74)`` with ``p = active KV tokens / total KV tokens``.
@@ -29,7 +29,7 @@ import numpy as np
 from mocker.errors import ConfigError
 from mocker.timing_spec import POLYNOMIAL, is_aic
 
-# DESIGN.md "Polynomial timing baseline" (reference mocker polynomial model).
+# docs/architecture.md "Polynomial timing baseline" (reference mocker polynomial model).
 PREFILL_A, PREFILL_B, PREFILL_C = 4.209989e-07, 1.518344e-02, 16.50142
 DECODE_A, DECODE_B, DECODE_C = -25.74, 54.01, 5.74
 DECODE_MIN_MS = 1.0

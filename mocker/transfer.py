@@ -1,7 +1,7 @@
 """KV-cache transfer model of a disaggregated (prefill/decode) fleet.
 
 After a prefill worker has computed a request's prompt (and its first token), the prompt's KV cache moves
-to a decode worker. The transfer takes (DESIGN.md "KV transfer (P/D)"; Dynamo Mocker's
+to a decode worker. The transfer takes (docs/architecture.md "KV transfer"; Dynamo Mocker's
 ``kv_transfer_bandwidth`` / ``kv_transfer_bytes_per_token``)::
 
     transfer_ms = charged_tokens * kv_bytes_per_token / (bandwidth_gbps * 1e9 B/s) * 1000

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A real one-node Kubernetes cluster on this machine, for the README walkthrough where there is no
+"""A real one-node Kubernetes cluster on this machine, for the walkthrough of docs/kubernetes.md where there is no
 Docker Hub and no container engine (kind needs both). Run it as root::
 
     .venv/bin/python tools/cluster.py up            # start, wait until usable (a healthy running cluster is kept)

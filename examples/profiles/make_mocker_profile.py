@@ -4,7 +4,7 @@ timing, 16384 KV blocks x 64 tokens, max_num_seqs 256), so a planner can size mo
 Prefill: TTFT(ISL) = the mocker's prefill pass time for one request of ISL new tokens; throughput per GPU
 = ISL / TTFT. Decode: at KV usage u and context length c, concurrency = min(u x KV tokens / c, 256),
 ITL = the mocker's decode pass time at u x KV tokens active; throughput per GPU = concurrency / ITL.
-(Timing formulas: DESIGN.md "Polynomial timing baseline", implemented in mocker.timing.)
+(Timing formulas: docs/architecture.md "Polynomial timing baseline", implemented in mocker.timing.)
 
 Usage: python examples/profiles/make_mocker_profile.py OUT.npz
 """

@@ -1,6 +1,6 @@
 """SGLang-shaped engine core: token pool + radix prefix cache, clock-agnostic.
 
-Pass semantics (DESIGN.md "SGLang mode"; SGLang's ``event_loop_normal`` as modelled by the reference
+Pass semantics (docs/architecture.md "SGLang mode"; SGLang's ``event_loop_normal`` as modelled by the reference
 mocker, checked request by request against ``reference-replay --engine '{"engine":{"backend":"sglang"}}'``):
 
 1. Waiting order: ``fifo`` keeps arrival order; ``lpm`` sorts by longest cached prefix (stable), pushing

@@ -1136,7 +1136,7 @@ class VllmCore(PassTimeline):
 
 class TrtllmCore(VllmCore):
     """TensorRT-LLM GUARANTEED_NO_EVICT: capacity-first admission reserving
-    ``ceil((prompt + max_output) / block_size)`` blocks per request (DESIGN.md: 7319 blocks, block 32,
+    ``ceil((prompt + max_output) / block_size)`` blocks per request (docs/architecture.md "TensorRT-LLM mode": 7319 blocks, block 32,
     ISL 1096, max output 7000 -> 253 blocks each -> at most 28 running); never preempts."""
 
     no_evict = True

@@ -9,7 +9,7 @@ freed first when a fresh block is needed. Invariant (see :meth:`check_invariants
     free + active cached + inactive cached + private in use == num_gpu_blocks
 
 Trace content: a Mooncake ``hash_ids`` entry stands for ``trace_block_size`` (512) tokens of identical
-content (DESIGN.md "Prefix reuse"). :func:`engine_block_keys` re-chunks them into engine blocks of any size:
+content (docs/architecture.md "Prefix reuse"). :func:`engine_block_keys` re-chunks them into engine blocks of any size:
 engine block j covers tokens [j*B, (j+1)*B); its key chains the previous key with the trace ids it overlaps
 and its offset, so equal keys mean equal content and equal prefix.
 """

@@ -1,6 +1,6 @@
 """SGLang-style token pool with a radix prefix cache (metadata only, page-granular).
 
-Model (DESIGN.md "SGLang mode"; SGLang ``RadixCache`` semantics as modelled by the reference mocker):
+Model (docs/architecture.md "SGLang mode"; SGLang ``RadixCache`` semantics as modelled by the reference mocker):
 
 - The pool holds ``total_tokens`` token slots in pages of ``page_size`` tokens. A slot is *free*, held
   *privately* by a request (computed but not yet in the tree), or stored in a radix-tree node.

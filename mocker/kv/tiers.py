@@ -1,6 +1,6 @@
 """KVBM lower KV tiers (G2 host, G3 disk, G4 object) and their processor-shared links; metadata only.
 
-Tiers (DESIGN.md "KVBM tiers"): G1 is the device block pool of the engine core; G2 is per-worker host memory
+Tiers (docs/architecture.md "KVBM tiers"): G1 is the device block pool of the engine core; G2 is per-worker host memory
 (``num_g2_blocks`` each); G3 is a disk tier shared by the fleet (``num_g3_blocks``); G4 is a shared object
 tier of unbounded size (``g4=True``). Blocks are identified by their prefix-cache key; only keys move, never
 content. Flow modelled here:
@@ -13,7 +13,7 @@ content. Flow modelled here:
   G3/G4 blocks are first staged into the worker's G2 (G3->G2 / G4->G2 links), then all of them cross the
   G2->G1 link; the ticket completes when that last transfer does.
 
-Links: each directional link has its own bandwidth and is processor-shared (DESIGN.md): n transfers in
+Links: each directional link has its own bandwidth and is processor-shared (docs/architecture.md "KVBM tiers"): n transfers in
 flight progress at bandwidth/n each, so a transfer speeds up when a peer finishes. Time of a lone transfer =
 bytes / bandwidth (1 MB at 1 GB/s = 1 ms, decimal units). G1<->G2 links are per worker (each GPU's host
 link); G2<->G3, G2<->G4 and G3->G4 links are shared by the fleet (one disk, one object store). Bandwidth 0

@@ -1,6 +1,6 @@
 """Prometheus metric definitions of the live worker and frontend (one registry per process).
 
-Worker names follow the engine being simulated (DESIGN.md "Metrics facts"): ``vllm:*`` for vLLM,
+Worker names follow the engine being simulated (docs/architecture.md "Metrics facts"): ``vllm:*`` for vLLM,
 ``trtllm:*`` (same suffixes) for TensorRT-LLM, ``sglang:*`` for SGLang; labels ``model_name`` and
 ``engine`` (the DP rank, as vLLM v1 labels its engine cores). Frontend names are Dynamo's
 ``dynamo_frontend_*`` (labels ``model``). Latency histograms are in seconds of wall time, so at speedup

@@ -23,7 +23,7 @@ SGLang radix cache reports token ranges entering and leaving its tree, mapped to
 Disaggregated roles (``EngineConfig.worker_type``): a ``prefill`` worker computes the prompt and the first
 token only (output length forced to 1); a ``decode`` worker receives requests whose prompt KV was
 transferred (extension field ``prefill_done: true``): it waits the modelled KV transfer time
-(``prompt tokens * kv_bytes_per_token / kv_transfer_bandwidth``; DESIGN.md "KV transfer", 0 = off; not
+(``prompt tokens * kv_bytes_per_token / kv_transfer_bandwidth``; docs/architecture.md "KV transfer", 0 = off; not
 divided by the speedup ratio, as the offline fleet and the reference) and
 then admits it with the core's ``add_prefilled_request`` (prompt KV present, no prefill pass, as the
 offline fleet's decode side, :mod:`mocker.fleet`): it emits ``max_tokens`` tokens, the first at the end of

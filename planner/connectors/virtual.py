@@ -1,6 +1,6 @@
 """VirtualConnector: the planner publishes decisions over HTTP; an external system applies them.
 
-Protocol (DESIGN.md "VirtualConnector protocol"; OpenAPI: ``docs/virtual-connector.openapi.yaml``).
+Protocol (docs/architecture.md "VirtualConnector protocol"; OpenAPI: ``docs/virtual-connector.openapi.yaml``).
 Served by the planner's own HTTP server under ``/v1/virtual``; every route needs
 ``Authorization: Bearer <token>`` when a token is configured (401 otherwise).
 

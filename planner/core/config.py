@@ -252,8 +252,8 @@ def _unknown(key: str) -> str:
     """The problem line of an unknown top-level ``key``: a removed rule's setting, a pool key without its
     pool, or the closest setting names (difflib ratio >= 0.6)."""
     if key in REMOVED_SETTINGS:
-        hint = (" (removed: the sizing by simulation replaced that rule, see docs/planner-core.md \"How the planner "
-                "sizes a fleet\"; simulated_sizing=false gives the reference formulas)")
+        hint = (" (removed: the sizing by simulation replaced that rule, see docs/planner-core.md \"Sizing by simulation\"; "
+                "simulated_sizing=false gives the reference formulas)")
     elif key in _POOL_KEYS:
         hint = (f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
                 f"or {key} under a prefill:/decode:/agg: section)")

@@ -1,6 +1,6 @@
 """Load-based estimates from ForwardPassMetrics: pass-time regressions, per-engine TTFT and ITL.
 
-Regressions (DESIGN.md "Planner facts"): pass wall time (s) is linear in the tokens the pass touches,
+Regressions (docs/architecture.md "Planner facts"): pass wall time (s) is linear in the tokens the pass touches,
 
 - prefill engines: ``wall_time = a + b x sum_prefill_tokens``
 - decode engines:  ``wall_time = a + c x sum_decode_kv_tokens``

@@ -1,4 +1,4 @@
-"""Prometheus gauges of the planner (names as DESIGN.md "Planner gauges"), on a registry passed in.
+"""Prometheus gauges of the planner (names as docs/architecture.md "Planner gauges"), on a registry passed in.
 
 ``PlannerMetrics(registry).update(tick_result)`` after every tick. Gauges (prefix ``dynamo_planner_``):
 num_prefill_replicas, num_decode_replicas (agg mode reports its pool here, as Dynamo's agg planner

@@ -1,7 +1,7 @@
 """What a driver hands the planner each tick: plain frozen data, no behaviour.
 
 - :class:`ForwardPassMetrics` (+ :class:`ScheduledRequests`, :class:`QueuedRequests`): one engine pass on
-  one DP rank, field names as Dynamo's ForwardPassMetrics (DESIGN.md "Metrics facts"); ``wall_time`` in
+  one DP rank, field names as Dynamo's ForwardPassMetrics (docs/architecture.md "Metrics facts"); ``wall_time`` in
   seconds, 0 = idle heartbeat. ``pool`` says which pool the engine belongs to (the driver knows).
   :meth:`ForwardPassMetrics.from_mapping` adapts any msgpack/JSON-shaped dict or attribute object.
 - :class:`TrafficWindow`: frontend aggregates over the last throughput interval (Prometheus:

@@ -44,7 +44,7 @@ REASON_ADVISORY, REASON_CONFLICT = "AdvisoryDecision", "ScaleConflict"
 REASON_INVALID, REASON_NOT_FOUND = "InvalidSpec", "TargetNotFound"
 REASON_ADOPTED = "AdoptedExternalChange"
 PROFILE_HINT = "/opt/dynoplan/profiles/mocker_vllm.npz"
-"""The profile the project's image bakes in (a default mocker worker; README, the chart's example)."""
+"""The profile the project's image bakes in (a default mocker worker; docs/kubernetes.md, the chart's example)."""
 
 
 @dataclass

@@ -2,7 +2,7 @@
 the loop and policies use (``add_worker``, ``remove_worker``, ``submit``, ``advance_until``, ``finish``,
 ``take_fpm``, ``pool_counts``, ``gpu_seconds``, ``engine_states``, ``worker_spans``).
 
-Worker life cycle (issue 5, "simulated connector"; implemented by ``mocker.fleet.Fleet``):
+Worker life cycle (docs/architecture.md "Simulated connector"; implemented by ``mocker.fleet.Fleet``):
 
 - ``add_worker(pool, now_ms, startup_delay_ms)``: the worker costs GPU time from ``now_ms`` and becomes
   routable at ``now_ms + startup_delay_ms`` (model load time);

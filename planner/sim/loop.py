@@ -1,6 +1,6 @@
 """The closed loop: a trace through a pooled fleet whose size a policy controls, in virtual time.
 
-Data flows one way (DESIGN.md): trace -> arrivals -> fleet (router, engine cores) -> request records and
+Data flows one way (docs/architecture.md "The flow"): trace -> arrivals -> fleet (router, engine cores) -> request records and
 per-pass metrics -> simulated metric source (:mod:`planner.sim.metrics`) -> policy -> simulated connector
 (``add_worker`` with the start-up delay; ``remove_worker`` drains) -> fleet size.
 
@@ -40,7 +40,7 @@ class SimSettings:
     """Closed-loop settings (validated at construction; SimulationConfigError lists every problem)."""
 
     startup_delay_s: float = 60.0
-    """Seconds from requesting a worker until it serves (model load; issue 5 default 60 s)."""
+    """Seconds from requesting a worker until it serves (model load; default 60 s, docs/architecture.md "Simulated connector")."""
     sla_ttft_ms: float = 500.0
     """TTFT target, ms (planner default 500)."""
     sla_itl_ms: float = 50.0

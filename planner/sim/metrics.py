@@ -3,7 +3,7 @@
 A live frontend exports histograms (``dynamo_frontend_time_to_first_token_seconds``, ``..._inter_token_
 latency_seconds``, ``..._input_sequence_tokens``, ``..._output_sequence_tokens``, ``..._request_duration_
 seconds``) and the counter ``dynamo_frontend_requests_started_total``; the planner reads interval averages
-``increase(X_sum[w]) / increase(X_count[w])`` (DESIGN.md "Metrics facts"). :class:`FrontendCounters`
+``increase(X_sum[w]) / increase(X_count[w])`` (docs/architecture.md "Metrics facts"). :class:`FrontendCounters`
 keeps the same cumulative ``_sum``/``_count`` pairs, observed at the virtual time each event happens:
 
 - requests started and ISL: at arrival;

@@ -1,7 +1,7 @@
 """Reports of closed-loop runs: per-policy summary, rich table, ``summary.json``, ``timeline.csv``,
 per-request JSONL and a self-contained ``report.html`` (plotly.js inlined, no network).
 
-Definitions (issue 5):
+Definitions (docs/architecture.md "Reports"):
 
 - SLA attainment: share of *all* requests (unfinished ones count as misses) whose TTFT <= the TTFT target
   and whose own mean ITL ``(finish - first token) / (output tokens - 1)`` <= the ITL target (single-token

@@ -1,6 +1,6 @@
 """ForwardPassMetrics from the workers' ZMQ PUB streams (msgpack, topic ``b"fpm"``).
 
-Wire format (DESIGN.md "Metrics facts"; the live mocker's :mod:`mocker.live.publish` emits it): two-frame
+Wire format (docs/architecture.md "Metrics facts"; the live mocker's :mod:`mocker.live.publish` emits it): two-frame
 messages ``[b"fpm", msgpack(ForwardPassMetrics)]`` with Dynamo's field names. Decoded here as plain
 msgpack into :meth:`planner.core.ForwardPassMetrics.from_mapping` (the planner never imports mocker).
 

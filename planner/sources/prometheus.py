@@ -1,6 +1,6 @@
 """Frontend traffic over one throughput interval, from Prometheus or from the frontend directly.
 
-Figures (DESIGN.md "Metrics facts"; Dynamo planner's Prometheus client): for each of the frontend
+Figures (docs/architecture.md "Metrics facts"; Dynamo planner's Prometheus client): for each of the frontend
 histograms ``dynamo_frontend_time_to_first_token_seconds``, ``..._inter_token_latency_seconds``,
 ``..._request_duration_seconds``, ``..._input_sequence_tokens``, ``..._output_sequence_tokens`` the
 interval mean is ``sum(increase(X_sum{sel}[w])) / sum(increase(X_count{sel}[w]))``; the request count is

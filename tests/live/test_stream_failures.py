@@ -40,7 +40,7 @@ def test_continuation_keeps_full_prompt_blocks_and_hashes_the_rest_by_hand():
 
 
 def test_the_issue_case_is_a_valid_request_for_the_next_worker():
-    # issue 18: prompt 12000 tokens = 750 ids of 16, 192 tokens produced, 8 left; the original ids were refused
+    # prompt 12000 tokens = 750 ids of 16, 192 tokens produced, 8 left; the original ids were refused
     ids = tuple(range(750))
     body = {"model": "mocker", "input_length": 12192, "max_tokens": 8, "hash_ids": list(ids)}
     with pytest.raises(RequestError, match="fewer than the prompt's 12192"):

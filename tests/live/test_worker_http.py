@@ -193,7 +193,7 @@ def test_client_disconnect_cancels_request_and_frees_kv():
 
 
 def test_engine_side_latencies_match_reference_facts_exactly():
-    """ISL 374 alone -> TTFT 22.239 ms, next token 5.76 ms later (DESIGN.md, checked against the
+    """ISL 374 alone -> TTFT 22.239 ms, next token 5.76 ms later (docs/architecture.md "Polynomial timing baseline", checked against the
     reference). The live driver keeps the core's timeline, so the engine-side histograms carry the exact
     simulated values whatever the event-loop jitter; at speedup 4 they are a quarter."""
     async def body(s, w, f):
@@ -351,7 +351,7 @@ def test_fuzzed_bodies_never_crash_the_server():
 
 
 def test_kv_transfer_delay_formula():
-    """DESIGN.md KV transfer: time = tokens * kv_bytes_per_token / bandwidth, NOT divided by the speedup (the
+    """docs/architecture.md "KV transfer": time = tokens * kv_bytes_per_token / bandwidth, NOT divided by the speedup (the
     offline fleet and the reference at speedup_ratio 10: 374 tokens x 131072 B at 64 GB/s = 0.765952 ms)."""
     cfg = EngineConfig(speedup_ratio=10.0, worker_type="decode")
     w = Worker(WorkerSettings(engine=cfg, kv_bytes_per_token=1_000_000, kv_transfer_bandwidth_gbps=1.0))

@@ -1,4 +1,4 @@
-"""Issue 18's small things on the ``dynoplan up`` / ``dynoplan planner`` path, through the real CLI:
+"""Small things on the ``dynoplan up`` / ``dynoplan planner`` path, through the real CLI:
 one line naming the field (or place), the value and what was expected, exit 2, nothing left behind."""
 
 from __future__ import annotations

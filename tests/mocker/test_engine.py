@@ -13,7 +13,7 @@ TOTAL = 16384 * 64  # default vLLM KV tokens
 
 
 def pre(t: int) -> float:
-    """DESIGN.md polynomial prefill, written out by hand."""
+    """The polynomial prefill of docs/architecture.md "Polynomial timing baseline";, written out by hand."""
     return 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
 
 

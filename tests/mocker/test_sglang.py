@@ -20,7 +20,7 @@ SG_TOTAL = 16384  # default SGLang pool: 16384 pages of 1 token
 
 
 def pre(t: int) -> float:
-    """DESIGN.md polynomial prefill, written out by hand."""
+    """The polynomial prefill of docs/architecture.md "Polynomial timing baseline";, written out by hand."""
     return 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
 
 
@@ -57,7 +57,7 @@ def test_registered_and_built_by_make_engine():
     assert CORES["sglang"] is SglangCore
     core = make_engine(cfg())
     assert isinstance(core, SglangCore)
-    assert core.page == 1 and core.total_kv_tokens == SG_TOTAL  # page size 1 by default (DESIGN.md)
+    assert core.page == 1 and core.total_kv_tokens == SG_TOTAL  # page size 1 by default (docs/architecture.md "Engine defaults")
     assert make_engine(cfg(block_size=16)).page == 16
 
 

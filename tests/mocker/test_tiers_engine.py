@@ -20,10 +20,10 @@ from mocker.records import TraceRequest
 from mocker.report import build_report
 
 # One engine block = one trace hash id = 16 tokens; 16 tokens x 15625 B/token = 250 kB per block, so 4 blocks
-# = 1 MB = 1 ms at 1 GB/s (DESIGN.md: 1 MB at 1 GB/s takes 1 ms).
+# = 1 MB = 1 ms at 1 GB/s (docs/architecture.md "KVBM tiers": 1 MB at 1 GB/s takes 1 ms).
 BASE = dict(g1_backend="kvbm", num_gpu_blocks=8, block_size=16, trace_block_size=16, offload_batch_size=4,
             kv_bytes_per_token=15625, bw_g1_g2_gbps=1.0, bw_g2_g1_gbps=1.0, bw_g2_g3_gbps=1.0, bw_g3_g2_gbps=1.0)
-# Polynomial prefill (DESIGN.md), rounded to ns: T = 16 new tokens -> 4.209989e-07*16^2 + 1.518344e-02*16
+# Polynomial prefill (docs/architecture.md "Polynomial timing baseline"), rounded to ns: T = 16 new tokens -> 4.209989e-07*16^2 + 1.518344e-02*16
 # + 16.50142 = 16.744462815 -> 16.744463 ms; T = 80 -> 17.718789593 -> 17.71879 ms.
 PREFILL_16_MS = 16.744463
 PREFILL_80_MS = 17.71879

@@ -218,7 +218,7 @@ def render(helm_bin: Path, *args: str) -> list[dict[str, Any]]:
 
 @pytest.mark.integration
 def test_example_and_its_load_are_separate_files_and_the_dgd_leaves_worker_replicas_to_the_planner(helm_bin):
-    """README: example.yaml (DGD, Service, DynoPlanner) and load.yaml (the Job) are rendered separately, so
+    """docs/kubernetes.md: example.yaml (DGD, Service, DynoPlanner) and load.yaml (the Job) are rendered separately, so
     running the load again re-applies only the Job; the DGD has no worker ``replicas``, so applying
     example.yaml again cannot reset what the planner scaled to."""
     ex = render(helm_bin, "--set", "example.enabled=true", "--show-only", "templates/example.yaml")

@@ -280,7 +280,7 @@ def test_long_policy_names_are_folded_not_truncated(width):
 
 # ------------------------------------------------------------------ 12. --out DIR holding an input; last sample
 def test_out_dir_holding_an_input_that_is_no_output_name_runs_and_keeps_it(tmp_path, profile):
-    trace = _csv(tmp_path / "one.csv", [(374, 44), (374, 44)])  # README: only output-file names are refused
+    trace = _csv(tmp_path / "one.csv", [(374, 44), (374, 44)])  # docs/offline.md: only output-file names are refused
     before = (tmp_path / "one.csv").read_bytes()
     assert cli_main(["simulate", "--trace", trace, "--profile", profile, "--quiet", "--out", str(tmp_path),
                      "--compare", "static:1"]) == 0
