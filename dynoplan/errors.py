@@ -11,15 +11,19 @@
     │                            source); a *missing* reading is never an error, it is ``None``
     ├── SimulationError          an internal invariant of the simulation broke (a bug, not a user mistake)
     │   └── InvalidTransition    a request lifecycle transition that is not allowed
-    └── OperatorError            the Kubernetes operator's errors
-        ├── SpecError            a DGD / DynoPlanner spec the operator cannot act on (a status condition)
-        └── SettingsError        invalid operator settings
+    ├── OperatorError            the Kubernetes operator's errors
+    │   ├── SpecError            a DGD / DynoPlanner spec the operator cannot act on (a status condition)
+    │   └── SettingsError        invalid operator settings
+    ├── RequestError             a bad OpenAI request to a live worker or frontend (an HTTP error body)
+    └── VirtualConnectorError    an error answer of the VirtualConnector HTTP API, or the planner unreachable
 
 Errors carry structured fields (``problems``, ``path``, ``line``, ``field``) and a readable message; drivers
 translate them at their boundary (CLI: one line, exit 2; operator: a status condition; HTTP: an error body).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class DynoplanError(Exception):
@@ -93,3 +97,24 @@ class SettingsError(OperatorError, ConfigError):
 
     def __init__(self, problems: list[str]) -> None:
         ConfigError.__init__(self, problems, source="operator settings")
+
+
+class RequestError(DynoplanError):
+    """A bad request: rendered as an OpenAI error body with ``status``."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class VirtualConnectorError(DynoplanError):
+    """An HTTP error answer of the VirtualConnector API (``status``, server message), or ``status`` 0 when the
+    planner could not be reached at all (refused, timed out: e.g. while it restarts; retry later)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(f"VirtualConnector HTTP {status}: {message}" if status else f"VirtualConnector: {message}")

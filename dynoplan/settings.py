@@ -1,6 +1,6 @@
 """The declarative settings base: every settings class of dynoplan (engine, fleet, planner, stack, operator) is a
 pydantic v2 dataclass declared with :func:`settings`, each field's unit, bound, default and source stated once
-in ``Field(default, description=..., gt=..., ...)``.
+in ``Field(default=default, description=..., gt=..., ...)``.
 
 What the base fixes for all of them:
 
@@ -24,9 +24,9 @@ import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, dataclass_transform, overload
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from dynoplan.errors import ConfigError
@@ -45,6 +45,9 @@ class Problems(ValueError):
         super().__init__("; ".join(self.lines))
 
 
+# The type checker's view: a dataclass whose fields are declared with Field(default=..., ...) (PEP 681),
+# frozen unless frozen=False.
+@dataclass_transform(field_specifiers=(Field,), frozen_default=True)
 @overload
 def settings(cls: type[T], /) -> type[T]: ...
 @overload
@@ -54,7 +57,7 @@ def settings(cls: Any = None, /, *, frozen: bool = True) -> Any:
     ``frozen=False``. ``dataclasses.replace`` works on it and validates the new values."""
 
     def wrap(c: type[T]) -> type[T]:
-        return _pydantic_dataclass(c, frozen=frozen, slots=True, config=CONFIG)  # type: ignore[return-value]  # pydantic's stub returns a wrapper type
+        return _pydantic_dataclass(c, frozen=frozen, slots=True, config=CONFIG)  # type: ignore[return-value]  # pydantic's stub returns its own dataclass type
 
     return wrap if cls is None else wrap(cls)
 

@@ -13,7 +13,7 @@ pyproject.toml).
 
 Errors: the value types raise ``argparse.ArgumentTypeError`` (argparse names the flag);
 :func:`one_line_error` makes a parser's errors one stderr line with exit code 2; the readers raise
-:class:`mocker.errors.ConfigError` naming the flag or file.
+:class:`dynoplan.errors.ConfigError` naming the flag or file.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import yaml
 
 from dynoplan.settings import check
 from mocker.config import ENGINES, EngineConfig, resolve_kv_capacity
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.kv.tiers import parse_bandwidth_flags
 from mocker.modelcfg import KV_CACHE_DTYPES, kv_bytes_per_token_from_file
 from mocker.transfer import HANDOFF_PATHS, TIMING_MODES, KvTransferConfig

@@ -22,7 +22,7 @@ from dynoplan.settings import check
 from mocker.arguments import (add_worker_arguments, check_output_paths, engine_config_from_args, nonneg_int,
                               one_line_error, positive_float, positive_int)
 from mocker.engine import make_engine
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.report import render_table, report_to_json, write_per_request_jsonl
 from mocker.traces import load_trace
 

@@ -6,7 +6,7 @@ engine configuration (defaults < ``--engine-config`` YAML < command-line flags),
 
 Errors: every user mistake (bad flag value, missing or malformed trace, bad YAML, invalid engine setting)
 is one line on stderr and exit code 2 — argparse errors through :func:`mocker.arguments.one_line_error`, the rest as
-:class:`mocker.errors.MockerError` caught by the ``dynoplan`` dispatcher. If an output file cannot be
+:class:`dynoplan.errors.DynoplanError` caught by the ``dynoplan`` dispatcher. If an output file cannot be
 written after the replay, the report JSON is printed to stdout first so the computed result is not lost,
 then the error line, exit 2.
 """
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
-    """Run the replay. Returns the exit code (0 ok, 2 output not written); raises MockerError on bad input."""
+    """Run the replay. Returns the exit code (0 ok, 2 output not written); raises DynoplanError on bad input."""
     trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
     trace_file += [args.engine_config] if args.engine_config else []
     trace_file += [args.rate_envelope] if args.rate_envelope else []

@@ -4,13 +4,13 @@ Defaults are the reference mocker's (NVIDIA Dynamo Mocker, ``_normalize_mocker_c
 "DynoSim Simulation Model" docs): 16384 GPU blocks; block size 64 (vLLM), 32 (TensorRT-LLM), 1 (SGLang
 page size); max_num_seqs 256; max_num_batched_tokens 8192; prefix caching and chunked prefill on; LIFO
 recompute preemption (vLLM v1 default); speedup ratio 1.0. Each field states its unit, bound, default and
-source once, in its ``Field(...)``.
+source once, in its ``Field(default=...)``.
 
 Validation happens at construction: the field checks are declarative (strict types, bounds); the cross-field
 checks (a block fits the token budget, KV-tier combinations, ``gpu_memory_fraction`` needing an ``aic:``
 timing, the timing spec, :mod:`mocker.timing_spec`) are in ``__post_init__``. Code that builds settings from
 user input goes through :meth:`EngineConfig.from_mapping` / :meth:`EngineConfig.replace` (or
-:func:`dynoplan.settings.build`), which raise :class:`mocker.errors.ConfigError` with every problem, one
+:func:`dynoplan.settings.build`), which raise :class:`dynoplan.errors.ConfigError` with every problem, one
 ``field=value: expected ...`` line each; constructing ``EngineConfig(...)`` directly with a bad value raises
 pydantic's ``ValidationError``.
 """
@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from dynoplan.settings import Problems, build, check, settings
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.timing_spec import is_aic, timing_spec_problems
 
 EngineKind = Literal["vllm", "trtllm", "sglang"]
@@ -57,21 +57,21 @@ class SGLangConfig:
     """SGLang scheduler knobs (defaults: SGLang's ServerArgs as the reference mocker models them)."""
 
     schedule_policy: Literal["fifo", "lpm"] = Field(
-        "fifo", description="Waiting-queue order: fifo or longest-prefix-match lpm.")
+        default="fifo", description="Waiting-queue order: fifo or longest-prefix-match lpm.")
     chunked_prefill_size: PositiveInt = Field(
-        8192, description="Max prompt tokens computed per request per extend pass (tokens).")
+        default=8192, description="Max prompt tokens computed per request per extend pass (tokens).")
     max_prefill_tokens: PositiveInt = Field(
-        16384, description="Max prompt tokens admitted in one extend pass (tokens).")
+        default=16384, description="Max prompt tokens admitted in one extend pass (tokens).")
     clip_max_new_tokens: PositiveInt = Field(
-        4096, description="Cap on the output-length estimate used when reserving tokens at admission (tokens).")
+        default=4096, description="Cap on the output-length estimate used when reserving tokens at admission (tokens).")
     schedule_conservativeness: float = Field(
-        1.0, ge=0, description="Multiplier on the initial new_token_ratio (dimensionless, >= 0).")
+        default=1.0, ge=0, description="Multiplier on the initial new_token_ratio (dimensionless, >= 0).")
     init_new_token_ratio: float = Field(
-        0.7, ge=0, description="Initial share of max output reserved at admission (SGLang default 0.7).")
+        default=0.7, ge=0, description="Initial share of max output reserved at admission (SGLang default 0.7).")
     min_new_token_ratio_factor: float = Field(
-        0.14, ge=0, description="new_token_ratio decays to init * factor (SGLang default 0.14).")
+        default=0.14, ge=0, description="new_token_ratio decays to init * factor (SGLang default 0.14).")
     new_token_ratio_decay_steps: PositiveInt = Field(
-        600, description="Decode steps over which new_token_ratio decays linearly (SGLang default 600).")
+        default=600, description="Decode steps over which new_token_ratio decays linearly (SGLang default 600).")
 
 
 @settings
@@ -82,50 +82,50 @@ class EngineConfig:
     :meth:`from_yaml` and :meth:`replace` raise :class:`ConfigError` with every problem.
     """
 
-    engine: EngineKind = Field("vllm", description="Scheduler family: vllm, trtllm or sglang.")
-    num_gpu_blocks: PositiveInt = Field(16384, description="KV-cache capacity in blocks (pages for SGLang).")
+    engine: EngineKind = Field(default="vllm", description="Scheduler family: vllm, trtllm or sglang.")
+    num_gpu_blocks: PositiveInt = Field(default=16384, description="KV-cache capacity in blocks (pages for SGLang).")
     block_size: PositiveInt | None = Field(
-        None, description="Tokens per KV block; None = engine default (vLLM 64, TRT-LLM 32, SGLang page size 1).")
-    max_num_seqs: PositiveInt = Field(256, description="Max running sequences per pass.")
+        default=None, description="Tokens per KV block; None = engine default (vLLM 64, TRT-LLM 32, SGLang page size 1).")
+    max_num_seqs: PositiveInt = Field(default=256, description="Max running sequences per pass.")
     max_num_batched_tokens: PositiveInt = Field(
-        8192, description="Per-pass token budget shared by prefill chunks and decode tokens (tokens; >= one block "
+        default=8192, description="Per-pass token budget shared by prefill chunks and decode tokens (tokens; >= one block "
                           "except SGLang).")
-    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of identical prompt prefixes.")
-    enable_chunked_prefill: bool = Field(True, description="Split prompts larger than the remaining budget across passes.")
+    enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of identical prompt prefixes.")
+    enable_chunked_prefill: bool = Field(default=True, description="Split prompts larger than the remaining budget across passes.")
     preemption_mode: Literal["lifo", "fifo"] = Field(
-        "lifo", description="Which running request is recomputed when blocks run out: newest (lifo) or oldest (fifo).")
-    speedup_ratio: float = Field(1.0, gt=0, description="All pass times are divided by this (dimensionless, finite, > 0).")
+        default="lifo", description="Which running request is recomputed when blocks run out: newest (lifo) or oldest (fifo).")
+    speedup_ratio: float = Field(default=1.0, gt=0, description="All pass times are divided by this (dimensionless, finite, > 0).")
     timing: str = Field(
-        "polynomial", description="Timing source: 'polynomial' (docs/architecture.md \"Polynomial timing baseline\"), "
+        default="polynomial", description="Timing source: 'polynomial' (docs/architecture.md \"Polynomial timing baseline\"), "
                                   "a path to a .npz profile or 'aic:model=...,system=...' (mocker.timing_spec).")
-    trace_block_size: PositiveInt = Field(512, description="Tokens represented by one trace hash_id (Mooncake: 512).")
+    trace_block_size: PositiveInt = Field(default=512, description="Tokens represented by one trace hash_id (Mooncake: 512).")
     worker_type: Literal["aggregated", "prefill", "decode"] = Field(
-        "aggregated", description="Role of the worker in a (dis)aggregated fleet.")
+        default="aggregated", description="Role of the worker in a (dis)aggregated fleet.")
     dp_size: PositiveInt = Field(
-        1, description="Data-parallel ranks per logical worker, each with independent scheduler and KV state.")
+        default=1, description="Data-parallel ranks per logical worker, each with independent scheduler and KV state.")
     sglang: SGLangConfig = Field(default_factory=SGLangConfig, description="SGLang-only knobs.")
     g1_backend: Literal["native", "kvbm"] = Field(
-        "native", description="G1 (device) block pool: native (LRU inactive pool) or kvbm (lineage-aware, "
+        default="native", description="G1 (device) block pool: native (LRU inactive pool) or kvbm (lineage-aware, "
                               "mocker.kv.kvbm).")
-    num_g2_blocks: TierBlocks = Field(0, description="KVBM G2 host blocks per worker (0 = none; needs g1_backend='kvbm').")
+    num_g2_blocks: TierBlocks = Field(default=0, description="KVBM G2 host blocks per worker (0 = none; needs g1_backend='kvbm').")
     num_g3_blocks: TierBlocks = Field(
-        0, description="KVBM G3 disk blocks shared by the fleet (0 = none; needs g1_backend='kvbm' and G2).")
-    g4: bool = Field(False, description="KVBM G4 shared object tier (needs g1_backend='kvbm' and G2).")
-    offload_batch_size: PositiveInt = Field(16, description="Blocks per G1->G2 offload transfer (blocks).")
+        default=0, description="KVBM G3 disk blocks shared by the fleet (0 = none; needs g1_backend='kvbm' and G2).")
+    g4: bool = Field(default=False, description="KVBM G4 shared object tier (needs g1_backend='kvbm' and G2).")
+    offload_batch_size: PositiveInt = Field(default=16, description="Blocks per G1->G2 offload transfer (blocks).")
     bw_g1_g2_gbps: LinkGBps = Field(
-        25.0, description="Device->host link bandwidth per worker (GB/s; 0 = instantaneous; assumption: PCIe Gen4 "
+        default=25.0, description="Device->host link bandwidth per worker (GB/s; 0 = instantaneous; assumption: PCIe Gen4 "
                           "x16 effective).")
-    bw_g2_g1_gbps: LinkGBps = Field(25.0, description="Host->device link bandwidth per worker (GB/s).")
-    bw_g2_g3_gbps: LinkGBps = Field(5.0, description="Host->disk link bandwidth, shared (GB/s; assumption: NVMe).")
-    bw_g3_g2_gbps: LinkGBps = Field(5.0, description="Disk->host link bandwidth, shared (GB/s).")
-    bw_g3_g4_gbps: LinkGBps = Field(1.0, description="Disk->object link bandwidth, shared (GB/s; assumption).")
-    bw_g4_g2_gbps: LinkGBps = Field(1.0, description="Object->host link bandwidth, shared (GB/s).")
+    bw_g2_g1_gbps: LinkGBps = Field(default=25.0, description="Host->device link bandwidth per worker (GB/s).")
+    bw_g2_g3_gbps: LinkGBps = Field(default=5.0, description="Host->disk link bandwidth, shared (GB/s; assumption: NVMe).")
+    bw_g3_g2_gbps: LinkGBps = Field(default=5.0, description="Disk->host link bandwidth, shared (GB/s).")
+    bw_g3_g4_gbps: LinkGBps = Field(default=1.0, description="Disk->object link bandwidth, shared (GB/s; assumption).")
+    bw_g4_g2_gbps: LinkGBps = Field(default=1.0, description="Object->host link bandwidth, shared (GB/s).")
     kv_bytes_per_token: PositiveInt | None = Field(
-        None, description="KV bytes of one token (layers x 2 x KV heads x head dim x dtype bytes, docs/architecture.md "
+        default=None, description="KV bytes of one token (layers x 2 x KV heads x head dim x dtype bytes, docs/architecture.md "
                           "\"KV transfer\"); sizes the KVBM tier transfers (bytes per block = block size x this). "
                           "Required with lower tiers; None otherwise.")
     gpu_memory_fraction: float | None = Field(
-        None, gt=0, le=1, description="With timing='aic:...': size num_gpu_blocks from this share of GPU memory "
+        default=None, gt=0, le=1, description="With timing='aic:...': size num_gpu_blocks from this share of GPU memory "
                                       "(0 < f <= 1).")
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3",
                                     "fp8_e5m2", "fp8_inc")

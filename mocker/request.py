@@ -1,6 +1,6 @@
 """Request lifecycle inside one engine core: states, allowed transitions, and the mutable per-request state.
 
-States and transitions (anything else raises :class:`mocker.errors.InvalidTransition`)::
+States and transitions (anything else raises :class:`dynoplan.errors.InvalidTransition`)::
 
     WAITING ──admit──> PREFILLING ──first token──> DECODING ──last token──> FINISHED
        │                 │  ▲ (more chunks)           │
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from mocker.errors import InvalidTransition
+from dynoplan.errors import InvalidTransition
 from mocker.records import RequestRecord
 
 

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.timing_spec import POLYNOMIAL, is_aic
 
 # docs/architecture.md "Polynomial timing baseline" (reference mocker polynomial model).

@@ -18,7 +18,7 @@ Formats
   ``input_length`` larger than ``len(hash_ids) * trace_block_size`` is clamped to that capacity.
 - **Synthetic**: ``synthetic:KIND?key=value&...`` — see :func:`parse_synthetic_spec`.
 
-Validation (both file formats): a malformed row raises :class:`~mocker.errors.TraceError` naming the
+Validation (both file formats): a malformed row raises :class:`~dynoplan.errors.TraceError` naming the
 file, the 1-based line number and the field: unparsable JSON or timestamp, a missing field, a length that
 is not a positive integer, a negative or non-finite timestamp, or a timestamp earlier than the previous
 row's. Rows must be in arrival order; dynoplan does **not** sort them, because silently reordering a
@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl
 import msgspec
 import numpy as np
 
-from mocker.errors import TraceError
+from dynoplan.errors import TraceError
 from mocker.records import TraceRequest
 
 __all__ = [

@@ -52,15 +52,15 @@ class KvTransferConfig:
     constructed directly; wrap user input in :func:`dynoplan.settings.check` (or ``build``) for ConfigError."""
 
     bandwidth_gbps: float = Field(
-        0.0, ge=0, description="Link bandwidth (GB/s, 1 GB/s = 1e9 bytes/s, finite, >= 0); 0 disables the transfer "
+        default=0.0, ge=0, description="Link bandwidth (GB/s, 1 GB/s = 1e9 bytes/s, finite, >= 0); 0 disables the transfer "
                                "delay (Dynamo Mocker's kv_transfer_bandwidth).")
     kv_bytes_per_token: int | None = Field(
-        None, gt=0, description="KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, mocker.modelcfg); "
+        default=None, gt=0, description="KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, mocker.modelcfg); "
                                 "required when bandwidth_gbps > 0 (Dynamo Mocker's kv_transfer_bytes_per_token).")
     timing: Literal["full_prompt", "destination_missing"] = Field(
-        "full_prompt", description="Which prompt tokens are charged: all, or only those whose blocks the "
+        default="full_prompt", description="Which prompt tokens are charged: all, or only those whose blocks the "
                                    "destination lacks.")
-    handoff: Literal["direct", "coordinated"] = Field("coordinated", description="Handoff path (module docstring).")
+    handoff: Literal["direct", "coordinated"] = Field(default="coordinated", description="Handoff path (module docstring).")
 
     def __post_init__(self) -> None:
         if self.bandwidth_gbps > 0 and self.kv_bytes_per_token is None:

@@ -2,7 +2,7 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
 lazily so that ``dynoplan replay`` does not import the planner's heavy dependencies (and vice versa).
-User mistakes (any ``MockerError`` / ``PlannerError``, or a path that cannot be read or created) print one
+User mistakes (any ``DynoplanError`` / ``DynoplanError``, or a path that cannot be read or created) print one
 line to stderr and exit 2; no traceback.
 """
 
@@ -13,6 +13,8 @@ import importlib
 import sys
 import typing
 from typing import Sequence
+
+from dynoplan.errors import DynoplanError
 
 # name -> (module path, one-line help). Registry only: no import-time side effects.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -29,13 +31,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = []
-    for mod, name in (("mocker.errors", "MockerError"), ("planner.errors", "PlannerError")):
-        try:
-            types.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(types)
+    """The errors a user mistake raises: the root of the project's exception tree (dynoplan.errors)."""
+    return (DynoplanError,)
 
 
 _PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)

@@ -13,7 +13,7 @@ from pathlib import Path
 from mocker.arguments import engine_config_from_args, one_line_error, positive_int
 from planner.arguments import add_engine_arguments, check_out_not_inputs
 from planner.core import save_profile
-from planner.sim.errors import SimulationConfigError
+from dynoplan.errors import SimulationConfigError
 from planner.sim.profile import ProfileSweep, profile_engine
 
 

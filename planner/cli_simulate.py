@@ -29,14 +29,14 @@ import yaml
 from mocker.arguments import (MAX_WORKERS, RATE_ENVELOPE_HELP, engine_config_from_args, failed_requests_note,
                               kv_transfer_from_args, nonneg_float, nonneg_int, one_line_error,
                               parse_engine_config_text, positive_float, read_engine_config_text, worker_count)
-from mocker.errors import MockerError
+from dynoplan.errors import DynoplanError
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
 from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
 from dynoplan.settings import check
 from planner.core import PlannerConfig, config_from_mapping, load_profile
 from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits, parse_cli_values
-from planner.errors import ConfigError, PlannerError, ProfileError
-from planner.sim.errors import SimulationConfigError
+from dynoplan.errors import ConfigError, DynoplanError, ProfileError
+from dynoplan.errors import SimulationConfigError
 from planner.sim.loop import SimSettings, simulate
 from planner.sim.profile import profile_engine
 from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
@@ -496,7 +496,7 @@ def _warm_start(path: str, interval_s: float, trace_block_size: int) -> list[Any
     of ``--trace``). Raises SimulationConfigError naming the flag and the reader's message."""
     try:
         return warm_start_windows(path, interval_s, trace_block_size=trace_block_size)
-    except (PlannerError, MockerError, OSError) as e:
+    except (DynoplanError, OSError) as e:
         msg = str(e) if not isinstance(e, OSError) else (e.strerror or str(e))
         raise SimulationConfigError(f"--warm-start {path}: {msg}") from None
 

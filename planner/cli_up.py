@@ -53,7 +53,7 @@ import yaml
 
 from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
-from planner.errors import ConfigError, PlannerError, ProfileError
+from dynoplan.errors import ConfigError, DynoplanError, ProfileError
 from planner.live.config import load_stack_config, worker_engines
 from planner.whatif import EngineFleetEvaluator
 

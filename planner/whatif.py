@@ -163,10 +163,10 @@ def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin"
     simulation (``simulated_sizing`` off, or planning one half of a disaggregated deployment, ``mode: prefill``
     or ``decode``: a what-if fleet needs both halves); the engine settings are validated all the same.
 
-    Raises :class:`planner.errors.ConfigError` naming ``where.<field>``, the value and what was expected
+    Raises :class:`dynoplan.errors.ConfigError` naming ``where.<field>``, the value and what was expected
     (mocker's validation), or ``where`` itself when it is not a mapping."""
-    from mocker.errors import ConfigError as MockerConfigError
-    from planner.errors import ConfigError
+    from dynoplan.errors import ConfigError as MockerConfigError
+    from dynoplan.errors import ConfigError
 
     if engine is None:
         engine = {}

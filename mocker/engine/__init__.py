@@ -12,7 +12,7 @@ from mocker.config import EngineConfig
 from mocker.engine.base import CoreCapabilities, EngineCore, PassOutcome
 from mocker.engine.sglang import SglangCore
 from mocker.engine.vllm import TrtllmCore, VllmCore
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 CORES: dict[str, type[VllmCore] | type[SglangCore]] = {"vllm": VllmCore, "trtllm": TrtllmCore, "sglang": SglangCore}
 

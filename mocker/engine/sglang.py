@@ -54,7 +54,7 @@ import numpy as np
 
 from mocker.config import EngineConfig
 from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
 from mocker.engine.timeline import PassTimeline

@@ -50,7 +50,7 @@ import numpy as np
 from mocker.config import EngineConfig
 from mocker.engine.base import (DECODE_STEP, FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, ScheduleOutcome,
                                 ScheduledWork, population_variance, queued_requests)
-from mocker.errors import ConfigError, SimulationError
+from dynoplan.errors import ConfigError, SimulationError
 from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from mocker.errors import ConfigError, SimulationError
+from dynoplan.errors import ConfigError, SimulationError
 from mocker.fleet.handoff import HandoffMixin
 from mocker.fleet.pools import (EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_READY, POOLS_DISAGG, EngineState,
                                 FleetEvent, Pool, PoolCounts, Worker)

@@ -19,7 +19,7 @@ from math import inf, nextafter
 from typing import TYPE_CHECKING, Any, Callable
 
 from mocker.engine import CORES
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, FleetEvent, Pool, Worker
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent

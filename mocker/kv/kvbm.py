@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeGuard
 
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 from mocker.kv.events import TupleSink
 from mocker.kv.manager import BlockKvManager
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 
 
 def engine_block_keys(hash_ids: Sequence[int] | None, input_length: int, block_size: int,

@@ -32,7 +32,7 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 
 CHAIN_SEED = 0x5EED
 """First value of the trace-block key chain (shared with :func:`mocker.kv.manager.engine_block_keys`)."""

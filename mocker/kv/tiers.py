@@ -53,7 +53,7 @@ from pydantic import Field
 
 from dynoplan.settings import Problems, check, settings
 from mocker.config import TIER_LINKS, EngineConfig, LinkGBps, PositiveInt, TierBlocks, tier_problems
-from mocker.errors import ConfigError, SimulationError
+from dynoplan.errors import ConfigError, SimulationError
 
 GB = 1e9
 """Bytes per GB (decimal, as link bandwidths are quoted)."""
@@ -161,19 +161,19 @@ class TierConfig:
     constructed directly, ConfigError from :meth:`from_engine`."""
 
     bytes_per_block: PositiveInt = Field(description="KV bytes of one block = block_size * kv_bytes_per_token (bytes).")
-    num_g2_blocks: TierBlocks = Field(_ENGINE.num_g2_blocks, description="Host blocks per worker (0 = no G2).")
+    num_g2_blocks: TierBlocks = Field(default=_ENGINE.num_g2_blocks, description="Host blocks per worker (0 = no G2).")
     num_g3_blocks: TierBlocks = Field(
-        _ENGINE.num_g3_blocks, description="Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage "
+        default=_ENGINE.num_g3_blocks, description="Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage "
                                            "through it).")
-    g4: bool = Field(_ENGINE.g4, description="Shared object tier of unbounded size (needs G2).")
-    offload_batch_size: PositiveInt = Field(_ENGINE.offload_batch_size,
+    g4: bool = Field(default=_ENGINE.g4, description="Shared object tier of unbounded size (needs G2).")
+    offload_batch_size: PositiveInt = Field(default=_ENGINE.offload_batch_size,
                                             description="Blocks per G1->G2 offload transfer (blocks).")
-    bw_g1_g2_gbps: LinkGBps = Field(_ENGINE.bw_g1_g2_gbps, description="Device->host (offload) bandwidth per worker (GB/s).")
-    bw_g2_g1_gbps: LinkGBps = Field(_ENGINE.bw_g2_g1_gbps, description="Host->device (onboard) bandwidth per worker (GB/s).")
-    bw_g2_g3_gbps: LinkGBps = Field(_ENGINE.bw_g2_g3_gbps, description="Host->disk bandwidth, shared (GB/s).")
-    bw_g3_g2_gbps: LinkGBps = Field(_ENGINE.bw_g3_g2_gbps, description="Disk->host bandwidth, shared (GB/s).")
-    bw_g3_g4_gbps: LinkGBps = Field(_ENGINE.bw_g3_g4_gbps, description="Disk->object bandwidth, shared (GB/s).")
-    bw_g4_g2_gbps: LinkGBps = Field(_ENGINE.bw_g4_g2_gbps, description="Object->host bandwidth, shared (GB/s).")
+    bw_g1_g2_gbps: LinkGBps = Field(default=_ENGINE.bw_g1_g2_gbps, description="Device->host (offload) bandwidth per worker (GB/s).")
+    bw_g2_g1_gbps: LinkGBps = Field(default=_ENGINE.bw_g2_g1_gbps, description="Host->device (onboard) bandwidth per worker (GB/s).")
+    bw_g2_g3_gbps: LinkGBps = Field(default=_ENGINE.bw_g2_g3_gbps, description="Host->disk bandwidth, shared (GB/s).")
+    bw_g3_g2_gbps: LinkGBps = Field(default=_ENGINE.bw_g3_g2_gbps, description="Disk->host bandwidth, shared (GB/s).")
+    bw_g3_g4_gbps: LinkGBps = Field(default=_ENGINE.bw_g3_g4_gbps, description="Disk->object bandwidth, shared (GB/s).")
+    bw_g4_g2_gbps: LinkGBps = Field(default=_ENGINE.bw_g4_g2_gbps, description="Object->host bandwidth, shared (GB/s).")
 
     def __post_init__(self) -> None:
         p = tier_problems(self.num_g2_blocks, self.num_g3_blocks, self.g4)

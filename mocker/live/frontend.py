@@ -75,7 +75,8 @@ from dynoplan.settings import Problems, settings
 from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
-from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
+from dynoplan.errors import RequestError
+from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
 from mocker.live.tokenizer import continuation_hash_ids
@@ -91,17 +92,17 @@ class FrontendSettings:
     """Settings of the live frontend (``dynoplan frontend`` flags). Bad values: pydantic's ``ValidationError``
     when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
-    host: str = Field("127.0.0.1", description="Bind address.")
-    port: int = Field(8080, ge=0, le=65535, description="HTTP port (0 = any free port).")
-    workers: tuple[str, ...] = Field((), description="Static worker base URLs (http:// or https://).")
-    workers_file: str | None = Field(None, description="A file of worker URLs, re-read when it changes.")
-    router: RouterName = Field("round_robin", description="Routing policy: round_robin, least_loaded or kv.")
-    model_name: str = Field("mocker", description="Served model name.")
+    host: str = Field(default="127.0.0.1", description="Bind address.")
+    port: int = Field(default=8080, ge=0, le=65535, description="HTTP port (0 = any free port).")
+    workers: tuple[str, ...] = Field(default=(), description="Static worker base URLs (http:// or https://).")
+    workers_file: str | None = Field(default=None, description="A file of worker URLs, re-read when it changes.")
+    router: RouterName = Field(default="round_robin", description="Routing policy: round_robin, least_loaded or kv.")
+    model_name: str = Field(default="mocker", description="Served model name.")
     poll_s: float = Field(
-        0.5, gt=0, description="How often the workers file is checked and unready workers are probed (s).")
-    max_retries: int = Field(3, ge=0, description="Re-routes per request after worker failures.")
+        default=0.5, gt=0, description="How often the workers file is checked and unready workers are probed (s).")
+    max_retries: int = Field(default=3, ge=0, description="Re-routes per request after worker failures.")
     pd_mode: Literal["direct", "bootstrap"] = Field(
-        "direct", description="Disaggregated hand-off: direct (prefill, then decode) or bootstrap (both at once, the "
+        default="direct", description="Disaggregated hand-off: direct (prefill, then decode) or bootstrap (both at once, the "
                               "decode worker waits on the prefill worker's bootstrap port); bootstrap needs prefill "
                               "workers that have one.")
 

@@ -60,13 +60,13 @@ class LoadgenSettings:
     when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
     url: str = Field(description="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080.")
-    model: str = Field("mocker", description="Model name to request.")
-    endpoint: Endpoint = Field("completions", description="API to call: completions or chat.")
-    time_compression: float = Field(1.0, gt=0, description="Arrival times are divided by this (dimensionless, > 0).")
-    max_concurrency: int = Field(0, ge=0, description="Max requests in flight; 0 = unbounded.")
+    model: str = Field(default="mocker", description="Model name to request.")
+    endpoint: Endpoint = Field(default="completions", description="API to call: completions or chat.")
+    time_compression: float = Field(default=1.0, gt=0, description="Arrival times are divided by this (dimensionless, > 0).")
+    max_concurrency: int = Field(default=0, ge=0, description="Max requests in flight; 0 = unbounded.")
     prompt_mode: PromptMode = Field(
-        "length", description="length: send input_length/hash_ids extension fields; text: a generated prompt.")
-    request_timeout_s: float = Field(600.0, gt=0, description="Per-request timeout (s); a timed-out request counts as failed.")
+        default="length", description="length: send input_length/hash_ids extension fields; text: a generated prompt.")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout (s); a timed-out request counts as failed.")
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)

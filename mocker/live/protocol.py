@@ -25,24 +25,13 @@ from typing import Any, Callable, Literal
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from dynoplan.errors import RequestError
 from mocker.live.tokenizer import block_hash_ids, render_chat, tokenize
 
 Kind = Literal["completion", "chat"]
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's documented default of ``max_tokens`` for completions; used for chat too (documented here)."""
-
-
-class RequestError(Exception):
-    """A bad request: rendered as an OpenAI error body with ``status``."""
-
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,14 +59,15 @@ from pydantic import Field
 from dynoplan.settings import settings
 from mocker.config import EngineConfig
 from mocker.engine.base import EngineCore, PassOutcome
-from mocker.errors import MockerError
+from dynoplan.errors import DynoplanError
 from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
 from mocker.kv.kvbm import EventingKvbmBlockManager, KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
 from mocker.kv.radix import RadixCache
 from mocker.live.driver import RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
-from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, RequestError, chunk_body, full_body, now_s, parse_request,
+from dynoplan.errors import RequestError
+from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, chunk_body, full_body, now_s, parse_request,
                                   response_id, usage, usage_chunk)
 from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEventBatch, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
@@ -86,24 +87,24 @@ class WorkerSettings:
     when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The simulated engine (one per DP rank).")
-    host: str = Field("127.0.0.1", description="Bind address.")
-    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free port).")
-    model_name: str = Field("mocker", description="Served model name (/v1/models; requests for another model get 404).")
-    worker_id: int = Field(0, description="Worker id reported in ForwardPassMetrics and KV events.")
+    host: str = Field(default="127.0.0.1", description="Bind address.")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0 = any free port).")
+    model_name: str = Field(default="mocker", description="Served model name (/v1/models; requests for another model get 404).")
+    worker_id: int = Field(default=0, description="Worker id reported in ForwardPassMetrics and KV events.")
     max_model_len: int | None = Field(
-        None, ge=2, description="Max prompt + output tokens; None = the KV capacity of one rank (a longer request "
+        default=None, ge=2, description="Max prompt + output tokens; None = the KV capacity of one rank (a longer request "
                                 "could never run).")
     fpm_endpoint: str | None = Field(
-        "tcp://127.0.0.1:0", description="ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port).")
-    kv_events_endpoint: str | None = Field("tcp://127.0.0.1:0", description="ZMQ PUB endpoint of KV events (None = off).")
-    heartbeat_s: float = Field(1.0, gt=0, description="Idle FPM heartbeat period (s).")
+        default="tcp://127.0.0.1:0", description="ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port).")
+    kv_events_endpoint: str | None = Field(default="tcp://127.0.0.1:0", description="ZMQ PUB endpoint of KV events (None = off).")
+    heartbeat_s: float = Field(default=1.0, gt=0, description="Idle FPM heartbeat period (s).")
     kv_bytes_per_token: int = Field(
-        0, ge=0, description="Decode role: KV bytes per prompt token for the transfer delay (0 = no delay).")
+        default=0, ge=0, description="Decode role: KV bytes per prompt token for the transfer delay (0 = no delay).")
     kv_transfer_bandwidth_gbps: float = Field(
-        0.0, ge=0, description="Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay).")
-    keep_records: int = Field(200_000, ge=0, description="Finished records kept for GET /records.")
+        default=0.0, ge=0, description="Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay).")
+    keep_records: int = Field(default=200_000, ge=0, description="Finished records kept for GET /records.")
     bootstrap_port: int | None = Field(
-        None, ge=0, le=65535, description="Prefill role: TCP port of the bootstrap handoff server (0 = any free port; "
+        default=None, ge=0, le=65535, description="Prefill role: TCP port of the bootstrap handoff server (0 = any free port; "
                                           "None = off).")
 
 
@@ -444,7 +445,7 @@ class Worker:
         try:
             st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
                             prefilled=self.cfg.worker_type == "decode" and prefill_done, arrival_ms=received_ms)
-        except (MockerError, ValueError) as e:  # the core refused the request: a 400, never a crash
+        except (DynoplanError, ValueError) as e:  # the core refused the request: a 400, never a crash
             return self._error(RequestError(f"request refused by the engine: {e}"))
         if room is not None and self.cfg.worker_type == "prefill":
             self._room_of[rid] = room

@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 
 from planner.core import PoolState
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 log = logging.getLogger("dynoplan.local")
 

@@ -37,7 +37,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from planner.core import PoolState
-from planner.errors import PlannerError
+from dynoplan.errors import DynoplanError, VirtualConnectorError
 
 log = logging.getLogger("dynoplan.virtual")
 
@@ -83,7 +83,7 @@ class VirtualConnector:
                 self.info = DecisionInfo(**d)
                 self._id_base = int(self.info.decision_id or 0)
             except (ValueError, TypeError) as e:
-                raise PlannerError(f"{self.state_file}: cannot read VirtualConnector state: {e}") from None
+                raise DynoplanError(f"{self.state_file}: cannot read VirtualConnector state: {e}") from None
 
     # ---------------------------------------------------------------- ids
     def to_wire_id(self, core_id: int) -> int:
@@ -233,15 +233,6 @@ class VirtualConnector:
         self.info.replicas.update(reps)
         self._save()
         return web.json_response(self.info.to_dict())
-
-
-class VirtualConnectorError(PlannerError):
-    """An HTTP error answer of the VirtualConnector API (``status``, server message), or ``status`` 0 when the
-    planner could not be reached at all (refused, timed out: e.g. while it restarts; retry later)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(f"VirtualConnector HTTP {status}: {message}" if status else f"VirtualConnector: {message}")
 
 
 class VirtualConnectorClient:

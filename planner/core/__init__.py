@@ -37,7 +37,7 @@ Building blocks (for tests and tools)
     predictors ``make_predictor(name, config)``; sizing ``size_prefill``, ``size_decode``; load
     ``PassTimeRegression``, ``estimate_ttft_ms``, ``estimate_itl_ms``; budget ``apply_limits``.
 
-Errors: :mod:`planner.errors` (``PlannerError`` root; ``ConfigError``, ``ProfileError``, ``TraceError``,
+Errors: :mod:`dynoplan.errors` (``DynoplanError`` root; ``ConfigError``, ``ProfileError``, ``TraceError``,
 ``ObservationError``).
 """
 

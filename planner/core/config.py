@@ -11,7 +11,7 @@ The class is a :func:`dynoplan.settings.settings` model: strict types (a bool is
 not a number), unknown keys rejected, field bounds checked by pydantic; the cross-field checks
 (:meth:`PlannerConfig.__post_init__`) raise :class:`~dynoplan.settings.Problems` with every line at once.
 Direct construction raises pydantic's ``ValidationError``; the functions below raise
-:class:`~planner.errors.ConfigError` with one ``field=value: expected ...`` line per problem.
+:class:`~dynoplan.errors.ConfigError` with one ``field=value: expected ...`` line per problem.
 
 Sources: :func:`config_from_mapping` (a dict, e.g. parsed YAML/JSON; nested ``prefill:``/``decode:``/
 ``agg:`` pool sections or flat ``prefill_min_replicas`` keys; ``cli=True`` for ``KEY=VALUE`` text),
@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from dynoplan.settings import Problems, build, settings
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 MAX_TTFT_MS = 3_600_000.0
 """Largest TTFT target accepted (one hour): beyond it no sizing rule has anything to say, and the tail
@@ -66,11 +66,11 @@ Candidate = Literal["constant", "arima", "kalman", "prophet"]
 class PoolLimits:
     """Replica limits of one worker pool (prefill, decode or agg)."""
 
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
+    min_replicas: int = Field(default=1, ge=0, description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
                                                    "min_endpoint, docs/architecture.md \"Planner facts\").")
-    max_replicas: int | None = Field(None, ge=0, description="Most replicas the planner requests, >= 0; null (the "
+    max_replicas: int | None = Field(default=None, ge=0, description="Most replicas the planner requests, >= 0; null (the "
                                                              "default) = only the GPU budget limits it.")
-    gpus_per_engine: int = Field(1, ge=1, description="GPUs one replica occupies, >= 1 (default 1).")
+    gpus_per_engine: int = Field(default=1, ge=1, description="GPUs one replica occupies, >= 1 (default 1).")
 
 
 def _pool() -> PoolLimits:
@@ -82,114 +82,114 @@ class PlannerConfig:
     """Every knob of the planner core. Construct directly or via :func:`config_from_mapping`.
 
     Direct construction raises pydantic's ``ValidationError`` (a ``ValueError``); :func:`config_from_mapping`
-    raises :class:`~planner.errors.ConfigError` listing every invalid field at once.
+    raises :class:`~dynoplan.errors.ConfigError` listing every invalid field at once.
     """
 
-    mode: Mode = Field("disagg", description="Pools planned: disagg (prefill + decode), prefill, decode (that pool "
+    mode: Mode = Field(default="disagg", description="Pools planned: disagg (prefill + decode), prefill, decode (that pool "
                                              "only) or agg (one aggregated pool); default disagg.")
-    throughput_enabled: bool = Field(True, description="Run the throughput-based loop (predict demand, size from "
+    throughput_enabled: bool = Field(default=True, description="Run the throughput-based loop (predict demand, size from "
                                                        "the performance profile); default true.")
-    load_enabled: bool = Field(False, description="Run the load-based loop on ForwardPassMetrics (+/-1 replica per "
+    load_enabled: bool = Field(default=False, description="Run the load-based loop on ForwardPassMetrics (+/-1 replica per "
                                                   "load interval); default false.")
-    adjustment_interval_s: float = Field(180.0, gt=0, description="Throughput loop period, seconds > 0 (default "
+    adjustment_interval_s: float = Field(default=180.0, gt=0, description="Throughput loop period, seconds > 0 (default "
                                                                   "180, Dynamo adjustment_interval).")
-    load_adjustment_interval_s: float = Field(5.0, gt=0, description="Load loop period, seconds > 0 (default 5); "
+    load_adjustment_interval_s: float = Field(default=5.0, gt=0, description="Load loop period, seconds > 0 (default 5); "
                                                                      "must be shorter than adjustment_interval_s.")
-    ttft_ms: float = Field(500.0, gt=0, le=MAX_TTFT_MS, description="TTFT SLA, milliseconds, 0 < value <= 3600000 "
+    ttft_ms: float = Field(default=500.0, gt=0, le=MAX_TTFT_MS, description="TTFT SLA, milliseconds, 0 < value <= 3600000 "
                                                                     "(default 500).")
-    itl_ms: float = Field(50.0, gt=0, le=MAX_ITL_MS, description="ITL SLA, milliseconds, 0 < value <= 10000 "
+    itl_ms: float = Field(default=50.0, gt=0, le=MAX_ITL_MS, description="ITL SLA, milliseconds, 0 < value <= 10000 "
                                                                  "(default 50).")
-    correction_enabled: bool = Field(True, description="Apply correction factors actual/expected TTFT (prefill) "
+    correction_enabled: bool = Field(default=True, description="Apply correction factors actual/expected TTFT (prefill) "
                                                        "and ITL (decode); false = factors 1. Default true.")
-    predictor: Predictor = Field("arima", description="Demand predictor: constant, arima, kalman, prophet or auto "
+    predictor: Predictor = Field(default="arima", description="Demand predictor: constant, arima, kalman, prophet or auto "
                                                       "(default arima, the Dynamo default).")
-    predictor_log1p: bool = Field(False, description="ARIMA: fit on log1p(values) and predict expm1 (reference "
+    predictor_log1p: bool = Field(default=False, description="ARIMA: fit on log1p(values) and predict expm1 (reference "
                                                      "option); default false.")
-    predictor_min_points: int = Field(5, ge=1, description="ARIMA / Prophet: points needed before the model is "
+    predictor_min_points: int = Field(default=5, ge=1, description="ARIMA / Prophet: points needed before the model is "
                                                            "used (constant fallback before), >= 1 (default 5).")
-    arima_refit_every: int = Field(10, ge=1, description="ARIMA: when the fitted model is degenerate (order "
+    arima_refit_every: int = Field(default=10, ge=1, description="ARIMA: when the fitted model is degenerate (order "
                                                          "(0,d,0)), refit after this many new points, >= 1 "
                                                          "(default 10).")
-    kalman_q_level: float = Field(1.0, ge=0, description="Kalman: process noise of the level, >= 0 (default 1.0, "
+    kalman_q_level: float = Field(default=1.0, ge=0, description="Kalman: process noise of the level, >= 0 (default 1.0, "
                                                          "docs/architecture.md \"Load predictors\").")
-    kalman_q_trend: float = Field(0.1, ge=0, description="Kalman: process noise of the trend, >= 0 (default 0.1, "
+    kalman_q_trend: float = Field(default=0.1, ge=0, description="Kalman: process noise of the trend, >= 0 (default 0.1, "
                                                          "docs/architecture.md \"Load predictors\").")
-    kalman_r: float = Field(10.0, ge=0, description="Kalman: measurement noise, >= 0 (default 10.0, "
+    kalman_r: float = Field(default=10.0, ge=0, description="Kalman: measurement noise, >= 0 (default 10.0, "
                                                  "docs/architecture.md \"Load predictors\").")
-    kalman_min_points: int = Field(5, ge=1, description="Kalman: points needed before the filter is used, >= 1 "
+    kalman_min_points: int = Field(default=5, ge=1, description="Kalman: points needed before the filter is used, >= 1 "
                                                         "(default 5, docs/architecture.md \"Load predictors\").")
-    prophet_window: int = Field(50, ge=1, description="Prophet: fit on the last this-many points, >= 1 (default "
+    prophet_window: int = Field(default=50, ge=1, description="Prophet: fit on the last this-many points, >= 1 (default "
                                                       "50, docs/architecture.md \"Load predictors\").")
-    prophet_refit_every: int = Field(1, ge=1, description="Prophet: refit every this-many intervals, >= 1 (1 = "
+    prophet_refit_every: int = Field(default=1, ge=1, description="Prophet: refit every this-many intervals, >= 1 (1 = "
                                                           "every interval, the reference); in between, predict "
                                                           "from the last fit. The three series (count, ISL, OSL) "
                                                           "are staggered so a tick carries one fit.")
-    auto_candidates: tuple[Candidate, ...] = Field(("constant", "kalman", "arima"), min_length=1, description=(
+    auto_candidates: tuple[Candidate, ...] = Field(default=("constant", "kalman", "arima"), min_length=1, description=(
         "auto predictor: candidates whose rolling one-step error is compared, a non-empty list of constant, "
         "arima, kalman, prophet (default constant, kalman, arima)."))
-    auto_error_window: int = Field(10, ge=1, description="auto predictor: number of recent one-step absolute "
+    auto_error_window: int = Field(default=10, ge=1, description="auto predictor: number of recent one-step absolute "
                                                          "errors averaged, >= 1 (default 10).")
     prefill: PoolLimits = Field(default_factory=_pool, description="Replica limits of the prefill pool.")
     decode: PoolLimits = Field(default_factory=_pool, description="Replica limits of the decode pool.")
     agg: PoolLimits = Field(default_factory=_pool, description="Replica limits of the aggregated pool.")
-    max_gpu_budget: int = Field(8, ge=0, description="Total GPUs all pools may occupy, counting every replica "
+    max_gpu_budget: int = Field(default=8, ge=0, description="Total GPUs all pools may occupy, counting every replica "
                                                      "requested, >= 0 (default 8, docs/architecture.md \"Planner facts\").")
-    min_gpu_budget: int = Field(0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the "
+    min_gpu_budget: int = Field(default=0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the "
                                                      "default, = no minimum).")
-    load_prefill_window_s: float = Field(30.0, gt=0, description=(
+    load_prefill_window_s: float = Field(default=30.0, gt=0, description=(
         "Load loop, agg ITL estimate: each engine's prefill work rate (prefill tokens per second of pass wall "
         "time) is taken over the passes it reported in the last this-many seconds, > 0 (default 30: several load "
         "intervals, so the few passes relayed per tick average out; planner.core.load.estimate_itl_ms)."))
-    load_sensitivity: float = Field(0.8, gt=0, le=1, description="Load loop: scale down only when every engine is "
+    load_sensitivity: float = Field(default=0.8, gt=0, le=1, description="Load loop: scale down only when every engine is "
                                                                  "below SLA x this factor, 0 < value <= 1 (default "
                                                                  "0.8).")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="Engine chunk size used to simulate the prefill "
+    max_num_batched_tokens: int = Field(default=8192, ge=1, description="Engine chunk size used to simulate the prefill "
                                                                 "queue for the TTFT estimate, tokens >= 1 (default "
                                                                 "8192).")
-    regression_buckets: int = Field(16, ge=1, description="Load regressions: token-count buckets (log2-spaced) "
+    regression_buckets: int = Field(default=16, ge=1, description="Load regressions: token-count buckets (log2-spaced) "
                                                           "used to retain samples evenly, >= 1 (default 16).")
-    regression_samples_per_bucket: int = Field(32, ge=1, description="Load regressions: most recent samples kept "
+    regression_samples_per_bucket: int = Field(default=32, ge=1, description="Load regressions: most recent samples kept "
                                                                      "per bucket (memory is bounded by buckets x "
                                                                      "this), >= 1 (default 32).")
-    regression_min_samples: int = Field(8, ge=2, description="Load regressions: samples needed before an estimate "
+    regression_min_samples: int = Field(default=8, ge=2, description="Load regressions: samples needed before an estimate "
                                                              "is made (none = unknown), >= 2 (default 8).")
-    engine_stale_s: float = Field(30.0, gt=0, description="An engine that sent no ForwardPassMetrics for this long "
+    engine_stale_s: float = Field(default=30.0, gt=0, description="An engine that sent no ForwardPassMetrics for this long "
                                                           "is no longer counted, seconds > 0 (default 30).")
-    pending_timeout_s: float = Field(1800.0, gt=0, description="A decision not reflected in ready replicas after "
+    pending_timeout_s: float = Field(default=1800.0, gt=0, description="A decision not reflected in ready replicas after "
                                                                "this long is abandoned and re-planned, seconds > 0 "
                                                                "(default 1800, Dynamo VirtualConnector timeout).")
-    scale_down_cooldown_s: float = Field(0.0, ge=0, description="No scale-down of a pool within this long after it "
+    scale_down_cooldown_s: float = Field(default=0.0, ge=0, description="No scale-down of a pool within this long after it "
                                                                 "was scaled up, seconds >= 0 (0, the default, = "
                                                                 "off).")
-    external_change_grace_s: float = Field(180.0, ge=0, description="After adopting a replica count set by someone "
+    external_change_grace_s: float = Field(default=180.0, ge=0, description="After adopting a replica count set by someone "
                                                                     "else, leave that pool alone this long, seconds "
                                                                     ">= 0 (default 180).")
-    load_max_scale_up_factor: float = Field(2.0, ge=1, description=(
+    load_max_scale_up_factor: float = Field(default=2.0, ge=1, description=(
         "Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this)) "
         "replicas (at least +1), >= 1 (default 2; 1.0 = the reference's +1 per interval)."))
-    first_sizing_s: float | None = Field(30.0, gt=0, description=(
+    first_sizing_s: float | None = Field(default=30.0, gt=0, description=(
         "Early sizing: at start + this (seconds > 0), size every pool from the traffic seen since the start (its "
         "count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of "
         "waiting a whole adjustment_interval_s with whatever fleet was deployed; the predictors are not fed. "
         "Default 30: it holds a few hundred requests at a few requests per second (the count is within ~10 %) and "
         "leaves a 60 s start-up well inside the first interval. A value >= adjustment_interval_s means no early "
         "sizing. null = off (reference: first sizing at start + interval)."))
-    demand_error_quantile: float | None = Field(0.9, gt=0, le=1, description=(
+    demand_error_quantile: float | None = Field(default=0.9, gt=0, le=1, description=(
         "Burst-aware demand: the predicted request count is multiplied by this quantile (0 < value <= 1, default "
         "0.9) of the recent one-step ratios observed / predicted (floored at 1, so it never shrinks demand), the "
         "load the fleet must expect given how far the predictor has been short; null = off (size for the point "
         "prediction, reference)."))
-    demand_error_window: int = Field(20, ge=1, description="Burst-aware demand: most recent ratios kept, >= 1 "
+    demand_error_window: int = Field(default=20, ge=1, description="Burst-aware demand: most recent ratios kept, >= 1 "
                                                            "(default 20).")
-    demand_error_min_points: int = Field(3, ge=1, description="Burst-aware demand: ratios needed before the factor "
+    demand_error_min_points: int = Field(default=3, ge=1, description="Burst-aware demand: ratios needed before the factor "
                                                               "is applied (1 before), >= 1 (default 3).")
-    simulated_sizing: bool = Field(True, description=(
+    simulated_sizing: bool = Field(default=True, description=(
         "Throughput loop: size the pools by simulation (planner.core.sizing) -- replay a traffic sample of the "
         "coming interval through candidate fleets of the deployment's engines and take the cheapest whose "
         "simulated attainment meets sla_attainment_target by a binomial bound. Used when the driver gives the "
         "planner an engine model (Planner(..., evaluator=)) and the target is set; otherwise, or false, the "
         "closed-form sizing of planner.core.throughput. Default true."))
-    sla_attainment_target: float | None = Field(0.995, gt=0, lt=1, description=(
+    sla_attainment_target: float | None = Field(default=0.995, gt=0, lt=1, description=(
         "Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < value < 1 (default "
         "0.995): the bar of the sizing by simulation (planner.core.sizing). null = size by the closed-form "
         "reference formulas."))

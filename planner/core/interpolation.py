@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from planner.errors import ProfileError
+from dynoplan.errors import ProfileError
 
 FloatArray = npt.NDArray[np.float64]
 

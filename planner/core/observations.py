@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from planner.errors import ObservationError
+from dynoplan.errors import ObservationError
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from planner.core.observations import Observations, TrafficWindow
 from planner.core.predictors import _single_thread_blas
 from planner.core.reasons import ACTION_REASONS, Reason
 from planner.core.sizing import FleetEvaluator
-from planner.errors import ConfigError, ObservationError
+from dynoplan.errors import ConfigError, ObservationError
 
 _EPS = 1e-9
 

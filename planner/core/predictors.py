@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -19,7 +19,7 @@ Each section is a :func:`dynoplan.settings.settings` model (:class:`StackFileSet
 :class:`ServiceSection`, :class:`FrontendSection`, :class:`FleetSection`, :class:`PrometheusSection`); every
 default is in its ``Field``. The ``planner:`` section is a :class:`~planner.core.config.PlannerConfig` with two
 defaults of the live stack (:data:`LIVE_ENGINE_STALE_S`, :func:`_load_interval_default`).
-:func:`load_stack_config` validates everything at once and raises :class:`~planner.errors.ConfigError`
+:func:`load_stack_config` validates everything at once and raises :class:`~dynoplan.errors.ConfigError`
 naming each bad field, its value and what was expected.
 """
 
@@ -35,7 +35,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from dynoplan.settings import build, settings
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 LIVE_ENGINE_STALE_S = 5.0
 """``planner.engine_stale_s`` when the stack file does not set it (the core's default is 30 s): live workers
@@ -86,20 +86,20 @@ Seconds = Annotated[float, Field(gt=0)]
 class ServiceSection:
     """``service:``: the planner's HTTP listener (dashboard, ``/api/state``, ``/metrics``, ``/v1/virtual``)."""
 
-    host: Text = Field("127.0.0.1", description="Address the planner listens on (default 127.0.0.1).")
-    port: Port = Field(8090, description="TCP port, 0..65535 (default 8090; 0 = a free port).")
-    token: Text | None = Field(None, description="Bearer token the HTTP API requires; null (the default) = none.")
+    host: Text = Field(default="127.0.0.1", description="Address the planner listens on (default 127.0.0.1).")
+    port: Port = Field(default=8090, description="TCP port, 0..65535 (default 8090; 0 = a free port).")
+    token: Text | None = Field(default=None, description="Bearer token the HTTP API requires; null (the default) = none.")
 
 
 @settings
 class FrontendSection:
     """``frontend:``: the OpenAI-compatible frontend ``dynoplan up`` starts in front of the workers."""
 
-    port: Port = Field(8080, description="TCP port, 0..65535 (default 8080; 0 = a free port).")
-    router: Literal["round_robin", "least_loaded", "kv"] = Field("least_loaded", description=(
+    port: Port = Field(default=8080, description="TCP port, 0..65535 (default 8080; 0 = a free port).")
+    router: Literal["round_robin", "least_loaded", "kv"] = Field(default="least_loaded", description=(
         "Request routing across workers: round_robin, least_loaded (the default) or kv."))
-    poll_s: Seconds = Field(0.25, description="Worker discovery poll period, seconds > 0 (default 0.25).")
-    model_name: Text = Field("mocker", description="Model name the frontend serves (default mocker).")
+    poll_s: Seconds = Field(default=0.25, description="Worker discovery poll period, seconds > 0 (default 0.25).")
+    model_name: Text = Field(default="mocker", description="Model name the frontend serves (default mocker).")
 
 
 @settings
@@ -112,11 +112,11 @@ class FleetSection:
     worker_args: dict[str, tuple[Flag, ...]] = Field(default_factory=dict, description=(
         "mocker serve flags per pool; also the engine the sizing by simulation replays (worker_engines). "
         "Default none."))
-    drain_grace_s: Seconds = Field(1.5, description="Time a worker removed from routing gets to finish its "
+    drain_grace_s: Seconds = Field(default=1.5, description="Time a worker removed from routing gets to finish its "
                                                     "requests before it is stopped, seconds > 0 (default 1.5).")
-    drain_timeout_s: Seconds = Field(60.0, description="Longest wait for a stopped worker to exit, seconds > 0 "
+    drain_timeout_s: Seconds = Field(default=60.0, description="Longest wait for a stopped worker to exit, seconds > 0 "
                                                        "(default 60).")
-    ready_timeout_s: Seconds = Field(60.0, description="Longest wait for a started worker's /ready, seconds > 0 "
+    ready_timeout_s: Seconds = Field(default=60.0, description="Longest wait for a started worker's /ready, seconds > 0 "
                                                        "(default 60).")
 
 
@@ -124,21 +124,21 @@ class FleetSection:
 class PrometheusSection:
     """``prometheus:``: where the planner's metrics come from."""
 
-    enabled: Annotated[Literal["auto", "true", "false"], BeforeValidator(_bool_text)] = Field("auto", description=(
+    enabled: Annotated[Literal["auto", "true", "false"], BeforeValidator(_bool_text)] = Field(default="auto", description=(
         "auto (the default): start a Prometheus if the prometheus binary is installed, else scrape the workers "
         "directly; true: start one (the binary is required); false: scrape directly."))
-    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(None, description=(
+    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(default=None, description=(
         "An existing server's http:// or https:// URL to use instead of starting one; null (the default) = "
         "start or scrape as enabled says."))
-    port: Port = Field(0, description="Port of the Prometheus `up` starts, 0..65535 (0, the default, = a free "
+    port: Port = Field(default=0, description="Port of the Prometheus `up` starts, 0..65535 (0, the default, = a free "
                                       "port).")
-    scrape_interval_s: Seconds = Field(1.0, description="Scrape interval, seconds > 0 (default 1).")
-    timeout_s: Seconds = Field(5.0, description="HTTP timeout of one query, seconds > 0 (default 5).")
-    namespace: Text | None = Field(None, description="Metrics namespace (prefix) of the workers' series; null "
+    scrape_interval_s: Seconds = Field(default=1.0, description="Scrape interval, seconds > 0 (default 1).")
+    timeout_s: Seconds = Field(default=5.0, description="HTTP timeout of one query, seconds > 0 (default 5).")
+    namespace: Text | None = Field(default=None, description="Metrics namespace (prefix) of the workers' series; null "
                                                      "(the default) = the mocker's.")
-    bearer_token: Text | None = Field(None, description="Bearer token sent to the server; null (the default) = "
+    bearer_token: Text | None = Field(default=None, description="Bearer token sent to the server; null (the default) = "
                                                         "none.")
-    ca_file: Text | None = Field(None, description="PEM CA bundle for an https:// server, relative to the stack "
+    ca_file: Text | None = Field(default=None, description="PEM CA bundle for an https:// server, relative to the stack "
                                                    "file; null (the default) = the system's.")
 
 
@@ -153,19 +153,19 @@ class StackFileSettings:
 
     planner: dict[str, Any] = Field(default_factory=_no_settings, description=(
         "PlannerConfig fields (planner.core.config); engine_stale_s defaults to 5 here (LIVE_ENGINE_STALE_S)."))
-    profile: Text | None = Field(None, description="Performance profile (.npz), relative to this file; needed by "
+    profile: Text | None = Field(default=None, description="Performance profile (.npz), relative to this file; needed by "
                                                    "the throughput loop. Default none.")
-    warm_start_trace: Text | None = Field(None, description="Trace for the predictors' warm start, relative to "
+    warm_start_trace: Text | None = Field(default=None, description="Trace for the predictors' warm start, relative to "
                                                             "this file; default none.")
-    connector: Literal["local", "virtual"] = Field("local", description=(
+    connector: Literal["local", "virtual"] = Field(default="local", description=(
         "local (the default: a process fleet) or virtual (HTTP protocol, an external system applies)."))
-    state_dir: Text = Field(".dynoplan", description="fleet.json, workers.txt, logs, relative to this file "
+    state_dir: Text = Field(default=".dynoplan", description="fleet.json, workers.txt, logs, relative to this file "
                                                      "(default .dynoplan).")
     service: ServiceSection = Field(default_factory=ServiceSection, description=ServiceSection.__doc__)
     frontend: FrontendSection = Field(default_factory=FrontendSection, description=FrontendSection.__doc__)
     fleet: FleetSection = Field(default_factory=FleetSection, description=FleetSection.__doc__)
     prometheus: PrometheusSection = Field(default_factory=PrometheusSection, description=PrometheusSection.__doc__)
-    fpm: bool = Field(True, description="Subscribe to the workers' ForwardPassMetrics streams (default true).")
+    fpm: bool = Field(default=True, description="Subscribe to the workers' ForwardPassMetrics streams (default true).")
 
 
 @settings

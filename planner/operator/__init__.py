@@ -2,7 +2,7 @@
 
 Layers (each imports only the ones above it):
 
-- :mod:`~planner.operator.errors`     -- ``OperatorError`` tree (``SpecError`` for invalid resources).
+- :mod:`~dynoplan.errors`     -- ``OperatorError`` tree (``SpecError`` for invalid resources).
 - :mod:`~planner.operator.settings`   -- ``OperatorSettings`` (frozen, validated; env ``DYNOPLAN_OPERATOR_*``).
 - :mod:`~planner.operator.spec`       -- parse DGD / DynoPlanner bodies into typed, validated config.
 - :mod:`~planner.operator.reconcile`  -- pure, level-triggered functions: desired children of a DGD, the

@@ -26,7 +26,7 @@ import urllib3
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter
 
-from planner.operator.errors import SpecError
+from dynoplan.errors import SpecError
 from planner.operator.kube import Gone, now_iso
 from planner.operator.loop import PlannerLoop
 from planner.operator.reconcile import (LABEL_DGD, LABEL_SERVICE, child_actions, desired_children, dgd_status,

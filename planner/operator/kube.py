@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from planner.operator.errors import OperatorError
+from dynoplan.errors import OperatorError
 from planner.operator.spec import DGD_GROUP, DGD_PLURAL, DGD_VERSION, DPL_GROUP, DPL_PLURAL, DPL_VERSION
 
 MERGE = "application/merge-patch+json"

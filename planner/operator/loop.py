@@ -30,9 +30,9 @@ from typing import Any, Callable, Mapping
 from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
 from planner.core.reasons import Reason
 from planner.core.metrics import PlannerMetrics
-from planner.errors import PlannerError
+from dynoplan.errors import DynoplanError
 from planner.live.dashboard import DashboardHistory
-from planner.operator.errors import SpecError
+from dynoplan.errors import SpecError
 from planner.operator.kube import Conflict, Gone, Kube, now_iso
 from planner.operator.reconcile import child_name, divide_budget, replica_patch, set_condition
 from planner.operator.spec import DgdSpec, PlannerSpec, ServiceSpec, parse_dgd, parse_planner, resolve_pools
@@ -331,7 +331,7 @@ class PlannerLoop:
         if path:
             try:
                 profile = load_profile(path)
-            except PlannerError as e:
+            except DynoplanError as e:
                 msg = str(e)
                 msg = msg[len(str(path)) + 2:] if msg.startswith(f"{path}: ") else msg
                 problems.append(f"spec.throughput.profile={path!r}: {msg}")
@@ -353,7 +353,7 @@ class PlannerLoop:
             from planner.whatif import evaluator_from_spec
 
             evaluator_from_spec(engine, cfg)
-        except PlannerError as e:
+        except DynoplanError as e:
             problems.extend(getattr(e, "problems", None) or [str(e)])
         self._inputs_key, self._inputs_problems, self._profile = key, problems, profile
         return problems
@@ -404,7 +404,7 @@ class PlannerLoop:
                 from planner.whatif import evaluator_from_spec
 
                 self.planner = Planner(cfg, self._profile, evaluator=evaluator_from_spec(engine, cfg))
-            except PlannerError as e:
+            except DynoplanError as e:
                 return await self._invalid(SpecError(f"DynoPlanner {plan.namespace}/{plan.name}", str(e)))
             self._planner_key = key
             self._next_s = self.clock()  # first tick now (the core warms up; throughput is due one interval later)

@@ -1,7 +1,7 @@
 """Parse DynamoGraphDeployment and DynoPlanner bodies into typed, validated config (no I/O).
 
 Everything the CRD schema cannot express is checked here and raised as one
-:class:`~planner.operator.errors.SpecError` listing every problem (the handlers turn it into a status
+:class:`~dynoplan.errors.SpecError` listing every problem (the handlers turn it into a status
 condition, not a retry loop).
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.core import PlannerConfig, config_from_mapping
-from planner.errors import ConfigError
-from planner.operator.errors import SpecError
+from dynoplan.errors import ConfigError
+from dynoplan.errors import SpecError
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DGD_GROUP, DGD_VERSION, DGD_PLURAL, DGD_KIND = "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment"

@@ -29,7 +29,7 @@ from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
 from planner.core import ForwardPassMetrics, QueuedRequests, ScheduledRequests, TrafficWindow
 from planner.core.sizing import ARRIVAL_BIN_S
-from planner.sim.errors import SimulationConfigError
+from dynoplan.errors import SimulationConfigError
 from planner.sim.fleet import make_fleet
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, sla_miss_shares, window
 from planner.sim.policies import Policy, View

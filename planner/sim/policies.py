@@ -54,7 +54,7 @@ from planner.core import (
     TrafficWindow,
 )
 from planner.core.sizing import FleetEvaluator
-from planner.sim.errors import SimulationConfigError
+from dynoplan.errors import SimulationConfigError
 from mocker.fleet import EngineState, PoolCounts
 
 

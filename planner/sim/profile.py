@@ -27,7 +27,7 @@ from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.records import TraceRequest
 from planner.core import PerformanceProfile, profile_from_arrays
-from planner.sim.errors import SimulationConfigError
+from dynoplan.errors import SimulationConfigError
 
 DEFAULT_ISL: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 DEFAULT_KV_USAGE: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

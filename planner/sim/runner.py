@@ -25,7 +25,7 @@ from planner.core.budget import apply_limits
 from planner.core.loops import ThroughputLoop, pool_bounds
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
-from planner.sim.errors import SimulationConfigError
+from dynoplan.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, FrontendCounters, window
 from planner.whatif import EngineFleetEvaluator
@@ -174,7 +174,7 @@ def _kv_target_from_sla(ctx: RunContext) -> float:
 def make_policy(spec: str, ctx: RunContext) -> Policy:
     """Build the policy named by ``spec`` (see :mod:`planner.sim.policies`). Raises SimulationConfigError
     (its message starts with ``policy 'SPEC':``; AutoStaticUnreachable as it is)."""
-    from planner.errors import ConfigError
+    from dynoplan.errors import ConfigError
 
     try:
         return _make_policy(spec, ctx)

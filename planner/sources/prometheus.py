@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.core import TrafficWindow
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 HISTOGRAMS: dict[str, str] = {
     "ttft": "dynamo_frontend_time_to_first_token_seconds",

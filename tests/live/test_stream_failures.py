@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, strategies as st
 
 from mocker.live.loadgen import LoadgenSettings, client_report, run_load
-from mocker.live.protocol import RequestError, parse_request
+from dynoplan.errors import RequestError
+from mocker.live.protocol import parse_request
 from mocker.live.tokenizer import continuation_hash_ids
 from mocker.records import TraceRequest
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mocker.live.protocol import RequestError, parse_request
+from dynoplan.errors import RequestError
+from mocker.live.protocol import parse_request
 from mocker.live.tokenizer import block_hash_ids, count_tokens, render_chat, tokenize
 
 

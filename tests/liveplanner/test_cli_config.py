@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 from planner.live.config import load_stack_config, stack_config_from_mapping
 from tests.liveplanner.stack import stack_file, write_profile
 

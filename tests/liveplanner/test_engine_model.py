@@ -8,7 +8,7 @@ import pytest
 from mocker.config import EngineConfig
 from mocker.transfer import KvTransferConfig
 from planner.core import PlannerConfig
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 from planner.live.config import load_stack_config, worker_engines
 from planner.whatif import EngineFleetEvaluator, evaluator_from_spec
 from tests.liveplanner.stack import FAST_WORKER, stack_file

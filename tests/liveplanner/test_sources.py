@@ -17,7 +17,7 @@ import pytest
 import requests
 from aiohttp import ClientSession, web
 
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 from planner.sources.fpm import FpmSubscriber
 from planner.sources.prometheus import (REQUESTS_STARTED, DirectScrapeTrafficSource, PrometheusSourceSettings,
                                         PrometheusTrafficSource, interval_queries, label_selector)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 from planner.live.config import stack_config_from_mapping
 from tests.liveplanner.stack import write_profile
 

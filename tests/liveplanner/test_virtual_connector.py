@@ -14,7 +14,8 @@ import threading
 import pytest
 import requests
 
-from planner.connectors.virtual import VirtualConnector, VirtualConnectorClient, VirtualConnectorError
+from dynoplan.errors import VirtualConnectorError
+from planner.connectors.virtual import VirtualConnector, VirtualConnectorClient
 from planner.core import Planner, PlannerConfig, PoolLimits, TrafficWindow, load_profile
 from planner.live.service import PlannerService
 from tests.infra._proc import wait_until

@@ -9,7 +9,7 @@ import pytest
 
 from dynoplan.settings import build
 from mocker.config import EngineConfig
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.modelcfg import kv_bytes_per_token_from_file, kv_bytes_per_token_from_mapping
 from mocker.records import TraceRequest

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.fleet.handoff import Phase
 from mocker.records import TraceRequest

@@ -6,7 +6,7 @@ import pytest
 
 from mocker.config import EngineConfig
 from mocker.engine import TrtllmCore, VllmCore, make_engine
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.records import TraceRequest
 
 TOTAL = 16384 * 64  # default vLLM KV tokens
@@ -183,7 +183,7 @@ def test_step_api_reports_emissions_and_cancel_frees_kv():
 
 
 def test_clock_cannot_go_back():
-    from mocker.errors import SimulationError
+    from dynoplan.errors import SimulationError
 
     core = VllmCore(EngineConfig())
     core.add_request(TraceRequest(0, 0.0, 100, 3, None), 0.0)

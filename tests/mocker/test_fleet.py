@@ -9,7 +9,7 @@ import pytest
 from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.engine import VllmCore
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.fleet import FleetConfig, ReplayResult, run_replay
 from mocker.records import TraceRequest
 from mocker.routers import KvRouter, LeastLoadedRouter, RoundRobinRouter

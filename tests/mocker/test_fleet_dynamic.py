@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
-from mocker.errors import ConfigError, SimulationError
+from dynoplan.errors import ConfigError, SimulationError
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.records import TraceRequest
 from mocker.transfer import KvTransferConfig

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 from mocker.kv import BlockKvManager, engine_block_keys
 
 

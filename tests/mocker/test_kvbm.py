@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mocker.errors import SimulationError
+from dynoplan.errors import SimulationError
 from mocker.kv.kvbm import KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
 from mocker.engine import make_engine
@@ -135,7 +135,7 @@ def test_kvbm_random_requests_never_strand_a_child_while_a_leaf_is_evictable(ops
 
 def test_g1_backend_config_errors_and_engine_pool_choice():
     from mocker.config import EngineConfig
-    from mocker.errors import ConfigError
+    from dynoplan.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"g1_backend='native': lower KV tiers configured \(num_g2_blocks=64, g4=True\); "
                                           r"expected g1_backend='kvbm'"):

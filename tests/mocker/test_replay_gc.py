@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from mocker.config import EngineConfig
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.fleet import FleetConfig, run_replay
 from mocker.records import TraceRequest
 

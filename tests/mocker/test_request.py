@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mocker.errors import InvalidTransition, SimulationError
+from dynoplan.errors import InvalidTransition, SimulationError
 from mocker.records import RequestRecord
 from mocker.request import ALLOWED, EngineRequest, State, check_transition
 

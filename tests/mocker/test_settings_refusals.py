@@ -7,7 +7,7 @@ import pytest
 
 from dynoplan.settings import build, json_schema
 from mocker.config import EngineConfig, SGLangConfig
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.fleet import FleetConfig
 from mocker.kv.tiers import TierConfig
 from mocker.live.frontend import FrontendSettings

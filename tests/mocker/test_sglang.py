@@ -10,7 +10,7 @@ import pytest
 from mocker.config import EngineConfig, SGLangConfig
 from mocker.engine import CORES, make_engine
 from mocker.engine.sglang import SglangCore
-from mocker.errors import ConfigError, SimulationError
+from dynoplan.errors import ConfigError, SimulationError
 from mocker.fleet import FleetConfig, run_replay
 from mocker.kv.radix import RadixCache, SeqContent
 from mocker.records import TraceRequest

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynoplan.settings import build
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.kv.tiers import ProcessorSharingLink, TierConfig, TierHierarchy
 
 MB = 1_000_000

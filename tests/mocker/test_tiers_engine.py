@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.kv.tiers import TierConfig
 from mocker.records import TraceRequest

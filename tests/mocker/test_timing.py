@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mocker.config import EngineConfig
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.timing import (NpzTiming, PolynomialTiming, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns,
                            round_ns_array)
 

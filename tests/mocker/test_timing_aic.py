@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dynoplan.errors import AicSpecError
-from mocker.errors import ConfigError
+from dynoplan.errors import ConfigError
 from mocker.timing import NpzTiming
 from mocker.timing_aic import aic_num_gpu_blocks, ensure_profile, profile_path
 from mocker.timing_spec import parse_aic_spec as parse_spec

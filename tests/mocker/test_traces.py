@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mocker.errors import TraceError
+from dynoplan.errors import TraceError
 from mocker.traces import (
     load_azure_csv,
     load_mooncake_jsonl,

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.integrate import quad
 
-from mocker.errors import TraceError
+from dynoplan.errors import TraceError
 from mocker.records import TraceRequest
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
 from planner.cli import main

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from planner.core import PlannerConfig, config_from_mapping
-from planner.errors import ConfigError
-from planner.operator.errors import SettingsError
+from dynoplan.errors import ConfigError
+from dynoplan.errors import SettingsError
 from planner.operator.settings import OperatorSettings, settings_from_mapping
 
 REPO = Path(__file__).resolve().parents[2]

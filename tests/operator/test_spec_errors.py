@@ -21,7 +21,7 @@ import pytest
 
 from planner.core import PlannerConfig, TrafficWindow, save_profile
 from planner.core.interpolation import PerformanceProfile
-from planner.operator.errors import SpecError
+from dynoplan.errors import SpecError
 from planner.operator.handlers import reconcile_dgd
 from planner.operator.loop import PlannerLoop
 from planner.operator.reconcile import reconcile_problems

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.core import PlannerConfig
-from planner.operator.errors import SettingsError, SpecError
+from dynoplan.errors import SettingsError, SpecError
 from planner.operator.reconcile import (HASH_ANNOTATION, child_actions, child_name, desired_children, dgd_status,
                                         divide_budget, replica_patch, set_condition)
 from planner.operator.settings import OperatorSettings, settings_from_env

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from planner.core.config import PlannerConfig, PoolLimits, add_config_arguments, config_from_args, config_from_mapping, load_config
-from planner.errors import ConfigError, PlannerError
+from dynoplan.errors import ConfigError, DynoplanError
 
 
 def test_defaults_match_design():
@@ -23,7 +23,7 @@ def test_all_problems_collected_at_once():
         config_from_mapping({"adjustment_interval_s": -1, "load_adjustment_interval_s": 500, "predictor": "lstm",
                              "prefill": {"min_replicas": -3, "max_replicas": 2}, "bogus": 1})
     e = ei.value
-    assert isinstance(e, PlannerError)
+    assert isinstance(e, DynoplanError)
     assert set(e.problems) == {
         "bogus: unknown setting",
         "adjustment_interval_s=-1: expected > 0.0",
@@ -159,7 +159,7 @@ def test_config_file_not_utf8_names_file_and_byte(tmp_path):
 
 def test_a_removed_rules_setting_says_what_replaced_it():
     from planner.core.config import config_from_mapping
-    from planner.errors import ConfigError
+    from dynoplan.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"scale_down_hysteresis: unknown setting \(removed: the sizing by simulation "
                                           r"replaced that rule, see docs/planner-core.md"):

@@ -124,7 +124,7 @@ def test_from_mapping_adapts_dicts():
     p = ForwardPassMetrics.from_mapping(d, pool="decode")
     assert (p.worker_id, p.dp_rank, p.timestamp_s, p.scheduled_requests.sum_decode_kv_tokens,
             p.queued_requests.sum_prefill_tokens) == (3, 1, 1.5, 9000, 700)
-    from planner.errors import ObservationError
+    from dynoplan.errors import ObservationError
     with pytest.raises(ObservationError, match="wall_time=-1"):
         ForwardPassMetrics.from_mapping({"worker_id": 1, "wall_time": -1}, pool="decode")
 

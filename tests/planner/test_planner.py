@@ -333,7 +333,7 @@ def test_modes(mode, spec, expected):
 
 def test_missing_profile_half_is_a_config_error():
     from planner.core.interpolation import PerformanceProfile
-    from planner.errors import ConfigError
+    from dynoplan.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs a decode profile"):
         Planner(thpt_config(), PerformanceProfile(profile().prefill, None))
@@ -427,14 +427,14 @@ def test_agg_load_loop_uses_both_features():
 
 
 def test_time_going_backwards_is_an_observation_error():
-    from planner.errors import ObservationError, PlannerError
+    from dynoplan.errors import ObservationError, DynoplanError
 
     pl = Planner(thpt_config(), profile())
     fleet = Fleet(prefill=1, decode=1)
     pl.tick(100.0, fleet.obs())
     with pytest.raises(ObservationError, match="now_s=50.0: expected >= the previous tick's 100.0") as ei:
         pl.tick(50.0, fleet.obs())
-    assert isinstance(ei.value, PlannerError)
+    assert isinstance(ei.value, DynoplanError)
 
 
 def test_early_tick_is_not_due_and_keeps_schedule():

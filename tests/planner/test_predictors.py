@@ -7,7 +7,7 @@ import pytest
 from planner.core.config import PlannerConfig
 from planner.core.predictors import (ArimaPredictor, AutoPredictor, ConstantPredictor, KalmanPredictor,
                                      ProphetPredictor, make_predictor)
-from planner.errors import ConfigError
+from dynoplan.errors import ConfigError
 
 
 def test_constant_skips_nan_and_leading_idle():

@@ -9,7 +9,7 @@ from planner.core.interpolation import (DecodeProfile, PerformanceProfile, Prefi
                                         profile_from_arrays, save_profile)
 from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
                                      size_decode, size_prefill)
-from planner.errors import ProfileError
+from dynoplan.errors import ProfileError
 
 
 def prefill_profile():

@@ -8,7 +8,7 @@ import pytest
 import planner.core
 from planner.arguments import warm_start_windows
 from planner.core.traces import bucket_intervals
-from planner.errors import TraceError
+from dynoplan.errors import TraceError
 
 
 def test_azure_csv_bucketed(tmp_path):

@@ -306,7 +306,7 @@ def test_broken_yaml_names_the_line_and_yaml_booleans_are_true_false(tmp_path, c
     _one_line(capsys, rc, str(bad), "cannot parse config file at line 3, column 1", "expected a YAML or JSON mapping")
     from planner.core.config import load_config
 
-    from planner.errors import ConfigError
+    from dynoplan.errors import ConfigError
 
     ok = tmp_path / "ok.yaml"
     ok.write_text("correction_enabled: false\nsimulated_sizing: true\n")

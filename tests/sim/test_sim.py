@@ -252,7 +252,7 @@ def test_schedule_spec_parses_agg_and_disagg():
     ("static:2_0", "expected static:N"),
 ])
 def test_schedule_spec_errors_name_the_entry(spec, needle):
-    from planner.sim.errors import SimulationConfigError
+    from dynoplan.errors import SimulationConfigError
 
     with pytest.raises(SimulationConfigError) as e:
         make_policy(spec, _ctx())
