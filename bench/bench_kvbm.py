@@ -42,15 +42,20 @@ def main() -> None:
     a = ap.parse_args()
     reqs = load_trace(a.trace)
     if a.requests:
-        reqs = reqs[:a.requests]
+        reqs = reqs[: a.requests]
     base = EngineConfig(num_gpu_blocks=a.num_gpu_blocks)
     kb = a.kv_bytes_per_token
     configs = {
         "native": base,
         "kvbm": base.replace(g1_backend="kvbm"),
         "kvbm+G2": base.replace(g1_backend="kvbm", num_g2_blocks=a.num_gpu_blocks, kv_bytes_per_token=kb),
-        "kvbm+G2+G3+G4": base.replace(g1_backend="kvbm", num_g2_blocks=a.num_gpu_blocks // 2,
-                                      num_g3_blocks=4 * a.num_gpu_blocks, g4=True, kv_bytes_per_token=kb),
+        "kvbm+G2+G3+G4": base.replace(
+            g1_backend="kvbm",
+            num_g2_blocks=a.num_gpu_blocks // 2,
+            num_g3_blocks=4 * a.num_gpu_blocks,
+            g4=True,
+            kv_bytes_per_token=kb,
+        ),
     }
     rows = {}
     for name, eng in configs.items():
@@ -61,17 +66,23 @@ def main() -> None:
             best = min(best, time.perf_counter() - t0)
         rows[name] = (best, build_report(res))
         print(f"  {name}: {best:.2f} s", file=sys.stderr, flush=True)
-    print(f"Mooncake {len(reqs)} requests, {a.workers} workers, kv router, {a.num_gpu_blocks} G1 blocks of "
-          f"{base.effective_block_size} tokens, {kb} KV bytes/token")
-    print(f"{'config':15} {'wall_s':>8} {'vs kvbm':>8} {'reuse':>7} {'ttft_mean':>10} {'ttft_p99':>10} "
-          f"{'offload':>9} {'on_G2':>7} {'on_G3':>7} {'on_G4':>7} {'to_G3':>9} {'to_G4':>9}")
+    print(
+        f"Mooncake {len(reqs)} requests, {a.workers} workers, kv router, {a.num_gpu_blocks} G1 blocks of "
+        f"{base.effective_block_size} tokens, {kb} KV bytes/token"
+    )
+    print(
+        f"{'config':15} {'wall_s':>8} {'vs kvbm':>8} {'reuse':>7} {'ttft_mean':>10} {'ttft_p99':>10} "
+        f"{'offload':>9} {'on_G2':>7} {'on_G3':>7} {'on_G4':>7} {'to_G3':>9} {'to_G4':>9}"
+    )
     kv_wall = rows["kvbm"][0]
     for name, (w, rep) in rows.items():
         g = lambda k: rep.get(f"kvbm_{k}", "-")  # noqa: E731
-        print(f"{name:15} {w:8.2f} {w / kv_wall:8.2f} {rep['prefix_cache_reused_ratio']:7.4f} {rep['mean_ttft_ms']:10.2f} "
-              f"{rep['p99_ttft_ms']:10.2f} {g('offloaded_blocks'):>9} {g('onboarded_blocks_g2'):>7} "
-              f"{g('onboarded_blocks_g3'):>7} {g('onboarded_blocks_g4'):>7} {g('spilled_blocks_g3'):>9} "
-              f"{g('spilled_blocks_g4'):>9}")
+        print(
+            f"{name:15} {w:8.2f} {w / kv_wall:8.2f} {rep['prefix_cache_reused_ratio']:7.4f} {rep['mean_ttft_ms']:10.2f} "
+            f"{rep['p99_ttft_ms']:10.2f} {g('offloaded_blocks'):>9} {g('onboarded_blocks_g2'):>7} "
+            f"{g('onboarded_blocks_g3'):>7} {g('onboarded_blocks_g4'):>7} {g('spilled_blocks_g3'):>9} "
+            f"{g('spilled_blocks_g4'):>9}"
+        )
     print(f"speed ratio native/kvbm wall: {rows['native'][0] / kv_wall:.3f} (>1 = kvbm faster)")
     print("reference: no KVBM options in reference-replay (Dynamo Mocker 1.6.1): no differential comparison")
 

@@ -84,8 +84,23 @@ class Proc:
 
 def start_worker(tmp: Path, speedup: float, extra: list[str]) -> tuple[Proc, str]:
     port = free_port()
-    w = Proc(DYNOPLAN + ["mocker", "serve", "--port", str(port), "--speedup-ratio", str(speedup),
-                        "--fpm-endpoint", "off", "--kv-events-endpoint", "off", *extra], tmp / f"worker-{port}.log")
+    w = Proc(
+        DYNOPLAN
+        + [
+            "mocker",
+            "serve",
+            "--port",
+            str(port),
+            "--speedup-ratio",
+            str(speedup),
+            "--fpm-endpoint",
+            "off",
+            "--kv-events-endpoint",
+            "off",
+            *extra,
+        ],
+        tmp / f"worker-{port}.log",
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -101,9 +116,30 @@ def start_worker(tmp: Path, speedup: float, extra: list[str]) -> tuple[Proc, str
 
 
 def run_loadgen(url: str, trace: str, compression: float, n: int, out: Path, tbs: int, scale: float) -> dict[str, Any]:
-    subprocess.run(DYNOPLAN + ["loadgen", "--quiet", "--url", url, "--trace", trace, "--time-compression", str(compression),
-                               "--max-requests", str(n), "--trace-block-size", str(tbs), "--scale-ms", str(scale),
-                               "--report-json", str(out)], check=False, cwd=ROOT, timeout=3600)
+    subprocess.run(
+        DYNOPLAN
+        + [
+            "loadgen",
+            "--quiet",
+            "--url",
+            url,
+            "--trace",
+            trace,
+            "--time-compression",
+            str(compression),
+            "--max-requests",
+            str(n),
+            "--trace-block-size",
+            str(tbs),
+            "--scale-ms",
+            str(scale),
+            "--report-json",
+            str(out),
+        ],
+        check=False,
+        cwd=ROOT,
+        timeout=3600,
+    )
     return json.loads(out.read_text())
 
 
@@ -111,12 +147,19 @@ def engine_side(url: str, scale: float) -> tuple[dict[str, Any], list[dict[str, 
     raw = http.get(url + "/records", timeout=30).json()
     recs = []
     for d in raw:
-        r = RequestRecord(d["request_id"], d["arrival_ms"] * scale, d["input_length"], d["output_length"],
-                          admit_ms=None if d["admit_ms"] is None else d["admit_ms"] * scale,
-                          first_token_ms=None if d["first_token_ms"] is None else d["first_token_ms"] * scale,
-                          token_times_ms=[t * scale for t in d["token_times_ms"]],
-                          finish_ms=None if d["finish_ms"] is None else d["finish_ms"] * scale,
-                          cached_tokens=d["cached_tokens"], num_preemptions=d["num_preemptions"], status=d["status"])
+        r = RequestRecord(
+            d["request_id"],
+            d["arrival_ms"] * scale,
+            d["input_length"],
+            d["output_length"],
+            admit_ms=None if d["admit_ms"] is None else d["admit_ms"] * scale,
+            first_token_ms=None if d["first_token_ms"] is None else d["first_token_ms"] * scale,
+            token_times_ms=[t * scale for t in d["token_times_ms"]],
+            finish_ms=None if d["finish_ms"] is None else d["finish_ms"] * scale,
+            cached_tokens=d["cached_tokens"],
+            num_preemptions=d["num_preemptions"],
+            status=d["status"],
+        )
         recs.append(r)
     if recs:  # rebase to the first arrival, as the offline replay's clock starts at the trace's origin
         t0 = min(r.arrival_ms for r in recs)
@@ -134,12 +177,16 @@ def agreement(args: argparse.Namespace, tmp: Path, console: Console) -> dict[str
     differences (%) of TTFT p90/p99 against the offline trace replay, and the mean driver lag (wall ms)."""
     reqs = load_trace(args.trace, trace_block_size=args.trace_block_size)[: args.requests]
     t0 = time.perf_counter()
-    off = build_report(run_replay(reqs, EngineConfig(trace_block_size=args.trace_block_size), FleetConfig(num_workers=1)))
+    off = build_report(
+        run_replay(reqs, EngineConfig(trace_block_size=args.trace_block_size), FleetConfig(num_workers=1))
+    )
     off_s = time.perf_counter() - t0
     w, url = start_worker(tmp, args.speedup, ["--trace-block-size", str(args.trace_block_size)])
     try:
         t1 = time.perf_counter()
-        cli = run_loadgen(url, args.trace, args.speedup, args.requests, tmp / "agree.json", args.trace_block_size, args.speedup)
+        cli = run_loadgen(
+            url, args.trace, args.speedup, args.requests, tmp / "agree.json", args.trace_block_size, args.speedup
+        )
         live_s = time.perf_counter() - t1
         eng, raw = engine_side(url, args.speedup)
         info = http.get(url + "/metrics", timeout=5).text
@@ -148,26 +195,51 @@ def agreement(args: argparse.Namespace, tmp: Path, console: Console) -> dict[str
     # the offline replay of the arrivals exactly as the live worker stamped them (x R, rebased): the live
     # engine timeline must equal it; any residual against the trace replay is arrival-stamp drift
     t0s = min(d["arrival_ms"] for d in raw)
-    stamped = [TraceRequest(i, (d["arrival_ms"] - t0s) * args.speedup, d["input_length"], d["output_length"], None)
-               for i, d in enumerate(sorted(raw, key=lambda d: (d["arrival_ms"], d["request_id"])))]
-    off_st = build_report(run_replay(stamped, EngineConfig(trace_block_size=args.trace_block_size), FleetConfig(num_workers=1)))
+    stamped = [
+        TraceRequest(i, (d["arrival_ms"] - t0s) * args.speedup, d["input_length"], d["output_length"], None)
+        for i, d in enumerate(sorted(raw, key=lambda d: (d["arrival_ms"], d["request_id"])))
+    ]
+    off_st = build_report(
+        run_replay(stamped, EngineConfig(trace_block_size=args.trace_block_size), FleetConfig(num_workers=1))
+    )
     lag = _metric_mean(info, "dynoplan_mocker_driver_lag_seconds")
-    tab = Table(title=f"live (speedup {args.speedup:g}, x{args.speedup:g} to simulated ms) vs offline — "
-                      f"{args.requests} requests of {Path(args.trace).name}, 1 worker")
-    for c in ("metric", "offline (trace)", "live engine", "diff", "live client", "diff", "offline (live arrivals)", "engine diff"):
+    tab = Table(
+        title=f"live (speedup {args.speedup:g}, x{args.speedup:g} to simulated ms) vs offline — "
+        f"{args.requests} requests of {Path(args.trace).name}, 1 worker"
+    )
+    for c in (
+        "metric",
+        "offline (trace)",
+        "live engine",
+        "diff",
+        "live client",
+        "diff",
+        "offline (live arrivals)",
+        "engine diff",
+    ):
         tab.add_column(c, justify="right")
     for k in ["completed_requests", "total_output_tokens", *KEYS]:
         o, e, c, os_ = off[k], eng[k], cli[k], off_st[k]
         tab.add_row(k, _f(o), _f(e), _rel(e, o), _f(c), _rel(c, o), _f(os_), _rel(e, os_))
     console.print(tab)
-    late = [a - b for a, b in zip(sorted((d["arrival_ms"] - t0s) * args.speedup for d in raw),
-                                  sorted(r.arrival_ms - reqs[0].arrival_ms for r in reqs))]
+    late = [
+        a - b
+        for a, b in zip(
+            sorted((d["arrival_ms"] - t0s) * args.speedup for d in raw),
+            sorted(r.arrival_ms - reqs[0].arrival_ms for r in reqs),
+        )
+    ]
     console.print(f"arrival stamps vs trace (simulated ms): mean {sum(late) / len(late):+.2f}, max {max(late):+.2f}")
-    console.print(f"offline replay {off_s:.2f} s CPU; live run {live_s:.1f} s wall; mean driver lag "
-                  f"{lag * 1000:.3f} ms wall ({lag * 1000 * args.speedup:.2f} simulated ms); failed client requests "
-                  f"{cli['failed_requests']}")
-    out = {f"{side} {k}": (src[k] - off[k]) / off[k] * 100 for side, src in (("engine", eng), ("client", cli))
-           for k in ("p90_ttft_ms", "p99_ttft_ms")}
+    console.print(
+        f"offline replay {off_s:.2f} s CPU; live run {live_s:.1f} s wall; mean driver lag "
+        f"{lag * 1000:.3f} ms wall ({lag * 1000 * args.speedup:.2f} simulated ms); failed client requests "
+        f"{cli['failed_requests']}"
+    )
+    out = {
+        f"{side} {k}": (src[k] - off[k]) / off[k] * 100
+        for side, src in (("engine", eng), ("client", cli))
+        for k in ("p90_ttft_ms", "p99_ttft_ms")
+    }
     out["driver lag ms"] = lag * 1000
     return out
 
@@ -181,7 +253,9 @@ def sensitivity(args: argparse.Namespace, console: Console) -> None:
     reqs = load_trace(args.trace, trace_block_size=args.trace_block_size)[: args.requests]
     eng = EngineConfig(trace_block_size=args.trace_block_size)
     base = build_report(run_replay(reqs, eng, FleetConfig(num_workers=1)))
-    tab = Table(title="offline replay with arrivals delayed by exp(mean) — TTFT diffs vs the undelayed replay, 12 seeds")
+    tab = Table(
+        title="offline replay with arrivals delayed by exp(mean) — TTFT diffs vs the undelayed replay, 12 seeds"
+    )
     for c in ("mean delay (wall ms)", "p90 median", "p90 min .. max", "p99 median", "p99 min .. max"):
         tab.add_column(c, justify="right")
     for mean_ms in (0.25, 0.5, 1.0, 2.0):
@@ -193,16 +267,31 @@ def sensitivity(args: argparse.Namespace, console: Console) -> None:
             rep = build_report(run_replay(jr, eng, FleetConfig(num_workers=1)))
             rows.append([(rep[k] - base[k]) / base[k] * 100 for k in ("p90_ttft_ms", "p99_ttft_ms")])
         a = np.array(rows)
-        tab.add_row(f"{mean_ms:g}", f"{np.median(a[:, 0]):+.2f}%", f"{a[:, 0].min():+.2f} .. {a[:, 0].max():+.2f}",
-                    f"{np.median(a[:, 1]):+.2f}%", f"{a[:, 1].min():+.2f} .. {a[:, 1].max():+.2f}")
+        tab.add_row(
+            f"{mean_ms:g}",
+            f"{np.median(a[:, 0]):+.2f}%",
+            f"{a[:, 0].min():+.2f} .. {a[:, 0].max():+.2f}",
+            f"{np.median(a[:, 1]):+.2f}%",
+            f"{a[:, 1].min():+.2f} .. {a[:, 1].max():+.2f}",
+        )
     console.print(tab)
 
 
 def capacity(args: argparse.Namespace, tmp: Path, console: Console) -> None:
     speed = args.capacity_speedup
     tab = Table(title=f"single-worker capacity at speedup {speed:g} (ISL 512, OSL 128, Poisson; latencies in wall ms)")
-    for c in ("req/s", "completed", "engine TTFT", "client TTFT", "engine ITL", "client ITL", "ITL ratio",
-              "driver lag", "tokens/s streamed", "passes/s"):
+    for c in (
+        "req/s",
+        "completed",
+        "engine TTFT",
+        "client TTFT",
+        "engine ITL",
+        "client ITL",
+        "ITL ratio",
+        "driver lag",
+        "tokens/s streamed",
+        "passes/s",
+    ):
         tab.add_column(c, justify="right")
     best = None
     for rate in args.rates:
@@ -219,15 +308,26 @@ def capacity(args: argparse.Namespace, tmp: Path, console: Console) -> None:
         passes = _metric_value(m, "dynoplan_mocker_forward_passes_total")
         ratio = cli["mean_itl_ms"] / eng["mean_itl_ms"] if eng["mean_itl_ms"] else float("nan")
         tps = cli["total_output_tokens"] / cli["wall_time_s"]
-        tab.add_row(f"{rate:g}", f"{cli['completed_requests']}/{n}", f"{eng['mean_ttft_ms']:.3f}", f"{cli['mean_ttft_ms']:.3f}",
-                    f"{eng['mean_itl_ms']:.3f}", f"{cli['mean_itl_ms']:.3f}", f"{ratio:.2f}", f"{lag:.3f}", f"{tps:.0f}",
-                    f"{passes / cli['wall_time_s']:.0f}")
+        tab.add_row(
+            f"{rate:g}",
+            f"{cli['completed_requests']}/{n}",
+            f"{eng['mean_ttft_ms']:.3f}",
+            f"{cli['mean_ttft_ms']:.3f}",
+            f"{eng['mean_itl_ms']:.3f}",
+            f"{cli['mean_itl_ms']:.3f}",
+            f"{ratio:.2f}",
+            f"{lag:.3f}",
+            f"{tps:.0f}",
+            f"{passes / cli['wall_time_s']:.0f}",
+        )
         if ratio <= 1.25 and lag <= 5.0 and cli["failed_requests"] == 0:
             best = (rate, tps)
     console.print(tab)
     if best:
-        console.print(f"highest sustainable rate (client ITL within 25% of engine ITL, mean driver lag <= 5 ms): {best[0]:g} req/s, "
-                      f"{best[1]:.0f} streamed tokens/s")
+        console.print(
+            f"highest sustainable rate (client ITL within 25% of engine ITL, mean driver lag <= 5 ms): {best[0]:g} req/s, "
+            f"{best[1]:.0f} streamed tokens/s"
+        )
     else:
         console.print("no rate met the 25% criterion")
 
@@ -263,7 +363,9 @@ def main() -> None:
     ap.add_argument("--capacity-seconds", type=float, default=6.0)
     ap.add_argument("--skip-agreement", action="store_true")
     ap.add_argument("--skip-capacity", action="store_true")
-    ap.add_argument("--repeat", type=int, default=1, help="agreement runs (the machine's load varies: quote the spread)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="agreement runs (the machine's load varies: quote the spread)"
+    )
     ap.add_argument("--sensitivity", action="store_true", help="also: offline TTFT p90/p99 under random arrival delays")
     args = ap.parse_args()
     console = Console(width=170)
@@ -271,7 +373,9 @@ def main() -> None:
         if not args.skip_agreement:
             runs = [agreement(args, Path(d), console) for _ in range(args.repeat)]
             if args.repeat > 1:
-                tab = Table(title=f"{args.repeat} live runs vs the offline trace replay (TTFT diffs in %, driver lag in wall ms)")
+                tab = Table(
+                    title=f"{args.repeat} live runs vs the offline trace replay (TTFT diffs in %, driver lag in wall ms)"
+                )
                 tab.add_column("")
                 for i in range(args.repeat):
                     tab.add_column(f"run {i + 1}", justify="right")

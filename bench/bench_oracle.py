@@ -56,8 +56,19 @@ def replay(case: bq.Case, workers: int, work: Path) -> dict[str, np.ndarray]:
     """Arrival (s), met (bool) per request of ``case``'s trace on ``workers`` aggregated workers."""
     a = case.args
     out = work / f"{case.name}-{workers}.jsonl"
-    cmd = [*bq.DYNOPLAN, "replay", "--trace", case.trace, "--workers", str(workers), "--quiet",
-           "--per-request", str(out), "--report-json", str(work / f"{case.name}-{workers}.json")]
+    cmd = [
+        *bq.DYNOPLAN,
+        "replay",
+        "--trace",
+        case.trace,
+        "--workers",
+        str(workers),
+        "--quiet",
+        "--per-request",
+        str(out),
+        "--report-json",
+        str(work / f"{case.name}-{workers}.json"),
+    ]
     for flag in ("--arrival-speedup", "--rate-envelope", "--sla-ttft-ms", "--sla-itl-ms"):
         v = _flag(a, flag)
         if v is not None:
@@ -68,8 +79,12 @@ def replay(case: bq.Case, workers: int, work: Path) -> dict[str, np.ndarray]:
     with out.open() as f:
         for line in f:
             r = json.loads(line)
-            ok = (r["status"] == "finished" and r["ttft_ms"] is not None and r["ttft_ms"] <= ttft_ms
-                  and (r["itl_ms"] or 0.0) <= itl_ms)
+            ok = (
+                r["status"] == "finished"
+                and r["ttft_ms"] is not None
+                and r["ttft_ms"] <= ttft_ms
+                and (r["itl_ms"] or 0.0) <= itl_ms
+            )
             arr.append(r["arrival_ms"] / 1000.0)
             met.append(ok)
     out.unlink()
@@ -107,9 +122,15 @@ def oracle(case: bq.Case, work: Path, max_workers: int) -> dict[str, Any]:
     span_h = np.full(nw, INTERVAL_S / 3600.0)
     span_h[-1] = duration_h - (nw - 1) * INTERVAL_S / 3600.0
     gpu_h = float((need * span_h).sum())
-    res: dict[str, Any] = {"intervals": nw, "need": need.tolist(), "whole_attainment": whole,
-                           "oracle_gpu_h": gpu_h, "oracle_attainment": float(met_oracle.sum() / reqs.sum()),
-                           "static_auto": static_auto, "arrival_span_h": duration_h}
+    res: dict[str, Any] = {
+        "intervals": nw,
+        "need": need.tolist(),
+        "whole_attainment": whole,
+        "oracle_gpu_h": gpu_h,
+        "oracle_attainment": float(met_oracle.sum() / reqs.sum()),
+        "static_auto": static_auto,
+        "arrival_span_h": duration_h,
+    }
     if static_auto is not None:
         res["static_auto_gpu_h"] = static_auto * duration_h
         res["ratio"] = gpu_h / res["static_auto_gpu_h"]
@@ -165,18 +186,24 @@ def main() -> None:
 def report(results: dict[str, Any], quality: dict[str, Any], wall_s: float | None, markdown: str | None) -> None:
     """Print (and write to ``markdown``) the table of ``results``; the planner's GPU-h from ``quality`` runs."""
     wall = f", wall {wall_s:.0f} s" if wall_s is not None else ""
-    lines = [f"Interval oracle (`bench/bench_oracle.py`), interval {INTERVAL_S:.0f} s, target {100 * TARGET:.1f} %{wall}", "",
-             "| run | static:auto | its attainment | intervals it misses | oracle GPU-h | oracle / static:auto | "
-             "planner GPU-h | planner / oracle |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Interval oracle (`bench/bench_oracle.py`), interval {INTERVAL_S:.0f} s, target {100 * TARGET:.1f} %{wall}",
+        "",
+        "| run | static:auto | its attainment | intervals it misses | oracle GPU-h | oracle / static:auto | "
+        "planner GPU-h | planner / oracle |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
         sa = r["static_auto"]
         r["whole_attainment"] = {int(k): v for k, v in r["whole_attainment"].items()}
         q = quality.get(name, {}).get("policies", {}).get("planner") if quality else None
         pg = q["gpu_hours"] if q else math.nan
-        lines.append(f"| {name} | {sa if sa is not None else '-'} | "
-                     f"{100 * r['whole_attainment'].get(sa, math.nan):.2f} % | "
-                     f"{r.get('static_auto_missed_intervals', '-')} of {r['intervals']} | {r['oracle_gpu_h']:.3f} | "
-                     f"{r.get('ratio', math.nan):.2f} | {pg:.3f} | {pg / r['oracle_gpu_h']:.2f} |")
+        lines.append(
+            f"| {name} | {sa if sa is not None else '-'} | "
+            f"{100 * r['whole_attainment'].get(sa, math.nan):.2f} % | "
+            f"{r.get('static_auto_missed_intervals', '-')} of {r['intervals']} | {r['oracle_gpu_h']:.3f} | "
+            f"{r.get('ratio', math.nan):.2f} | {pg:.3f} | {pg / r['oracle_gpu_h']:.2f} |"
+        )
     text = "\n".join(lines)
     print(text)
     if markdown:

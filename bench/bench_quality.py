@@ -99,22 +99,39 @@ def build_cases(gap_trace: str) -> list[Case]:
     cases: list[Case] = []
     for speed in (1, 2, 4, 8):
         for mode in ("agg", "disagg"):
-            cases.append(Case(f"azure{speed}x-{mode}", str(AZURE),
-                              ["--arrival-speedup", str(speed), *azure_sla(speed), "--mode", mode]))
+            cases.append(
+                Case(
+                    f"azure{speed}x-{mode}",
+                    str(AZURE),
+                    ["--arrival-speedup", str(speed), *azure_sla(speed), "--mode", mode],
+                )
+            )
     for speed in (1, 2):
         for mode in ("agg", "disagg"):
-            cases.append(Case(f"mooncake{speed}x-{mode}", str(MOONCAKE),
-                              ["--arrival-speedup", str(speed), "--sla-ttft-ms", "3000", "--sla-itl-ms", "50",
-                               "--mode", mode]))
+            cases.append(
+                Case(
+                    f"mooncake{speed}x-{mode}",
+                    str(MOONCAKE),
+                    ["--arrival-speedup", str(speed), "--sla-ttft-ms", "3000", "--sla-itl-ms", "50", "--mode", mode],
+                )
+            )
     for mode in ("agg", "disagg"):
         cases.append(Case(f"bursty-{mode}", BURSTY, [*BURSTY_SLA, "--mode", mode]))
-    cases.append(Case("diurnal-agg", str(AZURE), ["--rate-envelope", DIURNAL, *azure_sla(1), "--mode", "agg"],
-                      kind="diurnal"))
+    cases.append(
+        Case("diurnal-agg", str(AZURE), ["--rate-envelope", DIURNAL, *azure_sla(1), "--mode", "agg"], kind="diurnal")
+    )
     cases.append(Case("gap-agg", gap_trace, [*azure_sla(1), "--mode", "agg"], extra=["planner:load_enabled=true"]))
     cases.append(Case("steady-agg", STEADY, [*azure_sla(1), "--mode", "agg"], steady=True))
-    cases.append(Case("target999", str(AZURE), [*azure_sla(1), "--mode", "agg", "--auto-attainment", "0.999"],
-                      kind="target999", policies=["planner:attainment_target=0.999", "static:auto"],
-                      judged="planner:attainment_target=0.999"))
+    cases.append(
+        Case(
+            "target999",
+            str(AZURE),
+            [*azure_sla(1), "--mode", "agg", "--auto-attainment", "0.999"],
+            kind="target999",
+            policies=["planner:attainment_target=0.999", "static:auto"],
+            judged="planner:attainment_target=0.999",
+        )
+    )
     return cases
 
 
@@ -132,20 +149,44 @@ def build_gap_trace(path: Path) -> None:
                 ts = r.arrival_ms + (hi_ms - lo_ms)
             else:
                 break
-            f.write(json.dumps({"timestamp": ts, "input_length": r.input_length, "output_length": r.output_length,
-                                "hash_ids": list(r.hash_ids or ())}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "timestamp": ts,
+                        "input_length": r.input_length,
+                        "output_length": r.output_length,
+                        "hash_ids": list(r.hash_ids or ()),
+                    }
+                )
+                + "\n"
+            )
 
 
 def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
     """One simulate run; the parsed summary and details per policy, wall time, the error line if any."""
     pols = [*case.policies, *case.extra]
-    cmd = [*DYNOPLAN, "simulate", "--trace", case.trace, *case.args, "--compare", *pols, "--quiet",
-           "--out", str(out_dir)]
+    cmd = [
+        *DYNOPLAN,
+        "simulate",
+        "--trace",
+        case.trace,
+        *case.args,
+        "--compare",
+        *pols,
+        "--quiet",
+        "--out",
+        str(out_dir),
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    res: dict[str, Any] = {"cmd": " ".join(cmd[1:]), "wall_s": round(wall, 1), "rc": p.returncode,
-                           "error": None, "policies": {}}
+    res: dict[str, Any] = {
+        "cmd": " ".join(cmd[1:]),
+        "wall_s": round(wall, 1),
+        "rc": p.returncode,
+        "error": None,
+        "policies": {},
+    }
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         res["error"] = lines[-1] if lines else f"exit {p.returncode}"
@@ -154,16 +195,24 @@ def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
         s = json.loads(summary.read_text())["policies"]
         doc = json.loads(details.read_text()) if details.exists() else {}
         d = doc.get("policies", {})
-        res["decisions"] = {name: [(x["t_s"], fmt_fleet(x["targets"]), x["reason"]) for x in decs]
-                            for name, decs in doc.get("decisions", {}).items() if name.startswith("planner")}
+        res["decisions"] = {
+            name: [(x["t_s"], fmt_fleet(x["targets"]), x["reason"]) for x in decs]
+            for name, decs in doc.get("decisions", {}).items()
+            if name.startswith("planner")
+        }
         for name, v in s.items():
             dur = d.get(name, {}).get("duration_s")
             res["policies"][name] = {
-                "sla_attainment": v["sla_attainment"], "gpu_hours": v["gpu_hours"],
-                "scale_events": v["scale_events"], "duration_s": dur,
+                "sla_attainment": v["sla_attainment"],
+                "gpu_hours": v["gpu_hours"],
+                "scale_events": v["scale_events"],
+                "duration_s": dur,
                 "events_per_h": (v["scale_events"] / (dur / 3600.0)) if dur else None,
-                "mean_replicas": v["mean_replicas"], "max_replicas": v["max_replicas"],
-                "p99_ttft_ms": v["p99_ttft_ms"], "p99_itl_ms": v["p99_itl_ms"]}
+                "mean_replicas": v["mean_replicas"],
+                "max_replicas": v["max_replicas"],
+                "p99_ttft_ms": v["p99_ttft_ms"],
+                "p99_itl_ms": v["p99_itl_ms"],
+            }
     return res
 
 
@@ -194,9 +243,11 @@ def targets(case: Case, res: dict[str, Any]) -> dict[str, Any]:
         t["static:auto"] = (None, f"static:auto missing ({res['error']})")
     if case.kind == "target999":
         if ref is not None:
-            t["cost"] = (p["gpu_hours"] <= ref["gpu_hours"],
-                         f"{p['gpu_hours']:.3f} <= static 99.9 % fleet {ref['gpu_hours']:.3f} GPU-h "
-                         f"(attainment {100 * p['sla_attainment']:.2f} % vs {100 * ref['sla_attainment']:.2f} %)")
+            t["cost"] = (
+                p["gpu_hours"] <= ref["gpu_hours"],
+                f"{p['gpu_hours']:.3f} <= static 99.9 % fleet {ref['gpu_hours']:.3f} GPU-h "
+                f"(attainment {100 * p['sla_attainment']:.2f} % vs {100 * ref['sla_attainment']:.2f} %)",
+            )
         return t
     if ref is not None:
         if ref["sla_attainment"] >= 0.995:
@@ -210,8 +261,10 @@ def targets(case: Case, res: dict[str, Any]) -> dict[str, Any]:
     t["not dominated"] = (not dom, "dominated by " + ", ".join(dom) if dom else "not dominated")
     if case.steady:
         eph = p["events_per_h"]
-        t["steady events"] = (eph is not None and eph <= 2.0, f"{p['scale_events']} events, {eph:.1f}/h <= 2/h"
-                              if eph is not None else "duration unknown")
+        t["steady events"] = (
+            eph is not None and eph <= 2.0,
+            f"{p['scale_events']} events, {eph:.1f}/h <= 2/h" if eph is not None else "duration unknown",
+        )
     return t
 
 
@@ -247,17 +300,26 @@ def print_run(case: Case, res: dict[str, Any]) -> None:
     print(f"\n{case.name}  (wall {res['wall_s']:.0f} s)  dynoplan {res['cmd']}")
     if res["error"]:
         print(f"  simulate: {res['error']}")
-    print(f"  {'policy':<36}{'attain.':>9}{'GPU-h':>9}{'/static':>9}{'events':>8}{'per h':>7}{'max fleet':>11}"
-          f"{'p99 TTFT':>10}{'p99 ITL':>9}")
+    print(
+        f"  {'policy':<36}{'attain.':>9}{'GPU-h':>9}{'/static':>9}{'events':>8}{'per h':>7}{'max fleet':>11}"
+        f"{'p99 TTFT':>10}{'p99 ITL':>9}"
+    )
     for name, v in pols.items():
         ratio = f"{v['gpu_hours'] / ref['gpu_hours']:.2f}" if ref and ref["gpu_hours"] > 0 else "-"
         eph = f"{v['events_per_h']:.1f}" if v["events_per_h"] is not None else "-"
-        print(f"  {name:<36}{100 * v['sla_attainment']:>8.2f}%{v['gpu_hours']:>9.3f}{ratio:>9}{v['scale_events']:>8}"
-              f"{eph:>7}{fmt_fleet(v['max_replicas']):>11}{v['p99_ttft_ms']:>10.1f}{v['p99_itl_ms']:>9.2f}")
+        print(
+            f"  {name:<36}{100 * v['sla_attainment']:>8.2f}%{v['gpu_hours']:>9.3f}{ratio:>9}{v['scale_events']:>8}"
+            f"{eph:>7}{fmt_fleet(v['max_replicas']):>11}{v['p99_ttft_ms']:>10.1f}{v['p99_itl_ms']:>9.2f}"
+        )
     for name, decs in res.get("decisions", {}).items():
-        print(f"  {name} decisions ({len(decs)}, {reversals(decs)} reversals of direction): "
-              + (" ".join(f"{t:.0f}s:{fleet}" for t, fleet, _ in decs[:40]) + (" ..." if len(decs) > 40 else "")
-                 if decs else "none (held its initial fleet)"))
+        print(
+            f"  {name} decisions ({len(decs)}, {reversals(decs)} reversals of direction): "
+            + (
+                " ".join(f"{t:.0f}s:{fleet}" for t, fleet, _ in decs[:40]) + (" ..." if len(decs) > 40 else "")
+                if decs
+                else "none (held its initial fleet)"
+            )
+        )
     dom = dominators({k: v for k, v in pols.items() if k in case.policies}, case.judged)
     print(f"  dominates {case.judged}: {', '.join(dom) if dom else 'none'}")
     t = targets(case, res)
@@ -265,18 +327,26 @@ def print_run(case: Case, res: dict[str, Any]) -> None:
 
 
 def markdown(cases: list[Case], results: dict[str, dict[str, Any]], header: str) -> str:
-    lines = [header, "",
-             "| run | policy | attainment | GPU-h | GPU-h / static:auto | scale events | max fleet |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| run | policy | attainment | GPU-h | GPU-h / static:auto | scale events | max fleet |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for case in cases:
         res = results[case.name]
         ref = res["policies"].get(REFERENCE)
         for name, v in res["policies"].items():
             ratio = f"{v['gpu_hours'] / ref['gpu_hours']:.2f}" if ref and ref["gpu_hours"] > 0 else "-"
-            lines.append(f"| {case.name} | {name} | {100 * v['sla_attainment']:.2f} % | {v['gpu_hours']:.3f} | {ratio} "
-                         f"| {v['scale_events']} | {fmt_fleet(v['max_replicas'])} |")
-    lines += ["", "| run | dominated by | attainment >= 99 % | GPU-h vs static:auto | steady events/h | wall s |",
-              "|---|---|---|---|---|---:|"]
+            lines.append(
+                f"| {case.name} | {name} | {100 * v['sla_attainment']:.2f} % | {v['gpu_hours']:.3f} | {ratio} "
+                f"| {v['scale_events']} | {fmt_fleet(v['max_replicas'])} |"
+            )
+    lines += [
+        "",
+        "| run | dominated by | attainment >= 99 % | GPU-h vs static:auto | steady events/h | wall s |",
+        "|---|---|---|---|---|---:|",
+    ]
     for case in cases:
         res = results[case.name]
         t = targets(case, res)
@@ -288,11 +358,16 @@ def markdown(cases: list[Case], results: dict[str, dict[str, Any]], header: str)
             ok, txt = t[key]
             return f"{mark(ok)}: {txt}"
 
-        lines.append(f"| {case.name} | {', '.join(dom) if dom else 'none'} | {cell('attainment')} | {cell('cost')} "
-                     f"| {cell('steady events')} | {res['wall_s']:.0f} |")
+        lines.append(
+            f"| {case.name} | {', '.join(dom) if dom else 'none'} | {cell('attainment')} | {cell('cost')} "
+            f"| {cell('steady events')} | {res['wall_s']:.0f} |"
+        )
     if any(c.kind == "target999" for c in cases):
-        lines += ["", "target999: its `static:auto` is the smallest static fleet reaching 99.9 % (`--auto-attainment "
-                      "0.999`); the planner row judged there is `planner:attainment_target=0.999`."]
+        lines += [
+            "",
+            "target999: its `static:auto` is the smallest static fleet reaching 99.9 % (`--auto-attainment "
+            "0.999`); the planner row judged there is `planner:attainment_target=0.999`.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -301,16 +376,24 @@ def render(path: str) -> None:
     doc = json.loads(Path(path).read_text())
     cases = [c for c in build_cases("-") if c.name in doc["runs"]]
     results = {c.name: doc["runs"][c.name] for c in cases}
-    sys.stdout.write(markdown(cases, results, f"Quality suite (`bench/bench_quality.py`), planner at {doc['planner_at']}, "
-                                              f"--jobs {doc['jobs']}, suite wall {doc['wall_s']:.0f} s"))
+    sys.stdout.write(
+        markdown(
+            cases,
+            results,
+            f"Quality suite (`bench/bench_quality.py`), planner at {doc['planner_at']}, "
+            f"--jobs {doc['jobs']}, suite wall {doc['wall_s']:.0f} s",
+        )
+    )
 
 
 def git_describe() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.split("\n")
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.split(
+            "\n"
+        )
         files = sorted(ln[3:] for ln in dirty if ln.strip())
         return rev + (f" + local changes to {', '.join(files)}" if files else "")
     except (OSError, subprocess.CalledProcessError):
@@ -324,7 +407,9 @@ def main() -> None:
     ap.add_argument("--out", metavar="DIR", help="keep each run's simulate outputs in DIR/RUN")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     ap.add_argument("--markdown", metavar="FILE", help="also write the markdown tables to FILE")
-    ap.add_argument("--render", metavar="FILE.json", help="print the markdown tables of an earlier --json file and exit")
+    ap.add_argument(
+        "--render", metavar="FILE.json", help="print the markdown tables of an earlier --json file and exit"
+    )
     args = ap.parse_args()
     if args.render:
         render(args.render)
@@ -347,8 +432,10 @@ def main() -> None:
         out_root.mkdir(parents=True, exist_ok=True)
         import planner
 
-        print(f"bench_quality: planner from {Path(planner.__file__).parent} at {git_describe()}; "
-              f"load average {os.getloadavg()[0]:.1f}; --jobs {args.jobs}; {len(cases)} runs")
+        print(
+            f"bench_quality: planner from {Path(planner.__file__).parent} at {git_describe()}; "
+            f"load average {os.getloadavg()[0]:.1f}; --jobs {args.jobs}; {len(cases)} runs"
+        )
         t0 = time.perf_counter()
         results: dict[str, dict[str, Any]] = {}
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -358,22 +445,36 @@ def main() -> None:
                 print_run(c, results[c.name])
                 sys.stdout.flush()
         total = time.perf_counter() - t0
-        print(f"\nsuite wall time {total:.0f} s with --jobs {args.jobs}; per run (s): "
-              + ", ".join(f"{c.name}={results[c.name]['wall_s']:.0f}" for c in cases))
-        header = (f"Quality suite (`bench/bench_quality.py`), planner at {git_describe()}, --jobs {args.jobs}, "
-                  f"suite wall {total:.0f} s")
+        print(
+            f"\nsuite wall time {total:.0f} s with --jobs {args.jobs}; per run (s): "
+            + ", ".join(f"{c.name}={results[c.name]['wall_s']:.0f}" for c in cases)
+        )
+        header = (
+            f"Quality suite (`bench/bench_quality.py`), planner at {git_describe()}, --jobs {args.jobs}, "
+            f"suite wall {total:.0f} s"
+        )
         md = markdown(cases, results, header)
         print("\n" + md)
         if args.markdown:
             Path(args.markdown).write_text(md)
         if args.json:
-            doc = {"planner_at": git_describe(), "wall_s": round(total, 1), "jobs": args.jobs,
-                   "runs": {c.name: {**results[c.name], "kind": c.kind, "judged": c.judged,
-                                     "dominated_by": dominators({k: v for k, v in results[c.name]["policies"].items()
-                                                                 if k in c.policies}, c.judged),
-                                     "targets": {k: {"ok": ok, "text": txt}
-                                                 for k, (ok, txt) in targets(c, results[c.name]).items()}}
-                            for c in cases}}
+            doc = {
+                "planner_at": git_describe(),
+                "wall_s": round(total, 1),
+                "jobs": args.jobs,
+                "runs": {
+                    c.name: {
+                        **results[c.name],
+                        "kind": c.kind,
+                        "judged": c.judged,
+                        "dominated_by": dominators(
+                            {k: v for k, v in results[c.name]["policies"].items() if k in c.policies}, c.judged
+                        ),
+                        "targets": {k: {"ok": ok, "text": txt} for k, (ok, txt) in targets(c, results[c.name]).items()},
+                    }
+                    for c in cases
+                },
+            }
             Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -43,23 +43,65 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = os.environ.get("REFERENCE_REPLAY", "/work/shared/tools/reference-replay")
 TRACES = ROOT / "examples" / "traces"
 CASES = {
-    "a": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
-              engine={"block_size": 64}, tol=0.005),
-    "b": dict(trace=TRACES / "mooncake_conversation.jsonl", workers=8, router="kv", ref_router="kv_router",
-              engine={}, tol=0.02),
+    "a": dict(
+        trace=TRACES / "azure_llm_conv_2023.csv",
+        workers=4,
+        router="round_robin",
+        ref_router="round_robin",
+        engine={"block_size": 64},
+        tol=0.005,
+    ),
+    "b": dict(
+        trace=TRACES / "mooncake_conversation.jsonl",
+        workers=8,
+        router="kv",
+        ref_router="kv_router",
+        engine={},
+        tol=0.02,
+    ),
     # (d) disaggregated: 2 prefill + 2 decode workers, KV transfer 64 GB/s x 131072 B/token (reference --disagg)
-    "d": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
-              engine={}, tol=0.01, disagg=dict(prefill=2, decode=2, kv_transfer_bandwidth=64,
-                                                  kv_transfer_bytes_per_token=131072)),
-    "a1": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=1, router="round_robin", ref_router="round_robin",
-               engine={"block_size": 64}, tol=0.005),
-    "ds": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
-               engine={"backend": "sglang"}, tol=0.03, disagg=dict(prefill=2, decode=2, kv_transfer_bandwidth=64,
-                                                                    kv_transfer_bytes_per_token=131072)),
-    "s": dict(trace=TRACES / "azure_llm_conv_2023.csv", workers=4, router="round_robin", ref_router="round_robin",
-              engine={"backend": "sglang"}, tol=0.03),
-    "sk": dict(trace=TRACES / "mooncake_conversation.jsonl", workers=4, router="kv", ref_router="kv_router",
-               engine={"backend": "sglang", "num_gpu_blocks": 262144}, tol=0.03),
+    "d": dict(
+        trace=TRACES / "azure_llm_conv_2023.csv",
+        workers=4,
+        router="round_robin",
+        ref_router="round_robin",
+        engine={},
+        tol=0.01,
+        disagg=dict(prefill=2, decode=2, kv_transfer_bandwidth=64, kv_transfer_bytes_per_token=131072),
+    ),
+    "a1": dict(
+        trace=TRACES / "azure_llm_conv_2023.csv",
+        workers=1,
+        router="round_robin",
+        ref_router="round_robin",
+        engine={"block_size": 64},
+        tol=0.005,
+    ),
+    "ds": dict(
+        trace=TRACES / "azure_llm_conv_2023.csv",
+        workers=4,
+        router="round_robin",
+        ref_router="round_robin",
+        engine={"backend": "sglang"},
+        tol=0.03,
+        disagg=dict(prefill=2, decode=2, kv_transfer_bandwidth=64, kv_transfer_bytes_per_token=131072),
+    ),
+    "s": dict(
+        trace=TRACES / "azure_llm_conv_2023.csv",
+        workers=4,
+        router="round_robin",
+        ref_router="round_robin",
+        engine={"backend": "sglang"},
+        tol=0.03,
+    ),
+    "sk": dict(
+        trace=TRACES / "mooncake_conversation.jsonl",
+        workers=4,
+        router="kv",
+        ref_router="kv_router",
+        engine={"backend": "sglang", "num_gpu_blocks": 262144},
+        tol=0.03,
+    ),
 }
 METRICS = [(m, s) for m in ("ttft", "itl", "e2e_latency") for s in ("mean", "median", "p90", "p99")]
 
@@ -78,9 +120,14 @@ def child(case: str, out: str) -> None:
     t1 = time.perf_counter()
     if "disagg" in c:
         from mocker.transfer import KvTransferConfig
+
         d = c["disagg"]
-        fc = FleetConfig(num_prefill_workers=d["prefill"], num_decode_workers=d["decode"], router=c["router"],
-                         transfer=KvTransferConfig(d["kv_transfer_bandwidth"], d["kv_transfer_bytes_per_token"]))
+        fc = FleetConfig(
+            num_prefill_workers=d["prefill"],
+            num_decode_workers=d["decode"],
+            router=c["router"],
+            transfer=KvTransferConfig(d["kv_transfer_bandwidth"], d["kv_transfer_bytes_per_token"]),
+        )
     else:
         fc = FleetConfig(num_workers=c["workers"], router=c["router"])
     res = run_replay(reqs, EngineConfig.from_mapping(c["engine"]), fc)
@@ -88,10 +135,18 @@ def child(case: str, out: str) -> None:
     rep = build_report(res)
     t3 = time.perf_counter()
     rec = res.records
-    per = dict(arrival=[r.arrival_ms for r in rec], isl=[r.input_length for r in rec], osl=[r.output_length for r in rec],
-               ttft=[r.ttft_ms for r in rec], e2e=[r.e2e_ms for r in rec])
-    Path(out).write_text(json.dumps(dict(report=rep, per=per, wall_s=t3 - t0, parse_s=t1 - t0, replay_s=t2 - t1,
-                                         report_s=t3 - t2, n=len(reqs))))
+    per = dict(
+        arrival=[r.arrival_ms for r in rec],
+        isl=[r.input_length for r in rec],
+        osl=[r.output_length for r in rec],
+        ttft=[r.ttft_ms for r in rec],
+        e2e=[r.e2e_ms for r in rec],
+    )
+    Path(out).write_text(
+        json.dumps(
+            dict(report=rep, per=per, wall_s=t3 - t0, parse_s=t1 - t0, replay_s=t2 - t1, report_s=t3 - t2, n=len(reqs))
+        )
+    )
 
 
 def bytecode_env(cache_dir: Path) -> dict[str, str]:
@@ -127,7 +182,8 @@ def per_request_share(mine: dict, ref_rows: list[dict]) -> tuple[float, int]:
     groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for r in ref_rows:
         groups[(round(r["arrival_time_ms"], 3), r["input_length"], r["output_length"])].append(
-            (r["e2e_latency_ms"], r["ttft_ms"]))
+            (r["e2e_latency_ms"], r["ttft_ms"])
+        )
     mine_groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for a, i, o, t, e in zip(mine["arrival"], mine["isl"], mine["osl"], mine["ttft"], mine["e2e"]):
         mine_groups[(round(a, 3), i, o)].append((e if e is not None else np.nan, t if t is not None else np.nan))
@@ -145,9 +201,13 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
     ap = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=default_cases, help=f"comma-separated, of {','.join(CASES)}")
     ap.add_argument("--repeat", type=int, default=1, help="runs per simulator and case; the fastest counts for speed")
-    ap.add_argument("--ref-runs-b", type=int, default=5,
-                    help="reference runs for (b): its KV router breaks ties at random, so fidelity is measured "
-                         "against the mean of these runs and their own spread is printed")
+    ap.add_argument(
+        "--ref-runs-b",
+        type=int,
+        default=5,
+        help="reference runs for (b): its KV router breaks ties at random, so fidelity is measured "
+        "against the mean of these runs and their own spread is printed",
+    )
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -159,8 +219,16 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
     env = bytecode_env(tmp / "pycache")
     # compile once, untimed (the reference's bytecode was compiled at install time)
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                    "import mocker.fleet, mocker.report, mocker.traces, mocker.transfer"], env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            "import mocker.fleet, mocker.report, mocker.traces, mocker.transfer",
+        ],
+        env=env,
+        check=True,
+    )
     for case in a.cases.split(","):
         c = CASES[case]
         best_mine = best_ref = None
@@ -174,12 +242,31 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
             if best_mine is None or mine["wall_s"] < best_mine[0]["wall_s"]:
                 best_mine = (mine, rss_m)
             ref_json, ref_per = tmp / f"{case}_ref.json", tmp / f"{case}_ref.jsonl"
-            cmd = [REFERENCE, "--trace", str(c["trace"]), "--workers", str(c["workers"]), "--router", c["ref_router"],
-                   "--engine", json.dumps({"engine": c["engine"]}), "--per-request", str(ref_per), "--json", str(ref_json)]
+            cmd = [
+                REFERENCE,
+                "--trace",
+                str(c["trace"]),
+                "--workers",
+                str(c["workers"]),
+                "--router",
+                c["ref_router"],
+                "--engine",
+                json.dumps({"engine": c["engine"]}),
+                "--per-request",
+                str(ref_per),
+                "--json",
+                str(ref_json),
+            ]
             if "disagg" in c:
                 d = c["disagg"]
-                cmd[cmd.index("--engine") + 1] = json.dumps({"engine": {**c["engine"], **{
-                    k: d[k] for k in ("kv_transfer_bandwidth", "kv_transfer_bytes_per_token")}}})
+                cmd[cmd.index("--engine") + 1] = json.dumps(
+                    {
+                        "engine": {
+                            **c["engine"],
+                            **{k: d[k] for k in ("kv_transfer_bandwidth", "kv_transfer_bytes_per_token")},
+                        }
+                    }
+                )
                 cmd += ["--disagg", "--prefill-workers", str(d["prefill"]), "--decode-workers", str(d["decode"])]
             _, rss_r, cpu_r = run_child(cmd)
             cpu_ref = min(cpu_ref, cpu_r)
@@ -197,16 +284,27 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
         share, paired = per_request_share(mine["per"], ref_rows)
         n = mine["n"]
         results[case] = dict(
-            rel_diff=diffs, max_abs_rel_diff=max(abs(v) for v in diffs.values()), tolerance=c["tol"],
-            reference_runs=len(ref_reports), reference_spread=spread,
-            per_request_within_0p1pct=share, paired=paired,
-            dynoplan_req_per_s=n / mine["wall_s"], reference_req_per_s=n / ref["outer_wall_s"],
+            rel_diff=diffs,
+            max_abs_rel_diff=max(abs(v) for v in diffs.values()),
+            tolerance=c["tol"],
+            reference_runs=len(ref_reports),
+            reference_spread=spread,
+            per_request_within_0p1pct=share,
+            paired=paired,
+            dynoplan_req_per_s=n / mine["wall_s"],
+            reference_req_per_s=n / ref["outer_wall_s"],
             speed_ratio=(n / mine["wall_s"]) / (n / ref["outer_wall_s"]),
-            dynoplan_wall_s=mine["wall_s"], dynoplan_parse_s=mine["parse_s"], dynoplan_replay_s=mine["replay_s"],
-            dynoplan_report_s=mine["report_s"], reference_wall_s=ref["outer_wall_s"],
+            dynoplan_wall_s=mine["wall_s"],
+            dynoplan_parse_s=mine["parse_s"],
+            dynoplan_replay_s=mine["replay_s"],
+            dynoplan_report_s=mine["report_s"],
+            reference_wall_s=ref["outer_wall_s"],
             reference_internal_wall_s=ref.get("wall_time_ms", float("nan")) / 1000.0,
-            dynoplan_peak_rss_mib=rss_m, reference_peak_rss_mib=rss_r,
-            dynoplan_process_cpu_s=cpu_mine, reference_process_cpu_s=cpu_ref, cpu_ratio=cpu_ref / cpu_mine,
+            dynoplan_peak_rss_mib=rss_m,
+            reference_peak_rss_mib=rss_r,
+            dynoplan_process_cpu_s=cpu_mine,
+            reference_process_cpu_s=cpu_ref,
+            cpu_ratio=cpu_ref / cpu_mine,
             prefix_cache_reused_ratio=(rep.get("prefix_cache_reused_ratio"), ref.get("prefix_cache_reused_ratio")),
         )
         print_case(case, c, results[case])
@@ -216,40 +314,63 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
 
 
 def print_case(case: str, c: dict, r: dict) -> None:
-    fleet = (f"{c['disagg']['prefill']} prefill + {c['disagg']['decode']} decode workers" if "disagg" in c
-             else f"{c['workers']} worker(s)")
+    fleet = (
+        f"{c['disagg']['prefill']} prefill + {c['disagg']['decode']} decode workers"
+        if "disagg" in c
+        else f"{c['workers']} worker(s)"
+    )
     print(f"\n== ({case}) {Path(c['trace']).name}, {fleet}, router {c['router']}, engine {c['engine'] or 'defaults'}")
     print(f"{'metric':<12}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}   (relative difference dynoplan vs reference)")
     for m in ("ttft", "itl", "e2e_latency"):
         row = [r["rel_diff"][f"{s}_{m}"] for s in ("mean", "median", "p90", "p99")]
         print(f"{m:<12}" + "".join(f"{v * 100:>9.3f}%" for v in row))
     if r["reference_runs"] > 1:
-        print(f"{'ref spread':<12}" + "".join(f"{r['reference_spread'][f'{s}_{m}'] * 100:>9.3f}%"
-                                            for m in ("ttft",) for s in ("mean", "median", "p90", "p99")) + "   (ttft)")
+        print(
+            f"{'ref spread':<12}"
+            + "".join(
+                f"{r['reference_spread'][f'{s}_{m}'] * 100:>9.3f}%"
+                for m in ("ttft",)
+                for s in ("mean", "median", "p90", "p99")
+            )
+            + "   (ttft)"
+        )
         for m in ("itl", "e2e_latency"):
-            print(f"{'':<12}" + "".join(f"{r['reference_spread'][f'{s}_{m}'] * 100:>9.3f}%"
-                                        for s in ("mean", "median", "p90", "p99")) + f"   ({m})")
-        print(f"(differences above are against the mean of {r['reference_runs']} reference runs; 'ref spread' = "
-              "(max - min) / mean over those runs)")
+            print(
+                f"{'':<12}"
+                + "".join(f"{r['reference_spread'][f'{s}_{m}'] * 100:>9.3f}%" for s in ("mean", "median", "p90", "p99"))
+                + f"   ({m})"
+            )
+        print(
+            f"(differences above are against the mean of {r['reference_runs']} reference runs; 'ref spread' = "
+            "(max - min) / mean over those runs)"
+        )
     verdict = "OK" if r["max_abs_rel_diff"] <= r["tolerance"] else "OVER"
-    print(f"max |diff| {r['max_abs_rel_diff'] * 100:.3f}% (target {r['tolerance'] * 100:.1f}%: {verdict});"
-          f" per-request TTFT&E2E within 0.1%: {r['per_request_within_0p1pct'] * 100:.2f}% of {r['paired']}")
+    print(
+        f"max |diff| {r['max_abs_rel_diff'] * 100:.3f}% (target {r['tolerance'] * 100:.1f}%: {verdict});"
+        f" per-request TTFT&E2E within 0.1%: {r['per_request_within_0p1pct'] * 100:.2f}% of {r['paired']}"
+    )
     p = r["prefix_cache_reused_ratio"]
     print(f"prefix_cache_reused_ratio dynoplan {p[0]:.4f} reference {p[1]:.4f}")
-    print(f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = parse {r['dynoplan_parse_s']:.2f}"
-          f" + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), reference "
-          f"{r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}")
-    print(f"process CPU (user+sys, whole child incl. start-up): dynoplan {r['dynoplan_process_cpu_s']:.2f} s, reference "
-          f"{r['reference_process_cpu_s']:.2f} s, ratio {r['cpu_ratio']:.2f} (less sensitive to other load than wall time)")
+    print(
+        f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = parse {r['dynoplan_parse_s']:.2f}"
+        f" + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), reference "
+        f"{r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}"
+    )
+    print(
+        f"process CPU (user+sys, whole child incl. start-up): dynoplan {r['dynoplan_process_cpu_s']:.2f} s, reference "
+        f"{r['reference_process_cpu_s']:.2f} s, ratio {r['cpu_ratio']:.2f} (less sensitive to other load than wall time)"
+    )
     print(f"peak RSS: dynoplan {r['dynoplan_peak_rss_mib']} MiB, reference {r['reference_peak_rss_mib']} MiB")
 
 
 def print_summary(results: dict) -> None:
     print("\ncase  max|diff|  within-0.1%  dynoplan req/s  reference req/s  ratio  CPU ratio  RSS MiB (ours/ref)")
     for case, r in results.items():
-        print(f"{case:<5} {r['max_abs_rel_diff'] * 100:>8.3f}%  {r['per_request_within_0p1pct'] * 100:>10.2f}%  "
-              f"{r['dynoplan_req_per_s']:>14.0f}  {r['reference_req_per_s']:>15.0f}  {r['speed_ratio']:>5.2f}  "
-              f"{r['cpu_ratio']:>9.2f}  {r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}")
+        print(
+            f"{case:<5} {r['max_abs_rel_diff'] * 100:>8.3f}%  {r['per_request_within_0p1pct'] * 100:>10.2f}%  "
+            f"{r['dynoplan_req_per_s']:>14.0f}  {r['reference_req_per_s']:>15.0f}  {r['speed_ratio']:>5.2f}  "
+            f"{r['cpu_ratio']:>9.2f}  {r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}"
+        )
 
 
 if __name__ == "__main__":

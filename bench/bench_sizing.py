@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -53,9 +52,15 @@ def _window(rate_per_s: float, ttft_ms: float, itl_ms: float):
 
     osl = float(np.mean([r.output_length for r in reqs]))
     counts = fc.arrival_counts(0.0, t1, ARRIVAL_BIN_S)
-    return dataclasses.replace(w, duration_s=180.0, num_requests=float(len(reqs)) * (180.0 / t1),
-                               mean_osl_tokens=osl, arrival_counts=counts, num_inflight=rate_per_s * 1.5,
-                               mean_request_duration_s=1.5)
+    return dataclasses.replace(
+        w,
+        duration_s=180.0,
+        num_requests=float(len(reqs)) * (180.0 / t1),
+        mean_osl_tokens=osl,
+        arrival_counts=counts,
+        num_inflight=rate_per_s * 1.5,
+        mean_request_duration_s=1.5,
+    )
 
 
 def run(mode: str, n: int, rate_per_engine: float, ttft_ms: float, itl_ms: float, repeat: int) -> dict:
@@ -65,8 +70,15 @@ def run(mode: str, n: int, rate_per_engine: float, ttft_ms: float, itl_ms: float
     ev = EngineFleetEvaluator(engines, ttft_ms=ttft_ms, itl_ms=itl_ms)
     pools = tuple(engines)
     limits = {p: PoolLimits(1, 64, 1) for p in pools}
-    cfg = PlannerConfig(mode=mode, ttft_ms=ttft_ms, itl_ms=itl_ms, predictor="constant", max_gpu_budget=128,
-                        first_sizing_s=None, **limits)
+    cfg = PlannerConfig(
+        mode=mode,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        predictor="constant",
+        max_gpu_budget=128,
+        first_sizing_s=None,
+        **limits,
+    )
     rate = n * rate_per_engine
     w = _window(rate, ttft_ms, itl_ms)
     times, evals, replayed, goals = [], [], [], []
@@ -85,9 +97,17 @@ def run(mode: str, n: int, rate_per_engine: float, ttft_ms: float, itl_ms: float
         replayed.append(ev.replayed_requests - before_r)
         goals.append(dict(res.decision.targets or start))
     t = np.array(times)
-    return {"mode": mode, "fleet": n, "rate_rps": rate, "p50_s": float(np.percentile(t, 50)),
-            "p99_s": float(np.percentile(t, 99)), "max_s": float(t.max()), "evaluations": int(np.median(evals)),
-            "replayed_requests": int(np.median(replayed)), "goal": goals[0]}
+    return {
+        "mode": mode,
+        "fleet": n,
+        "rate_rps": rate,
+        "p50_s": float(np.percentile(t, 50)),
+        "p99_s": float(np.percentile(t, 99)),
+        "max_s": float(t.max()),
+        "evaluations": int(np.median(evals)),
+        "replayed_requests": int(np.median(replayed)),
+        "goal": goals[0],
+    }
 
 
 def main() -> None:
@@ -102,15 +122,18 @@ def main() -> None:
     ttft, itl = (float(x) for x in a.sla.split(","))
     modes = ("agg", "disagg") if a.mode == "both" else (a.mode,)
     rows = []
-    print(f"| mode | fleet | rate req/s | p50 s | p99 s | max s | p99 / 1 s | candidates | requests replayed | goal |")
+    print("| mode | fleet | rate req/s | p50 s | p99 s | max s | p99 / 1 s | candidates | requests replayed | goal |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         for n in (int(x) for x in a.fleets.split(",")):
             r = run(mode, n, a.rate_per_engine, ttft, itl, a.repeat)
             rows.append(r)
-            print(f"| {mode} | {n} | {r['rate_rps']:.0f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} | {r['max_s']:.3f} | "
-                  f"{r['p99_s']:.2f} | {r['evaluations']} | {r['replayed_requests']} | "
-                  f"{'+'.join(str(v) for v in r['goal'].values())} |", flush=True)
+            print(
+                f"| {mode} | {n} | {r['rate_rps']:.0f} | {r['p50_s']:.3f} | {r['p99_s']:.3f} | {r['max_s']:.3f} | "
+                f"{r['p99_s']:.2f} | {r['evaluations']} | {r['replayed_requests']} | "
+                f"{'+'.join(str(v) for v in r['goal'].values())} |",
+                flush=True,
+            )
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -25,26 +25,63 @@ ROOT = Path(__file__).resolve().parent.parent
 # the digests do not depend on where the checkout is.
 AZURE = "examples/traces/azure_llm_conv_2023.csv"
 MOONCAKE = "examples/traces/mooncake_conversation.jsonl"
-DISAGG = ["--prefill-workers", "2", "--decode-workers", "2", "--kv-transfer-bandwidth", "64",
-          "--kv-bytes-per-token", "131072"]
+DISAGG = [
+    "--prefill-workers",
+    "2",
+    "--decode-workers",
+    "2",
+    "--kv-transfer-bandwidth",
+    "64",
+    "--kv-bytes-per-token",
+    "131072",
+]
 # The same fleets as bench/bench_replay.py's CASES, as CLI flags.
 REPLAY_CASES: dict[str, list[str]] = {
     "a": ["--trace", AZURE, "--workers", "4", "--router", "round_robin", "--block-size", "64"],
     "a1": ["--trace", AZURE, "--workers", "1", "--router", "round_robin", "--block-size", "64"],
-    "a1-single-step": ["--trace", AZURE, "--workers", "1", "--router", "round_robin", "--block-size", "64",
-                       "--single-step"],
+    "a1-single-step": [
+        "--trace",
+        AZURE,
+        "--workers",
+        "1",
+        "--router",
+        "round_robin",
+        "--block-size",
+        "64",
+        "--single-step",
+    ],
     "b": ["--trace", MOONCAKE, "--workers", "8", "--router", "kv"],
     "d": ["--trace", AZURE, "--router", "round_robin", *DISAGG],
     "ds": ["--trace", AZURE, "--router", "round_robin", "--engine", "sglang", *DISAGG],
     "s": ["--trace", AZURE, "--workers", "4", "--router", "round_robin", "--engine", "sglang"],
-    "sk": ["--trace", MOONCAKE, "--workers", "4", "--router", "kv", "--engine", "sglang",
-           "--num-gpu-blocks", "262144"],
+    "sk": ["--trace", MOONCAKE, "--workers", "4", "--router", "kv", "--engine", "sglang", "--num-gpu-blocks", "262144"],
 }
 SIMULATE_CASES: dict[str, list[str]] = {
-    "simulate-agg": ["--trace", AZURE, "--sla-ttft-ms", "200", "--sla-itl-ms", "10",
-                     "--compare", "planner", "static:2", "hpa"],
-    "simulate-disagg": ["--trace", AZURE, "--mode", "disagg", "--sla-ttft-ms", "200", "--sla-itl-ms", "10",
-                        "--compare", "throughput-only", "static:1+1"],
+    "simulate-agg": [
+        "--trace",
+        AZURE,
+        "--sla-ttft-ms",
+        "200",
+        "--sla-itl-ms",
+        "10",
+        "--compare",
+        "planner",
+        "static:2",
+        "hpa",
+    ],
+    "simulate-disagg": [
+        "--trace",
+        AZURE,
+        "--mode",
+        "disagg",
+        "--sla-ttft-ms",
+        "200",
+        "--sla-itl-ms",
+        "10",
+        "--compare",
+        "throughput-only",
+        "static:1+1",
+    ],
 }
 
 
@@ -67,8 +104,18 @@ def digests(cases: list[str]) -> dict[str, str]:
             t = time.perf_counter()
             if case in REPLAY_CASES:
                 rep, per = d / f"{case}.report.json", d / f"{case}.records.jsonl"
-                run([dynoplan, "replay", *REPLAY_CASES[case], "--report-json", str(rep), "--per-request", str(per),
-                     "--quiet"])
+                run(
+                    [
+                        dynoplan,
+                        "replay",
+                        *REPLAY_CASES[case],
+                        "--report-json",
+                        str(rep),
+                        "--per-request",
+                        str(per),
+                        "--quiet",
+                    ]
+                )
                 out[f"{case}/report"], out[f"{case}/records"] = sha(rep), sha(per)
             else:
                 o = d / case
@@ -82,8 +129,11 @@ def digests(cases: list[str]) -> dict[str, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default=",".join([*REPLAY_CASES, *SIMULATE_CASES]),
-                    help="comma-separated, of " + ",".join([*REPLAY_CASES, *SIMULATE_CASES]))
+    ap.add_argument(
+        "--cases",
+        default=",".join([*REPLAY_CASES, *SIMULATE_CASES]),
+        help="comma-separated, of " + ",".join([*REPLAY_CASES, *SIMULATE_CASES]),
+    )
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--save", help="write the digests here (JSON)")
     g.add_argument("--check", help="compare against digests saved with --save; exit 1 on any difference")

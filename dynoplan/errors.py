@@ -102,8 +102,15 @@ class SettingsError(OperatorError, ConfigError):
 class RequestError(DynoplanError):
     """A bad request: rendered as an OpenAI error body with ``status``."""
 
-    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
 

@@ -76,19 +76,31 @@ def _expected(err: Mapping[str, Any]) -> str:
     """What a pydantic error type says was expected, in the project's words."""
     t, ctx = err["type"], err.get("ctx") or {}
     simple = {
-        "int_type": "expected an integer", "int_from_float": "expected an integer",
-        "int_parsing": "expected an integer", "float_type": "expected a number",
-        "float_parsing": "expected a number", "finite_number": "expected a finite number",
-        "bool_type": "expected a boolean (true/false)", "bool_parsing": "expected a boolean (true/false)",
-        "string_type": "expected a string", "dict_type": "expected a mapping",
-        "model_type": "expected a mapping", "dataclass_type": "expected a mapping",
-        "dataclass_exact_type": "expected a mapping", "list_type": "expected a list",
-        "tuple_type": "expected a list", "none_required": "expected null",
+        "int_type": "expected an integer",
+        "int_from_float": "expected an integer",
+        "int_parsing": "expected an integer",
+        "float_type": "expected a number",
+        "float_parsing": "expected a number",
+        "finite_number": "expected a finite number",
+        "bool_type": "expected a boolean (true/false)",
+        "bool_parsing": "expected a boolean (true/false)",
+        "string_type": "expected a string",
+        "dict_type": "expected a mapping",
+        "model_type": "expected a mapping",
+        "dataclass_type": "expected a mapping",
+        "dataclass_exact_type": "expected a mapping",
+        "list_type": "expected a list",
+        "tuple_type": "expected a list",
+        "none_required": "expected null",
     }
     if t in simple:
         return simple[t]
-    bounds = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="), "less_than": ("lt", "<"),
-              "less_than_equal": ("le", "<=")}
+    bounds = {
+        "greater_than": ("gt", ">"),
+        "greater_than_equal": ("ge", ">="),
+        "less_than": ("lt", "<"),
+        "less_than_equal": ("le", "<="),
+    }
     if t in bounds:
         key, op = bounds[t]
         return f"expected {op} {ctx.get(key)}"
@@ -102,7 +114,7 @@ def _expected(err: Mapping[str, Any]) -> str:
     msg = str(err.get("msg", ""))
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+            msg = msg[len(prefix) :]
     return msg if msg.startswith("expected") else f"expected {msg[:1].lower()}{msg[1:]}"
 
 
@@ -172,13 +184,14 @@ def build(cls: type[T], data: Any, *, source: str | None = None, prefix: str = "
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.') or 'settings'}={_fmt_value(data)}: expected a mapping",
-                          source=source)
+        raise ConfigError(f"{prefix.rstrip('.') or 'settings'}={_fmt_value(data)}: expected a mapping", source=source)
     try:
         text = json.dumps(data)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix.rstrip('.') or 'settings'}: {e}; expected plain values (numbers, text, "
-                          "lists, mappings)", source=source) from None
+        raise ConfigError(
+            f"{prefix.rstrip('.') or 'settings'}: {e}; expected plain values (numbers, text, lists, mappings)",
+            source=source,
+        ) from None
     try:
         # JSON mode: strict types still hold (a bool is not an int, "5" is not a number), while nested
         # mappings become nested settings and lists become tuples, as a YAML or JSON file writes them.

@@ -22,15 +22,16 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import yaml
 
+from dynoplan.errors import ConfigError
 from dynoplan.settings import check
 from mocker.config import ENGINES, EngineConfig, resolve_kv_capacity
-from dynoplan.errors import ConfigError
 from mocker.kv.tiers import parse_bandwidth_flags
 from mocker.modelcfg import KV_CACHE_DTYPES, kv_bytes_per_token_from_file
 from mocker.transfer import HANDOFF_PATHS, TIMING_MODES, KvTransferConfig
@@ -71,8 +72,10 @@ def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[str])
             continue
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
-            raise ConfigError(f"{flag} {path}: parent directory {parent} does not exist or is not a directory; "
-                              "expected an existing directory")
+            raise ConfigError(
+                f"{flag} {path}: parent directory {parent} does not exist or is not a directory; "
+                "expected an existing directory"
+            )
         for src in inputs:
             if os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
                 raise ConfigError(f"{flag} {path}: is the input trace {src}; expected a different output file")
@@ -120,6 +123,7 @@ def nonneg_float(text: str) -> float:
 
 def one_line_error(prog: str) -> Callable[[str], NoReturn]:
     """A replacement for ``parser.error``: ``PROG: error: MESSAGE (see --help)`` on stderr, exit code 2."""
+
     def error(message: str) -> NoReturn:
         print(f"{prog}: error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
@@ -140,35 +144,63 @@ def failed_requests_note(records: Sequence[Any], engine: EngineConfig) -> str | 
         return None
     big = max(failed, key=lambda r: (r.input_length + r.output_length, r.input_length))
     capacity = engine.num_gpu_blocks * engine.effective_block_size
-    no_chunk = ("" if engine.enable_chunked_prefill else
-                f", or a prompt above max_num_batched_tokens={engine.max_num_batched_tokens} (chunked prefill off)")
-    return (f"{len(failed)} of {len(records)} requests failed: prompt + output tokens that can never fit in a "
-            f"worker's KV cache{no_chunk} (largest failed request: {big.input_length} prompt + {big.output_length} "
-            f"output = {big.input_length + big.output_length} tokens; num_gpu_blocks={engine.num_gpu_blocks} x "
-            f"block_size={engine.effective_block_size} = {capacity} tokens); they count as not completed")
+    no_chunk = (
+        ""
+        if engine.enable_chunked_prefill
+        else f", or a prompt above max_num_batched_tokens={engine.max_num_batched_tokens} (chunked prefill off)"
+    )
+    return (
+        f"{len(failed)} of {len(records)} requests failed: prompt + output tokens that can never fit in a "
+        f"worker's KV cache{no_chunk} (largest failed request: {big.input_length} prompt + {big.output_length} "
+        f"output = {big.input_length + big.output_length} tokens; num_gpu_blocks={engine.num_gpu_blocks} x "
+        f"block_size={engine.effective_block_size} = {capacity} tokens); they count as not completed"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- parser
-RATE_ENVELOPE_HELP = ("time-warp arrivals (after --arrival-speedup) by a rate multiplier m(t): "
-                      "periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D] (raised cosine from A to B; with D "
-                      "the trace is repeated to cover D s, then cut) or a CSV file time_s,multiplier (piecewise linear)")
+RATE_ENVELOPE_HELP = (
+    "time-warp arrivals (after --arrival-speedup) by a rate multiplier m(t): "
+    "periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D] (raised cosine from A to B; with D "
+    "the trace is repeated to cover D s, then cut) or a CSV file time_s,multiplier (piecewise linear)"
+)
 
 
 def add_transfer_arguments(group: Any) -> None:
     """The prefill->decode KV-transfer flags (``--kv-transfer-bandwidth``, ``--kv-bytes-per-token``,
     ``--model-config``, ``--kv-cache-dtype``, ``--kv-transfer-timing``, ``--handoff``) on ``group`` (a parser or
     argument group); shared by ``dynoplan replay`` and ``dynoplan simulate``."""
-    group.add_argument("--kv-transfer-bandwidth", type=nonneg_float, metavar="GBPS",
-                       help="prefill->decode KV transfer bandwidth in GB/s (1e9 B/s); 0 = no delay (default 0)")
-    group.add_argument("--kv-bytes-per-token", type=positive_int, metavar="N", help="KV bytes per token (or --model-config)")
-    group.add_argument("--model-config", metavar="config.json",
-                       help="Hugging Face config.json: kv bytes/token = layers x 2 x kv_heads x head_dim x dtype bytes")
-    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                       help="KV cache dtype for --model-config (default auto = the model's torch_dtype)")
-    group.add_argument("--kv-transfer-timing", choices=TIMING_MODES, default="full_prompt",
-                       help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)")
-    group.add_argument("--handoff", choices=HANDOFF_PATHS, default="coordinated",
-                       help="prefill->decode handoff path (default coordinated, the reference's timeline)")
+    group.add_argument(
+        "--kv-transfer-bandwidth",
+        type=nonneg_float,
+        metavar="GBPS",
+        help="prefill->decode KV transfer bandwidth in GB/s (1e9 B/s); 0 = no delay (default 0)",
+    )
+    group.add_argument(
+        "--kv-bytes-per-token", type=positive_int, metavar="N", help="KV bytes per token (or --model-config)"
+    )
+    group.add_argument(
+        "--model-config",
+        metavar="config.json",
+        help="Hugging Face config.json: kv bytes/token = layers x 2 x kv_heads x head_dim x dtype bytes",
+    )
+    group.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="KV cache dtype for --model-config (default auto = the model's torch_dtype)",
+    )
+    group.add_argument(
+        "--kv-transfer-timing",
+        choices=TIMING_MODES,
+        default="full_prompt",
+        help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)",
+    )
+    group.add_argument(
+        "--handoff",
+        choices=HANDOFF_PATHS,
+        default="coordinated",
+        help="prefill->decode handoff path (default coordinated, the reference's timeline)",
+    )
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (override --engine-config)") -> None:
@@ -179,17 +211,39 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (
     e = parser.add_argument_group(title)
     e.add_argument("--engine-config", metavar="FILE.yaml", help="engine settings file (flat or {engine: {...}})")
     e.add_argument("--engine", choices=ENGINES, help="scheduler family (default vllm)")
-    e.add_argument("--block-size", "--page-size", type=positive_int, metavar="N", help="tokens per KV block (SGLang: page size; default: vllm 64, trtllm 32, sglang 1)")
-    e.add_argument("--num-gpu-blocks", type=positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)")
+    e.add_argument(
+        "--block-size",
+        "--page-size",
+        type=positive_int,
+        metavar="N",
+        help="tokens per KV block (SGLang: page size; default: vllm 64, trtllm 32, sglang 1)",
+    )
+    e.add_argument(
+        "--num-gpu-blocks", type=positive_int, metavar="N", help="KV cache capacity in blocks (default 16384)"
+    )
     e.add_argument("--max-num-seqs", type=positive_int, metavar="N", help="max running sequences (default 256)")
-    e.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N", help="per-pass token budget (default 8192)")
-    e.add_argument("--speedup-ratio", type=positive_float, metavar="R", help="divide every pass time by R (default 1.0)")
-    e.add_argument("--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)")
+    e.add_argument(
+        "--max-num-batched-tokens", type=positive_int, metavar="N", help="per-pass token budget (default 8192)"
+    )
+    e.add_argument(
+        "--speedup-ratio", type=positive_float, metavar="R", help="divide every pass time by R (default 1.0)"
+    )
+    e.add_argument(
+        "--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)"
+    )
     e.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     e.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
-    e.add_argument("--timing", metavar="polynomial|FILE.npz|aic:SPEC", help="timing model (default polynomial; aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)")
-    e.add_argument("--gpu-memory-fraction", type=positive_float, metavar="F", help="with --timing aic:...: KV blocks from this share of GPU memory (when --num-gpu-blocks is not given)")
-
+    e.add_argument(
+        "--timing",
+        metavar="polynomial|FILE.npz|aic:SPEC",
+        help="timing model (default polynomial; aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)",
+    )
+    e.add_argument(
+        "--gpu-memory-fraction",
+        type=positive_float,
+        metavar="F",
+        help="with --timing aic:...: KV blocks from this share of GPU memory (when --num-gpu-blocks is not given)",
+    )
 
 
 def read_engine_config_text(path: str) -> str:
@@ -205,8 +259,9 @@ def read_engine_config_text(path: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:  # a binary or Latin-1 file
-        raise ConfigError(f"byte 0x{raw[e.start]:02x} at offset {e.start}: expected a UTF-8 YAML file",
-                          source=path) from None
+        raise ConfigError(
+            f"byte 0x{raw[e.start]:02x} at offset {e.start}: expected a UTF-8 YAML file", source=path
+        ) from None
 
 
 def parse_engine_config_text(text: str, path: str) -> Any:
@@ -267,14 +322,22 @@ def transfer_config_from_args(args: argparse.Namespace) -> tuple[int, int, KvTra
     if (p is None) != (d is None):
         raise ConfigError("--prefill-workers and --decode-workers: give both for a disaggregated fleet (or neither)")
     if p is None:
-        given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
-                                ("--kv-bytes-per-token", args.kv_bytes_per_token),
-                                ("--model-config", args.model_config)) if v is not None]
+        given = [
+            f
+            for f, v in (
+                ("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
+                ("--kv-bytes-per-token", args.kv_bytes_per_token),
+                ("--model-config", args.model_config),
+            )
+            if v is not None
+        ]
         if getattr(args, "num_g2_blocks", None):  # KVBM lower tiers use the KV size too (engine_config_from_args)
             given = [f for f in given if f == "--kv-transfer-bandwidth"]
         if given:
-            raise ConfigError(f"{', '.join(given)}: only for a disaggregated fleet (give --prefill-workers and "
-                              "--decode-workers) or KVBM lower tiers (--num-g2-blocks)")
+            raise ConfigError(
+                f"{', '.join(given)}: only for a disaggregated fleet (give --prefill-workers and "
+                "--decode-workers) or KVBM lower tiers (--num-g2-blocks)"
+            )
         return 0, 0, None
     return p, d, kv_transfer_from_args(args)
 
@@ -291,10 +354,11 @@ def kv_transfer_from_args(args: argparse.Namespace) -> KvTransferConfig:
     bw = args.kv_transfer_bandwidth or 0.0
     if bw > 0 and kv_bytes is None:
         raise ConfigError(f"--kv-transfer-bandwidth {bw:g}: needs --kv-bytes-per-token or --model-config")
-    return check(lambda: KvTransferConfig(bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes,
-                                          timing=args.kv_transfer_timing, handoff=args.handoff))
-
-
+    return check(
+        lambda: KvTransferConfig(
+            bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes, timing=args.kv_transfer_timing, handoff=args.handoff
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------- a live worker
@@ -310,19 +374,46 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=nonneg_int, default=8000, help="HTTP port, 0 = any free port (default 8000)")
     p.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
     p.add_argument("--worker-id", type=nonneg_int, default=0, help="worker id in FPM and KV events (default 0)")
-    p.add_argument("--max-model-len", type=positive_int, help="max prompt+output tokens (default: one rank's KV capacity)")
-    p.add_argument("--fpm-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for ForwardPassMetrics ('off' to disable)")
-    p.add_argument("--kv-events-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for KV events ('off' to disable)")
+    p.add_argument(
+        "--max-model-len", type=positive_int, help="max prompt+output tokens (default: one rank's KV capacity)"
+    )
+    p.add_argument(
+        "--fpm-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for ForwardPassMetrics ('off' to disable)"
+    )
+    p.add_argument(
+        "--kv-events-endpoint", default="tcp://127.0.0.1:0", help="ZMQ PUB endpoint for KV events ('off' to disable)"
+    )
     p.add_argument("--heartbeat-s", type=positive_float, default=1.0, help="idle FPM heartbeat period (default 1 s)")
-    p.add_argument("--kv-bytes-per-token", type=nonneg_int, default=0, help="decode role: KV bytes per prompt token (0 = no transfer delay)")
-    p.add_argument("--kv-transfer-bandwidth-gbps", type=nonneg_float, default=0.0, help="decode role: KV transfer GB/s (0 = no delay)")
-    p.add_argument("--bootstrap-port", type=nonneg_int, help="prefill role: TCP port of the bootstrap handoff (0 = any free port)")
+    p.add_argument(
+        "--kv-bytes-per-token",
+        type=nonneg_int,
+        default=0,
+        help="decode role: KV bytes per prompt token (0 = no transfer delay)",
+    )
+    p.add_argument(
+        "--kv-transfer-bandwidth-gbps",
+        type=nonneg_float,
+        default=0.0,
+        help="decode role: KV transfer GB/s (0 = no delay)",
+    )
+    p.add_argument(
+        "--bootstrap-port", type=nonneg_int, help="prefill role: TCP port of the bootstrap handoff (0 = any free port)"
+    )
     add_engine_arguments(parser, "engine (as in replay; override --engine-config)")
     e = parser.add_argument_group("worker layout")
-    e.add_argument("--trace-block-size", type=positive_int, metavar="N",
-                   help="tokens per prompt block id (hash_ids) in requests and KV events (default 512)")
+    e.add_argument(
+        "--trace-block-size",
+        type=positive_int,
+        metavar="N",
+        help="tokens per prompt block id (hash_ids) in requests and KV events (default 512)",
+    )
     e.add_argument("--worker-type", choices=WORKER_TYPES, help="role in a disaggregated pool (default aggregated)")
-    e.add_argument("--dp-size", type=positive_int, metavar="N", help="data-parallel ranks, each its own scheduler and KV cache (default 1)")
+    e.add_argument(
+        "--dp-size",
+        type=positive_int,
+        metavar="N",
+        help="data-parallel ranks, each its own scheduler and KV cache (default 1)",
+    )
 
 
 class WorkerArgvError(ConfigError):

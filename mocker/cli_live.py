@@ -15,14 +15,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from dynoplan.settings import check
-from mocker.arguments import (add_worker_arguments, check_output_paths, engine_config_from_args, nonneg_int,
-                              one_line_error, positive_float, positive_int)
-from mocker.engine import make_engine
 from dynoplan.errors import ConfigError
+from dynoplan.settings import check
+from mocker.arguments import (
+    add_worker_arguments,
+    check_output_paths,
+    engine_config_from_args,
+    nonneg_int,
+    one_line_error,
+    positive_float,
+    positive_int,
+)
+from mocker.engine import make_engine
 from mocker.report import render_table, report_to_json, write_per_request_jsonl
 from mocker.traces import load_trace
 
@@ -33,8 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.error = one_line_error("dynoplan mocker")  # type: ignore[method-assign]
     sub = parser.add_subparsers(dest="mocker_command", metavar="{serve}")
     sub.required = True
-    p = sub.add_parser("serve", allow_abbrev=False, help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
-                       description="Run one live mocker worker on the wall clock (see mocker.live.worker).")
+    p = sub.add_parser(
+        "serve",
+        allow_abbrev=False,
+        help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
+        description="Run one live mocker worker on the wall clock (see mocker.live.worker).",
+    )
     p.error = one_line_error("dynoplan mocker serve")  # type: ignore[method-assign]
     add_worker_arguments(p)
 
@@ -43,12 +55,22 @@ def run(args: argparse.Namespace) -> int:
     from mocker.live.worker import WorkerSettings, serve  # aiohttp + pyzmq (~0.3 s): only when a worker starts
 
     cfg = engine_config_from_args(args).replace(worker_type=args.worker_type, dp_size=args.dp_size)
-    s = check(lambda: WorkerSettings(
-        engine=cfg, host=args.host, port=args.port, model_name=args.model_name, worker_id=args.worker_id,
-        max_model_len=args.max_model_len, fpm_endpoint=None if args.fpm_endpoint == "off" else args.fpm_endpoint,
-        kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
-        heartbeat_s=args.heartbeat_s, kv_bytes_per_token=args.kv_bytes_per_token,
-        kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps, bootstrap_port=args.bootstrap_port))
+    s = check(
+        lambda: WorkerSettings(
+            engine=cfg,
+            host=args.host,
+            port=args.port,
+            model_name=args.model_name,
+            worker_id=args.worker_id,
+            max_model_len=args.max_model_len,
+            fpm_endpoint=None if args.fpm_endpoint == "off" else args.fpm_endpoint,
+            kv_events_endpoint=None if args.kv_events_endpoint == "off" else args.kv_events_endpoint,
+            heartbeat_s=args.heartbeat_s,
+            kv_bytes_per_token=args.kv_bytes_per_token,
+            kv_transfer_bandwidth_gbps=args.kv_transfer_bandwidth_gbps,
+            bootstrap_port=args.bootstrap_port,
+        )
+    )
     make_engine(cfg)  # fail now, with the engine's own message, not at start-up
     return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
 
@@ -90,48 +112,102 @@ def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=nonneg_int, default=8080, help="HTTP port, 0 = any free port (default 8080)")
     parser.add_argument("--workers", default="", metavar="URL[,URL...]", help="static worker base URLs")
-    parser.add_argument("--workers-file", metavar="FILE", help="file of worker URLs (one per line), re-read when it changes")
-    parser.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing policy (default round_robin)")
+    parser.add_argument(
+        "--workers-file", metavar="FILE", help="file of worker URLs (one per line), re-read when it changes"
+    )
+    parser.add_argument(
+        "--router",
+        choices=("round_robin", "least_loaded", "kv"),
+        default="round_robin",
+        help="routing policy (default round_robin)",
+    )
     parser.add_argument("--model-name", default="mocker", help="served model name (default mocker)")
     parser.add_argument("--poll-s", type=positive_float, default=0.5, help="discovery poll period (default 0.5 s)")
-    parser.add_argument("--pd-mode", choices=("direct", "bootstrap"), default="direct",
-                        help="disaggregated hand-off: direct (prefill then decode) or bootstrap (both at once; default direct)")
+    parser.add_argument(
+        "--pd-mode",
+        choices=("direct", "bootstrap"),
+        default="direct",
+        help="disaggregated hand-off: direct (prefill then decode) or bootstrap (both at once; default direct)",
+    )
 
 
 def run_frontend(args: argparse.Namespace) -> int:
     from mocker.live.frontend import FrontendSettings, serve  # aiohttp (~0.3 s): only when a frontend starts
 
-    s = check(lambda: FrontendSettings(
-        host=args.host, port=args.port, workers=tuple(u for u in args.workers.split(",") if u),
-        workers_file=args.workers_file, router=args.router, model_name=args.model_name, poll_s=args.poll_s,
-        pd_mode=args.pd_mode))
+    s = check(
+        lambda: FrontendSettings(
+            host=args.host,
+            port=args.port,
+            workers=tuple(u for u in args.workers.split(",") if u),
+            workers_file=args.workers_file,
+            router=args.router,
+            model_name=args.model_name,
+            poll_s=args.poll_s,
+            pd_mode=args.pd_mode,
+        )
+    )
     return _serve_forever(lambda on_bound: serve(s, on_bound=on_bound), args.host)
 
 
 # ---------------------------------------------------------------------------------------------- loadgen
 def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.error = one_line_error("dynoplan loadgen")  # type: ignore[method-assign]
-    parser.add_argument("--url", required=True, help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8080")
-    parser.add_argument("--trace", required=True, metavar="TRACE", help="trace file (Azure CSV, Mooncake JSONL) or synthetic:KIND?... spec")
-    parser.add_argument("--trace-block-size", type=positive_int, default=512, help="tokens per trace hash id (default 512)")
+    parser.add_argument(
+        "--url", required=True, help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8080"
+    )
+    parser.add_argument(
+        "--trace",
+        required=True,
+        metavar="TRACE",
+        help="trace file (Azure CSV, Mooncake JSONL) or synthetic:KIND?... spec",
+    )
+    parser.add_argument(
+        "--trace-block-size", type=positive_int, default=512, help="tokens per trace hash id (default 512)"
+    )
     parser.add_argument("--seed", type=nonneg_int, default=0, help="seed of synthetic workloads (default 0)")
-    parser.add_argument("--time-compression", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    parser.add_argument(
+        "--time-compression",
+        type=positive_float,
+        default=1.0,
+        metavar="R",
+        help="divide arrival times by R (default 1)",
+    )
     parser.add_argument("--max-requests", type=positive_int, metavar="N", help="send only the first N requests")
-    parser.add_argument("--max-concurrency", type=nonneg_int, default=0, help="max requests in flight, 0 = unbounded (default)")
+    parser.add_argument(
+        "--max-concurrency", type=nonneg_int, default=0, help="max requests in flight, 0 = unbounded (default)"
+    )
     parser.add_argument("--model", default="mocker", help="model name to request (default mocker)")
-    parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions", help="API to call (default completions)")
-    parser.add_argument("--prompt-mode", choices=("length", "text"), default="length",
-                        help="length: send input_length/hash_ids extension fields (dynoplan servers); text: a generated prompt")
-    parser.add_argument("--scale-ms", type=positive_float, default=1.0, metavar="K",
-                        help="multiply reported times by K (e.g. the server's speedup ratio, to read simulated ms)")
-    parser.add_argument("--request-timeout-s", type=positive_float, default=600.0, help="per-request timeout (default 600 s)")
+    parser.add_argument(
+        "--endpoint", choices=("completions", "chat"), default="completions", help="API to call (default completions)"
+    )
+    parser.add_argument(
+        "--prompt-mode",
+        choices=("length", "text"),
+        default="length",
+        help="length: send input_length/hash_ids extension fields (dynoplan servers); text: a generated prompt",
+    )
+    parser.add_argument(
+        "--scale-ms",
+        type=positive_float,
+        default=1.0,
+        metavar="K",
+        help="multiply reported times by K (e.g. the server's speedup ratio, to read simulated ms)",
+    )
+    parser.add_argument(
+        "--request-timeout-s", type=positive_float, default=600.0, help="per-request timeout (default 600 s)"
+    )
     parser.add_argument("--report-json", metavar="FILE", help="write the client-side report (offline report key names)")
     parser.add_argument("--per-request", metavar="FILE", help="write one JSON line per request (client-side times, ms)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="no progress bar and no table (failed requests are still summed up on stderr)")
-    parser.epilog = ("Exit code: 0 when every request completed, 1 when any request failed (the failures are "
-                     "summed up on stderr and listed in --report-json), 2 on a usage error or a --url that cannot "
-                     "be reached (checked once before the run).")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar and no table (failed requests are still summed up on stderr)",
+    )
+    parser.epilog = (
+        "Exit code: 0 when every request completed, 1 when any request failed (the failures are "
+        "summed up on stderr and listed in --report-json), 2 on a usage error or a --url that cannot "
+        "be reached (checked once before the run)."
+    )
 
 
 def run_loadgen(args: argparse.Namespace) -> int:
@@ -143,21 +219,33 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
     trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
-    s = check(lambda: LoadgenSettings(
-        url=args.url, model=args.model, endpoint=args.endpoint, time_compression=args.time_compression,
-        max_concurrency=args.max_concurrency, prompt_mode=args.prompt_mode, request_timeout_s=args.request_timeout_s))
+    s = check(
+        lambda: LoadgenSettings(
+            url=args.url,
+            model=args.model,
+            endpoint=args.endpoint,
+            time_compression=args.time_compression,
+            max_concurrency=args.max_concurrency,
+            prompt_mode=args.prompt_mode,
+            request_timeout_s=args.request_timeout_s,
+        )
+    )
     reqs = load_trace(args.trace, trace_block_size=args.trace_block_size, seed=args.seed)
     if args.max_requests:
         reqs = reqs[: args.max_requests]
     why = _run_loop(connect_problem(s.url))
     if why is not None:
-        raise ConfigError(f"url={s.url!r}: cannot connect ({why}); expected a running OpenAI-compatible server "
-                          "(e.g. the frontend of `dynoplan up`)")
+        raise ConfigError(
+            f"url={s.url!r}: cannot connect ({why}); expected a running OpenAI-compatible server "
+            "(e.g. the frontend of `dynoplan up`)"
+        )
     console = Console(stderr=True)
     if args.quiet:
         result = _run_loop(run_load(s, reqs))
     else:
-        with Progress(TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as prog:
+        with Progress(
+            TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as prog:
             task = prog.add_task("requests", total=len(reqs))
             result = _run_loop(run_load(s, reqs, progress=lambda done, total: prog.update(task, completed=done)))
     if args.scale_ms != 1.0:
@@ -166,17 +254,22 @@ def run_loadgen(args: argparse.Namespace) -> int:
     if not args.quiet:
         Console().print(render_table(rep, title="dynoplan loadgen (client-side)", client_side=True))
         if rep["coalesced_itl_ratio"] > 0:
-            console.print(f"note: {rep['coalesced_itl_ratio']:.1%} of inter-token gaps had both tokens in one network "
-                          "read (the server streams faster than the client resolves); ITL counts them as 0 ms, "
-                          "TPOT is unaffected", highlight=False)
+            console.print(
+                f"note: {rep['coalesced_itl_ratio']:.1%} of inter-token gaps had both tokens in one network "
+                "read (the server streams faster than the client resolves); ITL counts them as 0 ms, "
+                "TPOT is unaffected",
+                highlight=False,
+            )
     if rep["failed_requests"]:  # also under --quiet: the exit code 1 says something failed, these lines say what
         # soft_wrap: one line each however long (rich would otherwise wrap at the terminal width, 80 in a pipe)
-        console.print(f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"[red]{rep['failed_requests']} requests failed: {rep['errors']}[/red]", highlight=False, soft_wrap=True
+        )
         firsts = {f["reason"]: f for f in reversed(rep["failures"])}  # the first failure of each reason
         for reason, f in sorted(firsts.items()):
-            console.print(f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False,
-                          soft_wrap=True)
+            console.print(
+                f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False, soft_wrap=True
+            )
     if args.report_json:
         Path(args.report_json).write_text(report_to_json(rep))  # parent checked up front (check_output_paths)
     if args.per_request:

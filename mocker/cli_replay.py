@@ -17,13 +17,27 @@ import argparse
 import sys
 
 from dynoplan.settings import check
-from mocker.arguments import (MAX_WORKERS, RATE_ENVELOPE_HELP, ROUTERS, add_engine_arguments, add_transfer_arguments,
-                              check_output_paths, engine_config_from_args, failed_requests_note, nonneg_float,
-                              nonneg_int, one_line_error, positive_float, positive_int, transfer_config_from_args,
-                              worker_count)
+from mocker.arguments import (
+    MAX_WORKERS,
+    RATE_ENVELOPE_HELP,
+    ROUTERS,
+    add_engine_arguments,
+    add_transfer_arguments,
+    check_output_paths,
+    engine_config_from_args,
+    failed_requests_note,
+    nonneg_float,
+    nonneg_int,
+    one_line_error,
+    positive_float,
+    positive_int,
+    transfer_config_from_args,
+    worker_count,
+)
 from mocker.fleet import FleetConfig, run_replay
 from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``replay`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
@@ -36,33 +50,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload")
     w.add_argument("--trace", required=True, metavar="TRACE", help="trace file or synthetic:KIND?key=value&... spec")
     w.add_argument("--trace-block-size", type=positive_int, metavar="N", help="tokens per trace hash id (default 512)")
-    w.add_argument("--arrival-speedup", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1.0)")
+    w.add_argument(
+        "--arrival-speedup",
+        type=positive_float,
+        default=1.0,
+        metavar="R",
+        help="divide arrival times by R (default 1.0)",
+    )
     w.add_argument("--rate-envelope", metavar="SPEC", help=RATE_ENVELOPE_HELP)
-    w.add_argument("--seed", type=nonneg_int, default=0, metavar="N", help="seed for synthetic workloads and routers (default 0)")
+    w.add_argument(
+        "--seed", type=nonneg_int, default=0, metavar="N", help="seed for synthetic workloads and routers (default 0)"
+    )
 
     f = parser.add_argument_group("fleet")
-    f.add_argument("--workers", type=worker_count, default=1, metavar="N", help=f"aggregated workers (default 1, at most {MAX_WORKERS})")
+    f.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        metavar="N",
+        help=f"aggregated workers (default 1, at most {MAX_WORKERS})",
+    )
     f.add_argument("--router", choices=ROUTERS, default="round_robin", help="request router (default round_robin)")
     f.add_argument("--max-time-s", type=positive_float, metavar="S", help="stop the simulation at S simulated seconds")
     f.add_argument("--kv-events", action="store_true", help="the kv router reads workers' KV events, not their caches")
-    f.add_argument("--kv-event-lag-ms", type=nonneg_float, default=0.0, metavar="MS",
-                   help="delay before the router sees a KV event (with --kv-events; default 0)")
-    f.add_argument("--single-step", action="store_true", help="advance one engine pass at a time (reference mode, slower)")
+    f.add_argument(
+        "--kv-event-lag-ms",
+        type=nonneg_float,
+        default=0.0,
+        metavar="MS",
+        help="delay before the router sees a KV event (with --kv-events; default 0)",
+    )
+    f.add_argument(
+        "--single-step", action="store_true", help="advance one engine pass at a time (reference mode, slower)"
+    )
 
     d = parser.add_argument_group("disaggregation (prefill/decode pools) and data parallelism")
-    d.add_argument("--prefill-workers", type=worker_count, metavar="N", help="prefill workers (with --decode-workers: disaggregated fleet)")
+    d.add_argument(
+        "--prefill-workers",
+        type=worker_count,
+        metavar="N",
+        help="prefill workers (with --decode-workers: disaggregated fleet)",
+    )
     d.add_argument("--decode-workers", type=worker_count, metavar="N", help="decode workers (with --prefill-workers)")
     add_transfer_arguments(d)
     d.add_argument("--dp-size", type=positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
 
     add_engine_arguments(parser)
     k = parser.add_argument_group("KV tiers (KVBM)")
-    k.add_argument("--g1-backend", choices=("native", "kvbm"), help="G1 block pool: native LRU or kvbm lineage-aware (default native)")
-    k.add_argument("--num-g2-blocks", type=nonneg_int, metavar="N", help="G2 host blocks per worker (needs --g1-backend kvbm and --kv-bytes-per-token or --model-config)")
-    k.add_argument("--num-g3-blocks", type=nonneg_int, metavar="N", help="G3 disk blocks, shared (needs --g1-backend kvbm)")
+    k.add_argument(
+        "--g1-backend",
+        choices=("native", "kvbm"),
+        help="G1 block pool: native LRU or kvbm lineage-aware (default native)",
+    )
+    k.add_argument(
+        "--num-g2-blocks",
+        type=nonneg_int,
+        metavar="N",
+        help="G2 host blocks per worker (needs --g1-backend kvbm and --kv-bytes-per-token or --model-config)",
+    )
+    k.add_argument(
+        "--num-g3-blocks", type=nonneg_int, metavar="N", help="G3 disk blocks, shared (needs --g1-backend kvbm)"
+    )
     k.add_argument("--g4", action="store_true", help="G4 shared object tier (needs --g1-backend kvbm)")
-    k.add_argument("--offload-batch-size", type=positive_int, metavar="N", help="blocks per G1->G2 offload transfer (default 16)")
-    k.add_argument("--tier-bandwidth", action="append", default=[], metavar="LINK=GBPS", help="link bandwidth, LINK one of g1_g2 g2_g1 g2_g3 g3_g2 g3_g4 g4_g2 (repeatable)")
+    k.add_argument(
+        "--offload-batch-size", type=positive_int, metavar="N", help="blocks per G1->G2 offload transfer (default 16)"
+    )
+    k.add_argument(
+        "--tier-bandwidth",
+        action="append",
+        default=[],
+        metavar="LINK=GBPS",
+        help="link bandwidth, LINK one of g1_g2 g2_g1 g2_g3 g3_g2 g3_g4 g4_g2 (repeatable)",
+    )
 
     o = parser.add_argument_group("output")
     o.add_argument("--report-json", metavar="FILE", help="write the summary report (reference key names)")
@@ -91,19 +150,21 @@ def run(args: argparse.Namespace) -> int:
         requests = apply_rate_envelope(scale_arrivals(requests, arrival_speedup), envelope)
         arrival_speedup = 1.0
 
-    fleet = check(lambda: FleetConfig(
-        num_workers=args.workers,
-        router=args.router,
-        arrival_speedup=arrival_speedup,
-        max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,
-        single_step=args.single_step,
-        seed=args.seed,
-        kv_events=args.kv_events,
-        kv_event_lag_ms=args.kv_event_lag_ms,
-        num_prefill_workers=n_prefill,
-        num_decode_workers=n_decode,
-        transfer=transfer,
-    ))
+    fleet = check(
+        lambda: FleetConfig(
+            num_workers=args.workers,
+            router=args.router,
+            arrival_speedup=arrival_speedup,
+            max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,
+            single_step=args.single_step,
+            seed=args.seed,
+            kv_events=args.kv_events,
+            kv_event_lag_ms=args.kv_event_lag_ms,
+            num_prefill_workers=n_prefill,
+            num_decode_workers=n_decode,
+            transfer=transfer,
+        )
+    )
     if not args.quiet:  # rich only for the progress bar and the table (--quiet never loads it)
         from rich.console import Console
 
@@ -113,8 +174,13 @@ def run(args: argparse.Namespace) -> int:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(
-            TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"), TimeElapsedColumn(),
-            console=err, transient=True,
+            TextColumn("replaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
         ) as bar:
             task = bar.add_task("replay", total=len(requests))
 

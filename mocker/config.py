@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from dynoplan.settings import Problems, build, check, settings
 from dynoplan.errors import ConfigError
+from dynoplan.settings import Problems, build, check, settings
 from mocker.timing_spec import is_aic, timing_spec_problems
 
 EngineKind = Literal["vllm", "trtllm", "sglang"]
@@ -57,21 +57,29 @@ class SGLangConfig:
     """SGLang scheduler knobs (defaults: SGLang's ServerArgs as the reference mocker models them)."""
 
     schedule_policy: Literal["fifo", "lpm"] = Field(
-        default="fifo", description="Waiting-queue order: fifo or longest-prefix-match lpm.")
+        default="fifo", description="Waiting-queue order: fifo or longest-prefix-match lpm."
+    )
     chunked_prefill_size: PositiveInt = Field(
-        default=8192, description="Max prompt tokens computed per request per extend pass (tokens).")
+        default=8192, description="Max prompt tokens computed per request per extend pass (tokens)."
+    )
     max_prefill_tokens: PositiveInt = Field(
-        default=16384, description="Max prompt tokens admitted in one extend pass (tokens).")
+        default=16384, description="Max prompt tokens admitted in one extend pass (tokens)."
+    )
     clip_max_new_tokens: PositiveInt = Field(
-        default=4096, description="Cap on the output-length estimate used when reserving tokens at admission (tokens).")
+        default=4096, description="Cap on the output-length estimate used when reserving tokens at admission (tokens)."
+    )
     schedule_conservativeness: float = Field(
-        default=1.0, ge=0, description="Multiplier on the initial new_token_ratio (dimensionless, >= 0).")
+        default=1.0, ge=0, description="Multiplier on the initial new_token_ratio (dimensionless, >= 0)."
+    )
     init_new_token_ratio: float = Field(
-        default=0.7, ge=0, description="Initial share of max output reserved at admission (SGLang default 0.7).")
+        default=0.7, ge=0, description="Initial share of max output reserved at admission (SGLang default 0.7)."
+    )
     min_new_token_ratio_factor: float = Field(
-        default=0.14, ge=0, description="new_token_ratio decays to init * factor (SGLang default 0.14).")
+        default=0.14, ge=0, description="new_token_ratio decays to init * factor (SGLang default 0.14)."
+    )
     new_token_ratio_decay_steps: PositiveInt = Field(
-        default=600, description="Decode steps over which new_token_ratio decays linearly (SGLang default 600).")
+        default=600, description="Decode steps over which new_token_ratio decays linearly (SGLang default 600)."
+    )
 
 
 @settings
@@ -85,59 +93,92 @@ class EngineConfig:
     engine: EngineKind = Field(default="vllm", description="Scheduler family: vllm, trtllm or sglang.")
     num_gpu_blocks: PositiveInt = Field(default=16384, description="KV-cache capacity in blocks (pages for SGLang).")
     block_size: PositiveInt | None = Field(
-        default=None, description="Tokens per KV block; None = engine default (vLLM 64, TRT-LLM 32, SGLang page size 1).")
+        default=None,
+        description="Tokens per KV block; None = engine default (vLLM 64, TRT-LLM 32, SGLang page size 1).",
+    )
     max_num_seqs: PositiveInt = Field(default=256, description="Max running sequences per pass.")
     max_num_batched_tokens: PositiveInt = Field(
-        default=8192, description="Per-pass token budget shared by prefill chunks and decode tokens (tokens; >= one block "
-                          "except SGLang).")
+        default=8192,
+        description="Per-pass token budget shared by prefill chunks and decode tokens (tokens; >= one block "
+        "except SGLang).",
+    )
     enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of identical prompt prefixes.")
-    enable_chunked_prefill: bool = Field(default=True, description="Split prompts larger than the remaining budget across passes.")
+    enable_chunked_prefill: bool = Field(
+        default=True, description="Split prompts larger than the remaining budget across passes."
+    )
     preemption_mode: Literal["lifo", "fifo"] = Field(
-        default="lifo", description="Which running request is recomputed when blocks run out: newest (lifo) or oldest (fifo).")
-    speedup_ratio: float = Field(default=1.0, gt=0, description="All pass times are divided by this (dimensionless, finite, > 0).")
+        default="lifo",
+        description="Which running request is recomputed when blocks run out: newest (lifo) or oldest (fifo).",
+    )
+    speedup_ratio: float = Field(
+        default=1.0, gt=0, description="All pass times are divided by this (dimensionless, finite, > 0)."
+    )
     timing: str = Field(
-        default="polynomial", description="Timing source: 'polynomial' (docs/architecture.md \"Polynomial timing baseline\"), "
-                                  "a path to a .npz profile or 'aic:model=...,system=...' (mocker.timing_spec).")
-    trace_block_size: PositiveInt = Field(default=512, description="Tokens represented by one trace hash_id (Mooncake: 512).")
+        default="polynomial",
+        description="Timing source: 'polynomial' (docs/architecture.md \"Polynomial timing baseline\"), "
+        "a path to a .npz profile or 'aic:model=...,system=...' (mocker.timing_spec).",
+    )
+    trace_block_size: PositiveInt = Field(
+        default=512, description="Tokens represented by one trace hash_id (Mooncake: 512)."
+    )
     worker_type: Literal["aggregated", "prefill", "decode"] = Field(
-        default="aggregated", description="Role of the worker in a (dis)aggregated fleet.")
+        default="aggregated", description="Role of the worker in a (dis)aggregated fleet."
+    )
     dp_size: PositiveInt = Field(
-        default=1, description="Data-parallel ranks per logical worker, each with independent scheduler and KV state.")
+        default=1, description="Data-parallel ranks per logical worker, each with independent scheduler and KV state."
+    )
     sglang: SGLangConfig = Field(default_factory=SGLangConfig, description="SGLang-only knobs.")
     g1_backend: Literal["native", "kvbm"] = Field(
-        default="native", description="G1 (device) block pool: native (LRU inactive pool) or kvbm (lineage-aware, "
-                              "mocker.kv.kvbm).")
-    num_g2_blocks: TierBlocks = Field(default=0, description="KVBM G2 host blocks per worker (0 = none; needs g1_backend='kvbm').")
+        default="native",
+        description="G1 (device) block pool: native (LRU inactive pool) or kvbm (lineage-aware, mocker.kv.kvbm).",
+    )
+    num_g2_blocks: TierBlocks = Field(
+        default=0, description="KVBM G2 host blocks per worker (0 = none; needs g1_backend='kvbm')."
+    )
     num_g3_blocks: TierBlocks = Field(
-        default=0, description="KVBM G3 disk blocks shared by the fleet (0 = none; needs g1_backend='kvbm' and G2).")
+        default=0, description="KVBM G3 disk blocks shared by the fleet (0 = none; needs g1_backend='kvbm' and G2)."
+    )
     g4: bool = Field(default=False, description="KVBM G4 shared object tier (needs g1_backend='kvbm' and G2).")
     offload_batch_size: PositiveInt = Field(default=16, description="Blocks per G1->G2 offload transfer (blocks).")
     bw_g1_g2_gbps: LinkGBps = Field(
-        default=25.0, description="Device->host link bandwidth per worker (GB/s; 0 = instantaneous; assumption: PCIe Gen4 "
-                          "x16 effective).")
+        default=25.0,
+        description="Device->host link bandwidth per worker (GB/s; 0 = instantaneous; assumption: PCIe Gen4 "
+        "x16 effective).",
+    )
     bw_g2_g1_gbps: LinkGBps = Field(default=25.0, description="Host->device link bandwidth per worker (GB/s).")
-    bw_g2_g3_gbps: LinkGBps = Field(default=5.0, description="Host->disk link bandwidth, shared (GB/s; assumption: NVMe).")
+    bw_g2_g3_gbps: LinkGBps = Field(
+        default=5.0, description="Host->disk link bandwidth, shared (GB/s; assumption: NVMe)."
+    )
     bw_g3_g2_gbps: LinkGBps = Field(default=5.0, description="Disk->host link bandwidth, shared (GB/s).")
     bw_g3_g4_gbps: LinkGBps = Field(default=1.0, description="Disk->object link bandwidth, shared (GB/s; assumption).")
     bw_g4_g2_gbps: LinkGBps = Field(default=1.0, description="Object->host link bandwidth, shared (GB/s).")
     kv_bytes_per_token: PositiveInt | None = Field(
-        default=None, description="KV bytes of one token (layers x 2 x KV heads x head dim x dtype bytes, docs/architecture.md "
-                          "\"KV transfer\"); sizes the KVBM tier transfers (bytes per block = block size x this). "
-                          "Required with lower tiers; None otherwise.")
+        default=None,
+        description="KV bytes of one token (layers x 2 x KV heads x head dim x dtype bytes, docs/architecture.md "
+        '"KV transfer"); sizes the KVBM tier transfers (bytes per block = block size x this). '
+        "Required with lower tiers; None otherwise.",
+    )
     gpu_memory_fraction: float | None = Field(
-        default=None, gt=0, le=1, description="With timing='aic:...': size num_gpu_blocks from this share of GPU memory "
-                                      "(0 < f <= 1).")
+        default=None,
+        gt=0,
+        le=1,
+        description="With timing='aic:...': size num_gpu_blocks from this share of GPU memory (0 < f <= 1).",
+    )
 
     def __post_init__(self) -> None:
         """Cross-field checks; raises :class:`dynoplan.settings.Problems` with every line."""
         p: list[str] = []
         if self.engine != "sglang" and self.max_num_batched_tokens < self.effective_block_size:
-            p.append(f"max_num_batched_tokens={self.max_num_batched_tokens}: smaller than one block "
-                     f"(block_size={self.effective_block_size}); expected >= block_size")
+            p.append(
+                f"max_num_batched_tokens={self.max_num_batched_tokens}: smaller than one block "
+                f"(block_size={self.effective_block_size}); expected >= block_size"
+            )
         p += timing_spec_problems(self.timing)
         f = self.gpu_memory_fraction
         if f is not None and not is_aic(self.timing):
-            p.append(f"gpu_memory_fraction={f!r}: sizes the KV cache from an AIConfigurator model; expected timing='aic:...'")
+            p.append(
+                f"gpu_memory_fraction={f!r}: sizes the KV cache from an AIConfigurator model; expected timing='aic:...'"
+            )
         p += self._kv_tier_problems()
         if p:
             raise Problems(p)
@@ -158,16 +199,24 @@ class EngineConfig:
         p = tier_problems(self.num_g2_blocks, self.num_g3_blocks, self.g4)
         lower = [f"{n}={getattr(self, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
         if self.g1_backend == "native" and lower:
-            p.append(f"g1_backend='native': lower KV tiers configured ({', '.join(lower)}); "
-                     f"expected g1_backend='kvbm' (KVBM owns G2/G3/G4)")
+            p.append(
+                f"g1_backend='native': lower KV tiers configured ({', '.join(lower)}); "
+                f"expected g1_backend='kvbm' (KVBM owns G2/G3/G4)"
+            )
         if self.g1_backend == "kvbm" and self.engine == "sglang":
-            p.append("g1_backend='kvbm': modelled for the vllm and trtllm block pools; expected 'native' with engine='sglang'")
+            p.append(
+                "g1_backend='kvbm': modelled for the vllm and trtllm block pools; expected 'native' with engine='sglang'"
+            )
         elif self.g1_backend == "kvbm" and self.engine == "trtllm" and lower:
-            p.append(f"engine='trtllm' with lower KV tiers ({', '.join(lower)}): onboarding is wired into the vLLM "
-                     "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); expected engine='vllm'")
+            p.append(
+                f"engine='trtllm' with lower KV tiers ({', '.join(lower)}): onboarding is wired into the vLLM "
+                "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); expected engine='vllm'"
+            )
         if self.kv_bytes_per_token is None and self.num_g2_blocks and self.g1_backend == "kvbm":
-            p.append("kv_bytes_per_token=None: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
-                     "block; expected the model's KV bytes per token (--kv-bytes-per-token N or --model-config FILE)")
+            p.append(
+                "kv_bytes_per_token=None: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
+                "block; expected the model's KV bytes per token (--kv-bytes-per-token N or --model-config FILE)"
+            )
         return p
 
     @property
@@ -196,8 +245,14 @@ class EngineConfig:
             inner = dict(flat.pop("engine"))
             both = sorted(str(k) for k in set(inner) & set(flat))
             if both:
-                raise ConfigError([f"{k}: given both under engine: ({inner[k]!r}) and at the top level ({flat[k]!r}), "
-                                   "expected it in one place" for k in both], source=source)
+                raise ConfigError(
+                    [
+                        f"{k}: given both under engine: ({inner[k]!r}) and at the top level ({flat[k]!r}), "
+                        "expected it in one place"
+                        for k in both
+                    ],
+                    source=source,
+                )
             flat = {**flat, **inner}
         if "backend" in flat:
             flat["engine"] = flat.pop("backend")
@@ -227,5 +282,4 @@ def resolve_kv_capacity(cfg: EngineConfig, *, blocks_given: bool) -> EngineConfi
     # here, not at module level: only an aic: timing samples AIConfigurator
     from mocker.timing_aic import aic_num_gpu_blocks
 
-    return cfg.replace(num_gpu_blocks=aic_num_gpu_blocks(cfg.timing, cfg.effective_block_size,
-                                                         cfg.gpu_memory_fraction))
+    return cfg.replace(num_gpu_blocks=aic_num_gpu_blocks(cfg.timing, cfg.effective_block_size, cfg.gpu_memory_fraction))

@@ -18,17 +18,39 @@ Errors: :class:`ConfigError` naming the file and the missing or bad key.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dynoplan.errors import ConfigError
 
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3",
-                                    "fp8_e5m2", "fp8_inc")
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float32",
+    "bfloat16",
+    "float16",
+    "fp8",
+    "fp8_ds_mla",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+)
 DTYPE_BYTES: dict[str, int] = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "fp8": 1, "fp8_ds_mla": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_ds_mla": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 
@@ -41,24 +63,31 @@ def _pos_int(cfg: Mapping[str, Any], key: str, source: str) -> int:
     return v
 
 
-def kv_bytes_per_token_from_mapping(cfg: Mapping[str, Any], kv_cache_dtype: str = "auto", *,
-                                    source: str = "config.json") -> int:
+def kv_bytes_per_token_from_mapping(
+    cfg: Mapping[str, Any], kv_cache_dtype: str = "auto", *, source: str = "config.json"
+) -> int:
     """KV bytes per token of the model described by ``cfg`` (a parsed HF config). Raises ConfigError."""
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"expected a JSON object, got {type(cfg).__name__}", source=source)
     if isinstance(cfg.get("text_config"), Mapping) and "num_hidden_layers" not in cfg:
-        cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k in ("torch_dtype", "dtype")
-                                         and k not in cfg["text_config"]}}
+        cfg = {
+            **cfg["text_config"],
+            **{k: v for k, v in cfg.items() if k in ("torch_dtype", "dtype") and k not in cfg["text_config"]},
+        }
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
     if kv_cache_dtype == "auto":
         dt = cfg.get("torch_dtype", cfg.get("dtype"))
         if dt is None:
-            raise ConfigError("torch_dtype: missing from the model config (needed by --kv-cache-dtype auto); "
-                              "give --kv-cache-dtype explicitly", source=source)
+            raise ConfigError(
+                "torch_dtype: missing from the model config (needed by --kv-cache-dtype auto); "
+                "give --kv-cache-dtype explicitly",
+                source=source,
+            )
         if not isinstance(dt, str) or dt.removeprefix("torch.") not in DTYPE_BYTES:
-            raise ConfigError(f"torch_dtype={dt!r}: unknown dtype, expected one of "
-                              f"{', '.join(sorted(DTYPE_BYTES))}", source=source)
+            raise ConfigError(
+                f"torch_dtype={dt!r}: unknown dtype, expected one of {', '.join(sorted(DTYPE_BYTES))}", source=source
+            )
         nbytes = DTYPE_BYTES[dt.removeprefix("torch.")]
     else:
         nbytes = DTYPE_BYTES[kv_cache_dtype]
@@ -74,8 +103,9 @@ def kv_bytes_per_token_from_mapping(cfg: Mapping[str, Any], kv_cache_dtype: str 
     else:
         hidden = _pos_int(cfg, "hidden_size", source)
         if hidden % heads:
-            raise ConfigError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}; "
-                              "give head_dim", source=source)
+            raise ConfigError(
+                f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}; give head_dim", source=source
+            )
         head_dim = hidden // heads
     return layers * 2 * kv_heads * head_dim * nbytes
 

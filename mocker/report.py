@@ -212,7 +212,7 @@ def build_report(
     itl = np.empty(total_tok - n_req)
     o = 0
     for a, b in zip(start[multi].tolist(), stop[multi].tolist(), strict=True):
-        np.subtract(flat[a + 1:b], flat[a:b - 1], out=itl[o:o + b - a - 1])
+        np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
         o += b - a - 1
     np.maximum(itl, 0.0, out=itl)
     # ITL statistics now, with ``flat`` as scratch (the per-user throughput then overwrites ``flat``)
@@ -262,8 +262,13 @@ def build_report(
         good_tokens = int(n_tok[good].sum())
         if sla_ttft_ms is None and sla_itl_ms is None and sla_e2e_ms is not None:
             # e2e-only SLA: token-less completions count too (``done`` all have ``finish_ms``)
-            good_n += sum(1 for r in done if not r.token_times_ms and r.finish_ms is not None
-                          and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms)
+            good_n += sum(
+                1
+                for r in done
+                if not r.token_times_ms
+                and r.finish_ms is not None
+                and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms
+            )
         rep |= {
             "sla_ttft_ms": sla_ttft_ms,
             "sla_itl_ms": sla_itl_ms,
@@ -397,12 +402,20 @@ def render_table(report: dict[str, Any], *, title: str = "dynoplan replay", clie
         server = ("engine / workers", "prefix cache reuse", "preemptions", "worker-seconds / GPU-hours")
         rows = [("duration (s)", v) if k == "simulated duration (s)" else (k, v) for k, v in rows if k not in server]
     if report.get("prefill_worker_seconds"):  # disaggregated fleet
-        rows.append(("prefill / decode worker-seconds",
-                     f"{report['prefill_worker_seconds']:,.1f} / {report['decode_worker_seconds']:,.1f}"))
+        rows.append(
+            (
+                "prefill / decode worker-seconds",
+                f"{report['prefill_worker_seconds']:,.1f} / {report['decode_worker_seconds']:,.1f}",
+            )
+        )
     if "kvbm_offloaded_blocks" in report:  # KVBM lower tiers
-        rows.append(("KVBM blocks offloaded / onboarded (G2, G3, G4)",
-                     f"{report['kvbm_offloaded_blocks']:,} / {report['kvbm_onboarded_blocks_g2']:,}, "
-                     f"{report['kvbm_onboarded_blocks_g3']:,}, {report['kvbm_onboarded_blocks_g4']:,}"))
+        rows.append(
+            (
+                "KVBM blocks offloaded / onboarded (G2, G3, G4)",
+                f"{report['kvbm_offloaded_blocks']:,} / {report['kvbm_onboarded_blocks_g2']:,}, "
+                f"{report['kvbm_onboarded_blocks_g3']:,}, {report['kvbm_onboarded_blocks_g4']:,}",
+            )
+        )
     if "goodput_completed_requests" in report:
         targets = ", ".join(
             f"{k[4:-3].upper()} <= {report[k]:g} ms"

@@ -62,13 +62,40 @@ class EngineRequest:
     """
 
     __slots__ = (
-        "request_id", "index", "prompt_len", "output_len", "block_keys", "state", "computed", "generated",
-        "alloc_tokens", "hashed_held", "private_blocks", "reserved_blocks", "record", "emit_ranges",
-        "emit_start", "emit_last", "arrival_ms", "run_seq", "co", "co_p0", "co_g0", "co_a0", "co_ver",
+        "request_id",
+        "index",
+        "prompt_len",
+        "output_len",
+        "block_keys",
+        "state",
+        "computed",
+        "generated",
+        "alloc_tokens",
+        "hashed_held",
+        "private_blocks",
+        "reserved_blocks",
+        "record",
+        "emit_ranges",
+        "emit_start",
+        "emit_last",
+        "arrival_ms",
+        "run_seq",
+        "co",
+        "co_p0",
+        "co_g0",
+        "co_a0",
+        "co_ver",
     )
 
-    def __init__(self, request_id: int, index: int, prompt_len: int, output_len: int,
-                 block_keys: list[int] | None, record: RequestRecord) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        index: int,
+        prompt_len: int,
+        output_len: int,
+        block_keys: list[int] | None,
+        record: RequestRecord,
+    ) -> None:
         self.request_id = request_id
         self.index = index
         self.prompt_len = prompt_len

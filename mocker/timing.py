@@ -48,7 +48,7 @@ def round_ns_array(ms: np.ndarray) -> np.ndarray:
     return (sec + (ns - sec * 1e9) / 1e9) * 1000.0
 
 
-def decode_pass_ms(timing: "TimingModel", active_kv_tokens: int, num_decode: int, speedup: float) -> float:
+def decode_pass_ms(timing: TimingModel, active_kv_tokens: int, num_decode: int, speedup: float) -> float:
     """Duration (ms, ns-rounded, speed-up applied) of a pass's decode part: the scalar twin of
     :func:`decode_pass_ms_array`, bit-identical to it (same IEEE operations in the same order)."""
     if isinstance(timing, PolynomialTiming):
@@ -56,12 +56,19 @@ def decode_pass_ms(timing: "TimingModel", active_kv_tokens: int, num_decode: int
         v = DECODE_A * p * p + DECODE_B * p + DECODE_C
         d = round_ns(v if v > DECODE_MIN_MS else DECODE_MIN_MS)
     else:
-        d = float(round_ns_array(timing.decode_ms_array(np.array([float(active_kv_tokens)]),
-                                                        np.array([float(active_kv_tokens // num_decode)])))[0])
+        d = float(
+            round_ns_array(
+                timing.decode_ms_array(
+                    np.array([float(active_kv_tokens)]), np.array([float(active_kv_tokens // num_decode)])
+                )
+            )[0]
+        )
     return round_ns(d / speedup) if speedup != 1.0 else d
 
 
-def decode_pass_ms_array(timing: "TimingModel", active_kv_tokens: np.ndarray, num_decode: int, speedup: float) -> np.ndarray:
+def decode_pass_ms_array(
+    timing: TimingModel, active_kv_tokens: np.ndarray, num_decode: int, speedup: float
+) -> np.ndarray:
     """Vectorised :func:`decode_pass_ms` over an int64 array of active KV token counts."""
     if speedup == 1.0 and isinstance(timing, PolynomialTiming):
         # the same operations as the scalar twin, in place (sub-second durations need no seconds split)
@@ -80,8 +87,9 @@ def decode_pass_ms_array(timing: "TimingModel", active_kv_tokens: np.ndarray, nu
             v *= 1000.0
             return v
         return round_ns_array(v)
-    d = round_ns_array(timing.decode_ms_array(active_kv_tokens.astype(np.float64),
-                                              (active_kv_tokens // num_decode).astype(np.float64)))
+    d = round_ns_array(
+        timing.decode_ms_array(active_kv_tokens.astype(np.float64), (active_kv_tokens // num_decode).astype(np.float64))
+    )
     return round_ns_array(d / speedup) if speedup != 1.0 else d
 
 
@@ -151,11 +159,15 @@ class NpzTiming:
         if missing and {"decode_kv_usage", "decode_itl_ms"} <= set(data.files):
             # the planner's performance profile (`dynoplan profile`: decode over KV-usage fraction, ITL in ms,
             # throughput per GPU) is a different file from this engine timing profile
-            raise ConfigError(f"timing={path!r}: this looks like a planner performance profile (dynoplan profile: "
-                              "decode_kv_usage, decode_itl_ms, ...); --timing needs an engine timing profile with "
-                              f"arrays {', '.join(self.REQUIRED)} (planner profiles go to simulate --profile)")
+            raise ConfigError(
+                f"timing={path!r}: this looks like a planner performance profile (dynoplan profile: "
+                "decode_kv_usage, decode_itl_ms, ...); --timing needs an engine timing profile with "
+                f"arrays {', '.join(self.REQUIRED)} (planner profiles go to simulate --profile)"
+            )
         if missing:
-            raise ConfigError(f"timing={path!r}: missing arrays {', '.join(missing)}; expected {', '.join(self.REQUIRED)}")
+            raise ConfigError(
+                f"timing={path!r}: missing arrays {', '.join(missing)}; expected {', '.join(self.REQUIRED)}"
+            )
         px = np.asarray(data["prefill_isl"], dtype=np.float64)
         py = np.asarray(data["prefill_ttft_ms"], dtype=np.float64)
         dx = np.asarray(data["decode_active_kv_tokens"], dtype=np.float64)
@@ -163,7 +175,9 @@ class NpzTiming:
         dz = np.asarray(data["decode_itl"], dtype=np.float64)
         problems = []
         if px.ndim != 1 or py.shape != px.shape or len(px) == 0:
-            problems.append(f"prefill_isl/prefill_ttft_ms: expected equal-length 1-D arrays, got {px.shape} and {py.shape}")
+            problems.append(
+                f"prefill_isl/prefill_ttft_ms: expected equal-length 1-D arrays, got {px.shape} and {py.shape}"
+            )
         if dx.ndim != 1 or dy.ndim != 1 or dz.shape != (len(dx), len(dy)) or len(dx) == 0 or len(dy) == 0:
             problems.append(
                 f"decode_itl: expected shape (len(decode_active_kv_tokens), len(decode_context_length)) = "

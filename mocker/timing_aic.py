@@ -44,8 +44,11 @@ from dynoplan.errors import AicSpecError, ConfigError
 from mocker.timing_spec import parse_aic_spec
 
 GRIDS: dict[str, dict[str, list[int]]] = {
-    "default": {"prefill": [16, 128, 512, 1024, 2048, 4096, 8192, 16384],
-                "batch": [1, 8, 32, 128, 256], "context": [128, 1024, 4096, 16384]},
+    "default": {
+        "prefill": [16, 128, 512, 1024, 2048, 4096, 8192, 16384],
+        "batch": [1, 8, 32, 128, 256],
+        "context": [128, 1024, 4096, 16384],
+    },
     "small": {"prefill": [128, 1024, 4096], "batch": [1, 16], "context": [512, 4096]},
 }
 """Sample points: prefill new tokens; decode batch sizes x context lengths (tokens)."""
@@ -66,8 +69,9 @@ def _aic(spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     version = spec["version"] or perf_database.get_latest_database_version(spec["system"], spec["backend"])
     db = perf_database.get_database(system=spec["system"], backend=spec["backend"], version=version)
     if not db:
-        raise AicSpecError(f"no AIConfigurator database for system={spec['system']!r} backend={spec['backend']!r} "
-                           f"version={version!r}")
+        raise AicSpecError(
+            f"no AIConfigurator database for system={spec['system']!r} backend={spec['backend']!r} version={version!r}"
+        )
     kw: dict[str, Any] = {"tp_size": spec["tp"]}
     if spec["quant"] not in ("bf16", "bfloat16", None):
         try:
@@ -101,10 +105,13 @@ def sample_profile(spec: dict[str, Any], grid: str = "default") -> dict[str, Any
     for j, c in enumerate(ctx):
         z[:, j] = np.interp(active / c, batches, itl[:, j])
     mem = backend._get_memory_usage(model, db, 1, 1, 1024, 2)  # GiB; kvcache covers isl + osl tokens
-    gib = 1024 ** 3
+    gib = 1024**3
     return {
-        "prefill_isl": np.array(g["prefill"], dtype=np.float64), "prefill_ttft_ms": np.array(prefill),
-        "decode_active_kv_tokens": active, "decode_context_length": ctx, "decode_itl": z,
+        "prefill_isl": np.array(g["prefill"], dtype=np.float64),
+        "prefill_ttft_ms": np.array(prefill),
+        "decode_active_kv_tokens": active,
+        "decode_context_length": ctx,
+        "decode_itl": z,
         "gpu_mem_bytes": np.float64(db.system_spec["gpu"]["mem_capacity"]),
         "non_kv_bytes": np.float64((mem["total"] - mem["kvcache"]) * gib),
         "kv_bytes_per_token": np.float64(mem["kvcache"] * gib / 1026),
@@ -128,6 +135,7 @@ def aic_available() -> str | None:
     """None when AIConfigurator can run (in process or via DYNOPLAN_AIC_PYTHON), else the reason."""
     try:
         import aiconfigurator_core.sdk.perf_database  # noqa: F401
+
         return None
     except Exception as e:  # ImportError, or numpy ABI errors from a mismatched install
         err = f"{type(e).__name__}: {e}"
@@ -136,8 +144,10 @@ def aic_available() -> str | None:
         if Path(py).is_file():
             return None
         return f"DYNOPLAN_AIC_PYTHON={py!r}: file not found"
-    return (f"needs the optional package aiconfigurator-core (pip install 'dynoplan[aic]', or set "
-            f"DYNOPLAN_AIC_PYTHON to a python that has it): {err}")
+    return (
+        f"needs the optional package aiconfigurator-core (pip install 'dynoplan[aic]', or set "
+        f"DYNOPLAN_AIC_PYTHON to a python that has it): {err}"
+    )
 
 
 def ensure_profile(timing: str, grid: str = "default") -> Path:
@@ -153,10 +163,14 @@ def ensure_profile(timing: str, grid: str = "default") -> Path:
     tmp = path.with_suffix(".tmp.npz")
     try:
         import aiconfigurator_core  # noqa: F401
+
         np.savez(tmp, **sample_profile(spec, grid))
     except ImportError:
-        r = subprocess.run([os.environ["DYNOPLAN_AIC_PYTHON"], __file__, timing, str(tmp), "--grid", grid],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [os.environ["DYNOPLAN_AIC_PYTHON"], __file__, timing, str(tmp), "--grid", grid],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise ConfigError(f"timing={timing!r}: AIConfigurator failed: {last}")
@@ -164,23 +178,26 @@ def ensure_profile(timing: str, grid: str = "default") -> Path:
     return path
 
 
-def aic_num_gpu_blocks(timing: str, block_size: int, gpu_memory_fraction: float = 0.9,
-                       grid: str = "default") -> int:
+def aic_num_gpu_blocks(timing: str, block_size: int, gpu_memory_fraction: float = 0.9, grid: str = "default") -> int:
     """KV blocks that fit: floor((GPU memory * fraction - non-KV memory) / (kv bytes/token * block size)).
     Raises ConfigError when the model does not fit at that fraction."""
     d = np.load(ensure_profile(timing, grid))
     free = float(d["gpu_mem_bytes"]) * gpu_memory_fraction - float(d["non_kv_bytes"])
     blocks = int(free // (float(d["kv_bytes_per_token"]) * block_size))
     if blocks <= 0:
-        raise ConfigError(f"gpu_memory_fraction={gpu_memory_fraction!r}: the model ({timing}) leaves no room for "
-                          f"KV blocks ({free / 1e9:.2f} GB left); expected a larger fraction or more TP")
+        raise ConfigError(
+            f"gpu_memory_fraction={gpu_memory_fraction!r}: the model ({timing}) leaves no room for "
+            f"KV blocks ({free / 1e9:.2f} GB left); expected a larger fraction or more TP"
+        )
     return blocks
 
 
 def _main(argv: list[str]) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(allow_abbrev=False, description="sample AIConfigurator into a dynoplan timing profile (.npz)")
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description="sample AIConfigurator into a dynoplan timing profile (.npz)"
+    )
     ap.add_argument("spec")
     ap.add_argument("out")
     ap.add_argument("--grid", choices=sorted(GRIDS), default="default")

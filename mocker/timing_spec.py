@@ -41,7 +41,7 @@ def parse_aic_spec(timing: str) -> dict[str, Any]:
         raise AicSpecError(f"timing={timing!r}: expected 'aic:model=...,system=...'")
     out: dict[str, Any] = {"backend": "vllm", "tp": 1, "quant": "bf16", "version": None}
     problems = []
-    for part in filter(None, timing[len(AIC_PREFIX):].split(",")):
+    for part in filter(None, timing[len(AIC_PREFIX) :].split(",")):
         k, sep, v = part.partition("=")
         k, v = k.strip(), v.strip()
         if not sep or k not in SPEC_KEYS:
@@ -79,5 +79,13 @@ def timing_spec_problems(timing: str) -> list[str]:
     return [f"timing={timing!r}: {EXPECTED}"]
 
 
-__all__ = ["AIC_PREFIX", "BACKENDS", "EXPECTED", "POLYNOMIAL", "SPEC_KEYS", "is_aic", "parse_aic_spec",
-           "timing_spec_problems"]
+__all__ = [
+    "AIC_PREFIX",
+    "BACKENDS",
+    "EXPECTED",
+    "POLYNOMIAL",
+    "SPEC_KEYS",
+    "is_aic",
+    "parse_aic_spec",
+    "timing_spec_problems",
+]

@@ -31,9 +31,10 @@ import csv
 import datetime as _dt
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -93,7 +94,9 @@ EPOCH_MS_THRESHOLD = 1e12
 2001-09-09T01:46:40Z), not milliseconds since the trace start: refused with that diagnosis."""
 
 
-def load_trace(spec: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE, seed: int | None = None) -> list[TraceRequest]:
+def load_trace(
+    spec: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE, seed: int | None = None
+) -> list[TraceRequest]:
     """Load a workload from a file path or a ``synthetic:...`` spec.
 
     Files ending in ``.csv`` are Azure CSV, ``.jsonl``/``.json`` Mooncake JSONL; any other name is sniffed
@@ -128,7 +131,12 @@ def scale_arrivals(requests: Sequence[TraceRequest], arrival_speedup: float) -> 
 
     Returns new requests (the input is not modified). Raises ValueError on a non-positive ratio.
     """
-    if not (isinstance(arrival_speedup, (int, float)) and not isinstance(arrival_speedup, bool) and arrival_speedup > 0 and math.isfinite(arrival_speedup)):
+    if not (
+        isinstance(arrival_speedup, (int, float))
+        and not isinstance(arrival_speedup, bool)
+        and arrival_speedup > 0
+        and math.isfinite(arrival_speedup)
+    ):
         raise ValueError(f"arrival_speedup={arrival_speedup!r}: expected a finite number > 0")
     if arrival_speedup == 1.0:
         return list(requests)
@@ -159,7 +167,9 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
             header = next(reader)
             rows = [r for r in reader if r and (len(r) > 1 or r[0].strip())]
         except StopIteration:
-            raise TraceError(p, None, None, "empty file: expected a header row TIMESTAMP,ContextTokens,GeneratedTokens") from None
+            raise TraceError(
+                p, None, None, "empty file: expected a header row TIMESTAMP,ContextTokens,GeneratedTokens"
+            ) from None
         except UnicodeDecodeError:
             raise _not_utf8(path) from None
         except csv.Error as e:
@@ -168,7 +178,12 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     cols: list[int] = []
     for name in _AZURE_COLUMNS:
         if name.lower() not in norm:
-            raise TraceError(p, 1, name, f"missing column; header is {','.join(header)!r}, expected columns {', '.join(_AZURE_COLUMNS)}")
+            raise TraceError(
+                p,
+                1,
+                name,
+                f"missing column; header is {','.join(header)!r}, expected columns {', '.join(_AZURE_COLUMNS)}",
+            )
         cols.append(norm.index(name.lower()))
     if not rows:
         raise TraceError(p, None, None, "no requests: the file has a header but no data rows")
@@ -179,8 +194,12 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     try:
         isl_a = np.asarray([r[i_isl] for r in rows]).astype(np.int64)
         osl_a = np.asarray([r[i_osl] for r in rows]).astype(np.int64)
-        ok = bool((isl_a > 0).all() and (osl_a > 0).all()
-                  and (isl_a <= MAX_TRACE_TOKENS).all() and (osl_a <= MAX_TRACE_TOKENS).all())
+        ok = bool(
+            (isl_a > 0).all()
+            and (osl_a > 0).all()
+            and (isl_a <= MAX_TRACE_TOKENS).all()
+            and (osl_a <= MAX_TRACE_TOKENS).all()
+        )
     except (ValueError, OverflowError):
         ok = False
     if not ok:
@@ -209,8 +228,9 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     ]
 
 
-_UTC_OFFSET = re.compile(r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d*)?)?)\s*(Z|[+-]\d{2}(?::?\d{2})?)$",
-                         re.IGNORECASE)
+_UTC_OFFSET = re.compile(
+    r"^(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d*)?)?)\s*(Z|[+-]\d{2}(?::?\d{2})?)$", re.IGNORECASE
+)
 """An ISO 8601 timestamp with a UTC designator: ``Z``, ``+HH``, ``+HHMM`` or ``+HH:MM`` (ISO 8601-1:2019 4.3.13)."""
 
 
@@ -237,8 +257,13 @@ def _strip_utc_offsets(path: str, raw: list[str]) -> tuple[list[str], np.ndarray
         return [b for b, _ in split], None
     if not all(have):
         k = have.index(False) if have[0] else have.index(True)
-        raise TraceError(path, None, "TIMESTAMP", f"data row {k + 1}: {raw[k]!r}: some timestamps have a UTC offset "
-                         "and some do not, expected all with an offset (e.g. +00:00) or none")
+        raise TraceError(
+            path,
+            None,
+            "TIMESTAMP",
+            f"data row {k + 1}: {raw[k]!r}: some timestamps have a UTC offset "
+            "and some do not, expected all with an offset (e.g. +00:00) or none",
+        )
     return [b for b, _ in split], np.array([o for _, o in split], dtype=np.int64)
 
 
@@ -258,10 +283,16 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
             line = reader.line_num
             if len(row) <= max(cols):
                 missing = _AZURE_COLUMNS[[c >= len(row) for c in cols].index(True)]
-                raise TraceError(path, line, missing, f"missing value (row has {len(row)} fields, expected {len(header)})")
+                raise TraceError(
+                    path, line, missing, f"missing value (row has {len(row)} fields, expected {len(header)})"
+                )
             if len(row) != len(header):
-                raise TraceError(path, line, None, f"row has {len(row)} fields, expected {len(header)} (as the header "
-                                                   f"{','.join(header)!r})")
+                raise TraceError(
+                    path,
+                    line,
+                    None,
+                    f"row has {len(row)} fields, expected {len(header)} (as the header {','.join(header)!r})",
+                )
             _positive_int(row[i_isl], path, line, "ContextTokens")
             _positive_int(row[i_osl], path, line, "GeneratedTokens")
             s, offset_min = _split_utc_offset(row[i_ts].strip())
@@ -272,14 +303,18 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
                 except ValueError:
                     continue
             else:
-                raise TraceError(path, line, "TIMESTAMP", f"{s!r}: unparsable timestamp, expected 'YYYY-MM-DD HH:MM:SS.ffffff'")
+                raise TraceError(
+                    path, line, "TIMESTAMP", f"{s!r}: unparsable timestamp, expected 'YYYY-MM-DD HH:MM:SS.ffffff'"
+                )
             delta = d - epoch
             us = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds - (offset_min or 0) * 60_000_000
             t0 = us if t0 is None else t0
             ms = float(int((us - t0) / 1e6 * 1000.0))
             if prev_us is not None and ms < prev_ms:
                 raise TraceError(
-                    path, line, "TIMESTAMP",
+                    path,
+                    line,
+                    "TIMESTAMP",
                     f"{s!r} is earlier than the previous row's timestamp; rows must be in arrival order "
                     "(dynoplan does not reorder traces)",
                 )
@@ -362,7 +397,9 @@ def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> None:
             raise TraceError(p, lineno, name, f"{v!r}: expected a positive integer <= {MAX_TRACE_TOKENS}")
     hids = row.get("hash_ids")
     if hids is not None:
-        if not isinstance(hids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids):
+        if not isinstance(hids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids
+        ):
             raise TraceError(p, lineno, "hash_ids", "expected a list of non-negative integers")
         if not hids:
             raise TraceError(p, lineno, "hash_ids", "empty list: expected one id per trace block of the prompt")
@@ -411,13 +448,21 @@ def _check_timestamp_bound(arrival: np.ndarray, lines: list[int], path: str, fie
     i = int(over[0])
     t = float(arrival[i])
     if EPOCH_MS_THRESHOLD <= t < 1e15:  # up to year 33658: a plausible wall-clock time
-        when = _dt.datetime.fromtimestamp(t / 1000.0, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        raise TraceError(path, lines[i], field,
-                         f"{t:.6g} ms looks like Unix epoch milliseconds ({when}); expected milliseconds since the "
-                         f"trace start (subtract the first row's timestamp), at most {MAX_TRACE_TIMESTAMP_MS:.4g} ms")
-    raise TraceError(path, lines[i], field,
-                     f"{t:.6g} ms: expected milliseconds since the trace start, at most {MAX_TRACE_TIMESTAMP_MS:.4g} ms "
-                     f"(about 52 days; float64 ms resolve the engine's nanosecond pass times only up to there)")
+        when = _dt.datetime.fromtimestamp(t / 1000.0, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise TraceError(
+            path,
+            lines[i],
+            field,
+            f"{t:.6g} ms looks like Unix epoch milliseconds ({when}); expected milliseconds since the "
+            f"trace start (subtract the first row's timestamp), at most {MAX_TRACE_TIMESTAMP_MS:.4g} ms",
+        )
+    raise TraceError(
+        path,
+        lines[i],
+        field,
+        f"{t:.6g} ms: expected milliseconds since the trace start, at most {MAX_TRACE_TIMESTAMP_MS:.4g} ms "
+        f"(about 52 days; float64 ms resolve the engine's nanosecond pass times only up to there)",
+    )
 
 
 def _check_monotone(arrival: np.ndarray, lines: list[int], path: str, field: str) -> None:
@@ -426,7 +471,9 @@ def _check_monotone(arrival: np.ndarray, lines: list[int], path: str, field: str
         if back.size:
             i = int(back[0]) + 1
             raise TraceError(
-                path, lines[i], field,
+                path,
+                lines[i],
+                field,
                 f"arrival {arrival[i]:g} ms is earlier than the previous row's {arrival[i - 1]:g} ms; "
                 "rows must be in arrival order (dynoplan does not reorder traces)",
             )
@@ -453,7 +500,7 @@ class LengthDist:
         return np.clip(np.rint(rng.lognormal(mu, self.b, size=n)), 1, MAX_TRACE_TOKENS).astype(np.int64)
 
     @classmethod
-    def parse(cls, text: str, field: str, spec: str) -> "LengthDist":
+    def parse(cls, text: str, field: str, spec: str) -> LengthDist:
         parts = text.split(":")
         try:
             if len(parts) == 1:
@@ -462,16 +509,31 @@ class LengthDist:
                     raise ValueError
                 return cls("fixed", v)
             kind, nums = parts[0], [float(x) for x in parts[1:]]
-            if (kind == "uniform" and len(nums) == 2 and nums[0] >= 1 and MAX_TRACE_TOKENS >= nums[1] >= nums[0]
-                    and all(x == int(x) for x in nums)):
+            if (
+                kind == "uniform"
+                and len(nums) == 2
+                and nums[0] >= 1
+                and MAX_TRACE_TOKENS >= nums[1] >= nums[0]
+                and all(x == int(x) for x in nums)
+            ):
                 return cls("uniform", nums[0], nums[1])
-            if (kind == "lognormal" and len(nums) == 2 and MAX_TRACE_TOKENS >= nums[0] >= 1 and nums[1] >= 0
-                    and all(math.isfinite(x) for x in nums)):
+            if (
+                kind == "lognormal"
+                and len(nums) == 2
+                and MAX_TRACE_TOKENS >= nums[0] >= 1
+                and nums[1] >= 0
+                and all(math.isfinite(x) for x in nums)
+            ):
                 return cls("lognormal", nums[0], nums[1])
         except ValueError:
             pass
-        raise TraceError(spec, None, field, f"{text!r}: expected a positive integer, 'uniform:MIN:MAX' or "
-                         f"'lognormal:MEAN:SIGMA' (tokens, at most {MAX_TRACE_TOKENS})")
+        raise TraceError(
+            spec,
+            None,
+            field,
+            f"{text!r}: expected a positive integer, 'uniform:MIN:MAX' or "
+            f"'lognormal:MEAN:SIGMA' (tokens, at most {MAX_TRACE_TOKENS})",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,10 +575,12 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     Example: ``synthetic:poisson?rate=5&duration_s=600&isl=lognormal:1000:0.5&osl=200&seed=1``.
     Raises :class:`TraceError` naming the bad key.
     """
-    body = spec[len("synthetic:"):] if spec.startswith("synthetic:") else spec
+    body = spec[len("synthetic:") :] if spec.startswith("synthetic:") else spec
     kind, _, query = body.partition("?")
     if kind not in ("constant", "poisson", "gamma"):
-        raise TraceError(spec, None, "arrival", f"{kind!r}: unknown arrival process, expected constant, poisson or gamma")
+        raise TraceError(
+            spec, None, "arrival", f"{kind!r}: unknown arrival process, expected constant, poisson or gamma"
+        )
     params: dict[str, str] = {}
     for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if k not in _SYN_KEYS:
@@ -547,8 +611,13 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     expected_n = min(n if n is not None else math.inf, rate * duration_s if duration_s is not None else math.inf)
     if expected_n > MAX_SYNTHETIC_REQUESTS:
         key = "num_requests" if n is not None and n == expected_n else "duration_s"
-        raise TraceError(spec, None, key, f"{params[key]!r}: about {expected_n:.3g} requests; expected at most "
-                         f"{MAX_SYNTHETIC_REQUESTS:,} (num_requests, or rate x duration_s)")
+        raise TraceError(
+            spec,
+            None,
+            key,
+            f"{params[key]!r}: about {expected_n:.3g} requests; expected at most "
+            f"{MAX_SYNTHETIC_REQUESTS:,} (num_requests, or rate x duration_s)",
+        )
     shape = num("shape", float, pos_float, "a number > 0", 1.0)
     if "shape" in params and kind != "gamma":
         raise TraceError(spec, None, "shape", f"only meaningful for gamma arrivals, not {kind}")
@@ -557,11 +626,21 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     groups = num("prefix_groups", int, lambda v: v >= 0, "an integer >= 0", 0)
     plen = num("prefix_len", int, lambda v: v >= 0, "an integer >= 0 (tokens)", 0)
     if "prefix_groups" in params and groups == 0:
-        raise TraceError(spec, None, "prefix_groups", "prefix_groups=0: expected an integer >= 1 (or leave out "
-                                                      "prefix_groups and prefix_len for no shared prefixes)")
+        raise TraceError(
+            spec,
+            None,
+            "prefix_groups",
+            "prefix_groups=0: expected an integer >= 1 (or leave out "
+            "prefix_groups and prefix_len for no shared prefixes)",
+        )
     if "prefix_len" in params and plen == 0:
-        raise TraceError(spec, None, "prefix_len", "prefix_len=0: expected an integer >= 1 (tokens; or leave out "
-                                                   "prefix_groups and prefix_len for no shared prefixes)")
+        raise TraceError(
+            spec,
+            None,
+            "prefix_len",
+            "prefix_len=0: expected an integer >= 1 (tokens; or leave out "
+            "prefix_groups and prefix_len for no shared prefixes)",
+        )
     if (groups > 0) != (plen > 0):
         missing = "prefix_len" if groups > 0 else "prefix_groups"
         raise TraceError(spec, None, missing, f"{missing} missing: prefix_groups and prefix_len must be given together")
@@ -634,8 +713,9 @@ def synthesize(w: SyntheticWorkload, *, trace_block_size: int = DEFAULT_TRACE_BL
 
 # ---------------------------------------------------------------------------------------------- rate envelope
 _ENVELOPE_KEYS = ("period_s", "low", "high", "phase_s", "duration_s")
-_ENVELOPE_FORM = ("periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D] or a CSV file with the header "
-                  "time_s,multiplier")
+_ENVELOPE_FORM = (
+    "periodic:period_s=P,low=A,high=B[,phase_s=S][,duration_s=D] or a CSV file with the header time_s,multiplier"
+)
 _BISECTION_STEPS = 64
 """Halvings of the periodic envelope's inverse bracket (width <= 2 * period / pi): 64 bring it below the
 float64 spacing of any time the bracket can hold."""
@@ -670,7 +750,10 @@ class RateEnvelope:
         """m(t) at the times ``t_s`` (seconds, array-like, >= 0)."""
         t = np.asarray(t_s, dtype=np.float64)
         if self.kind == "periodic":
-            return self.low + (self.high - self.low) * (1.0 - np.cos(2.0 * math.pi * (t + self.phase_s) / self.period_s)) / 2.0
+            return (
+                self.low
+                + (self.high - self.low) * (1.0 - np.cos(2.0 * math.pi * (t + self.phase_s) / self.period_s)) / 2.0
+            )
         return np.interp(t, np.asarray(self.times_s), np.asarray(self.multipliers))  # constant past the ends
 
     def integral(self, t_s: Any) -> np.ndarray:
@@ -747,13 +830,14 @@ def parse_rate_envelope(spec: str) -> RateEnvelope:
     if not isinstance(spec, str) or not spec.strip():
         raise TraceError(src, None, None, f"{spec!r}: expected {_ENVELOPE_FORM}")
     if spec.startswith("periodic:"):
-        return _parse_periodic(spec[len("periodic:"):])
+        return _parse_periodic(spec[len("periodic:") :])
     path = Path(spec)
     if not path.is_file():
         kind = re.match(r"^([A-Za-z_]+):", spec)
         if kind and not path.exists():
-            raise TraceError(src, None, None, f"{spec!r}: unknown envelope kind {kind.group(1)!r}, expected "
-                             f"{_ENVELOPE_FORM}")
+            raise TraceError(
+                src, None, None, f"{spec!r}: unknown envelope kind {kind.group(1)!r}, expected {_ENVELOPE_FORM}"
+            )
         what = "file not found" if not path.exists() else "not a regular file"
         raise TraceError(src, None, None, f"{spec}: {what}, expected {_ENVELOPE_FORM}")
     return _load_envelope_csv(path)
@@ -766,8 +850,12 @@ def _parse_periodic(body: str) -> RateEnvelope:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise TraceError(src, None, None, f"periodic item {item!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(_ENVELOPE_KEYS)}")
+            raise TraceError(
+                src,
+                None,
+                None,
+                f"periodic item {item!r}: expected KEY=VALUE with KEY one of {', '.join(_ENVELOPE_KEYS)}",
+            )
         if key not in _ENVELOPE_KEYS:
             raise TraceError(src, None, key, f"unknown parameter, expected one of {', '.join(_ENVELOPE_KEYS)}")
         if key in params:
@@ -829,16 +917,26 @@ def _load_envelope_csv(path: Path) -> RateEnvelope:
         if not times and t != 0:
             raise TraceError(src, line, "time_s", f"{row[0].strip()!r}: expected the first row at time_s 0")
         if times and t <= times[-1]:
-            raise TraceError(src, line, "time_s", f"{row[0].strip()!r}: expected a time after the previous row's "
-                             f"{times[-1]:g} s (rows in increasing time)")
+            raise TraceError(
+                src,
+                line,
+                "time_s",
+                f"{row[0].strip()!r}: expected a time after the previous row's "
+                f"{times[-1]:g} s (rows in increasing time)",
+            )
         m = _finite(row[1])
         if m is None or m < 0:
             raise TraceError(src, line, "multiplier", f"{row[1].strip()!r}: expected a finite number >= 0")
         times.append(t)
         mults.append(m)
     if mults[-1] <= 0:
-        raise TraceError(src, rows[-1][0], "multiplier", f"{rows[-1][1][1].strip()!r}: expected the last multiplier "
-                         "> 0 (it holds after the last row, and a zero rate there never ends)")
+        raise TraceError(
+            src,
+            rows[-1][0],
+            "multiplier",
+            f"{rows[-1][1][1].strip()!r}: expected the last multiplier "
+            "> 0 (it holds after the last row, and a zero rate there never ends)",
+        )
     return RateEnvelope("csv", times_s=tuple(times), multipliers=tuple(mults), source=src)
 
 
@@ -881,16 +979,25 @@ def apply_rate_envelope(requests: Sequence[TraceRequest], envelope: RateEnvelope
         if last < need:
             cut = horizon
             if last <= first:
-                raise TraceError(envelope.source, None, "duration_s" if envelope.kind == "periodic" else "time_s",
-                                 f"{horizon:g}: the trace would be repeated to cover it, but all its arrivals fall "
-                                 f"at {first:g} s, expected a trace spanning some time")
+                raise TraceError(
+                    envelope.source,
+                    None,
+                    "duration_s" if envelope.kind == "periodic" else "time_s",
+                    f"{horizon:g}: the trace would be repeated to cover it, but all its arrivals fall "
+                    f"at {first:g} s, expected a trace spanning some time",
+                )
             period = (last - first) * n / (n - 1)  # span + mean gap: copy k+1 starts one mean gap after copy k
             copies = max(1, math.ceil((need - first) / period))
             if n * copies > MAX_SYNTHETIC_REQUESTS:
                 field = "duration_s" if envelope.kind == "periodic" else "time_s"
-                raise TraceError(envelope.source, None, field, f"{horizon:g}: {copies} copies of the {n}-request "
-                                 f"trace, about {n * copies:.3g} requests; expected at most "
-                                 f"{MAX_SYNTHETIC_REQUESTS:,}")
+                raise TraceError(
+                    envelope.source,
+                    None,
+                    field,
+                    f"{horizon:g}: {copies} copies of the {n}-request "
+                    f"trace, about {n * copies:.3g} requests; expected at most "
+                    f"{MAX_SYNTHETIC_REQUESTS:,}",
+                )
     else:
         period = 0.0
     ids = [h for r in requests if r.hash_ids for h in r.hash_ids]

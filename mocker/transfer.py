@@ -52,20 +52,31 @@ class KvTransferConfig:
     constructed directly; wrap user input in :func:`dynoplan.settings.check` (or ``build``) for ConfigError."""
 
     bandwidth_gbps: float = Field(
-        default=0.0, ge=0, description="Link bandwidth (GB/s, 1 GB/s = 1e9 bytes/s, finite, >= 0); 0 disables the transfer "
-                               "delay (Dynamo Mocker's kv_transfer_bandwidth).")
+        default=0.0,
+        ge=0,
+        description="Link bandwidth (GB/s, 1 GB/s = 1e9 bytes/s, finite, >= 0); 0 disables the transfer "
+        "delay (Dynamo Mocker's kv_transfer_bandwidth).",
+    )
     kv_bytes_per_token: int | None = Field(
-        default=None, gt=0, description="KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, mocker.modelcfg); "
-                                "required when bandwidth_gbps > 0 (Dynamo Mocker's kv_transfer_bytes_per_token).")
+        default=None,
+        gt=0,
+        description="KV bytes per token (layers x 2 x kv_heads x head_dim x dtype bytes, mocker.modelcfg); "
+        "required when bandwidth_gbps > 0 (Dynamo Mocker's kv_transfer_bytes_per_token).",
+    )
     timing: Literal["full_prompt", "destination_missing"] = Field(
-        default="full_prompt", description="Which prompt tokens are charged: all, or only those whose blocks the "
-                                   "destination lacks.")
-    handoff: Literal["direct", "coordinated"] = Field(default="coordinated", description="Handoff path (module docstring).")
+        default="full_prompt",
+        description="Which prompt tokens are charged: all, or only those whose blocks the destination lacks.",
+    )
+    handoff: Literal["direct", "coordinated"] = Field(
+        default="coordinated", description="Handoff path (module docstring)."
+    )
 
     def __post_init__(self) -> None:
         if self.bandwidth_gbps > 0 and self.kv_bytes_per_token is None:
-            raise Problems(f"kv_bytes_per_token=None: needed when bandwidth_gbps={self.bandwidth_gbps!r} > 0 "
-                           "(set it directly or from a model config.json)")
+            raise Problems(
+                f"kv_bytes_per_token=None: needed when bandwidth_gbps={self.bandwidth_gbps!r} > 0 "
+                "(set it directly or from a model config.json)"
+            )
 
     @property
     def enabled(self) -> bool:

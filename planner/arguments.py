@@ -37,7 +37,9 @@ def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:
     """The KV-transfer flags of ``dynoplan replay`` (disaggregated mode), same names, choices and defaults
     (:func:`mocker.arguments.add_transfer_arguments`); the pool sizes (replay's --prefill-workers /
     --decode-workers) are the policy's. Read back with :func:`mocker.arguments.kv_transfer_from_args`."""
-    mocker_arguments.add_transfer_arguments(parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)"))
+    mocker_arguments.add_transfer_arguments(
+        parser.add_argument_group("KV transfer (--mode disagg; as in dynoplan replay)")
+    )
 
 
 def check_out_not_inputs(out: str, inputs: dict[str, str | None], outputs: dict[str, str]) -> None:
@@ -57,14 +59,19 @@ def check_out_not_inputs(out: str, inputs: dict[str, str | None], outputs: dict[
                     same = False
             if same:
                 if target == out:  # a single output file (dynoplan profile)
-                    raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path}, expected an output "
-                                                f"path different from every input file")
-                raise SimulationConfigError(f"--out {out}: would overwrite {flag} {path} ({name}), expected an output "
-                                            f"directory that holds none of the input files")
+                    raise SimulationConfigError(
+                        f"--out {out}: would overwrite {flag} {path}, expected an output "
+                        f"path different from every input file"
+                    )
+                raise SimulationConfigError(
+                    f"--out {out}: would overwrite {flag} {path} ({name}), expected an output "
+                    f"directory that holds none of the input files"
+                )
 
 
-def warm_start_windows(path: str | Path, interval_s: float, *,
-                       trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> list[TrafficWindow]:
+def warm_start_windows(
+    path: str | Path, interval_s: float, *, trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE
+) -> list[TrafficWindow]:
     """A warm-start trace bucketed into ``interval_s`` windows for ``Planner(warm_start=...)``.
 
     The trace is read by :func:`mocker.traces.load_trace` — the reader of ``--trace``: same formats (Azure

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 import typing
-from typing import Sequence
+from collections.abc import Sequence
 
 from dynoplan.errors import DynoplanError
 
@@ -22,7 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "mocker": ("mocker.cli_live", "live mocker worker on the wall clock (dynoplan mocker serve ...)"),
     "frontend": ("mocker.live.cli_frontend", "OpenAI frontend: worker discovery, routing, dynamo_frontend_* metrics"),
     "loadgen": ("mocker.live.cli_loadgen", "replay a trace against an OpenAI endpoint and measure client-side"),
-    "simulate": ("planner.cli_simulate", "closed loop: a trace through a fleet sized by the planner or a baseline policy"),
+    "simulate": (
+        "planner.cli_simulate",
+        "closed loop: a trace through a fleet sized by the planner or a baseline policy",
+    ),
     "profile": ("planner.cli_profile", "sweep the simulated engine and write the planner's .npz profile"),
     "up": ("planner.cli_up", "start a local stack from one file: frontend, workers, planner, Prometheus"),
     "planner": ("planner.cli_planner", "the live planner service: ticks, connector, /api/state, dashboard"),
@@ -42,16 +45,22 @@ _PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirec
 class _OneLineErrorParser(argparse.ArgumentParser):
     """argparse that reports a bad flag or value as one line on stderr (exit 2), without the usage dump."""
 
-    def error(self, message: str) -> "typing.NoReturn":  # type: ignore[override]
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(prog="dynoplan", allow_abbrev=False, description="SLA-driven autoscaler for LLM serving, and its engine simulator.")
+    parser = _OneLineErrorParser(
+        prog="dynoplan",
+        allow_abbrev=False,
+        description="SLA-driven autoscaler for LLM serving, and its engine simulator.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (mod, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)  # --mode is not --model-config
+        p = sub.add_parser(
+            name, help=help_text, description=help_text, allow_abbrev=False
+        )  # --mode is not --model-config
         p.set_defaults(_module=mod)
         importlib.import_module(mod).add_arguments(p)
     return parser

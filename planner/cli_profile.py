@@ -10,10 +10,10 @@ import argparse
 import re
 from pathlib import Path
 
+from dynoplan.errors import SimulationConfigError
 from mocker.arguments import engine_config_from_args, one_line_error, positive_int
 from planner.arguments import add_engine_arguments, check_out_not_inputs
 from planner.core import save_profile
-from dynoplan.errors import SimulationConfigError
 from planner.sim.profile import ProfileSweep, profile_engine
 
 
@@ -27,8 +27,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     if any(v <= 0 for v in vals):
         raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers (tokens)")
     if len(vals) < 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 2 comma-separated points (the planner "
-                                         f"interpolates between them)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected at least 2 comma-separated points (the planner interpolates between them)"
+        )
     return vals
 
 
@@ -41,8 +42,9 @@ def _float_list(text: str) -> tuple[float, ...]:
     if any(not 0 < v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"{text!r}: expected fractions 0 < F < 1")
     if len(vals) < 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected at least 2 comma-separated points (the planner "
-                                         f"interpolates between them)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected at least 2 comma-separated points (the planner interpolates between them)"
+        )
     return vals
 
 
@@ -68,12 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # a grid value that starts with '-' ("--isl -5,100") reaches the flag's type check (which names the flag
     # and the value) instead of being taken for an unknown option; argparse's own rule only covers "-5" / "-.5"
     parser._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")  # type: ignore[attr-defined]
-    parser.add_argument("--out", required=True, metavar="FILE.npz",
-                        help="profile to write ('.npz' is appended when missing, as numpy does; not a directory)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE.npz",
+        help="profile to write ('.npz' is appended when missing, as numpy does; not a directory)",
+    )
     parser.add_argument("--isl", type=_int_list, metavar="N,N,...", help="prefill ISL grid (tokens)")
     parser.add_argument("--kv-usage", type=_float_list, metavar="F,F,...", help="decode KV-usage grid (fractions)")
     parser.add_argument("--context", type=_int_list, metavar="N,N,...", help="decode context-length grid (tokens)")
-    parser.add_argument("--gpus-per-engine", type=positive_int, default=1, metavar="N", help="GPUs per engine (default 1)")
+    parser.add_argument(
+        "--gpus-per-engine", type=positive_int, default=1, metavar="N", help="GPUs per engine (default 1)"
+    )
     add_engine_arguments(parser)
 
 
@@ -82,17 +90,31 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console  # rich (~0.1 s): only when a profile runs (every command imports this module)
 
     out = out_path(args.out)  # before the sweep: a bad --out must not cost the profile
-    check_out_not_inputs(str(out), {f: getattr(args, a, None) for f, a in (
-        ("--timing", "timing"), ("--engine-config", "engine_config"), ("--model-config", "model_config"))},
-        outputs={out.name: str(out)})
+    check_out_not_inputs(
+        str(out),
+        {
+            f: getattr(args, a, None)
+            for f, a in (
+                ("--timing", "timing"),
+                ("--engine-config", "engine_config"),
+                ("--model-config", "model_config"),
+            )
+        },
+        outputs={out.name: str(out)},
+    )
     engine = engine_config_from_args(args)
-    kw = {k: v for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
-          if v is not None}
+    kw = {
+        k: v
+        for k, v in (("isl_tokens", args.isl), ("kv_usage", args.kv_usage), ("context_tokens", args.context))
+        if v is not None
+    }
     prof = profile_engine(engine, ProfileSweep(gpus_per_engine=args.gpus_per_engine, **kw))
     try:
         save_profile(prof, out)
     except OSError as e:
         raise SimulationConfigError(f"--out {out}: cannot write: {e.strerror or e}") from None
-    Console(stderr=True).print(f"wrote {out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
-                               f"{prof.decode.kv_usage.size}x{prof.decode.context_length.size} grid")  # type: ignore[union-attr]
+    Console(stderr=True).print(
+        f"wrote {out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
+        f"{prof.decode.kv_usage.size}x{prof.decode.context_length.size} grid"
+    )  # type: ignore[union-attr]
     return 0

@@ -26,17 +26,26 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mocker.arguments import (MAX_WORKERS, RATE_ENVELOPE_HELP, engine_config_from_args, failed_requests_note,
-                              kv_transfer_from_args, nonneg_float, nonneg_int, one_line_error,
-                              parse_engine_config_text, positive_float, read_engine_config_text, worker_count)
-from dynoplan.errors import DynoplanError
+from dynoplan.errors import ConfigError, DynoplanError, ProfileError, SimulationConfigError
+from dynoplan.settings import check
+from mocker.arguments import (
+    MAX_WORKERS,
+    RATE_ENVELOPE_HELP,
+    engine_config_from_args,
+    failed_requests_note,
+    kv_transfer_from_args,
+    nonneg_float,
+    nonneg_int,
+    one_line_error,
+    parse_engine_config_text,
+    positive_float,
+    read_engine_config_text,
+    worker_count,
+)
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
 from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
-from dynoplan.settings import check
 from planner.core import PlannerConfig, config_from_mapping, load_profile
 from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits, parse_cli_values
-from dynoplan.errors import ConfigError, DynoplanError, ProfileError
-from dynoplan.errors import SimulationConfigError
 from planner.sim.loop import SimSettings, simulate
 from planner.sim.profile import profile_engine
 from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
@@ -45,16 +54,20 @@ from planner.sim.runner import AutoStaticUnreachable, RunContext, make_policy
 
 def _at_most(top: float):
     """argparse type: a finite number in (0, ``top``] (milliseconds)."""
+
     def parse(text: str) -> float:
         v = positive_float(text)
         if v > top:
             raise argparse.ArgumentTypeError(f"{text!r}: expected at most {top:.0f} ms")
         return v
+
     return parse
 
 
-POLICY_HELP = ("planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
-               "schedule:T=N,T=N,... (T=P+D disagg; first T=0) | hpa[:kv|running[:target]] | saturation")
+POLICY_HELP = (
+    "planner | planner:key=value,... | throughput-only | static:N | static:P+D | static:peak | static:auto | "
+    "schedule:T=N,T=N,... (T=P+D disagg; first T=0) | hpa[:kv|running[:target]] | saturation"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,38 +75,84 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.error = one_line_error("dynoplan simulate")  # type: ignore[method-assign]
     w = parser.add_argument_group("workload")
     w.add_argument("--trace", required=True, metavar="TRACE", help="Azure CSV, Mooncake JSONL or synthetic:... spec")
-    w.add_argument("--arrival-speedup", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)")
+    w.add_argument(
+        "--arrival-speedup", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)"
+    )
     w.add_argument("--rate-envelope", metavar="SPEC", help=RATE_ENVELOPE_HELP)
-    w.add_argument("--seed", type=nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)")
+    w.add_argument(
+        "--seed", type=nonneg_int, default=0, metavar="N", help="seed (synthetic workloads, routers; default 0)"
+    )
     s = parser.add_argument_group("loop")
-    s.add_argument("--mode", choices=("agg", "disagg"), help="aggregated or prefill+decode pools (default: the "
-                   "--config file's mode, else agg)")
+    s.add_argument(
+        "--mode",
+        choices=("agg", "disagg"),
+        help="aggregated or prefill+decode pools (default: the --config file's mode, else agg)",
+    )
     s.add_argument("--compare", nargs="+", default=["planner"], metavar="POLICY", help=POLICY_HELP)
-    s.add_argument("--startup-delay-s", type=nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)")
-    s.add_argument("--sla-ttft-ms", type=_at_most(MAX_TTFT_MS), metavar="MS",
-                   help="TTFT target (default: the --config file's ttft_ms, else 500)")
-    s.add_argument("--sla-itl-ms", type=_at_most(MAX_ITL_MS), metavar="MS",
-                   help="ITL target (default: the --config file's itl_ms, else 50)")
-    s.add_argument("--router", choices=("round_robin", "least_loaded", "kv"), default="round_robin", help="routing among ready workers (default round_robin)")
-    s.add_argument("--sample-interval-s", type=positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)")
-    s.add_argument("--initial-replicas", metavar="N|P+D|auto",
-                   help="fleet at t=0 for dynamic policies (default auto: sized by the throughput formulas for the "
-                        "trace's first adjustment interval, as an operator would have deployed it); each pool "
-                        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
-                        "(else exit 2, no clamping)")
-    s.add_argument("--auto-attainment", type=_share, default=0.995, metavar="F", help="static:auto target, 0 < F <= 1 (default 0.995)")
-    s.add_argument("--max-replicas", type=worker_count, default=64, metavar="N",
-                   help=f"per-pool cap for baselines and static:auto (at most {MAX_WORKERS})")
+    s.add_argument(
+        "--startup-delay-s", type=nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)"
+    )
+    s.add_argument(
+        "--sla-ttft-ms",
+        type=_at_most(MAX_TTFT_MS),
+        metavar="MS",
+        help="TTFT target (default: the --config file's ttft_ms, else 500)",
+    )
+    s.add_argument(
+        "--sla-itl-ms",
+        type=_at_most(MAX_ITL_MS),
+        metavar="MS",
+        help="ITL target (default: the --config file's itl_ms, else 50)",
+    )
+    s.add_argument(
+        "--router",
+        choices=("round_robin", "least_loaded", "kv"),
+        default="round_robin",
+        help="routing among ready workers (default round_robin)",
+    )
+    s.add_argument(
+        "--sample-interval-s", type=positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)"
+    )
+    s.add_argument(
+        "--initial-replicas",
+        metavar="N|P+D|auto",
+        help="fleet at t=0 for dynamic policies (default auto: sized by the throughput formulas for the "
+        "trace's first adjustment interval, as an operator would have deployed it); each pool "
+        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
+        "(else exit 2, no clamping)",
+    )
+    s.add_argument(
+        "--auto-attainment",
+        type=_share,
+        default=0.995,
+        metavar="F",
+        help="static:auto target, 0 < F <= 1 (default 0.995)",
+    )
+    s.add_argument(
+        "--max-replicas",
+        type=worker_count,
+        default=64,
+        metavar="N",
+        help=f"per-pool cap for baselines and static:auto (at most {MAX_WORKERS})",
+    )
     p = parser.add_argument_group("planner")
     p.add_argument("--config", dest="planner_config", metavar="FILE.yaml", help="planner settings file")
-    p.add_argument("--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)")
-    p.add_argument("--attainment-target", type=_attainment_flag, metavar="F|off",
-                   help="planner SLA-attainment target (PlannerConfig.sla_attainment_target): share of requests "
-                        "that should meet each SLA, 0 < F < 1, or off (default: the planner config's, 0.995)")
+    p.add_argument(
+        "--planner-set", action="append", default=[], metavar="KEY=VALUE", help="planner setting (repeatable)"
+    )
+    p.add_argument(
+        "--attainment-target",
+        type=_attainment_flag,
+        metavar="F|off",
+        help="planner SLA-attainment target (PlannerConfig.sla_attainment_target): share of requests "
+        "that should meet each SLA, 0 < F < 1, or off (default: the planner config's, 0.995)",
+    )
     p.add_argument("--profile", metavar="FILE.npz", help="performance profile (default: profile the engine now)")
     p.add_argument("--warm-start", metavar="TRACE", help="warm-start the predictors from this trace's intervals")
     o = parser.add_argument_group("output")
-    o.add_argument("--out", metavar="DIR", help="write summary.json, details.json, timeline.csv, requests.jsonl, report.html")
+    o.add_argument(
+        "--out", metavar="DIR", help="write summary.json, details.json, timeline.csv, requests.jsonl, report.html"
+    )
     o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     add_engine_arguments(parser)
     add_transfer_arguments(parser)
@@ -134,7 +193,9 @@ def _check_out_dir(path: str) -> None:
     """Create ``--out DIR`` and prove it writable before any simulation runs (a late failure would lose the
     results). Raises SimulationConfigError naming the path."""
     if os.path.exists(path) and not os.path.isdir(path):
-        raise SimulationConfigError(f"--out {path}: exists and is not a directory, expected a directory (created if missing)")
+        raise SimulationConfigError(
+            f"--out {path}: exists and is not a directory, expected a directory (created if missing)"
+        )
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -159,8 +220,10 @@ def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
         if lim.max_replicas is not None:
             hi = min(hi, lim.max_replicas)
         if not lim.min_replicas <= n <= hi:
-            raise SimulationConfigError(f"--initial-replicas {pool}={n}: expected {lim.min_replicas} <= N <= {hi} "
-                                        f"(planner {pool}.min_replicas / max_replicas, max_gpu_budget={cfg.max_gpu_budget})")
+            raise SimulationConfigError(
+                f"--initial-replicas {pool}={n}: expected {lim.min_replicas} <= N <= {hi} "
+                f"(planner {pool}.min_replicas / max_replicas, max_gpu_budget={cfg.max_gpu_budget})"
+            )
         gpus += n * lim.gpus_per_engine
     if gpus > cfg.max_gpu_budget:
         raise SimulationConfigError(f"--initial-replicas: {gpus} GPUs, expected <= max_gpu_budget={cfg.max_gpu_budget}")
@@ -174,8 +237,10 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
     except ValueError:
         nums = []
     if len(nums) != len(pools):  # the range of each count is _check_initial's (the planner's pool limits)
-        raise SimulationConfigError(f"--initial-replicas={text!r}: expected {'N' if len(pools) == 1 else 'P+D'} "
-                                    f"(whole numbers within the planner's min_replicas..max_replicas) or auto")
+        raise SimulationConfigError(
+            f"--initial-replicas={text!r}: expected {'N' if len(pools) == 1 else 'P+D'} "
+            f"(whole numbers within the planner's min_replicas..max_replicas) or auto"
+        )
     return dict(zip(pools, nums))
 
 
@@ -192,6 +257,7 @@ def _check_settings_node(flag: str, path: str, root: Any, numeric: dict[str, set
     None when empty): a key given twice in one mapping (the last would win; named with both lines) and, for
     the setting names in ``numeric`` (section -> keys, ``""`` = top level), a quoted number
     (``max_replicas: "3"``, refused as ``2.5`` is). Raises SimulationConfigError."""
+
     def walk(node: Any, section: str) -> None:
         if isinstance(node, yaml.SequenceNode):
             for item in node.value:
@@ -205,20 +271,28 @@ def _check_settings_node(flag: str, path: str, root: Any, numeric: dict[str, set
             line = k.start_mark.line + 1
             if key in seen:
                 where = f"{section}." if section else ""
-                raise SimulationConfigError(f"{flag} {path}: line {line}: duplicate key {where + key!r} (first at line "
-                                            f"{seen[key]}), expected each setting once")
+                raise SimulationConfigError(
+                    f"{flag} {path}: line {line}: duplicate key {where + key!r} (first at line "
+                    f"{seen[key]}), expected each setting once"
+                )
             seen[key] = line
             name = key.replace("-", "_")
-            if numeric is not None and isinstance(v, yaml.ScalarNode) and v.style in ("'", '"') \
-                    and name in numeric.get(section, set()):
+            if (
+                numeric is not None
+                and isinstance(v, yaml.ScalarNode)
+                and v.style in ("'", '"')
+                and name in numeric.get(section, set())
+            ):
                 try:
                     float(v.value)
                 except ValueError:
                     pass
                 else:
                     where = f"{section}." if section else ""
-                    raise SimulationConfigError(f"{flag} {path}: line {v.start_mark.line + 1}: {where}{name}="
-                                                f"{v.value!r}: a quoted string, expected an unquoted number")
+                    raise SimulationConfigError(
+                        f"{flag} {path}: line {v.start_mark.line + 1}: {where}{name}="
+                        f"{v.value!r}: a quoted string, expected an unquoted number"
+                    )
             walk(v, "" if lone_planner else (name if not section else f"{section}.{name}"))
 
     walk(root, "")
@@ -226,6 +300,7 @@ def _check_settings_node(flag: str, path: str, root: Any, numeric: dict[str, set
 
 def _planner_numeric_keys() -> dict[str, set[str]]:
     """PlannerConfig's numeric settings by section (top level ``""``, pool sections ``agg``/``prefill``/``decode``)."""
+
     def nums(cls: Any) -> set[str]:
         return {f.name for f in dataclasses.fields(cls) if str(f.type).split(" | ")[0] in ("int", "float")}
 
@@ -245,7 +320,7 @@ def _check_planner_set(text: str, key: str, value: str) -> None:
         k = key.replace("-", "_")
         own = [p for p in e.problems if p.startswith((f"{k}:", f"{k}=", f"{k}."))]
         if own:
-            msgs = [p[len(k) + 1:].strip() if p.startswith(f"{k}:") else p for p in own]
+            msgs = [p[len(k) + 1 :].strip() if p.startswith(f"{k}:") else p for p in own]
             raise SimulationConfigError(f"--planner-set {text}: " + "; ".join(msgs)) from None
 
 
@@ -261,7 +336,6 @@ def _load_planner_profile(path: str) -> Any:
         return load_profile(path)
     except ProfileError:
         if os.path.isfile(path):
-
             try:
                 with np.load(path) as z:
                     names = set(z.files)
@@ -272,7 +346,8 @@ def _load_planner_profile(path: str) -> Any:
                     f"--profile {path}: this looks like an engine timing profile (decode_active_kv_tokens, decode_itl, "
                     f"...); --profile needs a planner performance profile with arrays prefill_isl, prefill_ttft_ms, "
                     f"prefill_thpt_per_gpu, decode_kv_usage, decode_context_length, decode_itl_ms, decode_thpt_per_gpu "
-                    f"(write one with dynoplan profile; engine timing profiles go to --timing)") from None
+                    f"(write one with dynoplan profile; engine timing profiles go to --timing)"
+                ) from None
         raise
 
 
@@ -289,8 +364,9 @@ def _read_planner_file(path: str) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:  # a binary or Latin-1 file
-        raise ConfigError(f"cannot read config file: byte 0x{raw[e.start]:02x} at offset {e.start}: "
-                          "expected UTF-8 text", source=path) from None
+        raise ConfigError(
+            f"cannot read config file: byte 0x{raw[e.start]:02x} at offset {e.start}: expected UTF-8 text", source=path
+        ) from None
     try:
         if path.lower().endswith(".json"):
             data = json.loads(text)
@@ -313,8 +389,9 @@ def _read_planner_file(path: str) -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of "
-                          f"setting: value)", source=path) from None
+        raise ConfigError(
+            f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of setting: value)", source=path
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -371,11 +448,28 @@ def build_context(args: argparse.Namespace) -> RunContext:
     # GPUs per worker: the planner's gpus_per_engine for the pool (what its budget counts), at least one per
     # DP rank (a worker of dp_size ranks holds dp_size GPUs at minimum)
     gpw = {p: max(cfg.limits(p).gpus_per_engine, e.dp_size) for p, e in engines.items()}
-    settings = SimSettings(transfer=transfer, gpus_per_worker=gpw, startup_delay_s=args.startup_delay_s, sla_ttft_ms=args.sla_ttft_ms, sla_itl_ms=args.sla_itl_ms,
-                           sample_interval_s=args.sample_interval_s, router=args.router, seed=args.seed)
-    return RunContext(reqs, engines, settings, cfg, profile, warm, args.auto_attainment,
-                      initial, args.max_replicas,
-                      _attainment(args.attainment_target))
+    settings = SimSettings(
+        transfer=transfer,
+        gpus_per_worker=gpw,
+        startup_delay_s=args.startup_delay_s,
+        sla_ttft_ms=args.sla_ttft_ms,
+        sla_itl_ms=args.sla_itl_ms,
+        sample_interval_s=args.sample_interval_s,
+        router=args.router,
+        seed=args.seed,
+    )
+    return RunContext(
+        reqs,
+        engines,
+        settings,
+        cfg,
+        profile,
+        warm,
+        args.auto_attainment,
+        initial,
+        args.max_replicas,
+        _attainment(args.attainment_target),
+    )
 
 
 def _read_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -439,15 +533,23 @@ def _engine_and_transfer(args: argparse.Namespace, engine_file: Any) -> tuple[An
     engine = engine_config_from_args(args, engine_file)
     if args.mode == "disagg":
         return engine, kv_transfer_from_args(args)
-    given = [f for f, v in (("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
-                            ("--kv-bytes-per-token", args.kv_bytes_per_token),
-                            ("--model-config", args.model_config),
-                            ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype),
-                            ("--kv-transfer-timing", None if args.kv_transfer_timing == "full_prompt" else 1),
-                            ("--handoff", None if args.handoff == "coordinated" else 1)) if v is not None]
+    given = [
+        f
+        for f, v in (
+            ("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
+            ("--kv-bytes-per-token", args.kv_bytes_per_token),
+            ("--model-config", args.model_config),
+            ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype),
+            ("--kv-transfer-timing", None if args.kv_transfer_timing == "full_prompt" else 1),
+            ("--handoff", None if args.handoff == "coordinated" else 1),
+        )
+        if v is not None
+    ]
     if given:
-        raise SimulationConfigError(f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "
-                                    f"expected --mode disagg or none of them")
+        raise SimulationConfigError(
+            f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "
+            f"expected --mode disagg or none of them"
+        )
     return engine, None
 
 
@@ -463,14 +565,17 @@ def _requests(args: argparse.Namespace, trace_block_size: int) -> list[Any]:
         reqs = apply_rate_envelope(reqs, envelope)
     span_s = max((r.arrival_ms for r in reqs), default=0.0) / 1000.0
     if span_s / args.sample_interval_s > MAX_SAMPLES:
-        raise SimulationConfigError(f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
-                                    f"{span_s / args.sample_interval_s:.3g} samples, expected >= "
-                                    f"{span_s / MAX_SAMPLES:g} s (at most {MAX_SAMPLES} samples per policy)")
+        raise SimulationConfigError(
+            f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
+            f"{span_s / args.sample_interval_s:.3g} samples, expected >= "
+            f"{span_s / MAX_SAMPLES:g} s (at most {MAX_SAMPLES} samples per policy)"
+        )
     return reqs
 
 
-def _pools(args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[str, Any], cfg0: PlannerConfig,
-           engine: Any) -> tuple[dict[str, Any], PlannerConfig]:
+def _pools(
+    args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[str, Any], cfg0: PlannerConfig, engine: Any
+) -> tuple[dict[str, Any], PlannerConfig]:
     """The engine of each pool (``agg``, or ``prefill`` + ``decode`` with their worker roles) and the final
     planner config: the engine's ``max_num_batched_tokens`` (a different planner value is refused) and each
     pool's ``gpus_per_engine`` at least its workers' DP size. Raises SimulationConfigError."""
@@ -479,15 +584,24 @@ def _pools(args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[st
     else:
         engines = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
     if cfg0.max_num_batched_tokens not in (PlannerConfig().max_num_batched_tokens, engine.max_num_batched_tokens):
-        raise SimulationConfigError(f"planner max_num_batched_tokens={cfg0.max_num_batched_tokens}: differs from the "
-                                    f"engine's {engine.max_num_batched_tokens}, expected it unset (set the engine's "
-                                    f"--max-num-batched-tokens instead)")
+        raise SimulationConfigError(
+            f"planner max_num_batched_tokens={cfg0.max_num_batched_tokens}: differs from the "
+            f"engine's {engine.max_num_batched_tokens}, expected it unset (set the engine's "
+            f"--max-num-batched-tokens instead)"
+        )
     overrides["max_num_batched_tokens"] = engine.max_num_batched_tokens
     cfg = _load_config(args, in_file, {**_defaults_not_in(in_file), **overrides})
     # a worker of dp_size ranks holds dp_size GPUs at least: the planner's budget counts them so
     # the new budget is validated: a ConfigError line, not a traceback
-    cfg = check(lambda: dataclasses.replace(cfg, **{p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(
-        cfg.limits(p).gpus_per_engine, e.dp_size)) for p, e in engines.items()}))
+    cfg = check(
+        lambda: dataclasses.replace(
+            cfg,
+            **{
+                p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(cfg.limits(p).gpus_per_engine, e.dp_size))
+                for p, e in engines.items()
+            },
+        )
+    )
     return engines, cfg
 
 
@@ -517,22 +631,33 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.out is not None and not args.out.strip():
-        raise SimulationConfigError(f"--out {args.out!r}: empty, expected a directory path (omit --out to write nothing)")
+        raise SimulationConfigError(
+            f"--out {args.out!r}: empty, expected a directory path (omit --out to write nothing)"
+        )
     if args.out:
-        check_out_not_inputs(args.out, {"--trace": args.trace, "--config": args.planner_config,
-                                         "--profile": args.profile, "--warm-start": args.warm_start,
-                                         "--rate-envelope": args.rate_envelope,
-                                         "--engine-config": getattr(args, "engine_config", None),
-                                         "--model-config": getattr(args, "model_config", None)},
-                             {name: os.path.join(args.out, name) for name in OUTPUT_FILES})
+        check_out_not_inputs(
+            args.out,
+            {
+                "--trace": args.trace,
+                "--config": args.planner_config,
+                "--profile": args.profile,
+                "--warm-start": args.warm_start,
+                "--rate-envelope": args.rate_envelope,
+                "--engine-config": getattr(args, "engine_config", None),
+                "--model-config": getattr(args, "model_config", None),
+            },
+            {name: os.path.join(args.out, name) for name in OUTPUT_FILES},
+        )
         _check_out_dir(args.out)
     ctx = build_context(args)
 
     policies, failed = [], None
     dups = [spec for spec, n in collections.Counter(args.compare).items() if n > 1]
     if dups:  # one run and one row per policy name: say so once
-        print(f"dynoplan simulate: warning: --compare {' '.join(dups)}: given more than once, each runs once",
-              file=sys.stderr)
+        print(
+            f"dynoplan simulate: warning: --compare {' '.join(dups)}: given more than once, each runs once",
+            file=sys.stderr,
+        )
     for spec in dict.fromkeys(args.compare):
         try:
             policies.append(make_policy(spec, ctx))
@@ -547,36 +672,60 @@ def run(args: argparse.Namespace) -> int:
     for pol in policies:
         t0 = time.perf_counter()
         if show:
-            with Progress(TextColumn(f"{pol.name:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=err, transient=True) as bar:
+            with Progress(
+                TextColumn(f"{pol.name:>16}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+            ) as bar:
                 task = bar.add_task(pol.name, total=len(ctx.requests))
-                runs.append(simulate(ctx.requests, ctx.engines, pol, ctx.settings,
-                                     progress=lambda d, n: bar.update(task, completed=d, total=n)))
+                runs.append(
+                    simulate(
+                        ctx.requests,
+                        ctx.engines,
+                        pol,
+                        ctx.settings,
+                        progress=lambda d, n: bar.update(task, completed=d, total=n),
+                    )
+                )
         else:
             runs.append(simulate(ctx.requests, ctx.engines, pol, ctx.settings))
         walls[pol.name] = round(time.perf_counter() - t0, 3)
         _warn_failed(pol.name, runs[-1].records, next(iter(ctx.engines.values())))
-    meta = {"trace": args.trace, "mode": args.mode, "arrival_speedup": args.arrival_speedup,
-            "startup_delay_s": args.startup_delay_s, "sla_ttft_ms": args.sla_ttft_ms, "sla_itl_ms": args.sla_itl_ms,
-            "router": args.router, "seed": args.seed, "planner_config": ctx.config.to_dict(),
-            **({"rate_envelope": args.rate_envelope} if args.rate_envelope else {}),
-            "policies": {p.name: getattr(p, "replicas", None) for p in policies}}
-    title = (f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
-             f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)")
+    meta = {
+        "trace": args.trace,
+        "mode": args.mode,
+        "arrival_speedup": args.arrival_speedup,
+        "startup_delay_s": args.startup_delay_s,
+        "sla_ttft_ms": args.sla_ttft_ms,
+        "sla_itl_ms": args.sla_itl_ms,
+        "router": args.router,
+        "seed": args.seed,
+        "planner_config": ctx.config.to_dict(),
+        **({"rate_envelope": args.rate_envelope} if args.rate_envelope else {}),
+        "policies": {p.name: getattr(p, "replicas", None) for p in policies},
+    }
+    title = (
+        f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "
+        f"SLA TTFT {args.sla_ttft_ms:g} ms / ITL {args.sla_itl_ms:g} ms)"
+    )
     try:
         doc = write_outputs(runs, args.out, meta) if args.out else summary_document(runs)
     except OSError as e:
         # the results must not be lost: table and summary JSON on stdout, then the one-line error (exit 2)
-    
-    
+
         doc = summary_document(runs)
         out = Console(width=max(Console().width, 180), emoji=False)
         out.print(render_table(doc, title=title))
         sys.stdout.write(json.dumps(schema_summary(doc), indent=2) + "\n")
         sys.stdout.flush()
         where = e.filename or args.out
-        raise SimulationConfigError(f"--out {args.out}: cannot write {where}: {e.strerror or e} (results printed "
-                                    f"to stdout above), expected a writable directory") from None
+        raise SimulationConfigError(
+            f"--out {args.out}: cannot write {where}: {e.strerror or e} (results printed "
+            f"to stdout above), expected a writable directory"
+        ) from None
     if not args.quiet:
         out = Console(emoji=False)
         if not out.is_terminal:

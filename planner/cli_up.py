@@ -51,9 +51,9 @@ from typing import Any
 
 import yaml
 
+from dynoplan.errors import ConfigError, ProfileError
 from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
-from dynoplan.errors import ConfigError, DynoplanError, ProfileError
 from planner.live.config import load_stack_config, worker_engines
 from planner.whatif import EngineFleetEvaluator
 
@@ -96,16 +96,22 @@ def _build_planner(stack: Any, with_evaluator: bool = True) -> Any:
         profile = load_profile(stack.profile) if stack.profile else None
     except (ProfileError, OSError, ValueError) as e:
         msg = str(e).removeprefix(f"{stack.profile}: ")
-        raise ConfigError(f"profile={str(stack.profile)!r}: expected a performance profile .npz "
-                          f"(`dynoplan profile --out FILE`): {msg}") from None
+        raise ConfigError(
+            f"profile={str(stack.profile)!r}: expected a performance profile .npz "
+            f"(`dynoplan profile --out FILE`): {msg}"
+        ) from None
     try:
-        warm = (warm_start_windows(stack.warm_start_trace, stack.planner.adjustment_interval_s)
-                if stack.warm_start_trace else ())
+        warm = (
+            warm_start_windows(stack.warm_start_trace, stack.planner.adjustment_interval_s)
+            if stack.warm_start_trace
+            else ()
+        )
     except (OSError, ValueError) as e:
         msg = str(e).removeprefix(f"{stack.warm_start_trace}: ")
         raise ConfigError(f"warm_start_trace={str(stack.warm_start_trace)!r}: cannot read the trace: {msg}") from None
-    return Planner(stack.planner, profile, warm_start=warm,
-                   evaluator=_build_evaluator(stack) if with_evaluator else None)
+    return Planner(
+        stack.planner, profile, warm_start=warm, evaluator=_build_evaluator(stack) if with_evaluator else None
+    )
 
 
 log = logging.getLogger("dynoplan.planner")
@@ -124,8 +130,9 @@ def _build_evaluator(stack: Any) -> Any:
         log.warning("sizing by simulation off (closed-form sizing instead): %s", "; ".join(problems))
         return None
     try:
-        return EngineFleetEvaluator(engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=stack.frontend_router,
-                                    transfer=transfer)
+        return EngineFleetEvaluator(
+            engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=stack.frontend_router, transfer=transfer
+        )
     except Exception as e:  # noqa: BLE001 - mocker's ConfigError: settings the engine fleet refuses
         log.warning("sizing by simulation off (closed-form sizing instead): %s", " ".join(str(e).split()))
         return None
@@ -134,6 +141,7 @@ def _build_evaluator(stack: Any) -> Any:
 class RecordingTrafficSource:
     """A traffic source (``read(window_s) -> TrafficWindow | None``) that keeps the last known window it
     returned (``last``) for :func:`sizing_collector`; every other attribute is the wrapped source's."""
+
     def __init__(self, source: Any) -> None:
         self.source = source
         self.last: Any = None
@@ -163,37 +171,52 @@ def sizing_collector(planner: Any, last_window: Any) -> Any:
 
     class _Sizing:
         def collect(self):  # type: ignore[no-untyped-def]
-            yield GaugeMetricFamily("dynoplan_planner_sizing_by_simulation",
-                                    "1 when the throughput loop sizes fleets by simulation, 0 closed-form",
-                                    value=1.0 if planner.simulating else 0.0)
+            yield GaugeMetricFamily(
+                "dynoplan_planner_sizing_by_simulation",
+                "1 when the throughput loop sizes fleets by simulation, 0 closed-form",
+                value=1.0 if planner.simulating else 0.0,
+            )
             ev = planner.evaluator
-            yield CounterMetricFamily("dynoplan_planner_sizing_evaluations", "Candidate fleets simulated",
-                                      value=float(getattr(ev, "evaluations", 0)))
-            yield CounterMetricFamily("dynoplan_planner_sizing_replayed_requests",
-                                      "Sampled requests replayed through candidate fleets",
-                                      value=float(getattr(ev, "replayed_requests", 0)))
+            yield CounterMetricFamily(
+                "dynoplan_planner_sizing_evaluations",
+                "Candidate fleets simulated",
+                value=float(getattr(ev, "evaluations", 0)),
+            )
+            yield CounterMetricFamily(
+                "dynoplan_planner_sizing_replayed_requests",
+                "Sampled requests replayed through candidate fleets",
+                value=float(getattr(ev, "replayed_requests", 0)),
+            )
             tw = last_window()
             if tw is not None:
-                yield GaugeMetricFamily("dynoplan_planner_observed_interarrival_gaps",
-                                        "Gaps in the inter-arrival histogram of the last traffic window read",
-                                        value=float(sum(c for _, c in tw.gap_buckets)))
-                yield GaugeMetricFamily("dynoplan_planner_observed_inflight_requests",
-                                        "Requests in flight at the end of the last traffic window read",
-                                        value=float(tw.num_inflight))
+                yield GaugeMetricFamily(
+                    "dynoplan_planner_observed_interarrival_gaps",
+                    "Gaps in the inter-arrival histogram of the last traffic window read",
+                    value=float(sum(c for _, c in tw.gap_buckets)),
+                )
+                yield GaugeMetricFamily(
+                    "dynoplan_planner_observed_inflight_requests",
+                    "Requests in flight at the end of the last traffic window read",
+                    value=float(tw.num_inflight),
+                )
 
     return _Sizing()
 
 
 def run_planner(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     stack = load_stack_config(args.config)
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack.state_dir
     host, port = args.host or stack.service_host, stack.service_port if args.port is None else args.port
     bad = _port_in_use(host, port) if port else None
     if bad:  # before anything starts (the local connector starts the fleet before the service listens)
         key = "--port" if args.port is not None else "service.port"
-        raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port "
-                          "(or 0 for any free port)", source=str(args.config))
+        raise ConfigError(
+            f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port (or 0 for any free port)",
+            source=str(args.config),
+        )
     created = _make_state_dir(state_dir)
     try:
         return _run_planner(args, stack, state_dir)
@@ -209,9 +232,12 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
         from planner.connectors.local import LocalConnector, LocalFleetSettings
 
         kw = {k: getattr(stack, k) for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s")}
-        connector: Any = LocalConnector(LocalFleetSettings(state_dir=state_dir, pools=cfg.pools,
-                                                           worker_args=stack.worker_args, model_name=stack.model_name,
-                                                           **kw), initial=stack.initial)
+        connector: Any = LocalConnector(
+            LocalFleetSettings(
+                state_dir=state_dir, pools=cfg.pools, worker_args=stack.worker_args, model_name=stack.model_name, **kw
+            ),
+            initial=stack.initial,
+        )
     else:
         from planner.connectors.virtual import VirtualConnector
 
@@ -222,20 +248,30 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
         if prom_url:
             from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
 
-            traffic = PrometheusTrafficSource(PrometheusSourceSettings(
-                url=prom_url, model=stack.model_name, namespace=stack.prometheus_namespace,
-                timeout_s=stack.prometheus_timeout_s, bearer_token=stack.prometheus_bearer_token,
-                ca_file=stack.prometheus_ca_file))
+            traffic = PrometheusTrafficSource(
+                PrometheusSourceSettings(
+                    url=prom_url,
+                    model=stack.model_name,
+                    namespace=stack.prometheus_namespace,
+                    timeout_s=stack.prometheus_timeout_s,
+                    bearer_token=stack.prometheus_bearer_token,
+                    ca_file=stack.prometheus_ca_file,
+                )
+            )
         elif args.frontend_url:
             from planner.sources.prometheus import DirectScrapeTrafficSource
 
             print(f"notice: no Prometheus; scraping {args.frontend_url}/metrics directly", file=sys.stderr, flush=True)
-            traffic = DirectScrapeTrafficSource(args.frontend_url, model=stack.model_name,
-                                                scrape_interval_s=min(1.0, cfg.adjustment_interval_s / 4)).start()
+            traffic = DirectScrapeTrafficSource(
+                args.frontend_url, model=stack.model_name, scrape_interval_s=min(1.0, cfg.adjustment_interval_s / 4)
+            ).start()
         else:
-            print("notice: no traffic source: set prometheus.url in the stack file (or pass --prometheus-url or "
-                  "--frontend-url); until then the throughput loop holds with hold_metrics_unknown",
-                  file=sys.stderr, flush=True)
+            print(
+                "notice: no traffic source: set prometheus.url in the stack file (or pass --prometheus-url or "
+                "--frontend-url); until then the throughput loop holds with hold_metrics_unknown",
+                file=sys.stderr,
+                flush=True,
+            )
     if traffic is not None:
         traffic = RecordingTrafficSource(traffic)
     fpm = None
@@ -245,8 +281,14 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
         fpm = FpmSubscriber(stale_s=cfg.engine_stale_s)
     from planner.live.service import PlannerService
 
-    svc = PlannerService(planner, connector, traffic, fpm, host=args.host or stack.service_host,
-                         port=stack.service_port if args.port is None else args.port)
+    svc = PlannerService(
+        planner,
+        connector,
+        traffic,
+        fpm,
+        host=args.host or stack.service_host,
+        port=stack.service_port if args.port is None else args.port,
+    )
     svc.registry.register(sizing_collector(planner, lambda: traffic.last if traffic is not None else None))
 
     async def main() -> None:
@@ -273,8 +315,12 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
     parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
-    parser.add_argument("--max-planner-restarts", type=int, default=20,
-                        help="restart the planner at most this many times when it exits on its own (default 20)")
+    parser.add_argument(
+        "--max-planner-restarts",
+        type=int,
+        default=20,
+        help="restart the planner at most this many times when it exits on its own (default 20)",
+    )
 
 
 def _free_port() -> int:
@@ -294,6 +340,7 @@ def _get_ok(url: str) -> bool:
 
 class _Stack:
     """The child processes of ``up`` and how to stop them."""
+
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir
         self.logs = state_dir / "logs"
@@ -305,12 +352,14 @@ class _Stack:
         """Set by SIGINT/SIGTERM; start-up waits stop at once (KeyboardInterrupt) instead of finishing."""
         self.keep_logs = True
         """False when a failed start removes the state dir (and these logs): errors then name no log path."""
+
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log_path = self.logs / f"{name}.log"
         self.log_start[name] = log_path.stat().st_size if log_path.exists() else 0
         with open(log_path, "ab") as f:
-            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         self.procs[name] = p
         self.info[f"{name}_pid"] = p.pid
         self.save()
@@ -329,14 +378,18 @@ class _Stack:
                 raise KeyboardInterrupt
             if p.poll() is not None:
                 log_path = self.logs / f"{name}.log"
-                raise ConfigError(f"{name} exited with code {p.returncode} during start-up: "
-                                  f"{_last_error_line(log_path, self.log_start.get(name, 0))}{self.log_ref(name)}")
+                raise ConfigError(
+                    f"{name} exited with code {p.returncode} during start-up: "
+                    f"{_last_error_line(log_path, self.log_start.get(name, 0))}{self.log_ref(name)}"
+                )
             if _get_ok(url):
                 return
             time.sleep(0.1)
-        raise ConfigError(f"{name} not ready at {url} after {timeout_s:g} s: "
-                          f"{_last_error_line(self.logs / (name + '.log'), self.log_start.get(name, 0))}"
-                          f"{self.log_ref(name)}")
+        raise ConfigError(
+            f"{name} not ready at {url} after {timeout_s:g} s: "
+            f"{_last_error_line(self.logs / (name + '.log'), self.log_start.get(name, 0))}"
+            f"{self.log_ref(name)}"
+        )
 
     def log_ref(self, name: str) -> str:
         """`` (log: PATH)`` when the logs outlive a failed start (:attr:`keep_logs`), else empty."""
@@ -364,6 +417,7 @@ class _Stack:
 
 class _Supervised:
     """A child of ``up`` that is restarted with back-off when it exits (Prometheus; see the module docstring)."""
+
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name, self.argv = name, argv
         self.restarts = 0
@@ -372,19 +426,22 @@ class _Supervised:
         self.started_s = time.monotonic()
         self.due_s: float | None = None
 
-    def supervise(self, st: "_Stack", now_s: float) -> None:
+    def supervise(self, st: _Stack, now_s: float) -> None:
         """Notice an exit (schedule the restart) or restart when due; call it often."""
         p = st.procs.get(self.name)
         if p is not None and p.poll() is not None:
             st.procs.pop(self.name)
             if now_s - self.started_s >= PROMETHEUS_STABLE_S:
                 self.failures = 0
-            delay = min(PROMETHEUS_BACKOFF_MAX_S, PROMETHEUS_BACKOFF_S * 2.0 ** self.failures)
+            delay = min(PROMETHEUS_BACKOFF_MAX_S, PROMETHEUS_BACKOFF_S * 2.0**self.failures)
             self.failures += 1
             self.due_s = now_s + delay
-            print(f"notice: {self.name} exited with code {p.returncode} after {now_s - self.started_s:.1f} s; "
-                  f"restarting it in {delay:g} s ({_last_error_line(st.logs / (self.name + '.log'), st.log_start.get(self.name, 0))})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"notice: {self.name} exited with code {p.returncode} after {now_s - self.started_s:.1f} s; "
+                f"restarting it in {delay:g} s ({_last_error_line(st.logs / (self.name + '.log'), st.log_start.get(self.name, 0))})",
+                file=sys.stderr,
+                flush=True,
+            )
         if self.due_s is not None and now_s >= self.due_s:
             self.due_s = None
             self.restarts += 1
@@ -453,9 +510,14 @@ def _prometheus_problem(stack_cfg: Any) -> str | None:
     """None when the configured Prometheus answers one query, else the source's reason (one line)."""
     from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
 
-    src = PrometheusTrafficSource(PrometheusSourceSettings(
-        url=stack_cfg.prometheus_url, timeout_s=min(stack_cfg.prometheus_timeout_s, 3.0),
-        bearer_token=stack_cfg.prometheus_bearer_token, ca_file=stack_cfg.prometheus_ca_file))
+    src = PrometheusTrafficSource(
+        PrometheusSourceSettings(
+            url=stack_cfg.prometheus_url,
+            timeout_s=min(stack_cfg.prometheus_timeout_s, 3.0),
+            bearer_token=stack_cfg.prometheus_bearer_token,
+            ca_file=stack_cfg.prometheus_ca_file,
+        )
+    )
     try:
         src.query("vector(1)")
     except Exception as e:  # noqa: BLE001 - reported, not fatal: the planner retries every tick
@@ -508,25 +570,36 @@ def _prometheus_binary() -> str | None:
 
 def _write_prometheus_config(path: Path, scrape_s: float, frontend: str, planner: str, workers_sd: Path) -> None:
     iv = f"{max(1, int(scrape_s * 1000))}ms"
-    doc = {"global": {"scrape_interval": iv, "scrape_timeout": iv, "evaluation_interval": iv},
-           "scrape_configs": [
-               {"job_name": "frontend", "static_configs": [{"targets": [frontend]}]},
-               {"job_name": "planner", "static_configs": [{"targets": [planner]}]},
-               {"job_name": "workers", "file_sd_configs": [{"files": [str(workers_sd)], "refresh_interval": "1s"}]},
-           ]}
+    doc = {
+        "global": {"scrape_interval": iv, "scrape_timeout": iv, "evaluation_interval": iv},
+        "scrape_configs": [
+            {"job_name": "frontend", "static_configs": [{"targets": [frontend]}]},
+            {"job_name": "planner", "static_configs": [{"targets": [planner]}]},
+            {"job_name": "workers", "file_sd_configs": [{"files": [str(workers_sd)], "refresh_interval": "1s"}]},
+        ],
+    }
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lambda: False, keep_logs: bool = True
-                           ) -> list[subprocess.Popen[bytes]]:
+def _start_initial_workers(
+    stack_cfg: Any, state_dir: Path, stopping: Any = lambda: False, keep_logs: bool = True
+) -> list[subprocess.Popen[bytes]]:
     """Start the initial fleet through the same LocalConnector the planner uses; wait until ready.
     Returns the worker processes (``up`` is their parent and reaps them when they exit)."""
     from planner.connectors.local import LocalConnector, LocalFleetSettings
 
     cfg = stack_cfg.planner
     kw = {k: getattr(stack_cfg, k) for k in ("drain_grace_s", "drain_timeout_s", "ready_timeout_s")}
-    conn = LocalConnector(LocalFleetSettings(state_dir=state_dir, pools=cfg.pools, worker_args=stack_cfg.worker_args,
-                                             model_name=stack_cfg.model_name, **kw), initial=stack_cfg.initial)
+    conn = LocalConnector(
+        LocalFleetSettings(
+            state_dir=state_dir,
+            pools=cfg.pools,
+            worker_args=stack_cfg.worker_args,
+            model_name=stack_cfg.model_name,
+            **kw,
+        ),
+        initial=stack_cfg.initial,
+    )
 
     async def go() -> None:
         await conn.start()
@@ -539,18 +612,25 @@ def _start_initial_workers(stack_cfg: Any, state_dir: Path, stopping: Any = lamb
                 if died:
                     e = died[0]
                     log_path = state_dir / "logs" / f"{e['worker']}.log"
-                    raise ConfigError(f"fleet.worker_args.{e['pool']}={list(stack_cfg.worker_args.get(e['pool'], ()))!r}: "
-                                      f"worker {e['worker']} exited during start-up: {_last_error_line(log_path)}")
+                    raise ConfigError(
+                        f"fleet.worker_args.{e['pool']}={list(stack_cfg.worker_args.get(e['pool'], ()))!r}: "
+                        f"worker {e['worker']} exited during start-up: {_last_error_line(log_path)}"
+                    )
                 pools = await conn.observe()
                 if pools and all(pools[p].ready_replicas == stack_cfg.initial.get(p, 0) for p in cfg.pools):
                     return
                 if time.monotonic() > deadline:
                     late = [w for w in conn.workers if w.state == "starting"]
-                    tail = (f": worker {late[0].name}: {_last_error_line(state_dir / 'logs' / f'{late[0].name}.log')}"
-                            if late else "")
-                    raise ConfigError(f"fleet.ready_timeout_s={stack_cfg.ready_timeout_s:g}: initial workers not "
-                                      f"ready after {stack_cfg.ready_timeout_s:g} s{tail}"
-                                      + (f" (logs in {state_dir / 'logs'})" if keep_logs else ""))
+                    tail = (
+                        f": worker {late[0].name}: {_last_error_line(state_dir / 'logs' / f'{late[0].name}.log')}"
+                        if late
+                        else ""
+                    )
+                    raise ConfigError(
+                        f"fleet.ready_timeout_s={stack_cfg.ready_timeout_s:g}: initial workers not "
+                        f"ready after {stack_cfg.ready_timeout_s:g} s{tail}"
+                        + (f" (logs in {state_dir / 'logs'})" if keep_logs else "")
+                    )
                 await asyncio.sleep(0.1)
         finally:
             await conn.close(stop_workers=False)
@@ -580,17 +660,43 @@ def run(args: argparse.Namespace) -> int:
     try:
         fe_port = stack_cfg.frontend_port or _free_port()
         fe_url = f"http://127.0.0.1:{fe_port}"
-        st.spawn("frontend", [*DYNOPLAN, "frontend", "--host", "127.0.0.1", "--port", str(fe_port),
-                              "--workers-file", str(state_dir / "workers.txt"), "--router", stack_cfg.frontend_router,
-                              "--poll-s", str(stack_cfg.frontend_poll_s), "--model-name", stack_cfg.model_name])
+        st.spawn(
+            "frontend",
+            [
+                *DYNOPLAN,
+                "frontend",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(fe_port),
+                "--workers-file",
+                str(state_dir / "workers.txt"),
+                "--router",
+                stack_cfg.frontend_router,
+                "--poll-s",
+                str(stack_cfg.frontend_poll_s),
+                "--model-name",
+                stack_cfg.model_name,
+            ],
+        )
         st.wait_ok("frontend", fe_url + "/health", 60)
         st.info["frontend_url"] = fe_url
         pl_port = stack_cfg.service_port or _free_port()
         pl_url = f"http://{stack_cfg.service_host}:{pl_port}"
         prom_url, prom_argv = _start_prometheus(st, stack_cfg, binary, fe_port, pl_port)
         initial_workers = _start_initial_workers(stack_cfg, state_dir, lambda: st.stopping, st.keep_logs)
-        planner_argv = [*DYNOPLAN, "planner", "--config", str(cfg_path), "--state-dir", str(state_dir),
-                        "--port", str(pl_port), "--frontend-url", fe_url]
+        planner_argv = [
+            *DYNOPLAN,
+            "planner",
+            "--config",
+            str(cfg_path),
+            "--state-dir",
+            str(state_dir),
+            "--port",
+            str(pl_port),
+            "--frontend-url",
+            fe_url,
+        ]
         if prom_url:
             planner_argv += ["--prometheus-url", prom_url]
         st.spawn("planner", planner_argv)
@@ -598,8 +704,11 @@ def run(args: argparse.Namespace) -> int:
         st.info["planner_url"] = pl_url
         st.info["dashboard_url"] = pl_url + "/"
         st.save()
-        print(f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
-              f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready", flush=True)
+        print(
+            f"frontend   {fe_url}\nplanner    {pl_url}  (dashboard {pl_url}/)\n"
+            f"prometheus {prom_url or '-- (direct scraping)'}\nstate      {state_dir}\nready",
+            flush=True,
+        )
         ready = True
         return _supervise(st, args.max_planner_restarts, planner_argv, initial_workers, prom_argv)
     except KeyboardInterrupt:
@@ -622,36 +731,55 @@ def _refuse_or_clean_up(args: argparse.Namespace, cfg_path: Path, stack_cfg: Any
 
     _build_planner(stack_cfg, with_evaluator=False)
     if stack_cfg.connector != "local":
-        raise ConfigError(f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
-                          "(run `dynoplan planner` for the virtual connector)", source=str(cfg_path))
+        raise ConfigError(
+            f"connector={stack_cfg.connector!r}: `dynoplan up` runs a local fleet; expected local "
+            "(run `dynoplan planner` for the virtual connector)",
+            source=str(cfg_path),
+        )
     state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
     other = _running_up(state_dir)
     if other is not None:
-        raise ConfigError(f"state_dir={str(state_dir)!r}: another `dynoplan up` (pid {other}) runs this stack; "
-                          "expected it stopped first (Ctrl-C) or another state_dir (--state-dir)")
+        raise ConfigError(
+            f"state_dir={str(state_dir)!r}: another `dynoplan up` (pid {other}) runs this stack; "
+            "expected it stopped first (Ctrl-C) or another state_dir (--state-dir)"
+        )
     left = [int(w["pid"]) for w in read_fleet_file(state_dir).get("workers", []) if pid_alive(int(w["pid"]))]
     left += _leftover_stack_pids(state_dir)
     if left:
-        print(f"notice: stopping {len(left)} process(es) left by a previous run in {state_dir}", file=sys.stderr,
-              flush=True)
+        print(
+            f"notice: stopping {len(left)} process(es) left by a previous run in {state_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
         stop_pids(left)
-    fixed_ports = [("frontend.port", "127.0.0.1", stack_cfg.frontend_port),
-                   ("service.port", stack_cfg.service_host, stack_cfg.service_port)]
+    fixed_ports = [
+        ("frontend.port", "127.0.0.1", stack_cfg.frontend_port),
+        ("service.port", stack_cfg.service_host, stack_cfg.service_port),
+    ]
     if stack_cfg.prometheus_url is None and stack_cfg.prometheus_enabled != "false":
         fixed_ports.append(("prometheus.port", "127.0.0.1", stack_cfg.prometheus_port))
     for key, host, port in fixed_ports:
         bad = _port_in_use(host, port or 0)
         if bad and bad[0] == "host":
-            raise ConfigError(f"{key.split('.')[0]}.host={host!r}: cannot listen on it ({bad[1]}); expected a local "
-                              "address such as 127.0.0.1", source=str(cfg_path))
+            raise ConfigError(
+                f"{key.split('.')[0]}.host={host!r}: cannot listen on it ({bad[1]}); expected a local "
+                "address such as 127.0.0.1",
+                source=str(cfg_path),
+            )
         if bad and port:
-            raise ConfigError(f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port "
-                              "(or 0 for any free port)", source=str(cfg_path))
+            raise ConfigError(
+                f"{key}={port}: cannot listen on {host}:{port} ({bad[1]}); expected a free port "
+                "(or 0 for any free port)",
+                source=str(cfg_path),
+            )
     want_prometheus = stack_cfg.prometheus_url is None and stack_cfg.prometheus_enabled != "false"
     binary = _prometheus_binary() if want_prometheus else None
     if want_prometheus and binary is None and stack_cfg.prometheus_enabled == "true":
-        raise ConfigError("prometheus.enabled=true: expected a `prometheus` binary on PATH "
-                          "(apt-get install -y prometheus) or DYNOPLAN_PROMETHEUS", source=str(cfg_path))
+        raise ConfigError(
+            "prometheus.enabled=true: expected a `prometheus` binary on PATH "
+            "(apt-get install -y prometheus) or DYNOPLAN_PROMETHEUS",
+            source=str(cfg_path),
+        )
     return state_dir, binary
 
 
@@ -667,8 +795,9 @@ def _new_state_dir(state_dir: Path) -> list[Path]:
     return created
 
 
-def _start_prometheus(st: Any, stack_cfg: Any, binary: str | None, fe_port: int,
-                      pl_port: int) -> tuple[str | None, list[str] | None]:
+def _start_prometheus(
+    st: Any, stack_cfg: Any, binary: str | None, fe_port: int, pl_port: int
+) -> tuple[str | None, list[str] | None]:
     """Start the stack's own Prometheus (scraping the frontend, the planner and the workers) unless the stack
     names one (``prometheus.url``: a notice when it does not answer) or none is wanted or installed (the
     planner then scrapes the frontend directly). Returns (Prometheus URL or None, its argv when started)."""
@@ -677,18 +806,31 @@ def _start_prometheus(st: Any, stack_cfg: Any, binary: str | None, fe_port: int,
     state_dir = st.dir
     if prom_url is None and stack_cfg.prometheus_enabled != "false":
         if binary is None:
-            print("notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
-                  file=sys.stderr, flush=True)
+            print(
+                "notice: prometheus is not installed; the planner scrapes the frontend's /metrics directly",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             pr_port = stack_cfg.prometheus_port or _free_port()
             pdir = state_dir / "prometheus"
             pdir.mkdir(exist_ok=True)
-            _write_prometheus_config(pdir / "prometheus.yml", stack_cfg.prometheus_scrape_interval_s,
-                                     f"127.0.0.1:{fe_port}", f"127.0.0.1:{pl_port}",
-                                     state_dir / "prometheus_workers.json")
-            prom_argv = [binary, f"--config.file={pdir / 'prometheus.yml'}", f"--storage.tsdb.path={pdir / 'data'}",
-                         f"--web.listen-address=127.0.0.1:{pr_port}", "--web.enable-lifecycle",
-                         "--storage.tsdb.retention.time=1d", "--log.level=warn"]
+            _write_prometheus_config(
+                pdir / "prometheus.yml",
+                stack_cfg.prometheus_scrape_interval_s,
+                f"127.0.0.1:{fe_port}",
+                f"127.0.0.1:{pl_port}",
+                state_dir / "prometheus_workers.json",
+            )
+            prom_argv = [
+                binary,
+                f"--config.file={pdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={pdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{pr_port}",
+                "--web.enable-lifecycle",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ]
             st.spawn("prometheus", prom_argv)
             prom_url = f"http://127.0.0.1:{pr_port}"
             st.wait_ok("prometheus", prom_url + "/-/ready", 60)
@@ -697,13 +839,18 @@ def _start_prometheus(st: Any, stack_cfg: Any, binary: str | None, fe_port: int,
     if stack_cfg.prometheus_url:
         why = _prometheus_problem(stack_cfg)
         if why:
-            print(f"notice: prometheus.url={stack_cfg.prometheus_url!r} does not answer ({why}); the planner "
-                  "holds with hold_metrics_unknown until it does", file=sys.stderr, flush=True)
+            print(
+                f"notice: prometheus.url={stack_cfg.prometheus_url!r} does not answer ({why}); the planner "
+                "holds with hold_metrics_unknown until it does",
+                file=sys.stderr,
+                flush=True,
+            )
     return prom_url, prom_argv
 
 
-def _supervise(st: Any, max_planner_restarts: int, planner_argv: list[str], initial_workers: list[Any],
-               prom_argv: list[str] | None) -> int:
+def _supervise(
+    st: Any, max_planner_restarts: int, planner_argv: list[str], initial_workers: list[Any], prom_argv: list[str] | None
+) -> int:
     """Until SIGINT/SIGTERM: restart an exited planner (it adopts the fleet) up to ``max_planner_restarts``
     times (then 1), reap exited initial workers, note an exited frontend, supervise Prometheus. Returns 0
     when stopped."""
@@ -713,12 +860,18 @@ def _supervise(st: Any, max_planner_restarts: int, planner_argv: list[str], init
         p = st.procs["planner"]
         if p.poll() is not None:
             if restarts >= max_planner_restarts:
-                print(f"dynoplan up: planner exited with code {p.returncode} {restarts + 1} times; stopping",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"dynoplan up: planner exited with code {p.returncode} {restarts + 1} times; stopping",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return 1
             restarts += 1
-            print(f"notice: planner exited with code {p.returncode}; restarting it (it adopts the fleet)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"notice: planner exited with code {p.returncode}; restarting it (it adopts the fleet)",
+                file=sys.stderr,
+                flush=True,
+            )
             st.spawn("planner", planner_argv)
             st.info["planner_restarts"] = restarts
             st.save()

@@ -26,7 +26,8 @@ fleet sees no prefix-cache hits: where the real traffic shares prefixes, the siz
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,16 @@ class EngineFleetEvaluator:
     engine settings the fleet refuses.
     """
 
-    def __init__(self, engines: Mapping[str, EngineConfig], *, ttft_ms: float, itl_ms: float,
-                 router: str = "round_robin", transfer: Any = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        engines: Mapping[str, EngineConfig],
+        *,
+        ttft_ms: float,
+        itl_ms: float,
+        router: str = "round_robin",
+        transfer: Any = None,
+        seed: int = 0,
+    ) -> None:
         self.engines = dict(engines)
         self.ttft_ms = float(ttft_ms)
         self.itl_ms = float(itl_ms)
@@ -68,8 +77,14 @@ class EngineFleetEvaluator:
         pool = sample.share_pool
         n = int(replicas.get(pool, 0)) if pool else 0
         counted = sample.num_counted
-        if (not pool or self.router != "round_robin" or n <= 1 or sample.min_counted <= 0
-                or any(cfg.dp_size != 1 for cfg in self.engines.values()) or counted <= sample.min_counted):
+        if (
+            not pool
+            or self.router != "round_robin"
+            or n <= 1
+            or sample.min_counted <= 0
+            or any(cfg.dp_size != 1 for cfg in self.engines.values())
+            or counted <= sample.min_counted
+        ):
             return dict(replicas), None
         k = min(n, max(1, math.ceil(n * sample.min_counted / counted)))
         if k >= n:
@@ -79,8 +94,15 @@ class EngineFleetEvaluator:
         counts = {p: (k if p == pool else min(int(c), max(1, math.ceil(int(c) * k / n)))) for p, c in replicas.items()}
         idx = np.flatnonzero(np.arange(len(sample.arrival_s)) % n < k)
         return counts, idx
-    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
-                 stop_kind: str = "any", stop_confidence: float = CONFIDENCE) -> SampleOutcome:
+
+    def evaluate(
+        self,
+        sample: TrafficSample,
+        replicas: Mapping[str, int],
+        stop_allowed: float | None = None,
+        stop_kind: str = "any",
+        stop_confidence: float = CONFIDENCE,
+    ) -> SampleOutcome:
         """The counted requests' misses (:class:`planner.core.sizing.FleetEvaluator`). With ``stop_allowed``, the
         replay checks every :data:`CHECK_EVERY` arrivals whether the misses already certain (no first token
         ``ttft_ms`` after arrival; a finished request over the ITL target) make the verdict FAIL at
@@ -123,8 +145,12 @@ class EngineFleetEvaluator:
         for r in recs:
             ft = r.first_token_ms
             tm = (ft - r.arrival_ms > self.ttft_ms) if ft is not None else (now_ms - r.arrival_ms > self.ttft_ms)
-            im = (ft is not None and r.finish_ms is not None and r.output_length > 1
-                  and (r.finish_ms - ft) / (r.output_length - 1) > self.itl_ms)
+            im = (
+                ft is not None
+                and r.finish_ms is not None
+                and r.output_length > 1
+                and (r.finish_ms - ft) / (r.output_length - 1) > self.itl_ms
+            )
             t_miss += tm
             i_miss += im
             both += tm or im
@@ -142,8 +168,9 @@ class EngineFleetEvaluator:
                 itl[k] = (r.finish_ms - ft) / (r.output_length - 1) if r.output_length > 1 else 0.0
         t_miss = ttft > self.ttft_ms
         i_miss = itl > self.itl_ms
-        return SampleOutcome(n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()),
-                             unfinished=int(np.isinf(itl).sum()))
+        return SampleOutcome(
+            n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()), unfinished=int(np.isinf(itl).sum())
+        )
 
 
 def _snake(name: str) -> str:
@@ -154,8 +181,9 @@ POOL_ROLES = {"agg": "aggregated", "prefill": "prefill", "decode": "decode"}
 """Planned pool -> the ``worker_type`` of its engines."""
 
 
-def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin",
-                        where: str = "spec.engine") -> EngineFleetEvaluator | None:
+def evaluator_from_spec(
+    engine: Any, config: Any, *, router: str = "round_robin", where: str = "spec.engine"
+) -> EngineFleetEvaluator | None:
     """The operator's engine model: ``engine`` is the DynoPlanner's ``spec.engine`` mapping of flat
     :class:`mocker.config.EngineConfig` fields (snake_case or camelCase; None or empty = ``EngineConfig()``),
     the same engine for every pool of ``config`` (a ``PlannerConfig``) with the pool's role; SLA targets
@@ -165,8 +193,8 @@ def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin"
 
     Raises :class:`dynoplan.errors.ConfigError` naming ``where.<field>``, the value and what was expected
     (mocker's validation), or ``where`` itself when it is not a mapping."""
-    from dynoplan.errors import ConfigError as MockerConfigError
     from dynoplan.errors import ConfigError
+    from dynoplan.errors import ConfigError as MockerConfigError
 
     if engine is None:
         engine = {}
@@ -174,11 +202,15 @@ def evaluator_from_spec(engine: Any, config: Any, *, router: str = "round_robin"
         raise ConfigError(f"{where}={engine!r}: expected a mapping of engine settings (EngineConfig fields)")
     flat = {_snake(str(k)): v for k, v in engine.items()}
     if "worker_type" in flat:
-        raise ConfigError(f"{where}.workerType={flat['worker_type']!r}: set per pool by the planner's mode, "
-                          "expected it left out")
+        raise ConfigError(
+            f"{where}.workerType={flat['worker_type']!r}: set per pool by the planner's mode, expected it left out"
+        )
     try:
         base = EngineConfig.from_mapping(flat)
-        if not getattr(config, "simulated_sizing", True) or tuple(config.pools) not in (("agg",), ("prefill", "decode")):
+        if not getattr(config, "simulated_sizing", True) or tuple(config.pools) not in (
+            ("agg",),
+            ("prefill", "decode"),
+        ):
             return None
         engines = {p: base.replace(worker_type=POOL_ROLES[p]) for p in config.pools}
         return EngineFleetEvaluator(engines, ttft_ms=config.ttft_ms, itl_ms=config.itl_ms, router=router)

@@ -13,7 +13,9 @@ import pytest
 from planner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = "synthetic:poisson?rate=40&num_requests=150&isl=uniform:50:3000&osl=uniform:1:60&prefix_groups=3&prefix_len=1024"
+SMALL = (
+    "synthetic:poisson?rate=40&num_requests=150&isl=uniform:50:3000&osl=uniform:1:60&prefix_groups=3&prefix_len=1024"
+)
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -92,14 +94,23 @@ def test_bad_synthetic_spec(capsys: pytest.CaptureFixture[str]) -> None:
         ("bw_g1_g2_gbps: .inf\n", ("bw_g1_g2_gbps=inf: expected a finite number",)),
         ("gpu_memory_fraction: .nan\n", ("gpu_memory_fraction=nan: expected a finite number",)),
         ("gpu_memory_fraction: 1.5\n", ("gpu_memory_fraction=1.5: expected <= 1",)),
-        ("engine: {backend: sglang, sglang: {init_new_token_ratio: .inf}}\n",
-         ("sglang.init_new_token_ratio=inf: expected a finite number",)),
-        ("engine: {backend: sglang, sglang: {schedule_conservativeness: -1}}\n",
-         ("sglang.schedule_conservativeness=-1: expected >= 0.0",)),
-        ("engine: {backend: sglang, sglang: {chunked_prefill_size: 0}}\n", ("sglang.chunked_prefill_size=0: expected > 0",)),
+        (
+            "engine: {backend: sglang, sglang: {init_new_token_ratio: .inf}}\n",
+            ("sglang.init_new_token_ratio=inf: expected a finite number",),
+        ),
+        (
+            "engine: {backend: sglang, sglang: {schedule_conservativeness: -1}}\n",
+            ("sglang.schedule_conservativeness=-1: expected >= 0.0",),
+        ),
+        (
+            "engine: {backend: sglang, sglang: {chunked_prefill_size: 0}}\n",
+            ("sglang.chunked_prefill_size=0: expected > 0",),
+        ),
     ],
 )
-def test_bad_engine_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, needles: tuple[str, ...]) -> None:
+def test_bad_engine_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], yaml_text: str, needles: tuple[str, ...]
+) -> None:
     y = tmp_path / "engine.yaml"
     y.write_text(yaml_text)
     rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(y))
@@ -115,13 +126,21 @@ def test_engine_config_nested_and_flat_without_overlap_still_merge() -> None:
 
 def test_planner_profile_as_timing_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prof = tmp_path / "planner.npz"
-    assert main(["profile", "--out", str(prof), "--isl", "128,512", "--kv-usage", "0.01,0.1",
-                 "--context", "256,1024"]) == 0
+    assert (
+        main(["profile", "--out", str(prof), "--isl", "128,512", "--kv-usage", "0.01,0.1", "--context", "256,1024"])
+        == 0
+    )
     capsys.readouterr()
     rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", "--timing", str(prof))
-    assert_one_line_error(rc, err, "planner.npz", "looks like a planner performance profile",
-                          "engine timing profile", "decode_active_kv_tokens, decode_context_length, decode_itl",
-                          "simulate --profile")
+    assert_one_line_error(
+        rc,
+        err,
+        "planner.npz",
+        "looks like a planner performance profile",
+        "engine timing profile",
+        "decode_active_kv_tokens, decode_context_length, decode_itl",
+        "simulate --profile",
+    )
     other = tmp_path / "other.npz"
     import numpy as np
 
@@ -165,7 +184,10 @@ def test_real_process_error_has_no_traceback(tmp_path: Path) -> None:
     p = csv_trace(tmp_path, "2023-11-16 18:15:46.0,374,44\nnot-a-time,374,44\n")
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli", "replay", "--trace", str(p), "--workers", "2"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
@@ -179,7 +201,18 @@ def test_flags_override_yaml(tmp_path: Path) -> None:
     y = tmp_path / "e.yaml"
     y.write_text("engine:\n  backend: vllm\n  num_gpu_blocks: 100\n  block_size: 16\n  max_num_seqs: 8\n")
     args = build_parser().parse_args(
-        ["replay", "--trace", "x", "--engine-config", str(y), "--max-num-seqs", "4", "--no-prefix-caching", "--trace-block-size", "64"]
+        [
+            "replay",
+            "--trace",
+            "x",
+            "--engine-config",
+            str(y),
+            "--max-num-seqs",
+            "4",
+            "--no-prefix-caching",
+            "--trace-block-size",
+            "64",
+        ]
     )
     cfg = engine_config_from_args(args)
     assert (cfg.num_gpu_blocks, cfg.block_size, cfg.max_num_seqs) == (100, 16, 4)
@@ -198,8 +231,25 @@ def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.Captu
     outs = []
     for k in range(2):
         rj, pr = tmp_path / f"r{k}.json", tmp_path / f"p{k}.jsonl"
-        out = run_ok(capsys, "--trace", SMALL, "--workers", "3", "--router", "kv", "--seed", "5",
-                     "--sla-ttft-ms", "500", "--sla-itl-ms", "50", "--report-json", str(rj), "--per-request", str(pr))
+        out = run_ok(
+            capsys,
+            "--trace",
+            SMALL,
+            "--workers",
+            "3",
+            "--router",
+            "kv",
+            "--seed",
+            "5",
+            "--sla-ttft-ms",
+            "500",
+            "--sla-itl-ms",
+            "50",
+            "--report-json",
+            str(rj),
+            "--per-request",
+            str(pr),
+        )
         outs.append((rj.read_bytes(), pr.read_bytes()))
         assert "TTFT" in out and "requests (completed / total)" in out
     assert outs[0] == outs[1]  # byte-identical report JSON and per-request JSONL
@@ -216,8 +266,9 @@ def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.Captu
 def test_unwritable_report_is_printed_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "dir.json"
     blocker.mkdir()  # the parent exists (checked up front) but the target is a directory: fails only at write
-    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker),
-                       "--per-request", str(tmp_path / "ok.jsonl"))
+    rc, out, err = cli(
+        capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker), "--per-request", str(tmp_path / "ok.jsonl")
+    )
     assert rc == 2
     assert_one_line_error(rc, err, "--report-json", "report printed to stdout")
     rep = json.loads(out)  # --quiet: stdout is exactly the report JSON
@@ -241,7 +292,9 @@ def test_arrival_speedup_and_max_time(tmp_path: Path, capsys: pytest.CaptureFixt
     assert 0 < rep["completed_requests"] <= 20 and rep["duration_ms"] <= 10_000.0
 
 
-def test_unwritable_per_request_without_report_json_prints_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unwritable_per_request_without_report_json_prints_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--per-request", str(tmp_path))  # a directory
     assert_one_line_error(rc, err, "--per-request", "report printed to stdout")
     assert json.loads(out)["completed_requests"] == 150
@@ -250,37 +303,62 @@ def test_unwritable_per_request_without_report_json_prints_report(tmp_path: Path
 def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # 2 blocks x 64 tokens = 128 tokens of KV cache; the 600-token prompts can never be admitted
     rj = tmp_path / "r.json"
-    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20",
-                       "--num-gpu-blocks", "2", "--quiet", "--report-json", str(rj))
+    rc, out, err = cli(
+        capsys,
+        "--trace",
+        "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20",
+        "--num-gpu-blocks",
+        "2",
+        "--quiet",
+        "--report-json",
+        str(rj),
+    )
     assert rc == 0 and out == ""
-    assert err == ("dynoplan replay: warning: 3 of 3 requests failed: prompt + output tokens that can never fit in a "
-                   "worker's KV cache (largest failed request: 600 prompt + 20 output = 620 tokens; num_gpu_blocks=2 "
-                   "x block_size=64 = 128 tokens); "
-                   "they count as not completed\n")
+    assert err == (
+        "dynoplan replay: warning: 3 of 3 requests failed: prompt + output tokens that can never fit in a "
+        "worker's KV cache (largest failed request: 600 prompt + 20 output = 620 tokens; num_gpu_blocks=2 "
+        "x block_size=64 = 128 tokens); "
+        "they count as not completed\n"
+    )
     rep = json.loads(rj.read_text())
     assert (rep["num_requests"], rep["completed_requests"]) == (3, 0)
-    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20",
-                       "--num-gpu-blocks", "2")
+    rc, out, err = cli(
+        capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=600&osl=20", "--num-gpu-blocks", "2"
+    )
     ttft_row = next(ln for ln in out.splitlines() if "TTFT" in ln)
     assert [c.strip() for c in ttft_row.split("\u2502")[1:-1]] == ["TTFT"] + ["-"] * 6  # was 0.00 ms everywhere
-    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=100&osl=20",
-                       "--num-gpu-blocks", "4", "--quiet")
+    rc, out, err = cli(
+        capsys, "--trace", "synthetic:constant?rate=2&num_requests=3&isl=100&osl=20", "--num-gpu-blocks", "4", "--quiet"
+    )
     assert (rc, err) == (0, "")  # 100 + 20 tokens fit in 256: no warning
 
 
-def test_a_short_prompt_with_a_long_output_is_named_with_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_short_prompt_with_a_long_output_is_named_with_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # 100 prompt tokens fit in 16 x 64 = 1024; with 5000 output tokens the sequence outgrows the cache while
     # decoding and is refused: the note names prompt and output, not a 100-token "prompt that can never fit"
     t = tmp_path / "t.jsonl"
-    t.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5000}\n'
-                 '{"timestamp": 10, "input_length": 1000, "output_length": 10}\n')
+    t.write_text(
+        '{"timestamp": 0, "input_length": 100, "output_length": 5000}\n'
+        '{"timestamp": 10, "input_length": 1000, "output_length": 10}\n'
+    )
     rc, out, err = cli(capsys, "--trace", str(t), "--num-gpu-blocks", "16", "--block-size", "64", "--quiet")
     assert (rc, out) == (0, "")
-    assert err == ("dynoplan replay: warning: 1 of 2 requests failed: prompt + output tokens that can never fit in a "
-                   "worker's KV cache (largest failed request: 100 prompt + 5000 output = 5100 tokens; "
-                   "num_gpu_blocks=16 x block_size=64 = 1024 tokens); they count as not completed\n")
-    rc, out, err = cli(capsys, "--trace", "synthetic:constant?rate=2&num_requests=2&isl=300&osl=2",
-                       "--max-num-batched-tokens", "256", "--no-chunked-prefill", "--quiet")
+    assert err == (
+        "dynoplan replay: warning: 1 of 2 requests failed: prompt + output tokens that can never fit in a "
+        "worker's KV cache (largest failed request: 100 prompt + 5000 output = 5100 tokens; "
+        "num_gpu_blocks=16 x block_size=64 = 1024 tokens); they count as not completed\n"
+    )
+    rc, out, err = cli(
+        capsys,
+        "--trace",
+        "synthetic:constant?rate=2&num_requests=2&isl=300&osl=2",
+        "--max-num-batched-tokens",
+        "256",
+        "--no-chunked-prefill",
+        "--quiet",
+    )
     assert rc == 0 and "or a prompt above max_num_batched_tokens=256 (chunked prefill off)" in err
 
 
@@ -313,8 +391,9 @@ def test_report_and_per_request_on_one_file_is_refused(tmp_path: Path, capsys: p
 
 
 @pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
-def test_output_under_missing_directory_is_refused_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                               flag: str) -> None:
+def test_output_under_missing_directory_is_refused_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
     target = tmp_path / "nonexist" / "dir" / "r.json"
     rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", flag, str(target))
     assert_one_line_error(rc, err, flag, str(target), "does not exist", "expected an existing directory")

@@ -77,13 +77,27 @@ KUBELET_DIR = Path("/var/lib/kubelet")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 # Kernel settings the kubelet (protectKernelDefaults=false), kube-proxy and the bridge plugin change.
-SYSCTLS = ("kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "net.ipv4.ip_forward",
-           "net.ipv4.conf.all.route_localnet", "net.bridge.bridge-nf-call-iptables")
+SYSCTLS = (
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "vm.overcommit_memory",
+    "net.ipv4.ip_forward",
+    "net.ipv4.conf.all.route_localnet",
+    "net.bridge.bridge-nf-call-iptables",
+)
 SYSCTL_SAVE = STATE / "sysctl-saved.json"
 
 # Start order; down stops them in reverse.
-COMPONENTS = ("containerd", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
-              "kube-proxy", "coredns")
+COMPONENTS = (
+    "containerd",
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "coredns",
+)
 IMAGES = ("pause", "prometheus", "dynoplan")
 
 
@@ -105,12 +119,22 @@ def versions() -> dict[str, str]:
 def binary(name: str) -> Path:
     v = versions()
     ver = {"etcd": v["ETCD_VERSION"], "helm": v["HELM_VERSION"], "coredns": v["COREDNS_VERSION"]}.get(
-        name, v["KUBERNETES_VERSION"])
+        name, v["KUBERNETES_VERSION"]
+    )
     return CACHE / "bin" / f"{name}-{ver}"
 
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
-            "kubectl", "helm", "coredns")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+    "helm",
+    "coredns",
+)
 
 
 def run(argv: list[str], check: bool = True, quiet: bool = False, **kw) -> subprocess.CompletedProcess:
@@ -138,8 +162,10 @@ def wait(check, timeout_s: float, what: str, log: Path | None = None, interval_s
         except Exception as e:  # noqa: BLE001 - refused connections while a component starts
             last = e
         time.sleep(interval_s)
-    raise ClusterError(f"{what}: not ready after {timeout_s:.0f} s (last error: {last!r})"
-                       + (f"\n--- {log} (tail) ---\n{tail(log)}" if log else ""))
+    raise ClusterError(
+        f"{what}: not ready after {timeout_s:.0f} s (last error: {last!r})"
+        + (f"\n--- {log} (tail) ---\n{tail(log)}" if log else "")
+    )
 
 
 def pid_file(name: str) -> Path:
@@ -172,8 +198,14 @@ def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     pid_file(name).parent.mkdir(parents=True, exist_ok=True)
     with open(LOGS / f"{name}.log", "ab") as log:
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, env={**os.environ, **(env or {})})
+        p = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
     pid_file(name).write_text(str(p.pid))
     return p.pid
 
@@ -209,34 +241,62 @@ def make_pki() -> None:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     PKI.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     until = now + dt.timedelta(days=30)
 
     def write_key(path: Path, key) -> None:
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         path.chmod(0o600)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dynoplan-cluster-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     (PKI / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     write_key(PKI / "ca-key.pem", ca_key)
 
     def leaf(name: str, cn: str, org: str | None, server_sans: list | None = None) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = ([x509.NameAttribute(NameOID.ORGANIZATION_NAME, org)] if org else []) + [
-            x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-        b = (x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(ca_name)
-             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-             .not_valid_before(now).not_valid_after(until)
-             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+            x509.NameAttribute(NameOID.COMMON_NAME, cn)
+        ]
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attrs))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(until)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        )
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
         if server_sans:
             b = b.add_extension(x509.SubjectAlternativeName(server_sans), critical=False)
@@ -246,10 +306,26 @@ def make_pki() -> None:
         write_key(PKI / f"{name}-key.pem", key)
 
     ip = lambda s: x509.IPAddress(ipaddress.ip_address(s))  # noqa: E731
-    leaf("apiserver", "kube-apiserver", None, [
-        ip(NODE_IP), ip(KUBERNETES_SVC_IP), ip("127.0.0.1"), x509.DNSName("localhost"),
-        *(x509.DNSName(n) for n in ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                                    "kubernetes.default.svc.cluster.local"))])
+    leaf(
+        "apiserver",
+        "kube-apiserver",
+        None,
+        [
+            ip(NODE_IP),
+            ip(KUBERNETES_SVC_IP),
+            ip("127.0.0.1"),
+            x509.DNSName("localhost"),
+            *(
+                x509.DNSName(n)
+                for n in (
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                )
+            ),
+        ],
+    )
     leaf("admin", "dynoplan-admin", "system:masters")
     leaf("node", f"system:node:{NODE_NAME}", "system:nodes")
     leaf("kube-proxy", "system:kube-proxy", None)
@@ -257,18 +333,27 @@ def make_pki() -> None:
     leaf("kube-controller-manager", "system:kube-controller-manager", None)
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     write_key(PKI / "sa-key.pem", sa)
-    (PKI / "sa.pem").write_bytes(sa.public_key().public_bytes(serialization.Encoding.PEM,
-                                                              serialization.PublicFormat.SubjectPublicKeyInfo))
+    (PKI / "sa.pem").write_bytes(
+        sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
 
 
 def kubeconfig(path: Path, user: str, cert: str, namespace: str = "default") -> Path:
-    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "dynoplan",
-           "clusters": [{"name": "dynoplan", "cluster": {"server": APISERVER,
-                                                         "certificate-authority": str(PKI / "ca.pem")}}],
-           "users": [{"name": user, "user": {"client-certificate": str(PKI / f"{cert}.pem"),
-                                             "client-key": str(PKI / f"{cert}-key.pem")}}],
-           "contexts": [{"name": "dynoplan", "context": {"cluster": "dynoplan", "user": user,
-                                                         "namespace": namespace}}]}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "dynoplan",
+        "clusters": [
+            {"name": "dynoplan", "cluster": {"server": APISERVER, "certificate-authority": str(PKI / "ca.pem")}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(PKI / f"{cert}.pem"), "client-key": str(PKI / f"{cert}-key.pem")},
+            }
+        ],
+        "contexts": [{"name": "dynoplan", "context": {"cluster": "dynoplan", "user": user, "namespace": namespace}}],
+    }
     path.write_text(json.dumps(doc, indent=1))
     path.chmod(0o600)
     return path
@@ -318,32 +403,67 @@ def containerd_config() -> Path:
     path = d / "config.toml"
     d.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    (STATE / "cni" / "net.d" / "10-dynoplan.conflist").write_text(json.dumps({
-        "cniVersion": "1.0.0", "name": "dynoplan",
-        "plugins": [{"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
-                              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(RUN / "cni-ipam")}},
-                    {"type": "portmap", "capabilities": {"portMappings": True}}]}, indent=1))
+    (STATE / "cni" / "net.d" / "10-dynoplan.conflist").write_text(
+        json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "dynoplan",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": BRIDGE,
+                        "isGateway": True,
+                        "ipMasq": False,
+                        "hairpinMode": True,
+                        "ipam": {
+                            "type": "host-local",
+                            "ranges": [[{"subnet": POD_CIDR}]],
+                            "routes": [{"dst": "0.0.0.0/0"}],
+                            "dataDir": str(RUN / "cni-ipam"),
+                        },
+                    },
+                    {"type": "portmap", "capabilities": {"portMappings": True}},
+                ],
+            },
+            indent=1,
+        )
+    )
     return path
 
 
 def kubelet_config() -> Path:
     cfg = {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "address": NODE_IP, "port": 10250, "healthzBindAddress": NODE_IP, "healthzPort": 10248,
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": NODE_IP,
+        "port": 10250,
+        "healthzBindAddress": NODE_IP,
+        "healthzPort": 10248,
         "readOnlyPort": 0,
-        "authentication": {"x509": {"clientCAFile": str(PKI / "ca.pem")}, "webhook": {"enabled": True},
-                           "anonymous": {"enabled": False}},
+        "authentication": {
+            "x509": {"clientCAFile": str(PKI / "ca.pem")},
+            "webhook": {"enabled": True},
+            "anonymous": {"enabled": False},
+        },
         "authorization": {"mode": "Webhook"},
-        "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
+        "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCK}",
-        "clusterDNS": [DNS_IP], "clusterDomain": "cluster.local", "resolvConf": "/etc/resolv.conf",
-        "tlsCertFile": str(PKI / "kubelet-serving.pem"), "tlsPrivateKeyFile": str(PKI / "kubelet-serving-key.pem"),
+        "clusterDNS": [DNS_IP],
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        "tlsCertFile": str(PKI / "kubelet-serving.pem"),
+        "tlsPrivateKeyFile": str(PKI / "kubelet-serving-key.pem"),
         # The machine's disk is shared: evict only when it is really full.
         "evictionHard": {"memory.available": "200Mi", "nodefs.available": "2%", "imagefs.available": "2%"},
-        "imageGCHighThresholdPercent": 100, "imageMinimumGCAge": "24h",
-        "serializeImagePulls": False, "registerNode": True, "maxPods": 60,
-        "fileCheckFrequency": "20s", "nodeStatusUpdateFrequency": "5s",
+        "imageGCHighThresholdPercent": 100,
+        "imageMinimumGCAge": "24h",
+        "serializeImagePulls": False,
+        "registerNode": True,
+        "maxPods": 60,
+        "fileCheckFrequency": "20s",
+        "nodeStatusUpdateFrequency": "5s",
         "localStorageCapacityIsolation": False,
     }
     path = STATE / "kubelet-config.json"
@@ -361,26 +481,39 @@ def kubelet_serving_cert() -> None:
     ca = x509.load_pem_x509_certificate((PKI / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((PKI / "ca-key.pem").read_bytes(), None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NODE_NAME)]))
-            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=30))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(NODE_IP)),
-                                                        x509.DNSName(NODE_NAME)]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NODE_NAME)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(NODE_IP)), x509.DNSName(NODE_NAME)]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     (PKI / "kubelet-serving.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (PKI / "kubelet-serving-key.pem").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (PKI / "kubelet-serving-key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     (PKI / "kubelet-serving-key.pem").chmod(0o600)
 
 
 def kube_proxy_config(kc: Path) -> Path:
     cfg = {
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": str(kc)}, "mode": "iptables", "clusterCIDR": POD_CIDR,
-        "bindAddress": NODE_IP, "healthzBindAddress": f"{NODE_IP}:10256", "metricsBindAddress": f"{NODE_IP}:10249",
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kc)},
+        "mode": "iptables",
+        "clusterCIDR": POD_CIDR,
+        "bindAddress": NODE_IP,
+        "healthzBindAddress": f"{NODE_IP}:10256",
+        "metricsBindAddress": f"{NODE_IP}:10249",
         "hostnameOverride": NODE_NAME,
         # Leave the conntrack table sizes alone (no sysctl writes the machine may refuse).
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
@@ -422,7 +555,9 @@ def check_prerequisites() -> None:
             problems.append(f"{binary(b)} missing: run `tools/build-k8s-bins.sh {b}` (or `make infra-deps`)")
     for img in IMAGES:
         if not (CACHE / "images" / f"{img}.tar").is_file():
-            problems.append(f"image archive {CACHE / 'images' / (img + '.tar')} missing: run `tools/build-images.sh {img}`")
+            problems.append(
+                f"image archive {CACHE / 'images' / (img + '.tar')} missing: run `tools/build-images.sh {img}`"
+            )
     for cmd in ("containerd", "runc", "ctr", "iptables", "ip", "conntrack"):
         if shutil.which(cmd) is None:
             problems.append(f"command {cmd!r} not found: run tools/install-system-deps.sh")
@@ -475,8 +610,9 @@ def import_images() -> dict[str, str]:
 
 def node_ready() -> bool:
     code, node = api_get(f"/api/v1/nodes/{NODE_NAME}")
-    return code == 200 and any(c["type"] == "Ready" and c["status"] == "True"
-                               for c in node.get("status", {}).get("conditions", []))
+    return code == 200 and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", [])
+    )
 
 
 def health_problems() -> list[str]:
@@ -509,18 +645,25 @@ def up(timeout_s: float = 180.0) -> None:
     if all(running(c) for c in COMPONENTS):
         problems = health_problems()
         if not problems:
-            print(f"cluster already up and healthy (node {NODE_NAME}, {APISERVER}): nothing changed; "
-                  "`tools/cluster.py down` first to start afresh")
+            print(
+                f"cluster already up and healthy (node {NODE_NAME}, {APISERVER}): nothing changed; "
+                "`tools/cluster.py down` first to start afresh"
+            )
             print(export_line())
             return
-        print(f"cluster: an earlier run is running but not healthy ({'; '.join(problems)}); bringing it down first",
-              file=sys.stderr)
+        print(
+            f"cluster: an earlier run is running but not healthy ({'; '.join(problems)}); bringing it down first",
+            file=sys.stderr,
+        )
         down()
     else:
         left = leftovers()
         if left:
-            print(f"cluster: state of an earlier run found ({', '.join(left[:3])}"
-                  f"{f' and {len(left) - 3} more' if len(left) > 3 else ''}); bringing it down first", file=sys.stderr)
+            print(
+                f"cluster: state of an earlier run found ({', '.join(left[:3])}"
+                f"{f' and {len(left) - 3} more' if len(left) > 3 else ''}); bringing it down first",
+                file=sys.stderr,
+            )
             down()
     try:
         _start(timeout_s)
@@ -546,8 +689,10 @@ def _start(timeout_s: float) -> None:
     make_pki()
     kubelet_serving_cert()
     kc_admin = kubeconfig(KUBECONFIG, "dynoplan-admin", "admin")
-    kc = {n: kubeconfig(STATE / f"{n}.kubeconfig", n, n) for n in
-          ("node", "kube-proxy", "kube-scheduler", "kube-controller-manager")}
+    kc = {
+        n: kubeconfig(STATE / f"{n}.kubeconfig", n, n)
+        for n in ("node", "kube-proxy", "kube-scheduler", "kube-controller-manager")
+    }
     BIN_LINKS.mkdir(parents=True, exist_ok=True)
     for b in ("kubectl", "helm"):
         link = BIN_LINKS / b
@@ -555,72 +700,172 @@ def _start(timeout_s: float) -> None:
         link.symlink_to(binary(b))
 
     start("containerd", ["containerd", "--config", str(containerd_config())])
-    wait(lambda: run(["ctr", "--address", str(CONTAINERD_SOCK), "version"], check=False).returncode == 0,
-         30, "containerd", LOGS / "containerd.log")
+    wait(
+        lambda: run(["ctr", "--address", str(CONTAINERD_SOCK), "version"], check=False).returncode == 0,
+        30,
+        "containerd",
+        LOGS / "containerd.log",
+    )
     refs = import_images()
 
     etcd_url = f"http://{NODE_IP}:2379"
-    start("etcd", [str(binary("etcd")), "--name=dynoplan", f"--data-dir={STATE / 'etcd'}",
-                   f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-                   f"--listen-peer-urls=http://{NODE_IP}:2380", f"--initial-advertise-peer-urls=http://{NODE_IP}:2380",
-                   f"--initial-cluster=dynoplan=http://{NODE_IP}:2380", f"--listen-metrics-urls=http://{NODE_IP}:2381",
-                   "--unsafe-no-fsync", "--log-level=warn"])
-    wait(lambda: urllib.request.urlopen(f"{etcd_url}/health", timeout=2).status == 200, 60, "etcd",
-         LOGS / "etcd.log")
-    start("kube-apiserver", [
-        str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}", f"--bind-address={NODE_IP}",
-        f"--advertise-address={NODE_IP}", "--secure-port=6443", f"--cert-dir={STATE / 'apiserver-certs'}",
-        f"--tls-cert-file={PKI / 'apiserver.pem'}", f"--tls-private-key-file={PKI / 'apiserver-key.pem'}",
-        f"--client-ca-file={PKI / 'ca.pem'}", f"--kubelet-client-certificate={PKI / 'admin.pem'}",
-        f"--kubelet-client-key={PKI / 'admin-key.pem'}", f"--kubelet-certificate-authority={PKI / 'ca.pem'}",
-        "--kubelet-preferred-address-types=InternalIP",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={PKI / 'sa.pem'}", f"--service-account-signing-key-file={PKI / 'sa-key.pem'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-        "--v=1"])
+    start(
+        "etcd",
+        [
+            str(binary("etcd")),
+            "--name=dynoplan",
+            f"--data-dir={STATE / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://{NODE_IP}:2380",
+            f"--initial-advertise-peer-urls=http://{NODE_IP}:2380",
+            f"--initial-cluster=dynoplan=http://{NODE_IP}:2380",
+            f"--listen-metrics-urls=http://{NODE_IP}:2381",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+    )
+    wait(lambda: urllib.request.urlopen(f"{etcd_url}/health", timeout=2).status == 200, 60, "etcd", LOGS / "etcd.log")
+    start(
+        "kube-apiserver",
+        [
+            str(binary("kube-apiserver")),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={NODE_IP}",
+            f"--advertise-address={NODE_IP}",
+            "--secure-port=6443",
+            f"--cert-dir={STATE / 'apiserver-certs'}",
+            f"--tls-cert-file={PKI / 'apiserver.pem'}",
+            f"--tls-private-key-file={PKI / 'apiserver-key.pem'}",
+            f"--client-ca-file={PKI / 'ca.pem'}",
+            f"--kubelet-client-certificate={PKI / 'admin.pem'}",
+            f"--kubelet-client-key={PKI / 'admin-key.pem'}",
+            f"--kubelet-certificate-authority={PKI / 'ca.pem'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={PKI / 'sa.pem'}",
+            f"--service-account-signing-key-file={PKI / 'sa-key.pem'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--v=1",
+        ],
+    )
     wait(lambda: api_get("/readyz")[0] == 200, timeout_s, "kube-apiserver", LOGS / "kube-apiserver.log")
-    start("kube-controller-manager", [
-        str(binary("kube-controller-manager")), f"--kubeconfig={kc['kube-controller-manager']}",
-        f"--authentication-kubeconfig={kc['kube-controller-manager']}",
-        f"--authorization-kubeconfig={kc['kube-controller-manager']}",
-        "--leader-elect=false", f"--bind-address={NODE_IP}", "--secure-port=10257",
-        f"--cert-dir={STATE / 'kcm-certs'}", f"--service-account-private-key-file={PKI / 'sa-key.pem'}",
-        f"--root-ca-file={PKI / 'ca.pem'}", "--use-service-account-credentials=true",
-        f"--service-cluster-ip-range={SERVICE_CIDR}", "--v=1"])
-    start("kube-scheduler", [
-        str(binary("kube-scheduler")), f"--kubeconfig={kc['kube-scheduler']}",
-        f"--authentication-kubeconfig={kc['kube-scheduler']}", f"--authorization-kubeconfig={kc['kube-scheduler']}",
-        "--leader-elect=false", f"--bind-address={NODE_IP}", "--secure-port=10259",
-        f"--cert-dir={STATE / 'scheduler-certs'}", "--v=1"])
+    start(
+        "kube-controller-manager",
+        [
+            str(binary("kube-controller-manager")),
+            f"--kubeconfig={kc['kube-controller-manager']}",
+            f"--authentication-kubeconfig={kc['kube-controller-manager']}",
+            f"--authorization-kubeconfig={kc['kube-controller-manager']}",
+            "--leader-elect=false",
+            f"--bind-address={NODE_IP}",
+            "--secure-port=10257",
+            f"--cert-dir={STATE / 'kcm-certs'}",
+            f"--service-account-private-key-file={PKI / 'sa-key.pem'}",
+            f"--root-ca-file={PKI / 'ca.pem'}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--v=1",
+        ],
+    )
+    start(
+        "kube-scheduler",
+        [
+            str(binary("kube-scheduler")),
+            f"--kubeconfig={kc['kube-scheduler']}",
+            f"--authentication-kubeconfig={kc['kube-scheduler']}",
+            f"--authorization-kubeconfig={kc['kube-scheduler']}",
+            "--leader-elect=false",
+            f"--bind-address={NODE_IP}",
+            "--secure-port=10259",
+            f"--cert-dir={STATE / 'scheduler-certs'}",
+            "--v=1",
+        ],
+    )
     KUBELET_DIR.mkdir(parents=True, exist_ok=True)
-    start("kubelet", [str(binary("kubelet")), f"--config={kubelet_config()}", f"--kubeconfig={kc['node']}",
-                      f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}", "--v=1"])
+    start(
+        "kubelet",
+        [
+            str(binary("kubelet")),
+            f"--config={kubelet_config()}",
+            f"--kubeconfig={kc['node']}",
+            f"--hostname-override={NODE_NAME}",
+            f"--node-ip={NODE_IP}",
+            "--v=1",
+        ],
+    )
     start("kube-proxy", [str(binary("kube-proxy")), f"--config={kube_proxy_config(kc['kube-proxy'])}", "--v=1"])
     # CoreDNS reads Services and EndpointSlices cluster-wide: the admin credentials (a local tool).
     start("coredns", [str(binary("coredns")), "-conf", str(corefile(kc_admin))])
 
     wait(node_ready, timeout_s, f"node {NODE_NAME} Ready", LOGS / "kubelet.log", interval_s=0.5)
-    wait(lambda: api_get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200, timeout_s,
-         "kube-controller-manager (default ServiceAccount)", LOGS / "kube-controller-manager.log")
-    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
-         "spec": {"clusterIP": DNS_IP, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
-                                                 {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": "kube-dns-coredns", "namespace": "kube-system",
-                      "labels": {"kubernetes.io/service-name": "kube-dns",
-                                 "endpointslice.kubernetes.io/managed-by": "dynoplan-cluster"}},
-         "addressType": "IPv4", "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
-         "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]},
-    ]}))
-    wait(lambda: urllib.request.urlopen(f"http://{NODE_IP}:8181/ready", timeout=2).status == 200, 60,
-         "CoreDNS ready", LOGS / "coredns.log")
+    wait(
+        lambda: api_get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+        timeout_s,
+        "kube-controller-manager (default ServiceAccount)",
+        LOGS / "kube-controller-manager.log",
+    )
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Service",
+                        "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+                        "spec": {
+                            "clusterIP": DNS_IP,
+                            "ports": [
+                                {"name": "dns", "port": 53, "protocol": "UDP"},
+                                {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+                            ],
+                        },
+                    },
+                    {
+                        "apiVersion": "discovery.k8s.io/v1",
+                        "kind": "EndpointSlice",
+                        "metadata": {
+                            "name": "kube-dns-coredns",
+                            "namespace": "kube-system",
+                            "labels": {
+                                "kubernetes.io/service-name": "kube-dns",
+                                "endpointslice.kubernetes.io/managed-by": "dynoplan-cluster",
+                            },
+                        },
+                        "addressType": "IPv4",
+                        "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+                        "ports": [
+                            {"name": "dns", "port": 53, "protocol": "UDP"},
+                            {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+                        ],
+                    },
+                ],
+            }
+        ),
+    )
+    wait(
+        lambda: urllib.request.urlopen(f"http://{NODE_IP}:8181/ready", timeout=2).status == 200,
+        60,
+        "CoreDNS ready",
+        LOGS / "coredns.log",
+    )
     # kube-proxy has programmed the DNS Service (and so the kubernetes Service) into iptables.
-    wait(lambda: DNS_IP in run(["iptables", "-t", "nat", "-S", "KUBE-SERVICES"], check=False).stdout, 60,
-         "kube-proxy rules for kube-dns", LOGS / "kube-proxy.log")
-    print(f"cluster up in {time.monotonic() - t0:.0f} s: node {NODE_NAME} ({NODE_IP}), images "
-          + ", ".join(refs.values()))
+    wait(
+        lambda: DNS_IP in run(["iptables", "-t", "nat", "-S", "KUBE-SERVICES"], check=False).stdout,
+        60,
+        "kube-proxy rules for kube-dns",
+        LOGS / "kube-proxy.log",
+    )
+    print(
+        f"cluster up in {time.monotonic() - t0:.0f} s: node {NODE_NAME} ({NODE_IP}), images " + ", ".join(refs.values())
+    )
     print(export_line())
 
 
@@ -664,8 +909,11 @@ def clean_iptables() -> None:
             rules = run([cmd, "-w", "-t", table, "-S"], check=False).stdout.splitlines()
             for rule in rules:
                 parts = shlex.split(rule)  # rules carry quoted comments
-                if parts[:1] == ["-A"] and parts[1] not in ours and any(
-                        parts[i - 1] in ("-j", "-g") and parts[i] in ours for i in range(1, len(parts))):
+                if (
+                    parts[:1] == ["-A"]
+                    and parts[1] not in ours
+                    and any(parts[i - 1] in ("-j", "-g") and parts[i] in ours for i in range(1, len(parts)))
+                ):
                     run([cmd, "-w", "-t", table, "-D", *parts[1:]], check=False)
             for c in ours:
                 run([cmd, "-w", "-t", table, "-F", c], check=False)
@@ -682,7 +930,8 @@ def kill_containers() -> None:
         run([*ctr, "tasks", "kill", "-s", "SIGKILL", t], check=False)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(
-            ln.split()[-1:] != ["STOPPED"] for ln in run([*ctr, "tasks", "ls"], check=False).stdout.splitlines()[1:]):
+        ln.split()[-1:] != ["STOPPED"] for ln in run([*ctr, "tasks", "ls"], check=False).stdout.splitlines()[1:]
+    ):
         time.sleep(0.2)
     for t in tasks:
         run([*ctr, "tasks", "delete", "-f", t], check=False)
@@ -789,16 +1038,32 @@ def positive_seconds(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
-    p = _Parser(prog="tools/cluster.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-                description=doc.split("\n\nWhat runs")[0].replace("::\n", ":\n"),
-                epilog="Details: tools/README.md (\"The local cluster\").")
-    p.add_argument("--timeout-s", type=positive_seconds, default=180.0, metavar="S",
-                   help="deadline of each wait in up, seconds > 0 (default 180)")
+    p = _Parser(
+        prog="tools/cluster.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=doc.split("\n\nWhat runs")[0].replace("::\n", ":\n"),
+        epilog='Details: tools/README.md ("The local cluster").',
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=positive_seconds,
+        default=180.0,
+        metavar="S",
+        help="deadline of each wait in up, seconds > 0 (default 180)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{up,status,down}", parser_class=_Parser)
-    u = sub.add_parser("up", help="start the cluster and wait until usable (a healthy running one is kept; "
-                                  "a failed up brings down what it started)")
-    u.add_argument("--timeout-s", type=positive_seconds, default=argparse.SUPPRESS, metavar="S",
-                   help="deadline of each wait, seconds > 0 (default 180)")
+    u = sub.add_parser(
+        "up",
+        help="start the cluster and wait until usable (a healthy running one is kept; "
+        "a failed up brings down what it started)",
+    )
+    u.add_argument(
+        "--timeout-s",
+        type=positive_seconds,
+        default=argparse.SUPPRESS,
+        metavar="S",
+        help="deadline of each wait, seconds > 0 (default 180)",
+    )
     sub.add_parser("status", help="which components run; exit 1 when not all")
     d = sub.add_parser("down", help="stop everything and undo every host change (the state directory stays as a cache)")
     d.add_argument("--purge", action="store_true", help=f"also delete the state directory {STATE} (image store, logs)")

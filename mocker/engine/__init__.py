@@ -8,16 +8,18 @@ refuses an engine without a registered core with a :class:`ConfigError`.
 
 from __future__ import annotations
 
+from dynoplan.errors import ConfigError
 from mocker.config import EngineConfig
 from mocker.engine.base import CoreCapabilities, EngineCore, PassOutcome
 from mocker.engine.sglang import SglangCore
 from mocker.engine.vllm import TrtllmCore, VllmCore
-from dynoplan.errors import ConfigError
 
 CORES: dict[str, type[VllmCore] | type[SglangCore]] = {"vllm": VllmCore, "trtllm": TrtllmCore, "sglang": SglangCore}
 
 
-def make_engine(cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False) -> VllmCore | SglangCore:
+def make_engine(
+    cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False
+) -> VllmCore | SglangCore:
     """Build the engine core for ``cfg.engine``. Raises ConfigError for an engine without a core yet."""
     core = CORES.get(cfg.engine)
     if core is None:
@@ -25,5 +27,13 @@ def make_engine(cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, coll
     return core(cfg, worker_id=worker_id, dp_rank=dp_rank, collect_fpm=collect_fpm)
 
 
-__all__ = ["CORES", "CoreCapabilities", "EngineCore", "PassOutcome", "SglangCore", "TrtllmCore", "VllmCore",
-           "make_engine"]
+__all__ = [
+    "CORES",
+    "CoreCapabilities",
+    "EngineCore",
+    "PassOutcome",
+    "SglangCore",
+    "TrtllmCore",
+    "VllmCore",
+    "make_engine",
+]

@@ -100,8 +100,9 @@ class EngineCore(Protocol):
         """Queue a request arriving at ``now_ms``; returns its record, filled in as it runs."""
         ...
 
-    def add_prefilled_request(self, req: TraceRequest, now_ms: float,
-                              record: RequestRecord | None = None) -> RequestRecord:
+    def add_prefilled_request(
+        self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None
+    ) -> RequestRecord:
         """Disaggregated decode side: queue a request whose prompt KV and first token a prefill worker computed."""
         ...
 
@@ -156,10 +157,23 @@ def queued_requests(prefill_lens: list[int], decode_lens: list[int]) -> QueuedRe
     """The ``queued_requests`` of a ForwardPassMetrics: waiting prompts (their lengths, tokens) and queued
     decodes (preempted / retracted / transferred requests: their sequence lengths, tokens)."""
     return QueuedRequests(
-        num_prefill_requests=len(prefill_lens), sum_prefill_tokens=sum(prefill_lens),
-        var_prefill_length=population_variance(prefill_lens), num_decode_requests=len(decode_lens),
-        sum_decode_kv_tokens=sum(decode_lens), var_decode_kv_tokens=population_variance(decode_lens))
+        num_prefill_requests=len(prefill_lens),
+        sum_prefill_tokens=sum(prefill_lens),
+        var_prefill_length=population_variance(prefill_lens),
+        num_decode_requests=len(decode_lens),
+        sum_decode_kv_tokens=sum(decode_lens),
+        var_decode_kv_tokens=population_variance(decode_lens),
+    )
 
 
-__all__ = ["DECODE_STEP", "FAST_CHUNK_PASSES", "CoreCapabilities", "EngineCore", "PassOutcome", "ScheduleOutcome",
-           "ScheduledWork", "population_variance", "queued_requests"]
+__all__ = [
+    "DECODE_STEP",
+    "FAST_CHUNK_PASSES",
+    "CoreCapabilities",
+    "EngineCore",
+    "PassOutcome",
+    "ScheduleOutcome",
+    "ScheduledWork",
+    "population_variance",
+    "queued_requests",
+]

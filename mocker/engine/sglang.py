@@ -52,14 +52,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dynoplan.errors import SimulationError
 from mocker.config import EngineConfig
 from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
-from dynoplan.errors import SimulationError
+from mocker.engine.timeline import PassTimeline
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
-from mocker.engine.timeline import PassTimeline
 from mocker.request import EngineRequest, State
-from mocker.timing import DECODE_A as _DA, DECODE_B as _DB, DECODE_C as _DC, DECODE_MIN_MS as _DMIN
+from mocker.timing import DECODE_A as _DA
+from mocker.timing import DECODE_B as _DB
+from mocker.timing import DECODE_C as _DC
+from mocker.timing import DECODE_MIN_MS as _DMIN
 from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
 LPM_FALLBACK_THRESHOLD = 128
@@ -90,8 +93,9 @@ class SglangRequest(EngineRequest):
 
     __slots__ = ("content", "materialized", "allocated", "cached", "node")
 
-    def __init__(self, request_id: int, index: int, prompt_len: int, output_len: int, content: SeqContent,
-                 record: RequestRecord) -> None:
+    def __init__(
+        self, request_id: int, index: int, prompt_len: int, output_len: int, content: SeqContent, record: RequestRecord
+    ) -> None:
         super().__init__(request_id, index, prompt_len, output_len, None, record)
         self.content = content
         self.materialized = 0
@@ -105,8 +109,15 @@ class SglangCore(PassTimeline):
 
     capabilities = CoreCapabilities(block_keys=False, radix_handoff=True)
 
-    def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
-                 timing: TimingModel | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        *,
+        worker_id: int = 0,
+        dp_rank: int = 0,
+        collect_fpm: bool = False,
+        timing: TimingModel | None = None,
+    ) -> None:
         self.cfg = cfg
         s = cfg.sglang
         self.worker_id = worker_id
@@ -166,14 +177,19 @@ class SglangCore(PassTimeline):
         if req.request_id in self.requests:
             raise SimulationError(f"request {req.request_id} is already active on worker {self.worker_id}")
         if record is None:
-            record = RequestRecord(request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length,
-                                   output_length=req.output_length)
+            record = RequestRecord(
+                request_id=req.request_id,
+                arrival_ms=now_ms,
+                input_length=req.input_length,
+                output_length=req.output_length,
+            )
         record.worker_id = self.worker_id
         record.dp_rank = self.dp_rank
         idx = self._added
         self._added += 1
-        content = SeqContent.for_request(req.hash_ids if self.caching else None, req.input_length,
-                                         UNIQUE_BASE + idx, self.trace_block_size)
+        content = SeqContent.for_request(
+            req.hash_ids if self.caching else None, req.input_length, UNIQUE_BASE + idx, self.trace_block_size
+        )
         r = SglangRequest(req.request_id, idx, req.input_length, req.output_length, content, record)
         if not self.running and not self.waiting and not self.prefilled:
             self.next_pass_ms = max(self.next_pass_ms, now_ms)
@@ -198,8 +214,9 @@ class SglangCore(PassTimeline):
             raise SimulationError(f"prompt of {isl} tokens exceeds the KV pool of {self.total_kv_tokens} tokens")
         kv = self.kv
         idx = self._added
-        content = SeqContent.for_request(req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx,
-                                         self.trace_block_size)
+        content = SeqContent.for_request(
+            req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx, self.trace_block_size
+        )
         matched = kv.match_len(content, isl) if self.caching else 0
         if footprint - matched > kv.free + kv.evictable_size:
             return None
@@ -226,8 +243,13 @@ class SglangCore(PassTimeline):
         self.reserved[r.request_id] = r
         return r
 
-    def add_prefilled_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
-                              reserved: SglangRequest | None = None) -> RequestRecord:
+    def add_prefilled_request(
+        self,
+        req: TraceRequest,
+        now_ms: float,
+        record: RequestRecord | None = None,
+        reserved: SglangRequest | None = None,
+    ) -> RequestRecord:
         """Disaggregated decode side: queue a request whose prompt KV and first token were computed by a
         prefill worker (the transfer has ended). Nothing is recomputed: at the first pass that starts at or
         after ``now_ms`` with room for it, it is admitted straight into the running batch (its prompt slots
@@ -299,13 +321,17 @@ class SglangCore(PassTimeline):
 
     def advance_until(self, horizon_ms: float) -> None:
         """Run every pass that starts before ``horizon_ms``, fast-forwarding stretches of decode passes."""
-        while (self.running or self.prefilled or (self.waiting and not self.hold_waiting)) and self.next_pass_ms < horizon_ms:
+        while (
+            self.running or self.prefilled or (self.waiting and not self.hold_waiting)
+        ) and self.next_pass_ms < horizon_ms:
             if not self._stretch(horizon_ms):
                 self._pass(self.next_pass_ms, False)
 
     def advance_single_step(self, horizon_ms: float) -> None:
         """Like :meth:`advance_until`, one pass at a time (reference mode for equivalence tests)."""
-        while (self.running or self.prefilled or (self.waiting and not self.hold_waiting)) and self.next_pass_ms < horizon_ms:
+        while (
+            self.running or self.prefilled or (self.waiting and not self.hold_waiting)
+        ) and self.next_pass_ms < horizon_ms:
             self._pass(self.next_pass_ms, False)
 
     def finalize(self) -> None:
@@ -318,9 +344,9 @@ class SglangCore(PassTimeline):
                 continue
             if len(ranges) == 1:
                 a, b = ranges[0]
-                r.record.token_times_ms = ends[a - base:b - base + 1].tolist()
+                r.record.token_times_ms = ends[a - base : b - base + 1].tolist()
             else:
-                r.record.token_times_ms = np.concatenate([ends[a - base:b - base + 1] for a, b in ranges]).tolist()
+                r.record.token_times_ms = np.concatenate([ends[a - base : b - base + 1] for a, b in ranges]).tolist()
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property
@@ -344,10 +370,16 @@ class SglangCore(PassTimeline):
         pre_ids = {id(r) for r in self.prefilled}
         if run_ids & wait_ids or pre_ids & (run_ids | wait_ids):
             raise SimulationError("a request is in two of waiting, prefilled and running")
-        if len(run_ids) != len(self.running) or len(wait_ids) != len(self.waiting) or len(pre_ids) != len(self.prefilled):
+        if (
+            len(run_ids) != len(self.running)
+            or len(wait_ids) != len(self.waiting)
+            or len(pre_ids) != len(self.prefilled)
+        ):
             raise SimulationError("a request appears twice in a queue")
         if self.external_tokens < 0 or self.external_locks < 0:
-            raise SimulationError(f"negative external holds: {self.external_tokens} tokens, {self.external_locks} locks")
+            raise SimulationError(
+                f"negative external holds: {self.external_tokens} tokens, {self.external_locks} locks"
+            )
         private = self.external_tokens
         for r in self.reserved.values():
             if r.node is None or r.materialized or r.allocated % self.page or r.cached > r.allocated:
@@ -359,8 +391,10 @@ class SglangCore(PassTimeline):
                     raise SimulationError(f"request {r.request_id} holds KV without a tree path")
                 continue
             if not (r.cached <= r.materialized <= r.allocated) or r.allocated % self.page or r.cached % self.page:
-                raise SimulationError(f"request {r.request_id}: cached {r.cached} materialized {r.materialized} "
-                                      f"allocated {r.allocated} inconsistent")
+                raise SimulationError(
+                    f"request {r.request_id}: cached {r.cached} materialized {r.materialized} "
+                    f"allocated {r.allocated} inconsistent"
+                )
             private += r.allocated - r.cached
         if private != self.kv.private:
             raise SimulationError(f"private slots held by requests and holds {private} != pool count {self.kv.private}")
@@ -686,8 +720,13 @@ class SglangCore(PassTimeline):
                     r.transition(State.DECODING)
                 if r.materialized - r.cached >= page:
                     node = r.node
-                    if (page == 1 and node.content is r.content and node.lock_ref == 1  # type: ignore[union-attr]
-                            and not node.children and node.start + node.length == r.cached):  # type: ignore[union-attr]
+                    if (
+                        page == 1
+                        and node.content is r.content
+                        and node.lock_ref == 1  # type: ignore[union-attr]
+                        and not node.children
+                        and node.start + node.length == r.cached
+                    ):  # type: ignore[union-attr]
                         node.length += 1  # type: ignore[union-attr]  (the decode page extends its own leaf)
                         kv.clock += 1
                         node.time = kv.clock  # type: ignore[union-attr]
@@ -728,11 +767,20 @@ class SglangCore(PassTimeline):
         self.next_pass_ms = end
         if not want_outcome:
             return None
-        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], finished,
-                           [r.request_id for r in can_run], [r.request_id for r in retracted], rejected, fpm)
+        return PassOutcome(
+            now,
+            end,
+            [(r.request_id, end) for r in emitters],
+            finished,
+            [r.request_id for r in can_run],
+            [r.request_id for r in retracted],
+            rejected,
+            fpm,
+        )
 
-    def _extend_pass(self, now: float, p: int, can_run: list[SglangRequest], items: list[ExtendWork],
-                     dec_lens: list[int]) -> tuple[float, list[int], list[SglangRequest], list[SglangRequest]]:
+    def _extend_pass(
+        self, now: float, p: int, can_run: list[SglangRequest], items: list[ExtendWork], dec_lens: list[int]
+    ) -> tuple[float, list[int], list[SglangRequest], list[SglangRequest]]:
         """Step 3: pass ``p`` computes the admitted ``can_run`` (prefill time of the timing model); chunked
         requests store their prefix and return to the front of the queue, completed prompts emit their first
         token and join the running batch. Appends the emitters' sequence lengths to ``dec_lens`` (FPM only).
@@ -764,8 +812,9 @@ class SglangCore(PassTimeline):
         self.running.extend(r for r in newly if r.state is not State.FINISHED)
         return end, finished, emitters, retracted
 
-    def _decode_pass(self, now: float, p: int, rejected: list[int],
-                     dec_lens: list[int]) -> tuple[float, list[int], list[SglangRequest], list[SglangRequest]]:
+    def _decode_pass(
+        self, now: float, p: int, rejected: list[int], dec_lens: list[int]
+    ) -> tuple[float, list[int], list[SglangRequest], list[SglangRequest]]:
         """Step 4: retract if one more page each does not fit, then every running request decodes one token
         in pass ``p`` (decode time of the timing model). A lone request that outgrew the whole pool is
         rejected (id appended to ``rejected``). Appends the sequence lengths to ``dec_lens`` (FPM only).
@@ -795,10 +844,12 @@ class SglangCore(PassTimeline):
         """Nothing admitted and nothing running: the queue head cannot be admitted on an idle engine, so it
         never will be (rejected, id appended to ``rejected``) — unless a driver's handoff holds take the room:
         then SimulationError (:mod:`mocker.fleet` stalls the core on it and resumes it at the release)."""
-        if ((self.waiting and not self.hold_waiting) or self.prefilled) and not rejected and (
-                self.external_tokens or self.external_locks):
-            raise SimulationError(f"worker {self.worker_id}: the queue head does not fit while handoff "
-                                  "holds are live")
+        if (
+            ((self.waiting and not self.hold_waiting) or self.prefilled)
+            and not rejected
+            and (self.external_tokens or self.external_locks)
+        ):
+            raise SimulationError(f"worker {self.worker_id}: the queue head does not fit while handoff holds are live")
         if self.waiting and not rejected and not self.hold_waiting:
             r = self.waiting.popleft()
             self._release(r)
@@ -831,14 +882,21 @@ class SglangCore(PassTimeline):
         pre = [it for it in items if it.extend_tokens > 0]
         pre_len = [it.prompt_len for it in pre]
         return ForwardPassMetrics(
-            worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
+            worker_id=self.worker_id,
+            dp_rank=self.dp_rank,
+            wall_time=(end - now) / 1000.0,
             scheduled_requests=ScheduledRequests(
-                num_prefill_requests=len(pre), sum_prefill_tokens=sum(it.extend_tokens for it in pre),
+                num_prefill_requests=len(pre),
+                sum_prefill_tokens=sum(it.extend_tokens for it in pre),
                 var_prefill_length=population_variance(pre_len),
                 sum_prefill_kv_tokens=sum(it.prefix_tokens for it in pre),
-                num_decode_requests=len(dec_lens), sum_decode_kv_tokens=sum(dec_lens),
-                var_decode_kv_tokens=population_variance(dec_lens)),
-            queued_requests=self._queued(True), timestamp_ms=end)
+                num_decode_requests=len(dec_lens),
+                sum_decode_kv_tokens=sum(dec_lens),
+                var_decode_kv_tokens=population_variance(dec_lens),
+            ),
+            queued_requests=self._queued(True),
+            timestamp_ms=end,
+        )
 
     # ================================================================== fast path
     def _stretch(self, horizon: float) -> bool:
@@ -1052,8 +1110,12 @@ class SglangCore(PassTimeline):
                     r.emit_ranges.append((r.emit_start, r.emit_last))
                 r.emit_start, r.emit_last = p, last
             node = r.node
-            if (node.content is r.content and node.lock_ref == 1 and not node.children  # type: ignore[union-attr]
-                    and node.start + node.length == r.cached):  # type: ignore[union-attr]
+            if (
+                node.content is r.content
+                and node.lock_ref == 1
+                and not node.children  # type: ignore[union-attr]
+                and node.start + node.length == r.cached
+            ):  # type: ignore[union-attr]
                 node.length += k  # type: ignore[union-attr]
                 node.time = clock  # type: ignore[union-attr]
                 r.cached += k
@@ -1091,8 +1153,15 @@ class SglangCore(PassTimeline):
         var_dec = population_variance([r.seq_len - k for r in batch])
         queued = self._queued(False)
         for j in range(k):
-            self.fpm.append(ForwardPassMetrics(
-                worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,
-                scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=s0 + n * j,
-                                                     var_decode_kv_tokens=var_dec),
-                queued_requests=queued, timestamp_ms=float(ends[j])))
+            self.fpm.append(
+                ForwardPassMetrics(
+                    worker_id=self.worker_id,
+                    dp_rank=self.dp_rank,
+                    wall_time=float(ends[j] - starts[j]) / 1000.0,
+                    scheduled_requests=ScheduledRequests(
+                        num_decode_requests=n, sum_decode_kv_tokens=s0 + n * j, var_decode_kv_tokens=var_dec
+                    ),
+                    queued_requests=queued,
+                    timestamp_ms=float(ends[j]),
+                )
+            )

@@ -61,7 +61,7 @@ class PassTimeline:
         self._flush_ends()
         if keep > self._ends_base and self._ends_chunks:
             ends = np.concatenate(self._ends_chunks) if len(self._ends_chunks) > 1 else self._ends_chunks[0]
-            self._ends_chunks = [ends[keep - self._ends_base:].copy()]
+            self._ends_chunks = [ends[keep - self._ends_base :].copy()]
             self._ends_base = keep
         out, self.fpm = self.fpm, []
         return out

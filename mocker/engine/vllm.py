@@ -47,21 +47,32 @@ from math import inf
 
 import numpy as np
 
-from mocker.config import EngineConfig
-from mocker.engine.base import (DECODE_STEP, FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, ScheduleOutcome,
-                                ScheduledWork, population_variance, queued_requests)
 from dynoplan.errors import ConfigError, SimulationError
+from mocker.config import EngineConfig
+from mocker.engine.base import (
+    DECODE_STEP,
+    FAST_CHUNK_PASSES,
+    CoreCapabilities,
+    PassOutcome,
+    ScheduledWork,
+    ScheduleOutcome,
+    population_variance,
+    queued_requests,
+)
+from mocker.engine.timeline import PassTimeline
 from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
 from mocker.records import ForwardPassMetrics, RequestRecord, ScheduledRequests, TraceRequest
-from mocker.engine.timeline import PassTimeline
 from mocker.request import EngineRequest, State
-from mocker.timing import (PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing,
-                           round_ns)
+from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
 # module-level names of the enum members: a global lookup and an ``is`` test in the scheduling loops
-_SCHEDULED, _BLOCKED, _PREEMPTED_SELF = ScheduleOutcome.SCHEDULED, ScheduleOutcome.BLOCKED, ScheduleOutcome.PREEMPTED_SELF
+_SCHEDULED, _BLOCKED, _PREEMPTED_SELF = (
+    ScheduleOutcome.SCHEDULED,
+    ScheduleOutcome.BLOCKED,
+    ScheduleOutcome.PREEMPTED_SELF,
+)
 _SCALAR_MAX = 40
 
 
@@ -88,8 +99,15 @@ class VllmCore(PassTimeline):
     capabilities = CoreCapabilities(block_keys=True, radix_handoff=False)
     no_evict = False  # TRT-LLM GUARANTEED_NO_EVICT overrides
 
-    def __init__(self, cfg: EngineConfig, *, worker_id: int = 0, dp_rank: int = 0, collect_fpm: bool = False,
-                 timing: TimingModel | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        *,
+        worker_id: int = 0,
+        dp_rank: int = 0,
+        collect_fpm: bool = False,
+        timing: TimingModel | None = None,
+    ) -> None:
         self.cfg = cfg
         self.worker_id = worker_id
         self.dp_rank = dp_rank
@@ -102,7 +120,11 @@ class VllmCore(PassTimeline):
         self.lifo = cfg.preemption_mode == "lifo"
         self.speedup = float(cfg.speedup_ratio)
         self.trace_block_size = cfg.trace_block_size
-        self.kv = BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching) if cfg.g1_backend == "native" else make_g1_pool(cfg)
+        self.kv = (
+            BlockKvManager(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+            if cfg.g1_backend == "native"
+            else make_g1_pool(cfg)
+        )
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
         self._monotone_decode = isinstance(self.timing, PolynomialTiming)
         self.collect_fpm = collect_fpm
@@ -144,16 +166,21 @@ class VllmCore(PassTimeline):
             self.attach_tiers(TierHierarchy(TierConfig.from_engine(cfg), 0))
 
     # ================================================================== public API
-    def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
-                    block_keys: list[int] | None = None) -> RequestRecord:
+    def add_request(
+        self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None, block_keys: list[int] | None = None
+    ) -> RequestRecord:
         """Queue a request arriving at ``now_ms``. Returns its record (filled in as it runs). ``block_keys``:
         the prompt's keys when the caller already has them (they must equal :func:`engine_block_keys` for this
         core's block sizes; never mutated); computed here otherwise."""
         if req.request_id in self.requests:
             raise SimulationError(f"request {req.request_id} is already active on worker {self.worker_id}")
         if record is None:
-            record = RequestRecord(request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length,
-                                   output_length=req.output_length)
+            record = RequestRecord(
+                request_id=req.request_id,
+                arrival_ms=now_ms,
+                input_length=req.input_length,
+                output_length=req.output_length,
+            )
         record.worker_id = self.worker_id
         record.dp_rank = self.dp_rank
         keys = None
@@ -173,8 +200,9 @@ class VllmCore(PassTimeline):
         self.waiting.append(r)
         return record
 
-    def add_prefilled_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None,
-                              block_keys: list[int] | None = None) -> RequestRecord:
+    def add_prefilled_request(
+        self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None, block_keys: list[int] | None = None
+    ) -> RequestRecord:
         """Disaggregated decode side: queue a request whose prompt KV and first token were computed by a
         prefill worker. Nothing is recomputed: at admission its blocks for prompt + that token are allocated
         (prefix-cache hits shared) and the pass computes only the token's KV, as a decode request; it then
@@ -259,11 +287,11 @@ class VllmCore(PassTimeline):
         for r in self.all_requests:
             if not r.emit_ranges:  # the usual case: one run of consecutive passes (emit_start .. emit_last)
                 if r.emit_start >= 0:
-                    r.record.token_times_ms = ends[r.emit_start - base:r.emit_last - base + 1]
+                    r.record.token_times_ms = ends[r.emit_start - base : r.emit_last - base + 1]
                 continue
             tt: list[float] = []
             for a, b in r.all_emit_ranges():
-                tt += ends[a - base:b - base + 1]
+                tt += ends[a - base : b - base + 1]
             r.record.token_times_ms = tt
 
     # ------------------------------------------------------------------ metrics for routers / live worker
@@ -294,8 +322,10 @@ class VllmCore(PassTimeline):
             if r.state not in (State.WAITING, State.PREEMPTED) or id(r) in run_ids or id(r) in wait_ids:
                 raise SimulationError(f"onboarding request {r.request_id} in state {r.state.name} or also queued")
             if len(r.hashed_held) + r.private_blocks != -(-r.alloc_tokens // self.block_size):
-                raise SimulationError(f"onboarding request {r.request_id} holds KV for {r.alloc_tokens} tokens "
-                                      f"in {len(r.hashed_held) + r.private_blocks} blocks")
+                raise SimulationError(
+                    f"onboarding request {r.request_id} holds KV for {r.alloc_tokens} tokens "
+                    f"in {len(r.hashed_held) + r.private_blocks} blocks"
+                )
         if self.tiers is not None:
             self.tiers.check_invariants()
         if held != self.kv.private_in_use:
@@ -384,7 +414,7 @@ class VllmCore(PassTimeline):
                 full_end = (target if target < prompt_len else prompt_len) // bs
                 n_full = full_end - held if full_end - held < need else need
                 if n_full > 0:
-                    reg = kv.allocate_full_many(keys[held:held + n_full])
+                    reg = kv.allocate_full_many(keys[held : held + n_full])
                     r.hashed_held.extend(reg)
                     r.private_blocks += n_full - len(reg)
                 else:
@@ -529,7 +559,9 @@ class VllmCore(PassTimeline):
         """Nothing can run before an onboarding transfer lands: wait until the next tier event (no pass)."""
         t = self.tiers.next_event_ms()  # type: ignore[union-attr]
         if t is None:
-            raise SimulationError(f"worker {self.worker_id}: requests wait for onboarding but no tier transfer is in flight")
+            raise SimulationError(
+                f"worker {self.worker_id}: requests wait for onboarding but no tier transfer is in flight"
+            )
         self._idle_at = now
         self.next_pass_ms = t if t > now else now
         return PassOutcome(now, self.next_pass_ms) if want else None
@@ -575,7 +607,7 @@ class VllmCore(PassTimeline):
             self._onboarding.remove(item)
             r = item[1]
             n_c = len(r.hashed_held)
-            for k in r.block_keys[n_c:n_c + r.private_blocks]:  # type: ignore[index]
+            for k in r.block_keys[n_c : n_c + r.private_blocks]:  # type: ignore[index]
                 if kv.promote_private(k):  # not cached meanwhile by another request: joins the prefix cache
                     r.private_blocks -= 1
                     r.hashed_held.append(k)
@@ -613,8 +645,14 @@ class VllmCore(PassTimeline):
             emitters, s_dec, n_dec = self._emitters_after_preemption(w)
         dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
         end = (now + self._prefill_ms(w)) + dec
-        if (not co_n and not w.sched and not rejected and not admitted and not w.preempted
-                and (self.running or self.waiting or self._onboarding)):
+        if (
+            not co_n
+            and not w.sched
+            and not rejected
+            and not admitted
+            and not w.preempted
+            and (self.running or self.waiting or self._onboarding)
+        ):
             if self._onboarding:  # KVBM: what is left waits for onboarding transfers
                 return self._tier_idle(now, want_outcome)
             raise SimulationError(f"worker {self.worker_id}: pass at {now} ms made no progress")
@@ -635,8 +673,16 @@ class VllmCore(PassTimeline):
         self.next_pass_ms = end
         if not want_outcome:
             return None
-        return PassOutcome(now, end, [(r.request_id, end) for r in emitters], [r.request_id for r in done], admitted,
-                           w.preempted, rejected, fpm)
+        return PassOutcome(
+            now,
+            end,
+            [(r.request_id, end) for r in emitters],
+            [r.request_id for r in done],
+            admitted,
+            w.preempted,
+            rejected,
+            fpm,
+        )
 
     def _schedule_running(self, w: _PassWork, co_n: int, emitters: list[EngineRequest], s_dec: int) -> tuple[int, int]:
         """Step 1: the running requests after the cohort's ``co_n`` members, in order, while budget remains.
@@ -679,8 +725,16 @@ class VllmCore(PassTimeline):
                 break
         return s_dec, n_dec
 
-    def _admit_waiting(self, w: _PassWork, now: float, emitters: list[EngineRequest], admitted: list[int],
-                       rejected: list[int], s_dec: int, n_dec: int) -> tuple[int, int]:
+    def _admit_waiting(
+        self,
+        w: _PassWork,
+        now: float,
+        emitters: list[EngineRequest],
+        admitted: list[int],
+        rejected: list[int],
+        s_dec: int,
+        n_dec: int,
+    ) -> tuple[int, int]:
         """Step 2 (nothing preempted): admit waiting requests in order while ``running < max_num_seqs`` and
         they fit; prompts that can never fit are rejected. Appends to ``emitters`` / ``admitted`` /
         ``rejected``; returns the decoding (sum of sequence lengths, count) updated."""
@@ -909,7 +963,7 @@ class VllmCore(PassTimeline):
         new_blocks = full * n
         if part:
             a = p % bs
-            new_blocks += sum(hist[a:a + part]) if a + part <= bs else sum(hist[a:]) + sum(hist[:a + part - bs])
+            new_blocks += sum(hist[a : a + part]) if a + part <= bs else sum(hist[a:]) + sum(hist[: a + part - bs])
         kv.allocate_private(new_blocks)
         p_after = p + k
         done: list[EngineRequest] = []
@@ -979,13 +1033,21 @@ class VllmCore(PassTimeline):
         qp = [r.prompt_len for r in self.waiting if r.state == State.WAITING]
         qd = [r.seq_len for r in self.waiting if r.state == State.PREEMPTED]
         return ForwardPassMetrics(
-            worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=(end - now) / 1000.0,
+            worker_id=self.worker_id,
+            dp_rank=self.dp_rank,
+            wall_time=(end - now) / 1000.0,
             scheduled_requests=ScheduledRequests(
-                num_prefill_requests=len(pre_len), sum_prefill_tokens=pre_new,
+                num_prefill_requests=len(pre_len),
+                sum_prefill_tokens=pre_new,
                 var_prefill_length=population_variance(pre_len),
-                sum_prefill_kv_tokens=pre_kv, num_decode_requests=len(dec_kv), sum_decode_kv_tokens=sum(dec_kv),
-                var_decode_kv_tokens=population_variance(dec_kv)),
-            queued_requests=queued_requests(qp, qd), timestamp_ms=end)
+                sum_prefill_kv_tokens=pre_kv,
+                num_decode_requests=len(dec_kv),
+                sum_decode_kv_tokens=sum(dec_kv),
+                var_decode_kv_tokens=population_variance(dec_kv),
+            ),
+            queued_requests=queued_requests(qp, qd),
+            timestamp_ms=end,
+        )
 
     # ================================================================== fast path
     def _decode_ends(self, now: float, s0: int, n: int, k_cap: int, horizon: float) -> list[float] | np.ndarray:
@@ -1003,8 +1065,11 @@ class VllmCore(PassTimeline):
         if k_cap > _SCALAR_MAX and horizon != inf and self._monotone_decode:
             # decode time grows with active KV tokens, so no pass is shorter than the first: an upper bound on
             # the passes starting before the horizon (a short stretch stops at the horizon by itself)
-            d0 = (float(timing.decode_table(s0)[s0]) if use_table and s0 <= cap  # type: ignore[attr-defined]
-                  else decode_pass_ms(timing, s0, n, speed))
+            d0 = (
+                float(timing.decode_table(s0)[s0])
+                if use_table and s0 <= cap  # type: ignore[attr-defined]
+                else decode_pass_ms(timing, s0, n, speed)
+            )
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > FAST_CHUNK_PASSES:
             k_try = FAST_CHUNK_PASSES
@@ -1015,7 +1080,7 @@ class VllmCore(PassTimeline):
             append = ends.append
             t = now
             if table is not None:
-                for d in table[s0:s_last + 1:n].tolist():
+                for d in table[s0 : s_last + 1 : n].tolist():
                     t = t + d
                     append(t)
                     if t >= horizon:
@@ -1030,7 +1095,7 @@ class VllmCore(PassTimeline):
         acc = np.empty(k_try + 1)
         acc[0] = now
         if table is not None:
-            acc[1:] = table[s0:s_last + 1:n]
+            acc[1:] = table[s0 : s_last + 1 : n]
         else:
             acc[1:] = decode_pass_ms_array(timing, s0 + n * np.arange(k_try, dtype=np.int64), n, speed)
         ends_a = acc.cumsum()[1:]  # array methods, not np.cumsum / np.searchsorted: no Python-level wrapper per call
@@ -1127,11 +1192,18 @@ class VllmCore(PassTimeline):
         qd = [r.seq_len for r in self.waiting if r.state == State.PREEMPTED]
         queued = queued_requests(qp, qd)
         for j in range(len(ends)):
-            self.fpm.append(ForwardPassMetrics(
-                worker_id=self.worker_id, dp_rank=self.dp_rank, wall_time=float(ends[j] - starts[j]) / 1000.0,
-                scheduled_requests=ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=int(s[j]),
-                                                     var_decode_kv_tokens=var_dec),
-                queued_requests=queued, timestamp_ms=float(ends[j])))
+            self.fpm.append(
+                ForwardPassMetrics(
+                    worker_id=self.worker_id,
+                    dp_rank=self.dp_rank,
+                    wall_time=float(ends[j] - starts[j]) / 1000.0,
+                    scheduled_requests=ScheduledRequests(
+                        num_decode_requests=n, sum_decode_kv_tokens=int(s[j]), var_decode_kv_tokens=var_dec
+                    ),
+                    queued_requests=queued,
+                    timestamp_ms=float(ends[j]),
+                )
+            )
 
 
 class TrtllmCore(VllmCore):

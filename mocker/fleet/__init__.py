@@ -23,5 +23,13 @@ from mocker.fleet.fleet import Fleet
 from mocker.fleet.pools import POOLS_AGG, POOLS_DISAGG, EngineState, PoolCounts
 from mocker.fleet.replay import ReplayResult, run_replay
 
-__all__ = ["POOLS_AGG", "POOLS_DISAGG", "EngineState", "Fleet", "FleetConfig", "PoolCounts", "ReplayResult",
-           "run_replay"]
+__all__ = [
+    "POOLS_AGG",
+    "POOLS_DISAGG",
+    "EngineState",
+    "Fleet",
+    "FleetConfig",
+    "PoolCounts",
+    "ReplayResult",
+    "run_replay",
+]

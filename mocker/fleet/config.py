@@ -20,27 +20,44 @@ class FleetConfig:
 
     num_workers: int = Field(default=1, gt=0, description="Aggregated workers (each dp_size engine cores).")
     router: Literal["round_robin", "least_loaded", "kv"] = Field(
-        default="round_robin", description="Router of every pool (mocker.routers.ROUTERS).")
-    arrival_speedup: float = Field(default=1.0, gt=0, description="Arrival times are divided by this (dimensionless, finite, > 0).")
+        default="round_robin", description="Router of every pool (mocker.routers.ROUTERS)."
+    )
+    arrival_speedup: float = Field(
+        default=1.0, gt=0, description="Arrival times are divided by this (dimensionless, finite, > 0)."
+    )
     max_time_ms: float | None = Field(
-        default=None, gt=0, description="Stop at this virtual time (ms): passes starting later are not run; unfinished "
-                                "requests stay pending. None = run to completion.")
-    single_step: bool = Field(default=False, description="Disable fast-forward (one pass at a time; for equivalence tests).")
+        default=None,
+        gt=0,
+        description="Stop at this virtual time (ms): passes starting later are not run; unfinished "
+        "requests stay pending. None = run to completion.",
+    )
+    single_step: bool = Field(
+        default=False, description="Disable fast-forward (one pass at a time; for equivalence tests)."
+    )
     seed: int = Field(default=0, description="Seed of the router's tie-breaking generator.")
     num_prefill_workers: int = Field(default=0, ge=0, description="Prefill workers of a disaggregated fleet.")
     num_decode_workers: int = Field(default=0, ge=0, description="Decode workers of a disaggregated fleet.")
     transfer: KvTransferConfig | None = Field(
-        default=None, description="KV transfer between the pools (disaggregated only; None: no delay, coordinated handoff).")
+        default=None,
+        description="KV transfer between the pools (disaggregated only; None: no delay, coordinated handoff).",
+    )
     kv_events: bool = Field(
-        default=False, description="The kv router reads workers' KV events (mocker.kv.events) instead of their caches.")
-    kv_event_lag_ms: float = Field(default=0.0, ge=0, description="Delay before the router sees a KV event (ms, finite, >= 0).")
+        default=False, description="The kv router reads workers' KV events (mocker.kv.events) instead of their caches."
+    )
+    kv_event_lag_ms: float = Field(
+        default=0.0, ge=0, description="Delay before the router sees a KV event (ms, finite, >= 0)."
+    )
 
     def __post_init__(self) -> None:
         if (self.num_prefill_workers > 0) != (self.num_decode_workers > 0):
-            raise Problems(f"num_prefill_workers={self.num_prefill_workers}, num_decode_workers="
-                           f"{self.num_decode_workers}: a disaggregated fleet needs both > 0")
+            raise Problems(
+                f"num_prefill_workers={self.num_prefill_workers}, num_decode_workers="
+                f"{self.num_decode_workers}: a disaggregated fleet needs both > 0"
+            )
 
     @property
     def disaggregated(self) -> bool:
         return self.num_prefill_workers > 0 and self.num_decode_workers > 0
+
+
 __all__ = ["FleetConfig"]

@@ -24,16 +24,26 @@ stops). Removing a starting worker releases it at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from heapq import heappop, heappush
 from math import inf
-from typing import Any, Callable
+from typing import Any
 
+from dynoplan.errors import ConfigError, SimulationError
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from dynoplan.errors import ConfigError, SimulationError
 from mocker.fleet.handoff import HandoffMixin
-from mocker.fleet.pools import (EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_READY, POOLS_DISAGG, EngineState,
-                                FleetEvent, Pool, PoolCounts, Worker)
+from mocker.fleet.pools import (
+    EVENT_ACTIVATE,
+    EVENT_PREFILL_DONE,
+    EVENT_READY,
+    POOLS_DISAGG,
+    EngineState,
+    FleetEvent,
+    Pool,
+    PoolCounts,
+    Worker,
+)
 from mocker.fleet.routing import RoutingMixin
 from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
@@ -76,10 +86,19 @@ class Fleet(RoutingMixin, HandoffMixin):
     back.
     """
 
-    def __init__(self, engines: dict[str, EngineConfig], *, router: str = "round_robin",
-                 routers: dict[str, str] | None = None, transfer: KvTransferConfig | None = None, seed: int = 0,
-                 collect_fpm: bool = False, single_step: bool = False, kv_events: bool = False,
-                 kv_event_lag_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        engines: dict[str, EngineConfig],
+        *,
+        router: str = "round_robin",
+        routers: dict[str, str] | None = None,
+        transfer: KvTransferConfig | None = None,
+        seed: int = 0,
+        collect_fpm: bool = False,
+        single_step: bool = False,
+        kv_events: bool = False,
+        kv_event_lag_ms: float = 0.0,
+    ) -> None:
         routers = dict(routers or {})
         _check_fleet_args(engines, router, routers, transfer, seed, kv_events, kv_event_lag_ms)
         self.disagg = "prefill" in engines
@@ -130,8 +149,10 @@ class Fleet(RoutingMixin, HandoffMixin):
         """KVBM lower tiers on (aggregated fleets only; ConfigError otherwise): one hierarchy shared by every
         core, advanced in global time order (:meth:`_tier_sync`)."""
         if self.disagg:
-            raise ConfigError(f"num_g2_blocks={engines['prefill'].num_g2_blocks}: KVBM lower tiers are wired into "
-                              "aggregated fleets only; expected no lower tiers with prefill/decode pools")
+            raise ConfigError(
+                f"num_g2_blocks={engines['prefill'].num_g2_blocks}: KVBM lower tiers are wired into "
+                "aggregated fleets only; expected no lower tiers with prefill/decode pools"
+            )
         self._tiers = TierHierarchy(TierConfig.from_engine(engines["agg"]), 0)
         self._adv = lambda c, h: self._tier_sync(h)
 
@@ -159,11 +180,16 @@ class Fleet(RoutingMixin, HandoffMixin):
             return None
         bs = self.entry.cfg.effective_block_size
         on = h.onboarded_blocks
-        return {"kvbm_offloaded_blocks": h.offloaded_blocks, "kvbm_onboarded_blocks_g2": on["G2"],
-                "kvbm_onboarded_blocks_g3": on["G3"], "kvbm_onboarded_blocks_g4": on["G4"],
-                "kvbm_onboarded_tokens": (on["G2"] + on["G3"] + on["G4"]) * bs,
-                "kvbm_onboard_requests": h.onboard_tickets, "kvbm_spilled_blocks_g3": h.spilled_blocks["G3"],
-                "kvbm_spilled_blocks_g4": h.spilled_blocks["G4"]}
+        return {
+            "kvbm_offloaded_blocks": h.offloaded_blocks,
+            "kvbm_onboarded_blocks_g2": on["G2"],
+            "kvbm_onboarded_blocks_g3": on["G3"],
+            "kvbm_onboarded_blocks_g4": on["G4"],
+            "kvbm_onboarded_tokens": (on["G2"] + on["G3"] + on["G4"]) * bs,
+            "kvbm_onboard_requests": h.onboard_tickets,
+            "kvbm_spilled_blocks_g3": h.spilled_blocks["G3"],
+            "kvbm_spilled_blocks_g4": h.spilled_blocks["G4"],
+        }
 
     # ================================================================== clock
     def _tick(self, t: float) -> None:
@@ -195,7 +221,9 @@ class Fleet(RoutingMixin, HandoffMixin):
         cores = [make_engine(cfg, worker_id=wid, dp_rank=r, collect_fpm=self.collect_fpm) for r in range(cfg.dp_size)]
         if self.kv_events:
             for c in cores:  # a fresh core: swap its empty block manager for the event-recording one
-                c.kv = (EventingKvManager if cfg.g1_backend == "native" else EventingKvbmBlockManager)(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+                c.kv = (EventingKvManager if cfg.g1_backend == "native" else EventingKvbmBlockManager)(
+                    cfg.num_gpu_blocks, cfg.enable_prefix_caching
+                )
         if self._tiers is not None:  # after any pool swap: the core's kvbm pool sends its evictions to G2
             for c in cores:
                 c.attach_tiers(self._tiers)
@@ -256,8 +284,12 @@ class Fleet(RoutingMixin, HandoffMixin):
                 self._dispatch(item[0], item[1], item[2], t)
 
     def _worker_idle(self, w: Worker) -> bool:
-        return (not w.holds and not w.inflight and not any(c.has_work() for c in w.cores)
-                and not any(self._pending_res.get(id(c)) for c in w.cores))
+        return (
+            not w.holds
+            and not w.inflight
+            and not any(c.has_work() for c in w.cores)
+            and not any(self._pending_res.get(id(c)) for c in w.cores)
+        )
 
     def _check_draining(self, t: float) -> None:
         """Advance draining workers to ``t``; release those that hold nothing, at the end of their last pass."""
@@ -388,15 +420,21 @@ class Fleet(RoutingMixin, HandoffMixin):
         p = self._pool(pool)
         starting = sum(1 for w in p.workers if w.state == "starting")
         draining = sum(1 for w in p.workers if w.state == "draining")
-        return PoolCounts(requested=starting + len(p.ready), ready=len(p.ready), draining=draining,
-                          queued_at_fleet=len(p.queue))
+        return PoolCounts(
+            requested=starting + len(p.ready), ready=len(p.ready), draining=draining, queued_at_fleet=len(p.queue)
+        )
 
     def engine_states(self, pool: str) -> list[EngineState]:
         """Per DP rank of each ready worker (readiness order): queue, batch and KV usage as of the last time
         the core was advanced (call :meth:`advance_until` first for current values)."""
         p = self._pool(pool)
-        return [EngineState(pool, w.worker_id, c.dp_rank, c.num_waiting, c.num_running,
-                            c.active_blocks() / c.cfg.num_gpu_blocks) for w in p.ready for c in w.cores]
+        return [
+            EngineState(
+                pool, w.worker_id, c.dp_rank, c.num_waiting, c.num_running, c.active_blocks() / c.cfg.num_gpu_blocks
+            )
+            for w in p.ready
+            for c in w.cores
+        ]
 
     def gpu_seconds(self, now_ms: float, gpus_per_worker: dict[str, int] | None = None) -> dict[str, float]:
         """GPU-seconds per pool up to ``now_ms``: every worker from its request until its release (or now),
@@ -421,8 +459,15 @@ class Fleet(RoutingMixin, HandoffMixin):
         return [c for w in self._pool(pool).workers for c in w.cores]
 
 
-def _check_fleet_args(engines: dict[str, EngineConfig], router: str, routers: dict[str, str],
-                      transfer: KvTransferConfig | None, seed: int, kv_events: bool, kv_event_lag_ms: float) -> None:
+def _check_fleet_args(
+    engines: dict[str, EngineConfig],
+    router: str,
+    routers: dict[str, str],
+    transfer: KvTransferConfig | None,
+    seed: int,
+    kv_events: bool,
+    kv_event_lag_ms: float,
+) -> None:
     """Validate :class:`Fleet`'s arguments: one ConfigError listing every argument problem, then each engine
     config's own validation, then the disaggregated pools' compatibility (no TensorRT-LLM; the same KV layout
     on both pools)."""
@@ -449,13 +494,17 @@ def _check_fleet_args(engines: dict[str, EngineConfig], router: str, routers: di
     if "prefill" in engines:
         for name in POOLS_DISAGG:
             if engines[name].engine == "trtllm":
-                raise ConfigError(f"engine=trtllm ({name} pool): disaggregated serving is not supported for "
-                                  "TensorRT-LLM (the reference rejects it too); use vllm")
+                raise ConfigError(
+                    f"engine=trtllm ({name} pool): disaggregated serving is not supported for "
+                    "TensorRT-LLM (the reference rejects it too); use vllm"
+                )
         fams = {name: engines[name].engine == "sglang" for name in POOLS_DISAGG}
         if fams["prefill"] != fams["decode"]:
-            raise ConfigError(f"engines prefill={engines['prefill'].engine!r}, decode={engines['decode'].engine!r}: "
-                              "a disaggregated fleet needs the same KV layout on both pools (both sglang, or "
-                              "both vllm)")
+            raise ConfigError(
+                f"engines prefill={engines['prefill'].engine!r}, decode={engines['decode'].engine!r}: "
+                "a disaggregated fleet needs the same KV layout on both pools (both sglang, or "
+                "both vllm)"
+            )
 
 
 def _build_pools(engines: dict[str, EngineConfig], router: str, routers: dict[str, str], seed: int) -> dict[str, Pool]:

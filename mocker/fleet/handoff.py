@@ -14,12 +14,13 @@ destination-first: the destination is chosen at arrival and reserves before the 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from enum import Enum
 from math import inf, nextafter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from mocker.engine import CORES
 from dynoplan.errors import SimulationError
+from mocker.engine import CORES
 from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, FleetEvent, Pool, Worker
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
@@ -52,8 +53,16 @@ class Phase(Enum):
 
 
 # The members as module globals (a global lookup costs a tenth of an enum attribute lookup, Python 3.11)
-(PHASE_QUEUED, PHASE_PREFILL, PHASE_WAIT_DECODE, PHASE_TRANSFER, PHASE_DECODE, PHASE_DONE, PHASE_CANCELLED,
- PHASE_RESERVING) = Phase
+(
+    PHASE_QUEUED,
+    PHASE_PREFILL,
+    PHASE_WAIT_DECODE,
+    PHASE_TRANSFER,
+    PHASE_DECODE,
+    PHASE_DONE,
+    PHASE_CANCELLED,
+    PHASE_RESERVING,
+) = Phase
 
 
 class Flight:
@@ -70,7 +79,7 @@ class Flight:
         self.pkeys: list[int] | None = None  # prefix-cache keys of the prompt's full blocks on the prefill core
         self.dcore: Any = None
         self.phase = PHASE_QUEUED
-        self.hold: Hold | None = None     # the source's hold on the prompt's KV
+        self.hold: Hold | None = None  # the source's hold on the prompt's KV
         self.reserve: Hold | None = None  # reserved on the destination
 
 
@@ -428,8 +437,12 @@ class HandoffMixin:
             fl.reserve = None
         fl.phase = PHASE_DECODE
         keys = fl.pkeys  # the prefill core's prompt keys: reused when the decode core would compute the same
-        if (keys is not None and c.capabilities.block_keys
-                and c.block_size == fl.pcore.block_size and c.trace_block_size == fl.pcore.trace_block_size):
+        if (
+            keys is not None
+            and c.capabilities.block_keys
+            and c.block_size == fl.pcore.block_size
+            and c.trace_block_size == fl.pcore.trace_block_size
+        ):
             c.add_prefilled_request(fl.req, t, fl.rec, keys)
         else:
             c.add_prefilled_request(fl.req, t, fl.rec)

@@ -4,9 +4,9 @@ size, submits a whole trace in arrival order and collects a :class:`ReplayResult
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import inf
-from typing import Callable, Sequence
 
 from mocker.config import EngineConfig
 from mocker.fleet.config import FleetConfig
@@ -37,9 +37,14 @@ class ReplayResult:
     """KVBM lower-tier counters (:meth:`Fleet.tier_stats`; extra report keys), None without lower tiers."""
 
 
-def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: FleetConfig, *,
-               progress: Callable[[int, int], None] | None = None,
-               collect_fpm: bool = False) -> ReplayResult:
+def run_replay(
+    requests: Sequence[TraceRequest],
+    engine: EngineConfig,
+    fleet: FleetConfig,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    collect_fpm: bool = False,
+) -> ReplayResult:
     """Replay ``requests`` through a fixed fleet: ``fleet.num_workers`` aggregated engines configured by
     ``engine``, or ``num_prefill_workers`` + ``num_decode_workers`` (``engine`` with ``worker_type``
     prefill / decode). Uses :class:`Fleet`'s lazy fast path (cores advanced only when an event concerns them).
@@ -68,8 +73,13 @@ def run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: Fl
             gc.enable()
 
 
-def _run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: FleetConfig,
-                progress: Callable[[int, int], None] | None, collect_fpm: bool) -> ReplayResult:
+def _run_replay(
+    requests: Sequence[TraceRequest],
+    engine: EngineConfig,
+    fleet: FleetConfig,
+    progress: Callable[[int, int], None] | None,
+    collect_fpm: bool,
+) -> ReplayResult:
     n = len(requests)
     if fleet.disaggregated:
         pools = {"prefill": engine.replace(worker_type="prefill"), "decode": engine.replace(worker_type="decode")}
@@ -77,8 +87,16 @@ def _run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: F
     else:
         pools = {"agg": engine}
         counts = {"agg": fleet.num_workers}
-    fl = Fleet(pools, router=fleet.router, transfer=fleet.transfer, seed=fleet.seed, collect_fpm=collect_fpm,
-               single_step=fleet.single_step, kv_events=fleet.kv_events, kv_event_lag_ms=fleet.kv_event_lag_ms)
+    fl = Fleet(
+        pools,
+        router=fleet.router,
+        transfer=fleet.transfer,
+        seed=fleet.seed,
+        collect_fpm=collect_fpm,
+        single_step=fleet.single_step,
+        kv_events=fleet.kv_events,
+        kv_event_lag_ms=fleet.kv_event_lag_ms,
+    )
     stop = inf if fleet.max_time_ms is None else float(fleet.max_time_ms)
     speed = float(fleet.arrival_speedup)
     order = sorted(range(n), key=lambda i: (requests[i].arrival_ms, i))
@@ -105,8 +123,12 @@ def _run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: F
     for i, rec in enumerate(records):
         if rec is None:
             q = requests[i]
-            rec = RequestRecord(request_id=q.request_id, arrival_ms=q.arrival_ms / speed, input_length=q.input_length,
-                                output_length=q.output_length)
+            rec = RequestRecord(
+                request_id=q.request_id,
+                arrival_ms=q.arrival_ms / speed,
+                input_length=q.input_length,
+                output_length=q.output_length,
+            )
         out.append(rec)
     finishes = [r.finish_ms for r in out if r.finish_ms is not None and r.status == "finished"]
     first = min((r.arrival_ms for r in out), default=0.0)
@@ -121,11 +143,18 @@ def _run_replay(requests: Sequence[TraceRequest], engine: EngineConfig, fleet: F
     nw = sum(counts.values())
     kvbm = fl.tier_stats()
     fl.close()
-    return ReplayResult(records=out, fpm=fpm, duration_ms=duration, worker_seconds=nw * duration / 1000.0,
-                        num_workers=nw, engine=engine,
-                        prefill_worker_seconds=counts.get("prefill", 0) * duration / 1000.0,
-                        num_prefill_workers=counts.get("prefill", 0), num_decode_workers=counts.get("decode", 0),
-                        kvbm=kvbm)
+    return ReplayResult(
+        records=out,
+        fpm=fpm,
+        duration_ms=duration,
+        worker_seconds=nw * duration / 1000.0,
+        num_workers=nw,
+        engine=engine,
+        prefill_worker_seconds=counts.get("prefill", 0) * duration / 1000.0,
+        num_prefill_workers=counts.get("prefill", 0),
+        num_decode_workers=counts.get("decode", 0),
+        kvbm=kvbm,
+    )
 
 
 __all__ = ["ReplayResult", "run_replay"]

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from mocker.fleet.handoff import (PHASE_CANCELLED, PHASE_DECODE, PHASE_PREFILL, PHASE_QUEUED, PHASE_RESERVING,
-                                  PHASE_TRANSFER, PHASE_WAIT_DECODE, Flight)
+from mocker.fleet.handoff import (
+    PHASE_CANCELLED,
+    PHASE_DECODE,
+    PHASE_PREFILL,
+    PHASE_QUEUED,
+    PHASE_RESERVING,
+    PHASE_TRANSFER,
+    PHASE_WAIT_DECODE,
+    Flight,
+)
 from mocker.fleet.pools import Pool
 from mocker.kv.events import KvEvent, KvEventIndex
 from mocker.records import RequestRecord, TraceRequest
@@ -50,8 +59,9 @@ class RoutingMixin:
             self._events_to(now_ms)
         else:
             self._clock = now_ms
-        rec = RequestRecord(request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length,
-                            output_length=req.output_length)
+        rec = RequestRecord(
+            request_id=req.request_id, arrival_ms=now_ms, input_length=req.input_length, output_length=req.output_length
+        )
         records = self.records
         rid = len(records)
         records.append(rec)
@@ -105,8 +115,9 @@ class RoutingMixin:
             c = cores[p.router.choose(preq, t, cores)]
             if not p.needs_state:
                 adv(c, t)
-            prec = RequestRecord(request_id=rid, arrival_ms=rec.arrival_ms, input_length=preq.input_length,
-                                 output_length=1)
+            prec = RequestRecord(
+                request_id=rid, arrival_ms=rec.arrival_ms, input_length=preq.input_length, output_length=1
+            )
             fl.prec = prec
             fl.pcore = c
             fl.phase = PHASE_PREFILL

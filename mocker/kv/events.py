@@ -106,8 +106,10 @@ class KvEventLog:
     def drain(self, now_ms: float) -> list[KvEvent]:
         """Every buffered change as :class:`KvEvent` stamped ``now_ms`` (emission order)."""
         w, r, tier = self.worker_id, self.dp_rank, self.tier
-        out = [KvEvent(kind=k, block_hash=h, parent_hash=p, worker_id=w, dp_rank=r, time_ms=now_ms, tier=tier)
-               for k, h, p in self._buf]
+        out = [
+            KvEvent(kind=k, block_hash=h, parent_hash=p, worker_id=w, dp_rank=r, time_ms=now_ms, tier=tier)
+            for k, h, p in self._buf
+        ]
         self._buf.clear()
         self.emitted += len(out)
         return out
@@ -134,8 +136,7 @@ class ListeningBlockKvManager(BlockKvManager):
 
     __slots__ = ("listener",)
 
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
-                 listener: KvListener | None = None) -> None:
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, listener: KvListener | None = None) -> None:
         super().__init__(num_blocks, enable_prefix_caching)
         self.listener = listener
 
@@ -366,5 +367,16 @@ class EventKvRouter:
         self.decode_blocks[worker_id] -= blocks
 
 
-__all__ = ["TIERS", "KvListener", "KvEvent", "KvEventLog", "KvEventIndex", "TupleSink", "ListeningBlockKvManager",
-           "EventingKvManager", "RadixEventAdapter", "EventKvRouter", "tier_listener_adapter"]
+__all__ = [
+    "TIERS",
+    "KvListener",
+    "KvEvent",
+    "KvEventLog",
+    "KvEventIndex",
+    "TupleSink",
+    "ListeningBlockKvManager",
+    "EventingKvManager",
+    "RadixEventAdapter",
+    "EventKvRouter",
+    "tier_listener_adapter",
+]

@@ -41,8 +41,7 @@ class KvbmBlockManager(BlockKvManager):
 
     __slots__ = ("parent", "children", "listener", "evicted", "offload_sink")
 
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True,
-                 listener: KvListener | None = None) -> None:
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, listener: KvListener | None = None) -> None:
         super().__init__(num_blocks, enable_prefix_caching)
         self.inactive: OrderedDict[int, None] = OrderedDict()
         """inactive keys, least recently freed first"""

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dynoplan.errors import SimulationError
 
 
-def engine_block_keys(hash_ids: Sequence[int] | None, input_length: int, block_size: int,
-                      trace_block_size: int = 512) -> list[int] | None:
+def engine_block_keys(
+    hash_ids: Sequence[int] | None, input_length: int, block_size: int, trace_block_size: int = 512
+) -> list[int] | None:
     """Prefix-cache keys of the *full* engine blocks of a prompt.
 
     Args:
@@ -55,7 +56,7 @@ def engine_block_keys(hash_ids: Sequence[int] | None, input_length: int, block_s
         lo = j * block_size
         hi = lo + block_size - 1
         a, b = lo // trace_block_size, hi // trace_block_size
-        ids = tuple(hash_ids[a:b + 1])
+        ids = tuple(hash_ids[a : b + 1])
         prev = hash((prev, ids, lo % trace_block_size))
         keys.append(prev)
     return keys
@@ -159,8 +160,13 @@ class BlockKvManager:
         active, inactive = self.active, self.inactive
         caching = self.caching
         n = len(keys)
-        if (caching and n > 1 and n <= self.free + len(inactive) and active.keys().isdisjoint(keys)
-                and inactive.keys().isdisjoint(keys)):
+        if (
+            caching
+            and n > 1
+            and n <= self.free + len(inactive)
+            and active.keys().isdisjoint(keys)
+            and inactive.keys().isdisjoint(keys)
+        ):
             fresh = dict.fromkeys(keys, 1)
             if len(fresh) == n and None not in fresh:
                 # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of

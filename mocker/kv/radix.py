@@ -53,8 +53,9 @@ class SeqContent:
         self.keys = keys
 
     @classmethod
-    def for_request(cls, hash_ids: Sequence[int] | None, prompt_len: int, unique_key: int,
-                    trace_block_size: int = 512) -> SeqContent:
+    def for_request(
+        cls, hash_ids: Sequence[int] | None, prompt_len: int, unique_key: int, trace_block_size: int = 512
+    ) -> SeqContent:
         """Prompt tokens from trace ``hash_ids`` (one per ``trace_block_size`` tokens; ``None`` = unique
         content), then output tokens unique to the request (key ``unique_key``).
 
@@ -63,8 +64,9 @@ class SeqContent:
         if hash_ids is None or prompt_len == 0:
             return cls([0], [unique_key])
         if len(hash_ids) * trace_block_size < prompt_len:
-            raise ValueError(f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than "
-                             f"input_length={prompt_len}")
+            raise ValueError(
+                f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than input_length={prompt_len}"
+            )
         bounds: list[int] = []
         keys: list[int] = []
         prev = CHAIN_SEED
@@ -138,8 +140,9 @@ class RadixNode:
 
     __slots__ = ("parent", "children", "content", "start", "length", "lock_ref", "time", "uid")
 
-    def __init__(self, parent: RadixNode | None, content: SeqContent | None, start: int, length: int,
-                 time: int, uid: int) -> None:
+    def __init__(
+        self, parent: RadixNode | None, content: SeqContent | None, start: int, length: int, time: int, uid: int
+    ) -> None:
         self.parent = parent
         self.children: dict[object, RadixNode] = {}
         self.content = content
@@ -316,8 +319,14 @@ class RadixCache:
         while pos < end:
             child = node.children.get(content.page_id(pos, page))
             if child is None:
-                if (as_tail and node is not self.root and node.content is content and not node.children
-                        and node.lock_ref == 1 and node.start + node.length == pos):
+                if (
+                    as_tail
+                    and node is not self.root
+                    and node.content is content
+                    and not node.children
+                    and node.lock_ref == 1
+                    and node.start + node.length == pos
+                ):
                     add = end - pos
                     node.length += add
                     node.time = now
@@ -406,7 +415,8 @@ class RadixCache:
         if total != self.total_tokens:
             raise SimulationError(
                 f"token pool not conserved: free {self.free} + evictable {self.evictable_size} + protected "
-                f"{self.protected_size} + private {self.private} = {total} != {self.total_tokens}")
+                f"{self.protected_size} + private {self.private} = {total} != {self.total_tokens}"
+            )
         if min(self.free, self.evictable_size, self.protected_size, self.private) < 0:
             raise SimulationError("negative token pool count")
         ev = pr = 0
@@ -426,5 +436,6 @@ class RadixCache:
                 raise SimulationError("a radix node is locked less than its children")
             stack.extend(n.children.values())
         if ev != self.evictable_size or pr != self.protected_size:
-            raise SimulationError(f"radix sizes drifted: evictable {ev} vs {self.evictable_size}, "
-                                  f"protected {pr} vs {self.protected_size}")
+            raise SimulationError(
+                f"radix sizes drifted: evictable {ev} vs {self.evictable_size}, protected {pr} vs {self.protected_size}"
+            )

@@ -44,16 +44,16 @@ do not cover onboarding blocks) and disaggregated fleets (rejected with a Config
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from heapq import heappop, heappush
 from math import inf
-from typing import Callable, Sequence
 
 from pydantic import Field
 
+from dynoplan.errors import ConfigError, SimulationError
 from dynoplan.settings import Problems, check, settings
 from mocker.config import TIER_LINKS, EngineConfig, LinkGBps, PositiveInt, TierBlocks, tier_problems
-from dynoplan.errors import ConfigError, SimulationError
 
 GB = 1e9
 """Bytes per GB (decimal, as link bandwidths are quoted)."""
@@ -163,13 +163,19 @@ class TierConfig:
     bytes_per_block: PositiveInt = Field(description="KV bytes of one block = block_size * kv_bytes_per_token (bytes).")
     num_g2_blocks: TierBlocks = Field(default=_ENGINE.num_g2_blocks, description="Host blocks per worker (0 = no G2).")
     num_g3_blocks: TierBlocks = Field(
-        default=_ENGINE.num_g3_blocks, description="Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage "
-                                           "through it).")
+        default=_ENGINE.num_g3_blocks,
+        description="Disk blocks shared by the fleet (0 = no G3; needs G2, as G3 hits stage through it).",
+    )
     g4: bool = Field(default=_ENGINE.g4, description="Shared object tier of unbounded size (needs G2).")
-    offload_batch_size: PositiveInt = Field(default=_ENGINE.offload_batch_size,
-                                            description="Blocks per G1->G2 offload transfer (blocks).")
-    bw_g1_g2_gbps: LinkGBps = Field(default=_ENGINE.bw_g1_g2_gbps, description="Device->host (offload) bandwidth per worker (GB/s).")
-    bw_g2_g1_gbps: LinkGBps = Field(default=_ENGINE.bw_g2_g1_gbps, description="Host->device (onboard) bandwidth per worker (GB/s).")
+    offload_batch_size: PositiveInt = Field(
+        default=_ENGINE.offload_batch_size, description="Blocks per G1->G2 offload transfer (blocks)."
+    )
+    bw_g1_g2_gbps: LinkGBps = Field(
+        default=_ENGINE.bw_g1_g2_gbps, description="Device->host (offload) bandwidth per worker (GB/s)."
+    )
+    bw_g2_g1_gbps: LinkGBps = Field(
+        default=_ENGINE.bw_g2_g1_gbps, description="Host->device (onboard) bandwidth per worker (GB/s)."
+    )
     bw_g2_g3_gbps: LinkGBps = Field(default=_ENGINE.bw_g2_g3_gbps, description="Host->disk bandwidth, shared (GB/s).")
     bw_g3_g2_gbps: LinkGBps = Field(default=_ENGINE.bw_g3_g2_gbps, description="Disk->host bandwidth, shared (GB/s).")
     bw_g3_g4_gbps: LinkGBps = Field(default=_ENGINE.bw_g3_g4_gbps, description="Disk->object bandwidth, shared (GB/s).")
@@ -225,8 +231,12 @@ class TierHierarchy:
         self._pending_offload: list[list[int]] = []
         self._in_flight_g2: list[set[int]] = []
         self.links: dict[str, ProcessorSharingLink] = {}
-        for name, bw in (("G2->G3", cfg.bw_g2_g3_gbps), ("G3->G2", cfg.bw_g3_g2_gbps),
-                         ("G3->G4", cfg.bw_g3_g4_gbps), ("G4->G2", cfg.bw_g4_g2_gbps)):
+        for name, bw in (
+            ("G2->G3", cfg.bw_g2_g3_gbps),
+            ("G3->G2", cfg.bw_g3_g2_gbps),
+            ("G3->G4", cfg.bw_g3_g4_gbps),
+            ("G4->G2", cfg.bw_g4_g2_gbps),
+        ):
             self.links[name] = ProcessorSharingLink(name, bw)
         self._links: list[ProcessorSharingLink] = list(self.links.values())
         self.now_ms = 0.0
@@ -352,7 +362,8 @@ class TierHierarchy:
             if k in g2:
                 g2.move_to_end(k)
         self.links[f"G2->G1/{ticket.worker_id}"].submit(
-            now_ms, len(ticket.keys) * self.cfg.bytes_per_block, ("onboard", ticket))
+            now_ms, len(ticket.keys) * self.cfg.bytes_per_block, ("onboard", ticket)
+        )
 
     # ------------------------------------------------------------------ operations
     def offload(self, now_ms: float, worker_id: int, keys: Sequence[int], *, flush: bool = False) -> int:
@@ -374,8 +385,9 @@ class TierHierarchy:
         while len(q) >= b or (flush and q):
             batch, q[:] = q[:b], q[b:]
             self.offloaded_blocks += len(batch)
-            self.links[f"G1->G2/{worker_id}"].submit(now_ms, len(batch) * self.cfg.bytes_per_block,
-                                                     ("g2", worker_id, batch))
+            self.links[f"G1->G2/{worker_id}"].submit(
+                now_ms, len(batch) * self.cfg.bytes_per_block, ("g2", worker_id, batch)
+            )
             started += 1
         return started
 
@@ -402,7 +414,7 @@ class TierHierarchy:
         tiers = self.lookup(worker_id, keys)
         if not tiers:
             return None
-        run = list(keys[:len(tiers)])
+        run = list(keys[: len(tiers)])
         count = {t: tiers.count(t) for t in ("G2", "G3", "G4") if t in tiers}
         for t, n in count.items():
             self.onboarded_blocks[t] += n
@@ -448,8 +460,10 @@ def parse_bandwidth_flags(items: Sequence[str]) -> dict[str, float]:
         except ValueError:
             v = -1.0
         if not sep or link not in LINKS or not v >= 0:
-            raise ConfigError(f"--tier-bandwidth {item!r}: expected LINK=GBPS with LINK one of {', '.join(LINKS)} "
-                              f"and GBPS a number >= 0")
+            raise ConfigError(
+                f"--tier-bandwidth {item!r}: expected LINK=GBPS with LINK one of {', '.join(LINKS)} "
+                f"and GBPS a number >= 0"
+            )
         out[f"bw_{link}_gbps"] = v
     return out
 
@@ -459,5 +473,14 @@ def tier_config(cfg: EngineConfig) -> TierConfig:
     return TierConfig.from_engine(cfg)
 
 
-__all__ = ["GB", "LINKS", "ProcessorSharingLink", "TierConfig", "TierHierarchy", "OnboardTicket", "TierListener",
-           "parse_bandwidth_flags", "tier_config"]
+__all__ = [
+    "GB",
+    "LINKS",
+    "ProcessorSharingLink",
+    "TierConfig",
+    "TierHierarchy",
+    "OnboardTicket",
+    "TierListener",
+    "parse_bandwidth_flags",
+    "tier_config",
+]

@@ -33,8 +33,8 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from mocker.engine.base import EngineCore, PassOutcome
 from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
@@ -55,7 +55,7 @@ class Emission:
 @dataclass(slots=True)
 class StreamState:
     record: RequestRecord
-    queue: "asyncio.Queue[Emission]"
+    queue: asyncio.Queue[Emission]
     delivered: int = 0
     hash_ids: tuple[int, ...] | None = None
     token_times_ms: list[float] = field(default_factory=list)
@@ -113,7 +113,7 @@ class _Waker:
             except RuntimeError:  # that loop is closed: nobody waits any more
                 pass
 
-    def at(self, deadline_s: float, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
+    def at(self, deadline_s: float, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = loop.create_future()
         with self._cv:
             heapq.heappush(self._heap, (deadline_s, next(self._seq), loop, fut))
@@ -122,7 +122,7 @@ class _Waker:
         return fut
 
 
-def _resolve(fut: "asyncio.Future[None]") -> None:
+def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
@@ -172,8 +172,14 @@ class WallClock:
 class RankDriver:
     """Drives one DP rank's core on ``clock``. Start with :meth:`start`; submit with :meth:`submit`."""
 
-    def __init__(self, core: EngineCore, dp_rank: int, clock: WallClock, on_pass: PassHook | None = None,
-                 batch_lag_ms: float = 2.0) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        dp_rank: int,
+        clock: WallClock,
+        on_pass: PassHook | None = None,
+        batch_lag_ms: float = 2.0,
+    ) -> None:
         self.core = core
         self.dp_rank = dp_rank
         self.clock = clock
@@ -185,7 +191,7 @@ class RankDriver:
         self.batch_lag_ms = batch_lag_ms
         """Delivery lag (wall ms) beyond which passes are batched between event-loop yields."""
         self._last_yield_ms = 0.0
-        self._pending: "collections.deque[TraceRequest]" = collections.deque()
+        self._pending: collections.deque[TraceRequest] = collections.deque()
         self._prefilled: set[int] = set()
         """Pending request ids whose prompt KV was handed off by a prefill worker (disaggregated decode)."""
         self._core_ms = 0.0
@@ -236,11 +242,14 @@ class RankDriver:
         core's ``add_prefilled_request`` (prompt KV present, no prefill pass: the offline fleet's P/D rule,
         :mod:`mocker.fleet`).
         """
-        t = max(self.clock.now_ms() if arrival_ms is None else float(arrival_ms), self._last_arrival_ms, self._pass_start_ms)
+        t = max(
+            self.clock.now_ms() if arrival_ms is None else float(arrival_ms), self._last_arrival_ms, self._pass_start_ms
+        )
         self._last_arrival_ms = t
         stamped = TraceRequest(req.request_id, t, req.input_length, req.output_length, req.hash_ids)
-        record = RequestRecord(request_id=req.request_id, arrival_ms=t, input_length=req.input_length,
-                               output_length=req.output_length)
+        record = RequestRecord(
+            request_id=req.request_id, arrival_ms=t, input_length=req.input_length, output_length=req.output_length
+        )
         st = StreamState(record=record, queue=asyncio.Queue(), hash_ids=req.hash_ids)
         self.streams[req.request_id] = st
         if prefilled:

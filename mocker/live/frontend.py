@@ -59,8 +59,8 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import aiohttp
@@ -71,13 +71,23 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field
 
+from dynoplan.errors import RequestError
 from dynoplan.settings import Problems, settings
 from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
-from dynoplan.errors import RequestError
-from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, chunk_body, full_body, now_s, parse_request,
-                                  response_id, usage, usage_chunk)
+from mocker.live.protocol import (
+    ParsedRequest,
+    chunk_body,
+    full_body,
+    now_s,
+    parse_request,
+    request_received_monotonic,
+    response_id,
+    serve_app,
+    usage,
+    usage_chunk,
+)
 from mocker.live.publish import KV_TOPIC, decode_kv_event, wire_block_id
 from mocker.live.tokenizer import continuation_hash_ids
 
@@ -99,20 +109,25 @@ class FrontendSettings:
     router: RouterName = Field(default="round_robin", description="Routing policy: round_robin, least_loaded or kv.")
     model_name: str = Field(default="mocker", description="Served model name.")
     poll_s: float = Field(
-        default=0.5, gt=0, description="How often the workers file is checked and unready workers are probed (s).")
+        default=0.5, gt=0, description="How often the workers file is checked and unready workers are probed (s)."
+    )
     max_retries: int = Field(default=3, ge=0, description="Re-routes per request after worker failures.")
     pd_mode: Literal["direct", "bootstrap"] = Field(
-        default="direct", description="Disaggregated hand-off: direct (prefill, then decode) or bootstrap (both at once, the "
-                              "decode worker waits on the prefill worker's bootstrap port); bootstrap needs prefill "
-                              "workers that have one.")
+        default="direct",
+        description="Disaggregated hand-off: direct (prefill, then decode) or bootstrap (both at once, the "
+        "decode worker waits on the prefill worker's bootstrap port); bootstrap needs prefill "
+        "workers that have one.",
+    )
 
     def __post_init__(self) -> None:
         p = []
         if not self.workers and not self.workers_file:
             p.append("workers: give --workers URL[,URL...] and/or --workers-file FILE")
         if self.workers_file and not os.path.isfile(self.workers_file):  # later it may vanish (re-read: no workers)
-            p.append(f"workers_file={self.workers_file!r}: no such file; expected an existing file of worker URLs "
-                     "(one per line; it may be empty and filled later)")
+            p.append(
+                f"workers_file={self.workers_file!r}: no such file; expected an existing file of worker URLs "
+                "(one per line; it may be empty and filled later)"
+            )
         for u in self.workers:
             if not u.startswith(("http://", "https://")):
                 p.append(f"workers: {u!r} is not an http(s) URL")
@@ -180,7 +195,9 @@ class Frontend:
 
     # ------------------------------------------------------------------ discovery
     async def _startup(self, app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+        )
         self._zctx = zmq.asyncio.Context()
         self._sync_sources()
         self._tasks.append(asyncio.get_running_loop().create_task(self._discovery_loop()))
@@ -261,7 +278,7 @@ class Frontend:
                 if r.status != 200:
                     return
                 info = await r.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return
         h.role = info.get("worker_type", "aggregated")
         h.worker_id = int(info.get("worker_id", -1))
@@ -279,7 +296,7 @@ class Frontend:
             h.sub_task = asyncio.get_running_loop().create_task(self._subscribe(h, joined))
             try:  # route to it only once its KV state is known (else the first events could be missed)
                 await asyncio.wait_for(joined.wait(), 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         h.ready = True
 
@@ -296,7 +313,7 @@ class Frontend:
         try:
             try:
                 await asyncio.wait_for(mon.recv_multipart(), 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             sock.disable_monitor()
             mon.close(0)
@@ -325,13 +342,15 @@ class Frontend:
             for rank, ids in st["ranks"].items():
                 self.kv_index.replace(h.index_id, int(rank), ids)
             h.last_event_id = int(st["event_id"])
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, KeyError, ValueError):
             h.last_event_id = 0
 
     # ------------------------------------------------------------------ routing
     def _candidates(self, role: str, exclude: set[str]) -> list[WorkerHandle]:
-        return sorted((h for h in self.handles.values() if h.ready and h.listed and h.role == role and h.url not in exclude),
-                      key=lambda h: h.url)
+        return sorted(
+            (h for h in self.handles.values() if h.ready and h.listed and h.role == role and h.url not in exclude),
+            key=lambda h: h.url,
+        )
 
     def _pick(self, role: str, p: ParsedRequest, exclude: set[str]) -> tuple[WorkerHandle, int | None] | None:
         """(worker, DP rank or None = the worker chooses) for the next leg, or None if no worker is ready."""
@@ -360,7 +379,10 @@ class Frontend:
         if h.kv_block_ids == "engine" and p.hash_ids:
             bs = max(1, h.block_size)
             try:
-                ids = [wire_block_id(k) for k in engine_block_keys(p.hash_ids, p.input_length, bs, h.trace_block_size) or ()]
+                ids = [
+                    wire_block_id(k)
+                    for k in engine_block_keys(p.hash_ids, p.input_length, bs, h.trace_block_size) or ()
+                ]
             except ValueError:  # hash_ids shorter than the prompt: no match possible
                 ids = ()
         n_blocks = -(-p.input_length // bs)
@@ -388,15 +410,30 @@ class Frontend:
         return web.json_response({"status": "ready" if n else "no workers", "workers": n}, status=200 if n else 503)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan"}],
+            }
+        )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _workers(self, request: web.Request) -> web.Response:
-        return web.json_response([{"url": h.url, "role": h.role, "ready": h.ready, "listed": h.listed, "inflight": h.inflight,
-                                   "cached_blocks": sum(len(self.kv_index.cached(h.index_id, r)) for r in range(h.dp_size))}
-                                  for h in sorted(self.handles.values(), key=lambda h: h.url)])
+        return web.json_response(
+            [
+                {
+                    "url": h.url,
+                    "role": h.role,
+                    "ready": h.ready,
+                    "listed": h.listed,
+                    "inflight": h.inflight,
+                    "cached_blocks": sum(len(self.kv_index.cached(h.index_id, r)) for r in range(h.dp_size)),
+                }
+                for h in sorted(self.handles.values(), key=lambda h: h.url)
+            ]
+        )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion")
@@ -405,7 +442,9 @@ class Frontend:
         return await self._serve(request, "chat")
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
-        t0 = request_received_monotonic(request) or time.monotonic()  # the request's arrival (socket read), see serve_app
+        t0 = (
+            request_received_monotonic(request) or time.monotonic()
+        )  # the request's arrival (socket read), see serve_app
         model = self.s.model_name
         try:
             try:
@@ -456,12 +495,22 @@ class Frontend:
             status = "cancelled"
             raise
         except Exception as exc:  # noqa: BLE001 - every failure of an accepted request is answered and counted
-            e = exc if isinstance(exc, RequestError) else RequestError(
-                f"internal error: {type(exc).__name__}: {exc}", status=500, type_="InternalServerError", code="internal_error")
+            e = (
+                exc
+                if isinstance(exc, RequestError)
+                else RequestError(
+                    f"internal error: {type(exc).__name__}: {exc}",
+                    status=500,
+                    type_="InternalServerError",
+                    code="internal_error",
+                )
+            )
             if e.code is None:
                 e.code = "request_error"
             self.metrics.failures.labels(model, e.code).inc()
-            log.warning("request %s failed after %d of %d tokens (%s): %s", oid, len(times), p.output_length, e.code, e.message)
+            log.warning(
+                "request %s failed after %d of %d tokens (%s): %s", oid, len(times), p.output_length, e.code, e.message
+            )
             if resp is not None and resp.prepared:
                 try:
                     await resp.write(b"data: " + msgspec.json.encode(e.body()) + b"\n\ndata: [DONE]\n\n")
@@ -500,10 +549,18 @@ class Frontend:
             picked = self._pick(role, p, failed)
             if picked is None:
                 if produced == 0 and not failed:
-                    raise RequestError("no ready worker to serve the request", status=503, type_="ServiceUnavailable",
-                                       code="no_ready_worker")
-                raise RequestError(f"all workers failed after {produced} tokens ({retries} worker failures)", status=503,
-                                   type_="ServiceUnavailable", code="all_workers_failed")
+                    raise RequestError(
+                        "no ready worker to serve the request",
+                        status=503,
+                        type_="ServiceUnavailable",
+                        code="no_ready_worker",
+                    )
+                raise RequestError(
+                    f"all workers failed after {produced} tokens ({retries} worker failures)",
+                    status=503,
+                    type_="ServiceUnavailable",
+                    code="all_workers_failed",
+                )
             h, rank = picked
             body = dict(p.raw)
             body.pop("stream_options", None)
@@ -522,8 +579,9 @@ class Frontend:
                     if p.hash_ids is not None:
                         # a valid request for the next worker: its block ids cover the extended prompt
                         try:
-                            body["hash_ids"] = list(continuation_hash_ids(p.hash_ids, p.input_length, produced,
-                                                                          h.trace_block_size))
+                            body["hash_ids"] = list(
+                                continuation_hash_ids(p.hash_ids, p.input_length, produced, h.trace_block_size)
+                            )
                         except ValueError:  # ids of another block size (a text prompt hashed for other workers)
                             pass  # no ids: unique content, always valid
             want = 1 if disagg else remaining
@@ -545,8 +603,12 @@ class Frontend:
                         retries += 1
                         self.metrics.retries.labels(self.s.model_name).inc()
                         if retries > self.s.max_retries:
-                            raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable",
-                                               code="retries_exhausted") from None
+                            raise RequestError(
+                                f"gave up after {retries} worker failures",
+                                status=503,
+                                type_="ServiceUnavailable",
+                                code="retries_exhausted",
+                            ) from None
                         continue
             if produced:
                 self.metrics.continuations.labels(self.s.model_name).inc()
@@ -563,12 +625,22 @@ class Frontend:
                 retries += 1
                 self.metrics.retries.labels(self.s.model_name).inc()
                 if retries > self.s.max_retries:
-                    raise RequestError(f"gave up after {retries} worker failures", status=503, type_="ServiceUnavailable",
-                                       code="retries_exhausted") from None
+                    raise RequestError(
+                        f"gave up after {retries} worker failures",
+                        status=503,
+                        type_="ServiceUnavailable",
+                        code="retries_exhausted",
+                    ) from None
                 continue
 
-    async def _bootstrap_legs(self, ph: WorkerHandle, dh: WorkerHandle, p: ParsedRequest, p_body: dict[str, Any],  # type: ignore[no-untyped-def]
-                              d_rank: int | None = None):
+    async def _bootstrap_legs(
+        self,
+        ph: WorkerHandle,
+        dh: WorkerHandle,
+        p: ParsedRequest,
+        p_body: dict[str, Any],  # type: ignore[no-untyped-def]
+        d_rank: int | None = None,
+    ):
         """Send the prefill and the decode leg at once; drain the prefill's token, yield the decode's (all
         ``output_length`` of them: the decode worker admits the handed-off prompt and emits every token)."""
         self._room += 1
@@ -582,8 +654,16 @@ class Frontend:
         if d_rank is not None:
             d_body["dp_rank"] = d_rank
         host = ph.url.split("://", 1)[1].rsplit(":", 1)[0]
-        d_body.update(messages=None, stream=True, prefill_done=True, input_length=p.input_length, max_tokens=p.output_length,
-                      bootstrap_room=room, bootstrap_host=host, bootstrap_port=ph.bootstrap_port)
+        d_body.update(
+            messages=None,
+            stream=True,
+            prefill_done=True,
+            input_length=p.input_length,
+            max_tokens=p.output_length,
+            bootstrap_room=room,
+            bootstrap_host=host,
+            bootstrap_port=ph.bootstrap_port,
+        )
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
 
@@ -630,7 +710,9 @@ class Frontend:
                     except Exception:
                         msg = f"worker answered HTTP {r.status}"
                     if r.status < 500:
-                        raise RequestError(f"worker {h.url} refused the request: {msg}", status=r.status, code="worker_refused")
+                        raise RequestError(
+                            f"worker {h.url} refused the request: {msg}", status=r.status, code="worker_refused"
+                        )
                     raise WorkerFailed(msg)
                 async for line in r.content:
                     if not line.startswith(b"data: "):
@@ -651,7 +733,7 @@ class Frontend:
                     yield piece
             if got < want:
                 raise WorkerFailed(f"stream from {h.url} ended after {got} of {want} tokens")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as e:
+        except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as e:
             raise WorkerFailed(f"{h.url}: {e}") from None
         finally:
             h.inflight -= 1

@@ -32,9 +32,9 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence, get_args
-
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -62,11 +62,16 @@ class LoadgenSettings:
     url: str = Field(description="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080.")
     model: str = Field(default="mocker", description="Model name to request.")
     endpoint: Endpoint = Field(default="completions", description="API to call: completions or chat.")
-    time_compression: float = Field(default=1.0, gt=0, description="Arrival times are divided by this (dimensionless, > 0).")
+    time_compression: float = Field(
+        default=1.0, gt=0, description="Arrival times are divided by this (dimensionless, > 0)."
+    )
     max_concurrency: int = Field(default=0, ge=0, description="Max requests in flight; 0 = unbounded.")
     prompt_mode: PromptMode = Field(
-        default="length", description="length: send input_length/hash_ids extension fields; text: a generated prompt.")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout (s); a timed-out request counts as failed.")
+        default="length", description="length: send input_length/hash_ids extension fields; text: a generated prompt."
+    )
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="Per-request timeout (s); a timed-out request counts as failed."
+    )
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -160,18 +165,27 @@ def classify_event(data: bytes, chat: bool) -> tuple[str, str | None]:
     return OTHER, None
 
 
-
-def _fail(rec: RequestRecord, errors: dict[str, int], failures: list[RequestFailure] | None, reason: str,
-          message: str) -> None:
+def _fail(
+    rec: RequestRecord, errors: dict[str, int], failures: list[RequestFailure] | None, reason: str, message: str
+) -> None:
     rec.status = "failed"
     errors[reason] = errors.get(reason, 0) + 1
     if failures is not None:
-        failures.append(RequestFailure(rec.request_id, reason, message[:300], len(rec.token_times_ms), rec.output_length))
+        failures.append(
+            RequestFailure(rec.request_id, reason, message[:300], len(rec.token_times_ms), rec.output_length)
+        )
 
 
-async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceRequest, t0: float,
-               rec: RequestRecord, errors: dict[str, int], payload: bytes | None = None,
-               failures: list[RequestFailure] | None = None) -> None:
+async def _one(
+    session: aiohttp.ClientSession,
+    s: LoadgenSettings,
+    r: TraceRequest,
+    t0: float,
+    rec: RequestRecord,
+    errors: dict[str, int],
+    payload: bytes | None = None,
+    failures: list[RequestFailure] | None = None,
+) -> None:
     """Send one request and time its tokens. The stream is read in whatever pieces the socket delivers
     (``iter_any``), not line by line: every token in one piece arrived together and gets that piece's
     time, and the per-line awaits of ``StreamReader.readline`` (half this process's CPU at 10k tokens/s,
@@ -185,8 +199,12 @@ async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceReque
     error: str | None = None
     finish: str | None = None
     try:
-        async with session.post(s.url.rstrip("/") + path, data=payload, headers=_JSON,
-                                timeout=aiohttp.ClientTimeout(total=s.request_timeout_s)) as resp:
+        async with session.post(
+            s.url.rstrip("/") + path,
+            data=payload,
+            headers=_JSON,
+            timeout=aiohttp.ClientTimeout(total=s.request_timeout_s),
+        ) as resp:
             if not 200 <= resp.status < 300:
                 body = (await resp.read())[:2000]
                 try:
@@ -222,11 +240,16 @@ async def _one(session: aiohttp.ClientSession, s: LoadgenSettings, r: TraceReque
         elif n == 0:
             _fail(rec, errors, failures, "no_tokens", f"the stream ended without a token (finish reason {finish})")
         elif n < want and (finish is None or finish == "length"):
-            _fail(rec, errors, failures, "truncated_stream",
-                  f"the stream ended after {n} of {want} tokens with finish reason {finish}")
+            _fail(
+                rec,
+                errors,
+                failures,
+                "truncated_stream",
+                f"the stream ended after {n} of {want} tokens with finish reason {finish}",
+            )
         else:
             rec.status = "finished"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         _fail(rec, errors, failures, "timeout", f"no complete answer within {s.request_timeout_s:g} s")
     except (aiohttp.ClientError, OSError) as e:
         _fail(rec, errors, failures, type(e).__name__, str(e))
@@ -239,7 +262,7 @@ async def _warm_up(session: aiohttp.ClientSession, s: LoadgenSettings) -> None:
     try:
         async with session.get(s.url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
             await r.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         pass
 
 
@@ -254,10 +277,9 @@ async def connect_problem(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str
     not a whole trace of failed requests."""
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.get(url.rstrip("/") + "/v1/models",
-                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
                 await r.read()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return f"no answer within {timeout_s:g} s"
     except aiohttp.ClientConnectorError as e:
         errno = getattr(e.os_error, "errno", None)  # asyncio's strerror reads "Connect call failed (...)"
@@ -323,15 +345,25 @@ def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
     """A copy with every time multiplied by ``scale_ms`` (e.g. the server's speedup ratio)."""
     out = []
     for r in result.records:
-        c = RequestRecord(r.request_id, r.arrival_ms * scale_ms, r.input_length, r.output_length,
-                          admit_ms=None if r.admit_ms is None else r.admit_ms * scale_ms,
-                          first_token_ms=None if r.first_token_ms is None else r.first_token_ms * scale_ms,
-                          token_times_ms=[t * scale_ms for t in r.token_times_ms],
-                          finish_ms=None if r.finish_ms is None else r.finish_ms * scale_ms, status=r.status)
+        c = RequestRecord(
+            r.request_id,
+            r.arrival_ms * scale_ms,
+            r.input_length,
+            r.output_length,
+            admit_ms=None if r.admit_ms is None else r.admit_ms * scale_ms,
+            first_token_ms=None if r.first_token_ms is None else r.first_token_ms * scale_ms,
+            token_times_ms=[t * scale_ms for t in r.token_times_ms],
+            finish_ms=None if r.finish_ms is None else r.finish_ms * scale_ms,
+            status=r.status,
+        )
         out.append(c)
-    return LoadgenResult(records=out, errors=dict(result.errors), failures=list(result.failures),
-                         client_queue_ms=[q * scale_ms for q in result.client_queue_ms],
-                         wall_s=result.wall_s)
+    return LoadgenResult(
+        records=out,
+        errors=dict(result.errors),
+        failures=list(result.failures),
+        client_queue_ms=[q * scale_ms for q in result.client_queue_ms],
+        wall_s=result.wall_s,
+    )
 
 
 def client_report(result: LoadgenResult) -> dict[str, Any]:
@@ -350,9 +382,19 @@ def client_report(result: LoadgenResult) -> dict[str, Any]:
     rep = build_report(result)  # type: ignore[arg-type]
     rep["failed_requests"] = sum(1 for r in result.records if r.status != "finished")
     rep["errors"] = dict(sorted(result.errors.items()))
-    rep["failures"] = [{"request_id": f.request_id, "reason": f.reason, "message": f.message, "tokens": f.tokens,
-                        "expected_tokens": f.expected_tokens} for f in result.failures]
-    rep["mean_client_queue_ms"] = sum(result.client_queue_ms) / len(result.client_queue_ms) if result.client_queue_ms else 0.0
+    rep["failures"] = [
+        {
+            "request_id": f.request_id,
+            "reason": f.reason,
+            "message": f.message,
+            "tokens": f.tokens,
+            "expected_tokens": f.expected_tokens,
+        }
+        for f in result.failures
+    ]
+    rep["mean_client_queue_ms"] = (
+        sum(result.client_queue_ms) / len(result.client_queue_ms) if result.client_queue_ms else 0.0
+    )
     rep["wall_time_s"] = result.wall_s
     toks = sum(len(r.token_times_ms) for r in result.records)
     rep["output_tokens_per_wall_s"] = toks / result.wall_s if result.wall_s > 0 else 0.0

@@ -17,9 +17,34 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                     0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
-GAP_BUCKETS_S: tuple[float, ...] = (0.0,) + tuple(0.001 * 2.0 ** k for k in range(18))
+LATENCY_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+GAP_BUCKETS_S: tuple[float, ...] = (0.0,) + tuple(0.001 * 2.0**k for k in range(18))
 """Upper bounds (seconds) of ``dynoplan_frontend_request_interarrival_seconds``: 1 ms x powers of 2 up to
 131.072 s (prometheus_client adds +Inf). The planner's ``planner.core.sizing.GAP_BUCKETS_S`` are the same
 bounds plus +Inf (defined twice because the mocker never imports the planner; a test checks they agree)."""
@@ -39,38 +64,99 @@ class WorkerMetrics:
             self.running = Gauge(p + "num_running_reqs", "Requests in the running batch.", lbl, registry=r)
             self.waiting = Gauge(p + "num_queue_reqs", "Requests waiting to be scheduled.", lbl, registry=r)
             self.kv_usage = Gauge(p + "token_usage", "Fraction of KV-cache tokens in use (0-1).", lbl, registry=r)
-            self.cache_hit_rate = Gauge(p + "cache_hit_rate", "Prefix-cache hit rate over all prompts so far (0-1).", lbl, registry=r)
+            self.cache_hit_rate = Gauge(
+                p + "cache_hit_rate", "Prefix-cache hit rate over all prompts so far (0-1).", lbl, registry=r
+            )
         else:
             self.running = Gauge(p + "num_requests_running", "Requests in the running batch.", lbl, registry=r)
             self.waiting = Gauge(p + "num_requests_waiting", "Requests waiting to be scheduled.", lbl, registry=r)
-            self.kv_usage = Gauge(p + "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", lbl, registry=r)
+            self.kv_usage = Gauge(
+                p + "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", lbl, registry=r
+            )
             self.cache_hit_rate = None
         self.preemptions = Counter(p + "num_preemptions", "Recompute preemptions.", lbl, registry=r)
-        self.prefix_queries = Counter(p + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", lbl, registry=r)
+        self.prefix_queries = Counter(
+            p + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", lbl, registry=r
+        )
         self.prefix_hits = Counter(p + "prefix_cache_hits", "Prompt tokens found in the prefix cache.", lbl, registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of admitted requests.", lbl, registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens.", lbl, registry=r)
-        self.request_success = Counter(p + "request_success", "Finished requests.", lbl + ["finished_reason"], registry=r)
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token (engine side).", lbl, buckets=LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram(p + "inter_token_latency_seconds", "Time between consecutive output tokens.", lbl, buckets=LATENCY_BUCKETS_S, registry=r)
-        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token.", lbl, buckets=LATENCY_BUCKETS_S, registry=r)
-        self.queue_time = Histogram(p + "request_queue_time_seconds", "Arrival to first admission.", lbl, buckets=LATENCY_BUCKETS_S, registry=r)
-        self.prompt_len = Histogram(p + "request_prompt_tokens", "Prompt length of finished requests.", lbl, buckets=TOKEN_BUCKETS, registry=r)
-        self.gen_len = Histogram(p + "request_generation_tokens", "Output length of finished requests.", lbl, buckets=TOKEN_BUCKETS, registry=r)
+        self.request_success = Counter(
+            p + "request_success", "Finished requests.", lbl + ["finished_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Time to first token (engine side).",
+            lbl,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            p + "inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            lbl,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            p + "e2e_request_latency_seconds", "Arrival to last token.", lbl, buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.queue_time = Histogram(
+            p + "request_queue_time_seconds", "Arrival to first admission.", lbl, buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.prompt_len = Histogram(
+            p + "request_prompt_tokens", "Prompt length of finished requests.", lbl, buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.gen_len = Histogram(
+            p + "request_generation_tokens",
+            "Output length of finished requests.",
+            lbl,
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         # mocker-specific: KV-cache stats and the driver's own health
-        self.kv_blocks_total = Gauge("dynoplan_mocker_kv_blocks_total", "KV-cache capacity in blocks per DP rank.", lbl, registry=r)
-        self.kv_active_tokens = Gauge("dynoplan_mocker_kv_active_tokens", "KV tokens in active blocks (blocks referenced by running requests x block size).", lbl, registry=r)
+        self.kv_blocks_total = Gauge(
+            "dynoplan_mocker_kv_blocks_total", "KV-cache capacity in blocks per DP rank.", lbl, registry=r
+        )
+        self.kv_active_tokens = Gauge(
+            "dynoplan_mocker_kv_active_tokens",
+            "KV tokens in active blocks (blocks referenced by running requests x block size).",
+            lbl,
+            registry=r,
+        )
         self.passes = Counter("dynoplan_mocker_forward_passes", "Engine passes run.", lbl, registry=r)
-        self.pass_time = Counter("dynoplan_mocker_forward_pass_seconds", "Sum of pass durations (wall, after speedup).", lbl, registry=r)
-        self.lag = Histogram("dynoplan_mocker_driver_lag_seconds", "How late a pass's tokens were delivered versus the simulated timeline.",
-                             lbl, buckets=LATENCY_BUCKETS_S, registry=r)
-        self.rejected = Counter("dynoplan_mocker_rejected_requests", "Requests rejected with a 4xx.", ["model_name", "code"], registry=r)
-        self.cancelled = Counter("dynoplan_mocker_cancelled_requests", "Requests cancelled (client disconnected).", lbl, registry=r)
+        self.pass_time = Counter(
+            "dynoplan_mocker_forward_pass_seconds", "Sum of pass durations (wall, after speedup).", lbl, registry=r
+        )
+        self.lag = Histogram(
+            "dynoplan_mocker_driver_lag_seconds",
+            "How late a pass's tokens were delivered versus the simulated timeline.",
+            lbl,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "dynoplan_mocker_rejected_requests", "Requests rejected with a 4xx.", ["model_name", "code"], registry=r
+        )
+        self.cancelled = Counter(
+            "dynoplan_mocker_cancelled_requests", "Requests cancelled (client disconnected).", lbl, registry=r
+        )
         self.model_name = model_name
         for rank in range(dp_size):
             # make every per-rank series visible from the first scrape (zeros, not absent)
-            for m in (self.running, self.waiting, self.kv_usage, self.preemptions, self.prefix_queries, self.prefix_hits,
-                      self.prompt_tokens, self.generation_tokens, self.passes, self.pass_time, self.cancelled):
+            for m in (
+                self.running,
+                self.waiting,
+                self.kv_usage,
+                self.preemptions,
+                self.prefix_queries,
+                self.prefix_hits,
+                self.prompt_tokens,
+                self.generation_tokens,
+                self.passes,
+                self.pass_time,
+                self.cancelled,
+            ):
                 m.labels(model_name, str(rank))
             for m in (self.ttft, self.itl, self.e2e):
                 m.labels(model_name, str(rank))
@@ -83,29 +169,76 @@ class FrontendMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         p = "dynamo_frontend_"
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token (frontend view).", ["model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram(p + "inter_token_latency_seconds", "Inter-token latency (frontend view).", ["model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.duration = Histogram(p + "request_duration_seconds", "Request duration.", ["model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.isl = Histogram(p + "input_sequence_tokens", "Input sequence length.", ["model"], buckets=TOKEN_BUCKETS, registry=r)
-        self.osl = Histogram(p + "output_sequence_tokens", "Output sequence length.", ["model"], buckets=TOKEN_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Time to first token (frontend view).",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl = Histogram(
+            p + "inter_token_latency_seconds",
+            "Inter-token latency (frontend view).",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.duration = Histogram(
+            p + "request_duration_seconds", "Request duration.", ["model"], buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.isl = Histogram(
+            p + "input_sequence_tokens", "Input sequence length.", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.osl = Histogram(
+            p + "output_sequence_tokens", "Output sequence length.", ["model"], buckets=TOKEN_BUCKETS, registry=r
+        )
         self.started = Counter(p + "requests_started", "Requests started.", ["model"], registry=r)
-        self.requests = Counter(p + "requests", "Requests finished, by status.", ["model", "endpoint", "request_type", "status"], registry=r)
+        self.requests = Counter(
+            p + "requests", "Requests finished, by status.", ["model", "endpoint", "request_type", "status"], registry=r
+        )
         self.inflight = Gauge(p + "inflight_requests", "Requests in flight.", ["model"], registry=r)
         self.workers = Gauge(p + "workers", "Discovered workers by role.", ["role"], registry=r)
-        self.retries = Counter(p + "request_retries", "Legs re-routed after a worker failed (the stream continues elsewhere).", ["model"], registry=r)
-        self.continuations = Counter("dynoplan_frontend_stream_continuations",
-                                     "Streams continued on another worker after a worker failed mid-stream (tokens already "
-                                     "sent to the client; the prompt is extended by them)", ["model"], registry=r)
-        self.failures = Counter("dynoplan_frontend_request_failures",
-                                "Accepted requests that failed, by reason (the client got an HTTP error or an SSE error "
-                                "event with this reason as its code)", ["model", "reason"], registry=r)
-        self.interarrival = Histogram("dynoplan_frontend_request_interarrival_seconds",
-                                      "Gap between a request's arrival and the previous request's arrival (wall seconds).",
-                                      ["model"], buckets=GAP_BUCKETS_S, registry=r)
+        self.retries = Counter(
+            p + "request_retries",
+            "Legs re-routed after a worker failed (the stream continues elsewhere).",
+            ["model"],
+            registry=r,
+        )
+        self.continuations = Counter(
+            "dynoplan_frontend_stream_continuations",
+            "Streams continued on another worker after a worker failed mid-stream (tokens already "
+            "sent to the client; the prompt is extended by them)",
+            ["model"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "dynoplan_frontend_request_failures",
+            "Accepted requests that failed, by reason (the client got an HTTP error or an SSE error "
+            "event with this reason as its code)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.interarrival = Histogram(
+            "dynoplan_frontend_request_interarrival_seconds",
+            "Gap between a request's arrival and the previous request's arrival (wall seconds).",
+            ["model"],
+            buckets=GAP_BUCKETS_S,
+            registry=r,
+        )
         self._last_arrival_s: dict[str, float] = {}
         # series exist (at 0) from the first scrape, so increase() over a window sees the first requests
-        for m in (self.ttft, self.itl, self.duration, self.isl, self.osl, self.started, self.inflight, self.retries,
-                  self.continuations, self.interarrival):
+        for m in (
+            self.ttft,
+            self.itl,
+            self.duration,
+            self.isl,
+            self.osl,
+            self.started,
+            self.inflight,
+            self.retries,
+            self.continuations,
+            self.interarrival,
+        ):
             m.labels(model)
 
     def observe_arrival(self, model: str, t_s: float) -> None:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -53,8 +54,15 @@ class ParsedRequest:
 
 
 def _type_name(v: object) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
-            int: "integer", float: "number"}.get(type(v), type(v).__name__)
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        type(None): "null",
+        int: "integer",
+        float: "number",
+    }.get(type(v), type(v).__name__)
 
 
 def _int_field(body: dict[str, Any], name: str, *, lo: int, hi: int | None = None) -> int | None:
@@ -85,8 +93,7 @@ def _number_field(body: dict[str, Any], name: str) -> None:
         raise RequestError(f"'{name}' must be a number, got {_type_name(v)}", param=name)
 
 
-def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: int,
-                  block_tokens: int) -> ParsedRequest:
+def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: int, block_tokens: int) -> ParsedRequest:
     """Validate ``body`` (decoded JSON) of a ``/v1/completions`` or ``/v1/chat/completions`` request.
 
     ``max_model_len``: prompt + max_tokens must not exceed it (tokens). ``block_tokens``: tokens per
@@ -101,8 +108,13 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
     if not isinstance(model, str):
         raise RequestError(f"'model' must be a string, got {_type_name(model)}", param="model")
     if served_model and model != served_model:
-        raise RequestError(f"The model `{model}` does not exist.", param="model", status=404,
-                           type_="NotFoundError", code="model_not_found")
+        raise RequestError(
+            f"The model `{model}` does not exist.",
+            param="model",
+            status=404,
+            type_="NotFoundError",
+            code="model_not_found",
+        )
     n = _int_field(body, "n", lo=1, hi=1)
     del n
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
@@ -127,12 +139,20 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
                 prompt = prompt[0]
             if isinstance(prompt, str):
                 token_ids = tokenize(prompt)
-            elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            elif isinstance(prompt, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
+            ):
                 token_ids = list(prompt)
             elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
-                raise RequestError("batched prompts (a list of several prompts) are not supported; send one prompt per request", param="prompt")
+                raise RequestError(
+                    "batched prompts (a list of several prompts) are not supported; send one prompt per request",
+                    param="prompt",
+                )
             else:
-                raise RequestError(f"'prompt' must be a string or a list of non-negative token ids, got {_type_name(prompt)}", param="prompt")
+                raise RequestError(
+                    f"'prompt' must be a string or a list of non-negative token ids, got {_type_name(prompt)}",
+                    param="prompt",
+                )
     else:
         messages = body.get("messages")
         if messages is None and input_length is None:
@@ -143,21 +163,31 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
             rendered: list[tuple[str, str]] = []
             for i, m in enumerate(messages):
                 if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                    raise RequestError(f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]")
+                    raise RequestError(
+                        f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]"
+                    )
                 content = m.get("content", "")
                 if content is None:
                     content = ""
                 if isinstance(content, list):
                     parts = []
                     for j, part in enumerate(content):
-                        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                            raise RequestError(f"'messages[{i}].content[{j}]' must be {{\"type\": \"text\", \"text\": string}}",
-                                               param=f"messages[{i}].content")
+                        if (
+                            not isinstance(part, dict)
+                            or part.get("type") != "text"
+                            or not isinstance(part.get("text"), str)
+                        ):
+                            raise RequestError(
+                                f'\'messages[{i}].content[{j}]\' must be {{"type": "text", "text": string}}',
+                                param=f"messages[{i}].content",
+                            )
                         parts.append(part["text"])
                     content = "".join(parts)
                 if not isinstance(content, str):
-                    raise RequestError(f"'messages[{i}].content' must be a string or an array of text parts, got {_type_name(content)}",
-                                       param=f"messages[{i}].content")
+                    raise RequestError(
+                        f"'messages[{i}].content' must be a string or an array of text parts, got {_type_name(content)}",
+                        param=f"messages[{i}].content",
+                    )
                 rendered.append((m["role"], content))
             token_ids = tokenize(render_chat(rendered))
 
@@ -165,12 +195,17 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
         assert token_ids is not None
         input_length = len(token_ids)
         if input_length == 0:
-            raise RequestError("the prompt is empty (0 tokens); expected at least 1 token", param="prompt" if kind == "completion" else "messages")
+            raise RequestError(
+                "the prompt is empty (0 tokens); expected at least 1 token",
+                param="prompt" if kind == "completion" else "messages",
+            )
 
     hash_ids: tuple[int, ...] | None = None
     raw_h = body.get("hash_ids")
     if raw_h is not None:
-        if not isinstance(raw_h, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in raw_h):
+        if not isinstance(raw_h, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in raw_h
+        ):
             raise RequestError("'hash_ids' must be an array of non-negative integers", param="hash_ids")
         hash_ids = tuple(raw_h)
     elif token_ids is not None and len(token_ids) == input_length:
@@ -180,9 +215,13 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
         raise RequestError(
             f"'hash_ids' has {len(hash_ids)} ids of {block_tokens} tokens = {len(hash_ids) * block_tokens} tokens, "
             f"fewer than the prompt's {input_length}; expected at least ceil(prompt / {block_tokens}) ids "
-            f"(the server's trace block size is {block_tokens} tokens)", param="hash_ids")
+            f"(the server's trace block size is {block_tokens} tokens)",
+            param="hash_ids",
+        )
 
-    mt_name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    mt_name = (
+        "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    )
     max_tokens = _int_field(body, mt_name, lo=1)
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
@@ -190,33 +229,57 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
         raise RequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{input_length + max_tokens} tokens ({input_length} in the prompt, {max_tokens} for the completion). "
-            f"Please reduce the prompt or '{mt_name}'.", param=mt_name)
+            f"Please reduce the prompt or '{mt_name}'.",
+            param=mt_name,
+        )
     min_tokens = _int_field(body, "min_tokens", lo=0)
     if min_tokens is not None and min_tokens > max_tokens:
         raise RequestError(f"'min_tokens' ({min_tokens}) must be <= '{mt_name}' ({max_tokens})", param="min_tokens")
-    return ParsedRequest(kind=kind, model=model, input_length=input_length, output_length=max_tokens,
-                         stream=stream, include_usage=include_usage, hash_ids=hash_ids, raw=body)
+    return ParsedRequest(
+        kind=kind,
+        model=model,
+        input_length=input_length,
+        output_length=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        hash_ids=hash_ids,
+        raw=body,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- bodies
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def chunk_body(kind: Kind, rid: str, model: str, created: int, text: str | None,
-               finish_reason: str | None, *, first: bool = False) -> dict[str, Any]:
+def chunk_body(
+    kind: Kind, rid: str, model: str, created: int, text: str | None, finish_reason: str | None, *, first: bool = False
+) -> dict[str, Any]:
     """One SSE chunk (``text_completion`` or ``chat.completion.chunk``)."""
     if kind == "completion":
-        return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]}
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}],
+        }
     delta: dict[str, Any] = {}
     if first:
         delta["role"] = "assistant"
     if text is not None:
         delta["content"] = text
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
 
 
 def usage_chunk(kind: Kind, rid: str, model: str, created: int, u: dict[str, int]) -> dict[str, Any]:
@@ -224,13 +287,26 @@ def usage_chunk(kind: Kind, rid: str, model: str, created: int, u: dict[str, int
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": u}
 
 
-def full_body(kind: Kind, rid: str, model: str, created: int, text: str, finish_reason: str,
-              u: dict[str, int]) -> dict[str, Any]:
+def full_body(
+    kind: Kind, rid: str, model: str, created: int, text: str, finish_reason: str, u: dict[str, int]
+) -> dict[str, Any]:
     """A non-streaming response body."""
     if kind == "completion":
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice], "usage": u}
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": u,
+        }
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
     return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": u}
 
 

@@ -67,9 +67,14 @@ def decode_kv_event(payload: bytes) -> KvEventBatch:
 
 def idle_fpm(worker_id: int, dp_rank: int, timestamp_ms: float) -> ForwardPassMetrics:
     """An idle heartbeat: wall_time 0.0 and nothing scheduled or queued."""
-    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, wall_time=0.0,
-                              scheduled_requests=ScheduledRequests(), queued_requests=QueuedRequests(),
-                              timestamp_ms=timestamp_ms)
+    return ForwardPassMetrics(
+        worker_id=worker_id,
+        dp_rank=dp_rank,
+        wall_time=0.0,
+        scheduled_requests=ScheduledRequests(),
+        queued_requests=QueuedRequests(),
+        timestamp_ms=timestamp_ms,
+    )
 
 
 class Publisher:

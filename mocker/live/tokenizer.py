@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 _PIECE = re.compile(r" ?[^\W_]{1,4}| ?[^\s]|\s+", re.UNICODE)
 
@@ -85,8 +85,9 @@ so a generated token's id names its position in the output, which is what determ
 (:func:`output_piece`)."""
 
 
-def continuation_hash_ids(hash_ids: Sequence[int], input_length: int, produced: int,
-                          block_tokens: int) -> tuple[int, ...]:
+def continuation_hash_ids(
+    hash_ids: Sequence[int], input_length: int, produced: int, block_tokens: int
+) -> tuple[int, ...]:
     """Block ids of a prompt continued after ``produced`` generated tokens (a stream moved to another worker).
 
     The continued prompt is the original ``input_length`` prompt tokens followed by the first ``produced``
@@ -108,8 +109,9 @@ def continuation_hash_ids(hash_ids: Sequence[int], input_length: int, produced: 
     if input_length < 1 or produced < 0:
         raise ValueError(f"input_length={input_length}, produced={produced}: expected >= 1 and >= 0")
     if len(hash_ids) * block_tokens < input_length:
-        raise ValueError(f"hash_ids has {len(hash_ids)} ids of {block_tokens} tokens, fewer than the prompt's "
-                         f"{input_length} tokens")
+        raise ValueError(
+            f"hash_ids has {len(hash_ids)} ids of {block_tokens} tokens, fewer than the prompt's {input_length} tokens"
+        )
     full = input_length // block_tokens
     ids = list(hash_ids[:full])
     total = -(-(input_length + produced) // block_tokens)

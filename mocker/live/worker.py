@@ -46,29 +46,37 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import zmq
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from pydantic import Field
 
+from dynoplan.errors import DynoplanError, RequestError
 from dynoplan.settings import settings
 from mocker.config import EngineConfig
 from mocker.engine.base import EngineCore, PassOutcome
-from dynoplan.errors import DynoplanError
 from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
 from mocker.kv.kvbm import EventingKvbmBlockManager, KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
 from mocker.kv.radix import RadixCache
 from mocker.live.driver import RankDriver, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
-from dynoplan.errors import RequestError
-from mocker.live.protocol import (ParsedRequest, request_received_monotonic, serve_app, chunk_body, full_body, now_s, parse_request,
-                                  response_id, usage, usage_chunk)
+from mocker.live.protocol import (
+    ParsedRequest,
+    chunk_body,
+    full_body,
+    now_s,
+    parse_request,
+    request_received_monotonic,
+    response_id,
+    serve_app,
+    usage,
+    usage_chunk,
+)
 from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEventBatch, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
@@ -89,23 +97,37 @@ class WorkerSettings:
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The simulated engine (one per DP rank).")
     host: str = Field(default="127.0.0.1", description="Bind address.")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0 = any free port).")
-    model_name: str = Field(default="mocker", description="Served model name (/v1/models; requests for another model get 404).")
+    model_name: str = Field(
+        default="mocker", description="Served model name (/v1/models; requests for another model get 404)."
+    )
     worker_id: int = Field(default=0, description="Worker id reported in ForwardPassMetrics and KV events.")
     max_model_len: int | None = Field(
-        default=None, ge=2, description="Max prompt + output tokens; None = the KV capacity of one rank (a longer request "
-                                "could never run).")
+        default=None,
+        ge=2,
+        description="Max prompt + output tokens; None = the KV capacity of one rank (a longer request "
+        "could never run).",
+    )
     fpm_endpoint: str | None = Field(
-        default="tcp://127.0.0.1:0", description="ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port).")
-    kv_events_endpoint: str | None = Field(default="tcp://127.0.0.1:0", description="ZMQ PUB endpoint of KV events (None = off).")
+        default="tcp://127.0.0.1:0",
+        description="ZMQ PUB endpoint of ForwardPassMetrics (None = off; port 0 = any free port).",
+    )
+    kv_events_endpoint: str | None = Field(
+        default="tcp://127.0.0.1:0", description="ZMQ PUB endpoint of KV events (None = off)."
+    )
     heartbeat_s: float = Field(default=1.0, gt=0, description="Idle FPM heartbeat period (s).")
     kv_bytes_per_token: int = Field(
-        default=0, ge=0, description="Decode role: KV bytes per prompt token for the transfer delay (0 = no delay).")
+        default=0, ge=0, description="Decode role: KV bytes per prompt token for the transfer delay (0 = no delay)."
+    )
     kv_transfer_bandwidth_gbps: float = Field(
-        default=0.0, ge=0, description="Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay).")
+        default=0.0, ge=0, description="Decode role: transfer bandwidth in GB/s (1e9 bytes/s; 0 = no delay)."
+    )
     keep_records: int = Field(default=200_000, ge=0, description="Finished records kept for GET /records.")
     bootstrap_port: int | None = Field(
-        default=None, ge=0, le=65535, description="Prefill role: TCP port of the bootstrap handoff server (0 = any free port; "
-                                          "None = off).")
+        default=None,
+        ge=0,
+        le=65535,
+        description="Prefill role: TCP port of the bootstrap handoff server (0 = any free port; None = off).",
+    )
 
 
 def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> EngineCore:
@@ -127,7 +149,7 @@ class Worker:
         self.ready = False
         self._next_rid = 0
         self.max_model_len = settings.max_model_len or self.cfg.total_kv_tokens
-        self.records: "collections.deque[RequestRecord]" = collections.deque(maxlen=settings.keep_records)
+        self.records: collections.deque[RequestRecord] = collections.deque(maxlen=settings.keep_records)
         self._zmq: zmq.Context | None = None  # type: ignore[type-arg]
         self.fpm_pub: Publisher | None = None
         self.kv_pub: Publisher | None = None
@@ -180,7 +202,9 @@ class Worker:
             self.metrics.kv_blocks_total.labels(self.s.model_name, str(rank)).set(self.cfg.num_gpu_blocks)
         self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeat()))
         if self.s.bootstrap_port is not None and self.cfg.worker_type == "prefill":
-            self._bootstrap_server = await asyncio.start_server(self._bootstrap_conn, self.s.host, self.s.bootstrap_port)
+            self._bootstrap_server = await asyncio.start_server(
+                self._bootstrap_conn, self.s.host, self.s.bootstrap_port
+            )
             self.bootstrap_port = self._bootstrap_server.sockets[0].getsockname()[1]
         self.ready = True
 
@@ -208,7 +232,9 @@ class Worker:
         snap: Callable[[], list[int]] | None = None
         if self.kv_pub is not None:
             if type(kv) in (BlockKvManager, KvbmBlockManager) and kv.caching:
-                kv = core.kv = (EventingKvManager if type(kv) is BlockKvManager else EventingKvbmBlockManager)(kv.num_blocks, kv.caching)
+                kv = core.kv = (EventingKvManager if type(kv) is BlockKvManager else EventingKvbmBlockManager)(
+                    kv.num_blocks, kv.caching
+                )
             if isinstance(kv, (EventingKvManager, EventingKvbmBlockManager)):
                 events = kv.events
                 snap = lambda kv=kv: [*kv.active, *kv.inactive]  # noqa: E731
@@ -226,10 +252,29 @@ class Worker:
         c = self._child_cache.get(rank)
         if c is None:
             m, name, r = self.metrics, self.s.model_name, str(rank)
-            c = {k: getattr(m, k).labels(name, r) for k in ("running", "waiting", "kv_active_tokens", "kv_usage", "pass_time",
-                                                            "passes", "lag", "generation_tokens", "prompt_tokens", "ttft", "itl",
-                                                            "e2e", "queue_time", "prompt_len", "gen_len", "prefix_queries",
-                                                            "prefix_hits", "preemptions")}
+            c = {
+                k: getattr(m, k).labels(name, r)
+                for k in (
+                    "running",
+                    "waiting",
+                    "kv_active_tokens",
+                    "kv_usage",
+                    "pass_time",
+                    "passes",
+                    "lag",
+                    "generation_tokens",
+                    "prompt_tokens",
+                    "ttft",
+                    "itl",
+                    "e2e",
+                    "queue_time",
+                    "prompt_len",
+                    "gen_len",
+                    "prefix_queries",
+                    "prefix_hits",
+                    "preemptions",
+                )
+            }
             c["success"] = m.request_success.labels(name, r, "length")
             c["hit_rate"] = m.cache_hit_rate.labels(name, r) if m.cache_hit_rate is not None else None
             self._child_cache[rank] = c
@@ -286,8 +331,16 @@ class Worker:
                 while j < len(events) and events[j][0] == kind:
                     j += 1
                 self._kv_event_id += 1
-                self.kv_pub.publish(KV_TOPIC, KvEventBatch(self.s.worker_id, rank, self._kv_event_id, kind,  # type: ignore[arg-type]
-                                                      [wire_block_id(e[1]) for e in events[i:j]]))
+                self.kv_pub.publish(
+                    KV_TOPIC,
+                    KvEventBatch(
+                        self.s.worker_id,
+                        rank,
+                        self._kv_event_id,
+                        kind,  # type: ignore[arg-type]
+                        [wire_block_id(e[1]) for e in events[i:j]],
+                    ),
+                )
                 i = j
         events.clear()
 
@@ -304,7 +357,9 @@ class Worker:
         self.records.append(rec)
         if rec.status != "finished" or rec.first_token_ms is None or rec.finish_ms is None:
             return
-        c = self._children(rank)  # labelled children looked up once per rank (labels() per ITL sample was ~10% of the process)
+        c = self._children(
+            rank
+        )  # labelled children looked up once per rank (labels() per ITL sample was ~10% of the process)
         c["success"].inc()
         c["ttft"].observe((rec.first_token_ms - rec.arrival_ms) / 1000.0)
         tt = rec.token_times_ms
@@ -351,36 +406,60 @@ class Worker:
         return web.json_response({"status": "ready", "worker_id": self.s.worker_id})
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan-mocker",
-             "max_model_len": self.max_model_len}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.s.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "dynoplan-mocker",
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _fpm(self, request: web.Request) -> web.Response:
-        out = {str(d.dp_rank): (msgspec.to_builtins(d.latest_fpm) if d.latest_fpm is not None else None) for d in self.drivers}
+        out = {
+            str(d.dp_rank): (msgspec.to_builtins(d.latest_fpm) if d.latest_fpm is not None else None)
+            for d in self.drivers
+        }
         return web.json_response(out)
 
     async def _info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "worker_id": self.s.worker_id, "worker_type": self.cfg.worker_type, "engine": self.cfg.engine,
-            "model": self.s.model_name, "dp_size": self.cfg.dp_size, "block_size": self.cfg.effective_block_size,
-            "trace_block_size": self.cfg.trace_block_size, "num_gpu_blocks": self.cfg.num_gpu_blocks,
-            "speedup_ratio": self.cfg.speedup_ratio, "max_model_len": self.max_model_len,
-            "fpm_endpoint": self.fpm_pub.endpoint if self.fpm_pub else None,
-            "kv_events_endpoint": self.kv_pub.endpoint if self.kv_pub else None,
-            "outstanding": [d.outstanding for d in self.drivers],
-            "bootstrap_port": self.bootstrap_port,
-            "kv_block_ids": "engine",
-        })
+        return web.json_response(
+            {
+                "worker_id": self.s.worker_id,
+                "worker_type": self.cfg.worker_type,
+                "engine": self.cfg.engine,
+                "model": self.s.model_name,
+                "dp_size": self.cfg.dp_size,
+                "block_size": self.cfg.effective_block_size,
+                "trace_block_size": self.cfg.trace_block_size,
+                "num_gpu_blocks": self.cfg.num_gpu_blocks,
+                "speedup_ratio": self.cfg.speedup_ratio,
+                "max_model_len": self.max_model_len,
+                "fpm_endpoint": self.fpm_pub.endpoint if self.fpm_pub else None,
+                "kv_events_endpoint": self.kv_pub.endpoint if self.kv_pub else None,
+                "outstanding": [d.outstanding for d in self.drivers],
+                "bootstrap_port": self.bootstrap_port,
+                "kv_block_ids": "engine",
+            }
+        )
 
     async def _kv_state(self, request: web.Request) -> web.Response:
         ranks = {str(i): self._cached_keys(i) for i in range(len(self.drivers))}
         return web.json_response({"event_id": self._kv_event_id, "ranks": ranks})
 
     async def _records(self, request: web.Request) -> web.Response:
-        return web.Response(body=msgspec.json.encode([_record_dict(r) for r in self.records]), content_type="application/json")
+        return web.Response(
+            body=msgspec.json.encode([_record_dict(r) for r in self.records]), content_type="application/json"
+        )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion")
@@ -401,14 +480,21 @@ class Worker:
         if rx is not None:
             received_ms = min(received_ms, self.clock.from_monotonic(rx))
         if not self.ready:
-            return web.json_response(RequestError("worker is not ready", status=503, type_="ServiceUnavailable").body(), status=503)
+            return web.json_response(
+                RequestError("worker is not ready", status=503, type_="ServiceUnavailable").body(), status=503
+            )
         try:
             try:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
                 raise RequestError("request body is not valid JSON") from None
-            p = parse_request(body, kind, served_model=self.s.model_name,  # type: ignore[arg-type]
-                              max_model_len=self.max_model_len, block_tokens=self.cfg.trace_block_size)
+            p = parse_request(
+                body,
+                kind,
+                served_model=self.s.model_name,  # type: ignore[arg-type]
+                max_model_len=self.max_model_len,
+                block_tokens=self.cfg.trace_block_size,
+            )
             prefill_done = body.get("prefill_done", False)
             if not isinstance(prefill_done, bool):
                 raise RequestError("'prefill_done' must be a boolean", param="prefill_done")
@@ -416,15 +502,30 @@ class Worker:
             if room is not None and (isinstance(room, bool) or not isinstance(room, int) or room < 0):
                 raise RequestError("'bootstrap_room' must be a non-negative integer", param="bootstrap_room")
             want_rank = body.get("dp_rank")
-            if want_rank is not None and (isinstance(want_rank, bool) or not isinstance(want_rank, int)
-                                          or not 0 <= want_rank < len(self.drivers)):
-                raise RequestError(f"'dp_rank' must be an integer in 0..{len(self.drivers) - 1} (this worker's DP ranks), "
-                                   f"got {want_rank!r}", param="dp_rank")
+            if want_rank is not None and (
+                isinstance(want_rank, bool) or not isinstance(want_rank, int) or not 0 <= want_rank < len(self.drivers)
+            ):
+                raise RequestError(
+                    f"'dp_rank' must be an integer in 0..{len(self.drivers) - 1} (this worker's DP ranks), "
+                    f"got {want_rank!r}",
+                    param="dp_rank",
+                )
             b_host, b_port = body.get("bootstrap_host"), body.get("bootstrap_port")
-            if room is not None and prefill_done and (not isinstance(b_host, str) or isinstance(b_port, bool)
-                                                      or not isinstance(b_port, int) or not 0 < b_port < 65536):
-                raise RequestError("a decode request with 'bootstrap_room' needs 'bootstrap_host' (string) and "
-                                   "'bootstrap_port' (1..65535)", param="bootstrap_port")
+            if (
+                room is not None
+                and prefill_done
+                and (
+                    not isinstance(b_host, str)
+                    or isinstance(b_port, bool)
+                    or not isinstance(b_port, int)
+                    or not 0 < b_port < 65536
+                )
+            ):
+                raise RequestError(
+                    "a decode request with 'bootstrap_room' needs 'bootstrap_host' (string) and "
+                    "'bootstrap_port' (1..65535)",
+                    param="bootstrap_port",
+                )
         except RequestError as e:
             return self._error(e)
         output_length = p.output_length
@@ -434,17 +535,28 @@ class Worker:
             if room is not None:
                 status = await self._await_bootstrap(b_host, b_port, room)
                 if status != "ready":
-                    return web.json_response(RequestError(f"prefill of bootstrap room {room} {status}", status=502,
-                                                          type_="BadGateway").body(), status=502)
+                    return web.json_response(
+                        RequestError(
+                            f"prefill of bootstrap room {room} {status}", status=502, type_="BadGateway"
+                        ).body(),
+                        status=502,
+                    )
                 received_ms = self.clock.now_ms()  # the prompt KV is ready now
             received_ms += self._transfer_delay_s(p.input_length) * 1000.0  # arrives after the transfer
             await self.clock.sleep_until(received_ms)
         self._next_rid += 1
         rid = self._next_rid
-        drv = self.drivers[want_rank] if want_rank is not None else min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
+        drv = (
+            self.drivers[want_rank]
+            if want_rank is not None
+            else min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
+        )
         try:
-            st = drv.submit(TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
-                            prefilled=self.cfg.worker_type == "decode" and prefill_done, arrival_ms=received_ms)
+            st = drv.submit(
+                TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
+                prefilled=self.cfg.worker_type == "decode" and prefill_done,
+                arrival_ms=received_ms,
+            )
         except (DynoplanError, ValueError) as e:  # the core refused the request: a 400, never a crash
             return self._error(RequestError(f"request refused by the engine: {e}"))
         if room is not None and self.cfg.worker_type == "prefill":
@@ -468,12 +580,16 @@ class Worker:
                         if em.finished:
                             finished = True
                             break
-                        chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0)
+                        chunk = chunk_body(
+                            p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0
+                        )
                         n += 1
                         out.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
                     if out:
                         if not resp.prepared:
-                            await resp.prepare(request)  # headers go out with the first token, so a refusal can still be a 400
+                            await resp.prepare(
+                                request
+                            )  # headers go out with the first token, so a refusal can still be a 400
                         await resp.write(b"".join(out))
                 if n == 0:
                     done = True
@@ -481,7 +597,11 @@ class Worker:
                 fin = chunk_body(p.kind, oid, p.model, created, None if p.kind == "chat" else "", "length")
                 tail = b"data: " + msgspec.json.encode(fin) + b"\n\n"
                 if p.include_usage:
-                    tail += b"data: " + msgspec.json.encode(usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n))) + b"\n\n"
+                    tail += (
+                        b"data: "
+                        + msgspec.json.encode(usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n)))
+                        + b"\n\n"
+                    )
                 await resp.write(tail + b"data: [DONE]\n\n")
                 await resp.write_eof()
                 done = True
@@ -528,7 +648,7 @@ class Worker:
             writer.write(json.dumps(res).encode() + b"\n")
             await writer.drain()
             self.bootstrap_served += 1
-        except (asyncio.TimeoutError, ValueError, KeyError, TypeError, ConnectionError):
+        except (TimeoutError, ValueError, KeyError, TypeError, ConnectionError):
             try:
                 writer.write(b'{"status": "failed"}\n')
             except ConnectionError:
@@ -540,7 +660,7 @@ class Worker:
         """Decode side: wait for the prefill worker's answer about ``room``; 'ready' or a failure reason."""
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 10.0)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             return f"unreachable ({e})"
         try:
             writer.write(json.dumps({"room": room}).encode() + b"\n")
@@ -548,15 +668,19 @@ class Worker:
             line = await asyncio.wait_for(reader.readline(), BOOTSTRAP_ROOM_TTL_S)
             res = json.loads(line) if line else {"status": "failed"}
             return str(res.get("status", "failed"))
-        except (OSError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, OSError, ValueError) as e:
             return f"failed ({e})"
         finally:
             writer.close()
 
     def _refused(self, p: ParsedRequest) -> web.Response:
-        return self._error(RequestError(
-            f"the request needs {p.input_length} prompt tokens (+ output) of KV cache, more than this engine can ever hold "
-            f"({self.cfg.num_gpu_blocks} blocks of {self.cfg.effective_block_size} tokens)", param="max_tokens"))
+        return self._error(
+            RequestError(
+                f"the request needs {p.input_length} prompt tokens (+ output) of KV cache, more than this engine can ever hold "
+                f"({self.cfg.num_gpu_blocks} blocks of {self.cfg.effective_block_size} tokens)",
+                param="max_tokens",
+            )
+        )
 
     def _transfer_delay_s(self, prompt_tokens: int) -> float:
         if self.s.kv_bytes_per_token <= 0 or self.s.kv_transfer_bandwidth_gbps <= 0:
@@ -564,18 +688,32 @@ class Worker:
         # Not divided by the speedup ratio: the offline fleet's model (mocker.transfer), checked against the
         # reference (Dynamo Mocker 1.6.1 --disagg, speedup_ratio 10, ISL 374, 131072 B/token at 64 GB/s: decode
         # admitted 0.765952 ms after the prefill pass, the unscaled transfer time; TTFT 3.565769 ms).
-        return KvTransferConfig(self.s.kv_transfer_bandwidth_gbps, self.s.kv_bytes_per_token).transfer_ms(prompt_tokens) / 1000.0
+        return (
+            KvTransferConfig(self.s.kv_transfer_bandwidth_gbps, self.s.kv_bytes_per_token).transfer_ms(prompt_tokens)
+            / 1000.0
+        )
 
 
 def _record_dict(r: RequestRecord) -> dict[str, Any]:
-    return {"request_id": r.request_id, "arrival_ms": r.arrival_ms, "input_length": r.input_length,
-            "output_length": r.output_length, "dp_rank": r.dp_rank, "admit_ms": r.admit_ms,
-            "first_token_ms": r.first_token_ms, "finish_ms": r.finish_ms, "token_times_ms": r.token_times_ms,
-            "cached_tokens": r.cached_tokens, "num_preemptions": r.num_preemptions, "status": r.status}
+    return {
+        "request_id": r.request_id,
+        "arrival_ms": r.arrival_ms,
+        "input_length": r.input_length,
+        "output_length": r.output_length,
+        "dp_rank": r.dp_rank,
+        "admit_ms": r.admit_ms,
+        "first_token_ms": r.first_token_ms,
+        "finish_ms": r.finish_ms,
+        "token_times_ms": r.token_times_ms,
+        "cached_tokens": r.cached_tokens,
+        "num_preemptions": r.num_preemptions,
+        "status": r.status,
+    }
 
 
-async def serve(settings: WorkerSettings, core_factory: CoreFactory | None = None,
-                on_bound: Callable[[int], None] | None = None) -> None:
+async def serve(
+    settings: WorkerSettings, core_factory: CoreFactory | None = None, on_bound: Callable[[int], None] | None = None
+) -> None:
     """Run a worker until cancelled. ``on_bound(port)`` is called once the socket listens."""
     w = Worker(settings, core_factory)
     await serve_app(w.app, settings.host, settings.port, on_bound)

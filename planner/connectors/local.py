@@ -39,8 +39,8 @@ from typing import Any
 
 import aiohttp
 
-from planner.core import PoolState
 from dynoplan.errors import ConfigError
+from planner.core import PoolState
 
 log = logging.getLogger("dynoplan.local")
 
@@ -165,8 +165,17 @@ class WorkerProc:
         return f"http://127.0.0.1:{self.port}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "pool": self.pool, "worker_id": self.worker_id, "port": self.port, "pid": self.pid,
-                "url": self.url, "state": self.state, "started_s": self.started_s, "fpm_endpoint": self.fpm_endpoint}
+        return {
+            "name": self.name,
+            "pool": self.pool,
+            "worker_id": self.worker_id,
+            "port": self.port,
+            "pid": self.pid,
+            "url": self.url,
+            "state": self.state,
+            "started_s": self.started_s,
+            "fpm_endpoint": self.fpm_endpoint,
+        }
 
 
 class LocalConnector:
@@ -191,15 +200,25 @@ class LocalConnector:
 
     # ------------------------------------------------------------------ state
     def _save(self) -> None:
-        write_atomic(self.dir / "fleet.json", json.dumps(
-            {"spec": self.spec, "next_worker_id": self.next_worker_id, "workers": [w.to_dict() for w in self.workers]},
-            indent=1))
+        write_atomic(
+            self.dir / "fleet.json",
+            json.dumps(
+                {
+                    "spec": self.spec,
+                    "next_worker_id": self.next_worker_id,
+                    "workers": [w.to_dict() for w in self.workers],
+                },
+                indent=1,
+            ),
+        )
         listed = [w for w in self.workers if w.state == "ready"]
         text = "".join(w.url + "\n" for w in sorted(listed, key=lambda w: w.worker_id))
         if not self.workers_file.exists() or self.workers_file.read_text() != text:
             write_atomic(self.workers_file, text)
-        write_atomic(self.dir / "prometheus_workers.json", json.dumps(
-            [{"targets": [f"127.0.0.1:{w.port}" for w in listed], "labels": {"job": "workers"}}]))
+        write_atomic(
+            self.dir / "prometheus_workers.json",
+            json.dumps([{"targets": [f"127.0.0.1:{w.port}" for w in listed], "labels": {"job": "workers"}}]),
+        )
 
     def _event(self, kind: str, w: WorkerProc, **extra: Any) -> None:
         e = {"t": time.time(), "event": kind, "worker": w.name, "pool": w.pool, **extra}
@@ -213,9 +232,17 @@ class LocalConnector:
         spec = {p: int(v) for p, v in (data.get("spec") or {}).items() if p in self.s.pools}
         for d in data.get("workers", []):
             if d.get("pool") in self.s.pools and pid_alive(int(d["pid"])):
-                w = WorkerProc(d["name"], d["pool"], int(d["worker_id"]), int(d["port"]), int(d["pid"]),
-                               d.get("state", "starting"), float(d.get("started_s", time.time())),
-                               time.time() if d.get("state") == "draining" else 0.0, d.get("fpm_endpoint"))
+                w = WorkerProc(
+                    d["name"],
+                    d["pool"],
+                    int(d["worker_id"]),
+                    int(d["port"]),
+                    int(d["pid"]),
+                    d.get("state", "starting"),
+                    float(d.get("started_s", time.time())),
+                    time.time() if d.get("state") == "draining" else 0.0,
+                    d.get("fpm_endpoint"),
+                )
                 self.workers.append(w)
                 self.adopted += 1
         for p in self.s.pools:
@@ -230,12 +257,26 @@ class LocalConnector:
         self.next_worker_id += 1
         port = free_port()
         name = f"{pool}-{wid}"
-        argv = [*self.s.command, "mocker", "serve", "--host", "127.0.0.1", "--port", str(port),
-                "--worker-id", str(wid), "--model-name", self.s.model_name, "--worker-type", WORKER_TYPE[pool],
-                *self.s.worker_args.get(pool, ())]
+        argv = [
+            *self.s.command,
+            "mocker",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-id",
+            str(wid),
+            "--model-name",
+            self.s.model_name,
+            "--worker-type",
+            WORKER_TYPE[pool],
+            *self.s.worker_args.get(pool, ()),
+        ]
         with open(self.dir / "logs" / f"{name}.log", "ab") as logf:
-            proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         w = WorkerProc(name, pool, wid, port, proc.pid, "starting", time.time(), proc=proc)
         self.workers.append(w)
         self._save()  # recorded before anything else can happen to it
@@ -310,7 +351,7 @@ class LocalConnector:
                 self._spawn(pool)
             if len(active) > want:
                 # drain the not-yet-ready first, then the newest
-                victims = sorted(active, key=lambda w: (w.state != "starting", -w.worker_id))[:len(active) - want]
+                victims = sorted(active, key=lambda w: (w.state != "starting", -w.worker_id))[: len(active) - want]
                 for w in victims:
                     w.state, w.drain_since_s = "draining", now
                     changed = True
@@ -355,9 +396,10 @@ class LocalConnector:
         """Spec and ready (serving, not draining) replicas per pool."""
         if not self._last_ok:
             return None
-        return {p: PoolState(self.spec.get(p, 0),
-                             sum(1 for w in self.workers if w.pool == p and w.state == "ready"))
-                for p in self.s.pools}
+        return {
+            p: PoolState(self.spec.get(p, 0), sum(1 for w in self.workers if w.pool == p and w.state == "ready"))
+            for p in self.s.pools
+        }
 
     async def apply(self, targets: Mapping[str, int], decision_id: int, reason: str) -> None:
         """Set the spec; the reconcile loop starts or drains workers to match it."""

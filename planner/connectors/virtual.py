@@ -36,8 +36,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from planner.core import PoolState
 from dynoplan.errors import DynoplanError, VirtualConnectorError
+from planner.core import PoolState
 
 log = logging.getLogger("dynoplan.virtual")
 
@@ -69,8 +69,13 @@ class VirtualConnector:
     """Server side. ``pools`` and ``initial`` replicas; ``token`` (None = open); ``state_file`` (None =
     in memory only)."""
 
-    def __init__(self, pools: tuple[str, ...], initial: Mapping[str, int], token: str | None = None,
-                 state_file: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        pools: tuple[str, ...],
+        initial: Mapping[str, int],
+        token: str | None = None,
+        state_file: str | Path | None = None,
+    ) -> None:
         self.pools = pools
         self.token = token
         self.state_file = Path(state_file) if state_file else None
@@ -98,10 +103,12 @@ class VirtualConnector:
 
     def _notify(self) -> None:
         if self._cond is not None:
+
             async def n() -> None:
                 assert self._cond is not None
                 async with self._cond:
                     self._cond.notify_all()
+
             asyncio.get_running_loop().create_task(n())
 
     # ---------------------------------------------------------------- connector surface
@@ -142,8 +149,11 @@ class VirtualConnector:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(PREFIX) and not self._authorized(request):
-            return web.json_response({"error": "unauthorized: expected Authorization: Bearer <token>"}, status=401,
-                                     headers={"WWW-Authenticate": "Bearer"})
+            return web.json_response(
+                {"error": "unauthorized: expected Authorization: Bearer <token>"},
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return await handler(request)
 
     def add_routes(self, app: web.Application) -> None:
@@ -161,15 +171,17 @@ class VirtualConnector:
         try:
             after = int(raw_after)
         except ValueError:
-            return web.json_response({"error": f"after={raw_after!r}: expected an integer (last decision id seen)"},
-                                     status=400)
+            return web.json_response(
+                {"error": f"after={raw_after!r}: expected an integer (last decision id seen)"}, status=400
+            )
         try:
             timeout_s = float(raw_t)
             if not 0 <= timeout_s <= MAX_WAIT_S:
                 raise ValueError
         except ValueError:
-            return web.json_response({"error": f"timeout_s={raw_t!r}: expected seconds from 0 to {MAX_WAIT_S:g}"},
-                                     status=400)
+            return web.json_response(
+                {"error": f"timeout_s={raw_t!r}: expected seconds from 0 to {MAX_WAIT_S:g}"}, status=400
+            )
         assert self._cond is not None
 
         def newer() -> bool:
@@ -201,8 +213,9 @@ class VirtualConnector:
         except ValueError:
             return web.json_response({"error": "decision id: expected an integer"}, status=400)
         if self.info.decision_id is None or did != self.info.decision_id:
-            return web.json_response({"error": f"decision {did} is not the latest ({self.info.decision_id})"},
-                                     status=409)
+            return web.json_response(
+                {"error": f"decision {did} is not the latest ({self.info.decision_id})"}, status=409
+            )
         if self.info.acknowledged_id == did:
             return web.json_response({"error": f"decision {did} already completed"}, status=409)
         reps: dict[str, int] = dict(self.info.targets or {})
@@ -279,8 +292,12 @@ class VirtualConnectorClient:
         timeout."""
         if after is None:
             after = self.get().decision_id or 0
-        r = self._send("GET", self.base + "/decision/wait", params={"after": after, "timeout_s": timeout_s},
-                       timeout=timeout_s + self.timeout_s)
+        r = self._send(
+            "GET",
+            self.base + "/decision/wait",
+            params={"after": after, "timeout_s": timeout_s},
+            timeout=timeout_s + self.timeout_s,
+        )
         return None if r.status_code == 204 else DecisionInfo(**r.json())
 
     def complete(self, decision_id: int, replicas: Mapping[str, int] | None = None) -> int:
@@ -291,5 +308,8 @@ class VirtualConnectorClient:
 
     def report_replicas(self, replicas: Mapping[str, int]) -> DecisionInfo:
         """Report a change made outside the planner (it adopts it)."""
-        return DecisionInfo(**self._send("PUT", self.base + "/replicas", json={"replicas": dict(replicas)},
-                                         timeout=self.timeout_s).json())
+        return DecisionInfo(
+            **self._send(
+                "PUT", self.base + "/replicas", json={"replicas": dict(replicas)}, timeout=self.timeout_s
+            ).json()
+        )

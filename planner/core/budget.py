@@ -45,8 +45,12 @@ def gpus(replicas: Mapping[str, int], config: PlannerConfig) -> int:
     return sum(n * config.limits(p).gpus_per_engine for p, n in replicas.items())
 
 
-def apply_limits(desired: Mapping[str, int], current: Mapping[str, int], config: PlannerConfig,
-                 draining: Mapping[str, int] | None = None) -> BudgetResult:
+def apply_limits(
+    desired: Mapping[str, int],
+    current: Mapping[str, int],
+    config: PlannerConfig,
+    draining: Mapping[str, int] | None = None,
+) -> BudgetResult:
     """Safe targets for ``desired`` given the ``current`` (spec) replicas and the ``draining`` workers per pool
     (removed, still holding GPUs; default none) (module docstring)."""
     pools = config.pools

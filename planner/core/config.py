@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from dynoplan.settings import Problems, build, settings
 from dynoplan.errors import ConfigError
+from dynoplan.settings import Problems, build, settings
 
 MAX_TTFT_MS = 3_600_000.0
 """Largest TTFT target accepted (one hour): beyond it no sizing rule has anything to say, and the tail
@@ -66,10 +66,17 @@ Candidate = Literal["constant", "arima", "kalman", "prophet"]
 class PoolLimits:
     """Replica limits of one worker pool (prefill, decode or agg)."""
 
-    min_replicas: int = Field(default=1, ge=0, description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
-                                                   "min_endpoint, docs/architecture.md \"Planner facts\").")
-    max_replicas: int | None = Field(default=None, ge=0, description="Most replicas the planner requests, >= 0; null (the "
-                                                             "default) = only the GPU budget limits it.")
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
+        'min_endpoint, docs/architecture.md "Planner facts").',
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Most replicas the planner requests, >= 0; null (the default) = only the GPU budget limits it.",
+    )
     gpus_per_engine: int = Field(default=1, ge=1, description="GPUs one replica occupies, >= 1 (default 1).")
 
 
@@ -85,121 +92,257 @@ class PlannerConfig:
     raises :class:`~dynoplan.errors.ConfigError` listing every invalid field at once.
     """
 
-    mode: Mode = Field(default="disagg", description="Pools planned: disagg (prefill + decode), prefill, decode (that pool "
-                                             "only) or agg (one aggregated pool); default disagg.")
-    throughput_enabled: bool = Field(default=True, description="Run the throughput-based loop (predict demand, size from "
-                                                       "the performance profile); default true.")
-    load_enabled: bool = Field(default=False, description="Run the load-based loop on ForwardPassMetrics (+/-1 replica per "
-                                                  "load interval); default false.")
-    adjustment_interval_s: float = Field(default=180.0, gt=0, description="Throughput loop period, seconds > 0 (default "
-                                                                  "180, Dynamo adjustment_interval).")
-    load_adjustment_interval_s: float = Field(default=5.0, gt=0, description="Load loop period, seconds > 0 (default 5); "
-                                                                     "must be shorter than adjustment_interval_s.")
-    ttft_ms: float = Field(default=500.0, gt=0, le=MAX_TTFT_MS, description="TTFT SLA, milliseconds, 0 < value <= 3600000 "
-                                                                    "(default 500).")
-    itl_ms: float = Field(default=50.0, gt=0, le=MAX_ITL_MS, description="ITL SLA, milliseconds, 0 < value <= 10000 "
-                                                                 "(default 50).")
-    correction_enabled: bool = Field(default=True, description="Apply correction factors actual/expected TTFT (prefill) "
-                                                       "and ITL (decode); false = factors 1. Default true.")
-    predictor: Predictor = Field(default="arima", description="Demand predictor: constant, arima, kalman, prophet or auto "
-                                                      "(default arima, the Dynamo default).")
-    predictor_log1p: bool = Field(default=False, description="ARIMA: fit on log1p(values) and predict expm1 (reference "
-                                                     "option); default false.")
-    predictor_min_points: int = Field(default=5, ge=1, description="ARIMA / Prophet: points needed before the model is "
-                                                           "used (constant fallback before), >= 1 (default 5).")
-    arima_refit_every: int = Field(default=10, ge=1, description="ARIMA: when the fitted model is degenerate (order "
-                                                         "(0,d,0)), refit after this many new points, >= 1 "
-                                                         "(default 10).")
-    kalman_q_level: float = Field(default=1.0, ge=0, description="Kalman: process noise of the level, >= 0 (default 1.0, "
-                                                         "docs/architecture.md \"Load predictors\").")
-    kalman_q_trend: float = Field(default=0.1, ge=0, description="Kalman: process noise of the trend, >= 0 (default 0.1, "
-                                                         "docs/architecture.md \"Load predictors\").")
-    kalman_r: float = Field(default=10.0, ge=0, description="Kalman: measurement noise, >= 0 (default 10.0, "
-                                                 "docs/architecture.md \"Load predictors\").")
-    kalman_min_points: int = Field(default=5, ge=1, description="Kalman: points needed before the filter is used, >= 1 "
-                                                        "(default 5, docs/architecture.md \"Load predictors\").")
-    prophet_window: int = Field(default=50, ge=1, description="Prophet: fit on the last this-many points, >= 1 (default "
-                                                      "50, docs/architecture.md \"Load predictors\").")
-    prophet_refit_every: int = Field(default=1, ge=1, description="Prophet: refit every this-many intervals, >= 1 (1 = "
-                                                          "every interval, the reference); in between, predict "
-                                                          "from the last fit. The three series (count, ISL, OSL) "
-                                                          "are staggered so a tick carries one fit.")
-    auto_candidates: tuple[Candidate, ...] = Field(default=("constant", "kalman", "arima"), min_length=1, description=(
-        "auto predictor: candidates whose rolling one-step error is compared, a non-empty list of constant, "
-        "arima, kalman, prophet (default constant, kalman, arima)."))
-    auto_error_window: int = Field(default=10, ge=1, description="auto predictor: number of recent one-step absolute "
-                                                         "errors averaged, >= 1 (default 10).")
+    mode: Mode = Field(
+        default="disagg",
+        description="Pools planned: disagg (prefill + decode), prefill, decode (that pool "
+        "only) or agg (one aggregated pool); default disagg.",
+    )
+    throughput_enabled: bool = Field(
+        default=True,
+        description="Run the throughput-based loop (predict demand, size from the performance profile); default true.",
+    )
+    load_enabled: bool = Field(
+        default=False,
+        description="Run the load-based loop on ForwardPassMetrics (+/-1 replica per load interval); default false.",
+    )
+    adjustment_interval_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="Throughput loop period, seconds > 0 (default 180, Dynamo adjustment_interval).",
+    )
+    load_adjustment_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Load loop period, seconds > 0 (default 5); must be shorter than adjustment_interval_s.",
+    )
+    ttft_ms: float = Field(
+        default=500.0, gt=0, le=MAX_TTFT_MS, description="TTFT SLA, milliseconds, 0 < value <= 3600000 (default 500)."
+    )
+    itl_ms: float = Field(
+        default=50.0, gt=0, le=MAX_ITL_MS, description="ITL SLA, milliseconds, 0 < value <= 10000 (default 50)."
+    )
+    correction_enabled: bool = Field(
+        default=True,
+        description="Apply correction factors actual/expected TTFT (prefill) "
+        "and ITL (decode); false = factors 1. Default true.",
+    )
+    predictor: Predictor = Field(
+        default="arima",
+        description="Demand predictor: constant, arima, kalman, prophet or auto (default arima, the Dynamo default).",
+    )
+    predictor_log1p: bool = Field(
+        default=False, description="ARIMA: fit on log1p(values) and predict expm1 (reference option); default false."
+    )
+    predictor_min_points: int = Field(
+        default=5,
+        ge=1,
+        description="ARIMA / Prophet: points needed before the model is "
+        "used (constant fallback before), >= 1 (default 5).",
+    )
+    arima_refit_every: int = Field(
+        default=10,
+        ge=1,
+        description="ARIMA: when the fitted model is degenerate (order "
+        "(0,d,0)), refit after this many new points, >= 1 "
+        "(default 10).",
+    )
+    kalman_q_level: float = Field(
+        default=1.0,
+        ge=0,
+        description='Kalman: process noise of the level, >= 0 (default 1.0, docs/architecture.md "Load predictors").',
+    )
+    kalman_q_trend: float = Field(
+        default=0.1,
+        ge=0,
+        description='Kalman: process noise of the trend, >= 0 (default 0.1, docs/architecture.md "Load predictors").',
+    )
+    kalman_r: float = Field(
+        default=10.0,
+        ge=0,
+        description='Kalman: measurement noise, >= 0 (default 10.0, docs/architecture.md "Load predictors").',
+    )
+    kalman_min_points: int = Field(
+        default=5,
+        ge=1,
+        description="Kalman: points needed before the filter is used, >= 1 "
+        '(default 5, docs/architecture.md "Load predictors").',
+    )
+    prophet_window: int = Field(
+        default=50,
+        ge=1,
+        description="Prophet: fit on the last this-many points, >= 1 (default "
+        '50, docs/architecture.md "Load predictors").',
+    )
+    prophet_refit_every: int = Field(
+        default=1,
+        ge=1,
+        description="Prophet: refit every this-many intervals, >= 1 (1 = "
+        "every interval, the reference); in between, predict "
+        "from the last fit. The three series (count, ISL, OSL) "
+        "are staggered so a tick carries one fit.",
+    )
+    auto_candidates: tuple[Candidate, ...] = Field(
+        default=("constant", "kalman", "arima"),
+        min_length=1,
+        description=(
+            "auto predictor: candidates whose rolling one-step error is compared, a non-empty list of constant, "
+            "arima, kalman, prophet (default constant, kalman, arima)."
+        ),
+    )
+    auto_error_window: int = Field(
+        default=10,
+        ge=1,
+        description="auto predictor: number of recent one-step absolute errors averaged, >= 1 (default 10).",
+    )
     prefill: PoolLimits = Field(default_factory=_pool, description="Replica limits of the prefill pool.")
     decode: PoolLimits = Field(default_factory=_pool, description="Replica limits of the decode pool.")
     agg: PoolLimits = Field(default_factory=_pool, description="Replica limits of the aggregated pool.")
-    max_gpu_budget: int = Field(default=8, ge=0, description="Total GPUs all pools may occupy, counting every replica "
-                                                     "requested, >= 0 (default 8, docs/architecture.md \"Planner facts\").")
-    min_gpu_budget: int = Field(default=0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the "
-                                                     "default, = no minimum).")
-    load_prefill_window_s: float = Field(default=30.0, gt=0, description=(
-        "Load loop, agg ITL estimate: each engine's prefill work rate (prefill tokens per second of pass wall "
-        "time) is taken over the passes it reported in the last this-many seconds, > 0 (default 30: several load "
-        "intervals, so the few passes relayed per tick average out; planner.core.load.estimate_itl_ms)."))
-    load_sensitivity: float = Field(default=0.8, gt=0, le=1, description="Load loop: scale down only when every engine is "
-                                                                 "below SLA x this factor, 0 < value <= 1 (default "
-                                                                 "0.8).")
-    max_num_batched_tokens: int = Field(default=8192, ge=1, description="Engine chunk size used to simulate the prefill "
-                                                                "queue for the TTFT estimate, tokens >= 1 (default "
-                                                                "8192).")
-    regression_buckets: int = Field(default=16, ge=1, description="Load regressions: token-count buckets (log2-spaced) "
-                                                          "used to retain samples evenly, >= 1 (default 16).")
-    regression_samples_per_bucket: int = Field(default=32, ge=1, description="Load regressions: most recent samples kept "
-                                                                     "per bucket (memory is bounded by buckets x "
-                                                                     "this), >= 1 (default 32).")
-    regression_min_samples: int = Field(default=8, ge=2, description="Load regressions: samples needed before an estimate "
-                                                             "is made (none = unknown), >= 2 (default 8).")
-    engine_stale_s: float = Field(default=30.0, gt=0, description="An engine that sent no ForwardPassMetrics for this long "
-                                                          "is no longer counted, seconds > 0 (default 30).")
-    pending_timeout_s: float = Field(default=1800.0, gt=0, description="A decision not reflected in ready replicas after "
-                                                               "this long is abandoned and re-planned, seconds > 0 "
-                                                               "(default 1800, Dynamo VirtualConnector timeout).")
-    scale_down_cooldown_s: float = Field(default=0.0, ge=0, description="No scale-down of a pool within this long after it "
-                                                                "was scaled up, seconds >= 0 (0, the default, = "
-                                                                "off).")
-    external_change_grace_s: float = Field(default=180.0, ge=0, description="After adopting a replica count set by someone "
-                                                                    "else, leave that pool alone this long, seconds "
-                                                                    ">= 0 (default 180).")
-    load_max_scale_up_factor: float = Field(default=2.0, ge=1, description=(
-        "Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this)) "
-        "replicas (at least +1), >= 1 (default 2; 1.0 = the reference's +1 per interval)."))
-    first_sizing_s: float | None = Field(default=30.0, gt=0, description=(
-        "Early sizing: at start + this (seconds > 0), size every pool from the traffic seen since the start (its "
-        "count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of "
-        "waiting a whole adjustment_interval_s with whatever fleet was deployed; the predictors are not fed. "
-        "Default 30: it holds a few hundred requests at a few requests per second (the count is within ~10 %) and "
-        "leaves a 60 s start-up well inside the first interval. A value >= adjustment_interval_s means no early "
-        "sizing. null = off (reference: first sizing at start + interval)."))
-    demand_error_quantile: float | None = Field(default=0.9, gt=0, le=1, description=(
-        "Burst-aware demand: the predicted request count is multiplied by this quantile (0 < value <= 1, default "
-        "0.9) of the recent one-step ratios observed / predicted (floored at 1, so it never shrinks demand), the "
-        "load the fleet must expect given how far the predictor has been short; null = off (size for the point "
-        "prediction, reference)."))
-    demand_error_window: int = Field(default=20, ge=1, description="Burst-aware demand: most recent ratios kept, >= 1 "
-                                                           "(default 20).")
-    demand_error_min_points: int = Field(default=3, ge=1, description="Burst-aware demand: ratios needed before the factor "
-                                                              "is applied (1 before), >= 1 (default 3).")
-    simulated_sizing: bool = Field(default=True, description=(
-        "Throughput loop: size the pools by simulation (planner.core.sizing) -- replay a traffic sample of the "
-        "coming interval through candidate fleets of the deployment's engines and take the cheapest whose "
-        "simulated attainment meets sla_attainment_target by a binomial bound. Used when the driver gives the "
-        "planner an engine model (Planner(..., evaluator=)) and the target is set; otherwise, or false, the "
-        "closed-form sizing of planner.core.throughput. Default true."))
-    sla_attainment_target: float | None = Field(default=0.995, gt=0, lt=1, description=(
-        "Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < value < 1 (default "
-        "0.995): the bar of the sizing by simulation (planner.core.sizing). null = size by the closed-form "
-        "reference formulas."))
+    max_gpu_budget: int = Field(
+        default=8,
+        ge=0,
+        description="Total GPUs all pools may occupy, counting every replica "
+        'requested, >= 0 (default 8, docs/architecture.md "Planner facts").',
+    )
+    min_gpu_budget: int = Field(
+        default=0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the default, = no minimum)."
+    )
+    load_prefill_window_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Load loop, agg ITL estimate: each engine's prefill work rate (prefill tokens per second of pass wall "
+            "time) is taken over the passes it reported in the last this-many seconds, > 0 (default 30: several load "
+            "intervals, so the few passes relayed per tick average out; planner.core.load.estimate_itl_ms)."
+        ),
+    )
+    load_sensitivity: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Load loop: scale down only when every engine is "
+        "below SLA x this factor, 0 < value <= 1 (default "
+        "0.8).",
+    )
+    max_num_batched_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="Engine chunk size used to simulate the prefill "
+        "queue for the TTFT estimate, tokens >= 1 (default "
+        "8192).",
+    )
+    regression_buckets: int = Field(
+        default=16,
+        ge=1,
+        description="Load regressions: token-count buckets (log2-spaced) "
+        "used to retain samples evenly, >= 1 (default 16).",
+    )
+    regression_samples_per_bucket: int = Field(
+        default=32,
+        ge=1,
+        description="Load regressions: most recent samples kept "
+        "per bucket (memory is bounded by buckets x "
+        "this), >= 1 (default 32).",
+    )
+    regression_min_samples: int = Field(
+        default=8,
+        ge=2,
+        description="Load regressions: samples needed before an estimate is made (none = unknown), >= 2 (default 8).",
+    )
+    engine_stale_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="An engine that sent no ForwardPassMetrics for this long "
+        "is no longer counted, seconds > 0 (default 30).",
+    )
+    pending_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="A decision not reflected in ready replicas after "
+        "this long is abandoned and re-planned, seconds > 0 "
+        "(default 1800, Dynamo VirtualConnector timeout).",
+    )
+    scale_down_cooldown_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="No scale-down of a pool within this long after it "
+        "was scaled up, seconds >= 0 (0, the default, = "
+        "off).",
+    )
+    external_change_grace_s: float = Field(
+        default=180.0,
+        ge=0,
+        description="After adopting a replica count set by someone "
+        "else, leave that pool alone this long, seconds "
+        ">= 0 (default 180).",
+    )
+    load_max_scale_up_factor: float = Field(
+        default=2.0,
+        ge=1,
+        description=(
+            "Load loop: when every engine's estimated TTFT is r x the target, scale to ceil(current x min(r, this)) "
+            "replicas (at least +1), >= 1 (default 2; 1.0 = the reference's +1 per interval)."
+        ),
+    )
+    first_sizing_s: float | None = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Early sizing: at start + this (seconds > 0), size every pool from the traffic seen since the start (its "
+            "count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of "
+            "waiting a whole adjustment_interval_s with whatever fleet was deployed; the predictors are not fed. "
+            "Default 30: it holds a few hundred requests at a few requests per second (the count is within ~10 %) and "
+            "leaves a 60 s start-up well inside the first interval. A value >= adjustment_interval_s means no early "
+            "sizing. null = off (reference: first sizing at start + interval)."
+        ),
+    )
+    demand_error_quantile: float | None = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description=(
+            "Burst-aware demand: the predicted request count is multiplied by this quantile (0 < value <= 1, default "
+            "0.9) of the recent one-step ratios observed / predicted (floored at 1, so it never shrinks demand), the "
+            "load the fleet must expect given how far the predictor has been short; null = off (size for the point "
+            "prediction, reference)."
+        ),
+    )
+    demand_error_window: int = Field(
+        default=20, ge=1, description="Burst-aware demand: most recent ratios kept, >= 1 (default 20)."
+    )
+    demand_error_min_points: int = Field(
+        default=3,
+        ge=1,
+        description="Burst-aware demand: ratios needed before the factor is applied (1 before), >= 1 (default 3).",
+    )
+    simulated_sizing: bool = Field(
+        default=True,
+        description=(
+            "Throughput loop: size the pools by simulation (planner.core.sizing) -- replay a traffic sample of the "
+            "coming interval through candidate fleets of the deployment's engines and take the cheapest whose "
+            "simulated attainment meets sla_attainment_target by a binomial bound. Used when the driver gives the "
+            "planner an engine model (Planner(..., evaluator=)) and the target is set; otherwise, or false, the "
+            "closed-form sizing of planner.core.throughput. Default true."
+        ),
+    )
+    sla_attainment_target: float | None = Field(
+        default=0.995,
+        gt=0,
+        lt=1,
+        description=(
+            "Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < value < 1 (default "
+            "0.995): the bar of the sizing by simulation (planner.core.sizing). null = size by the closed-form "
+            "reference formulas."
+        ),
+    )
 
     def __post_init__(self) -> None:
         """The cross-field checks; raises :class:`~dynoplan.settings.Problems` with every line it finds."""
         p: list[str] = []
         if self.load_adjustment_interval_s >= self.adjustment_interval_s:
-            p.append(f"load_adjustment_interval_s={self.load_adjustment_interval_s!r}: expected less than "
-                     f"adjustment_interval_s={self.adjustment_interval_s!r}")
+            p.append(
+                f"load_adjustment_interval_s={self.load_adjustment_interval_s!r}: expected less than "
+                f"adjustment_interval_s={self.adjustment_interval_s!r}"
+            )
         if not (self.throughput_enabled or self.load_enabled):
             p.append("throughput_enabled=False and load_enabled=False: expected at least one loop enabled")
         if self.min_gpu_budget > self.max_gpu_budget:
@@ -208,13 +351,16 @@ class PlannerConfig:
         for pool in ("prefill", "decode", "agg"):
             lim = self.limits(pool)
             if lim.max_replicas is not None and lim.min_replicas > lim.max_replicas:
-                p.append(f"{pool}.min_replicas={lim.min_replicas!r}: expected <= {pool}.max_replicas="
-                         f"{lim.max_replicas!r}")
+                p.append(
+                    f"{pool}.min_replicas={lim.min_replicas!r}: expected <= {pool}.max_replicas={lim.max_replicas!r}"
+                )
             if pool in POOLS_BY_MODE[self.mode]:
                 min_gpus += lim.min_replicas * lim.gpus_per_engine
         if min_gpus > self.max_gpu_budget:
-            p.append(f"max_gpu_budget={self.max_gpu_budget!r}: expected >= {min_gpus} GPUs, what the pools' "
-                     f"min_replicas x gpus_per_engine need")
+            p.append(
+                f"max_gpu_budget={self.max_gpu_budget!r}: expected >= {min_gpus} GPUs, what the pools' "
+                f"min_replicas x gpus_per_engine need"
+            )
         if p:
             raise Problems(p)
 
@@ -240,11 +386,27 @@ _POOL_NAMES = ("prefill", "decode", "agg")
 _POOL_KEYS = tuple(f.name for f in dataclasses.fields(PoolLimits))
 _TOP = tuple(f.name for f in dataclasses.fields(PlannerConfig))
 
-REMOVED_SETTINGS: frozenset[str] = frozenset({
-    "sizing", "sizing_percentile", "scale_down_hysteresis", "scale_up_tolerance", "prefill_queueing",
-    "prefill_ttft_tail", "prefill_length_mix", "agg_prefill_interference", "agg_itl_tail", "agg_itl_tail_calibration",
-    "decode_kv_tail", "attainment_gain", "attainment_significance_z", "attainment_discount_unservable",
-    "attainment_demand_guard", "attainment_relax", "attainment_max_headroom"})
+REMOVED_SETTINGS: frozenset[str] = frozenset(
+    {
+        "sizing",
+        "sizing_percentile",
+        "scale_down_hysteresis",
+        "scale_up_tolerance",
+        "prefill_queueing",
+        "prefill_ttft_tail",
+        "prefill_length_mix",
+        "agg_prefill_interference",
+        "agg_itl_tail",
+        "agg_itl_tail_calibration",
+        "decode_kv_tail",
+        "attainment_gain",
+        "attainment_significance_z",
+        "attainment_discount_unservable",
+        "attainment_demand_guard",
+        "attainment_relax",
+        "attainment_max_headroom",
+    }
+)
 """Settings of the closed-form sizing rules that the sizing by simulation replaced (docs/planner-core.md)."""
 
 
@@ -252,11 +414,15 @@ def _unknown(key: str) -> str:
     """The problem line of an unknown top-level ``key``: a removed rule's setting, a pool key without its
     pool, or the closest setting names (difflib ratio >= 0.6)."""
     if key in REMOVED_SETTINGS:
-        hint = (" (removed: the sizing by simulation replaced that rule, see docs/planner-core.md \"Sizing by simulation\"; "
-                "simulated_sizing=false gives the reference formulas)")
+        hint = (
+            ' (removed: the sizing by simulation replaced that rule, see docs/planner-core.md "Sizing by simulation"; '
+            "simulated_sizing=false gives the reference formulas)"
+        )
     elif key in _POOL_KEYS:
-        hint = (f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
-                f"or {key} under a prefill:/decode:/agg: section)")
+        hint = (
+            f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
+            f"or {key} under a prefill:/decode:/agg: section)"
+        )
     else:
         close = difflib.get_close_matches(key, list(_TOP), n=3)
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
@@ -330,14 +496,15 @@ def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
         k = str(key).replace("-", "_")
-        pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1:] in _POOL_KEYS), None)
-        kind, optional = kinds.get(f"{pool}.{k[len(pool) + 1:]}" if pool else k, ("", False))
+        pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1 :] in _POOL_KEYS), None)
+        kind, optional = kinds.get(f"{pool}.{k[len(pool) + 1 :]}" if pool else k, ("", False))
         out[key] = text_value(value, kind, optional) if isinstance(value, str) else value
     return out
 
 
-def config_from_mapping(data: Mapping[str, Any], *, source: str | None = None,
-                        base: PlannerConfig | None = None, cli: bool = False) -> PlannerConfig:
+def config_from_mapping(
+    data: Mapping[str, Any], *, source: str | None = None, base: PlannerConfig | None = None, cli: bool = False
+) -> PlannerConfig:
     """Build a :class:`PlannerConfig` from plain data, on top of ``base`` (default: the defaults).
 
     Keys: any field name (``-`` read as ``_``); pool sections ``prefill``/``decode``/``agg`` as mappings of
@@ -356,9 +523,9 @@ def config_from_mapping(data: Mapping[str, Any], *, source: str | None = None,
         if k in _POOL_NAMES and isinstance(value, Mapping):
             merged[k] = {**merged[k], **{str(pk).replace("-", "_"): pv for pk, pv in value.items()}}
             continue
-        pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1:] in _POOL_KEYS), None)
+        pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1 :] in _POOL_KEYS), None)
         if pool is not None:
-            merged[pool] = {**merged[pool], k[len(pool) + 1:]: value}
+            merged[pool] = {**merged[pool], k[len(pool) + 1 :]: value}
         elif k in _TOP:
             merged[k] = value
         else:
@@ -388,8 +555,10 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
         except OSError as e:
             raise ConfigError(f"cannot read config file: {e.strerror}", source=src) from None
         except UnicodeDecodeError as e:  # a binary or Latin-1 file
-            raise ConfigError(f"cannot read config file: byte 0x{e.object[e.start]:02x} at offset {e.start}: "
-                              "expected UTF-8 text", source=src) from None
+            raise ConfigError(
+                f"cannot read config file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 text",
+                source=src,
+            ) from None
         try:
             if p.suffix.lower() == ".json":
                 loaded = json.loads(text)
@@ -401,12 +570,16 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
             mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             what = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of "
-                              f"setting: value)", source=src) from None
+            raise ConfigError(
+                f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of setting: value)",
+                source=src,
+            ) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"expected a mapping of settings at the top level, got {type(loaded).__name__}", source=src)
+            raise ConfigError(
+                f"expected a mapping of settings at the top level, got {type(loaded).__name__}", source=src
+            )
         if "planner" in loaded and isinstance(loaded["planner"], dict) and len(loaded) == 1:
             loaded = loaded["planner"]
         data.update(loaded)
@@ -435,15 +608,20 @@ def _flag_specs() -> list[tuple[str, str]]:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--config PATH`` and one ``--<field>`` flag per setting (values read by :func:`parse_cli_values`)."""
     g = parser.add_argument_group("planner settings (override --config)")
-    g.add_argument("--config", dest="planner_config", default=None, metavar="PATH",
-                   help="planner settings file (.yaml/.yml/.json)")
+    g.add_argument(
+        "--config", dest="planner_config", default=None, metavar="PATH", help="planner settings file (.yaml/.yml/.json)"
+    )
     for dest, help_text in _flag_specs():
-        g.add_argument("--" + dest.replace("_", "-"), dest="planner__" + dest, default=None, metavar="V",
-                       help=help_text.replace("%", "%%"))
+        g.add_argument(
+            "--" + dest.replace("_", "-"),
+            dest="planner__" + dest,
+            default=None,
+            metavar="V",
+            help=help_text.replace("%", "%%"),
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> PlannerConfig:
     """The config described by ``--config`` plus every flag given (flags win)."""
-    overrides = {k[len("planner__"):]: v for k, v in vars(args).items()
-                 if k.startswith("planner__") and v is not None}
+    overrides = {k[len("planner__") :]: v for k, v in vars(args).items() if k.startswith("planner__") and v is not None}
     return load_config(getattr(args, "planner_config", None), overrides)

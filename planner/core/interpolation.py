@@ -152,8 +152,11 @@ class DecodeProfile:
         _increasing("decode_kv_usage", kv, s)
         _increasing("decode_context_length", ctx, s)
         if itl.shape != (kv.size, ctx.size) or thpt.shape != (kv.size, ctx.size):
-            raise ProfileError(s, f"decode_itl_ms {itl.shape} / decode_thpt_per_gpu {thpt.shape}: expected "
-                                  f"shape ({kv.size}, {ctx.size}) = (len(decode_kv_usage), len(decode_context_length))")
+            raise ProfileError(
+                s,
+                f"decode_itl_ms {itl.shape} / decode_thpt_per_gpu {thpt.shape}: expected "
+                f"shape ({kv.size}, {ctx.size}) = (len(decode_kv_usage), len(decode_context_length))",
+            )
         if not (math.isfinite(self.max_kv_tokens) and self.max_kv_tokens > 0):
             raise ProfileError(s, f"decode_max_kv_tokens={self.max_kv_tokens!r}: expected tokens > 0")
         for n, v in (("kv_usage", kv), ("context_length", ctx), ("itl_ms", itl), ("thpt_per_gpu", thpt)):
@@ -224,13 +227,22 @@ def profile_from_arrays(data: dict[str, Any], source: str = "<memory>") -> Perfo
     """Build a profile from arrays named as in the module docstring (either half optional)."""
     prefill = decode = None
     if any(k.startswith("prefill_") for k in data):
-        prefill = PrefillProfile(_need(data, "prefill_isl", source), _need(data, "prefill_ttft_ms", source),
-                                 _need(data, "prefill_thpt_per_gpu", source), source=source)
+        prefill = PrefillProfile(
+            _need(data, "prefill_isl", source),
+            _need(data, "prefill_ttft_ms", source),
+            _need(data, "prefill_thpt_per_gpu", source),
+            source=source,
+        )
     if any(k.startswith("decode_") for k in data):
         mk = np.asarray(_need(data, "decode_max_kv_tokens", source), dtype=float).ravel()
-        decode = DecodeProfile(_need(data, "decode_kv_usage", source), _need(data, "decode_context_length", source),
-                               _need(data, "decode_itl_ms", source), _need(data, "decode_thpt_per_gpu", source),
-                               float(mk[0]) if mk.size else math.nan, source=source)
+        decode = DecodeProfile(
+            _need(data, "decode_kv_usage", source),
+            _need(data, "decode_context_length", source),
+            _need(data, "decode_itl_ms", source),
+            _need(data, "decode_thpt_per_gpu", source),
+            float(mk[0]) if mk.size else math.nan,
+            source=source,
+        )
     if prefill is None and decode is None:
         raise ProfileError(source, "no prefill_* or decode_* arrays")
     return PerformanceProfile(prefill, decode)
@@ -244,8 +256,13 @@ def profile_to_arrays(profile: PerformanceProfile) -> dict[str, FloatArray]:
         out.update(prefill_isl=p.isl, prefill_ttft_ms=p.ttft_ms, prefill_thpt_per_gpu=p.thpt_per_gpu)
     if profile.decode is not None:
         d = profile.decode
-        out.update(decode_kv_usage=d.kv_usage, decode_context_length=d.context_length, decode_itl_ms=d.itl_ms,
-                   decode_thpt_per_gpu=d.thpt_per_gpu, decode_max_kv_tokens=np.array([d.max_kv_tokens]))
+        out.update(
+            decode_kv_usage=d.kv_usage,
+            decode_context_length=d.context_length,
+            decode_itl_ms=d.itl_ms,
+            decode_thpt_per_gpu=d.thpt_per_gpu,
+            decode_max_kv_tokens=np.array([d.max_kv_tokens]),
+        )
     return out
 
 
@@ -279,9 +296,12 @@ def load_profiler_results_dir(path: str | Path, resolution: int = 50) -> Perform
         d = _load_npz(pf)
         isl = np.asarray(_need(d, "prefill_isl", str(pf)), dtype=float)
         order = np.argsort(isl)
-        prefill = PrefillProfile(isl[order], np.asarray(_need(d, "prefill_ttft", str(pf)), dtype=float)[order],
-                                 np.asarray(_need(d, "prefill_thpt_per_gpu", str(pf)), dtype=float)[order],
-                                 source=str(pf))
+        prefill = PrefillProfile(
+            isl[order],
+            np.asarray(_need(d, "prefill_ttft", str(pf)), dtype=float)[order],
+            np.asarray(_need(d, "prefill_thpt_per_gpu", str(pf)), dtype=float)[order],
+            source=str(pf),
+        )
     if df.exists():
         d = _load_npz(df)
         x = np.asarray(_need(d, "x_kv_usage", str(df)), dtype=float).ravel()
@@ -290,15 +310,20 @@ def load_profiler_results_dir(path: str | Path, resolution: int = 50) -> Perform
         zt = np.asarray(_need(d, "z_thpt_per_gpu", str(df)), dtype=float).ravel()
         mk = float(np.asarray(_need(d, "max_kv_tokens", str(df))).ravel()[0])
         if not (x.size == y.size == zi.size == zt.size) or x.size == 0:
-            raise ProfileError(str(df), "x_kv_usage, y_context_length, z_itl, z_thpt_per_gpu: "
-                                        "expected equal, non-zero lengths")
+            raise ProfileError(
+                str(df), "x_kv_usage, y_context_length, z_itl, z_thpt_per_gpu: expected equal, non-zero lengths"
+            )
         xi = np.unique(x) if np.unique(x).size <= 2 else np.linspace(x.min(), x.max(), resolution)
         yi = np.unique(y) if np.unique(y).size <= 2 else np.linspace(y.min(), y.max(), resolution)
-        decode = DecodeProfile(xi, yi, _grid_from_scattered(x, y, zi, xi, yi), _grid_from_scattered(x, y, zt, xi, yi),
-                               mk, source=str(df))
+        decode = DecodeProfile(
+            xi, yi, _grid_from_scattered(x, y, zi, xi, yi), _grid_from_scattered(x, y, zt, xi, yi), mk, source=str(df)
+        )
     if prefill is None and decode is None:
-        raise ProfileError(str(root), "not a profiler results directory: expected selected_prefill_interpolation/"
-                                      "raw_data.npz or selected_decode_interpolation/raw_data.npz")
+        raise ProfileError(
+            str(root),
+            "not a profiler results directory: expected selected_prefill_interpolation/"
+            "raw_data.npz or selected_decode_interpolation/raw_data.npz",
+        )
     return PerformanceProfile(prefill, decode)
 
 

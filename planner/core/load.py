@@ -98,14 +98,16 @@ class RegressionFit:
 class PassTimeRegression:
     """Online least-squares regression of pass wall time on token counts, bounded and bucketed."""
 
-    def __init__(self, features: Sequence[str], *, n_buckets: int = 16, per_bucket: int = 32,
-                 min_samples: int = 8) -> None:
+    def __init__(
+        self, features: Sequence[str], *, n_buckets: int = 16, per_bucket: int = 32, min_samples: int = 8
+    ) -> None:
         self.features = tuple(features)
         self._get = operator.attrgetter(*self.features)
         self.n_buckets = n_buckets
         self.min_samples = min_samples
-        self._buckets: list[deque[tuple[tuple[float, ...], float]]] = [deque(maxlen=per_bucket)
-                                                                        for _ in range(n_buckets * len(self.features))]
+        self._buckets: list[deque[tuple[tuple[float, ...], float]]] = [
+            deque(maxlen=per_bucket) for _ in range(n_buckets * len(self.features))
+        ]
         self._fit: RegressionFit | None = None
         self._dirty = True
         self.skipped_idle = 0
@@ -195,9 +197,14 @@ class EngineEstimate:
     estimated_itl_ms: float | None
 
 
-def estimate_ttft_ms(fit: RegressionFit | None, queued_prefill_tokens: float, isl_tokens: float,
-                     max_num_batched_tokens: int, decode_kv_tokens: float = 0.0,
-                     num_decode_requests: int = 0) -> float | None:
+def estimate_ttft_ms(
+    fit: RegressionFit | None,
+    queued_prefill_tokens: float,
+    isl_tokens: float,
+    max_num_batched_tokens: int,
+    decode_kv_tokens: float = 0.0,
+    num_decode_requests: int = 0,
+) -> float | None:
     """TTFT (ms) of a new ``isl_tokens`` request behind ``queued_prefill_tokens`` (module docstring)."""
     if fit is None or "sum_prefill_tokens" not in fit.features:
         return None
@@ -214,9 +221,14 @@ def estimate_ttft_ms(fit: RegressionFit | None, queued_prefill_tokens: float, is
     return t * 1000.0 if math.isfinite(t) else None
 
 
-def estimate_itl_ms(fit: RegressionFit | None, decode_kv_tokens: float, prefill_tokens_per_s: float = 0.0,
-                    max_num_batched_tokens: int = 8192, num_decode_requests: int = 0,
-                    prefill_passes_per_s: float = 0.0) -> float | None:
+def estimate_itl_ms(
+    fit: RegressionFit | None,
+    decode_kv_tokens: float,
+    prefill_tokens_per_s: float = 0.0,
+    max_num_batched_tokens: int = 8192,
+    num_decode_requests: int = 0,
+    prefill_passes_per_s: float = 0.0,
+) -> float | None:
     """Expected per-request mean ITL (ms) on one engine (module docstring).
 
     ``decode_kv_tokens``: running + queued decode KV tokens; ``prefill_tokens_per_s``: prefill tokens the
@@ -263,9 +275,15 @@ def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int],
     return out
 
 
-def estimate_engine(pool: str, p: ForwardPassMetrics, fit: RegressionFit | None, isl_tokens: float,
-                    max_num_batched_tokens: int, load_scale: float = 1.0,
-                    prefill_rate: tuple[float, float] | None = None) -> EngineEstimate:
+def estimate_engine(
+    pool: str,
+    p: ForwardPassMetrics,
+    fit: RegressionFit | None,
+    isl_tokens: float,
+    max_num_batched_tokens: int,
+    load_scale: float = 1.0,
+    prefill_rate: tuple[float, float] | None = None,
+) -> EngineEstimate:
     """Estimates for the engine whose latest pass is ``p``; ``load_scale`` multiplies its queue, KV tokens
     and prefill arrival rate (used to ask "could fewer engines absorb this load?").
     ``prefill_rate``: the engine's observed (prefill tokens, prefill passes) per second of pass time
@@ -276,16 +294,32 @@ def estimate_engine(pool: str, p: ForwardPassMetrics, fit: RegressionFit | None,
     n_dec = int(round((s.num_decode_requests + q.num_decode_requests) * load_scale))
     if prefill_rate is None:
         prefill_rate = prefill_rate_tokens_per_s([p]) or (0.0, 0.0)
-    idle = (s.num_prefill_requests + s.num_decode_requests + q.num_prefill_requests + q.num_decode_requests) == 0 \
-        and (p.wall_time == 0 or (s.sum_prefill_tokens + s.sum_decode_kv_tokens) == 0)
+    idle = (s.num_prefill_requests + s.num_decode_requests + q.num_prefill_requests + q.num_decode_requests) == 0 and (
+        p.wall_time == 0 or (s.sum_prefill_tokens + s.sum_decode_kv_tokens) == 0
+    )
     ttft = itl = None
     if pool in ("prefill", "agg"):
         ttft = 0.0 if idle else estimate_ttft_ms(fit, q_tokens, isl_tokens, max_num_batched_tokens, kv, n_dec)
     if pool in ("decode", "agg"):
-        itl = 0.0 if idle else estimate_itl_ms(fit, kv, prefill_rate[0] * load_scale, max_num_batched_tokens,
-                                               n_dec, prefill_rate[1] * load_scale)
-    return EngineEstimate(pool, p.worker_id, p.dp_rank, idle, int(round(q_tokens)), q.num_prefill_requests,
-                          int(round(kv)), n_dec, ttft, itl)
+        itl = (
+            0.0
+            if idle
+            else estimate_itl_ms(
+                fit, kv, prefill_rate[0] * load_scale, max_num_batched_tokens, n_dec, prefill_rate[1] * load_scale
+            )
+        )
+    return EngineEstimate(
+        pool,
+        p.worker_id,
+        p.dp_rank,
+        idle,
+        int(round(q_tokens)),
+        q.num_prefill_requests,
+        int(round(kv)),
+        n_dec,
+        ttft,
+        itl,
+    )
 
 
 def guess_isl_tokens(passes: Iterable[ForwardPassMetrics]) -> float:

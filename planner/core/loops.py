@@ -102,8 +102,13 @@ class _Seen:
 class ThroughputLoop:
     """Demand prediction and pool sizing (module docstring). ``evaluator`` None = closed-form sizing."""
 
-    def __init__(self, config: PlannerConfig, profile: PerformanceProfile | None,
-                 evaluator: FleetEvaluator | None, warm_start: Sequence[TrafficWindow] = ()) -> None:
+    def __init__(
+        self,
+        config: PlannerConfig,
+        profile: PerformanceProfile | None,
+        evaluator: FleetEvaluator | None,
+        warm_start: Sequence[TrafficWindow] = (),
+    ) -> None:
         self.config = config
         self.profile = profile
         self.evaluator = evaluator
@@ -174,8 +179,15 @@ class ThroughputLoop:
         if w.num_requests > 0 and math.isfinite(w.mean_isl_tokens):
             self.last_isl_tokens = w.mean_isl_tokens
         if keep:
-            self._seen.append(_Seen(now_s, w.isl_buckets, w.osl_buckets, _total(w.mean_isl_tokens, w.num_requests),
-                                    _total(w.mean_osl_tokens, w.num_finished)))
+            self._seen.append(
+                _Seen(
+                    now_s,
+                    w.isl_buckets,
+                    w.osl_buckets,
+                    _total(w.mean_isl_tokens, w.num_requests),
+                    _total(w.mean_osl_tokens, w.num_finished),
+                )
+            )
             while self._seen and now_s - self._seen[0].t_s >= SIZE_HISTORY_S:
                 self._seen.popleft()
 
@@ -195,24 +207,40 @@ class ThroughputLoop:
             return
         if prof.prefill is not None:
             self.p_correction = clamp_correction(
-                prefill_correction(w.mean_ttft_ms, w.mean_isl_tokens, prof.prefill), self.p_correction)
+                prefill_correction(w.mean_ttft_ms, w.mean_isl_tokens, prof.prefill), self.p_correction
+            )
         if prof.decode is not None and decode_replicas:
             dur = w.mean_request_duration_s
             if not math.isfinite(dur):
                 dur = (w.mean_ttft_ms + w.mean_osl_tokens * w.mean_itl_ms) / 1000.0
             self.d_correction = clamp_correction(
-                decode_correction(w.mean_itl_ms, w.num_requests, w.mean_isl_tokens, w.mean_osl_tokens, dur,
-                                  decode_replicas, w.duration_s, prof.decode), self.d_correction)
+                decode_correction(
+                    w.mean_itl_ms,
+                    w.num_requests,
+                    w.mean_isl_tokens,
+                    w.mean_osl_tokens,
+                    dur,
+                    decode_replicas,
+                    w.duration_s,
+                    prof.decode,
+                ),
+                self.d_correction,
+            )
 
     # ------------------------------------------------------------------ learning
-    def learn(self, now_s: float, traffic: TrafficWindow | None, decode_replicas: int | None,
-              ready: Mapping[str, int] | None) -> bool:
+    def learn(
+        self, now_s: float, traffic: TrafficWindow | None, decode_replicas: int | None, ready: Mapping[str, int] | None
+    ) -> bool:
         """A full interval: feed the predictors, predict and size. False when the traffic is unknown."""
         cfg = self.config
         if traffic is None:
             return False
-        if (cfg.demand_error_quantile is not None and math.isfinite(self._last_pred) and self._last_pred > 0
-                and math.isfinite(traffic.num_requests)):
+        if (
+            cfg.demand_error_quantile is not None
+            and math.isfinite(self._last_pred)
+            and self._last_pred > 0
+            and math.isfinite(traffic.num_requests)
+        ):
             self._ratios.append(traffic.num_requests * cfg.adjustment_interval_s / traffic.duration_s / self._last_pred)
         self._feed(traffic)
         self._note(now_s, traffic, keep=True)
@@ -221,8 +249,13 @@ class ThroughputLoop:
         predicted = self._pred_req.predict_next()
         self.demand_factor = self._burst_factor()
         self._last_pred = predicted
-        demand = Demand(predicted * self.demand_factor, self._pred_isl.predict_next(), self._pred_osl.predict_next(),
-                        self._osl_buckets, self._isl_buckets)
+        demand = Demand(
+            predicted * self.demand_factor,
+            self._pred_isl.predict_next(),
+            self._pred_osl.predict_next(),
+            self._osl_buckets,
+            self._isl_buckets,
+        )
         self.demand = demand
         if not demand.known:
             return False
@@ -241,9 +274,13 @@ class ThroughputLoop:
         if not math.isfinite(osl):
             return False
         self._note(now_s, traffic, keep=False)
-        self.demand = Demand(traffic.num_requests * cfg.adjustment_interval_s / traffic.duration_s,
-                             traffic.mean_isl_tokens, osl, traffic.osl_buckets or self._osl_buckets,
-                             traffic.isl_buckets or self._isl_buckets)
+        self.demand = Demand(
+            traffic.num_requests * cfg.adjustment_interval_s / traffic.duration_s,
+            traffic.mean_isl_tokens,
+            osl,
+            traffic.osl_buckets or self._osl_buckets,
+            traffic.isl_buckets or self._isl_buckets,
+        )
         self._size(self.demand, ready)
         return True
 
@@ -262,8 +299,9 @@ class ThroughputLoop:
         self._search = None
         if not self.simulating:
             assert self.profile is not None
-            self.exact = {p: size_pool(p, demand, cfg, self.profile, self.p_correction, self.d_correction)
-                          for p in cfg.pools}
+            self.exact = {
+                p: size_pool(p, demand, cfg, self.profile, self.p_correction, self.d_correction) for p in cfg.pools
+            }
             self.required = {p: ceil_replicas(x) for p, x in self.exact.items()}
             return
         assert self.evaluator is not None
@@ -281,12 +319,20 @@ class ThroughputLoop:
         looks = tuple(m for m in looks if m / rate <= SIZE_HISTORY_S) or looks[:1]
         seen = list(self._seen)
         sample = build_sample(
-            rate, _mean([s.isl_total for s in seen], demand.isl_tokens),
-            _mean([s.osl_total for s in seen], demand.osl_tokens), min_horizon_s=cfg.adjustment_interval_s,
-            min_requests=looks[-1], isl_buckets=pool_buckets([s.isl_buckets for s in seen]) or demand.isl_buckets,
+            rate,
+            _mean([s.isl_total for s in seen], demand.isl_tokens),
+            _mean([s.osl_total for s in seen], demand.osl_tokens),
+            min_horizon_s=cfg.adjustment_interval_s,
+            min_requests=looks[-1],
+            isl_buckets=pool_buckets([s.isl_buckets for s in seen]) or demand.isl_buckets,
             osl_buckets=pool_buckets([s.osl_buckets for s in seen]) or demand.osl_buckets,
-            gap_buckets=self._gap_buckets, num_inflight=int(self._inflight), warmup_s=self._duration_s,
-            rate_profile=self._profile, profile_bin_s=ARRIVAL_BIN_S, seed=(self._sizings,))
+            gap_buckets=self._gap_buckets,
+            num_inflight=int(self._inflight),
+            warmup_s=self._duration_s,
+            rate_profile=self._profile,
+            profile_bin_s=ARRIVAL_BIN_S,
+            seed=(self._sizings,),
+        )
         self._search = SimulatedSizing(self.evaluator, sample, cfg.pools, bounds, allowed, looks)
         if ready is not None and all(p in ready for p in cfg.pools):
             self.propose(ready)
@@ -309,8 +355,14 @@ class ThroughputLoop:
             goals = {}
             for p in cfg.pools:
                 req, cur = self.required.get(p, current[p]), current[p]
-                goals[p] = (req, Reason.SCALE_UP_THROUGHPUT if req > cur else
-                            Reason.SCALE_DOWN_THROUGHPUT if req < cur else Reason.HOLD_STEADY)
+                goals[p] = (
+                    req,
+                    Reason.SCALE_UP_THROUGHPUT
+                    if req > cur
+                    else Reason.SCALE_DOWN_THROUGHPUT
+                    if req < cur
+                    else Reason.HOLD_STEADY,
+                )
         self._plans[key] = goals
         return goals
 
@@ -320,10 +372,15 @@ class LoadLoop:
 
     def __init__(self, config: PlannerConfig) -> None:
         self.config = config
-        self.regressions = {p: PassTimeRegression(FEATURES_BY_POOL[p], n_buckets=config.regression_buckets,
-                                                  per_bucket=config.regression_samples_per_bucket,
-                                                  min_samples=config.regression_min_samples)
-                            for p in config.pools}
+        self.regressions = {
+            p: PassTimeRegression(
+                FEATURES_BY_POOL[p],
+                n_buckets=config.regression_buckets,
+                per_bucket=config.regression_samples_per_bucket,
+                min_samples=config.regression_min_samples,
+            )
+            for p in config.pools
+        }
         self.engines: dict[tuple[str, int, int], tuple[ForwardPassMetrics, float]] = {}
         self.reported: set[str] = set()
         """Pools from which some engine has ever reported a pass (a silent pool that never reported is unknown)."""
@@ -378,8 +435,17 @@ class LoadLoop:
         for key, (p, _seen) in sorted(self.engines.items()):
             pool = key[0]
             hint = isl_tokens if math.isfinite(isl_tokens) else guess_isl_tokens([p])
-            out.append(estimate_engine(pool, p, self.fit(pool), hint, cfg.max_num_batched_tokens,
-                                       (load_scale or {}).get(pool, 1.0), self._rate(key)))
+            out.append(
+                estimate_engine(
+                    pool,
+                    p,
+                    self.fit(pool),
+                    hint,
+                    cfg.max_num_batched_tokens,
+                    (load_scale or {}).get(pool, 1.0),
+                    self._rate(key),
+                )
+            )
         return out
 
     def _up_step(self, current: int, ratio: float) -> int:
@@ -388,8 +454,9 @@ class LoadLoop:
         f = min(ratio, self.config.load_max_scale_up_factor)
         return max(1, ceil_replicas(max(current, 1) * f) - current) if math.isfinite(f) else 1
 
-    def propose(self, pool: str, current: int, ready: int | None, ests: list[EngineEstimate], passes_ok: bool,
-                isl_tokens: float) -> tuple[int, Reason]:
+    def propose(
+        self, pool: str, current: int, ready: int | None, ests: list[EngineEstimate], passes_ok: bool, isl_tokens: float
+    ) -> tuple[int, Reason]:
         """(replica delta, reason) for ``pool``. A healthy FPM feed with no recent pass from a pool that has ready
         replicas and has reported before means its engines are idle (an engine with no work runs no passes), not
         unknown: the pool shrinks by one toward its minimum. A pool that never reported is unknown."""
@@ -427,7 +494,8 @@ class LoadLoop:
                 return self._up_step(current, min(t / cfg.ttft_ms for t in ttfts)), Reason.SCALE_UP_TTFT
             return +1, Reason.SCALE_UP_ITL
         if current > cfg.limits(pool).min_replicas and all(
-                all(val < sla * cfg.load_sensitivity for val, sla in known(e)) for e in engs):
+            all(val < sla * cfg.load_sensitivity for val, sla in known(e)) for e in engs
+        ):
             n = len(engs)
             per_replica = max(1, round(n / max(1, current)))
             if n - per_replica <= 0:
@@ -466,8 +534,9 @@ class PendingGuard:
         self._last_up_s: dict[str, float] = {}
         self._seq = 0
 
-    def check(self, now_s: float, current: Mapping[str, int], ready: Mapping[str, int | None],
-              applied_id: int | None) -> tuple[Reason | None, list[str], list[Reason]]:
+    def check(
+        self, now_s: float, current: Mapping[str, int], ready: Mapping[str, int | None], applied_id: int | None
+    ) -> tuple[Reason | None, list[str], list[Reason]]:
         """(hold reason or None, pools changed by someone else, reasons to report) for this tick."""
         cfg = self.config
         reasons: list[Reason] = []
@@ -475,11 +544,14 @@ class PendingGuard:
         pend = self.pending
         if pend is not None:
             acked = applied_id is not None and applied_id >= pend.decision_id
-            external = [p for p in cfg.pools
-                        if current[p] != pend.targets[p] and (current[p] != pend.previous[p] or acked)]
+            external = [
+                p for p in cfg.pools if current[p] != pend.targets[p] and (current[p] != pend.previous[p] or acked)
+            ]
             if not external:
-                reached = all(current[p] == pend.targets[p] and (ready[p] is None or ready[p] == pend.targets[p])
-                              for p in cfg.pools)
+                reached = all(
+                    current[p] == pend.targets[p] and (ready[p] is None or ready[p] == pend.targets[p])
+                    for p in cfg.pools
+                )
                 if reached and (applied_id is None or acked):
                     self.pending = None
                 elif now_s - pend.since_s >= cfg.pending_timeout_s:
@@ -497,8 +569,9 @@ class PendingGuard:
             return Reason.ADOPTED_EXTERNAL_CHANGE, external, reasons
         return None, [], reasons
 
-    def restrict(self, now_s: float, goal: dict[str, int], current: Mapping[str, int],
-                 pool_reasons: dict[str, Reason]) -> None:
+    def restrict(
+        self, now_s: float, goal: dict[str, int], current: Mapping[str, int], pool_reasons: dict[str, Reason]
+    ) -> None:
         """External-change grace (no change) and scale-down cooldown, in place."""
         for p in self.config.pools:
             if goal[p] != current[p] and now_s < self._grace_until_s.get(p, -math.inf):

@@ -49,8 +49,13 @@ class PlannerMetrics:
         self.p_correction_factor = g("p_correction_factor", "Prefill correction factor (actual/expected TTFT)")
         self.d_correction_factor = g("d_correction_factor", "Decode correction factor (actual/expected ITL)")
         self.decisions_total = Counter(PREFIX + "decisions", "Published scaling decisions", names, registry=registry)
-        self.decision_reason = Enum(PREFIX + "decision_reason", "Reason of the latest tick's decision", names,
-                                    states=[r.value for r in Reason], registry=registry)
+        self.decision_reason = Enum(
+            PREFIX + "decision_reason",
+            "Reason of the latest tick's decision",
+            names,
+            states=[r.value for r in Reason],
+            registry=registry,
+        )
 
     def _l(self, m: _M) -> _M:
         return m.labels(**self.labels) if self.labels else m

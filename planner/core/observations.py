@@ -76,6 +76,7 @@ class ForwardPassMetrics:
         ``timestamp_ms`` (mocker records) is converted to seconds when ``timestamp_s`` is not given.
         Raises ObservationError naming a missing or negative field.
         """
+
         def sub(part: Any, cls_: type[_Part]) -> _Part:
             if part is None:
                 return cls_()
@@ -95,10 +96,15 @@ class ForwardPassMetrics:
         if timestamp_s is None:
             ts_ms = _get(obj, "timestamp_ms", None)
             timestamp_s = float(ts_ms) / 1000.0 if ts_ms is not None else float(_get(obj, "timestamp_s", 0.0) or 0.0)
-        return cls(worker_id=int(wid), dp_rank=int(_get(obj, "dp_rank", 0) or 0), wall_time=float(wall),
-                   scheduled_requests=sub(_get(obj, "scheduled_requests"), ScheduledRequests),
-                   queued_requests=sub(_get(obj, "queued_requests"), QueuedRequests),
-                   pool=pool, timestamp_s=timestamp_s)
+        return cls(
+            worker_id=int(wid),
+            dp_rank=int(_get(obj, "dp_rank", 0) or 0),
+            wall_time=float(wall),
+            scheduled_requests=sub(_get(obj, "scheduled_requests"), ScheduledRequests),
+            queued_requests=sub(_get(obj, "queued_requests"), QueuedRequests),
+            pool=pool,
+            timestamp_s=timestamp_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +161,10 @@ class TrafficWindow:
             prev = -1.0 if name == "gap_buckets" else 0.0  # gaps have an le=0 bucket (shared timestamps)
             for le, n in getattr(self, name):
                 if not (le > prev and math.isfinite(n) and n >= 0):
-                    raise ObservationError(f"TrafficWindow.{name}: bucket ({le!r}, {n!r}): expected an upper bound "
-                                           f"> {prev!r} and a count >= 0")
+                    raise ObservationError(
+                        f"TrafficWindow.{name}: bucket ({le!r}, {n!r}): expected an upper bound "
+                        f"> {prev!r} and a count >= 0"
+                    )
                 prev = le
         for total, ok in (("num_ttft_observed", "num_ttft_within_sla"), ("num_finished", "num_itl_within_sla")):
             t, k = getattr(self, total), getattr(self, ok)
@@ -165,10 +173,14 @@ class TrafficWindow:
 
     def attainment(self) -> tuple[float, float]:
         """(TTFT, ITL) shares within the SLA in this window; NaN where not reported or nothing observed."""
+
         def share(ok: float, total: float) -> float:
             return ok / total if math.isfinite(ok) and math.isfinite(total) and total > 0 else math.nan
-        return (share(self.num_ttft_within_sla, self.num_ttft_observed),
-                share(self.num_itl_within_sla, self.num_finished))
+
+        return (
+            share(self.num_ttft_within_sla, self.num_ttft_observed),
+            share(self.num_itl_within_sla, self.num_finished),
+        )
 
     @property
     def requests_per_second(self) -> float:
@@ -190,8 +202,9 @@ class PoolState:
         if not (isinstance(self.replicas, int) and self.replicas >= 0):
             raise ObservationError(f"PoolState.replicas={self.replicas!r}: expected an integer >= 0")
         if self.ready_replicas is not None and not (isinstance(self.ready_replicas, int) and self.ready_replicas >= 0):
-            raise ObservationError(f"PoolState.ready_replicas={self.ready_replicas!r}: "
-                                   "expected an integer >= 0 or None")
+            raise ObservationError(
+                f"PoolState.ready_replicas={self.ready_replicas!r}: expected an integer >= 0 or None"
+            )
         if not (isinstance(self.draining_replicas, int) and self.draining_replicas >= 0):
             raise ObservationError(f"PoolState.draining_replicas={self.draining_replicas!r}: expected an integer >= 0")
 

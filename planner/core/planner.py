@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynoplan.errors import ConfigError, ObservationError
 from planner.core.budget import apply_limits, gpus
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import PerformanceProfile
@@ -38,7 +39,6 @@ from planner.core.observations import Observations, TrafficWindow
 from planner.core.predictors import _single_thread_blas
 from planner.core.reasons import ACTION_REASONS, Reason
 from planner.core.sizing import FleetEvaluator
-from dynoplan.errors import ConfigError, ObservationError
 
 _EPS = 1e-9
 
@@ -133,8 +133,13 @@ class Planner:
     Raises ConfigError when the profile lacks a half the mode needs.
     """
 
-    def __init__(self, config: PlannerConfig, profile: PerformanceProfile | None = None,
-                 warm_start: Sequence[TrafficWindow] = (), evaluator: FleetEvaluator | None = None) -> None:
+    def __init__(
+        self,
+        config: PlannerConfig,
+        profile: PerformanceProfile | None = None,
+        warm_start: Sequence[TrafficWindow] = (),
+        evaluator: FleetEvaluator | None = None,
+    ) -> None:
         self.config = config
         self.profile = profile
         if config.throughput_enabled:
@@ -280,15 +285,22 @@ class Planner:
         res = apply_limits(goal, current, cfg, draining)
         targets = res.targets
         self._unmet_goal = targets != res.goal
-        reasons.extend(pool_reasons[p] for p in cfg.pools if p in pool_reasons and pool_reasons[p] in ACTION_REASONS
-                       and targets[p] != current[p])
+        reasons.extend(
+            pool_reasons[p]
+            for p in cfg.pools
+            if p in pool_reasons and pool_reasons[p] in ACTION_REASONS and targets[p] != current[p]
+        )
         reasons.extend(Reason(r) for r in res.reasons)
         if targets == current:
-            main = Reason.PENDING_TIMEOUT_REPLAN if Reason.PENDING_TIMEOUT_REPLAN in reasons else next(
-                (r for r in reasons if r not in ACTION_REASONS), None)
+            main = (
+                Reason.PENDING_TIMEOUT_REPLAN
+                if Reason.PENDING_TIMEOUT_REPLAN in reasons
+                else next((r for r in reasons if r not in ACTION_REASONS), None)
+            )
             if main is None:
-                prs = [pool_reasons[p] for p in cfg.pools
-                       if p in pool_reasons and pool_reasons[p] not in ACTION_REASONS]
+                prs = [
+                    pool_reasons[p] for p in cfg.pools if p in pool_reasons and pool_reasons[p] not in ACTION_REASONS
+                ]
                 main = prs[0] if prs else (Reason.HOLD_STEADY if loops else Reason.HOLD_NOT_DUE)
             return hold(main, pool_reasons)
         decision_id = self.guard.publish(now_s, targets, current)
@@ -296,9 +308,17 @@ class Planner:
         main = next((r for r in rs if r in ACTION_REASONS), rs[0] if rs else Reason.SCALE_UP_THROUGHPUT)
         return finish(Decision(dict(targets), decision_id, main, rs, pool_reasons))
 
-    def _combine(self, now_s: float, loops: tuple[str, ...], thpt_ok: bool, early_ok: bool, current: dict[str, int],
-                 ready: dict[str, int] | None, ests: list[EngineEstimate], passes_ok: bool
-                 ) -> tuple[dict[str, int], dict[str, Reason]]:
+    def _combine(
+        self,
+        now_s: float,
+        loops: tuple[str, ...],
+        thpt_ok: bool,
+        early_ok: bool,
+        current: dict[str, int],
+        ready: dict[str, int] | None,
+        ests: list[EngineEstimate],
+        passes_ok: bool,
+    ) -> tuple[dict[str, int], dict[str, Reason]]:
         """The rule: the throughput goal is the floor, the load loop adjusts above it (module docstring, step 5)."""
         cfg = self.config
         goal = dict(current)
@@ -319,12 +339,14 @@ class Planner:
                 if p not in pool_reasons and g != current[p]:
                     pool_reasons[p] = Reason.SCALE_UP_THROUGHPUT if g > current[p] else Reason.SCALE_DOWN_THROUGHPUT
             return goal, pool_reasons
-        floors = ({p: g for p, (g, _) in thr.propose(current).items()} if cfg.throughput_enabled and thr.sized_full
-                  else {})
+        floors = (
+            {p: g for p, (g, _) in thr.propose(current).items()} if cfg.throughput_enabled and thr.sized_full else {}
+        )
         if "load" in loops:
             for p in cfg.pools:
-                delta, r = self.load.propose(p, current[p], ready.get(p) if ready else None, ests, passes_ok,
-                                             thr.last_isl_tokens)
+                delta, r = self.load.propose(
+                    p, current[p], ready.get(p) if ready else None, ests, passes_ok, thr.last_isl_tokens
+                )
                 if delta < 0 and cfg.throughput_enabled and not thr.sized_full:
                     # no full throughput interval yet (the early sizing only scales up): the fleet was sized for the
                     # load by someone; the load loop's young regression alone does not remove capacity
@@ -334,12 +356,14 @@ class Planner:
         for p, floor in floors.items():
             if goal[p] < floor:
                 goal[p] = floor
-                pool_reasons[p] = (Reason.RAISED_TO_THROUGHPUT_FLOOR if floor > current[p]
-                                   else Reason.HOLD_THROUGHPUT_FLOOR)
+                pool_reasons[p] = (
+                    Reason.RAISED_TO_THROUGHPUT_FLOOR if floor > current[p] else Reason.HOLD_THROUGHPUT_FLOOR
+                )
         return goal, pool_reasons
 
-    def _diag(self, now_s: float, loops: tuple[str, ...], obs: Observations, decision: Decision,
-              ests: list[EngineEstimate]) -> Diagnostics:
+    def _diag(
+        self, now_s: float, loops: tuple[str, ...], obs: Observations, decision: Decision, ests: list[EngineEstimate]
+    ) -> Diagnostics:
         ttfts = [e.estimated_ttft_ms for e in ests if e.estimated_ttft_ms is not None]
         itls = [e.estimated_itl_ms for e in ests if e.estimated_itl_ms is not None]
         pools = obs.pools
@@ -347,27 +371,47 @@ class Planner:
         d = thr.demand
         interval = self.config.adjustment_interval_s
         return Diagnostics(
-            now_s=now_s, loops_run=loops,
-            current_replicas=({p: pools[p].replicas for p in self.config.pools if p in pools}
-                              if pools is not None else None),
-            ready_replicas=({p: pools[p].ready_replicas for p in self.config.pools if p in pools}
-                            if pools is not None else None),
+            now_s=now_s,
+            loops_run=loops,
+            current_replicas=(
+                {p: pools[p].replicas for p in self.config.pools if p in pools} if pools is not None else None
+            ),
+            ready_replicas=(
+                {p: pools[p].ready_replicas for p in self.config.pools if p in pools} if pools is not None else None
+            ),
             observed=obs.traffic if "throughput" in loops else None,
-            predicted_num_requests=d.num_requests, predicted_isl_tokens=d.isl_tokens, predicted_osl_tokens=d.osl_tokens,
+            predicted_num_requests=d.num_requests,
+            predicted_isl_tokens=d.isl_tokens,
+            predicted_osl_tokens=d.osl_tokens,
             predicted_requests_per_second=d.num_requests / interval if math.isfinite(d.num_requests) else math.nan,
-            predictor=thr.predictor_name, p_correction=thr.p_correction, d_correction=thr.d_correction,
-            allowed_miss=thr.allowed_miss() if thr.simulating else math.nan, evaluations=thr.evaluations,
+            predictor=thr.predictor_name,
+            p_correction=thr.p_correction,
+            d_correction=thr.d_correction,
+            allowed_miss=thr.allowed_miss() if thr.simulating else math.nan,
+            evaluations=thr.evaluations,
             demand_factor=thr.demand_factor,
-            throughput_replicas_exact=dict(thr.exact), throughput_replicas=dict(thr.required),
-            engines=tuple(ests), regressions={p: self.load.fit(p) for p in self.config.pools},
-            estimated_ttft_ms=max(ttfts) if ttfts else math.nan, estimated_itl_ms=max(itls) if itls else math.nan,
-            decision=decision, pending_decision_id=self.pending_decision_id, gpus=self._last_gpus,
-            gpu_hours=self._gpu_hours)
+            throughput_replicas_exact=dict(thr.exact),
+            throughput_replicas=dict(thr.required),
+            engines=tuple(ests),
+            regressions={p: self.load.fit(p) for p in self.config.pools},
+            estimated_ttft_ms=max(ttfts) if ttfts else math.nan,
+            estimated_itl_ms=max(itls) if itls else math.nan,
+            decision=decision,
+            pending_decision_id=self.pending_decision_id,
+            gpus=self._last_gpus,
+            gpu_hours=self._gpu_hours,
+        )
 
     def _next_tick(self) -> float:
-        c = [t for t, on in ((self._next_thpt_s, self.config.throughput_enabled),
-                              (self._next_load_s, self.config.load_enabled), (self._early_s, True))
-             if on and t is not None]
+        c = [
+            t
+            for t, on in (
+                (self._next_thpt_s, self.config.throughput_enabled),
+                (self._next_load_s, self.config.load_enabled),
+                (self._early_s, True),
+            )
+            if on and t is not None
+        ]
         if self._unmet_goal:
             c.append(self._now_s + self.config.load_adjustment_interval_s)
         return min(c)

@@ -184,8 +184,9 @@ class ArimaPredictor(BasePredictor):
         y = self._tf(np.asarray(self.values, dtype=float))
         with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
-            self.model = pmdarima.auto_arima(y, seasonal=False, stepwise=True, suppress_warnings=True,
-                                             error_action="ignore")
+            self.model = pmdarima.auto_arima(
+                y, seasonal=False, stepwise=True, suppress_warnings=True, error_action="ignore"
+            )
         order = tuple(self.model.order)
         self.degenerate = order[0] == 0 and order[2] == 0
         self.fits += 1
@@ -259,8 +260,9 @@ class ProphetPredictor(BasePredictor):
 
     name = "prophet"
 
-    def __init__(self, *, window: int = 50, interval_s: float = 180.0, min_points: int = 5, refit_every: int = 1,
-                 phase: int = 0) -> None:
+    def __init__(
+        self, *, window: int = 50, interval_s: float = 180.0, min_points: int = 5, refit_every: int = 1, phase: int = 0
+    ) -> None:
         super().__init__()
         self.window = window
         self.refit_every = refit_every
@@ -290,7 +292,7 @@ class ProphetPredictor(BasePredictor):
         with warnings.catch_warnings(), self._limit():
             warnings.simplefilter("ignore")
             if self._model is None or (n + self.phase) % self.refit_every == 0:
-                y = self.values[-self.window:]
+                y = self.values[-self.window :]
                 ds = pd.to_datetime((np.arange(len(y)) + n - len(y)) * self.interval_s, unit="s")
                 m = Prophet(uncertainty_samples=0)  # yhat only: skips the interval sampling (large speed-up)
                 m.fit(pd.DataFrame({"ds": ds, "y": y}))
@@ -335,8 +337,11 @@ class AutoPredictor(BasePredictor):
         if self._cache is not None:
             return self._cache
         errs = self.mean_errors()
-        best = min(self.candidates, key=lambda c: errs[c.name]) if any(math.isfinite(x) for x in errs.values()) \
+        best = (
+            min(self.candidates, key=lambda c: errs[c.name])
+            if any(math.isfinite(x) for x in errs.values())
             else self.candidates[0]
+        )
         self.chosen = best.name
         self._cache = best.predict_next()
         return self._cache
@@ -360,15 +365,29 @@ def make_predictor(name: str, config: Any, interval_s: float | None = None, phas
     interval = float(interval_s if interval_s is not None else config.adjustment_interval_s)
     builders: dict[str, Callable[[], BasePredictor]] = {
         "constant": ConstantPredictor,
-        "arima": lambda: ArimaPredictor(min_points=config.predictor_min_points, log1p=config.predictor_log1p,
-                                        refit_every=config.arima_refit_every, phase=phase),
-        "kalman": lambda: KalmanPredictor(q_level=config.kalman_q_level, q_trend=config.kalman_q_trend,
-                                          r=config.kalman_r, min_points=config.kalman_min_points),
-        "prophet": lambda: ProphetPredictor(window=config.prophet_window, interval_s=interval,
-                                            min_points=config.predictor_min_points,
-                                            refit_every=config.prophet_refit_every, phase=phase),
-        "auto": lambda: AutoPredictor([make_predictor(c, config, interval, phase) for c in config.auto_candidates],
-                                      error_window=config.auto_error_window),
+        "arima": lambda: ArimaPredictor(
+            min_points=config.predictor_min_points,
+            log1p=config.predictor_log1p,
+            refit_every=config.arima_refit_every,
+            phase=phase,
+        ),
+        "kalman": lambda: KalmanPredictor(
+            q_level=config.kalman_q_level,
+            q_trend=config.kalman_q_trend,
+            r=config.kalman_r,
+            min_points=config.kalman_min_points,
+        ),
+        "prophet": lambda: ProphetPredictor(
+            window=config.prophet_window,
+            interval_s=interval,
+            min_points=config.predictor_min_points,
+            refit_every=config.prophet_refit_every,
+            phase=phase,
+        ),
+        "auto": lambda: AutoPredictor(
+            [make_predictor(c, config, interval, phase) for c in config.auto_candidates],
+            error_window=config.auto_error_window,
+        ),
     }
     if name not in builders:
         raise ConfigError(f"predictor={name!r}: expected one of {', '.join(builders)}")

@@ -50,5 +50,13 @@ class Reason(str, Enum):  # noqa: UP042  # StrEnum would change str() of a membe
         return self.value
 
 
-ACTION_REASONS = frozenset({Reason.SCALE_UP_THROUGHPUT, Reason.SCALE_DOWN_THROUGHPUT, Reason.SCALE_UP_TTFT,
-                            Reason.SCALE_UP_ITL, Reason.SCALE_DOWN_CONSOLIDATED, Reason.RAISED_TO_THROUGHPUT_FLOOR})
+ACTION_REASONS = frozenset(
+    {
+        Reason.SCALE_UP_THROUGHPUT,
+        Reason.SCALE_DOWN_THROUGHPUT,
+        Reason.SCALE_UP_TTFT,
+        Reason.SCALE_UP_ITL,
+        Reason.SCALE_DOWN_CONSOLIDATED,
+        Reason.RAISED_TO_THROUGHPUT_FLOOR,
+    }
+)

@@ -63,7 +63,7 @@ IntArray = npt.NDArray[np.int64]
 CONFIDENCE = 0.95
 """One-sided confidence of the binomial verdicts (the conventional 95 %, z = 1.645)."""
 
-GAP_BUCKETS_S: tuple[float, ...] = (0.0,) + tuple(0.001 * 2.0 ** k for k in range(18)) + (math.inf,)
+GAP_BUCKETS_S: tuple[float, ...] = (0.0,) + tuple(0.001 * 2.0**k for k in range(18)) + (math.inf,)
 """Upper bounds (``le``, seconds) of the frontend's inter-arrival histogram
 (``dynoplan_frontend_request_interarrival_seconds``): 0 (arrivals that share a timestamp), then 1 ms x powers
 of 2 up to 131 s, then +Inf."""
@@ -117,8 +117,17 @@ class TrafficSample:
             return replace(self, min_counted=int(min_counted))
         end = max(self.warmup_s + self.interval_s, float(np.nextafter(self.arrival_s[w + min_counted - 1], np.inf)))
         keep = max(int(np.searchsorted(self.arrival_s, end, side="left")), w + min_counted)
-        return TrafficSample(self.arrival_s[:keep], self.isl_tokens[:keep], self.osl_tokens[:keep], w, end,
-                             int(min_counted), self.interval_s, self.warmup_s, self.share_pool)
+        return TrafficSample(
+            self.arrival_s[:keep],
+            self.isl_tokens[:keep],
+            self.osl_tokens[:keep],
+            w,
+            end,
+            int(min_counted),
+            self.interval_s,
+            self.warmup_s,
+            self.share_pool,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +156,14 @@ class FleetEvaluator(Protocol):
     reach :func:`fail_count` (at ``stop_confidence``) of the requests it counts (the verdict is FAIL whatever follows),
     returning them with ``complete=False``."""
 
-    def evaluate(self, sample: TrafficSample, replicas: Mapping[str, int], stop_allowed: float | None = None,
-                 stop_kind: str = "any", stop_confidence: float = CONFIDENCE) -> SampleOutcome: ...
+    def evaluate(
+        self,
+        sample: TrafficSample,
+        replicas: Mapping[str, int],
+        stop_allowed: float | None = None,
+        stop_kind: str = "any",
+        stop_confidence: float = CONFIDENCE,
+    ) -> SampleOutcome: ...
 
 
 def sample_size(allowed_miss: float, confidence: float = CONFIDENCE) -> int:
@@ -292,8 +307,9 @@ def _bucket_edges(buckets: Sequence[tuple[float, float]]) -> tuple[FloatArray, F
     return lo, hi, cnt / cnt.sum()
 
 
-def _draw(rng: np.random.Generator, edges: tuple[FloatArray, FloatArray, FloatArray], n: int,
-          log_uniform: bool) -> tuple[FloatArray, float]:
+def _draw(
+    rng: np.random.Generator, edges: tuple[FloatArray, FloatArray, FloatArray], n: int, log_uniform: bool
+) -> tuple[FloatArray, float]:
     """``n`` values from a histogram's ``edges`` (a bucket by its weight, then uniform -- or log-uniform, the
     first bucket from ``le / 2`` since a zero bound has no logarithm -- inside it) and the histogram's mean
     under the same law (so that rescaling does not depend on ``n``)."""
@@ -358,11 +374,22 @@ def _warp(op: FloatArray, rate_per_s: float, profile: Sequence[float], bin_s: fl
     return t_s
 
 
-def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: float, *, min_horizon_s: float,
-                 min_requests: int, isl_buckets: Sequence[tuple[float, float]] = (),
-                 osl_buckets: Sequence[tuple[float, float]] = (), gap_buckets: Sequence[tuple[float, float]] = (),
-                 num_inflight: int = 0, warmup_s: float = 0.0, rate_profile: Sequence[float] = (),
-                 profile_bin_s: float = ARRIVAL_BIN_S, seed: Sequence[int] = (0,)) -> TrafficSample:
+def build_sample(
+    rate_per_s: float,
+    mean_isl_tokens: float,
+    mean_osl_tokens: float,
+    *,
+    min_horizon_s: float,
+    min_requests: int,
+    isl_buckets: Sequence[tuple[float, float]] = (),
+    osl_buckets: Sequence[tuple[float, float]] = (),
+    gap_buckets: Sequence[tuple[float, float]] = (),
+    num_inflight: int = 0,
+    warmup_s: float = 0.0,
+    rate_profile: Sequence[float] = (),
+    profile_bin_s: float = ARRIVAL_BIN_S,
+    seed: Sequence[int] = (0,),
+) -> TrafficSample:
     """The traffic sample of the module docstring.
 
     ``rate_per_s`` > 0 (requests/s), mean lengths in tokens (finite, > 0), ``min_horizon_s`` > 0 and
@@ -374,8 +401,12 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     higher rate gives the same requests, compressed in time, plus more of them (common random numbers, so
     that sizing at two loads compares like with like). Raises ValueError on a rate or mean that is not a
     positive finite number."""
-    for name, v in (("rate_per_s", rate_per_s), ("mean_isl_tokens", mean_isl_tokens),
-                    ("mean_osl_tokens", mean_osl_tokens), ("min_horizon_s", min_horizon_s)):
+    for name, v in (
+        ("rate_per_s", rate_per_s),
+        ("mean_isl_tokens", mean_isl_tokens),
+        ("mean_osl_tokens", mean_osl_tokens),
+        ("min_horizon_s", min_horizon_s),
+    ):
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"{name}={v!r}: expected a finite number > 0")
     g_rng, i_rng, o_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(list(seed)).spawn(3))
@@ -411,11 +442,12 @@ def build_sample(rate_per_s: float, mean_isl_tokens: float, mean_osl_tokens: flo
     # in-flight count: they take the draws after the counted ones
     isl = _lengths(i_rng, isl_buckets, len(arrivals) + warm, mean_isl_tokens)
     osl = _lengths(o_rng, osl_buckets, len(arrivals) + warm, mean_osl_tokens)
-    isl = np.concatenate([isl[len(arrivals):], isl[:len(arrivals)]])
-    osl = np.concatenate([osl[len(arrivals):], osl[:len(arrivals)]])
+    isl = np.concatenate([isl[len(arrivals) :], isl[: len(arrivals)]])
+    osl = np.concatenate([osl[len(arrivals) :], osl[: len(arrivals)]])
     arr = np.concatenate([np.arange(warm) * (warmup_s / warm) if warm else np.zeros(0), warmup_s + arrivals])
-    return TrafficSample(arr, isl, osl, warm, float(horizon + warmup_s), int(min_requests), float(min_horizon_s),
-                         warmup_s)
+    return TrafficSample(
+        arr, isl, osl, warm, float(horizon + warmup_s), int(min_requests), float(min_horizon_s), warmup_s
+    )
 
 
 @dataclass
@@ -461,8 +493,9 @@ class SimulatedSizing:
         self._views = [self.sample.head(m) for m in self.looks]
         self.confidence = look_confidence(self.allowed_miss, tuple(self.looks))
 
-    def outcome(self, counts: Mapping[str, int], kind: str = "any", decide: bool = True, look: int = 0,
-                pool: str | None = None) -> SampleOutcome:
+    def outcome(
+        self, counts: Mapping[str, int], kind: str = "any", decide: bool = True, look: int = 0, pool: str | None = None
+    ) -> SampleOutcome:
         """The misses on fleet ``counts`` (cached) of the ``look``-th sample. ``decide``: the evaluator may stop
         once the ``kind`` misses already make the verdict FAIL (an undersized fleet's long queues are the costliest
         to replay); such an outcome counts only the misses seen by then. ``pool``: the pool being sized, whose
@@ -476,10 +509,13 @@ class SimulatedSizing:
             return full
         ck = (*key, kind if decide else "")
         if ck not in self._cache:
-            o = self.evaluator.evaluate(replace(self._views[look], share_pool=share),
-                                        dict(zip(self.pools, fleet, strict=True)),
-                                        stop_allowed=self.allowed_miss if decide else None, stop_kind=kind,
-                                        stop_confidence=self.confidence)
+            o = self.evaluator.evaluate(
+                replace(self._views[look], share_pool=share),
+                dict(zip(self.pools, fleet, strict=True)),
+                stop_allowed=self.allowed_miss if decide else None,
+                stop_kind=kind,
+                stop_confidence=self.confidence,
+            )
             self.evaluations += 1
             self._cache[(*key, "" if o.complete else kind)] = o
             ck = (*key, "" if o.complete else kind)
@@ -517,8 +553,17 @@ class SimulatedSizing:
         bar = max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1])
         return self._search(pool, others, kind, start, lo, hi, bar, miss_bounds(o.unfinished, o.num_requests)[1])
 
-    def _search(self, pool: str, others: Mapping[str, int], kind: str, start: int, lo: int, hi: int,
-                allowed: float, unfinished_bar: float = 1.0) -> int:
+    def _search(
+        self,
+        pool: str,
+        others: Mapping[str, int],
+        kind: str,
+        start: int,
+        lo: int,
+        hi: int,
+        allowed: float,
+        unfinished_bar: float = 1.0,
+    ) -> int:
         """Least ``n`` in ``[lo, hi]`` passing at ``allowed`` (``hi`` when none does): doubling steps from
         ``start``, then bisection. Above the target's share, ``allowed`` and ``unfinished_bar`` are the limit's
         bars (:meth:`least_passing`)."""
@@ -533,8 +578,10 @@ class SimulatedSizing:
             if n >= hi:
                 return True
             o = self.outcome({**others, pool: n}, kind, decide=False, pool=pool)
-            return (miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
-                    and miss_bounds(o.unfinished, o.num_requests)[0] <= unfinished_bar)
+            return (
+                miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
+                and miss_bounds(o.unfinished, o.num_requests)[0] <= unfinished_bar
+            )
 
         if ok(start):
             good, step = start, 1
@@ -569,8 +616,10 @@ class SimulatedSizing:
             verdicts = {"agg": self._verdict(cur, "any")}
         else:
             ample = {p: self.limits[p][1] for p in self.pools}
-            req = {"prefill": self.least_passing("prefill", {"decode": ample["decode"]}, "ttft", cur["prefill"]),
-                   "decode": self.least_passing("decode", {"prefill": ample["prefill"]}, "any", cur["decode"])}
+            req = {
+                "prefill": self.least_passing("prefill", {"decode": ample["decode"]}, "ttft", cur["prefill"]),
+                "decode": self.least_passing("decode", {"prefill": ample["prefill"]}, "any", cur["decode"]),
+            }
             verdicts = {
                 "prefill": self._verdict({"prefill": cur["prefill"], "decode": ample["decode"]}, "ttft", "prefill"),
                 "decode": self._verdict({"prefill": ample["prefill"], "decode": cur["decode"]}, "any", "decode"),

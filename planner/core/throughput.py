@@ -50,9 +50,16 @@ def prefill_correction(observed_ttft_ms: float, observed_isl: float, prefill: Pr
     return observed_ttft_ms / expected if expected > 0 else math.nan
 
 
-def decode_correction(observed_itl_ms: float, num_requests: float, observed_isl: float, observed_osl: float,
-                      request_duration_s: float, decode_replicas: int, interval_s: float,
-                      decode: DecodeProfile) -> float:
+def decode_correction(
+    observed_itl_ms: float,
+    num_requests: float,
+    observed_isl: float,
+    observed_osl: float,
+    request_duration_s: float,
+    decode_replicas: int,
+    interval_s: float,
+    decode: DecodeProfile,
+) -> float:
     """actual / expected ITL, expected at the KV usage implied by the observed concurrency."""
     vals = (observed_itl_ms, num_requests, observed_isl, observed_osl, request_duration_s)
     if not all(math.isfinite(v) for v in vals) or decode_replicas <= 0:
@@ -79,7 +86,8 @@ class Demand:
     @property
     def known(self) -> bool:
         return math.isfinite(self.num_requests) and (
-            self.num_requests <= 0 or (math.isfinite(self.isl_tokens) and math.isfinite(self.osl_tokens)))
+            self.num_requests <= 0 or (math.isfinite(self.isl_tokens) and math.isfinite(self.osl_tokens))
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +100,9 @@ class PoolSizing:
     meets_itl: bool = True
 
 
-def size_prefill(demand: Demand, interval_s: float, p_corr: float, prefill: PrefillProfile,
-                 gpus_per_engine: int) -> PoolSizing:
+def size_prefill(
+    demand: Demand, interval_s: float, p_corr: float, prefill: PrefillProfile, gpus_per_engine: int
+) -> PoolSizing:
     """Prefill replicas for ``demand`` (formula in the module docstring)."""
     if demand.num_requests <= 0:
         return PoolSizing(0.0, 0, math.nan)
@@ -102,20 +111,30 @@ def size_prefill(demand: Demand, interval_s: float, p_corr: float, prefill: Pref
     return PoolSizing(exact, ceil_replicas(exact), thpt)
 
 
-def size_decode(demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, decode: DecodeProfile,
-                gpus_per_engine: int) -> PoolSizing:
+def size_decode(
+    demand: Demand, interval_s: float, d_corr: float, itl_target_ms: float, decode: DecodeProfile, gpus_per_engine: int
+) -> PoolSizing:
     """Decode replicas for ``demand`` (formula in the module docstring)."""
     if demand.num_requests <= 0:
         return PoolSizing(0.0, 0, math.nan)
     corrected_itl = itl_target_ms / d_corr if d_corr > 0 else itl_target_ms
     pt = decode.best_thpt_per_gpu(corrected_itl, demand.isl_tokens + demand.osl_tokens / 2.0)
-    exact = (demand.num_requests * demand.osl_tokens / interval_s / pt.thpt_per_gpu / gpus_per_engine
-             if pt.thpt_per_gpu > 0 else math.inf)  # no throughput at the only usable point: infeasible
+    exact = (
+        demand.num_requests * demand.osl_tokens / interval_s / pt.thpt_per_gpu / gpus_per_engine
+        if pt.thpt_per_gpu > 0
+        else math.inf
+    )  # no throughput at the only usable point: infeasible
     return PoolSizing(exact, ceil_replicas(exact), pt.thpt_per_gpu, pt.meets_itl)
 
 
-def size_pool(pool: str, demand: Demand, config: PlannerConfig, profile: PerformanceProfile, p_corr: float = 1.0,
-              d_corr: float = 1.0) -> float:
+def size_pool(
+    pool: str,
+    demand: Demand,
+    config: PlannerConfig,
+    profile: PerformanceProfile,
+    p_corr: float = 1.0,
+    d_corr: float = 1.0,
+) -> float:
     """Fractional replicas ``pool`` needs for ``demand`` over ``config.adjustment_interval_s``: prefill for
     prefill/agg pools, decode for decode/agg pools, the larger of the two for agg. 0.0 when the profile lacks
     the halves the pool needs; ``max_gpu_budget // gpus_per_engine`` when no throughput meets the target."""

@@ -19,8 +19,9 @@ from planner.core.observations import TrafficWindow
 FloatArray = npt.NDArray[np.float64]
 
 
-def bucket_intervals(arrival_s: FloatArray, isl_tokens: FloatArray, osl_tokens: FloatArray,
-                     interval_s: float) -> list[TrafficWindow]:
+def bucket_intervals(
+    arrival_s: FloatArray, isl_tokens: FloatArray, osl_tokens: FloatArray, interval_s: float
+) -> list[TrafficWindow]:
     """Per-interval request count and mean ISL/OSL (windows [k I, (k+1) I) from time 0).
 
     ``arrival_s`` (seconds since the trace start, >= 0), ``isl_tokens``, ``osl_tokens``: arrays of one length
@@ -37,4 +38,3 @@ def bucket_intervals(arrival_s: FloatArray, isl_tokens: FloatArray, osl_tokens: 
         c = cnt[k]
         out.append(TrafficWindow(interval_s, c, si[k] / c if c else math.nan, so[k] / c if c else math.nan))
     return out
-

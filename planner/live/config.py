@@ -32,10 +32,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from dynoplan.errors import ConfigError
 from dynoplan.settings import build, settings
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
-from dynoplan.errors import ConfigError
 
 LIVE_ENGINE_STALE_S = 5.0
 """``planner.engine_stale_s`` when the stack file does not set it (the core's default is 30 s): live workers
@@ -73,8 +73,9 @@ def _non_empty(v: str) -> str:
 
 Text = Annotated[str, AfterValidator(_non_empty)]
 """A non-empty string."""
-Flag = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
-                                       else v)]
+Flag = Annotated[
+    str, BeforeValidator(lambda v: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+]
 """A command-line flag or its value; a YAML number (``10``) is its text (``"10"``)."""
 Port = Annotated[int, Field(ge=0, le=65535)]
 """A TCP port; 0 = any free port."""
@@ -88,7 +89,9 @@ class ServiceSection:
 
     host: Text = Field(default="127.0.0.1", description="Address the planner listens on (default 127.0.0.1).")
     port: Port = Field(default=8090, description="TCP port, 0..65535 (default 8090; 0 = a free port).")
-    token: Text | None = Field(default=None, description="Bearer token the HTTP API requires; null (the default) = none.")
+    token: Text | None = Field(
+        default=None, description="Bearer token the HTTP API requires; null (the default) = none."
+    )
 
 
 @settings
@@ -96,8 +99,10 @@ class FrontendSection:
     """``frontend:``: the OpenAI-compatible frontend ``dynoplan up`` starts in front of the workers."""
 
     port: Port = Field(default=8080, description="TCP port, 0..65535 (default 8080; 0 = a free port).")
-    router: Literal["round_robin", "least_loaded", "kv"] = Field(default="least_loaded", description=(
-        "Request routing across workers: round_robin, least_loaded (the default) or kv."))
+    router: Literal["round_robin", "least_loaded", "kv"] = Field(
+        default="least_loaded",
+        description=("Request routing across workers: round_robin, least_loaded (the default) or kv."),
+    )
     poll_s: Seconds = Field(default=0.25, description="Worker discovery poll period, seconds > 0 (default 0.25).")
     model_name: Text = Field(default="mocker", description="Model name the frontend serves (default mocker).")
 
@@ -106,40 +111,68 @@ class FrontendSection:
 class FleetSection:
     """``fleet:``: the workers ``dynoplan up`` starts and how they are stopped."""
 
-    initial: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description=(
-        "Replicas started per pool (and the VirtualConnector's initial state), each >= 0; a pool not named "
-        "starts with its planner.<pool>.min_replicas, or 1 when that is 0."))
-    worker_args: dict[str, tuple[Flag, ...]] = Field(default_factory=dict, description=(
-        "mocker serve flags per pool; also the engine the sizing by simulation replays (worker_engines). "
-        "Default none."))
-    drain_grace_s: Seconds = Field(default=1.5, description="Time a worker removed from routing gets to finish its "
-                                                    "requests before it is stopped, seconds > 0 (default 1.5).")
-    drain_timeout_s: Seconds = Field(default=60.0, description="Longest wait for a stopped worker to exit, seconds > 0 "
-                                                       "(default 60).")
-    ready_timeout_s: Seconds = Field(default=60.0, description="Longest wait for a started worker's /ready, seconds > 0 "
-                                                       "(default 60).")
+    initial: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description=(
+            "Replicas started per pool (and the VirtualConnector's initial state), each >= 0; a pool not named "
+            "starts with its planner.<pool>.min_replicas, or 1 when that is 0."
+        ),
+    )
+    worker_args: dict[str, tuple[Flag, ...]] = Field(
+        default_factory=dict,
+        description=(
+            "mocker serve flags per pool; also the engine the sizing by simulation replays (worker_engines). "
+            "Default none."
+        ),
+    )
+    drain_grace_s: Seconds = Field(
+        default=1.5,
+        description="Time a worker removed from routing gets to finish its "
+        "requests before it is stopped, seconds > 0 (default 1.5).",
+    )
+    drain_timeout_s: Seconds = Field(
+        default=60.0, description="Longest wait for a stopped worker to exit, seconds > 0 (default 60)."
+    )
+    ready_timeout_s: Seconds = Field(
+        default=60.0, description="Longest wait for a started worker's /ready, seconds > 0 (default 60)."
+    )
 
 
 @settings
 class PrometheusSection:
     """``prometheus:``: where the planner's metrics come from."""
 
-    enabled: Annotated[Literal["auto", "true", "false"], BeforeValidator(_bool_text)] = Field(default="auto", description=(
-        "auto (the default): start a Prometheus if the prometheus binary is installed, else scrape the workers "
-        "directly; true: start one (the binary is required); false: scrape directly."))
-    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(default=None, description=(
-        "An existing server's http:// or https:// URL to use instead of starting one; null (the default) = "
-        "start or scrape as enabled says."))
-    port: Port = Field(default=0, description="Port of the Prometheus `up` starts, 0..65535 (0, the default, = a free "
-                                      "port).")
+    enabled: Annotated[Literal["auto", "true", "false"], BeforeValidator(_bool_text)] = Field(
+        default="auto",
+        description=(
+            "auto (the default): start a Prometheus if the prometheus binary is installed, else scrape the workers "
+            "directly; true: start one (the binary is required); false: scrape directly."
+        ),
+    )
+    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+        default=None,
+        description=(
+            "An existing server's http:// or https:// URL to use instead of starting one; null (the default) = "
+            "start or scrape as enabled says."
+        ),
+    )
+    port: Port = Field(
+        default=0, description="Port of the Prometheus `up` starts, 0..65535 (0, the default, = a free port)."
+    )
     scrape_interval_s: Seconds = Field(default=1.0, description="Scrape interval, seconds > 0 (default 1).")
     timeout_s: Seconds = Field(default=5.0, description="HTTP timeout of one query, seconds > 0 (default 5).")
-    namespace: Text | None = Field(default=None, description="Metrics namespace (prefix) of the workers' series; null "
-                                                     "(the default) = the mocker's.")
-    bearer_token: Text | None = Field(default=None, description="Bearer token sent to the server; null (the default) = "
-                                                        "none.")
-    ca_file: Text | None = Field(default=None, description="PEM CA bundle for an https:// server, relative to the stack "
-                                                   "file; null (the default) = the system's.")
+    namespace: Text | None = Field(
+        default=None,
+        description="Metrics namespace (prefix) of the workers' series; null (the default) = the mocker's.",
+    )
+    bearer_token: Text | None = Field(
+        default=None, description="Bearer token sent to the server; null (the default) = none."
+    )
+    ca_file: Text | None = Field(
+        default=None,
+        description="PEM CA bundle for an https:// server, relative to the stack "
+        "file; null (the default) = the system's.",
+    )
 
 
 def _no_settings() -> dict[str, Any]:
@@ -151,16 +184,26 @@ class StackFileSettings:
     """The stack file as written (paths unresolved); :func:`stack_config_from_mapping` resolves it into a
     :class:`StackConfig`."""
 
-    planner: dict[str, Any] = Field(default_factory=_no_settings, description=(
-        "PlannerConfig fields (planner.core.config); engine_stale_s defaults to 5 here (LIVE_ENGINE_STALE_S)."))
-    profile: Text | None = Field(default=None, description="Performance profile (.npz), relative to this file; needed by "
-                                                   "the throughput loop. Default none.")
-    warm_start_trace: Text | None = Field(default=None, description="Trace for the predictors' warm start, relative to "
-                                                            "this file; default none.")
-    connector: Literal["local", "virtual"] = Field(default="local", description=(
-        "local (the default: a process fleet) or virtual (HTTP protocol, an external system applies)."))
-    state_dir: Text = Field(default=".dynoplan", description="fleet.json, workers.txt, logs, relative to this file "
-                                                     "(default .dynoplan).")
+    planner: dict[str, Any] = Field(
+        default_factory=_no_settings,
+        description=(
+            "PlannerConfig fields (planner.core.config); engine_stale_s defaults to 5 here (LIVE_ENGINE_STALE_S)."
+        ),
+    )
+    profile: Text | None = Field(
+        default=None,
+        description="Performance profile (.npz), relative to this file; needed by the throughput loop. Default none.",
+    )
+    warm_start_trace: Text | None = Field(
+        default=None, description="Trace for the predictors' warm start, relative to this file; default none."
+    )
+    connector: Literal["local", "virtual"] = Field(
+        default="local",
+        description=("local (the default: a process fleet) or virtual (HTTP protocol, an external system applies)."),
+    )
+    state_dir: Text = Field(
+        default=".dynoplan", description="fleet.json, workers.txt, logs, relative to this file (default .dynoplan)."
+    )
     service: ServiceSection = Field(default_factory=ServiceSection, description=ServiceSection.__doc__)
     frontend: FrontendSection = Field(default_factory=FrontendSection, description=FrontendSection.__doc__)
     fleet: FleetSection = Field(default_factory=FleetSection, description=FleetSection.__doc__)
@@ -287,11 +330,15 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     for what, pools in (("initial", fl.initial), ("worker_args", worker_args)):
         for p in pools if mode_known else ():
             if p not in planner.pools:
-                problems.append(f"fleet.{what}.{p}: pool not planned in mode {planner.mode!r} "
-                                f"({unset_note}expected {', '.join(planner.pools)})")
+                problems.append(
+                    f"fleet.{what}.{p}: pool not planned in mode {planner.mode!r} "
+                    f"({unset_note}expected {', '.join(planner.pools)})"
+                )
             elif what == "worker_args" and planner.mode == "disagg" and _worker_engine(worker_args[p]) == "trtllm":
-                problems.append(f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
-                                f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang")
+                problems.append(
+                    f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
+                    f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang"
+                )
     enabled = pr.enabled
     ca = path(pr.ca_file)
     if ca is not None and not ca.is_file():
@@ -305,28 +352,51 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     seen: dict[int, str] = {}
     for key, port in own_ports:
         if port and port in seen:
-            problems.append(f"{key}={port}: same port as {seen[port]}, expected distinct ports (or 0 for any free "
-                            f"port)")
+            problems.append(
+                f"{key}={port}: same port as {seen[port]}, expected distinct ports (or 0 for any free port)"
+            )
         elif port:
             seen[port] = key
     if mode_known and planner.load_enabled and f.connector == "virtual":
-        problems.append("planner.load_enabled=True: expected false with connector virtual (the load loop reads the "
-                        "workers' ForwardPassMetrics, which only the local connector discovers)")
+        problems.append(
+            "planner.load_enabled=True: expected false with connector virtual (the load loop reads the "
+            "workers' ForwardPassMetrics, which only the local connector discovers)"
+        )
     elif mode_known and planner.load_enabled and f.fpm is False:
-        problems.append("fpm=False: expected true when planner.load_enabled is true (the load loop reads the "
-                        "workers' ForwardPassMetrics)")
+        problems.append(
+            "fpm=False: expected true when planner.load_enabled is true (the load loop reads the "
+            "workers' ForwardPassMetrics)"
+        )
     if problems:
         raise ConfigError(problems, source=source)
     return StackConfig(
-        planner=planner, profile=profile, warm_start_trace=path(f.warm_start_trace), connector=f.connector,
-        state_dir=path(f.state_dir) or base_dir, service_host=f.service.host, service_port=f.service.port,
-        token=f.service.token, frontend_port=f.frontend.port, frontend_router=f.frontend.router,
-        frontend_poll_s=f.frontend.poll_s, model_name=f.frontend.model_name, initial=init, worker_args=worker_args,
-        drain_grace_s=fl.drain_grace_s, drain_timeout_s=fl.drain_timeout_s, ready_timeout_s=fl.ready_timeout_s,
-        prometheus_enabled=enabled, prometheus_url=pr.url, prometheus_port=pr.port,
-        prometheus_scrape_interval_s=pr.scrape_interval_s, prometheus_timeout_s=pr.timeout_s,
-        prometheus_namespace=pr.namespace, prometheus_bearer_token=pr.bearer_token,
-        prometheus_ca_file=str(ca) if ca is not None else None, fpm=f.fpm)
+        planner=planner,
+        profile=profile,
+        warm_start_trace=path(f.warm_start_trace),
+        connector=f.connector,
+        state_dir=path(f.state_dir) or base_dir,
+        service_host=f.service.host,
+        service_port=f.service.port,
+        token=f.service.token,
+        frontend_port=f.frontend.port,
+        frontend_router=f.frontend.router,
+        frontend_poll_s=f.frontend.poll_s,
+        model_name=f.frontend.model_name,
+        initial=init,
+        worker_args=worker_args,
+        drain_grace_s=fl.drain_grace_s,
+        drain_timeout_s=fl.drain_timeout_s,
+        ready_timeout_s=fl.ready_timeout_s,
+        prometheus_enabled=enabled,
+        prometheus_url=pr.url,
+        prometheus_port=pr.port,
+        prometheus_scrape_interval_s=pr.scrape_interval_s,
+        prometheus_timeout_s=pr.timeout_s,
+        prometheus_namespace=pr.namespace,
+        prometheus_bearer_token=pr.bearer_token,
+        prometheus_ca_file=str(ca) if ca is not None else None,
+        fpm=f.fpm,
+    )
 
 
 def _worker_engine(argv: tuple[str, ...]) -> str | None:
@@ -373,8 +443,11 @@ def worker_engines(stack: StackConfig) -> tuple[dict[str, Any], Any, list[str]]:
         engines[pool] = worker.engine
         if pool == "decode" and worker.kv_transfer_bandwidth_gbps > 0:
             # the live frontend's default pd_mode "direct": the prefill leg completes, then the decode leg
-            transfer = KvTransferConfig(bandwidth_gbps=worker.kv_transfer_bandwidth_gbps,
-                                        kv_bytes_per_token=worker.kv_bytes_per_token or None, handoff="direct")
+            transfer = KvTransferConfig(
+                bandwidth_gbps=worker.kv_transfer_bandwidth_gbps,
+                kv_bytes_per_token=worker.kv_bytes_per_token or None,
+                handoff="direct",
+            )
     return engines, transfer, problems
 
 
@@ -386,8 +459,10 @@ def load_stack_config(path: str | Path) -> StackConfig:
     except OSError as e:
         raise ConfigError(f"cannot read stack file: {e.strerror}", source=str(p)) from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"cannot read stack file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 "
-                          "text", source=str(p)) from None
+        raise ConfigError(
+            f"cannot read stack file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 text",
+            source=str(p),
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -395,6 +470,10 @@ def load_stack_config(path: str | Path) -> StackConfig:
         context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
         if context and cmark is not None and cmark is not mark:
             context += f" started at line {cmark.line + 1}, column {cmark.column + 1}"
-        raise ConfigError(f"cannot parse stack file{where}: {what}" + (f" ({context})" if context else "")
-                          + "; expected YAML (see examples/stack.yaml)", source=str(p)) from None
+        raise ConfigError(
+            f"cannot parse stack file{where}: {what}"
+            + (f" ({context})" if context else "")
+            + "; expected YAML (see examples/stack.yaml)",
+            source=str(p),
+        ) from None
     return stack_config_from_mapping(data or {}, p.resolve().parent, source=str(p))

@@ -37,8 +37,9 @@ from __future__ import annotations
 import collections
 import json
 import math
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -75,39 +76,56 @@ class DashboardHistory:
         """One ``TickResult`` at ``t``: the tick series and, when it published targets, the decision."""
         d, diag = result.decision, result.diagnostics
         if d.targets is not None and d.decision_id is not None:
-            self.decisions.append({"t": t, "decision_id": d.decision_id, "targets": dict(d.targets),
-                                   "from": dict(diag.current_replicas or {}), "reason": d.reason.value,
-                                   "reasons": [r.value for r in d.reasons]})
+            self.decisions.append(
+                {
+                    "t": t,
+                    "decision_id": d.decision_id,
+                    "targets": dict(d.targets),
+                    "from": dict(diag.current_replicas or {}),
+                    "reason": d.reason.value,
+                    "reasons": [r.value for r in d.reasons],
+                }
+            )
         obs_t = diag.observed
         thpt = "throughput" in diag.loops_run
         unknown = thpt and obs_t is None  # the traffic read failed: the plan is stale, nothing is plotted
         planned = None if unknown else _f(diag.predicted_requests_per_second)
         factor = _f(float(getattr(diag, "demand_factor", 1.0)))
-        self.ticks.append({
-            "t": t, "loops": list(diag.loops_run), "reason": d.reason.value,
-            "metrics_unknown": unknown,
-            "observed_rps": _f(obs_t.requests_per_second) if obs_t is not None else None,
-            "observed_ttft_ms": _f(obs_t.mean_ttft_ms) if obs_t is not None else None,
-            "observed_itl_ms": _f(obs_t.mean_itl_ms) if obs_t is not None else None,
-            "predicted_rps": planned,
-            "forecast_rps": planned / factor if planned is not None and factor else None,
-            "demand_factor": None if unknown else factor,
-            "predictor": getattr(diag, "predictor", None),
-            "estimated_ttft_ms": _f(diag.estimated_ttft_ms), "estimated_itl_ms": _f(diag.estimated_itl_ms),
-            "throughput_replicas": dict(diag.throughput_replicas),
-        })
+        self.ticks.append(
+            {
+                "t": t,
+                "loops": list(diag.loops_run),
+                "reason": d.reason.value,
+                "metrics_unknown": unknown,
+                "observed_rps": _f(obs_t.requests_per_second) if obs_t is not None else None,
+                "observed_ttft_ms": _f(obs_t.mean_ttft_ms) if obs_t is not None else None,
+                "observed_itl_ms": _f(obs_t.mean_itl_ms) if obs_t is not None else None,
+                "predicted_rps": planned,
+                "forecast_rps": planned / factor if planned is not None and factor else None,
+                "demand_factor": None if unknown else factor,
+                "predictor": getattr(diag, "predictor", None),
+                "estimated_ttft_ms": _f(diag.estimated_ttft_ms),
+                "estimated_itl_ms": _f(diag.estimated_itl_ms),
+                "throughput_replicas": dict(diag.throughput_replicas),
+            }
+        )
 
     def record_engines(self, latest: Mapping[tuple[int, int], Any]) -> None:
         """Per-engine queues from the latest ForwardPassMetrics, keyed (worker id, DP rank)."""
-        self.engines = [{
-            "worker_id": wid, "dp_rank": rank, "pool": p.pool,
-            "running_prefill": p.scheduled_requests.num_prefill_requests,
-            "running_decode": p.scheduled_requests.num_decode_requests,
-            "queued_prefill": p.queued_requests.num_prefill_requests,
-            "queued_prefill_tokens": p.queued_requests.sum_prefill_tokens,
-            "queued_decode": p.queued_requests.num_decode_requests,
-            "wall_time_ms": p.wall_time * 1000.0,
-        } for (wid, rank), p in sorted(latest.items())]
+        self.engines = [
+            {
+                "worker_id": wid,
+                "dp_rank": rank,
+                "pool": p.pool,
+                "running_prefill": p.scheduled_requests.num_prefill_requests,
+                "running_decode": p.scheduled_requests.num_decode_requests,
+                "queued_prefill": p.queued_requests.num_prefill_requests,
+                "queued_prefill_tokens": p.queued_requests.sum_prefill_tokens,
+                "queued_decode": p.queued_requests.num_decode_requests,
+                "wall_time_ms": p.wall_time * 1000.0,
+            }
+            for (wid, rank), p in sorted(latest.items())
+        ]
 
     def outages(self, now_s: float) -> list[dict[str, Any]]:
         """Metric outages: runs of throughput ticks whose traffic was unknown, as ``{"start_s", "end_s",
@@ -137,22 +155,34 @@ class DashboardHistory:
             direction = "up" if after > before else "down" if after < before else "rebalance"
             label = ", ".join(f"{p} {d['from'].get(p, '?')}→{n}" for p, n in d["targets"].items())
             decisions.append({"t": d["t"], "direction": direction, "label": label, "reason": d["reason"]})
-        deaths = [{"t": e["t"], "worker": e.get("worker"), "pool": e.get("pool")}
-                  for e in (fleet_events or []) if e.get("event") == "died"]
+        deaths = [
+            {"t": e["t"], "worker": e.get("worker"), "pool": e.get("pool")}
+            for e in (fleet_events or [])
+            if e.get("event") == "died"
+        ]
         return {"decisions": decisions, "deaths": sorted(deaths, key=lambda e: e["t"]), "outages": self.outages(now_s)}
 
-    def state(self, now_s: float, started_s: float, cfg: Any, poll_ms: int, last_result: Any = None,
-              **extra: Any) -> dict[str, Any]:
+    def state(
+        self, now_s: float, started_s: float, cfg: Any, poll_ms: int, last_result: Any = None, **extra: Any
+    ) -> dict[str, Any]:
         """The page's data (JSON-safe): ``cfg`` is the planner's ``PlannerConfig``; ``extra`` adds keys
         (``traffic_error``, ``fleet``, ``fleet_events``, ``title``...)."""
         return {
-            "now_s": now_s, "started_s": started_s,
-            "config": {"mode": cfg.mode, "pools": list(cfg.pools), "ttft_ms": cfg.ttft_ms, "itl_ms": cfg.itl_ms,
-                       "adjustment_interval_s": cfg.adjustment_interval_s,
-                       "load_adjustment_interval_s": cfg.load_adjustment_interval_s,
-                       "throughput_enabled": cfg.throughput_enabled, "load_enabled": cfg.load_enabled,
-                       "pending_timeout_s": cfg.pending_timeout_s, "poll_ms": poll_ms,
-                       "demand_error_quantile": cfg.demand_error_quantile},
+            "now_s": now_s,
+            "started_s": started_s,
+            "config": {
+                "mode": cfg.mode,
+                "pools": list(cfg.pools),
+                "ttft_ms": cfg.ttft_ms,
+                "itl_ms": cfg.itl_ms,
+                "adjustment_interval_s": cfg.adjustment_interval_s,
+                "load_adjustment_interval_s": cfg.load_adjustment_interval_s,
+                "throughput_enabled": cfg.throughput_enabled,
+                "load_enabled": cfg.load_enabled,
+                "pending_timeout_s": cfg.pending_timeout_s,
+                "poll_ms": poll_ms,
+                "demand_error_quantile": cfg.demand_error_quantile,
+            },
             "marks": self.marks(now_s, extra.get("fleet_events")),
             "pools": self.last_pools,
             "samples": list(self.samples),
@@ -173,8 +203,9 @@ def add_routes(app: web.Application, state_of: Callable[[web.Request], Awaitable
         return web.Response(text=DASHBOARD_HTML, content_type="text/html")
 
     async def plotly(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(plotly_js_path(), headers={"Content-Type": "application/javascript",
-                                                          "Cache-Control": "max-age=3600"})
+        return web.FileResponse(
+            plotly_js_path(), headers={"Content-Type": "application/javascript", "Cache-Control": "max-age=3600"}
+        )
 
     async def state(request: web.Request) -> web.Response:
         st = await state_of(request)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
@@ -42,9 +43,19 @@ class PlannerService:
     with ``read(window_s) -> TrafficWindow | None`` (blocking) or None; ``fpm``: an
     :class:`~planner.sources.fpm.FpmSubscriber` or None."""
 
-    def __init__(self, planner: Planner, connector: Any, traffic: Any = None, fpm: Any = None,
-                 host: str = "127.0.0.1", port: int = 8090, clock: Callable[[], float] = time.time,
-                 sample_s: float = 0.5, history_points: int = 3600, poll_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        planner: Planner,
+        connector: Any,
+        traffic: Any = None,
+        fpm: Any = None,
+        host: str = "127.0.0.1",
+        port: int = 8090,
+        clock: Callable[[], float] = time.time,
+        sample_s: float = 0.5,
+        history_points: int = 3600,
+        poll_ms: int = 1000,
+    ) -> None:
         self.planner = planner
         self.cfg = planner.config
         self.connector = connector
@@ -57,13 +68,19 @@ class PlannerService:
         self.started_s = clock()
         self.registry = CollectorRegistry()
         self.metrics = PlannerMetrics(self.registry)
-        self.g_replicas = Gauge("dynoplan_planner_replicas", "Replicas per pool as the connector reports them "
-                                "(kind=spec: requested, kind=ready: serving)", ["pool", "kind"], registry=self.registry)
+        self.g_replicas = Gauge(
+            "dynoplan_planner_replicas",
+            "Replicas per pool as the connector reports them (kind=spec: requested, kind=ready: serving)",
+            ["pool", "kind"],
+            registry=self.registry,
+        )
         self.c_ticks = Counter("dynoplan_planner_ticks", "Planner ticks run", registry=self.registry)
-        self.c_unknown = Counter("dynoplan_planner_traffic_unknown", "Throughput reads that were unknown",
-                                 registry=self.registry)
-        self.c_timeouts = Counter("dynoplan_planner_pending_timeouts", "Decisions abandoned after pending_timeout_s",
-                                  registry=self.registry)
+        self.c_unknown = Counter(
+            "dynoplan_planner_traffic_unknown", "Throughput reads that were unknown", registry=self.registry
+        )
+        self.c_timeouts = Counter(
+            "dynoplan_planner_pending_timeouts", "Decisions abandoned after pending_timeout_s", registry=self.registry
+        )
         self.history = DashboardHistory(history_points)  # the dashboard's series (planner.live.dashboard)
         self.last_result: TickResult | None = None
         self.traffic_error: str | None = None
@@ -89,8 +106,13 @@ class PlannerService:
             self.fpm.set_endpoints(self.connector.fpm_endpoints())
             passes = self.fpm.drain()
             ok = bool(self.fpm.ok)
-        return Observations(pools=pools, traffic=traffic, passes=passes, passes_ok=ok,
-                            applied_decision_id=self.connector.applied_decision_id())
+        return Observations(
+            pools=pools,
+            traffic=traffic,
+            passes=passes,
+            passes_ok=ok,
+            applied_decision_id=self.connector.applied_decision_id(),
+        )
 
     async def tick_once(self, now_s: float) -> TickResult:
         obs = await self._observe()
@@ -102,12 +124,21 @@ class PlannerService:
             self.c_unknown.inc()
         if Reason.PENDING_TIMEOUT_REPLAN in d.reasons:
             self.c_timeouts.inc()
-            log.warning("decision %s was not applied within pending_timeout_s=%ss; re-planning (reason %s)",
-                        diag.pending_decision_id, self.cfg.pending_timeout_s, Reason.PENDING_TIMEOUT_REPLAN.value)
+            log.warning(
+                "decision %s was not applied within pending_timeout_s=%ss; re-planning (reason %s)",
+                diag.pending_decision_id,
+                self.cfg.pending_timeout_s,
+                Reason.PENDING_TIMEOUT_REPLAN.value,
+            )
         if d.targets is not None and d.decision_id is not None:
             await self.connector.apply(d.targets, d.decision_id, d.reason.value)
-            log.info("decision %s: %s -> %s (%s)", d.decision_id, dict(diag.current_replicas or {}), dict(d.targets),
-                     ", ".join(r.value for r in d.reasons))
+            log.info(
+                "decision %s: %s -> %s (%s)",
+                d.decision_id,
+                dict(diag.current_replicas or {}),
+                dict(d.targets),
+                ", ".join(r.value for r in d.reasons),
+            )
         self.metrics.update(result)
         self.history.record_tick(now_s, result)
         self.last_result = result
@@ -150,10 +181,15 @@ class PlannerService:
     def state(self) -> dict[str, Any]:
         """The dashboard's data (JSON-safe): targets, current pools, time series, decisions, engines."""
         return self.history.state(
-            self.clock(), self.started_s, self.cfg, self.poll_ms, self.last_result,
+            self.clock(),
+            self.started_s,
+            self.cfg,
+            self.poll_ms,
+            self.last_result,
             traffic_error=self.traffic_error,
             fleet=self.connector.snapshot() if hasattr(self.connector, "snapshot") else [],
-            fleet_events=list(getattr(self.connector, "events", []))[-50:][::-1])
+            fleet_events=list(getattr(self.connector, "events", []))[-50:][::-1],
+        )
 
     # ------------------------------------------------------------------ HTTP
     def make_app(self) -> web.Application:

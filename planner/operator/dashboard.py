@@ -15,7 +15,8 @@ loops from ``memo.loops`` only.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -30,12 +31,16 @@ def _key(request: web.Request, loops: Mapping[tuple[str, str], Any]) -> tuple[st
     if not want:
         if len(loops) == 1:
             return next(iter(loops))
-        return (f"{len(loops)} planners run here; choose one with ?planner=<namespace>/<name>: "
-                + ", ".join(sorted("/".join(k) for k in loops)))
+        return f"{len(loops)} planners run here; choose one with ?planner=<namespace>/<name>: " + ", ".join(
+            sorted("/".join(k) for k in loops)
+        )
     ns, _, name = want.partition("/")
     if (ns, name) not in loops:
-        return (f"planner {want!r} is not running here (running: "
-                + (", ".join(sorted("/".join(k) for k in loops)) or "none") + ")")
+        return (
+            f"planner {want!r} is not running here (running: "
+            + (", ".join(sorted("/".join(k) for k in loops)) or "none")
+            + ")"
+        )
     return (ns, name)
 
 

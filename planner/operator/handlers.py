@@ -29,8 +29,15 @@ from prometheus_client import Counter
 from dynoplan.errors import SpecError
 from planner.operator.kube import Gone, now_iso
 from planner.operator.loop import PlannerLoop
-from planner.operator.reconcile import (LABEL_DGD, LABEL_SERVICE, child_actions, desired_children, dgd_status,
-                                        reconcile_problems, set_condition)
+from planner.operator.reconcile import (
+    LABEL_DGD,
+    LABEL_SERVICE,
+    child_actions,
+    desired_children,
+    dgd_status,
+    reconcile_problems,
+    set_condition,
+)
 from planner.operator.settings import OperatorSettings
 from planner.operator.spec import DGD_GROUP, DGD_PLURAL, DGD_VERSION, DPL_GROUP, DPL_PLURAL, DPL_VERSION, parse_dgd
 from planner.sources.prometheus import PrometheusSourceSettings, PrometheusTrafficSource
@@ -51,8 +58,12 @@ async def reconcile_dgd(body: Any, memo: Any) -> dict[str, Any] | None:
         if problems:
             raise SpecError(f"DynamoGraphDeployment {ns}/{name}", problems)
     except SpecError as e:
-        status = {"state": "failed", "conditions": set_condition(prev.get("conditions"), "Ready", "False", "InvalidSpec",
-                                                                 str(e), now_iso(), meta.get("generation"))}
+        status = {
+            "state": "failed",
+            "conditions": set_condition(
+                prev.get("conditions"), "Ready", "False", "InvalidSpec", str(e), now_iso(), meta.get("generation")
+            ),
+        }
         if _differs(prev, status):
             await kube.patch_dgd_status(ns, name, status)
             await kube.event(body, "Warning", "InvalidSpec", str(e))
@@ -66,9 +77,11 @@ async def reconcile_dgd(body: Any, memo: Any) -> dict[str, Any] | None:
         else:
             await kube.delete(act.kind, ns, act.name)
         memo.reconciles.labels(kind="DynamoGraphDeployment", action=f"{act.verb}_{act.kind}").inc()
-    deployments = {o["metadata"]["labels"][LABEL_SERVICE]: o for o in
-                   (await kube.list_children(ns, f"{LABEL_DGD}={name}") if desired else [])
-                   if o["kind"] == "Deployment" and (o["metadata"].get("labels") or {}).get(LABEL_SERVICE)}
+    deployments = {
+        o["metadata"]["labels"][LABEL_SERVICE]: o
+        for o in (await kube.list_children(ns, f"{LABEL_DGD}={name}") if desired else [])
+        if o["kind"] == "Deployment" and (o["metadata"].get("labels") or {}).get(LABEL_SERVICE)
+    }
     status = dgd_status(dgd, deployments, prev, now_iso())
     if _differs(prev, status):
         await kube.patch_dgd_status(ns, name, status)
@@ -109,7 +122,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.level = logging.WARNING       # kopf's own Events only for problems
+        settings.posting.level = logging.WARNING  # kopf's own Events only for problems
         settings.watching.connect_timeout = 5.0
         settings.watching.server_timeout = 60  # int: the apiserver rejects "60.0"
         settings.watching.client_timeout = 70.0
@@ -123,8 +136,9 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         # No cluster-wide CRD/namespace scanning: the watched namespace and resources are fixed, so the
         # operator needs no cluster-scoped RBAC (kopf scans only for dynamic discovery).
         settings.scanning.disabled = bool(memo.op_settings.namespace)
-        memo.reconciles = Counter("dynoplan_operator_reconciles", "Reconcile actions taken", ["kind", "action"],
-                                  registry=memo.registry)
+        memo.reconciles = Counter(
+            "dynoplan_operator_reconciles", "Reconcile actions taken", ["kind", "action"], registry=memo.registry
+        )
         memo.dashboard = None
         if memo.op_settings.dashboard_port:
             from planner.operator import dashboard
@@ -150,6 +164,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         return len(memo.loops)
 
     if settings.reconcile_dgd:
+
         @kopf.on.event(DGD_GROUP, DGD_VERSION, DGD_PLURAL, registry=registry)
         async def dgd_event(type: str, body: Any, memo: kopf.Memo, **_: Any) -> None:  # noqa: A002
             if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
@@ -166,13 +181,25 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
 
         def traffic(plan: Any) -> PrometheusTrafficSource:
-            return PrometheusTrafficSource(PrometheusSourceSettings(
-                url=plan.prometheus_url or s.prometheus_url, model=plan.model, namespace=plan.metrics_namespace,
-                timeout_s=s.prometheus_timeout_s))
+            return PrometheusTrafficSource(
+                PrometheusSourceSettings(
+                    url=plan.prometheus_url or s.prometheus_url,
+                    model=plan.model,
+                    namespace=plan.metrics_namespace,
+                    timeout_s=s.prometheus_timeout_s,
+                )
+            )
 
-        loop = PlannerLoop(body, memo.kube, defaults=memo.defaults, traffic_factory=traffic,
-                           metrics_registry=memo.loop_metrics, budget=memo.budget,
-                           min_sleep_s=s.planner_min_sleep_s, max_sleep_s=s.planner_max_sleep_s)
+        loop = PlannerLoop(
+            body,
+            memo.kube,
+            defaults=memo.defaults,
+            traffic_factory=traffic,
+            metrics_registry=memo.loop_metrics,
+            budget=memo.budget,
+            min_sleep_s=s.planner_min_sleep_s,
+            max_sleep_s=s.planner_max_sleep_s,
+        )
         memo.loops[key] = loop
         log.info("planner started", extra={"planner": key[1], "namespace": key[0]})
         try:

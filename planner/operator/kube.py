@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import kubernetes
 from kubernetes.client.rest import ApiException
@@ -36,7 +37,7 @@ class Gone(OperatorError):
 
 def now_iso() -> str:
     """UTC now, RFC 3339 with seconds (for conditions and events)."""
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def load_client_configuration() -> kubernetes.client.Configuration:
@@ -78,28 +79,55 @@ class Kube:
     async def get_dgd(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The DGD body, or None when it does not exist."""
         try:
-            return await self._call(self.co.get_namespaced_custom_object, DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name)
+            return await self._call(
+                self.co.get_namespaced_custom_object, DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name
+            )
         except Gone:
             return None
 
-    async def patch_dgd(self, namespace: str, name: str, patch: Mapping[str, Any],
-                        resource_version: str | None = None) -> dict[str, Any]:
+    async def patch_dgd(
+        self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any]:
         """JSON merge patch of the DGD spec; with ``resource_version`` the patch is conditional on it
         (the apiserver answers 409 -> :class:`Conflict` when someone changed the DGD meanwhile)."""
         body = dict(patch)
         if resource_version is not None:
             body["metadata"] = {**dict(body.get("metadata") or {}), "resourceVersion": resource_version}
-        return await self._call(self.co.patch_namespaced_custom_object, DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL,
-                                name, body, _content_type=MERGE)
+        return await self._call(
+            self.co.patch_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            namespace,
+            DGD_PLURAL,
+            name,
+            body,
+            _content_type=MERGE,
+        )
 
     async def patch_dgd_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        await self._call(self.co.patch_namespaced_custom_object_status, DGD_GROUP, DGD_VERSION, namespace,
-                         DGD_PLURAL, name, {"status": dict(status)}, _content_type=MERGE)
+        await self._call(
+            self.co.patch_namespaced_custom_object_status,
+            DGD_GROUP,
+            DGD_VERSION,
+            namespace,
+            DGD_PLURAL,
+            name,
+            {"status": dict(status)},
+            _content_type=MERGE,
+        )
 
     # ------------------------------------------------------------------ DynoPlanner
     async def patch_planner_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        await self._call(self.co.patch_namespaced_custom_object_status, DPL_GROUP, DPL_VERSION, namespace,
-                         DPL_PLURAL, name, {"status": dict(status)}, _content_type=MERGE)
+        await self._call(
+            self.co.patch_namespaced_custom_object_status,
+            DPL_GROUP,
+            DPL_VERSION,
+            namespace,
+            DPL_PLURAL,
+            name,
+            {"status": dict(status)},
+            _content_type=MERGE,
+        )
 
     # ------------------------------------------------------------------ children
     async def list_children(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
@@ -121,7 +149,9 @@ class Kube:
         await self._call(fn, name, ns, dict(body), field_manager=FIELD_MANAGER, force=True, _content_type=APPLY)
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
-        fn = {"Deployment": self.apps.delete_namespaced_deployment, "Service": self.core.delete_namespaced_service}[kind]
+        fn = {"Deployment": self.apps.delete_namespaced_deployment, "Service": self.core.delete_namespaced_service}[
+            kind
+        ]
         try:
             await self._call(fn, name, namespace)
         except Gone:
@@ -129,8 +159,11 @@ class Kube:
 
     async def list_endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         """EndpointSlices of Service ``service`` (label ``kubernetes.io/service-name``), as plain dicts."""
-        res = await self._call(self.discovery.list_namespaced_endpoint_slice, namespace,
-                               label_selector=f"kubernetes.io/service-name={service}")
+        res = await self._call(
+            self.discovery.list_namespaced_endpoint_slice,
+            namespace,
+            label_selector=f"kubernetes.io/service-name={service}",
+        )
         return [self.api.sanitize_for_serialization(it) for it in res.items]
 
     # ------------------------------------------------------------------ events
@@ -138,9 +171,22 @@ class Kube:
         """A core/v1 Event about ``obj`` (a body with apiVersion, kind, metadata.name/namespace/uid)."""
         meta = obj["metadata"]
         ts = now_iso()
-        ev = {"metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
-              "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
-                                 "namespace": meta["namespace"], "uid": meta.get("uid")},
-              "type": type_, "reason": reason, "message": message[:1024], "firstTimestamp": ts, "lastTimestamp": ts,
-              "count": 1, "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER}
+        ev = {
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": 1,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+        }
         await self._call(self.core.create_namespaced_event, meta["namespace"], ev)

@@ -24,15 +24,15 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from dynoplan.errors import DynoplanError, SpecError
 from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
-from planner.core.reasons import Reason
 from planner.core.metrics import PlannerMetrics
-from dynoplan.errors import DynoplanError
+from planner.core.reasons import Reason
 from planner.live.dashboard import DashboardHistory
-from dynoplan.errors import SpecError
 from planner.operator.kube import Conflict, Gone, Kube, now_iso
 from planner.operator.reconcile import child_name, divide_budget, replica_patch, set_condition
 from planner.operator.spec import DgdSpec, PlannerSpec, ServiceSpec, parse_dgd, parse_planner, resolve_pools
@@ -65,8 +65,12 @@ class BudgetBook:
     def cap(self, key: tuple[str, str, str]) -> int:
         """``key``'s GPU cap from the recorded entries of its (namespace, budget) group."""
         group = {k[2]: v for k, v in self.entries.items() if k[:2] == key[:2]}
-        alloc = divide_budget(self.total_gpus, {n: v[0] for n, v in group.items()},
-                              {n: v[1] for n, v in group.items()}, {n: v[2] for n, v in group.items()})
+        alloc = divide_budget(
+            self.total_gpus,
+            {n: v[0] for n, v in group.items()},
+            {n: v[1] for n, v in group.items()},
+            {n: v[2] for n, v in group.items()},
+        )
         return alloc[key[2]]
 
     def forget(self, key: tuple[str, str, str]) -> None:
@@ -99,7 +103,7 @@ class KubernetesConnector:
             return None
         dgd = parse_dgd(body)
         services = resolve_pools(self.plan, dgd)
-        st = ((body.get("status") or {}).get("services") or {})
+        st = (body.get("status") or {}).get("services") or {}
         pools = {}
         for pool, s in services.items():
             ready = (st.get(s.name) or {}).get("readyReplicas")
@@ -112,18 +116,22 @@ class KubernetesConnector:
         Returns the patch applied (None when nothing changed). Raises Conflict (409) when the DGD changed
         since it was read, Gone when it was deleted.
         """
-        patch = replica_patch({p: s.name for p, s in obs.services.items()},
-                              {p: st.replicas for p, st in obs.pools.items()}, targets)
+        patch = replica_patch(
+            {p: s.name for p, s in obs.services.items()}, {p: st.replicas for p, st in obs.pools.items()}, targets
+        )
         if patch is None:
             return None
-        await self.kube.patch_dgd(self.plan.namespace, self.plan.target, patch,
-                                  resource_version=obs.body["metadata"]["resourceVersion"])
+        await self.kube.patch_dgd(
+            self.plan.namespace, self.plan.target, patch, resource_version=obs.body["metadata"]["resourceVersion"]
+        )
         return patch
 
     def fpm_service_names(self, obs: Observed) -> dict[str, str]:
         """pool -> the Kubernetes Service whose EndpointSlices list its workers."""
-        return {pool: self.plan.fpm_services.get(pool) or child_name(obs.dgd.name, svc.name)
-                for pool, svc in obs.services.items()}
+        return {
+            pool: self.plan.fpm_services.get(pool) or child_name(obs.dgd.name, svc.name)
+            for pool, svc in obs.services.items()
+        }
 
     async def fpm_endpoints(self, obs: Observed) -> dict[str, str]:
         """``{zmq endpoint: pool}`` of every ready worker of the planned pools.
@@ -227,12 +235,21 @@ class PlannerLoop:
     """The planner of one DynoPlanner. ``step()`` is one iteration (returns seconds to sleep);
     ``run(stopped)`` repeats it until the kopf daemon's stop flag is set."""
 
-    def __init__(self, body: Mapping[str, Any], kube: Kube, *, defaults: PlannerConfig,
-                 traffic_factory: Callable[[PlannerSpec], Any], metrics_registry: Any,
-                 budget: BudgetBook | None, min_sleep_s: float, max_sleep_s: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 fpm_factory: Callable[[Callable[[], float]], Any] | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        body: Mapping[str, Any],
+        kube: Kube,
+        *,
+        defaults: PlannerConfig,
+        traffic_factory: Callable[[PlannerSpec], Any],
+        metrics_registry: Any,
+        budget: BudgetBook | None,
+        min_sleep_s: float,
+        max_sleep_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        fpm_factory: Callable[[Callable[[], float]], Any] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         """``traffic_factory(plan)``: an object with a blocking ``read(window_s) -> TrafficWindow | None``
         (:class:`~planner.sources.prometheus.PrometheusTrafficSource`; called again only when the plan's
         metrics settings change). ``fpm_factory(clock)``: the FPM feed of the load loop (default
@@ -271,15 +288,21 @@ class PlannerLoop:
         # status.observed / status.predicted keep the last throughput-loop values between its ticks, and
         # across an operator restart (the new loop starts from the status the previous one wrote)
         st = body.get("status") or {}
-        self._last_observed: dict[str, Any] = {k: (st.get("observed") or {}).get(k)
-                                               for k in ("requestsPerSecond", "ttftMs", "itlMs")}
-        self._last_predicted: dict[str, Any] = {"requestsPerSecond": (st.get("predicted") or {}).get("requestsPerSecond")}
+        self._last_observed: dict[str, Any] = {
+            k: (st.get("observed") or {}).get(k) for k in ("requestsPerSecond", "ttftMs", "itlMs")
+        }
+        self._last_predicted: dict[str, Any] = {
+            "requestsPerSecond": (st.get("predicted") or {}).get("requestsPerSecond")
+        }
 
     @property
     def ref(self) -> dict[str, Any]:
         m = self.body["metadata"]
-        return {"apiVersion": self.body.get("apiVersion"), "kind": self.body.get("kind"),
-                "metadata": {"name": m["name"], "namespace": m["namespace"], "uid": m.get("uid")}}
+        return {
+            "apiVersion": self.body.get("apiVersion"),
+            "kind": self.body.get("kind"),
+            "metadata": {"name": m["name"], "namespace": m["namespace"], "uid": m.get("uid")},
+        }
 
     def _cond(self, type_: str, ok: bool, reason: str, message: str) -> None:
         self.conditions = set_condition(self.conditions, type_, "True" if ok else "False", reason, message, now_iso())
@@ -296,8 +319,9 @@ class PlannerLoop:
             pass
 
     async def _invalid(self, err: SpecError, type_: str = "SpecValid", reason: str = REASON_INVALID) -> float:
-        first = not any(c["type"] == type_ and c["status"] == "False" and c.get("message") == str(err)
-                        for c in self.conditions)
+        first = not any(
+            c["type"] == type_ and c["status"] == "False" and c.get("message") == str(err) for c in self.conditions
+        )
         self._cond(type_, False, reason, str(err))
         self._cond("Ready", False, reason, str(err))
         await self._status()
@@ -333,22 +357,31 @@ class PlannerLoop:
                 profile = load_profile(path)
             except DynoplanError as e:
                 msg = str(e)
-                msg = msg[len(str(path)) + 2:] if msg.startswith(f"{path}: ") else msg
+                msg = msg[len(str(path)) + 2 :] if msg.startswith(f"{path}: ") else msg
                 problems.append(f"spec.throughput.profile={path!r}: {msg}")
         elif thpt_on:
             problems.append(
                 "spec.throughput.profile: required while the throughput loop is on (spec.throughput.enabled, default "
                 "true): expected the path, in the operator Pod, of the workers' performance profile (.npz; the image "
-                f"has {PROFILE_HINT}), or spec.throughput.enabled: false with spec.load.enabled: true")
+                f"has {PROFILE_HINT}), or spec.throughput.enabled: false with spec.load.enabled: true"
+            )
         if profile is not None and thpt_on:
-            need = [h for h, pools in (("prefill", ("prefill", "agg")), ("decode", ("decode", "agg")))
-                    if any(p in pools for p in cfg.pools)]
+            need = [
+                h
+                for h, pools in (("prefill", ("prefill", "agg")), ("decode", ("decode", "agg")))
+                if any(p in pools for p in cfg.pools)
+            ]
             missing = [h for h in need if getattr(profile, h, None) is None]
             if missing:
-                what = ("both halves, prefill and decode (aggregated workers do both)" if cfg.mode == "agg"
-                        else f"the {' and '.join(need)} " + ("halves" if len(need) > 1 else "half"))
-                problems.append(f"spec.throughput.profile={path!r}: mode {cfg.mode} needs a profile with {what}; "
-                                f"this one has no {' and no '.join(missing)} half")
+                what = (
+                    "both halves, prefill and decode (aggregated workers do both)"
+                    if cfg.mode == "agg"
+                    else f"the {' and '.join(need)} " + ("halves" if len(need) > 1 else "half")
+                )
+                problems.append(
+                    f"spec.throughput.profile={path!r}: mode {cfg.mode} needs a profile with {what}; "
+                    f"this one has no {' and no '.join(missing)} half"
+                )
         try:
             from planner.whatif import evaluator_from_spec
 
@@ -387,9 +420,13 @@ class PlannerLoop:
         self._plan = plan
         self.history.record_sample(self.wall_clock(), obs.pools)
 
-        cfg = dataclasses.replace(plan.config, **{
-            p: dataclasses.replace(plan.config.limits(p), gpus_per_engine=s.gpus_per_engine)
-            for p, s in obs.services.items()})
+        cfg = dataclasses.replace(
+            plan.config,
+            **{
+                p: dataclasses.replace(plan.config.limits(p), gpus_per_engine=s.gpus_per_engine)
+                for p, s in obs.services.items()
+            },
+        )
         if cfg.load_enabled:
             if self.fpm is None:
                 self.fpm = self.fpm_factory(self.clock)
@@ -414,9 +451,11 @@ class PlannerLoop:
                 own = CollectorRegistry()
                 labels = {"namespace": plan.namespace, "planner": plan.name}
                 self._metrics = PlannerMetrics(own, labels)
-                self._sla = (Gauge("dynoplan_planner_ttft_target_ms", "TTFT SLA target, ms", list(labels), registry=own),
-                             Gauge("dynoplan_planner_itl_target_ms", "ITL SLA target, ms", list(labels), registry=own),
-                             labels)
+                self._sla = (
+                    Gauge("dynoplan_planner_ttft_target_ms", "TTFT SLA target, ms", list(labels), registry=own),
+                    Gauge("dynoplan_planner_itl_target_ms", "ITL SLA target, ms", list(labels), registry=own),
+                    labels,
+                )
                 self.registry.registries[(plan.namespace, plan.name)] = own
             if self._metrics is not None:
                 self._sla[0].labels(**self._sla[2]).set(cfg.ttft_ms)
@@ -443,8 +482,9 @@ class PlannerLoop:
         need = sum(int(prev.get(p, obs.pools[p].replicas)) * gpus[p] for p in cfg.pools)
         return (plan.namespace, str(plan.shared_budget), plan.name), max(need, minimum), minimum, current
 
-    async def _tick_shared(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
-                           now: float) -> float:
+    async def _tick_shared(
+        self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig, now: float
+    ) -> float:
         """A tick under the shared budget: the cap is computed and the patch made while holding the
         book's lock, so no two planners of the group grow into the same free GPUs."""
         assert self.budget is not None and self.planner is not None
@@ -452,21 +492,32 @@ class PlannerLoop:
             key, need, minimum, current = self._budget_entry(plan, obs, cfg)
             self.budget.record(key, need, minimum, current)
             cap = self.budget.cap(key)
-            self.planner.config = dataclasses.replace(cfg, max_gpu_budget=max(min(cap, cfg.max_gpu_budget), minimum),
-                                                      min_gpu_budget=min(cfg.min_gpu_budget, max(cap, minimum)))
+            self.planner.config = dataclasses.replace(
+                cfg,
+                max_gpu_budget=max(min(cap, cfg.max_gpu_budget), minimum),
+                min_gpu_budget=min(cfg.min_gpu_budget, max(cap, minimum)),
+            )
             delay = await self._tick(plan, conn, obs, self.planner.config, now, cap=cap)
             # Record what the spec holds now (a patch may have changed it) for the next planner's cap.
             key, need, minimum, _ = self._budget_entry(plan, obs, cfg)
             targets = self.last_result.decision.targets if self.last_result else None
             if targets is not None and not plan.advisory:
                 gpus = {p: cfg.limits(p).gpus_per_engine for p in cfg.pools}
-                current = sum(max(int(targets.get(p, obs.pools[p].replicas)), obs.pools[p].replicas) * gpus[p]
-                              for p in cfg.pools)
+                current = sum(
+                    max(int(targets.get(p, obs.pools[p].replicas)), obs.pools[p].replicas) * gpus[p] for p in cfg.pools
+                )
             self.budget.record(key, need, minimum, current)
             return delay
 
-    async def _tick(self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig,
-                    now: float, cap: int | None = None) -> float:
+    async def _tick(
+        self,
+        plan: PlannerSpec,
+        conn: KubernetesConnector,
+        obs: Observed,
+        cfg: PlannerConfig,
+        now: float,
+        cap: int | None = None,
+    ) -> float:
         assert self.planner is not None
         traffic = None
         if cfg.throughput_enabled:
@@ -486,15 +537,27 @@ class PlannerLoop:
             problems.append("FPM subscriber error")
         if cfg.load_enabled and self.fpm is not None and not self.fpm.endpoints:
             names = ", ".join(sorted(set(conn.fpm_service_names(obs).values())))
-            problems.append(f"no FPM endpoints: no ready endpoint with a port named {plan.fpm_port_name!r} in the "
-                            f"EndpointSlices of Service {names}")
-        read = [n for n, on in (("traffic from Prometheus", cfg.throughput_enabled),
-                                (f"FPM from {len(self.fpm.endpoints) if self.fpm else 0} worker endpoints",
-                                 cfg.load_enabled)) if on]
-        self._cond("MetricsAvailable", not problems, "Unknown" if problems else "Read",
-                   "; ".join(problems) if problems else "read " + " and ".join(read))
-        result = await asyncio.to_thread(self.planner.tick, now,
-                                         Observations(obs.pools, traffic, passes=passes, passes_ok=passes_ok))
+            problems.append(
+                f"no FPM endpoints: no ready endpoint with a port named {plan.fpm_port_name!r} in the "
+                f"EndpointSlices of Service {names}"
+            )
+        read = [
+            n
+            for n, on in (
+                ("traffic from Prometheus", cfg.throughput_enabled),
+                (f"FPM from {len(self.fpm.endpoints) if self.fpm else 0} worker endpoints", cfg.load_enabled),
+            )
+            if on
+        ]
+        self._cond(
+            "MetricsAvailable",
+            not problems,
+            "Unknown" if problems else "Read",
+            "; ".join(problems) if problems else "read " + " and ".join(read),
+        )
+        result = await asyncio.to_thread(
+            self.planner.tick, now, Observations(obs.pools, traffic, passes=passes, passes_ok=passes_ok)
+        )
         self.last_result = result
         self.history.record_tick(self.wall_clock(), result)
         if self.fpm is not None and hasattr(self.fpm, "latest"):
@@ -512,8 +575,9 @@ class PlannerLoop:
         events: list[tuple[Mapping[str, Any], str, str, str]] = []
         if d.targets is not None:
             cur = {p: s.replicas for p, s in obs.pools.items()}
-            change = ", ".join(f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items())
-                               if cur.get(p) != n)
+            change = ", ".join(
+                f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items()) if cur.get(p) != n
+            )
             msg = f"decision {d.decision_id}: {change or 'no change'} ({', '.join(r.value for r in d.reasons) or d.reason.value})"
             if plan.advisory:
                 events.append((self.ref, "Normal", REASON_ADVISORY, msg))
@@ -522,8 +586,14 @@ class PlannerLoop:
                     applied = await conn.scale(obs, d.targets)
                 except Conflict:
                     log.info("scale conflict; re-reading", extra={"planner": name, "decision": d.decision_id})
-                    events.append((self.ref, "Warning", REASON_CONFLICT,
-                                   f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning"))
+                    events.append(
+                        (
+                            self.ref,
+                            "Warning",
+                            REASON_CONFLICT,
+                            f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning",
+                        )
+                    )
                     self._next_s = now  # re-read at once on the next step
                 except Gone:
                     applied = None
@@ -533,21 +603,35 @@ class PlannerLoop:
                     reason = REASON_REBALANCE if ups and downs else REASON_UP if ups else REASON_DOWN
                     events.append((obs.body, "Normal", reason, msg))
                     events.append((self.ref, "Normal", reason, msg))
-                    log.info("scaled", extra={"planner": name, "decision": d.decision_id, "patch": applied,
-                                              "reason": d.reason.value})
+                    log.info(
+                        "scaled",
+                        extra={"planner": name, "decision": d.decision_id, "patch": applied, "reason": d.reason.value},
+                    )
         cur_spec = {p: s.replicas for p, s in obs.pools.items()}
         if d.reason is Reason.ADOPTED_EXTERNAL_CHANGE:
             changed = [p for p, r in d.pool_reasons.items() if r is Reason.ADOPTED_EXTERNAL_CHANGE] or sorted(cur_spec)
-            what = ", ".join(f"{obs.services[p].name} {self._last_seen.get(p, '?')}->{cur_spec[p]}"
-                             for p in sorted(changed) if p in obs.services)
-            events.append((self.ref, "Normal", REASON_ADOPTED,
-                           f"replicas changed outside the planner, adopted: {what}; left alone for "
-                           f"external_change_grace_s={cfg.external_change_grace_s:g} s"))
+            what = ", ".join(
+                f"{obs.services[p].name} {self._last_seen.get(p, '?')}->{cur_spec[p]}"
+                for p in sorted(changed)
+                if p in obs.services
+            )
+            events.append(
+                (
+                    self.ref,
+                    "Normal",
+                    REASON_ADOPTED,
+                    f"replicas changed outside the planner, adopted: {what}; left alone for "
+                    f"external_change_grace_s={cfg.external_change_grace_s:g} s",
+                )
+            )
         self._last_seen = cur_spec
         diag = result.diagnostics
         if diag.observed is not None:
-            self._last_observed = {"requestsPerSecond": _num(diag.observed.requests_per_second),
-                                   "ttftMs": _num(diag.observed.mean_ttft_ms), "itlMs": _num(diag.observed.mean_itl_ms)}
+            self._last_observed = {
+                "requestsPerSecond": _num(diag.observed.requests_per_second),
+                "ttftMs": _num(diag.observed.mean_ttft_ms),
+                "itlMs": _num(diag.observed.mean_itl_ms),
+            }
         predicted = _num(diag.predicted_requests_per_second)
         if predicted is not None:
             self._last_predicted = {"requestsPerSecond": predicted}
@@ -558,13 +642,19 @@ class PlannerLoop:
             # the last throughput-loop values (kept between its ticks, so `kubectl get -w` shows them throughout)
             "observed": dict(self._last_observed),
             "predicted": dict(self._last_predicted),
-            "lastDecision": {"reason": d.reason.value, "time": now_iso(),
-                             **({"id": int(d.decision_id)} if d.decision_id is not None else {})},
+            "lastDecision": {
+                "reason": d.reason.value,
+                "time": now_iso(),
+                **({"id": int(d.decision_id)} if d.decision_id is not None else {}),
+            },
         }
         if cfg.load_enabled:
-            status["load"] = {"fpmEndpoints": len(self.fpm.endpoints) if self.fpm is not None else 0,
-                              "engines": len(diag.engines), "estimatedTtftMs": _num(diag.estimated_ttft_ms),
-                              "estimatedItlMs": _num(diag.estimated_itl_ms)}
+            status["load"] = {
+                "fpmEndpoints": len(self.fpm.endpoints) if self.fpm is not None else 0,
+                "engines": len(diag.engines),
+                "estimatedTtftMs": _num(diag.estimated_ttft_ms),
+                "estimatedItlMs": _num(diag.estimated_itl_ms),
+            }
         if cap is not None:
             status["sharedBudget"] = {"name": plan.shared_budget, "capGpus": int(cap)}
         await self._status(status)
@@ -579,11 +669,20 @@ class PlannerLoop:
         if self.planner is None or self._plan is None:
             return None
         plan = self._plan
-        problems = [c.get("message") for c in self.conditions if c["type"] == "MetricsAvailable" and c["status"] == "False"]
+        problems = [
+            c.get("message") for c in self.conditions if c["type"] == "MetricsAvailable" and c["status"] == "False"
+        ]
         return self.history.state(
-            self.wall_clock(), self.started_wall_s, self.planner.config, 1000, self.last_result,
+            self.wall_clock(),
+            self.started_wall_s,
+            self.planner.config,
+            1000,
+            self.last_result,
             title=f"dynoplan planner {plan.namespace}/{plan.name} (DynamoGraphDeployment {plan.target})",
-            traffic_error=problems[0] if problems else None, fleet=[], fleet_events=[])
+            traffic_error=problems[0] if problems else None,
+            fleet=[],
+            fleet_events=[],
+        )
 
     async def close(self) -> None:
         """Stop the FPM feed (its receive thread), if any."""
@@ -602,7 +701,11 @@ class PlannerLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - API down/restarting etc.: keep the planner's state, retry
-                log.warning("planner step failed: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "",
-                            extra={"planner": self.body["metadata"]["name"]})
+                log.warning(
+                    "planner step failed: %s: %s",
+                    type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "",
+                    extra={"planner": self.body["metadata"]["name"]},
+                )
                 delay = self.max_sleep_s
             await stopped.wait(delay)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from planner.operator.spec import DGD_GROUP, DGD_KIND, DGD_VERSION, FPM_PORT_NAME, DgdSpec, ServiceSpec
 
@@ -51,8 +52,14 @@ def child_name(dgd: str, service: str) -> str:
 
 
 def _owner(dgd: DgdSpec) -> dict[str, Any]:
-    return {"apiVersion": f"{DGD_GROUP}/{DGD_VERSION}", "kind": DGD_KIND, "name": dgd.name, "uid": dgd.uid,
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": f"{DGD_GROUP}/{DGD_VERSION}",
+        "kind": DGD_KIND,
+        "name": dgd.name,
+        "uid": dgd.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _hash(obj: Any) -> str:
@@ -93,8 +100,9 @@ def reconcile_problems(dgd: DgdSpec, default_image: str) -> list[str]:
         if s.image is None or s.image == default_image:
             problems.append(
                 f"spec.services.{name}.extraPodSpec.mainContainer: no command or args: expected the container's "
-                f"command line, e.g. args: [mocker, serve, --port, \"{HTTP_PORT}\"] for a worker or [frontend, --port, "
-                f"\"{HTTP_PORT}\", ...] (the image {s.image or default_image} runs `dynoplan`, which needs a subcommand)")
+                f'command line, e.g. args: [mocker, serve, --port, "{HTTP_PORT}"] for a worker or [frontend, --port, '
+                f'"{HTTP_PORT}", ...] (the image {s.image or default_image} runs `dynoplan`, which needs a subcommand)'
+            )
     return problems
 
 
@@ -104,13 +112,19 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
     selector = {LABEL_DGD: dgd.name, LABEL_SERVICE: s.name}
     env = [{"name": k, "value": v} for k, v in dict(dgd.envs + s.envs).items()]
     container: dict[str, Any] = {
-        "name": "main", "image": s.image or default_image, "imagePullPolicy": s.image_pull_policy or "IfNotPresent",
+        "name": "main",
+        "image": s.image or default_image,
+        "imagePullPolicy": s.image_pull_policy or "IfNotPresent",
         "ports": [{"name": "http", "containerPort": HTTP_PORT}],
         "env": env,
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
     if s.command:
         container["command"] = list(s.command)
@@ -123,25 +137,42 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
         container["resources"] = {k: dict(v) for k, v in s.resources.items() if k in ("requests", "limits") and v}
     if s.lifecycle:
         container["lifecycle"] = dict(s.lifecycle)
-    pod_spec: dict[str, Any] = {"containers": [container, *(dict(c) for c in s.sidecars)],
-                                "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
-                                "volumes": [{"name": "tmp", "emptyDir": {}}]}
+    pod_spec: dict[str, Any] = {
+        "containers": [container, *(dict(c) for c in s.sidecars)],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
     if s.termination_grace_period_s is not None:
         pod_spec["terminationGracePeriodSeconds"] = int(s.termination_grace_period_s)
     container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}]
-    dep_spec = {"replicas": 1 if s.replicas is None else int(s.replicas),
-                "selector": {"matchLabels": selector},
-                "template": {"metadata": {"labels": labels, "annotations": {
-                    "prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT)}}, "spec": pod_spec}}
+    dep_spec = {
+        "replicas": 1 if s.replicas is None else int(s.replicas),
+        "selector": {"matchLabels": selector},
+        "template": {
+            "metadata": {
+                "labels": labels,
+                "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT)},
+            },
+            "spec": pod_spec,
+        },
+    }
     svc_spec = {"selector": selector, "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http"}]}
     if fport is not None:
         svc_spec["ports"].append({"name": FPM_PORT_NAME, "port": fport, "targetPort": FPM_PORT_NAME})
     meta = {"name": cname, "namespace": dgd.namespace, "labels": labels, "ownerReferences": [_owner(dgd)]}
     return [
-        {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": {**meta, "annotations": {HASH_ANNOTATION: _hash(dep_spec)}}, "spec": dep_spec},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {**meta, "annotations": {HASH_ANNOTATION: _hash(svc_spec)}}, "spec": svc_spec},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {**meta, "annotations": {HASH_ANNOTATION: _hash(dep_spec)}},
+            "spec": dep_spec,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta, "annotations": {HASH_ANNOTATION: _hash(svc_spec)}},
+            "spec": svc_spec,
+        },
     ]
 
 
@@ -161,30 +192,53 @@ def child_actions(desired: Sequence[Mapping[str, Any]], observed: Sequence[Mappi
     Idempotent: a child that exists with the same spec-hash annotation yields no action; children labelled
     for the DGD but no longer desired are deleted. Order: applies (desired order), then deletes.
     """
-    seen = {(o["kind"], o["metadata"]["name"]): ((o["metadata"].get("annotations") or {}).get(HASH_ANNOTATION))
-            for o in observed}
+    seen = {
+        (o["kind"], o["metadata"]["name"]): ((o["metadata"].get("annotations") or {}).get(HASH_ANNOTATION))
+        for o in observed
+    }
     want = {(d["kind"], d["metadata"]["name"]) for d in desired}
-    acts = [ChildAction("apply", d["kind"], d["metadata"]["name"], d) for d in desired
-            if seen.get((d["kind"], d["metadata"]["name"])) != d["metadata"]["annotations"][HASH_ANNOTATION]]
+    acts = [
+        ChildAction("apply", d["kind"], d["metadata"]["name"], d)
+        for d in desired
+        if seen.get((d["kind"], d["metadata"]["name"])) != d["metadata"]["annotations"][HASH_ANNOTATION]
+    ]
     acts += [ChildAction("delete", k, n) for (k, n) in sorted(seen) if (k, n) not in want]
     return acts
 
 
-def set_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str, status: str, reason: str,
-                  message: str, now_iso: str, generation: int | None = None) -> list[dict[str, Any]]:
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    now_iso: str,
+    generation: int | None = None,
+) -> list[dict[str, Any]]:
     """``conditions`` with ``type_`` set; lastTransitionTime changes only when the status changes."""
     out = [dict(c) for c in (conditions or []) if c.get("type") != type_]
     prev = next((c for c in (conditions or []) if c.get("type") == type_), None)
-    ltt = prev.get("lastTransitionTime") if prev and prev.get("status") == status and prev.get("lastTransitionTime") else now_iso
-    c: dict[str, Any] = {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": ltt}
+    ltt = (
+        prev.get("lastTransitionTime")
+        if prev and prev.get("status") == status and prev.get("lastTransitionTime")
+        else now_iso
+    )
+    c: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": ltt,
+    }
     if generation is not None:
         c["observedGeneration"] = generation
     out.append(c)
     return sorted(out, key=lambda x: x["type"])
 
 
-def dgd_status(dgd: DgdSpec, deployments: Mapping[str, Mapping[str, Any]], previous: Mapping[str, Any] | None,
-               now_iso: str) -> dict[str, Any]:
+def dgd_status(
+    dgd: DgdSpec, deployments: Mapping[str, Mapping[str, Any]], previous: Mapping[str, Any] | None, now_iso: str
+) -> dict[str, Any]:
     """The DGD status from its Deployments (``deployments``: service name -> Deployment body or absent).
 
     ``services.<name>``: spec replicas of the DGD, and updated/ready/available replicas of the Deployment
@@ -199,29 +253,48 @@ def dgd_status(dgd: DgdSpec, deployments: Mapping[str, Mapping[str, Any]], previ
         want = 1 if s.replicas is None else int(s.replicas)
         st = (deployments.get(name) or {}).get("status") or {}
         ready = int(st.get("readyReplicas") or 0)
-        services[name] = {"replicas": want, "updatedReplicas": int(st.get("updatedReplicas") or 0),
-                          "readyReplicas": ready, "availableReplicas": int(st.get("availableReplicas") or 0)}
+        services[name] = {
+            "replicas": want,
+            "updatedReplicas": int(st.get("updatedReplicas") or 0),
+            "readyReplicas": ready,
+            "availableReplicas": int(st.get("availableReplicas") or 0),
+        }
         if ready != want or name not in deployments:
             not_ready.append(f"{name} {ready}/{want}")
     ok = not not_ready
-    conds = set_condition((previous or {}).get("conditions"), "Ready", "True" if ok else "False",
-                          "AllServicesReady" if ok else "ServicesNotReady",
-                          "every service has its replicas ready" if ok else "not ready: " + ", ".join(not_ready),
-                          now_iso, dgd.generation)
-    return {"state": "successful" if ok else "pending", "observedGeneration": dgd.generation,
-            "services": services, "conditions": conds}
+    conds = set_condition(
+        (previous or {}).get("conditions"),
+        "Ready",
+        "True" if ok else "False",
+        "AllServicesReady" if ok else "ServicesNotReady",
+        "every service has its replicas ready" if ok else "not ready: " + ", ".join(not_ready),
+        now_iso,
+        dgd.generation,
+    )
+    return {
+        "state": "successful" if ok else "pending",
+        "observedGeneration": dgd.generation,
+        "services": services,
+        "conditions": conds,
+    }
 
 
-def replica_patch(services: Mapping[str, str], current: Mapping[str, int], targets: Mapping[str, int]) -> dict[str, Any] | None:
+def replica_patch(
+    services: Mapping[str, str], current: Mapping[str, int], targets: Mapping[str, int]
+) -> dict[str, Any] | None:
     """JSON merge patch ``{"spec": {"services": {<svc>: {"replicas": n}}}}`` for pools whose target
     differs from the current spec (``services``: pool -> DGD service name); None when nothing changes."""
-    changed = {services[p]: {"replicas": int(n)} for p, n in sorted(targets.items())
-               if p in services and current.get(p) != int(n)}
+    changed = {
+        services[p]: {"replicas": int(n)}
+        for p, n in sorted(targets.items())
+        if p in services and current.get(p) != int(n)
+    }
     return {"spec": {"services": changed}} if changed else None
 
 
-def divide_budget(total_gpus: int, needs: Mapping[str, int], minimums: Mapping[str, int],
-                  current: Mapping[str, int]) -> dict[str, int]:
+def divide_budget(
+    total_gpus: int, needs: Mapping[str, int], minimums: Mapping[str, int], current: Mapping[str, int]
+) -> dict[str, int]:
     """Divide a shared GPU budget among planners, by need, never exceeding ``total_gpus``.
 
     Args:

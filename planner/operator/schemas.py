@@ -35,16 +35,25 @@ from planner.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES_SCHEMA = REPO / "helm" / "dynoplan" / "values.schema.json"
-CRDS = (REPO / "crds" / "dynoplan.dev_planners.yaml", REPO / "helm" / "dynoplan" / "crds" / "dynoplan.dev_planners.yaml")
+CRDS = (
+    REPO / "crds" / "dynoplan.dev_planners.yaml",
+    REPO / "helm" / "dynoplan" / "crds" / "dynoplan.dev_planners.yaml",
+)
 
 CHART_SET_SETTINGS = ("namespace", "planner_defaults_file")
 """OperatorSettings the chart sets itself (the release namespace, the ``planner:`` ConfigMap): not values."""
 CHART_SETTINGS: dict[str, dict[str, Any]] = {
-    "prometheus_url": {"pattern": "^(https?://.+)?$", "default": "",
-                       "description": "\"\" = the chart's Prometheus, else an http(s) URL"},
-    "worker_image": {"default": "", "description": "\"\" = image.repository:image.tag"},
-    "peering_name": {"pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63,
-                     "description": "a Kubernetes object name (the KopfPeering)"},
+    "prometheus_url": {
+        "pattern": "^(https?://.+)?$",
+        "default": "",
+        "description": '"" = the chart\'s Prometheus, else an http(s) URL',
+    },
+    "worker_image": {"default": "", "description": '"" = image.repository:image.tag'},
+    "peering_name": {
+        "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        "maxLength": 63,
+        "description": "a Kubernetes object name (the KopfPeering)",
+    },
     "health_port": {"minimum": 1, "description": "the probes' port (cannot be off in the chart)"},
     "metrics_port": {"minimum": 1, "description": "scraped by Prometheus (cannot be off in the chart)"},
 }
@@ -149,9 +158,10 @@ def _planner_leaves() -> dict[tuple[str, ...], dict[str, Any]]:
     pool = openapi_schema(PoolLimits)["properties"]
     out: dict[tuple[str, ...], dict[str, Any]] = {}
     for path, key in SPEC_KEYS:
-        name = next((p for p in ("prefill", "decode", "agg") if key.startswith(p + "_") and key[len(p) + 1:] in pool),
-                    None)
-        out[path] = copy.deepcopy(pool[key[len(name) + 1:]] if name else top[key])
+        name = next(
+            (p for p in ("prefill", "decode", "agg") if key.startswith(p + "_") and key[len(p) + 1 :] in pool), None
+        )
+        out[path] = copy.deepcopy(pool[key[len(name) + 1 :]] if name else top[key])
     return out
 
 

@@ -13,9 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from dynoplan.errors import ConfigError
+from dynoplan.errors import ConfigError, SettingsError
 from dynoplan.settings import Problems, build, settings
-from dynoplan.errors import SettingsError
 
 ENV_PREFIX = "DYNOPLAN_OPERATOR_"
 
@@ -27,53 +26,111 @@ class OperatorSettings:
     Direct construction raises pydantic's ``ValidationError``; :func:`settings_from_mapping` and
     :func:`settings_from_env` raise :class:`~dynoplan.errors.SettingsError` with every problem."""
 
-    namespace: str = Field(default="", description="Namespace watched (the Helm release namespace); \"\" (the default) = "
-                                           "every namespace (needs a ClusterRole).")
-    reconcile_dgd: bool = Field(default=True, description="Reconcile each DGD into Deployments + Services (default true); "
-                                                  "false where a real Dynamo operator owns DGDs (the planner then "
-                                                  "only patches spec.services.<name>.replicas).")
-    dgd_resync_s: float = Field(default=10.0, gt=0, description="Period of the level-triggered DGD reconcile (children and "
-                                                        "status), seconds > 0 (default 10).")
-    planner_min_sleep_s: float = Field(default=0.5, gt=0, description="Shortest sleep between planner ticks, seconds > 0 "
-                                                              "(default 0.5; guards against a tight loop); <= "
-                                                              "planner_max_sleep_s.")
-    planner_max_sleep_s: float = Field(default=5.0, gt=0, description="Longest sleep between planner ticks, seconds > 0 "
-                                                              "(default 5; readiness and manual edits are seen this "
-                                                              "often).")
-    prometheus_url: str = Field(default="http://prometheus:9090", pattern=r"^https?://", description=(
-        "Default Prometheus URL (http:// or https://) for planners whose spec has no metrics.prometheusUrl "
-        "(default http://prometheus:9090)."))
-    prometheus_timeout_s: float = Field(default=5.0, gt=0, description="HTTP timeout of one Prometheus query, seconds > 0 "
-                                                               "(default 5).")
-    shared_gpu_budget: int = Field(default=0, ge=0, description="Namespace-wide GPUs shared by every planner with "
-                                                        "budget.sharedBudget set, >= 0 (0, the default, = off).")
-    worker_image: str = Field(default="dynoplan:latest", description="Image of DGD service Deployments whose spec names no "
-                                                             "image (default dynoplan:latest).")
-    planner_defaults_file: str = Field(default="", description="YAML of PlannerConfig defaults (the Helm values planner:); "
-                                                       "a DynoPlanner spec overrides them. \"\" (the default) = "
-                                                       "the planner's own defaults.")
-    standalone: bool = Field(default=False, description="Run without kopf peering (single replica, no KopfPeering "
-                                                "resource); default false.")
-    peering_name: str = Field(default="dynoplan", description="kopf peering (namespaced KopfPeering) name for HA: one "
-                                                      "active operator per peering (default dynoplan).")
-    peering_priority: int = Field(default=0, ge=0, le=2**31 - 1, description=(
-        "This replica's kopf peering priority, 0..2147483647: the live peer with the highest priority is active, "
-        "the others pause until it is gone. 0 (the default) = derived from the host name (the Pod name), so "
-        "replicas differ: kopf pauses every operator when two peers have the same priority."))
-    health_port: int = Field(default=8080, ge=0, le=65535, description="Port of the liveness/readiness endpoint /healthz, "
-                                                               "0..65535 (default 8080; 0 = off).")
-    metrics_port: int = Field(default=9100, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint, 0..65535 "
-                                                                "(default 9100; 0 = off).")
-    dashboard_port: int = Field(default=8090, ge=0, le=65535, description=(
-        "Port of the live dashboard (the page dynoplan up serves, one per DynoPlanner: /?planner=ns/name), "
-        "0..65535 (default 8090; 0 = off)."))
+    namespace: str = Field(
+        default="",
+        description='Namespace watched (the Helm release namespace); "" (the default) = '
+        "every namespace (needs a ClusterRole).",
+    )
+    reconcile_dgd: bool = Field(
+        default=True,
+        description="Reconcile each DGD into Deployments + Services (default true); "
+        "false where a real Dynamo operator owns DGDs (the planner then "
+        "only patches spec.services.<name>.replicas).",
+    )
+    dgd_resync_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Period of the level-triggered DGD reconcile (children and status), seconds > 0 (default 10).",
+    )
+    planner_min_sleep_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="Shortest sleep between planner ticks, seconds > 0 "
+        "(default 0.5; guards against a tight loop); <= "
+        "planner_max_sleep_s.",
+    )
+    planner_max_sleep_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Longest sleep between planner ticks, seconds > 0 "
+        "(default 5; readiness and manual edits are seen this "
+        "often).",
+    )
+    prometheus_url: str = Field(
+        default="http://prometheus:9090",
+        pattern=r"^https?://",
+        description=(
+            "Default Prometheus URL (http:// or https://) for planners whose spec has no metrics.prometheusUrl "
+            "(default http://prometheus:9090)."
+        ),
+    )
+    prometheus_timeout_s: float = Field(
+        default=5.0, gt=0, description="HTTP timeout of one Prometheus query, seconds > 0 (default 5)."
+    )
+    shared_gpu_budget: int = Field(
+        default=0,
+        ge=0,
+        description="Namespace-wide GPUs shared by every planner with "
+        "budget.sharedBudget set, >= 0 (0, the default, = off).",
+    )
+    worker_image: str = Field(
+        default="dynoplan:latest",
+        description="Image of DGD service Deployments whose spec names no image (default dynoplan:latest).",
+    )
+    planner_defaults_file: str = Field(
+        default="",
+        description="YAML of PlannerConfig defaults (the Helm values planner:); "
+        'a DynoPlanner spec overrides them. "" (the default) = '
+        "the planner's own defaults.",
+    )
+    standalone: bool = Field(
+        default=False, description="Run without kopf peering (single replica, no KopfPeering resource); default false."
+    )
+    peering_name: str = Field(
+        default="dynoplan",
+        description="kopf peering (namespaced KopfPeering) name for HA: one "
+        "active operator per peering (default dynoplan).",
+    )
+    peering_priority: int = Field(
+        default=0,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "This replica's kopf peering priority, 0..2147483647: the live peer with the highest priority is active, "
+            "the others pause until it is gone. 0 (the default) = derived from the host name (the Pod name), so "
+            "replicas differ: kopf pauses every operator when two peers have the same priority."
+        ),
+    )
+    health_port: int = Field(
+        default=8080,
+        ge=0,
+        le=65535,
+        description="Port of the liveness/readiness endpoint /healthz, 0..65535 (default 8080; 0 = off).",
+    )
+    metrics_port: int = Field(
+        default=9100,
+        ge=0,
+        le=65535,
+        description="Port of the Prometheus /metrics endpoint, 0..65535 (default 9100; 0 = off).",
+    )
+    dashboard_port: int = Field(
+        default=8090,
+        ge=0,
+        le=65535,
+        description=(
+            "Port of the live dashboard (the page dynoplan up serves, one per DynoPlanner: /?planner=ns/name), "
+            "0..65535 (default 8090; 0 = off)."
+        ),
+    )
     log_format: Literal["json", "plain"] = Field(default="json", description="json (structured, the default) or plain.")
 
     def __post_init__(self) -> None:
         """The cross-field check; raises :class:`~dynoplan.settings.Problems`."""
         if self.planner_min_sleep_s > self.planner_max_sleep_s:
-            raise Problems(f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s="
-                           f"{self.planner_max_sleep_s!r}")
+            raise Problems(
+                f"planner_min_sleep_s={self.planner_min_sleep_s!r}: expected <= planner_max_sleep_s="
+                f"{self.planner_max_sleep_s!r}"
+            )
 
 
 def effective_peering_priority(settings: OperatorSettings, host: str | None = None) -> int:

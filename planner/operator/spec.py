@@ -8,15 +8,20 @@ condition, not a retry loop).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from dynoplan.errors import ConfigError, SpecError
 from planner.core import PlannerConfig, config_from_mapping
-from dynoplan.errors import ConfigError
-from dynoplan.errors import SpecError
 
 GPU_RESOURCE = "nvidia.com/gpu"
-DGD_GROUP, DGD_VERSION, DGD_PLURAL, DGD_KIND = "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment"
+DGD_GROUP, DGD_VERSION, DGD_PLURAL, DGD_KIND = (
+    "nvidia.com",
+    "v1alpha1",
+    "dynamographdeployments",
+    "DynamoGraphDeployment",
+)
 DPL_GROUP, DPL_VERSION, DPL_PLURAL, DPL_KIND = "dynoplan.dev", "v1alpha1", "dynoplanners", "DynoPlanner"
 FPM_PORT_NAME = "fpm"
 """Default name of the container/Service/EndpointSlice port of a worker's ForwardPassMetrics ZMQ PUB socket."""
@@ -80,7 +85,9 @@ def _gpus(resources: Any, where: str, problems: list[str]) -> int:
 
 
 def _envs(raw: Any) -> tuple[tuple[str, str], ...]:
-    return tuple((str(e["name"]), str(e.get("value", ""))) for e in (raw or []) if isinstance(e, Mapping) and "name" in e)
+    return tuple(
+        (str(e["name"]), str(e.get("value", ""))) for e in (raw or []) if isinstance(e, Mapping) and "name" in e
+    )
 
 
 def parse_dgd(body: Mapping[str, Any]) -> DgdSpec:
@@ -99,26 +106,46 @@ def parse_dgd(body: Mapping[str, Any]) -> DgdSpec:
         main = extra.get("mainContainer") or {}
         grace = extra.get("terminationGracePeriodSeconds")
         if grace is not None and not (isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0):
-            problems.append(f"spec.services.{name}.extraPodSpec.terminationGracePeriodSeconds={grace!r}: "
-                            "expected an integer >= 0 (seconds)")
+            problems.append(
+                f"spec.services.{name}.extraPodSpec.terminationGracePeriodSeconds={grace!r}: "
+                "expected an integer >= 0 (seconds)"
+            )
             grace = None
         sidecars = extra.get("containers") or []
         if not (isinstance(sidecars, list) and all(isinstance(c, dict) and c.get("name") for c in sidecars)):
-            problems.append(f"spec.services.{name}.extraPodSpec.containers: expected a list of containers, each with a name")
+            problems.append(
+                f"spec.services.{name}.extraPodSpec.containers: expected a list of containers, each with a name"
+            )
             sidecars = []
         services[name] = ServiceSpec(
-            name=name, component_type=s.get("componentType"), sub_component_type=s.get("subComponentType"),
-            replicas=s.get("replicas"), gpus_per_engine=_gpus(s.get("resources"), f"spec.services.{name}", problems),
-            image=main.get("image"), command=tuple(main.get("command") or ()), args=tuple(main.get("args") or ()),
-            envs=_envs(s.get("envs")), resources=s.get("resources"), image_pull_policy=main.get("imagePullPolicy"),
-            lifecycle=main.get("lifecycle"), termination_grace_period_s=grace, sidecars=tuple(sidecars))
+            name=name,
+            component_type=s.get("componentType"),
+            sub_component_type=s.get("subComponentType"),
+            replicas=s.get("replicas"),
+            gpus_per_engine=_gpus(s.get("resources"), f"spec.services.{name}", problems),
+            image=main.get("image"),
+            command=tuple(main.get("command") or ()),
+            args=tuple(main.get("args") or ()),
+            envs=_envs(s.get("envs")),
+            resources=s.get("resources"),
+            image_pull_policy=main.get("imagePullPolicy"),
+            lifecycle=main.get("lifecycle"),
+            termination_grace_period_s=grace,
+            sidecars=tuple(sidecars),
+        )
     if not services:
         problems.append("spec.services={}: expected at least one service")
     if problems:
         raise SpecError(where, problems)
-    return DgdSpec(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), uid=str(meta.get("uid", "")),
-                   generation=int(meta.get("generation") or 0), backend=spec.get("backendFramework"),
-                   services=services, envs=_envs(spec.get("envs")))
+    return DgdSpec(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation") or 0),
+        backend=spec.get("backendFramework"),
+        services=services,
+        envs=_envs(spec.get("envs")),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,17 +174,23 @@ class PlannerSpec:
 # spec path -> PlannerConfig key (the CRD's schema of each is generated from it: planner.operator.schemas)
 SPEC_KEYS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("mode",), "mode"),
-    (("sla", "ttftMs"), "ttft_ms"), (("sla", "itlMs"), "itl_ms"),
+    (("sla", "ttftMs"), "ttft_ms"),
+    (("sla", "itlMs"), "itl_ms"),
     (("throughput", "enabled"), "throughput_enabled"),
     (("throughput", "adjustmentIntervalS"), "adjustment_interval_s"),
     (("throughput", "predictor"), "predictor"),
     (("throughput", "correctionFactors"), "correction_enabled"),
-    (("load", "enabled"), "load_enabled"), (("load", "intervalS"), "load_adjustment_interval_s"),
+    (("load", "enabled"), "load_enabled"),
+    (("load", "intervalS"), "load_adjustment_interval_s"),
     (("load", "scaleDownSensitivity"), "load_sensitivity"),
-    (("replicas", "minPrefill"), "prefill_min_replicas"), (("replicas", "maxPrefill"), "prefill_max_replicas"),
-    (("replicas", "minDecode"), "decode_min_replicas"), (("replicas", "maxDecode"), "decode_max_replicas"),
-    (("replicas", "minWorker"), "agg_min_replicas"), (("replicas", "maxWorker"), "agg_max_replicas"),
-    (("budget", "maxGpus"), "max_gpu_budget"), (("budget", "minGpus"), "min_gpu_budget"),
+    (("replicas", "minPrefill"), "prefill_min_replicas"),
+    (("replicas", "maxPrefill"), "prefill_max_replicas"),
+    (("replicas", "minDecode"), "decode_min_replicas"),
+    (("replicas", "maxDecode"), "decode_max_replicas"),
+    (("replicas", "minWorker"), "agg_min_replicas"),
+    (("replicas", "maxWorker"), "agg_max_replicas"),
+    (("budget", "maxGpus"), "max_gpu_budget"),
+    (("budget", "minGpus"), "min_gpu_budget"),
 )
 
 
@@ -205,9 +238,15 @@ def spec_field_names(spec: Mapping[str, Any]) -> dict[str, str]:
         else:
             names[f.name] = f"spec.settings.{f.name}"
     for path, key in SPEC_KEYS:
-        pool = next((p for p in _POOL_SPEC if key.startswith(p + "_") and key[len(p) + 1:] in
-                     ("min_replicas", "max_replicas")), None)
-        names[f"{pool}.{key[len(pool) + 1:]}" if pool else key] = "spec." + ".".join(path)
+        pool = next(
+            (
+                p
+                for p in _POOL_SPEC
+                if key.startswith(p + "_") and key[len(p) + 1 :] in ("min_replicas", "max_replicas")
+            ),
+            None,
+        )
+        names[f"{pool}.{key[len(pool) + 1 :]}" if pool else key] = "spec." + ".".join(path)
     for k, v in (spec.get("settings") or {}).items():
         sk = _snake(str(k))
         if sk in _POOL_SPEC and isinstance(v, Mapping):
@@ -217,7 +256,7 @@ def spec_field_names(spec: Mapping[str, Any]) -> dict[str, str]:
             names[sk] = f"spec.settings.{k}"
             pool = next((p for p in _POOL_SPEC if sk.startswith(p + "_")), None)
             if pool:  # flat pool key, e.g. aggMinReplicas
-                names[f"{pool}.{sk[len(pool) + 1:]}"] = f"spec.settings.{k}"
+                names[f"{pool}.{sk[len(pool) + 1 :]}"] = f"spec.settings.{k}"
     return names
 
 
@@ -229,8 +268,9 @@ def name_spec_fields(problems: list[str], spec: Mapping[str, Any]) -> list[str]:
     import re
 
     names = spec_field_names(spec)
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-                         + r")(?=[=:])")
+    pattern = re.compile(
+        r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?=[=:])"
+    )
     return [pattern.sub(lambda m: names[m.group(1)], p) for p in problems]
 
 
@@ -260,12 +300,21 @@ def parse_planner(body: Mapping[str, Any], defaults: PlannerConfig | None = None
         services["agg"] = services.pop("worker")
     load = spec.get("load") or {}
     fpm_services = {("agg" if k == "worker" else k): str(v) for k, v in (load.get("fpmServices") or {}).items() if v}
-    return PlannerSpec(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")), target=str(target),
-                       config=cfg, services=services, advisory=bool(spec.get("advisory", False)),
-                       prometheus_url=m.get("prometheusUrl"), model=m.get("model"),
-                       metrics_namespace=m.get("namespace"), shared_budget=b.get("sharedBudget"),
-                       profile=_dig(spec, ("throughput", "profile")), fpm_services=fpm_services,
-                       fpm_port_name=str(load.get("fpmPortName") or FPM_PORT_NAME))
+    return PlannerSpec(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        target=str(target),
+        config=cfg,
+        services=services,
+        advisory=bool(spec.get("advisory", False)),
+        prometheus_url=m.get("prometheusUrl"),
+        model=m.get("model"),
+        metrics_namespace=m.get("namespace"),
+        shared_budget=b.get("sharedBudget"),
+        profile=_dig(spec, ("throughput", "profile")),
+        fpm_services=fpm_services,
+        fpm_port_name=str(load.get("fpmPortName") or FPM_PORT_NAME),
+    )
 
 
 def resolve_pools(plan: PlannerSpec, dgd: DgdSpec) -> dict[str, ServiceSpec]:
@@ -281,21 +330,27 @@ def resolve_pools(plan: PlannerSpec, dgd: DgdSpec) -> dict[str, ServiceSpec]:
         name = plan.services.get(pool)
         if name is not None:
             if name not in dgd.services:
-                problems.append(f"spec.services.{'worker' if pool == 'agg' else pool}={name!r}: no such service in "
-                                f"DynamoGraphDeployment {dgd.name} (has {', '.join(sorted(dgd.services))})")
+                problems.append(
+                    f"spec.services.{'worker' if pool == 'agg' else pool}={name!r}: no such service in "
+                    f"DynamoGraphDeployment {dgd.name} (has {', '.join(sorted(dgd.services))})"
+                )
                 continue
             out[pool] = dgd.services[name]
             continue
         if pool == "agg":
-            cands = [s for s in dgd.services.values() if s.component_type in ("worker", "main") and not s.sub_component_type]
+            cands = [
+                s for s in dgd.services.values() if s.component_type in ("worker", "main") and not s.sub_component_type
+            ]
             expect = "one service with componentType worker and no subComponentType"
         else:
             cands = [s for s in dgd.services.values() if s.sub_component_type == pool or s.component_type == pool]
             expect = f"one service with subComponentType {pool}"
         if len(cands) != 1:
-            problems.append(f"mode {plan.config.mode}: DynamoGraphDeployment {dgd.name} has {len(cands)} "
-                            f"{pool} services ({', '.join(s.name for s in cands) or 'none'}); expected {expect}"
-                            f" or spec.services.{'worker' if pool == 'agg' else pool}")
+            problems.append(
+                f"mode {plan.config.mode}: DynamoGraphDeployment {dgd.name} has {len(cands)} "
+                f"{pool} services ({', '.join(s.name for s in cands) or 'none'}); expected {expect}"
+                f" or spec.services.{'worker' if pool == 'agg' else pool}"
+            )
             continue
         out[pool] = cands[0]
     if problems:

@@ -17,7 +17,8 @@ GPU time of a worker = (released or now) - requested, times its GPUs.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from mocker.config import EngineConfig
 from mocker.fleet import EngineState, PoolCounts
@@ -67,15 +68,23 @@ class PooledFleet:
         return out
 
 
-def make_fleet(engines: Mapping[str, EngineConfig], *, router: str = "round_robin", seed: int = 0,
-               collect_fpm: bool = False, single_step: bool = False, transfer: Any = None) -> PooledFleet:
+def make_fleet(
+    engines: Mapping[str, EngineConfig],
+    *,
+    router: str = "round_robin",
+    seed: int = 0,
+    collect_fpm: bool = False,
+    single_step: bool = False,
+    transfer: Any = None,
+) -> PooledFleet:
     """The pooled fleet for ``engines`` ({"agg": cfg} or {"prefill": cfg, "decode": cfg}): ``mocker.fleet.Fleet``
     behind :class:`PooledFleet`. Raises the fleet's errors for a bad engine configuration or router."""
     from mocker.fleet import Fleet
 
     kw: dict[str, Any] = {"transfer": transfer} if transfer is not None else {}
-    return PooledFleet(Fleet(dict(engines), router=router, seed=seed, collect_fpm=collect_fpm,
-                             single_step=single_step, **kw))
+    return PooledFleet(
+        Fleet(dict(engines), router=router, seed=seed, collect_fpm=collect_fpm, single_step=single_step, **kw)
+    )
 
 
 __all__ = ["PooledFleet", "make_fleet"]

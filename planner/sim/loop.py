@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dynoplan.errors import SimulationConfigError
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
 from planner.core import ForwardPassMetrics, QueuedRequests, ScheduledRequests, TrafficWindow
 from planner.core.sizing import ARRIVAL_BIN_S
-from dynoplan.errors import SimulationConfigError
 from planner.sim.fleet import make_fleet
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, sla_miss_shares, window
 from planner.sim.policies import Policy, View
@@ -89,14 +89,21 @@ class SimRun:
     settings: SimSettings
 
 
-def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfig], policy: Policy,
-             settings: SimSettings, progress: Callable[[int, int], None] | None = None) -> SimRun:
+def simulate(
+    requests: Sequence[TraceRequest],
+    engines: Mapping[str, EngineConfig],
+    policy: Policy,
+    settings: SimSettings,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimRun:
     """Run ``policy`` on ``requests`` (arrival times already scaled). Deterministic for equal inputs."""
     if set(policy.pools) != set(engines):
-        raise SimulationConfigError(f"policy {policy.name!r} plans pools {list(policy.pools)}: expected the fleet's "
-                                    f"{list(engines)}")
-    fleet = make_fleet(engines, router=settings.router, seed=settings.seed, collect_fpm=policy.needs_fpm,
-                       transfer=settings.transfer)
+        raise SimulationConfigError(
+            f"policy {policy.name!r} plans pools {list(policy.pools)}: expected the fleet's {list(engines)}"
+        )
+    fleet = make_fleet(
+        engines, router=settings.router, seed=settings.seed, collect_fpm=policy.needs_fpm, transfer=settings.transfer
+    )
     delay_ms = settings.startup_delay_s * 1000.0
     for pool, n in policy.initial_replicas().items():
         for _ in range(n):
@@ -111,8 +118,12 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
     gpw = {p: int(settings.gpus_per_worker.get(p, engines[p].dp_size)) for p in pools}
     timeline: list[dict[str, Any]] = []
     decisions: list[dict[str, Any]] = []
-    last_step: dict[str, Any] = {"reason": "", "predicted_rps": math.nan, "estimated_ttft_ms": math.nan,
-                                 "estimated_itl_ms": math.nan}
+    last_step: dict[str, Any] = {
+        "reason": "",
+        "predicted_rps": math.nan,
+        "estimated_ttft_ms": math.nan,
+        "estimated_itl_ms": math.nan,
+    }
     reasons_since_sample: list[str] = []
     next_tick = 0.0
     next_sample = 0.0
@@ -124,8 +135,10 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
         if k < 0 or now - snaps[k].t_s <= 0:
             return None
-        return replace(window(snaps[-1], snaps[k]),
-                       arrival_counts=counters.arrival_counts(snaps[k].t_s, snaps[-1].t_s, ARRIVAL_BIN_S))
+        return replace(
+            window(snaps[-1], snaps[k]),
+            arrival_counts=counters.arrival_counts(snaps[k].t_s, snaps[-1].t_s, ARRIVAL_BIN_S),
+        )
 
     def misses(d: float, now: float) -> tuple[float, float]:
         k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
@@ -153,21 +166,32 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         else:
             snaps[-1] = snap
         if t >= next_sample:
-            timeline.append(_sample(t, fleet, pools, snaps, snap_t, settings.sample_interval_s, last_step,
-                                    reasons_since_sample, gpw))
+            timeline.append(
+                _sample(
+                    t, fleet, pools, snaps, snap_t, settings.sample_interval_s, last_step, reasons_since_sample, gpw
+                )
+            )
             reasons_since_sample = []
             next_sample = t + settings.sample_interval_s
         if t >= next_tick:
             passes: tuple[ForwardPassMetrics, ...] = ()
             if policy.needs_fpm:
                 passes = _relay(fleet.take_fpm(settings.fpm_per_engine), settings.fpm_per_engine)
-            view = View(now_s=t, counts={p: fleet.pool_counts(p) for p in pools},
-                        engines={p: fleet.engine_states(p) for p in pools},
-                        traffic=functools.partial(traffic, now=t), passes=passes,
-                        sla_misses=functools.partial(misses, now=t))
+            view = View(
+                now_s=t,
+                counts={p: fleet.pool_counts(p) for p in pools},
+                engines={p: fleet.engine_states(p) for p in pools},
+                traffic=functools.partial(traffic, now=t),
+                passes=passes,
+                sla_misses=functools.partial(misses, now=t),
+            )
             step = policy.tick(view)
-            last_step = {"reason": step.reason, "predicted_rps": step.predicted_rps,
-                         "estimated_ttft_ms": step.estimated_ttft_ms, "estimated_itl_ms": step.estimated_itl_ms}
+            last_step = {
+                "reason": step.reason,
+                "predicted_rps": step.predicted_rps,
+                "estimated_ttft_ms": step.estimated_ttft_ms,
+                "estimated_itl_ms": step.estimated_itl_ms,
+            }
             reasons_since_sample.append(step.reason)
             if step.targets is not None:
                 prev = {p: view.counts[p].requested for p in pools}
@@ -177,8 +201,14 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
                             fleet.add_worker(p, t_ms, delay_ms)
                         for _ in range(prev[p] - int(step.targets[p])):
                             fleet.remove_worker(p, t_ms)
-                    decisions.append({"t_s": t, "targets": {p: int(step.targets[p]) for p in pools},
-                                      "previous": prev, "reason": step.reason})
+                    decisions.append(
+                        {
+                            "t_s": t,
+                            "targets": {p: int(step.targets[p]) for p in pools},
+                            "previous": prev,
+                            "reason": step.reason,
+                        }
+                    )
             next_tick = max(step.next_tick_s, t + 1e-3) if math.isfinite(step.next_tick_s) else math.inf
         if i >= n and counters.terminal >= n:
             break
@@ -196,8 +226,9 @@ def simulate(requests: Sequence[TraceRequest], engines: Mapping[str, EngineConfi
         recs.append(r)
     finishes = [r.finish_ms for r in recs if r.finish_ms is not None]
     end_ms = max([end_s * 1000.0 if not finishes else max(finishes), last_arrival_s * 1000.0])
-    _end_timeline(timeline, end_ms / 1000.0, fleet, pools, snaps, snap_t, counters, settings.sample_interval_s,
-                  last_step, gpw)
+    _end_timeline(
+        timeline, end_ms / 1000.0, fleet, pools, snaps, snap_t, counters, settings.sample_interval_s, last_step, gpw
+    )
     spans = fleet.worker_spans()
     gpu_s = fleet.gpu_seconds(end_ms, gpw)
     return SimRun(policy.name, pools, recs, timeline, decisions, spans, gpu_s, end_ms / 1000.0, settings)
@@ -211,20 +242,47 @@ def _relay(raw: list[tuple[str, Any]], per_engine: int) -> tuple[ForwardPassMetr
     for (pool, _, _), ps in sorted(by_engine.items()):
         for p in ps[-per_engine:]:
             s, q = p.scheduled_requests, p.queued_requests
-            out.append(ForwardPassMetrics(
-                p.worker_id, p.dp_rank, p.wall_time,
-                ScheduledRequests(s.num_prefill_requests, s.sum_prefill_tokens, s.var_prefill_length,
-                                  s.sum_prefill_kv_tokens, s.num_decode_requests, s.sum_decode_kv_tokens,
-                                  s.var_decode_kv_tokens),
-                QueuedRequests(q.num_prefill_requests, q.sum_prefill_tokens, q.var_prefill_length,
-                               q.num_decode_requests, q.sum_decode_kv_tokens, q.var_decode_kv_tokens),
-                pool, p.timestamp_ms / 1000.0))
+            out.append(
+                ForwardPassMetrics(
+                    p.worker_id,
+                    p.dp_rank,
+                    p.wall_time,
+                    ScheduledRequests(
+                        s.num_prefill_requests,
+                        s.sum_prefill_tokens,
+                        s.var_prefill_length,
+                        s.sum_prefill_kv_tokens,
+                        s.num_decode_requests,
+                        s.sum_decode_kv_tokens,
+                        s.var_decode_kv_tokens,
+                    ),
+                    QueuedRequests(
+                        q.num_prefill_requests,
+                        q.sum_prefill_tokens,
+                        q.var_prefill_length,
+                        q.num_decode_requests,
+                        q.sum_decode_kv_tokens,
+                        q.var_decode_kv_tokens,
+                    ),
+                    pool,
+                    p.timestamp_ms / 1000.0,
+                )
+            )
     return tuple(out)
 
 
-def _end_timeline(timeline: list[dict[str, Any]], end_t: float, fleet: Any, pools: tuple[str, ...],
-                  snaps: list[CounterSnapshot], snap_t: list[float], counters: Any, interval_s: float,
-                  last_step: Mapping[str, Any], gpw: Mapping[str, int]) -> None:
+def _end_timeline(
+    timeline: list[dict[str, Any]],
+    end_t: float,
+    fleet: Any,
+    pools: tuple[str, ...],
+    snaps: list[CounterSnapshot],
+    snap_t: list[float],
+    counters: Any,
+    interval_s: float,
+    last_step: Mapping[str, Any],
+    gpw: Mapping[str, int],
+) -> None:
     """No sample lies beyond the end of the run (the loop steps to the next sample or tick, which may be far
     past the last finish): samples after ``end_t`` are dropped and one sample at ``end_t`` closes the
     timeline (its windows from the counters, which hold every terminal request by then; the last dropped
@@ -232,10 +290,19 @@ def _end_timeline(timeline: list[dict[str, Any]], end_t: float, fleet: Any, pool
     late = [r for r in timeline if r["t_s"] > end_t + 1e-9]
     if not late:
         return
-    del timeline[len(timeline) - len(late):]
+    del timeline[len(timeline) - len(late) :]
     keep = bisect.bisect_left(snap_t, end_t - 1e-9)
-    row = _sample(end_t, fleet, pools, [*snaps[:keep], counters.scrape(end_t)], [*snap_t[:keep], end_t],
-                  interval_s, last_step, [], gpw)
+    row = _sample(
+        end_t,
+        fleet,
+        pools,
+        [*snaps[:keep], counters.scrape(end_t)],
+        [*snap_t[:keep], end_t],
+        interval_s,
+        last_step,
+        [],
+        gpw,
+    )
     row["reason"] = late[-1]["reason"]
     if timeline and timeline[-1]["t_s"] >= row["t_s"]:
         timeline[-1] = row
@@ -243,9 +310,17 @@ def _end_timeline(timeline: list[dict[str, Any]], end_t: float, fleet: Any, pool
         timeline.append(row)
 
 
-def _sample(t: float, fleet: Any, pools: tuple[str, ...], snaps: list[CounterSnapshot], snap_t: list[float],
-            interval_s: float, last_step: Mapping[str, Any], reasons: list[str],
-            gpw: Mapping[str, int]) -> dict[str, Any]:
+def _sample(
+    t: float,
+    fleet: Any,
+    pools: tuple[str, ...],
+    snaps: list[CounterSnapshot],
+    snap_t: list[float],
+    interval_s: float,
+    last_step: Mapping[str, Any],
+    reasons: list[str],
+    gpw: Mapping[str, int],
+) -> dict[str, Any]:
     row: dict[str, Any] = {"t_s": round(t, 6)}
     waiting = running = 0
     kv: list[float] = []

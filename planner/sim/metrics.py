@@ -60,10 +60,10 @@ class CounterSnapshot:
     """Requests started and not yet terminal at ``t_s`` (the frontend's in-flight gauge)."""
 
 
-OSL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2 ** k) for k in range(17)) + (math.inf,)
+OSL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2**k) for k in range(17)) + (math.inf,)
 """Upper bounds (``le``) of the simulated ``dynamo_frontend_output_sequence_tokens`` histogram: powers of 2
 from 1 to 65536 tokens, then +Inf."""
-ISL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2 ** k) for k in range(21)) + (math.inf,)
+ISL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2**k) for k in range(21)) + (math.inf,)
 """Upper bounds of the simulated ``dynamo_frontend_input_sequence_tokens`` histogram: powers of 2 from 1 to
 2**20 tokens, then +Inf."""
 
@@ -152,9 +152,24 @@ class FrontendCounters:
             else:
                 keep.append(r)
         self._wait_finish = keep
-        return CounterSnapshot(t_s, self._started, self._isl, self._ttft_sum, self._ttft_n, self._itl_sum, self._itl_n,
-                               self._osl, self._fin, self._dur, self._ttft_ok, self._itl_ok, tuple(self._osl_counts),
-                               tuple(self._isl_counts), tuple(self._gap_counts), self._started - self.terminal)
+        return CounterSnapshot(
+            t_s,
+            self._started,
+            self._isl,
+            self._ttft_sum,
+            self._ttft_n,
+            self._itl_sum,
+            self._itl_n,
+            self._osl,
+            self._fin,
+            self._dur,
+            self._ttft_ok,
+            self._itl_ok,
+            tuple(self._osl_counts),
+            tuple(self._isl_counts),
+            tuple(self._gap_counts),
+            self._started - self.terminal,
+        )
 
 
 def _ratio(a: float, b: float) -> float:
@@ -184,8 +199,9 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
     )
 
 
-def _bucket_increase(bounds: tuple[float, ...], new: tuple[int, ...],
-                     old: tuple[int, ...]) -> tuple[tuple[float, float], ...]:
+def _bucket_increase(
+    bounds: tuple[float, ...], new: tuple[int, ...], old: tuple[int, ...]
+) -> tuple[tuple[float, float], ...]:
     """``(le, increase)`` per bucket between two scrapes (empty when either scrape has no histogram)."""
     if not new or len(new) != len(old):
         return ()

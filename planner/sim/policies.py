@@ -44,6 +44,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dynoplan.errors import SimulationConfigError
+from mocker.fleet import EngineState, PoolCounts
 from planner.core import (
     ForwardPassMetrics,
     Observations,
@@ -54,8 +56,6 @@ from planner.core import (
     TrafficWindow,
 )
 from planner.core.sizing import FleetEvaluator
-from dynoplan.errors import SimulationConfigError
-from mocker.fleet import EngineState, PoolCounts
 
 
 @dataclass(frozen=True)
@@ -176,14 +176,23 @@ class PlannerPolicy:
         # the frontend window of one interval, or what exists since the start (the early sizing's window)
         span = min(self.config.adjustment_interval_s, view.now_s - self._start_s)
         obs = Observations(
-            pools={p: PoolState(view.counts[p].requested, view.counts[p].ready, view.counts[p].draining)
-                   for p in self.pools},
+            pools={
+                p: PoolState(view.counts[p].requested, view.counts[p].ready, view.counts[p].draining)
+                for p in self.pools
+            },
             traffic=view.traffic(span) if span > 0 else None,
-            passes=view.passes)
+            passes=view.passes,
+        )
         res = self._planner.tick(view.now_s, obs)
         d = res.diagnostics
-        return Step(res.decision.targets, res.decision.reason.value, res.next_tick_s,
-                    d.predicted_requests_per_second, d.estimated_ttft_ms, d.estimated_itl_ms)
+        return Step(
+            res.decision.targets,
+            res.decision.reason.value,
+            res.next_tick_s,
+            d.predicted_requests_per_second,
+            d.estimated_ttft_ms,
+            d.estimated_itl_ms,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- HPA
@@ -289,8 +298,9 @@ class SaturationPolicy:
         n = len(engines)
         kv = sum(e.kv_usage for e in engines) / n
         q = sum(e.num_waiting for e in engines) / n
-        if (self.kv_threshold - kv < self.kv_spare or self.queue_threshold - q < self.queue_spare) \
-                and current < self.max_replicas:
+        if (
+            self.kv_threshold - kv < self.kv_spare or self.queue_threshold - q < self.queue_spare
+        ) and current < self.max_replicas:
             return +1, "saturation_scale_up"
         if current > self.min_replicas and n > 1:
             kv2, q2 = kv * n / (n - 1), q * n / (n - 1)

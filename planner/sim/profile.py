@@ -23,14 +23,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dynoplan.errors import SimulationConfigError
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.records import TraceRequest
 from planner.core import PerformanceProfile, profile_from_arrays
-from dynoplan.errors import SimulationConfigError
 
 DEFAULT_ISL: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-DEFAULT_KV_USAGE: tuple[float, ...] = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+DEFAULT_KV_USAGE: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+)
 DEFAULT_CONTEXT: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -46,12 +63,23 @@ class ProfileSweep:
 
     def __post_init__(self) -> None:
         p = []
-        if not self.isl_tokens or any(x <= 0 for x in self.isl_tokens) or list(self.isl_tokens) != sorted(set(self.isl_tokens)):
+        if (
+            not self.isl_tokens
+            or any(x <= 0 for x in self.isl_tokens)
+            or list(self.isl_tokens) != sorted(set(self.isl_tokens))
+        ):
             p.append(f"isl_tokens={self.isl_tokens!r}: expected strictly increasing positive integers")
-        if not self.kv_usage or any(not 0 < x < 1 for x in self.kv_usage) or list(self.kv_usage) != sorted(set(self.kv_usage)):
+        if (
+            not self.kv_usage
+            or any(not 0 < x < 1 for x in self.kv_usage)
+            or list(self.kv_usage) != sorted(set(self.kv_usage))
+        ):
             p.append(f"kv_usage={self.kv_usage!r}: expected strictly increasing fractions in (0, 1)")
-        if not self.context_tokens or any(x <= 0 for x in self.context_tokens) or \
-                list(self.context_tokens) != sorted(set(self.context_tokens)):
+        if (
+            not self.context_tokens
+            or any(x <= 0 for x in self.context_tokens)
+            or list(self.context_tokens) != sorted(set(self.context_tokens))
+        ):
             p.append(f"context_tokens={self.context_tokens!r}: expected strictly increasing positive integers")
         if self.decode_tokens < 4:
             p.append(f"decode_tokens={self.decode_tokens!r}: expected an integer >= 4")
@@ -66,8 +94,10 @@ def _prefill_ttft_ms(cfg: EngineConfig, isl: int) -> float:
     rec = core.add_request(TraceRequest(0, 0.0, isl, 2), 0.0)
     core.advance_until(float("inf"))
     if rec.first_token_ms is None:
-        raise SimulationConfigError(f"profile: a request of ISL {isl} tokens never got its first token on this engine "
-                                    "(does it fit the KV cache?)")
+        raise SimulationConfigError(
+            f"profile: a request of ISL {isl} tokens never got its first token on this engine "
+            "(does it fit the KV cache?)"
+        )
     return float(rec.first_token_ms)
 
 
@@ -96,15 +126,19 @@ def profile_engine(cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep()) -> P
     cap_tokens = cfg.total_kv_tokens
     isl = [x for x in sweep.isl_tokens if x + 2 <= cap_tokens * 0.95]
     if len(isl) < 2:
-        raise SimulationConfigError(f"profile: ISL grid {list(sweep.isl_tokens)}: {len(isl)} point(s) fit the KV cache of "
-                                    f"{cap_tokens} tokens (ISL + 2 <= 95 %), expected at least 2 (--isl)")
+        raise SimulationConfigError(
+            f"profile: ISL grid {list(sweep.isl_tokens)}: {len(isl)} point(s) fit the KV cache of "
+            f"{cap_tokens} tokens (ISL + 2 <= 95 %), expected at least 2 (--isl)"
+        )
     ttft = np.array([_prefill_ttft_ms(cfg, x) for x in isl])
     isl_a = np.array(isl, dtype=float)
     ctx = [c for c in sweep.context_tokens if c + sweep.decode_tokens <= cap_tokens * 0.9]
     if len(ctx) < 2:
-        raise SimulationConfigError(f"profile: context grid {list(sweep.context_tokens)}: {len(ctx)} length(s) fit the KV "
-                                    f"cache of {cap_tokens} tokens (context + {sweep.decode_tokens} <= 90 %), expected "
-                                    f"at least 2 (--context)")
+        raise SimulationConfigError(
+            f"profile: context grid {list(sweep.context_tokens)}: {len(ctx)} length(s) fit the KV "
+            f"cache of {cap_tokens} tokens (context + {sweep.decode_tokens} <= 90 %), expected "
+            f"at least 2 (--context)"
+        )
     usage = list(sweep.kv_usage)
     itl = np.zeros((len(usage), len(ctx)))
     thpt = np.zeros_like(itl)
@@ -116,9 +150,16 @@ def profile_engine(cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep()) -> P
             ms = _decode_point(cfg, n, c, sweep.decode_tokens + prefill_passes)
             itl[a, b] = ms
             thpt[a, b] = n / (ms / 1000.0) / sweep.gpus_per_engine
-    return profile_from_arrays({
-        "prefill_isl": isl_a, "prefill_ttft_ms": ttft,
-        "prefill_thpt_per_gpu": isl_a / (ttft / 1000.0) / sweep.gpus_per_engine,
-        "decode_kv_usage": np.array(usage), "decode_context_length": np.array(ctx, dtype=float),
-        "decode_itl_ms": itl, "decode_thpt_per_gpu": thpt, "decode_max_kv_tokens": np.array([float(cap_tokens)]),
-    }, source=f"dynoplan profile ({cfg.engine}, timing {cfg.timing})")
+    return profile_from_arrays(
+        {
+            "prefill_isl": isl_a,
+            "prefill_ttft_ms": ttft,
+            "prefill_thpt_per_gpu": isl_a / (ttft / 1000.0) / sweep.gpus_per_engine,
+            "decode_kv_usage": np.array(usage),
+            "decode_context_length": np.array(ctx, dtype=float),
+            "decode_itl_ms": itl,
+            "decode_thpt_per_gpu": thpt,
+            "decode_max_kv_tokens": np.array([float(cap_tokens)]),
+        },
+        source=f"dynoplan profile ({cfg.engine}, timing {cfg.timing})",
+    )

@@ -30,8 +30,9 @@ from mocker.records import RequestRecord
 from planner.sim.loop import SimRun
 
 
-def sla_flags(records: Sequence[RequestRecord], ttft_ms: float,
-              itl_ms: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sla_flags(
+    records: Sequence[RequestRecord], ttft_ms: float, itl_ms: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(both, ttft_ok, itl_ok) boolean arrays, one entry per record (see module docstring)."""
     n = len(records)
     ttft = np.full(n, np.inf)
@@ -74,9 +75,15 @@ def summarize(run: SimRun) -> dict[str, Any]:
     ok, t_ok, i_ok = sla_flags(run.records, s.sla_ttft_ms, s.sla_itl_ms)
     n = max(1, len(run.records))
     ttft = np.array([r.ttft_ms if r.ttft_ms is not None else np.nan for r in run.records], dtype=float)
-    itl = np.array([(r.finish_ms - r.first_token_ms) / (r.output_length - 1)
-                    if r.finish_ms is not None and r.first_token_ms is not None and r.output_length > 1 else np.nan
-                    for r in run.records], dtype=float)
+    itl = np.array(
+        [
+            (r.finish_ms - r.first_token_ms) / (r.output_length - 1)
+            if r.finish_ms is not None and r.first_token_ms is not None and r.output_length > 1
+            else np.nan
+            for r in run.records
+        ],
+        dtype=float,
+    )
     end_ms = run.duration_s * 1000.0
     gpu_h = sum(run.gpu_seconds.values()) / 3600.0
     dur = max(run.duration_s, 1e-9)
@@ -117,8 +124,17 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SUMMARY_KEYS: tuple[str, ...] = ("sla_attainment", "ttft_attainment", "itl_attainment", "gpu_hours", "p99_ttft_ms",
-                                 "p99_itl_ms", "mean_replicas", "max_replicas", "scale_events")
+SUMMARY_KEYS: tuple[str, ...] = (
+    "sla_attainment",
+    "ttft_attainment",
+    "itl_attainment",
+    "gpu_hours",
+    "p99_ttft_ms",
+    "p99_itl_ms",
+    "mean_replicas",
+    "max_replicas",
+    "scale_events",
+)
 """Per-policy keys of ``summary.json`` — exactly the issue's schema, in its order."""
 
 
@@ -137,22 +153,44 @@ def render_table(doc: Mapping[str, Any], title: str = "dynoplan simulate") -> An
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("policy", "SLA att.", "TTFT att.", "ITL att.", "goodput rps", "p50/p99 TTFT ms", "p50/p99 ITL ms",
-                "GPU-h", "mean replicas", "max replicas", "scale events"):
+    for col in (
+        "policy",
+        "SLA att.",
+        "TTFT att.",
+        "ITL att.",
+        "goodput rps",
+        "p50/p99 TTFT ms",
+        "p50/p99 ITL ms",
+        "GPU-h",
+        "mean replicas",
+        "max replicas",
+        "scale events",
+    ):
         # never cut a cell (a variant's name "planner:prefill_ttft_…", a figure): fold it over lines
-        t.add_column(col, justify="left" if col == "policy" else "right", overflow="fold",
-                     min_width=min(24, max((len(n) for n in doc["policies"]), default=6)) if col == "policy" else None)
+        t.add_column(
+            col,
+            justify="left" if col == "policy" else "right",
+            overflow="fold",
+            min_width=min(24, max((len(n) for n in doc["policies"]), default=6)) if col == "policy" else None,
+        )
 
     def f(x: Any, d: int = 1) -> str:
         return "-" if x is None else f"{x:.{d}f}"
 
     for name, s in doc["policies"].items():
-        t.add_row(name, f"{100 * s['sla_attainment']:.2f}%", f"{100 * s['ttft_attainment']:.2f}%",
-                  f"{100 * s['itl_attainment']:.2f}%", f(s["goodput_rps"], 2),
-                  f"{f(s['p50_ttft_ms'])} / {f(s['p99_ttft_ms'])}",
-                  f"{f(s['p50_itl_ms'], 2)} / {f(s['p99_itl_ms'], 2)}",
-                  f"{s['gpu_hours']:.3f}", " ".join(f"{p}={v:.2f}" for p, v in s["mean_replicas"].items()),
-                  " ".join(f"{p}={v}" for p, v in s["max_replicas"].items()), str(s["scale_events"]))
+        t.add_row(
+            name,
+            f"{100 * s['sla_attainment']:.2f}%",
+            f"{100 * s['ttft_attainment']:.2f}%",
+            f"{100 * s['itl_attainment']:.2f}%",
+            f(s["goodput_rps"], 2),
+            f"{f(s['p50_ttft_ms'])} / {f(s['p99_ttft_ms'])}",
+            f"{f(s['p50_itl_ms'], 2)} / {f(s['p99_itl_ms'], 2)}",
+            f"{s['gpu_hours']:.3f}",
+            " ".join(f"{p}={v:.2f}" for p, v in s["mean_replicas"].items()),
+            " ".join(f"{p}={v}" for p, v in s["max_replicas"].items()),
+            str(s["scale_events"]),
+        )
     return t
 
 
@@ -215,45 +253,116 @@ def _series(run: SimRun, key: str) -> list[Any]:
 def figure_data(runs: Sequence[SimRun]) -> dict[str, Any]:
     """Plotly traces and layouts per plot id (one trace per policy and series; x = timeline seconds)."""
     s0 = runs[0].settings if runs else None
-    figs: dict[str, Any] = {pid: {"data": [], "layout": {"title": {"text": title},
-                                                          "xaxis": {"title": {"text": "time (s)"}},
-                                                          "height": 340, "margin": {"t": 40, "b": 40}}}
-                            for pid, title in PLOTS}
+    figs: dict[str, Any] = {
+        pid: {
+            "data": [],
+            "layout": {
+                "title": {"text": title},
+                "xaxis": {"title": {"text": "time (s)"}},
+                "height": 340,
+                "margin": {"t": 40, "b": 40},
+            },
+        }
+        for pid, title in PLOTS
+    }
     for run in runs:
         x = _series(run, "t_s")
         hover = [html.escape(str(row.get("reason", ""))) for row in run.timeline]
         for p in run.pools:
-            figs["plot-replicas"]["data"].append({"type": "scatter", "mode": "lines", "line": {"shape": "hv"},
-                                                 "name": f"{run.policy} {p}", "x": x,
-                                                 "y": _series(run, f"{p}_replicas"), "text": hover,
-                                                 "hovertemplate": "%{y} replicas<br>%{text}"
-                                                                  "<extra>%{fullData.name}</extra>"})
-        figs["plot-rate"]["data"].append({"type": "scatter", "mode": "lines", "name": f"{run.policy} observed",
-                                          "x": x, "y": _series(run, "observed_rps")})
+            figs["plot-replicas"]["data"].append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "line": {"shape": "hv"},
+                    "name": f"{run.policy} {p}",
+                    "x": x,
+                    "y": _series(run, f"{p}_replicas"),
+                    "text": hover,
+                    "hovertemplate": "%{y} replicas<br>%{text}<extra>%{fullData.name}</extra>",
+                }
+            )
+        figs["plot-rate"]["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": f"{run.policy} observed",
+                "x": x,
+                "y": _series(run, "observed_rps"),
+            }
+        )
         if any(v is not None for v in _series(run, "predicted_rps")):
-            figs["plot-rate"]["data"].append({"type": "scatter", "mode": "lines", "line": {"dash": "dot"},
-                                              "name": f"{run.policy} predicted", "x": x,
-                                              "y": _series(run, "predicted_rps")})
-        figs["plot-ttft"]["data"].append({"type": "scatter", "mode": "lines", "name": run.policy, "x": x,
-                                          "y": _series(run, "observed_ttft_ms"), "text": hover})
-        figs["plot-itl"]["data"].append({"type": "scatter", "mode": "lines", "name": run.policy, "x": x,
-                                         "y": _series(run, "observed_itl_ms"), "text": hover})
-        figs["plot-queue"]["data"].append({"type": "scatter", "mode": "lines", "name": run.policy, "x": x,
-                                           "y": _series(run, "waiting_requests")})
-        figs["plot-kv"]["data"].append({"type": "scatter", "mode": "lines", "name": run.policy, "x": x,
-                                        "y": _series(run, "kv_usage_mean")})
+            figs["plot-rate"]["data"].append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "line": {"dash": "dot"},
+                    "name": f"{run.policy} predicted",
+                    "x": x,
+                    "y": _series(run, "predicted_rps"),
+                }
+            )
+        figs["plot-ttft"]["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": run.policy,
+                "x": x,
+                "y": _series(run, "observed_ttft_ms"),
+                "text": hover,
+            }
+        )
+        figs["plot-itl"]["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": run.policy,
+                "x": x,
+                "y": _series(run, "observed_itl_ms"),
+                "text": hover,
+            }
+        )
+        figs["plot-queue"]["data"].append(
+            {"type": "scatter", "mode": "lines", "name": run.policy, "x": x, "y": _series(run, "waiting_requests")}
+        )
+        figs["plot-kv"]["data"].append(
+            {"type": "scatter", "mode": "lines", "name": run.policy, "x": x, "y": _series(run, "kv_usage_mean")}
+        )
     if runs:
         x = _series(runs[0], "t_s")
-        figs["plot-replicas"]["data"].append({"type": "scatter", "mode": "lines", "name": "observed req/s",
-                                              "yaxis": "y2", "line": {"color": "rgba(120,120,120,0.5)"}, "x": x,
-                                              "y": _series(runs[0], "observed_rps")})
+        figs["plot-replicas"]["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "observed req/s",
+                "yaxis": "y2",
+                "line": {"color": "rgba(120,120,120,0.5)"},
+                "x": x,
+                "y": _series(runs[0], "observed_rps"),
+            }
+        )
         figs["plot-replicas"]["layout"]["yaxis2"] = {"overlaying": "y", "side": "right", "title": {"text": "req/s"}}
     if s0 is not None and runs:
         xs = [0, runs[0].duration_s]
-        figs["plot-ttft"]["data"].append({"type": "scatter", "mode": "lines", "name": "TTFT target", "x": xs,
-                                          "y": [s0.sla_ttft_ms] * 2, "line": {"dash": "dash", "color": "red"}})
-        figs["plot-itl"]["data"].append({"type": "scatter", "mode": "lines", "name": "ITL target", "x": xs,
-                                         "y": [s0.sla_itl_ms] * 2, "line": {"dash": "dash", "color": "red"}})
+        figs["plot-ttft"]["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "TTFT target",
+                "x": xs,
+                "y": [s0.sla_ttft_ms] * 2,
+                "line": {"dash": "dash", "color": "red"},
+            }
+        )
+        figs["plot-itl"]["data"].append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "ITL target",
+                "x": xs,
+                "y": [s0.sla_itl_ms] * 2,
+                "line": {"dash": "dash", "color": "red"},
+            }
+        )
     return figs
 
 
@@ -262,18 +371,40 @@ def render_html(runs: Sequence[SimRun], doc: Mapping[str, Any]) -> str:
     from plotly.offline import get_plotlyjs
 
     figs = figure_data(runs)
-    head = ["policy", "SLA attainment", "TTFT att.", "ITL att.", "GPU-hours", "p99 TTFT ms", "p99 ITL ms",
-            "mean replicas", "max replicas", "scale events"]
+    head = [
+        "policy",
+        "SLA attainment",
+        "TTFT att.",
+        "ITL att.",
+        "GPU-hours",
+        "p99 TTFT ms",
+        "p99 ITL ms",
+        "mean replicas",
+        "max replicas",
+        "scale events",
+    ]
     rows = []
     for name, s in doc["policies"].items():
-        cells = [name, f"{100 * s['sla_attainment']:.2f}%", f"{100 * s['ttft_attainment']:.2f}%",
-                 f"{100 * s['itl_attainment']:.2f}%", f"{s['gpu_hours']:.3f}", str(s["p99_ttft_ms"]),
-                 str(s["p99_itl_ms"]),
-                 ", ".join(f"{p}={v:.2f}" for p, v in s["mean_replicas"].items()),
-                 ", ".join(f"{p}={v}" for p, v in s["max_replicas"].items()), str(s["scale_events"])]
+        cells = [
+            name,
+            f"{100 * s['sla_attainment']:.2f}%",
+            f"{100 * s['ttft_attainment']:.2f}%",
+            f"{100 * s['itl_attainment']:.2f}%",
+            f"{s['gpu_hours']:.3f}",
+            str(s["p99_ttft_ms"]),
+            str(s["p99_itl_ms"]),
+            ", ".join(f"{p}={v:.2f}" for p, v in s["mean_replicas"].items()),
+            ", ".join(f"{p}={v}" for p, v in s["max_replicas"].items()),
+            str(s["scale_events"]),
+        ]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    table = ("<table id='summary'><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    table = (
+        "<table id='summary'><thead><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
     divs = "\n".join(f"<div id='{pid}' class='plot'></div>" for pid, _ in PLOTS)
     data = json.dumps(figs, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     return f"""<!DOCTYPE html>

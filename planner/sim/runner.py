@@ -15,9 +15,10 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
 
+from dynoplan.errors import SimulationConfigError
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
@@ -25,11 +26,10 @@ from planner.core.budget import apply_limits
 from planner.core.loops import ThroughputLoop, pool_bounds
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
-from dynoplan.errors import SimulationConfigError
 from planner.sim.loop import SimRun, SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, FrontendCounters, window
-from planner.whatif import EngineFleetEvaluator
 from planner.sim.policies import HpaPolicy, PlannerPolicy, Policy, SaturationPolicy, SchedulePolicy, StaticPolicy
+from planner.whatif import EngineFleetEvaluator
 
 
 @dataclass(frozen=True)
@@ -72,17 +72,26 @@ def trace_windows(requests: Sequence[TraceRequest], interval_s: float) -> list[T
         osl[k] += r.output_length
         hist[k][bisect.bisect_left(OSL_BUCKETS_TOKENS, r.output_length)] += 1
         ihist[k][bisect.bisect_left(ISL_BUCKETS_TOKENS, r.input_length)] += 1
-    return [TrafficWindow(interval_s, float(c), a / c if c else math.nan, b / c if c else math.nan,
-                          osl_buckets=tuple((le, float(x)) for le, x in zip(OSL_BUCKETS_TOKENS, h)),
-                          isl_buckets=tuple((le, float(x)) for le, x in zip(ISL_BUCKETS_TOKENS, ih)))
-            for c, a, b, h, ih in zip(cnt, isl, osl, hist, ihist)]
+    return [
+        TrafficWindow(
+            interval_s,
+            float(c),
+            a / c if c else math.nan,
+            b / c if c else math.nan,
+            osl_buckets=tuple((le, float(x)) for le, x in zip(OSL_BUCKETS_TOKENS, h)),
+            isl_buckets=tuple((le, float(x)) for le, x in zip(ISL_BUCKETS_TOKENS, ih)),
+        )
+        for c, a, b, h, ih in zip(cnt, isl, osl, hist, ihist)
+    ]
 
 
 def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
     """``static:peak`` sizing (module docstring); ``first=True`` sizes the trace's first interval instead."""
     if ctx.profile is None:
-        raise SimulationConfigError("static:peak / initial fleet 'auto': needs a profile (--profile FILE.npz, or let "
-                                    "simulate profile the engine)")
+        raise SimulationConfigError(
+            "static:peak / initial fleet 'auto': needs a profile (--profile FILE.npz, or let "
+            "simulate profile the engine)"
+        )
     cfg = ctx.config
     wins = trace_windows(ctx.requests, cfg.adjustment_interval_s)
     if not wins:
@@ -90,8 +99,13 @@ def peak_replicas(ctx: RunContext, first: bool = False) -> dict[str, int]:
     peak = wins[0] if first else max(wins, key=lambda w: w.num_requests)
     if peak.num_requests <= 0:
         return {p: 1 for p in ctx.pools}
-    d = Demand(peak.num_requests, peak.mean_isl_tokens, peak.mean_osl_tokens, osl_buckets=peak.osl_buckets,
-               isl_buckets=peak.isl_buckets)
+    d = Demand(
+        peak.num_requests,
+        peak.mean_isl_tokens,
+        peak.mean_osl_tokens,
+        osl_buckets=peak.osl_buckets,
+        isl_buckets=peak.isl_buckets,
+    )
     return {pool: max(1, ceil_replicas(size_pool(pool, d, cfg, ctx.profile))) for pool in ctx.pools}
 
 
@@ -114,8 +128,14 @@ def _initial(ctx: RunContext, cfg: PlannerConfig | None = None) -> dict[str, int
 def what_if(ctx: RunContext, cfg: PlannerConfig) -> EngineFleetEvaluator:
     """The planner's engine model in the loop: the fleet's own engine settings, router and KV transfer, with
     the planner's SLA targets (:class:`planner.whatif.EngineFleetEvaluator`)."""
-    return EngineFleetEvaluator(ctx.engines, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, router=ctx.settings.router,
-                                transfer=ctx.settings.transfer, seed=ctx.settings.seed)
+    return EngineFleetEvaluator(
+        ctx.engines,
+        ttft_ms=cfg.ttft_ms,
+        itl_ms=cfg.itl_ms,
+        router=ctx.settings.router,
+        transfer=ctx.settings.transfer,
+        seed=ctx.settings.seed,
+    )
 
 
 def _capped(initial: dict[str, int], ctx: RunContext) -> dict[str, int]:
@@ -123,7 +143,9 @@ def _capped(initial: dict[str, int], ctx: RunContext) -> dict[str, int]:
     return {p: min(n, ctx.max_replicas) for p, n in initial.items()}
 
 
-def first_window(requests: Sequence[TraceRequest], interval_s: float, ttft_ms: float, itl_ms: float) -> TrafficWindow | None:
+def first_window(
+    requests: Sequence[TraceRequest], interval_s: float, ttft_ms: float, itl_ms: float
+) -> TrafficWindow | None:
     """The frontend's window of the trace's first ``interval_s`` (counts, ISL/OSL and gap histograms, rate
     profile), as the planner would read it; the OSL from the requests themselves (nothing has finished yet at
     deployment time). None for an empty first interval."""
@@ -139,9 +161,14 @@ def first_window(requests: Sequence[TraceRequest], interval_s: float, ttft_ms: f
     counts = [0] * len(OSL_BUCKETS_TOKENS)
     for o in osl:
         counts[bisect.bisect_left(OSL_BUCKETS_TOKENS, o)] += 1
-    return replace(w, mean_osl_tokens=sum(osl) / len(osl), num_finished=math.nan,
-                   osl_buckets=tuple((le, float(c)) for le, c in zip(OSL_BUCKETS_TOKENS, counts)),
-                   arrival_counts=fc.arrival_counts(0.0, interval_s, ARRIVAL_BIN_S), num_inflight=0.0)
+    return replace(
+        w,
+        mean_osl_tokens=sum(osl) / len(osl),
+        num_finished=math.nan,
+        osl_buckets=tuple((le, float(c)) for le, c in zip(OSL_BUCKETS_TOKENS, counts)),
+        arrival_counts=fc.arrival_counts(0.0, interval_s, ARRIVAL_BIN_S),
+        num_inflight=0.0,
+    )
 
 
 def _initial_by_simulation(ctx: RunContext, cfg: PlannerConfig) -> dict[str, int] | None:
@@ -152,7 +179,9 @@ def _initial_by_simulation(ctx: RunContext, cfg: PlannerConfig) -> dict[str, int
     w = first_window(ctx.requests, cfg.adjustment_interval_s, cfg.ttft_ms, cfg.itl_ms)
     if w is None:
         return None
-    loop = ThroughputLoop(replace(cfg, predictor="constant", demand_error_quantile=None), ctx.profile, what_if(ctx, cfg))
+    loop = ThroughputLoop(
+        replace(cfg, predictor="constant", demand_error_quantile=None), ctx.profile, what_if(ctx, cfg)
+    )
     if not loop.learn(0.0, w, None, None):
         return None
     loop.propose({p: pool_bounds(cfg)[p][0] for p in cfg.pools})
@@ -190,8 +219,9 @@ _COUNT = re.compile(r"[0-9]+(\+[0-9]+)*")
 _SECONDS = re.compile(r"[0-9]+(\.[0-9]*)?")
 
 
-def _fleet_counts(spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext, form: str,
-                  entry: str | None = None) -> dict[str, int]:
+def _fleet_counts(
+    spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext, form: str, entry: str | None = None
+) -> dict[str, int]:
     """``N`` (agg) or ``P+D`` (disagg), ASCII digits only, as replicas per pool, each in [1, ``--max-replicas``];
     ``form`` is the spec's prefix, ``entry`` the schedule entry, for the error message. Raises
     SimulationConfigError naming ``spec`` (and ``entry``)."""
@@ -206,13 +236,15 @@ def _fleet_counts(spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext, 
         raise SimulationConfigError(f"policy {spec!r}: {where}{arg!r}: expected {want} for mode {mode}")
     over = [f"{p}={n}" for p, n in zip(pools, nums) if n > ctx.max_replicas]
     if over:
-        raise SimulationConfigError(f"policy {spec!r}: {where}{', '.join(over)}: expected at most --max-replicas="
-                                    f"{ctx.max_replicas} per pool")
+        raise SimulationConfigError(
+            f"policy {spec!r}: {where}{', '.join(over)}: expected at most --max-replicas={ctx.max_replicas} per pool"
+        )
     return dict(zip(pools, nums))
 
 
-def _schedule_steps(spec: str, arg: str, pools: tuple[str, ...],
-                    ctx: RunContext) -> tuple[tuple[float, dict[str, int]], ...]:
+def _schedule_steps(
+    spec: str, arg: str, pools: tuple[str, ...], ctx: RunContext
+) -> tuple[tuple[float, dict[str, int]], ...]:
     """``T=N,T=N,...`` (``T=P+D`` disaggregated) as ((t_s, replicas per pool), ...): ``T`` plain decimal
     seconds from the trace start, strictly increasing, the first 0 (the starting fleet), none after the last
     arrival (a change there would do nothing); no spaces. Raises SimulationConfigError naming the entry."""
@@ -224,18 +256,23 @@ def _schedule_steps(spec: str, arg: str, pools: tuple[str, ...],
     for part in arg.split(","):
         t_txt, eq, n_txt = part.partition("=")
         if not eq or not _SECONDS.fullmatch(t_txt):
-            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected T=N with T in seconds, a plain "
-                                        f"decimal >= 0 {example}")
+            raise SimulationConfigError(
+                f"policy {spec!r}: entry {part!r}: expected T=N with T in seconds, a plain decimal >= 0 {example}"
+            )
         t = float(t_txt)
         if steps and t <= steps[-1][0]:
-            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected times in increasing "
-                                        f"order (after {steps[-1][0]:g} s)")
+            raise SimulationConfigError(
+                f"policy {spec!r}: entry {part!r}: expected times in increasing order (after {steps[-1][0]:g} s)"
+            )
         if not steps and t != 0:
-            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected the first entry at "
-                                        f"0 s (the starting fleet)")
+            raise SimulationConfigError(
+                f"policy {spec!r}: entry {part!r}: expected the first entry at 0 s (the starting fleet)"
+            )
         if t > last_s:
-            raise SimulationConfigError(f"policy {spec!r}: entry {part!r}: expected a time within the trace "
-                                        f"(last arrival at {last_s:.3f} s); a later change would do nothing")
+            raise SimulationConfigError(
+                f"policy {spec!r}: entry {part!r}: expected a time within the trace "
+                f"(last arrival at {last_s:.3f} s); a later change would do nothing"
+            )
         steps.append((t, _fleet_counts(spec, n_txt, pools, ctx, "schedule:", part)))
     return tuple(steps)
 
@@ -268,16 +305,27 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             except ValueError:
                 target = -1.0
             if target is not None and not 0 < target < 1:
-                raise SimulationConfigError(f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off")
+                raise SimulationConfigError(
+                    f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off"
+                )
         if target is not None or att is not None or explicit:
             cfg = replace(cfg, sla_attainment_target=target)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg), evaluator=what_if(ctx, cfg))
     if s == "throughput-only":
         # the reference throughput loop: closed-form sizing (no engine model), constant predictor, no early
         # sizing, no burst factor, +1 load steps
-        cfg = replace(ctx.config, throughput_enabled=True, load_enabled=False, predictor="constant",
-                      scale_down_cooldown_s=0.0, simulated_sizing=False, demand_error_quantile=None,
-                      first_sizing_s=None, sla_attainment_target=None, load_max_scale_up_factor=1.0)
+        cfg = replace(
+            ctx.config,
+            throughput_enabled=True,
+            load_enabled=False,
+            predictor="constant",
+            scale_down_cooldown_s=0.0,
+            simulated_sizing=False,
+            demand_error_quantile=None,
+            first_sizing_s=None,
+            sla_attainment_target=None,
+            load_max_scale_up_factor=1.0,
+        )
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
     if s.startswith("static:"):
         arg = s.split(":", 1)[1]
@@ -291,8 +339,10 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
     if s == "hpa" or s.startswith("hpa:"):
         parts = s.split(":")
         if len(parts) > 3:
-            raise SimulationConfigError(f"policy {spec!r}: {':'.join(parts[3:])!r}: expected hpa, hpa:METRIC or "
-                                        f"hpa:METRIC:TARGET (METRIC kv or running)")
+            raise SimulationConfigError(
+                f"policy {spec!r}: {':'.join(parts[3:])!r}: expected hpa, hpa:METRIC or "
+                f"hpa:METRIC:TARGET (METRIC kv or running)"
+            )
         metric = parts[1] if len(parts) > 1 else "kv"
         target: float | None = None
         if len(parts) > 2:
@@ -301,8 +351,9 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             except ValueError:
                 raise SimulationConfigError(f"policy {spec!r}: target {parts[2]!r}: expected a number") from None
         if metric == "kv" and target is not None and not 0 < target <= 1:
-            raise SimulationConfigError(f"policy {spec!r}: target {parts[2]!r}: expected a KV usage fraction "
-                                        f"0 < target <= 1")
+            raise SimulationConfigError(
+                f"policy {spec!r}: target {parts[2]!r}: expected a KV usage fraction 0 < target <= 1"
+            )
         if target is None:
             kv_t = _kv_target_from_sla(ctx)
             if metric == "kv":
@@ -315,8 +366,10 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
         return HpaPolicy(s, pools, metric, target, _capped(_initial(ctx), ctx), max_replicas=ctx.max_replicas)
     if s == "saturation":
         return SaturationPolicy(s, pools, _capped(_initial(ctx), ctx), max_replicas=ctx.max_replicas)
-    raise SimulationConfigError(f"policy {spec!r}: expected planner[:k=v,...], throughput-only, static:N, static:P+D, "
-                                "static:peak, static:auto, schedule:T=N,..., hpa[:kv|running[:target]] or saturation")
+    raise SimulationConfigError(
+        f"policy {spec!r}: expected planner[:k=v,...], throughput-only, static:N, static:P+D, "
+        "static:peak, static:auto, schedule:T=N,..., hpa[:kv|running[:target]] or saturation"
+    )
 
 
 class AutoStaticUnreachable(SimulationConfigError):
@@ -338,8 +391,12 @@ def auto_static(ctx: RunContext, cache: dict[tuple[int, ...], SimRun] | None = N
 
     def run(counts: tuple[int, ...]) -> float:
         if counts not in cache:
-            cache[counts] = simulate(ctx.requests, ctx.engines, StaticPolicy("static", dict(zip(pools, counts))),
-                                     replace(ctx.settings, startup_delay_s=0.0))
+            cache[counts] = simulate(
+                ctx.requests,
+                ctx.engines,
+                StaticPolicy("static", dict(zip(pools, counts))),
+                replace(ctx.settings, startup_delay_s=0.0),
+            )
         return attainment(cache[counts])
 
     def smallest(f: Callable[[int], float]) -> int:
@@ -355,7 +412,8 @@ def auto_static(ctx: RunContext, cache: dict[tuple[int, ...], SimRun] | None = N
                 raise AutoStaticUnreachable(
                     f"static:auto: no fleet of at most --max-replicas={ctx.max_replicas} per pool reaches attainment "
                     f"{ctx.auto_attainment} (best found: static:{fleet} with attainment {attainment(best_run):.4f}); "
-                    f"expected a larger --max-replicas or a lower --auto-attainment")
+                    f"expected a larger --max-replicas or a lower --auto-attainment"
+                )
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if f(mid) >= ctx.auto_attainment:

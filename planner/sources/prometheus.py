@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.core import TrafficWindow
 from dynoplan.errors import ConfigError
+from planner.core import TrafficWindow
 
 HISTOGRAMS: dict[str, str] = {
     "ttft": "dynamo_frontend_time_to_first_token_seconds",
@@ -116,8 +116,10 @@ def _duration(window_s: float) -> str:
 def interval_queries(window_s: float, selector: str = "") -> dict[str, str]:
     """The PromQL of every figure over a window of ``window_s`` seconds (see the module docstring)."""
     w = _duration(window_s)
-    out = {k: f"sum(increase({m}_sum{selector}[{w}])) / sum(increase({m}_count{selector}[{w}]))"
-           for k, m in HISTOGRAMS.items()}
+    out = {
+        k: f"sum(increase({m}_sum{selector}[{w}])) / sum(increase({m}_count{selector}[{w}]))"
+        for k, m in HISTOGRAMS.items()
+    }
     out["num_requests"] = f"sum(increase({REQUESTS_STARTED}{selector}[{w}]))"
     return out
 
@@ -151,8 +153,12 @@ def non_cumulative(cumulative: Iterable[tuple[float | str, float]]) -> tuple[tup
     return tuple(out)
 
 
-def window_from_values(window_s: float, v: dict[str, float], buckets: Mapping[str, tuple[tuple[float, float], ...]]
-                       | None = None, num_inflight: float = math.nan) -> TrafficWindow:
+def window_from_values(
+    window_s: float,
+    v: dict[str, float],
+    buckets: Mapping[str, tuple[tuple[float, float], ...]] | None = None,
+    num_inflight: float = math.nan,
+) -> TrafficWindow:
     """A TrafficWindow from figures in Prometheus units (seconds, tokens); ms conversion here. ``buckets``:
     ``{isl_buckets|osl_buckets|gap_buckets: non-cumulative pairs}``; ``num_inflight``: the in-flight gauge
     (NaN = not reported; a negative value, which a gauge cannot hold, is clamped to 0)."""
@@ -162,9 +168,16 @@ def window_from_values(window_s: float, v: dict[str, float], buckets: Mapping[st
         extra["num_inflight"] = max(0.0, float(num_inflight))
     if n <= 0:
         return TrafficWindow(window_s, max(0.0, n), **extra)
-    return TrafficWindow(duration_s=window_s, num_requests=n, mean_isl_tokens=v["isl"], mean_osl_tokens=v["osl"],
-                         mean_ttft_ms=v["ttft"] * 1000.0, mean_itl_ms=v["itl"] * 1000.0,
-                         mean_request_duration_s=v["duration"], **extra)
+    return TrafficWindow(
+        duration_s=window_s,
+        num_requests=n,
+        mean_isl_tokens=v["isl"],
+        mean_osl_tokens=v["osl"],
+        mean_ttft_ms=v["ttft"] * 1000.0,
+        mean_itl_ms=v["itl"] * 1000.0,
+        mean_request_duration_s=v["duration"],
+        **extra,
+    )
 
 
 class PrometheusTrafficSource:
@@ -182,8 +195,13 @@ class PrometheusTrafficSource:
         from urllib3.util.retry import Retry
 
         # no client-side retries: a failed read is "unknown" for this tick; the next tick reads again
-        self._prom = PrometheusConnect(url=settings.url, headers=headers, disable_ssl=settings.insecure_skip_verify,
-                                       timeout=settings.timeout_s, retry=Retry(total=0, raise_on_status=False))
+        self._prom = PrometheusConnect(
+            url=settings.url,
+            headers=headers,
+            disable_ssl=settings.insecure_skip_verify,
+            timeout=settings.timeout_s,
+            retry=Retry(total=0, raise_on_status=False),
+        )
         if settings.ca_file and not settings.insecure_skip_verify:
             self._prom._session.verify = settings.ca_file
         self.selector = label_selector(settings.model, settings.namespace, settings.namespace_label)
@@ -241,14 +259,18 @@ class PrometheusTrafficSource:
             m = re.search(r"certificate verify failed:?\s*([^(']*)", text)
             detail = "certificate verify failed" + (f": {m.group(1).strip()}" if m and m.group(1).strip() else "")
             ca = f"the CA file {self.settings.ca_file!r}" if self.settings.ca_file else "the system CAs"
-            return (f"TLS: {detail} for {self.settings.url} with {ca}; set prometheus.ca_file to the PEM CA "
-                    "bundle that signed the server's certificate")
+            return (
+                f"TLS: {detail} for {self.settings.url} with {ca}; set prometheus.ca_file to the PEM CA "
+                "bundle that signed the server's certificate"
+            )
         m_status = re.match(r"HTTP Status Code (\d+)", text)  # prometheus_api_client's HTTP error answer
         status = int(m_status.group(1)) if m_status else None
         if status in (401, 403):
             tok = "the configured prometheus.bearer_token" if self.settings.bearer_token else "no bearer token"
-            return f"HTTP {status} from {self.settings.url} with {tok}: expected the server's token in " \
-                   "prometheus.bearer_token"
+            return (
+                f"HTTP {status} from {self.settings.url} with {tok}: expected the server's token in "
+                "prometheus.bearer_token"
+            )
         if isinstance(e, requests.exceptions.Timeout) or "timed out" in text:  # without retries urllib3 wraps it
             return f"no answer from {self.settings.url} within timeout_s={self.settings.timeout_s:g}"
         if isinstance(e, requests.exceptions.ConnectionError):
@@ -284,8 +306,15 @@ class DirectScrapeTrafficSource:
     :meth:`close` stops the thread.
     """
 
-    def __init__(self, frontend_url: str, model: str | None = None, scrape_interval_s: float = 1.0,
-                 keep_s: float = 3600.0, timeout_s: float = 2.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        frontend_url: str,
+        model: str | None = None,
+        scrape_interval_s: float = 1.0,
+        keep_s: float = 3600.0,
+        timeout_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.url = frontend_url.rstrip("/") + "/metrics"
         self.model = model
         self.scrape_interval_s = scrape_interval_s
@@ -355,6 +384,6 @@ class DirectScrapeTrafficSource:
         buckets = {}
         for k, m in BUCKETED.items():
             prefix = m + "_bucket|"
-            les = [key[len(prefix):] for key in new if key.startswith(prefix)]
+            les = [key[len(prefix) :] for key in new if key.startswith(prefix)]
             buckets[k] = non_cumulative((le, d(prefix + le)) for le in les)
         return window_from_values(window_s, v, buckets, new.get(INFLIGHT, math.nan))

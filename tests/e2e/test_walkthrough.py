@@ -26,8 +26,8 @@ import re
 import subprocess
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import requests
@@ -49,10 +49,14 @@ OUT = REPO_ROOT / "out" / "e2e"
 # The walkthrough's commands, as the test runs them (README_COMMANDS are checked to appear in docs/kubernetes.md).
 HELM_INSTALL = "helm install dynoplan helm/dynoplan -n dynoplan --create-namespace -f tools/cluster-values.yaml"
 ROLLOUT = "kubectl -n dynoplan rollout status deploy/dynoplan-dynoplan-operator"
-TEMPLATE = ("helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
-            "--show-only templates/example.yaml > example.yaml")
-TEMPLATE_LOAD = ("helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
-                 "--show-only templates/example-load.yaml > load.yaml")
+TEMPLATE = (
+    "helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
+    "--show-only templates/example.yaml > example.yaml"
+)
+TEMPLATE_LOAD = (
+    "helm template dynoplan helm/dynoplan -n dynoplan --set example.enabled=true "
+    "--show-only templates/example-load.yaml > load.yaml"
+)
 APPLY = "kubectl -n dynoplan apply -f example.yaml -f load.yaml"
 GET = "kubectl -n dynoplan get dynoplanners -w"
 GET_DGD = "kubectl -n dynoplan get dgd"
@@ -61,8 +65,20 @@ PROM_FORWARD = "kubectl -n dynoplan port-forward svc/dynoplan-dynoplan-prometheu
 DASH_FORWARD = "kubectl -n dynoplan port-forward svc/dynoplan-dynoplan-operator 8090"
 DELETE_EXAMPLE = "kubectl -n dynoplan delete -f load.yaml -f example.yaml"
 UNINSTALL = "helm uninstall dynoplan -n dynoplan"
-README_COMMANDS = (HELM_INSTALL, ROLLOUT, TEMPLATE, TEMPLATE_LOAD, APPLY, GET, GET_DGD, RERUN_LOAD, PROM_FORWARD,
-                   DASH_FORWARD, DELETE_EXAMPLE, UNINSTALL)
+README_COMMANDS = (
+    HELM_INSTALL,
+    ROLLOUT,
+    TEMPLATE,
+    TEMPLATE_LOAD,
+    APPLY,
+    GET,
+    GET_DGD,
+    RERUN_LOAD,
+    PROM_FORWARD,
+    DASH_FORWARD,
+    DELETE_EXAMPLE,
+    UNINSTALL,
+)
 
 TAIL_JOB = "e2e-tail-load"
 # Low-rate load with long streams (300 tokens) through the scale-down, the operator restart and the edit.
@@ -95,8 +111,13 @@ class PortForward:
 
     def __init__(self, cluster, command: str) -> None:
         target = command.rsplit(" ", 1)
-        self.proc = subprocess.Popen(["bash", "-c", f"exec {target[0]} :{target[1]}"], env=cluster.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f"exec {target[0]} :{target[1]}"],
+            env=cluster.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         m = re.search(r"Forwarding from 127\.0\.0\.1:(\d+)", line)
         if not m:
@@ -139,7 +160,9 @@ class Timeline:
         while not self._stop.is_set():
             try:
                 dgd = self.co.get_namespaced_custom_object("nvidia.com", "v1alpha1", NS, "dynamographdeployments", DGD)
-                pods = self.core.list_namespaced_pod(NS, label_selector=f"dynoplan.dev/dgd={DGD},dynoplan.dev/service={WORKER_SVC}").items
+                pods = self.core.list_namespaced_pod(
+                    NS, label_selector=f"dynoplan.dev/dgd={DGD},dynoplan.dev/service={WORKER_SVC}"
+                ).items
                 spec = dgd["spec"]["services"][WORKER_SVC].get("replicas")
                 try:
                     dpl = self.co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD)
@@ -147,14 +170,28 @@ class Timeline:
                 except Exception:  # noqa: BLE001 - not created yet
                     observed_rps = "absent"
                 ready = ((dgd.get("status") or {}).get("services") or {}).get(WORKER_SVC, {}).get("readyReplicas")
-                fe = self.core.list_namespaced_pod(NS, label_selector=f"dynoplan.dev/dgd={DGD},dynoplan.dev/service=Frontend").items
+                fe = self.core.list_namespaced_pod(
+                    NS, label_selector=f"dynoplan.dev/dgd={DGD},dynoplan.dev/service=Frontend"
+                ).items
                 t = self.now()
-                row = {"t": t, "wall": time.time(), "spec": spec, "ready": ready, "observed_rps": observed_rps,
-                       "frontend_ready": [any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
-                                          for p in fe], "pods": {
-                    p.metadata.name: {"ip": p.status.pod_ip, "deleting": p.metadata.deletion_timestamp is not None,
-                                      "ready": any(c.type == "Ready" and c.status == "True"
-                                                   for c in (p.status.conditions or []))} for p in pods}}
+                row = {
+                    "t": t,
+                    "wall": time.time(),
+                    "spec": spec,
+                    "ready": ready,
+                    "observed_rps": observed_rps,
+                    "frontend_ready": [
+                        any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])) for p in fe
+                    ],
+                    "pods": {
+                        p.metadata.name: {
+                            "ip": p.status.pod_ip,
+                            "deleting": p.metadata.deletion_timestamp is not None,
+                            "ready": any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])),
+                        }
+                        for p in pods
+                    },
+                }
                 for name, p in row["pods"].items():
                     if p["deleting"] and name not in self.deleting_seen:
                         self.deleting_seen[name] = time.time()
@@ -181,20 +218,55 @@ class Timeline:
 
 def tail_job_manifest(image: str, init_containers: list[dict[str, Any]]) -> dict[str, Any]:
     """A second loadgen Job; it waits for the frontend with the example Job's own init container."""
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": TAIL_JOB, "namespace": NS},
-            "spec": {"backoffLimit": 0, "template": {"spec": {
-                "restartPolicy": "Never", "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
-                "initContainers": init_containers,
-                "containers": [{"name": "loadgen", "image": image, "imagePullPolicy": "IfNotPresent",
-                                "args": ["loadgen", "--url", f"http://{DGD}-frontend:8000", "--trace", TAIL_TRACE,
-                                         "--quiet", "--report-json", "/tmp/report.json", "--per-request", "/tmp/req.jsonl"],
-                                # the report last (the test parses it); failed requests' records before it
-                                "command": ["sh", "-c", 'dynoplan "$@"; rc=$?; grep -v \'"status": *"finished"\' /tmp/req.jsonl; '
-                                            'cat /tmp/report.json; exit $rc', "--"],
-                                "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                                                    "capabilities": {"drop": ["ALL"]}},
-                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
-                "volumes": [{"name": "tmp", "emptyDir": {}}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": TAIL_JOB, "namespace": NS},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+                    "initContainers": init_containers,
+                    "containers": [
+                        {
+                            "name": "loadgen",
+                            "image": image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": [
+                                "loadgen",
+                                "--url",
+                                f"http://{DGD}-frontend:8000",
+                                "--trace",
+                                TAIL_TRACE,
+                                "--quiet",
+                                "--report-json",
+                                "/tmp/report.json",
+                                "--per-request",
+                                "/tmp/req.jsonl",
+                            ],
+                            # the report last (the test parses it); failed requests' records before it
+                            "command": [
+                                "sh",
+                                "-c",
+                                'dynoplan "$@"; rc=$?; grep -v \'"status": *"finished"\' /tmp/req.jsonl; '
+                                "cat /tmp/report.json; exit $rc",
+                                "--",
+                            ],
+                            "securityContext": {
+                                "readOnlyRootFilesystem": True,
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                        }
+                    ],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                }
+            },
+        },
+    }
 
 
 class Prom:
@@ -223,14 +295,18 @@ def test_readme_lists_the_commands_the_test_runs():
     assert "tools/cluster.py up" in text and "tools/cluster.py down" in text
     # no command the walkthrough shows re-applies example.yaml (it would be a hand edit of the DGD's replicas
     # if the DGD set them; the test below checks that it sets none)
-    assert "apply -f example.yaml &&" not in text and "sudo " not in text.split("## Kubernetes walkthrough")[1].split("\n## ")[0]
+    assert (
+        "apply -f example.yaml &&" not in text
+        and "sudo " not in text.split("## Kubernetes walkthrough")[1].split("\n## ")[0]
+    )
 
 
 def watch_lines(cluster, command: str, until: Callable[[list[str]], bool], timeout_s: float = 60) -> list[str]:
     """Run a ``kubectl ... -w`` command line until ``until(lines)``; its lines. Fails naming the command
     when it exits (e.g. kubectl refusing the arguments) or the deadline passes."""
-    proc = subprocess.Popen(["bash", "-c", f"exec {command}"], env=cluster.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {command}"], env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines: list[str] = []
     done = threading.Event()
 
@@ -247,7 +323,9 @@ def watch_lines(cluster, command: str, until: Callable[[list[str]], bool], timeo
     proc.kill()
     proc.wait(10)
     if not ok:
-        pytest.fail(f"`{command}` (exit {proc.returncode}) did not show what was expected within {timeout_s:.0f} s: {lines}")
+        pytest.fail(
+            f"`{command}` (exit {proc.returncode}) did not show what was expected within {timeout_s:.0f} s: {lines}"
+        )
     return lines
 
 
@@ -271,8 +349,11 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
     co = kubernetes.client.CustomObjectsApi(api)
 
     # The operator Pod: non-root, read-only root filesystem, the chart's ServiceAccount and nothing more.
-    op_pods = [p for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=operator").items
-               if p.metadata.deletion_timestamp is None]
+    op_pods = [
+        p
+        for p in core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=operator").items
+        if p.metadata.deletion_timestamp is None
+    ]
     assert len(op_pods) == 1, [p.metadata.name for p in op_pods]
     op = op_pods[0]
     assert op.spec.service_account_name == OPERATOR_SA
@@ -284,14 +365,32 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
     ro = c.kubectl("-n", NS, "exec", op.metadata.name, "--", "python", "-c", "open('/probe', 'w')", check=False)
     assert ro.returncode != 0 and "Read-only file system" in ro.stderr, ro.stderr
     sa = f"system:serviceaccount:{NS}:{OPERATOR_SA}"
-    can = {q: c.kubectl("auth", "can-i", "--as", sa, "-n", NS, *q.split(), check=False).stdout.strip()
-           for q in ("patch dynamographdeployments.nvidia.com", "list endpointslices.discovery.k8s.io",
-                     "create deployments.apps", "get secrets", "list pods", "delete dynamographdeployments.nvidia.com")}
-    can_other = c.kubectl("auth", "can-i", "--as", sa, "-n", "default", "list",
-                          "dynamographdeployments.nvidia.com", check=False).stdout.strip()
-    assert can == {"patch dynamographdeployments.nvidia.com": "yes", "list endpointslices.discovery.k8s.io": "yes",
-                   "create deployments.apps": "yes", "get secrets": "no", "list pods": "no",
-                   "delete dynamographdeployments.nvidia.com": "no"} and can_other == "no", (can, can_other)
+    can = {
+        q: c.kubectl("auth", "can-i", "--as", sa, "-n", NS, *q.split(), check=False).stdout.strip()
+        for q in (
+            "patch dynamographdeployments.nvidia.com",
+            "list endpointslices.discovery.k8s.io",
+            "create deployments.apps",
+            "get secrets",
+            "list pods",
+            "delete dynamographdeployments.nvidia.com",
+        )
+    }
+    can_other = c.kubectl(
+        "auth", "can-i", "--as", sa, "-n", "default", "list", "dynamographdeployments.nvidia.com", check=False
+    ).stdout.strip()
+    assert (
+        can
+        == {
+            "patch dynamographdeployments.nvidia.com": "yes",
+            "list endpointslices.discovery.k8s.io": "yes",
+            "create deployments.apps": "yes",
+            "get secrets": "no",
+            "list pods": "no",
+            "delete dynamographdeployments.nvidia.com": "no",
+        }
+        and can_other == "no"
+    ), (can, can_other)
     figures["operator_rbac"] = can
 
     # ------------------------------------------------------------------ the example (docs/kubernetes.md) + a tail load
@@ -315,8 +414,11 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
     try:
         # Worker and frontend Pods Ready through the probes the operator's reconciler writes.
         def pods_ready(selector: str, n: int = 1):
-            pods = [p for p in core.list_namespaced_pod(NS, label_selector=selector).items
-                    if p.metadata.deletion_timestamp is None]
+            pods = [
+                p
+                for p in core.list_namespaced_pod(NS, label_selector=selector).items
+                if p.metadata.deletion_timestamp is None
+            ]
             ok = [p for p in pods if any(x.type == "Ready" and x.status == "True" for x in (p.status.conditions or []))]
             return ok if len(ok) >= n else None
 
@@ -328,12 +430,27 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         probe = w0.spec.containers[0].readiness_probe
         assert probe.http_get.path == "/ready" and w0.spec.containers[0].lifecycle.pre_stop.sleep.seconds == 20
         # The frontend reaches the workers through Service names: the ClusterIP Service (kube-proxy)...
-        reach = c.kubectl("-n", NS, "exec", fe.metadata.name, "-c", "main", "--", "python", "-c",
-                          "import urllib.request as u; print(u.urlopen('http://mocker-agg-vllmworker:8000/ready').status)")
+        reach = c.kubectl(
+            "-n",
+            NS,
+            "exec",
+            fe.metadata.name,
+            "-c",
+            "main",
+            "--",
+            "python",
+            "-c",
+            "import urllib.request as u; print(u.urlopen('http://mocker-agg-vllmworker:8000/ready').status)",
+        )
         assert reach.stdout.strip() == "200"
         # ... and the headless one, whose addresses the sidecar writes to the frontend's workers file.
-        urls = poll(lambda: c.kubectl("-n", NS, "exec", fe.metadata.name, "-c", "main", "--", "cat",
-                                      "/tmp/workers.txt").stdout.split(), 30, "workers file lists the worker Pod")
+        urls = poll(
+            lambda: c.kubectl(
+                "-n", NS, "exec", fe.metadata.name, "-c", "main", "--", "cat", "/tmp/workers.txt"
+            ).stdout.split(),
+            30,
+            "workers file lists the worker Pod",
+        )
         assert urls == [f"http://{w0.status.pod_ip}:8000"], urls
         # The walkthrough's watch: kubectl accepts it and shows the planner row under its columns.
         watched = watch_lines(c, GET, lambda ls: any(ln.startswith(DGD + " ") for ln in ls))
@@ -345,12 +462,17 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         prom_pf = PortForward(c, PROM_FORWARD)
         dash_pf = PortForward(c, DASH_FORWARD)
         prom = Prom(prom_pf.url)
-        page = chromium.open(f"{dash_pf.url}/?planner={NS}/{DGD}", wait_for="window.dashboardReady === true",
-                             timeout_s=120)
+        page = chromium.open(
+            f"{dash_pf.url}/?planner={NS}/{DGD}", wait_for="window.dashboardReady === true", timeout_s=120
+        )
 
         # ------------------------------------------------------------------ scale-up under the load Job
-        up = poll(lambda: (timeline.latest().get("spec") or 0) > 1 and timeline.latest()["spec"], 240,
-                  "the planner scales the worker pool above 1 under the load Job", interval_s=1)
+        up = poll(
+            lambda: (timeline.latest().get("spec") or 0) > 1 and timeline.latest()["spec"],
+            240,
+            "the planner scales the worker pool above 1 under the load Job",
+            interval_s=1,
+        )
         figures["scaled_up_to"] = up
         figures["scale_up_at_s"] = round(time.monotonic() - t_apply, 1)
         # The walkthrough's example.yaml applied again (e.g. after editing it) leaves the DGD as the planner scaled it.
@@ -360,14 +482,24 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         assert (after["spec"]["services"][WORKER_SVC].get("replicas") or 1) > 1, after["spec"]["services"][WORKER_SVC]
         figures["example_reapplied"] = again.strip().splitlines()
         new_ready = poll(lambda: pods_ready(worker_sel, up), 180, f"{up} worker Pods Ready after the scale-up")
-        poll(lambda: page.evaluate("Math.max(...window.dashboardState.samples.filter(s => s.pools)"
-                                   ".map(s => s.pools.agg.spec))") > 1, 30, "dashboard shows the scale-up")
+        poll(
+            lambda: (
+                page.evaluate(
+                    "Math.max(...window.dashboardState.samples.filter(s => s.pools).map(s => s.pools.agg.spec))"
+                )
+                > 1
+            ),
+            30,
+            "dashboard shows the scale-up",
+        )
         page.screenshot(OUT / "dashboard-scale-up.png")
         newer = [p.metadata.name for p in new_ready if p.metadata.name != w0.metadata.name]
 
         def served_by_new():
-            res = {r["metric"].get("pod"): float(r["value"][1])
-                   for r in prom.query(f'sum by (pod) (vllm:request_success_total{{dgd="{DGD}"}})')}
+            res = {
+                r["metric"].get("pod"): float(r["value"][1])
+                for r in prom.query(f'sum by (pod) (vllm:request_success_total{{dgd="{DGD}"}})')
+            }
             return all(res.get(n, 0) > 0 for n in newer) and res
 
         served = poll(served_by_new, 120, f"new worker Pods {newer} serve requests (Prometheus)", interval_s=3)
@@ -378,22 +510,46 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         victim = newer[0]
         retries_before = prom.scalar("sum(dynamo_frontend_request_retries_total)") or 0.0
         c.kubectl("-n", NS, "delete", "pod", victim, "--grace-period=1", "--wait=false")
-        poll(lambda: victim not in [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=worker_sel).items],
-             90, f"killed worker Pod {victim} gone")
-        poll(lambda: pods_ready(worker_sel, min(timeline.latest()["spec"], up)), 180,
-             "worker pool back to its replica count after the kill")
+        poll(
+            lambda: (
+                victim not in [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=worker_sel).items]
+            ),
+            90,
+            f"killed worker Pod {victim} gone",
+        )
+        poll(
+            lambda: pods_ready(worker_sel, min(timeline.latest()["spec"], up)),
+            180,
+            "worker pool back to its replica count after the kill",
+        )
         figures["worker_kill"] = {"pod": victim, "at_s": round(time.monotonic() - t_apply, 1)}
 
         # Prometheus scrapes frontend, workers and operator; every dashboard query returns series.
-        up_targets = poll(lambda: (lambda r: r if {"frontend", "worker", "operator"} <= set(r) else None)(
-            {("operator" if "operator" in x["metric"].get("pod", "") else
-              "frontend" if "frontend" in x["metric"].get("pod", "") else
-              "worker" if "vllmworker" in x["metric"].get("pod", "") else "other"): 1
-             for x in prom.query("up == 1")}), 60, "Prometheus targets up: frontend, worker, operator")
+        up_targets = poll(
+            lambda: (lambda r: r if {"frontend", "worker", "operator"} <= set(r) else None)(
+                {
+                    (
+                        "operator"
+                        if "operator" in x["metric"].get("pod", "")
+                        else "frontend"
+                        if "frontend" in x["metric"].get("pod", "")
+                        else "worker"
+                        if "vllmworker" in x["metric"].get("pod", "")
+                        else "other"
+                    ): 1
+                    for x in prom.query("up == 1")
+                }
+            ),
+            60,
+            "Prometheus targets up: frontend, worker, operator",
+        )
         assert up_targets
         dash = json.loads((REPO_ROOT / "helm/dynoplan/dashboards/dynoplan.json").read_text())
-        exprs = [t["expr"].replace("$namespace", NS).replace("$planner", DGD)
-                 for p in dash["panels"] for t in p.get("targets", [])]
+        exprs = [
+            t["expr"].replace("$namespace", NS).replace("$planner", DGD)
+            for p in dash["panels"]
+            for t in p.get("targets", [])
+        ]
 
         def all_panels():
             empty = [e for e in exprs if not prom.query(e)]
@@ -403,25 +559,37 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         figures["dashboard_queries"] = len(exprs)
 
         # ------------------------------------------------------------------ load Job completes, no request failed
-        poll(lambda: job_status(c, f"{DGD}-load").get("succeeded") == 1 or job_status(c, f"{DGD}-load").get("failed"),
-             420, "the load Job finishes")
+        poll(
+            lambda: job_status(c, f"{DGD}-load").get("succeeded") == 1 or job_status(c, f"{DGD}-load").get("failed"),
+            420,
+            "the load Job finishes",
+        )
         st = job_status(c, f"{DGD}-load")
         log = c.kubectl("-n", NS, "logs", f"job/{DGD}-load").stdout
         (OUT / "load-job.log").write_text(log)
         assert st.get("succeeded") == 1, f"load Job failed (some request failed): {st}\n{log[-3000:]}"
         retries_after_load = prom.scalar("sum(dynamo_frontend_request_retries_total)") or 0.0
-        figures["load_job"] = {"status": "succeeded", "frontend_retries_during_kill": retries_after_load - retries_before}
+        figures["load_job"] = {
+            "status": "succeeded",
+            "frontend_retries_during_kill": retries_after_load - retries_before,
+        }
         t_load_end = time.monotonic()
 
         # ------------------------------------------------------------------ scale-down; removed Pods drain
         peak = max(n for _, n in timeline.spec_series())
-        down = poll(lambda: (timeline.latest().get("spec") or 99) < peak and timeline.latest()["spec"], 300,
-                    f"the planner scales the worker pool below its peak {peak} after the load")
+        down = poll(
+            lambda: (timeline.latest().get("spec") or 99) < peak and timeline.latest()["spec"],
+            300,
+            f"the planner scales the worker pool below its peak {peak} after the load",
+        )
         figures["scaled_down_to"] = down
         figures["scale_down_after_load_s"] = round(time.monotonic() - t_load_end, 1)
         # Wait until the removed Pods are gone (preStop drain, then exit).
-        poll(lambda: len([n for n, p in timeline.latest()["pods"].items()]) <= timeline.latest()["spec"], 120,
-             "removed worker Pods terminated after draining")
+        poll(
+            lambda: len([n for n, p in timeline.latest()["pods"].items()]) <= timeline.latest()["spec"],
+            120,
+            "removed worker Pods terminated after draining",
+        )
         drained = {}
         for name, t_del in timeline.deleting_seen.items():
             if name == victim:
@@ -431,7 +599,8 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         figures["drained_pods_in_flight_at_delete"] = drained
         retries_after_down = prom.scalar("sum(dynamo_frontend_request_retries_total)") or 0.0
         assert retries_after_down == retries_after_load, (
-            f"a draining worker cut streams: frontend retries {retries_after_load} -> {retries_after_down}")
+            f"a draining worker cut streams: frontend retries {retries_after_load} -> {retries_after_down}"
+        )
         tail_active = job_status(c, TAIL_JOB)
         assert tail_active.get("active") == 1 and not tail_active.get("failed"), tail_active
 
@@ -447,18 +616,26 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         # ------------------------------------------------------------------ fault: operator Pod deleted
         # At the tail's 1 req/s one worker serves: the planner settles there (its minimum), then the
         # operator is replaced; a new operator that re-planned from a cold start would scale up.
-        poll(lambda: timeline.latest()["spec"] == 1 and len(timeline.latest()["pods"]) == 1, 240,
-             "the worker pool settles at 1 Pod under the tail load")
+        poll(
+            lambda: timeline.latest()["spec"] == 1 and len(timeline.latest()["pods"]) == 1,
+            240,
+            "the worker pool settles at 1 Pod under the tail load",
+        )
         before = 1
         old_op = op.metadata.name
         dpl0 = co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD)
         last0 = (dpl0.get("status") or {}).get("lastDecision", {}).get("time")
         c.kubectl("-n", NS, "delete", "pod", old_op, "--wait=false")
-        new_op = poll(lambda: [p for p in pods_ready("app.kubernetes.io/component=operator") or []
-                               if p.metadata.name != old_op], 180, "a new operator Pod Ready")[0]
+        new_op = poll(
+            lambda: [p for p in pods_ready("app.kubernetes.io/component=operator") or [] if p.metadata.name != old_op],
+            180,
+            "a new operator Pod Ready",
+        )[0]
 
         def resumed():
-            st = (co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD).get("status") or {})
+            st = (
+                co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD).get("status") or {}
+            )
             return st.get("lastDecision", {}).get("time", "") > (last0 or "") and st
 
         t_new = time.monotonic()
@@ -467,18 +644,30 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         end = t_new + 65
         while time.monotonic() < end:
             assert timeline.latest()["spec"] == before, (
-                f"spurious scale after the operator restart: {before} -> {timeline.latest()['spec']}")
+                f"spurious scale after the operator restart: {before} -> {timeline.latest()['spec']}"
+            )
             time.sleep(1)
         figures["operator_restart"] = {"old": old_op, "new": new_op.metadata.name, "replicas_kept": before}
 
         # ------------------------------------------------------------------ fault: replicas edited by hand
         edited = before + 1
-        c.kubectl("-n", NS, "patch", "dgd", DGD, "--type", "merge",
-                  "-p", json.dumps({"spec": {"services": {WORKER_SVC: {"replicas": edited}}}}))
+        c.kubectl(
+            "-n",
+            NS,
+            "patch",
+            "dgd",
+            DGD,
+            "--type",
+            "merge",
+            "-p",
+            json.dumps({"spec": {"services": {WORKER_SVC: {"replicas": edited}}}}),
+        )
         poll(lambda: pods_ready(worker_sel, edited), 180, f"{edited} worker Pods Ready after the hand edit")
 
         def adopted():
-            st = co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD).get("status") or {}
+            st = (
+                co.get_namespaced_custom_object("dynoplan.dev", "v1alpha1", NS, "dynoplanners", DGD).get("status") or {}
+            )
             return st.get("desiredReplicas", {}).get("worker") == edited and st
 
         poll(adopted, 60, "the planner adopts the hand-edited count (status.desiredReplicas.worker)")
@@ -490,15 +679,20 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         figures["hand_edit"] = {"from": before, "to": edited, "held_s": 40}
 
         # ------------------------------------------------------------------ the tail Job: every request succeeded
-        poll(lambda: job_status(c, TAIL_JOB).get("succeeded") == 1 or job_status(c, TAIL_JOB).get("failed"), 300,
-             "the tail load Job finishes")
+        poll(
+            lambda: job_status(c, TAIL_JOB).get("succeeded") == 1 or job_status(c, TAIL_JOB).get("failed"),
+            300,
+            "the tail load Job finishes",
+        )
         tail_log = c.kubectl("-n", NS, "logs", f"job/{TAIL_JOB}").stdout
         (OUT / "tail-job.log").write_text(tail_log)
         assert job_status(c, TAIL_JOB).get("succeeded") == 1, tail_log[-3000:]
-        tail_rep = json.loads(tail_log[tail_log.index('{\n'):])
+        tail_rep = json.loads(tail_log[tail_log.index("{\n") :])
         figures["tail_job"] = {k: tail_rep.get(k) for k in ("num_requests", "completed_requests", "failed_requests")}
-        figures["frontend_requests"] = {r["metric"].get("status"): float(r["value"][1]) for r in
-                                        prom.query("sum by (status) (dynamo_frontend_requests_total)")}
+        figures["frontend_requests"] = {
+            r["metric"].get("status"): float(r["value"][1])
+            for r in prom.query("sum by (status) (dynamo_frontend_requests_total)")
+        }
         prom_pf.close()
 
         # OBSERVED-RPS of `kubectl get dynoplanners -w`: once the throughput loop observed the traffic, the
@@ -507,8 +701,18 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         first = next(i for i, r in enumerate(timeline.rows) if r.get("observed_rps") not in (None, "absent"))
         blank = [r["t"] for r in timeline.rows[first:] if r.get("observed_rps") in (None, "absent")]
         assert rps and not blank, f"status.observed.requestsPerSecond blank at t={blank[:10]}"
-        events = json.loads(c.kubectl("-n", NS, "get", "events", "--field-selector",
-                                      f"involvedObject.kind=DynoPlanner,involvedObject.name={DGD}", "-o", "json").stdout)
+        events = json.loads(
+            c.kubectl(
+                "-n",
+                NS,
+                "get",
+                "events",
+                "--field-selector",
+                f"involvedObject.kind=DynoPlanner,involvedObject.name={DGD}",
+                "-o",
+                "json",
+            ).stdout
+        )
         adopted = [e["message"] for e in events["items"] if e["reason"] == "AdoptedExternalChange"]
         assert any(f"{WORKER_SVC} {before}->{edited}" in m for m in adopted), adopted
         figures["adopted_event"] = adopted
@@ -522,8 +726,11 @@ def test_walkthrough_on_a_real_cluster(local_cluster, chromium, tmp_path):  # no
         assert "dynoplan.dev/finalizer" not in (left["metadata"].get("finalizers") or []), left["metadata"]
         c.run(f"kubectl -n {NS} delete -f example.yaml --timeout=60s", cwd=work, timeout_s=90)
         apps = kubernetes.client.AppsV1Api(api)
-        poll(lambda: not apps.list_namespaced_deployment(NS, label_selector=f"dynoplan.dev/dgd={DGD}").items, 120,
-             "the deleted DGD's Deployments garbage-collected")
+        poll(
+            lambda: not apps.list_namespaced_deployment(NS, label_selector=f"dynoplan.dev/dgd={DGD}").items,
+            120,
+            "the deleted DGD's Deployments garbage-collected",
+        )
         figures["uninstall"] = "helm uninstall, then the example deleted: finalizer removed, children collected"
     finally:
         timeline.stop()

@@ -27,8 +27,12 @@ def start_process(argv: list[str], log_path: Path, env: dict[str, str] | None = 
     log = open(log_path, "ab")  # noqa: SIM115 - closed by the child's exit; the parent keeps no handle
     try:
         return subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
         )
     finally:
         log.close()
@@ -66,8 +70,12 @@ def tail(path: Path, n_chars: int = 4000) -> str:
 
 
 def wait_until(
-    check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen | None = None,
-    log_path: Path | None = None, interval_s: float = 0.1,
+    check: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    interval_s: float = 0.1,
 ) -> None:
     """Poll ``check()`` until it returns True.
 

@@ -54,8 +54,10 @@ def chromium_binary() -> str:
             if path:
                 break
     if not path:
-        raise FileNotFoundError("chromium not found on PATH; install it with `apt-get install -y chromium`"
-                                " (tools/install-system-deps.sh, run by `make test`)")
+        raise FileNotFoundError(
+            "chromium not found on PATH; install it with `apt-get install -y chromium`"
+            " (tools/install-system-deps.sh, run by `make test`)"
+        )
     return path
 
 
@@ -127,8 +129,9 @@ class Page:
             self.messages.append(ConsoleMessage("exception", text, "exception", d.get("url", "")))
         elif method == "Log.entryAdded":
             e = p.get("entry", {})
-            self.messages.append(ConsoleMessage(e.get("level", "info"), e.get("text", ""),
-                                                e.get("source", "log"), e.get("url", "")))
+            self.messages.append(
+                ConsoleMessage(e.get("level", "info"), e.get("text", ""), e.get("source", "log"), e.get("url", ""))
+            )
 
     def wait_event(self, method: str, timeout_s: float = 30.0) -> dict:
         """Wait for the next CDP event named ``method`` (already-recorded ones don't count)."""
@@ -157,8 +160,11 @@ class Page:
         Raises:
             JavaScriptError: the expression threw (message: the JS exception description).
         """
-        res = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                             "awaitPromise": await_promise}, timeout_s)
+        res = self.send(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": await_promise},
+            timeout_s,
+        )
         if "exceptionDetails" in res:
             d = res["exceptionDetails"]
             raise JavaScriptError(d.get("exception", {}).get("description") or d.get("text", "JS error"))
@@ -176,8 +182,7 @@ class Page:
             if value:
                 return value
             self.pump(interval_s)
-        raise TimeoutError(f"JS condition {expression!r} still false after {timeout_s} s;"
-                           f" page errors: {self.errors()}")
+        raise TimeoutError(f"JS condition {expression!r} still false after {timeout_s} s; page errors: {self.errors()}")
 
     def errors(self, ignore_urls: tuple[str, ...] = ("/favicon.ico",)) -> list[str]:
         """Console errors, uncaught exceptions and failed-load log entries, as text (in order).
@@ -185,9 +190,11 @@ class Page:
         Entries whose URL ends with one of ``ignore_urls`` are left out (by default the favicon the
         browser requests on its own).
         """
-        return [f"{m.source}: {m.text}" + (f" ({m.url})" if m.url else "")
-                for m in self.messages if m.level in ("error", "exception", "assert")
-                and not (m.url and m.url.endswith(ignore_urls))]
+        return [
+            f"{m.source}: {m.text}" + (f" ({m.url})" if m.url else "")
+            for m in self.messages
+            if m.level in ("error", "exception", "assert") and not (m.url and m.url.endswith(ignore_urls))
+        ]
 
     def screenshot(self, path: Path) -> Path:
         """Save a PNG of the viewport to ``path`` (parent directories created)."""
@@ -211,23 +218,46 @@ class HeadlessChromium:
         self.binary = chromium_binary()
         self.profile_dir = Path(tempfile.mkdtemp(prefix="dynoplan-chromium-"))
         self.log_path = self.profile_dir / "chromium.log"
-        self.proc: subprocess.Popen | None = start_process([
-            self.binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-            "--disable-background-networking", "--disable-component-update", "--mute-audio",
-            f"--window-size={window_size[0]},{window_size[1]}",
-            f"--user-data-dir={self.profile_dir / 'profile'}",
-            "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-            "--remote-allow-origins=*", "about:blank",
-        ], self.log_path)
+        self.proc: subprocess.Popen | None = start_process(
+            [
+                self.binary,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--mute-audio",
+                f"--window-size={window_size[0]},{window_size[1]}",
+                f"--user-data-dir={self.profile_dir / 'profile'}",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                "--remote-allow-origins=*",
+                "about:blank",
+            ],
+            self.log_path,
+        )
         port_file = self.profile_dir / "profile" / "DevToolsActivePort"
         try:
-            wait_until(lambda: port_file.exists() and port_file.read_text().strip() != "", timeout_s,
-                       "chromium DevTools port", self.proc, self.log_path)
+            wait_until(
+                lambda: port_file.exists() and port_file.read_text().strip() != "",
+                timeout_s,
+                "chromium DevTools port",
+                self.proc,
+                self.log_path,
+            )
             self.port = int(port_file.read_text().splitlines()[0])
             self.http = f"http://127.0.0.1:{self.port}"
-            wait_until(lambda: requests.get(f"{self.http}/json/version", timeout=2).ok, timeout_s,
-                       "chromium DevTools HTTP", self.proc, self.log_path)
+            wait_until(
+                lambda: requests.get(f"{self.http}/json/version", timeout=2).ok,
+                timeout_s,
+                "chromium DevTools HTTP",
+                self.proc,
+                self.log_path,
+            )
         except BaseException:
             self.close()
             raise
@@ -242,8 +272,7 @@ class HeadlessChromium:
         """``/json/version`` (Browser, Protocol-Version, User-Agent...)."""
         return requests.get(f"{self.http}/json/version", timeout=5).json()
 
-    def open(self, url: str, wait_for: str | None = None, timeout_s: float = 60.0,
-             settle_s: float = 0.2) -> Page:
+    def open(self, url: str, wait_for: str | None = None, timeout_s: float = 60.0, settle_s: float = 0.2) -> Page:
         """Open ``url`` in a new tab, wait for its load event, then for ``wait_for`` (a JS expression)
         to be truthy, then read events for ``settle_s`` more seconds; return the :class:`Page`.
 
@@ -254,8 +283,7 @@ class HeadlessChromium:
         r = requests.put(f"{self.http}/json/new?about:blank", timeout=10)
         r.raise_for_status()
         target = r.json()
-        ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=timeout_s,
-                                         suppress_origin=True)
+        ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=timeout_s, suppress_origin=True)
         page = Page(ws=ws, target_id=target["id"], browser=self)
         try:
             for domain in ("Runtime", "Log", "Page"):

@@ -32,16 +32,21 @@ class LocalCluster:
         self.kubeconfig = STATE / "kubeconfig"
         self.bin_dir = STATE / "bin"
         self.logs = STATE / "logs"
-        self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
-                    "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}"}
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}",
+        }
 
     @classmethod
     def start(cls, timeout_s: float = 900.0) -> LocalCluster:
         """Build missing images, bring the cluster up. Raises RuntimeError with the tool's output."""
         if os.geteuid() != 0:
             raise RuntimeError("the local cluster needs root (kubelet, containerd, network setup)")
-        for argv, what in (([str(IMAGES)], "tools/build-images.sh"),
-                           ([sys.executable, str(TOOL), "up"], "tools/cluster.py up")):
+        for argv, what in (
+            ([str(IMAGES)], "tools/build-images.sh"),
+            ([sys.executable, str(TOOL), "up"], "tools/cluster.py up"),
+        ):
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
             if p.returncode != 0:
                 if what.endswith("up"):
@@ -61,8 +66,9 @@ class LocalCluster:
         if p.returncode != 0:
             raise RuntimeError(f"tools/cluster.py down failed (exit {p.returncode}):\n{p.stdout}\n{p.stderr}")
 
-    def run(self, command: str, cwd: Path | None = None, timeout_s: float = 300.0,
-            check: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self, command: str, cwd: Path | None = None, timeout_s: float = 300.0, check: bool = True
+    ) -> subprocess.CompletedProcess:
         """Run a shell command line (as a user types it) against the cluster; text output.
 
         Raises:
@@ -70,11 +76,14 @@ class LocalCluster:
                 names the command and quotes its output.
         """
         try:
-            p = subprocess.run(["bash", "-c", command], cwd=cwd, env=self.env, capture_output=True, text=True,
-                               timeout=timeout_s)
+            p = subprocess.run(
+                ["bash", "-c", command], cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"`{command}` did not finish within {timeout_s:.0f} s; output so far:\n"
-                               f"{(e.stdout or b'')[-3000:]!r}\n{(e.stderr or b'')[-3000:]!r}") from None
+            raise RuntimeError(
+                f"`{command}` did not finish within {timeout_s:.0f} s; output so far:\n"
+                f"{(e.stdout or b'')[-3000:]!r}\n{(e.stderr or b'')[-3000:]!r}"
+            ) from None
         if check and p.returncode != 0:
             raise RuntimeError(f"`{command}` exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
         return p

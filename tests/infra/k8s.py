@@ -68,10 +68,18 @@ def binary_path(name: str) -> Path:
     Raises:
         FileNotFoundError: the binary has not been built; the message says how to build it.
     """
-    env_key = {"etcd": "DYNOPLAN_ETCD", "kube-apiserver": "DYNOPLAN_KUBE_APISERVER", "helm": "DYNOPLAN_HELM",
-               "kube-controller-manager": "DYNOPLAN_KUBE_CONTROLLER_MANAGER"}
-    version_key = {"etcd": "ETCD_VERSION", "kube-apiserver": "KUBERNETES_VERSION", "helm": "HELM_VERSION",
-                   "kube-controller-manager": "KUBERNETES_VERSION"}
+    env_key = {
+        "etcd": "DYNOPLAN_ETCD",
+        "kube-apiserver": "DYNOPLAN_KUBE_APISERVER",
+        "helm": "DYNOPLAN_HELM",
+        "kube-controller-manager": "DYNOPLAN_KUBE_CONTROLLER_MANAGER",
+    }
+    version_key = {
+        "etcd": "ETCD_VERSION",
+        "kube-apiserver": "KUBERNETES_VERSION",
+        "helm": "HELM_VERSION",
+        "kube-controller-manager": "KUBERNETES_VERSION",
+    }
     if name not in env_key:
         raise ValueError(f"binary name {name!r}: expected one of {sorted(env_key)}")
     override = os.environ.get(env_key[name])
@@ -86,8 +94,9 @@ def binary_path(name: str) -> Path:
 
 # --------------------------------------------------------------------------------------------- certs
 def _write_key(path: Path, key) -> None:
-    path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     path.chmod(0o600)
 
 
@@ -97,43 +106,80 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 def _make_pki(d: Path) -> dict[str, Path]:
     """Self-signed CA, apiserver serving cert (SAN 127.0.0.1, localhost), admin client cert, SA key."""
-    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     until = now + dt.timedelta(days=2)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dynoplan-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now).not_valid_after(until)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False,
-                                       encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(until)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
 
     def leaf(subject: x509.Name, server: bool):
         key = ec.generate_private_key(ec.SECP256R1())
-        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_name)
-             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-             .not_valid_before(now).not_valid_after(until)
-             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(until)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        )
         if server:
-            b = b.add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                x509.DNSName("kubernetes.default.svc")]), critical=False)
+            b = b.add_extension(
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        x509.DNSName("kubernetes.default.svc"),
+                    ]
+                ),
+                critical=False,
+            )
             b = b.add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         else:
             b = b.add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         return key, b.sign(ca_key, hashes.SHA256())
 
     serving_key, serving = leaf(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]), True)
-    admin_key, admin = leaf(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                                       x509.NameAttribute(NameOID.COMMON_NAME, "dynoplan-admin")]), False)
+    admin_key, admin = leaf(
+        x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                x509.NameAttribute(NameOID.COMMON_NAME, "dynoplan-admin"),
+            ]
+        ),
+        False,
+    )
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
-    paths = {k: d / f"{k}.pem" for k in ("ca", "ca_key", "serving", "serving_key", "admin", "admin_key",
-                                         "sa_key", "sa_pub")}
+    paths = {
+        k: d / f"{k}.pem" for k in ("ca", "ca_key", "serving", "serving_key", "admin", "admin_key", "sa_key", "sa_pub")
+    }
     _write_cert(paths["ca"], ca)
     _write_key(paths["ca_key"], ca_key)
     _write_cert(paths["serving"], serving)
@@ -141,8 +187,9 @@ def _make_pki(d: Path) -> dict[str, Path]:
     _write_cert(paths["admin"], admin)
     _write_key(paths["admin_key"], admin_key)
     _write_key(paths["sa_key"], sa_key)
-    paths["sa_pub"].write_bytes(sa_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    paths["sa_pub"].write_bytes(
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return paths
 
 
@@ -158,8 +205,7 @@ class ControlPlane:
         base_dir: the temp directory (logs: ``etcd.log``, ``kube-apiserver.log``); removed by stop().
     """
 
-    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False,
-                 controller_manager: bool = False) -> None:
+    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False, controller_manager: bool = False) -> None:
         # Binaries first: a missing one raises before any temp dir exists.
         self.etcd_bin = binary_path("etcd")
         self.apiserver_bin = binary_path("kube-apiserver")
@@ -185,8 +231,9 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
-    def start(cls, base_dir: Path | None = None, timeout_s: float = 120.0,
-              controller_manager: bool = False) -> ControlPlane:
+    def start(
+        cls, base_dir: Path | None = None, timeout_s: float = 120.0, controller_manager: bool = False
+    ) -> ControlPlane:
         """Create, start etcd and kube-apiserver, wait until ``/readyz`` answers 200. On failure, stop.
 
         With ``controller_manager=True`` also run kube-controller-manager (Deployment/ReplicaSet,
@@ -214,30 +261,46 @@ class ControlPlane:
         client = f"http://127.0.0.1:{self.etcd_client_port}"
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         log = self.base_dir / "etcd.log"
-        self.etcd_proc = start_process([
-            str(self.etcd_bin), "--name=default", f"--data-dir={self.base_dir / 'etcd-data'}",
-            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=default={peer}", "--unsafe-no-fsync", "--log-level=warn",
-        ], log)
-        wait_until(lambda: requests.get(f"{client}/health", timeout=2).ok, timeout_s, "etcd",
-                   self.etcd_proc, log)
+        self.etcd_proc = start_process(
+            [
+                str(self.etcd_bin),
+                "--name=default",
+                f"--data-dir={self.base_dir / 'etcd-data'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+            log,
+        )
+        wait_until(lambda: requests.get(f"{client}/health", timeout=2).ok, timeout_s, "etcd", self.etcd_proc, log)
 
     def _apiserver_argv(self) -> list[str]:
         p = self.pki
         return [
             str(self.apiserver_bin),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_client_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
             f"--cert-dir={self.base_dir / 'apiserver-certs'}",
-            f"--tls-cert-file={p['serving']}", f"--tls-private-key-file={p['serving_key']}",
-            f"--client-ca-file={p['ca']}", f"--token-auth-file={self.base_dir / 'tokens.csv'}",
+            f"--tls-cert-file={p['serving']}",
+            f"--tls-private-key-file={p['serving_key']}",
+            f"--client-ca-file={p['ca']}",
+            f"--token-auth-file={self.base_dir / 'tokens.csv'}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={p['sa_pub']}", f"--service-account-signing-key-file={p['sa_key']}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC",
+            f"--service-account-key-file={p['sa_pub']}",
+            f"--service-account-signing-key-file={p['sa_key']}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
             # No Endpoints for the "kubernetes" Service: a loopback advertise address is refused by the
             # reconciler ("may not be in the loopback range"), and nothing here needs that Service.
-            "--endpoint-reconciler-type=none", "--allow-privileged=true", "--v=1",
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--v=1",
         ]
 
     def start_apiserver(self, timeout_s: float = 120.0) -> None:
@@ -254,27 +317,42 @@ class ControlPlane:
         if self.controller_manager_bin is None:
             raise RuntimeError("ControlPlane was created with controller_manager=False")
         log = self.base_dir / "kube-controller-manager.log"
-        self.controller_manager_proc = start_process([
-            str(self.controller_manager_bin), f"--kubeconfig={self.kubeconfig}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            f"--cert-dir={self.base_dir / 'kcm-certs'}",
-            f"--service-account-private-key-file={self.pki['sa_key']}", f"--root-ca-file={self.ca_file}",
-            "--use-service-account-credentials=false",
-            # No kubelets: the node-lifecycle controller would mark test-readied Pods NotReady.
-            "--controllers=*,-nodelifecycle", "--v=1",
-        ], log)
+        self.controller_manager_proc = start_process(
+            [
+                str(self.controller_manager_bin),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={self.base_dir / 'kcm-certs'}",
+                f"--service-account-private-key-file={self.pki['sa_key']}",
+                f"--root-ca-file={self.ca_file}",
+                "--use-service-account-credentials=false",
+                # No kubelets: the node-lifecycle controller would mark test-readied Pods NotReady.
+                "--controllers=*,-nodelifecycle",
+                "--v=1",
+            ],
+            log,
+        )
 
         def default_sa() -> bool:
-            r = requests.get(f"{self.url}/api/v1/namespaces/default/serviceaccounts/default",
-                             headers={"Authorization": f"Bearer {self.admin_token}"},
-                             verify=str(self.ca_file), timeout=5)
+            r = requests.get(
+                f"{self.url}/api/v1/namespaces/default/serviceaccounts/default",
+                headers={"Authorization": f"Bearer {self.admin_token}"},
+                verify=str(self.ca_file),
+                timeout=5,
+            )
             return r.status_code == 200
 
-        wait_until(default_sa, timeout_s, "kube-controller-manager", self.controller_manager_proc, log,
-                   interval_s=0.25)
+        wait_until(default_sa, timeout_s, "kube-controller-manager", self.controller_manager_proc, log, interval_s=0.25)
 
-    def server_side_apply(self, manifests: str | dict | list[dict], field_manager: str = "dynoplan-tests",
-                          namespace: str = "default", wait_crds: bool = True) -> list[dict]:
+    def server_side_apply(
+        self,
+        manifests: str | dict | list[dict],
+        field_manager: str = "dynoplan-tests",
+        namespace: str = "default",
+        wait_crds: bool = True,
+    ) -> list[dict]:
         """Server-side apply YAML text (multi-document, e.g. ``helm template`` output) or objects, in
         order, as the admin; namespaced objects without a namespace go to ``namespace``. CRDs are
         waited for until Established (when ``wait_crds``) before later documents are applied.
@@ -297,16 +375,18 @@ class ControlPlane:
             dyn = DynamicClient(api)
             for i, doc in enumerate(docs):
                 if not (doc.get("apiVersion") and doc.get("kind") and doc.get("metadata", {}).get("name")):
-                    raise ValueError(f"manifest document {i}: expected apiVersion, kind and metadata.name,"
-                                     f" got keys {sorted(doc)}")
+                    raise ValueError(
+                        f"manifest document {i}: expected apiVersion, kind and metadata.name, got keys {sorted(doc)}"
+                    )
                 try:
                     res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
                 except Exception:  # noqa: BLE001 - a CRD applied just before: refresh discovery once
                     dyn = DynamicClient(api)
                     res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
                 ns = (doc["metadata"].get("namespace") or namespace) if res.namespaced else None
-                out = res.server_side_apply(body=doc, namespace=ns, field_manager=field_manager,
-                                            force_conflicts=True).to_dict()
+                out = res.server_side_apply(
+                    body=doc, namespace=ns, field_manager=field_manager, force_conflicts=True
+                ).to_dict()
                 applied.append(out)
                 if wait_crds and doc["kind"] == "CustomResourceDefinition":
                     self.wait_crd_established(doc["metadata"]["name"])
@@ -321,8 +401,7 @@ class ControlPlane:
 
             def established() -> bool:
                 crd = ext.read_custom_resource_definition(name)
-                return any(c.type == "Established" and c.status == "True"
-                           for c in (crd.status.conditions or []))
+                return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
 
             wait_until(established, timeout_s, f"CRD {name} Established")
 
@@ -332,8 +411,9 @@ class ControlPlane:
         Raises:
             subprocess.CalledProcessError: helm exited non-zero and ``check`` (stderr in the message).
         """
-        proc = subprocess.run([str(binary_path("helm")), *args, "--kubeconfig", str(self.kubeconfig)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [str(binary_path("helm")), *args, "--kubeconfig", str(self.kubeconfig)], capture_output=True, text=True
+        )
         if check and proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
         return proc
@@ -346,11 +426,17 @@ class ControlPlane:
         """
         import kubernetes
 
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         status = "True" if ready else "False"
-        body = {"status": {"phase": "Running", "conditions": [
-            {"type": t, "status": status, "lastTransitionTime": now}
-            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}}
+        body = {
+            "status": {
+                "phase": "Running",
+                "conditions": [
+                    {"type": t, "status": status, "lastTransitionTime": now}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+            }
+        }
         with self.admin_client() as api:
             core = kubernetes.client.CoreV1Api(api)
             pods = core.list_namespaced_pod(namespace, label_selector=label_selector).items
@@ -387,8 +473,12 @@ class ControlPlane:
 
     def is_ready(self) -> bool:
         """True when ``GET /readyz`` (as admin) answers 200."""
-        r = requests.get(f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.admin_token}"},
-                         verify=str(self.ca_file), timeout=5)
+        r = requests.get(
+            f"{self.url}/readyz",
+            headers={"Authorization": f"Bearer {self.admin_token}"},
+            verify=str(self.ca_file),
+            timeout=5,
+        )
         return r.status_code == 200
 
     # ---------------------------------------------------------------- clients
@@ -414,8 +504,14 @@ class ControlPlane:
 
         return kubernetes.client.ApiClient(self.admin_configuration())
 
-    def service_account_token(self, namespace: str, name: str, expiration_s: int = 3600,
-                              create: bool = True, audiences: list[str] | None = None) -> str:
+    def service_account_token(
+        self,
+        namespace: str,
+        name: str,
+        expiration_s: int = 3600,
+        create: bool = True,
+        audiences: list[str] | None = None,
+    ) -> str:
         """A bound token of ServiceAccount ``namespace/name`` from the TokenRequest API.
 
         Creates the namespace and the ServiceAccount first when ``create`` (409 Conflict ignored).
@@ -447,20 +543,30 @@ class ControlPlane:
         """Write a kubeconfig at ``path`` that authenticates as ServiceAccount ``namespace/name``
         (token via :meth:`service_account_token`), e.g. to run the operator as the chart's SA."""
         token = self.service_account_token(namespace, name, **kw)
-        self._write_kubeconfig(path, user=f"system:serviceaccount:{namespace}:{name}",
-                               auth={"token": token}, namespace=namespace)
+        self._write_kubeconfig(
+            path, user=f"system:serviceaccount:{namespace}:{name}", auth={"token": token}, namespace=namespace
+        )
         return Path(path)
 
-    def _write_kubeconfig(self, path: Path | None = None, user: str = "dynoplan-admin",
-                          auth: dict | None = None, namespace: str = "default") -> None:
+    def _write_kubeconfig(
+        self,
+        path: Path | None = None,
+        user: str = "dynoplan-admin",
+        auth: dict | None = None,
+        namespace: str = "default",
+    ) -> None:
         auth = auth or {"client-certificate": str(self.pki["admin"]), "client-key": str(self.pki["admin_key"])}
         doc = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "dynoplan-test",
-            "clusters": [{"name": "dynoplan-test",
-                          "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "dynoplan-test",
+            "clusters": [
+                {"name": "dynoplan-test", "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}
+            ],
             "users": [{"name": user, "user": auth}],
-            "contexts": [{"name": "dynoplan-test",
-                          "context": {"cluster": "dynoplan-test", "user": user, "namespace": namespace}}],
+            "contexts": [
+                {"name": "dynoplan-test", "context": {"cluster": "dynoplan-test", "user": user, "namespace": namespace}}
+            ],
         }
         target = Path(path) if path else self.kubeconfig
         target.write_text(yaml.safe_dump(doc))

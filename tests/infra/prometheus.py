@@ -40,7 +40,8 @@ def prometheus_binary() -> str:
     if not path:
         raise FileNotFoundError(
             "prometheus not found on PATH; install it with `apt-get install -y prometheus`"
-            " (tools/install-system-deps.sh, run by `make test`)")
+            " (tools/install-system-deps.sh, run by `make test`)"
+        )
     return path
 
 
@@ -64,8 +65,13 @@ class PrometheusServer:
         base_dir: temp dir with ``prometheus.yml``, ``data/`` and ``prometheus.log``; removed by stop().
     """
 
-    def __init__(self, targets: Targets = (), scrape_interval_s: float = 1.0,
-                 metrics_path: str = "/metrics", base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        targets: Targets = (),
+        scrape_interval_s: float = 1.0,
+        metrics_path: str = "/metrics",
+        base_dir: Path | None = None,
+    ) -> None:
         if not scrape_interval_s > 0:
             raise ValueError(f"scrape_interval_s={scrape_interval_s!r}: expected a positive number of seconds")
         self.binary = prometheus_binary()
@@ -82,8 +88,9 @@ class PrometheusServer:
         self._write_config()
 
     @classmethod
-    def start(cls, targets: Targets = (), scrape_interval_s: float = 1.0, timeout_s: float = 60.0,
-              **kw) -> PrometheusServer:
+    def start(
+        cls, targets: Targets = (), scrape_interval_s: float = 1.0, timeout_s: float = 60.0, **kw
+    ) -> PrometheusServer:
         """Create and start a server, wait until ``/-/ready``; on failure, clean up and raise."""
         server = cls(targets, scrape_interval_s, **kw)
         try:
@@ -105,8 +112,7 @@ class PrometheusServer:
         doc = {
             "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
             "scrape_configs": [
-                {"job_name": job, "metrics_path": self.metrics_path,
-                 "static_configs": [{"targets": ts}]}
+                {"job_name": job, "metrics_path": self.metrics_path, "static_configs": [{"targets": ts}]}
                 for job, ts in sorted(self.targets.items())
             ],
         }
@@ -131,12 +137,18 @@ class PrometheusServer:
         """Start the process (same port, same data dir) and wait for ``/-/ready``."""
         if self.running:
             raise RuntimeError("prometheus is already running")
-        self.proc = start_process([
-            self.binary, f"--config.file={self.config_path}",
-            f"--storage.tsdb.path={self.base_dir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-            "--storage.tsdb.retention.time=1d", "--log.level=warn",
-        ], self.log_path)
+        self.proc = start_process(
+            [
+                self.binary,
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={self.base_dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ],
+            self.log_path,
+        )
         wait_until(self.is_ready, timeout_s, "prometheus", self.proc, self.log_path)
 
     def is_ready(self) -> bool:
@@ -194,8 +206,7 @@ class PrometheusServer:
             active = self.active_targets()
             return len(active) == wanted and all(t["health"] == "up" for t in active)
 
-        wait_until(ok, timeout_s, f"prometheus targets {self.targets} up", self.proc, self.log_path,
-                   interval_s=0.25)
+        wait_until(ok, timeout_s, f"prometheus targets {self.targets} up", self.proc, self.log_path, interval_s=0.25)
 
     def wait_for_scrapes(self, n: int = 2, timeout_s: float = 30.0) -> None:
         """Wait until ``n`` more scrape intervals have passed with all targets up (fresh samples)."""

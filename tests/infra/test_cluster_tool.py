@@ -35,9 +35,16 @@ def run_tool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("args, value", [(["--timeout-s", "0", "up"], "'0'"), (["--timeout-s", "-3", "up"], "'-3'"),
-                                         (["up", "--timeout-s", "nan"], "'nan'"), (["up", "--timeout-s", "x"], "'x'"),
-                                         (["--timeout-s", "inf", "up"], "'inf'")])
+@pytest.mark.parametrize(
+    "args, value",
+    [
+        (["--timeout-s", "0", "up"], "'0'"),
+        (["--timeout-s", "-3", "up"], "'-3'"),
+        (["up", "--timeout-s", "nan"], "'nan'"),
+        (["up", "--timeout-s", "x"], "'x'"),
+        (["--timeout-s", "inf", "up"], "'inf'"),
+    ],
+)
 def test_timeout_must_be_positive_seconds(args, value):
     p = run_tool(*args)
     assert p.returncode == 2 and p.stdout == ""
@@ -55,10 +62,19 @@ def test_help_is_whole_and_names_every_subcommand():
     p = run_tool("--help")
     assert p.returncode == 0
     # the whole usage block, not cut at the docstring's first paragraph
-    for text in ("tools/cluster.py up ", "tools/cluster.py status", "tools/cluster.py down --purge",
-                 "healthy running", "--timeout-s S"):
+    for text in (
+        "tools/cluster.py up ",
+        "tools/cluster.py status",
+        "tools/cluster.py down --purge",
+        "healthy running",
+        "--timeout-s S",
+    ):
         assert text in p.stdout, text
-    for cmd, words in (("up", "start the cluster"), ("status", "which components run"), ("down", "undo every host change")):
+    for cmd, words in (
+        ("up", "start the cluster"),
+        ("status", "which components run"),
+        ("down", "undo every host change"),
+    ):
         line = next(ln for ln in p.stdout.splitlines() if ln.strip().startswith(cmd + " "))
         assert words in line, line
     d = run_tool("down", "--help")
@@ -67,8 +83,14 @@ def test_help_is_whole_and_names_every_subcommand():
 
 def test_up_keeps_a_healthy_running_cluster(cluster, monkeypatch, capsys):
     monkeypatch.setattr(cluster, "running", lambda name: 4242)
-    monkeypatch.setattr(cluster, "api_get", lambda path: (200, {"status": {"conditions": [
-        {"type": "Ready", "status": "True"}]}} if "nodes" in path else {}))
+    monkeypatch.setattr(
+        cluster,
+        "api_get",
+        lambda path: (
+            200,
+            {"status": {"conditions": [{"type": "Ready", "status": "True"}]}} if "nodes" in path else {},
+        ),
+    )
     cluster.up(30)
     out = capsys.readouterr().out
     assert cluster.calls == []  # neither down nor start
@@ -79,11 +101,17 @@ def test_up_keeps_a_healthy_running_cluster(cluster, monkeypatch, capsys):
 def test_up_restarts_a_running_cluster_that_is_not_healthy(cluster, monkeypatch, capsys, node_status):
     monkeypatch.setattr(cluster, "running", lambda name: 4242)
     if node_status is None:  # apiserver gone
+
         def api_get(path):
             raise ConnectionRefusedError(111, "Connection refused")
     else:
+
         def api_get(path):
-            return (200, {"status": {"conditions": [{"type": "Ready", "status": node_status}]}} if "nodes" in path else {})
+            return (
+                200,
+                {"status": {"conditions": [{"type": "Ready", "status": node_status}]}} if "nodes" in path else {},
+            )
+
     monkeypatch.setattr(cluster, "api_get", api_get)
     cluster.up(30)
     err = capsys.readouterr().err

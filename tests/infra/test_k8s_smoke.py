@@ -25,21 +25,36 @@ GROUP, VERSION, PLURAL = "infra-test.dynoplan.io", "v1", "widgets"
 def widget_crd() -> dict:
     """A tiny namespaced CRD with a structural schema (replicas >= 0) and a status subresource."""
     return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{PLURAL}.{GROUP}"},
         "spec": {
-            "group": GROUP, "scope": "Namespaced",
+            "group": GROUP,
+            "scope": "Namespaced",
             "names": {"plural": PLURAL, "singular": "widget", "kind": "Widget", "shortNames": ["wdg"]},
-            "versions": [{
-                "name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "replicas": {"type": "integer", "minimum": 0},
-                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    }},
-                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                }}},
-            }],
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        "replicas": {"type": "integer", "minimum": 0},
+                                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                    },
+                                },
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
 
@@ -56,6 +71,7 @@ def ensure_crd(api: kubernetes.client.ApiClient) -> None:
         return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
 
     from tests.infra._proc import wait_until
+
     wait_until(established, 30, "CRD Established")
 
 
@@ -77,18 +93,35 @@ def test_crd_custom_object_merge_patch_and_watch(k8s_admin):
     ensure_crd(k8s_admin)
     ns = new_namespace(k8s_admin)
     co = kubernetes.client.CustomObjectsApi(k8s_admin)
-    obj = co.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "w1"},
-        "spec": {"replicas": 1, "labels": {"a": "1", "b": "2"}},
-    })
+    obj = co.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        ns,
+        PLURAL,
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Widget",
+            "metadata": {"name": "w1"},
+            "spec": {"replicas": 1, "labels": {"a": "1", "b": "2"}},
+        },
+    )
     assert obj["spec"]["replicas"] == 1
     rv0 = obj["metadata"]["resourceVersion"]
 
     # The schema is enforced by the real apiserver: replicas must be >= 0.
     with pytest.raises(ApiException) as bad:
-        co.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "bad"},
-            "spec": {"replicas": -1}})
+        co.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Widget",
+                "metadata": {"name": "bad"},
+                "spec": {"replicas": -1},
+            },
+        )
     assert bad.value.status == 422 and "replicas" in bad.value.body
 
     # Watch from rv0 in a thread, then JSON-merge-patch: replicas 1 -> 3, drop label b, keep label a.
@@ -96,8 +129,9 @@ def test_crd_custom_object_merge_patch_and_watch(k8s_admin):
     w = kubernetes.watch.Watch()
 
     def watch() -> None:
-        for ev in w.stream(co.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
-                           resource_version=rv0, timeout_seconds=20):
+        for ev in w.stream(
+            co.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, resource_version=rv0, timeout_seconds=20
+        ):
             events.append(ev)
             if ev["type"] == "MODIFIED":
                 w.stop()
@@ -105,8 +139,12 @@ def test_crd_custom_object_merge_patch_and_watch(k8s_admin):
     t = threading.Thread(target=watch)
     t.start()
     widgets = DynamicClient(k8s_admin).resources.get(api_version=f"{GROUP}/{VERSION}", kind="Widget")
-    patched = widgets.patch(name="w1", namespace=ns, content_type="application/merge-patch+json",
-                            body={"spec": {"replicas": 3, "labels": {"b": None}}}).to_dict()
+    patched = widgets.patch(
+        name="w1",
+        namespace=ns,
+        content_type="application/merge-patch+json",
+        body={"spec": {"replicas": 3, "labels": {"b": None}}},
+    ).to_dict()
     t.join(30)
     assert not t.is_alive()
     assert patched["spec"] == {"replicas": 3, "labels": {"a": "1"}}
@@ -136,12 +174,21 @@ def test_service_account_token_is_bound_by_rbac(k8s: ControlPlane, k8s_admin):
 
         # Grant exactly get/list on widgets in this namespace: list works, create stays forbidden.
         rbac = kubernetes.client.RbacAuthorizationV1Api(k8s_admin)
-        rbac.create_namespaced_role(ns, {"metadata": {"name": "widget-reader"}, "rules": [
-            {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list"]}]})
-        rbac.create_namespaced_role_binding(ns, {
-            "metadata": {"name": "widget-reader"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "widget-reader"},
-            "subjects": [{"kind": "ServiceAccount", "name": "nobody", "namespace": ns}]})
+        rbac.create_namespaced_role(
+            ns,
+            {
+                "metadata": {"name": "widget-reader"},
+                "rules": [{"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list"]}],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            ns,
+            {
+                "metadata": {"name": "widget-reader"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "widget-reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "nobody", "namespace": ns}],
+            },
+        )
         # The RBAC authorizer learns new bindings through its informer cache: allow it a few seconds.
         deadline = time.monotonic() + 20.0
         while True:
@@ -154,8 +201,13 @@ def test_service_account_token_is_bound_by_rbac(k8s: ControlPlane, k8s_admin):
                 time.sleep(0.2)
         assert items == []
         with pytest.raises(ApiException) as still_denied:
-            co.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "x"}, "spec": {}})
+            co.create_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                ns,
+                PLURAL,
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": "x"}, "spec": {}},
+            )
         assert still_denied.value.status == 403
 
 
@@ -187,8 +239,11 @@ def test_kubeconfig_files_for_admin_cert_and_service_account(k8s: ControlPlane, 
         me = kubernetes.client.AuthenticationV1Api(admin_api).create_self_subject_review({}).status.user_info
         assert me.username == "dynoplan-admin" and "system:masters" in me.groups
     # helm talks to the real apiserver through the same kubeconfig.
-    out = subprocess.run([str(helm_bin), "list", "--all-namespaces", "-o", "json", "--kubeconfig",
-                          str(k8s.kubeconfig)], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(helm_bin), "list", "--all-namespaces", "-o", "json", "--kubeconfig", str(k8s.kubeconfig)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
     sa_cfg = k8s.service_account_kubeconfig("kcfg-test", "operator", tmp_path / "sa.kubeconfig")
@@ -210,7 +265,8 @@ def tiny_chart(root: Path) -> Path:
     (chart / "values.yaml").write_text("replicas: 2\n")
     (chart / "templates" / "cm.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
-        "data:\n  replicas: {{ .Values.replicas | quote }}\n")
+        "data:\n  replicas: {{ .Values.replicas | quote }}\n"
+    )
     (chart / "crds" / "widgets.yaml").write_text(yaml.safe_dump(widget_crd()))
     return chart
 
@@ -221,8 +277,12 @@ def test_helm_builds_lints_and_renders_a_chart(helm_bin, tmp_path):
     chart = tiny_chart(tmp_path)
     lint = subprocess.run([str(helm_bin), "lint", str(chart)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    rendered = subprocess.run([str(helm_bin), "template", "rel", str(chart), "--set", "replicas=7"],
-                              capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run(
+        [str(helm_bin), "template", "rel", str(chart), "--set", "replicas=7"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "name: rel-cm" in rendered and 'replicas: "7"' in rendered
     (chart / "values.yaml").write_text("replicas: [unclosed\n")
     broken = subprocess.run([str(helm_bin), "lint", str(chart)], capture_output=True, text=True)
@@ -232,8 +292,9 @@ def test_helm_builds_lints_and_renders_a_chart(helm_bin, tmp_path):
 def test_helm_template_server_side_applied(k8s: ControlPlane, k8s_admin, helm_bin, tmp_path):
     chart = tiny_chart(tmp_path)
     ns = new_namespace(k8s_admin)
-    rendered = k8s.helm("template", "rel", str(chart), "--namespace", ns, "--include-crds",
-                        "--set", "replicas=4").stdout
+    rendered = k8s.helm(
+        "template", "rel", str(chart), "--namespace", ns, "--include-crds", "--set", "replicas=4"
+    ).stdout
     applied = k8s.server_side_apply(rendered, namespace=ns)
     assert [o["kind"] for o in applied] == ["CustomResourceDefinition", "ConfigMap"]
     cm = kubernetes.client.CoreV1Api(k8s_admin).read_namespaced_config_map("rel-cm", ns)
@@ -275,25 +336,40 @@ def _deployment_lifecycle(cp: ControlPlane) -> None:
         apps = kubernetes.client.AppsV1Api(api)
         core = kubernetes.client.CoreV1Api(api)
         labels = {"app": "worker"}
-        apps.create_namespaced_deployment(ns, {
-            "metadata": {"name": "worker"},
-            "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "w", "image": "example.invalid/w:1"}]}}}})
+        apps.create_namespaced_deployment(
+            ns,
+            {
+                "metadata": {"name": "worker"},
+                "spec": {
+                    "replicas": 2,
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [{"name": "w", "image": "example.invalid/w:1"}]},
+                    },
+                },
+            },
+        )
 
         def pods(n: int) -> bool:
             return len(core.list_namespaced_pod(ns, label_selector="app=worker").items) == n
 
         wait_until(lambda: pods(2), 60, "2 pods created by the ReplicaSet controller")
         assert cp.mark_pods_ready(ns, "app=worker") == 2
-        wait_until(lambda: (apps.read_namespaced_deployment_status("worker", ns).status.ready_replicas or 0) == 2,
-                   60, "Deployment readyReplicas == 2")
+        wait_until(
+            lambda: (apps.read_namespaced_deployment_status("worker", ns).status.ready_replicas or 0) == 2,
+            60,
+            "Deployment readyReplicas == 2",
+        )
 
         # Scale through the scale subresource, as kubectl scale does: a 3rd Pod appears, not ready.
         apps.patch_namespaced_deployment_scale("worker", ns, {"spec": {"replicas": 3}})
         wait_until(lambda: pods(3), 60, "3rd pod")
-        wait_until(lambda: apps.read_namespaced_deployment_status("worker", ns).status.replicas == 3, 60,
-                   "Deployment status.replicas == 3")
+        wait_until(
+            lambda: apps.read_namespaced_deployment_status("worker", ns).status.replicas == 3,
+            60,
+            "Deployment status.replicas == 3",
+        )
         assert apps.read_namespaced_deployment_status("worker", ns).status.ready_replicas == 2
 
         # Owner references are honoured by the garbage collector: deleting the Deployment removes its Pods.

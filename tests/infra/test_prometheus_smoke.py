@@ -40,8 +40,9 @@ def test_scrape_and_query_interval_average(prometheus_factory):
         requests_total.inc(10)
         for _ in range(4):
             latency.observe(0.25)
-        wait_until(lambda: prom.query_scalar("dynoplan_infra_latency_seconds_count") == 4, 15,
-                   "histogram count scraped")
+        wait_until(
+            lambda: prom.query_scalar("dynoplan_infra_latency_seconds_count") == 4, 15, "histogram count scraped"
+        )
         prom.wait_for_scrapes(2)
 
         assert prom.query_scalar('up{job="exporter"}') == 1.0
@@ -49,17 +50,20 @@ def test_scrape_and_query_interval_average(prometheus_factory):
         assert prom.query_scalar("dynoplan_infra_latency_seconds_sum") == pytest.approx(1.0)
         # The planner's interval average: increase(sum[w]) / increase(count[w]) = 1.0 s / 4 = 0.25 s.
         # Both increases are extrapolated over the same sample timestamps, so the ratio is exact.
-        avg = prom.query_scalar("increase(dynoplan_infra_latency_seconds_sum[1m])"
-                                " / increase(dynoplan_infra_latency_seconds_count[1m])")
+        avg = prom.query_scalar(
+            "increase(dynoplan_infra_latency_seconds_sum[1m]) / increase(dynoplan_infra_latency_seconds_count[1m])"
+        )
         assert avg == pytest.approx(0.25, rel=1e-9)
         # Same with rate(): the window length cancels.
-        avg_rate = prom.query_scalar("rate(dynoplan_infra_latency_seconds_sum[1m])"
-                                     " / rate(dynoplan_infra_latency_seconds_count[1m])")
+        avg_rate = prom.query_scalar(
+            "rate(dynoplan_infra_latency_seconds_sum[1m]) / rate(dynoplan_infra_latency_seconds_count[1m])"
+        )
         assert avg_rate == pytest.approx(0.25, rel=1e-9)
         # Median: all 4 observations fall in (0.1, 0.5]; linear interpolation at rank 2 of 4 gives
         # 0.1 + (0.5 - 0.1) * 2/4 = 0.3 s.
-        p50 = prom.query_scalar("histogram_quantile(0.5, sum by (le) "
-                                "(rate(dynoplan_infra_latency_seconds_bucket[1m])))")
+        p50 = prom.query_scalar(
+            "histogram_quantile(0.5, sum by (le) (rate(dynoplan_infra_latency_seconds_bucket[1m])))"
+        )
         assert p50 == pytest.approx(0.3, rel=1e-9)
         # increase() of the counter extrapolates to the window edges: at least the true 10.
         assert prom.query_scalar("increase(dynoplan_infra_requests_total[1m])") >= 10.0
@@ -79,8 +83,11 @@ def test_restart_keeps_data_and_set_targets_reloads(prometheus_factory):
             requests.get(f"{prom.url}/-/ready", timeout=2)
         prom.start_process()
         # Samples scraped before the restart survive (WAL replay): query at the earlier timestamp.
-        r = requests.get(f"{prom.url}/api/v1/query", params={
-            "query": 'dynoplan_infra_requests_total{job="a"}', "time": f"{t_before:.3f}"}, timeout=5).json()
+        r = requests.get(
+            f"{prom.url}/api/v1/query",
+            params={"query": 'dynoplan_infra_requests_total{job="a"}', "time": f"{t_before:.3f}"},
+            timeout=5,
+        ).json()
         assert [float(s["value"][1]) for s in r["data"]["result"]] == [3.0]
 
         prom.set_targets({"a": [target_a], "b": [target_b]})

@@ -29,7 +29,7 @@ class LiveStack:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
 
-    def __enter__(self) -> "LiveStack":
+    def __enter__(self) -> LiveStack:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -51,8 +51,13 @@ class LiveStack:
 
     def frontend(self, name: str, *flags: str, wait_workers: int = 1) -> str:
         url = self._start(name, ["frontend", *flags], ready_path="/health")
-        wait_until(lambda: requests.get(url + "/ready", timeout=2).json()["workers"] >= wait_workers, 30, name + " workers",
-                   self.procs[name], self.dir / f"{name}.log")
+        wait_until(
+            lambda: requests.get(url + "/ready", timeout=2).json()["workers"] >= wait_workers,
+            30,
+            name + " workers",
+            self.procs[name],
+            self.dir / f"{name}.log",
+        )
         return url
 
     def kill(self, name: str, hard: bool = False) -> None:
@@ -69,8 +74,12 @@ class LiveStack:
     def loadgen(self, *flags: str, timeout_s: float = 300.0) -> tuple[int, dict[str, Any], str]:
         """Run ``dynoplan loadgen`` to completion; returns (exit code, report dict, stderr)."""
         out = self.dir / f"loadgen-{len(list(self.dir.glob('loadgen-*.json')))}.json"
-        p = subprocess.run(DYNOPLAN + ["loadgen", "--quiet", "--report-json", str(out), *flags],
-                           capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(
+            DYNOPLAN + ["loadgen", "--quiet", "--report-json", str(out), *flags],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         rep = json.loads(out.read_text()) if out.exists() else {}
         return p.returncode, rep, p.stderr
 

@@ -6,23 +6,23 @@ import asyncio
 import json
 import time
 
-import pytest
-
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
 from mocker.config import EngineConfig
-from mocker.live.frontend import Frontend, FrontendSettings
+from mocker.live.frontend import Frontend, FrontendSettings, WorkerHandle
 from mocker.live.loadgen import LoadgenSettings, client_report, run_load
 from mocker.live.protocol import ParsedRequest
-from mocker.live.frontend import WorkerHandle
 from mocker.live.worker import Worker, WorkerSettings
 from mocker.records import TraceRequest
 from tests.live.cores import factory
 
 
 async def start_worker(worker_type="aggregated", speedup=100.0, worker_id=0):
-    cfg = EngineConfig(speedup_ratio=speedup, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type=worker_type)
+    cfg = EngineConfig(
+        speedup_ratio=speedup, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type=worker_type
+    )
     f = factory()
     w = Worker(WorkerSettings(engine=cfg, port=0, worker_id=worker_id), core_factory=f)
     srv = TestServer(w.app, handler_cancellation=True)
@@ -52,7 +52,9 @@ def test_round_robin_spreads_and_metrics():
         try:
             async with aiohttp.ClientSession() as s:
                 for _ in range(4):
-                    r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 20, "max_tokens": 3})
+                    r = await s.post(
+                        url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 20, "max_tokens": 3}
+                    )
                     assert r.status == 200
                     assert (await r.json())["usage"]["completion_tokens"] == 3
                 m = await (await s.get(url(fsrv) + "/metrics")).text()
@@ -67,6 +69,7 @@ def test_round_robin_spreads_and_metrics():
             await fsrv.close()
             for w in ws:
                 await w[0].close()
+
     asyncio.run(go())
 
 
@@ -112,7 +115,10 @@ def test_kv_events_reach_frontend_and_route_repeat_prefix():
                 # the worker's events are its core's cache changes: the prompt's 4 engine block keys (block 16)
                 from mocker.kv.manager import engine_block_keys
                 from mocker.live.publish import wire_block_id
-                assert len(holder) == 1 and fe.kv_index.blocks[holder[0]] == {wire_block_id(k) for k in engine_block_keys([11, 12, 13, 14], 64, 16, 16)}
+
+                assert len(holder) == 1 and fe.kv_index.blocks[holder[0]] == {
+                    wire_block_id(k) for k in engine_block_keys([11, 12, 13, 14], 64, 16, 16)
+                }
                 for _ in range(3):
                     await s.post(url(fsrv) + "/v1/completions", json=body)
             counts = [len(w[1].records) for w in ws]
@@ -121,6 +127,7 @@ def test_kv_events_reach_frontend_and_route_repeat_prefix():
             await fsrv.close()
             for w in ws:
                 await w[0].close()
+
     asyncio.run(go())
 
 
@@ -162,6 +169,7 @@ def test_kv_router_routes_to_the_dp_rank_holding_the_prefix():
                 assert await _until(lambda: [fe.kv_index.cached(h.index_id, r) for r in (0, 1)] == truth)
                 assert all(len(t) == 6 for t in truth) and not truth[0] & truth[1]
                 from mocker.kv.manager import engine_block_keys
+
                 a_keys = {wire_block_id(k) for k in engine_block_keys(a["hash_ids"], 96, 16, 16)}
                 a_rank = 0 if truth[0] == a_keys else 1
                 assert truth[a_rank] == a_keys
@@ -176,6 +184,7 @@ def test_kv_router_routes_to_the_dp_rank_holding_the_prefix():
         finally:
             await fsrv.close()
             await wsrv.close()
+
     asyncio.run(go())
 
 
@@ -188,8 +197,11 @@ def test_frontend_index_equals_the_workers_cache_through_evictions(engine):
     from mocker.live.publish import wire_block_id
 
     kw = dict(speedup_ratio=100.0, num_gpu_blocks=24, block_size=16, trace_block_size=32)
-    cfg = {"vllm-native": EngineConfig(**kw), "vllm-kvbm": EngineConfig(g1_backend="kvbm", **kw),
-           "sglang": EngineConfig(engine="sglang", **kw)}[engine]
+    cfg = {
+        "vllm-native": EngineConfig(**kw),
+        "vllm-kvbm": EngineConfig(g1_backend="kvbm", **kw),
+        "sglang": EngineConfig(engine="sglang", **kw),
+    }[engine]
 
     async def go():
         f = factory()
@@ -203,14 +215,22 @@ def test_frontend_index_equals_the_workers_cache_through_evictions(engine):
         try:
             async with aiohttp.ClientSession() as s:
                 first = [100, 101, 102]
-                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 96, "hash_ids": first, "max_tokens": 3})
+                r = await s.post(
+                    url(fsrv) + "/v1/completions",
+                    json={"model": "mocker", "input_length": 96, "hash_ids": first, "max_tokens": 3},
+                )
                 assert r.status == 200
                 want = {wire_block_id(k) for k in engine_block_keys(first, 96, 16, 32)}
                 assert await _until(lambda: fe.kv_index.cached(h.index_id, 0) == truth())
-                assert want <= fe.kv_index.cached(h.index_id, 0)  # the prompt's 6 blocks (output blocks: unique, if any)
+                assert want <= fe.kv_index.cached(
+                    h.index_id, 0
+                )  # the prompt's 6 blocks (output blocks: unique, if any)
                 for i in range(1, 6):  # 5 more distinct 6-block prompts: 36 > 24 blocks
                     ids = [100 * i + 1000 + j for j in range(3)]
-                    r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 96, "hash_ids": ids, "max_tokens": 3})
+                    r = await s.post(
+                        url(fsrv) + "/v1/completions",
+                        json={"model": "mocker", "input_length": 96, "hash_ids": ids, "max_tokens": 3},
+                    )
                     assert r.status == 200
                 assert await _until(lambda: fe.kv_index.cached(h.index_id, 0) == truth())
                 assert not want <= fe.kv_index.cached(h.index_id, 0)  # evicted: removed events arrived
@@ -218,6 +238,7 @@ def test_frontend_index_equals_the_workers_cache_through_evictions(engine):
         finally:
             await fsrv.close()
             await wsrv.close()
+
     asyncio.run(go())
 
 
@@ -230,10 +251,15 @@ def test_workers_file_join_and_leave_lose_no_request(tmp_path):
         fsrv, fe = await start_frontend(workers_file=str(wf), router="least_loaded")
         try:
             async with aiohttp.ClientSession() as s:
+
                 async def one():
-                    r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 30, "stream": True})
+                    r = await s.post(
+                        url(fsrv) + "/v1/completions",
+                        json={"model": "mocker", "input_length": 8, "max_tokens": 30, "stream": True},
+                    )
                     text = await r.text()
                     return sum(1 for l in text.split("\n") if l.startswith("data: {") and '"finish_reason":null' in l)
+
                 first = [asyncio.ensure_future(one()) for _ in range(3)]
                 await asyncio.sleep(0.05)
                 wf.write_text(url(b[0]) + "\n")  # a leaves, b joins, with a's requests in flight
@@ -250,6 +276,7 @@ def test_workers_file_join_and_leave_lose_no_request(tmp_path):
             await fsrv.close()
             await a[0].close()
             await b[0].close()
+
     asyncio.run(go())
 
 
@@ -260,8 +287,15 @@ def test_disaggregated_prefill_then_decode():
         fsrv, fe = await start_frontend([url(pw[0]), url(dw[0])])
         try:
             async with aiohttp.ClientSession() as s:
-                r = await s.post(url(fsrv) + "/v1/chat/completions", json={"model": "mocker", "messages": [{"role": "user", "content": "hi there"}],
-                                                                          "max_tokens": 6, "stream": True})
+                r = await s.post(
+                    url(fsrv) + "/v1/chat/completions",
+                    json={
+                        "model": "mocker",
+                        "messages": [{"role": "user", "content": "hi there"}],
+                        "max_tokens": 6,
+                        "stream": True,
+                    },
+                )
                 lines = [json.loads(l[6:]) for l in (await r.text()).split("\n") if l.startswith("data: {")]
             toks = [c for c in lines if c["choices"] and c["choices"][0]["delta"].get("content") is not None]
             assert len(toks) == 6
@@ -274,6 +308,7 @@ def test_disaggregated_prefill_then_decode():
             await fsrv.close()
             for w in (pw, dw):
                 await w[0].close()
+
     asyncio.run(go())
 
 
@@ -291,16 +326,27 @@ def test_disaggregated_decode_admits_prefilled_and_ttft_matches_offline():
     from mocker.transfer import KvTransferConfig
 
     speedup = 10.0
-    off = run_replay([TraceRequest(0, 0.0, 374, 4, None)], EngineConfig(speedup_ratio=speedup),
-                     FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072)))
+    off = run_replay(
+        [TraceRequest(0, 0.0, 374, 4, None)],
+        EngineConfig(speedup_ratio=speedup),
+        FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072)),
+    )
     (orec,) = off.records
     assert orec.first_token_ms == pytest.approx(3.565769, abs=1e-6)
 
     async def go():
         ws = []
         for wid, role in enumerate(("prefill", "decode")):
-            w = Worker(WorkerSettings(engine=EngineConfig(speedup_ratio=speedup, worker_type=role), port=0, worker_id=wid,
-                                      kv_bytes_per_token=131072, kv_transfer_bandwidth_gbps=64.0), core_factory=factory())
+            w = Worker(
+                WorkerSettings(
+                    engine=EngineConfig(speedup_ratio=speedup, worker_type=role),
+                    port=0,
+                    worker_id=wid,
+                    kv_bytes_per_token=131072,
+                    kv_transfer_bandwidth_gbps=64.0,
+                ),
+                core_factory=factory(),
+            )
             srv = TestServer(w.app, handler_cancellation=True)
             await srv.start_server()
             ws.append((srv, w))
@@ -318,7 +364,10 @@ def test_disaggregated_decode_admits_prefilled_and_ttft_matches_offline():
         try:
             async with aiohttp.ClientSession() as s:
                 t0 = time.monotonic()
-                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 374, "max_tokens": 4, "stream": True})
+                r = await s.post(
+                    url(fsrv) + "/v1/completions",
+                    json={"model": "mocker", "input_length": 374, "max_tokens": 4, "stream": True},
+                )
                 ttft_client_ms = None
                 async for line in r.content:
                     if line.startswith(b"data: {") and ttft_client_ms is None:
@@ -328,7 +377,10 @@ def test_disaggregated_decode_admits_prefilled_and_ttft_matches_offline():
             (drec,) = dw.records
             # decode side: 4 passes, all decode, none with prefill tokens; KV tokens 374, 375, 376, 377
             assert len(fpms) == 4 and len(drec.token_times_ms) == 4
-            assert all(f.scheduled_requests.num_prefill_requests == 0 and f.scheduled_requests.sum_prefill_tokens == 0 for f in fpms)
+            assert all(
+                f.scheduled_requests.num_prefill_requests == 0 and f.scheduled_requests.sum_prefill_tokens == 0
+                for f in fpms
+            )
             assert all(f.scheduled_requests.num_decode_requests == 1 for f in fpms)
             assert [f.scheduled_requests.sum_decode_kv_tokens for f in fpms] == [374, 375, 376, 377]
             prefill_ms = prec.first_token_ms - prec.arrival_ms
@@ -339,12 +391,15 @@ def test_disaggregated_decode_admits_prefilled_and_ttft_matches_offline():
             # (both workers' clocks start within this test, so only the lower bound holds across processes' clocks)
             transfer_ms = 374 * 131072 / 64e9 * 1000.0
             # the engine-side legs add up to the offline TTFT; the client sees it plus HTTP hops, never less
-            assert prefill_ms + transfer_ms + decode_first_ms == pytest.approx(orec.first_token_ms - orec.arrival_ms, abs=1e-6)
+            assert prefill_ms + transfer_ms + decode_first_ms == pytest.approx(
+                orec.first_token_ms - orec.arrival_ms, abs=1e-6
+            )
             assert ttft_client_ms >= orec.first_token_ms - orec.arrival_ms
         finally:
             await fsrv.close()
             for srv, _ in ws:
                 await srv.close()
+
     asyncio.run(go())
 
 
@@ -364,11 +419,13 @@ def test_loadgen_measures_against_worker():
             from rich.console import Console
 
             from mocker.report import render_table
+
             con = Console(file=__import__("io").StringIO(), width=120)
             con.print(render_table(rep))  # the loadgen prints the offline report's table
             assert "TTFT" in con.file.getvalue()
         finally:
             await w[0].close()
+
     asyncio.run(go())
 
 
@@ -378,16 +435,21 @@ def test_frontend_rejects_bad_requests_like_workers():
         fsrv, fe = await start_frontend([url(w[0])])
         try:
             async with aiohttp.ClientSession() as s:
-                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "prompt": "x", "max_tokens": -3})
+                r = await s.post(
+                    url(fsrv) + "/v1/completions", json={"model": "mocker", "prompt": "x", "max_tokens": -3}
+                )
                 assert r.status == 400 and (await r.json())["error"]["param"] == "max_tokens"
                 r = await s.post(url(fsrv) + "/v1/chat/completions", json={"model": "mocker", "messages": "hi"})
                 assert r.status == 400 and (await r.json())["error"]["param"] == "messages"
-                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "prompt": "hello", "max_tokens": 2})
+                r = await s.post(
+                    url(fsrv) + "/v1/completions", json={"model": "mocker", "prompt": "hello", "max_tokens": 2}
+                )
                 assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 2
             assert len(w[1].records) == 1
         finally:
             await fsrv.close()
             await w[0].close()
+
     asyncio.run(go())
 
 
@@ -403,6 +465,7 @@ def test_frontend_without_workers_answers_503():
                 assert r.status == 503 and "no ready worker" in (await r.json())["error"]["message"]
         finally:
             await srv.close()
+
     asyncio.run(go())
 
 
@@ -412,7 +475,9 @@ def test_loadgen_chat_text_mode_through_frontend():
         fsrv, fe = await start_frontend([url(w[0])])
         try:
             reqs = [TraceRequest(i, i * 5.0, 40, 3 + i, None) for i in range(5)]
-            res = await run_load(LoadgenSettings(url=url(fsrv), endpoint="chat", prompt_mode="text", max_concurrency=2), reqs)
+            res = await run_load(
+                LoadgenSettings(url=url(fsrv), endpoint="chat", prompt_mode="text", max_concurrency=2), reqs
+            )
             rep = client_report(res)
             assert rep["completed_requests"] == 5 and rep["total_output_tokens"] == sum(3 + i for i in range(5))
             # text prompts: the worker tokenized them (not the 40-token extension field)
@@ -420,13 +485,18 @@ def test_loadgen_chat_text_mode_through_frontend():
         finally:
             await fsrv.close()
             await w[0].close()
+
     asyncio.run(go())
 
 
 def test_disaggregated_bootstrap_handoff():
     async def go():
-        cfg_p = EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type="prefill")
-        cfg_d = EngineConfig(speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type="decode")
+        cfg_p = EngineConfig(
+            speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type="prefill"
+        )
+        cfg_d = EngineConfig(
+            speedup_ratio=100.0, num_gpu_blocks=256, block_size=16, trace_block_size=16, worker_type="decode"
+        )
         pw = Worker(WorkerSettings(engine=cfg_p, port=0, worker_id=0, bootstrap_port=0), core_factory=factory())
         dw = Worker(WorkerSettings(engine=cfg_d, port=0, worker_id=1), core_factory=factory())
         ps, ds = TestServer(pw.app, handler_cancellation=True), TestServer(dw.app, handler_cancellation=True)
@@ -442,23 +512,45 @@ def test_disaggregated_bootstrap_handoff():
                 await asyncio.sleep(0.02)
             assert fe.handles[url(ps)].bootstrap_port == pw.bootstrap_port and pw.bootstrap_port
             async with aiohttp.ClientSession() as s:
-                rs = await asyncio.gather(*[s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 50 + i, "max_tokens": 4})
-                                            for i in range(3)])
+                rs = await asyncio.gather(
+                    *[
+                        s.post(
+                            url(fsrv) + "/v1/completions",
+                            json={"model": "mocker", "input_length": 50 + i, "max_tokens": 4},
+                        )
+                        for i in range(3)
+                    ]
+                )
                 bodies = [await r.json() for r in rs]
             assert [b["usage"]["completion_tokens"] for b in bodies] == [4, 4, 4]
             assert pw.bootstrap_served == 3  # every decode leg waited on the prefill worker's bootstrap port
             assert sorted(r.input_length for r in pw.records) == [50, 51, 52]
-            assert sorted((r.input_length, r.output_length) for r in dw.records) == [(50, 4), (51, 4), (52, 4)]  # every client token
+            assert sorted((r.input_length, r.output_length) for r in dw.records) == [
+                (50, 4),
+                (51, 4),
+                (52, 4),
+            ]  # every client token
             # a decode leg naming a room no prefill will ever finish does not hang the decode worker forever:
             # a bad bootstrap port is an immediate 502
             async with aiohttp.ClientSession() as s:
-                r = await s.post(url(ds) + "/v1/completions", json={"model": "mocker", "input_length": 10, "max_tokens": 2, "prefill_done": True,
-                                                                   "bootstrap_room": 99, "bootstrap_host": "127.0.0.1", "bootstrap_port": 9})
+                r = await s.post(
+                    url(ds) + "/v1/completions",
+                    json={
+                        "model": "mocker",
+                        "input_length": 10,
+                        "max_tokens": 2,
+                        "prefill_done": True,
+                        "bootstrap_room": 99,
+                        "bootstrap_host": "127.0.0.1",
+                        "bootstrap_port": 9,
+                    },
+                )
                 assert r.status == 502 and "unreachable" in (await r.json())["error"]["message"]
         finally:
             await fsrv.close()
             await ps.close()
             await ds.close()
+
     asyncio.run(go())
 
 
@@ -468,7 +560,10 @@ def test_client_disconnect_at_frontend_cancels_on_worker():
         fsrv, fe = await start_frontend([url(w[0])])
         try:
             async with aiohttp.ClientSession() as s:
-                r = await s.post(url(fsrv) + "/v1/completions", json={"model": "mocker", "input_length": 100, "max_tokens": 2000, "stream": True})
+                r = await s.post(
+                    url(fsrv) + "/v1/completions",
+                    json={"model": "mocker", "input_length": 100, "max_tokens": 2000, "stream": True},
+                )
                 assert r.status == 200
                 await r.content.readline()
                 core = w[2].engines[0]
@@ -484,4 +579,5 @@ def test_client_disconnect_at_frontend_cancels_on_worker():
         finally:
             await fsrv.close()
             await w[0].close()
+
     asyncio.run(go())

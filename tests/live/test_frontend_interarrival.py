@@ -42,8 +42,20 @@ def test_gaps_are_observed_between_consecutive_arrivals():
     b = _buckets(m, "m")
     # cumulative counts: <= 1 ms: 0.0005, 0.001; <= 4 ms: + 0.003; <= 16 ms: + 0.010; <= 1.024 s: + 1.0;
     # <= 16.384 s: + 10.0; +Inf: + 200
-    want = {0.0: 0, 0.001: 2, 0.002: 2, 0.004: 3, 0.008: 3, 0.016: 4, 0.512: 4, 1.024: 5, 8.192: 5, 16.384: 6, 131.072: 6,
-            math.inf: 7}
+    want = {
+        0.0: 0,
+        0.001: 2,
+        0.002: 2,
+        0.004: 3,
+        0.008: 3,
+        0.016: 4,
+        0.512: 4,
+        1.024: 5,
+        8.192: 5,
+        16.384: 6,
+        131.072: 6,
+        math.inf: 7,
+    }
     for le, n in want.items():
         assert b[le] == n, (le, b)
     assert _buckets(m, "other") == {}  # one arrival of that model: no gap yet, no series
@@ -53,6 +65,10 @@ def test_an_arrival_reported_out_of_order_keeps_the_total_span():
     m = FrontendMetrics("m")
     for t in (0.0, 2.0, 1.5, 3.0):  # the 1.5 s request's body was parsed after the 2.0 s one's
         m.observe_arrival("m", t)
-    fam = {s.name: s.value for f in text_string_to_metric_families(generate_latest(m.registry).decode())
-           for s in f.samples if s.name.startswith(NAME)}
+    fam = {
+        s.name: s.value
+        for f in text_string_to_metric_families(generate_latest(m.registry).decode())
+        for s in f.samples
+        if s.name.startswith(NAME)
+    }
     assert fam[NAME + "_count"] == 3 and fam[NAME + "_sum"] == 3.0  # gaps 2.0, 0 (late), 1.0: span 0 -> 3 s

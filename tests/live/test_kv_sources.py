@@ -70,15 +70,27 @@ def test_radix_cache_listener_reports_inserts_and_evictions():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.integers(1, 40), st.integers(1, 12),
-                          st.floats(0, 50)), min_size=1, max_size=25),
-       st.sampled_from([(4, 16), (8, 32), (16, 16)]), st.integers(12, 40))
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 5), min_size=1, max_size=6),
+            st.integers(1, 40),
+            st.integers(1, 12),
+            st.floats(0, 50),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    st.sampled_from([(4, 16), (8, 32), (16, 16)]),
+    st.integers(12, 40),
+)
 def test_sglang_core_events_replay_to_the_radix_tree(prompts, sizes, num_blocks):
     """An SGLang core under KV pressure (chunked prefill, retraction, eviction): after every pass the replayed
     events equal the tree's reportable pages."""
     page, tbs = sizes
-    cfg = EngineConfig(engine="sglang", num_gpu_blocks=num_blocks, block_size=page, trace_block_size=tbs,
-                       max_num_batched_tokens=64)
+    cfg = EngineConfig(
+        engine="sglang", num_gpu_blocks=num_blocks, block_size=page, trace_block_size=tbs, max_num_batched_tokens=64
+    )
     core = make_engine(cfg)
     ev: list = []
     ad = RadixEventAdapter(page, tbs, TupleSink(ev))
@@ -115,7 +127,7 @@ def test_kvbm_pool_events_replay_to_its_cache():
     b = engine_block_keys((1, 9, 8, 7), 64, 16, 16)
     kv.allocate_full_many(a)
     kv.release(a, 0)
-    kv.allocate_full_many(b[kv.match_prefix(b)[0]:])
+    kv.allocate_full_many(b[kv.match_prefix(b)[0] :])
     _replay(kv.events, held)
     assert held == set(kv.active) | set(kv.inactive)
     kv.allocate_private(2)  # b[1:] active, a inactive: two of a evicted (leaves first)

@@ -38,12 +38,22 @@ def test_prometheus_interval_averages_match_loadgen(prometheus_factory):
         w1 = st.worker("w1", *WORKER_FLAGS, "--worker-id", "1")
         w2 = st.worker("w2", *WORKER_FLAGS, "--worker-id", "2")
         fe = st.frontend("fe", "--workers", f"{w1},{w2}", "--router", "least_loaded", wait_workers=2)
-        targets = {"frontend": [fe.removeprefix("http://")], "workers": [w1.removeprefix("http://"), w2.removeprefix("http://")]}
+        targets = {
+            "frontend": [fe.removeprefix("http://")],
+            "workers": [w1.removeprefix("http://"), w2.removeprefix("http://")],
+        }
         prom = prometheus_factory(targets, scrape_interval_s=0.5)
         prom.wait_for_scrapes(2)
         t_start = time.time()
         n = 60
-        rc, rep, err = st.loadgen("--url", fe, "--trace-block-size", "16", "--trace", f"synthetic:poisson?rate=40&num_requests={n}&isl=uniform:100:600&osl=uniform:5:40&seed=3")
+        rc, rep, err = st.loadgen(
+            "--url",
+            fe,
+            "--trace-block-size",
+            "16",
+            "--trace",
+            f"synthetic:poisson?rate=40&num_requests={n}&isl=uniform:100:600&osl=uniform:5:40&seed=3",
+        )
         assert rc == 0, (rep.get("errors"), err, st.log("fe"))
         assert rep["completed_requests"] == n and rep["failed_requests"] == 0
         prom.wait_for_scrapes(3)
@@ -59,18 +69,24 @@ def test_prometheus_interval_averages_match_loadgen(prometheus_factory):
         assert prom.query_scalar("sum(vllm:generation_tokens_total)") == rep["total_output_tokens"]
         assert prom.query_scalar("dynamo_frontend_output_sequence_tokens_sum") == rep["total_output_tokens"]
         # both workers served (least_loaded spreads overlapping requests)
-        per_worker = prom.client().custom_query('sum by (instance) (vllm:request_success_total)')
+        per_worker = prom.client().custom_query("sum by (instance) (vllm:request_success_total)")
         assert len(per_worker) == 2 and all(float(s["value"][1]) > 0 for s in per_worker)
 
-        prom_ttft, prom_itl = ratio("dynamo_frontend_time_to_first_token_seconds"), ratio("dynamo_frontend_inter_token_latency_seconds")
+        prom_ttft, prom_itl = (
+            ratio("dynamo_frontend_time_to_first_token_seconds"),
+            ratio("dynamo_frontend_inter_token_latency_seconds"),
+        )
         cli_ttft, cli_itl = rep["mean_ttft_ms"], rep["mean_itl_ms"]
         assert abs(prom_itl - cli_itl) <= 0.10 * cli_itl + 0.3, (prom_itl, cli_itl)
         # the interval ratio is exactly the frontend's own histogram mean (sum / count read from its /metrics):
         # increase() extrapolates _sum and _count by the same factor, which cancels in the ratio
         from prometheus_client.parser import text_string_to_metric_families
+
         fam = {f.name: f for f in text_string_to_metric_families(requests.get(f"{fe}/metrics", timeout=5).text)}
-        for name, got in (("dynamo_frontend_time_to_first_token_seconds", prom_ttft),
-                          ("dynamo_frontend_inter_token_latency_seconds", prom_itl)):
+        for name, got in (
+            ("dynamo_frontend_time_to_first_token_seconds", prom_ttft),
+            ("dynamo_frontend_inter_token_latency_seconds", prom_itl),
+        ):
             samples = {s.name: s.value for s in fam[name].samples if s.name in (name + "_sum", name + "_count")}
             assert got == pytest.approx(samples[name + "_sum"] / samples[name + "_count"] * 1000.0, rel=1e-6), name
         # the client sees the frontend's TTFT plus its own HTTP hop and event-loop delay: never less, and not
@@ -78,7 +94,12 @@ def test_prometheus_interval_averages_match_loadgen(prometheus_factory):
         assert cli_ttft >= prom_ttft - 0.5, (prom_ttft, cli_ttft)
         assert cli_ttft - prom_ttft <= 0.5 * cli_ttft + 5.0, (prom_ttft, cli_ttft)
         # engine-side (worker) TTFT <= frontend TTFT: the frontend adds its own hop to the worker
-        eng_ttft = prom.query_scalar(f"sum(increase(vllm:time_to_first_token_seconds_sum[{w}])) / sum(increase(vllm:time_to_first_token_seconds_count[{w}]))") * 1000.0
+        eng_ttft = (
+            prom.query_scalar(
+                f"sum(increase(vllm:time_to_first_token_seconds_sum[{w}])) / sum(increase(vllm:time_to_first_token_seconds_count[{w}]))"
+            )
+            * 1000.0
+        )
         assert eng_ttft <= prom_ttft + 0.1, (eng_ttft, prom_ttft)
 
 
@@ -90,9 +111,21 @@ def test_worker_killed_mid_stream_loses_no_request():
         fe = st.frontend("fe", "--workers", f"{w1},{w2}", "--router", "round_robin", wait_workers=2)
         out = st.dir / "kill.json"
         # 10 requests of 150 tokens (~0.45 s each at speedup 2), all in flight when w1 is killed
-        lg = subprocess.Popen(DYNOPLAN + ["loadgen", "--quiet", "--url", fe, "--report-json", str(out), "--trace",
-                                          "synthetic:constant?rate=100&num_requests=10&isl=64&osl=150"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        lg = subprocess.Popen(
+            DYNOPLAN
+            + [
+                "loadgen",
+                "--quiet",
+                "--url",
+                fe,
+                "--report-json",
+                str(out),
+                "--trace",
+                "synthetic:constant?rate=100&num_requests=10&isl=64&osl=150",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
@@ -111,7 +144,9 @@ def test_worker_killed_mid_stream_loses_no_request():
         rep = json.loads(out.read_text())
         assert rep["completed_requests"] == 10 and rep["total_output_tokens"] == 1500
         m = requests.get(fe + "/metrics", timeout=2).text
-        retries = float(next(l for l in m.splitlines() if l.startswith("dynamo_frontend_request_retries_total")).split()[-1])
+        retries = float(
+            next(l for l in m.splitlines() if l.startswith("dynamo_frontend_request_retries_total")).split()[-1]
+        )
         assert retries >= 1
 
 
@@ -123,8 +158,16 @@ def test_kv_router_over_real_processes_reuses_prefixes():
         w1 = st.worker("w1", *flags, "--worker-id", "1")
         w2 = st.worker("w2", *flags, "--worker-id", "2")
         fe = st.frontend("fe", "--workers", f"{w1},{w2}", "--router", "kv", wait_workers=2)
-        rc, rep, err = st.loadgen("--url", fe, "--trace", str(REPO_ROOT / "examples/traces/mooncake_conversation.jsonl"), "--max-requests", "40",
-                                  "--time-compression", "50")
+        rc, rep, err = st.loadgen(
+            "--url",
+            fe,
+            "--trace",
+            str(REPO_ROOT / "examples/traces/mooncake_conversation.jsonl"),
+            "--max-requests",
+            "40",
+            "--time-compression",
+            "50",
+        )
         assert rc == 0, (rep.get("errors"), err)
         assert rep["completed_requests"] == 40
         hits = queries = 0.0

@@ -10,8 +10,17 @@ from mocker.report import render_table
 
 
 def _rec(rid: int, arrival: float, times: list[float]) -> RequestRecord:
-    return RequestRecord(rid, arrival, 100, len(times), admit_ms=arrival, first_token_ms=times[0],
-                         token_times_ms=list(times), finish_ms=times[-1], status="finished")
+    return RequestRecord(
+        rid,
+        arrival,
+        100,
+        len(times),
+        admit_ms=arrival,
+        first_token_ms=times[0],
+        token_times_ms=list(times),
+        finish_ms=times[-1],
+        status="finished",
+    )
 
 
 def _text(table) -> str:  # type: ignore[no-untyped-def]
@@ -34,7 +43,14 @@ def test_client_table_has_no_fleet_rows() -> None:
     rep = client_report(LoadgenResult(records=[_rec(0, 0.0, [10.0, 14.0, 18.0])], wall_s=1.0))
     client = _text(render_table(rep, title="dynoplan loadgen (client-side)", client_side=True))
     assert "dynoplan loadgen (client-side)" in client and "dynoplan replay" not in client
-    for gone in ("engine / workers", "x 0", "simulated duration", "prefix cache reuse", "preemptions", "worker-seconds"):
+    for gone in (
+        "engine / workers",
+        "x 0",
+        "simulated duration",
+        "prefix cache reuse",
+        "preemptions",
+        "worker-seconds",
+    ):
         assert gone not in client, gone
     assert "duration (s)" in client and "TTFT" in client and "ITL" in client
     offline = _text(render_table(rep))  # the replay table keeps its rows

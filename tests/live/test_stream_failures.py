@@ -11,10 +11,11 @@ import json
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from mocker.live.loadgen import LoadgenSettings, client_report, run_load
 from dynoplan.errors import RequestError
+from mocker.live.loadgen import LoadgenSettings, client_report, run_load
 from mocker.live.protocol import parse_request
 from mocker.live.tokenizer import continuation_hash_ids
 from mocker.records import TraceRequest
@@ -72,7 +73,11 @@ def test_continuation_ids_refuse_bad_input():
 
 # ------------------------------------------------------------------------------ loadgen failure accounting
 def _chunk(text: str | None, finish: str | None) -> bytes:
-    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text or "", "finish_reason": finish}]}).encode() + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps({"choices": [{"index": 0, "text": text or "", "finish_reason": finish}]}).encode()
+        + b"\n\n"
+    )
 
 
 async def _server(behaviour: dict[int, str]) -> TestServer:
@@ -84,8 +89,9 @@ async def _server(behaviour: dict[int, str]) -> TestServer:
         n = body["max_tokens"]
         kind = behaviour[n]
         if kind == "http":
-            return web.json_response({"error": {"message": "no ready worker to serve the request",
-                                                "code": "no_ready_worker"}}, status=503)
+            return web.json_response(
+                {"error": {"message": "no ready worker to serve the request", "code": "no_ready_worker"}}, status=503
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         sent = n if kind == "ok" else 2
@@ -94,8 +100,10 @@ async def _server(behaviour: dict[int, str]) -> TestServer:
         if kind in ("ok", "stop"):
             await resp.write(_chunk("", "length" if kind == "ok" else "stop"))
         if kind == "error":
-            await resp.write(b'data: {"error": {"message": "all workers failed after 2 tokens", "type": "ServiceUnavailable", '
-                             b'"param": null, "code": "all_workers_failed"}}\n\n')
+            await resp.write(
+                b'data: {"error": {"message": "all workers failed after 2 tokens", "type": "ServiceUnavailable", '
+                b'"param": null, "code": "all_workers_failed"}}\n\n'
+            )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -127,10 +135,26 @@ def test_loadgen_counts_error_events_truncation_and_non_2xx_as_failures_with_rea
     assert rep["failed_requests"] == 3
     assert rep["errors"] == {"http_503": 1, "stream_error": 1, "truncated_stream": 1}
     assert rep["failures"] == [
-        {"request_id": 2, "reason": "stream_error", "tokens": 2, "expected_tokens": 7,
-         "message": "all_workers_failed: all workers failed after 2 tokens (after 2 of 7 tokens)"},
-        {"request_id": 3, "reason": "truncated_stream", "tokens": 2, "expected_tokens": 8,
-         "message": "the stream ended after 2 of 8 tokens with finish reason None"},
-        {"request_id": 4, "reason": "http_503", "tokens": 0, "expected_tokens": 9,
-         "message": "no ready worker to serve the request"}]
+        {
+            "request_id": 2,
+            "reason": "stream_error",
+            "tokens": 2,
+            "expected_tokens": 7,
+            "message": "all_workers_failed: all workers failed after 2 tokens (after 2 of 7 tokens)",
+        },
+        {
+            "request_id": 3,
+            "reason": "truncated_stream",
+            "tokens": 2,
+            "expected_tokens": 8,
+            "message": "the stream ended after 2 of 8 tokens with finish reason None",
+        },
+        {
+            "request_id": 4,
+            "reason": "http_503",
+            "tokens": 0,
+            "expected_tokens": 9,
+            "message": "no ready worker to serve the request",
+        },
+    ]
     assert rep["total_output_tokens"] == 5 + 2

@@ -20,8 +20,11 @@ def test_tokenizer_pieces_by_hand():
     assert render_chat([("user", "hi")]) == "<|user|>\nhi\n<|assistant|>\n"
 
 
-@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=80), st.lists(st.integers(0, 2**32 - 1), max_size=40),
-       st.integers(1, 16))
+@given(
+    st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=80),
+    st.lists(st.integers(0, 2**32 - 1), max_size=40),
+    st.integers(1, 16),
+)
 @settings(max_examples=200, deadline=None)
 def test_block_ids_are_chained_prefix_ids(prefix, tail, bs):
     a = block_hash_ids(prefix + tail, bs)
@@ -49,23 +52,33 @@ def test_parse_lengths_and_defaults():
     assert p.hash_ids is not None and len(p.hash_ids) == 1
     p = _p({"model": "m", "prompt": [5, 6, 7], "max_tokens": 4, "stream": True})
     assert (p.input_length, p.output_length, p.stream) == (3, 4, True)
-    p = _p({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_completion_tokens": 9}, "chat")
+    p = _p(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 9,
+        },
+        "chat",
+    )
     assert p.output_length == 9 and p.input_length == count_tokens(render_chat([("user", "hi")]))
     p = _p({"model": "m", "input_length": 40, "hash_ids": [1, 2, 3]})
     assert p.input_length == 40 and p.hash_ids == (1, 2, 3)
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"model": "m", "input_length": 40, "hash_ids": [1, 2]}, "hash_ids"),  # 2 x 16 < 40
-    ({"model": "m", "input_length": 0}, "input_length"),
-    ({"model": "m", "input_length": 990, "max_tokens": 11}, "max_tokens"),  # 1001 > 1000
-    ({"model": "m", "prompt": "x", "min_tokens": 20, "max_tokens": 5}, "min_tokens"),
-    ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
-    ({"model": "m", "prompt": "x", "stream_options": []}, "stream_options"),
-    ({"model": "m", "prompt": ""}, "prompt"),
-    ({"model": "m", "prompt": [1, -2]}, "prompt"),
-    ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": "m", "input_length": 40, "hash_ids": [1, 2]}, "hash_ids"),  # 2 x 16 < 40
+        ({"model": "m", "input_length": 0}, "input_length"),
+        ({"model": "m", "input_length": 990, "max_tokens": 11}, "max_tokens"),  # 1001 > 1000
+        ({"model": "m", "prompt": "x", "min_tokens": 20, "max_tokens": 5}, "min_tokens"),
+        ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"model": "m", "prompt": "x", "stream_options": []}, "stream_options"),
+        ({"model": "m", "prompt": ""}, "prompt"),
+        ({"model": "m", "prompt": [1, -2]}, "prompt"),
+        ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+    ],
+)
 def test_parse_errors_name_the_field(body, param):
     with pytest.raises(RequestError) as e:
         _p(body)

@@ -19,7 +19,9 @@ def run(coro):
 
 
 async def _with_worker(fn, *, speedup=100.0, dp_size=1, cfg=None, **kw):
-    cfg = cfg or EngineConfig(speedup_ratio=speedup, dp_size=dp_size, num_gpu_blocks=64, block_size=16, trace_block_size=16)
+    cfg = cfg or EngineConfig(
+        speedup_ratio=speedup, dp_size=dp_size, num_gpu_blocks=64, block_size=16, trace_block_size=16
+    )
     f = factory()
     w = Worker(WorkerSettings(engine=cfg, port=0, **kw), core_factory=f)
     server = TestServer(w.app, handler_cancellation=True)
@@ -40,13 +42,22 @@ def test_completion_non_streaming_counts_tokens():
         assert d["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
         assert d["choices"][0]["finish_reason"] == "length"
         assert d["object"] == "text_completion"
+
     run(_with_worker(body))
 
 
 def test_chat_streaming_sse_chunks_and_usage():
     async def body(s, w, f):
-        r = await s.post("/v1/chat/completions", json={"model": "mocker", "messages": [{"role": "user", "content": "hi"}],
-                                                       "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})
+        r = await s.post(
+            "/v1/chat/completions",
+            json={
+                "model": "mocker",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
         events = [l[6:] for l in (await r.text()).split("\n") if l.startswith("data: ")]
         assert events[-1] == "[DONE]"
@@ -56,6 +67,7 @@ def test_chat_streaming_sse_chunks_and_usage():
         assert content[0]["choices"][0]["delta"]["role"] == "assistant"
         assert chunks[-2]["choices"][0]["finish_reason"] == "length"
         assert chunks[-1]["usage"]["completion_tokens"] == 3
+
     run(_with_worker(body))
 
 
@@ -66,20 +78,24 @@ def test_input_length_extension_sets_prompt_length():
         assert d["usage"]["prompt_tokens"] == 300
         (rec,) = w.records  # the core itself has released it (release_finished)
         assert rec.input_length == 300 and rec.status == "finished" and f.engines[0].all_requests == []
+
     run(_with_worker(body))
 
 
-@pytest.mark.parametrize("payload,param", [
-    ({"prompt": "x", "max_tokens": 1}, "model"),
-    ({"model": "mocker", "max_tokens": 1}, "prompt"),
-    ({"model": "mocker", "prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ({"model": "mocker", "prompt": "x", "max_tokens": "7"}, "max_tokens"),
-    ({"model": "mocker", "prompt": "x", "max_tokens": 10**9}, "max_tokens"),
-    ({"model": "mocker", "prompt": 5, "max_tokens": 1}, "prompt"),
-    ({"model": "mocker", "prompt": "x", "stream": "yes"}, "stream"),
-    ({"model": "mocker", "prompt": ["a", "b"]}, "prompt"),
-    ({"model": "mocker", "prompt": "x", "n": 2}, "n"),
-])
+@pytest.mark.parametrize(
+    "payload,param",
+    [
+        ({"prompt": "x", "max_tokens": 1}, "model"),
+        ({"model": "mocker", "max_tokens": 1}, "prompt"),
+        ({"model": "mocker", "prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ({"model": "mocker", "prompt": "x", "max_tokens": "7"}, "max_tokens"),
+        ({"model": "mocker", "prompt": "x", "max_tokens": 10**9}, "max_tokens"),
+        ({"model": "mocker", "prompt": 5, "max_tokens": 1}, "prompt"),
+        ({"model": "mocker", "prompt": "x", "stream": "yes"}, "stream"),
+        ({"model": "mocker", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "mocker", "prompt": "x", "n": 2}, "n"),
+    ],
+)
 def test_bad_requests_get_openai_400(payload, param):
     async def body(s, w, f):
         r = await s.post("/v1/completions", json=payload)
@@ -90,6 +106,7 @@ def test_bad_requests_get_openai_400(payload, param):
         ok = await s.post("/v1/completions", json={"model": "mocker", "prompt": "x", "max_tokens": 1})
         assert ok.status == 200
         await ok.read()
+
     run(_with_worker(body))
 
 
@@ -107,6 +124,7 @@ def test_invalid_json_unknown_model_and_chat_errors():
         assert r.status == 400
         m = await (await s.get("/metrics")).text()
         assert 'dynoplan_mocker_rejected_requests_total{code="400",model_name="mocker"} 4.0' in m
+
     run(_with_worker(body))
 
 
@@ -122,13 +140,18 @@ def test_models_health_ready_info_fpm():
         assert any(v is not None and v["wall_time"] > 0 for v in fpm.values())
         info = await (await s.get("/info")).json()
         assert info["fpm_endpoint"].startswith("tcp://127.0.0.1:") and info["dp_size"] == 2
+
     run(_with_worker(body, dp_size=2))
 
 
 def test_metrics_engine_names_and_values():
     async def body(s, w, f):
-        await asyncio.gather(*[s.post("/v1/completions", json={"model": "mocker", "input_length": 10, "max_tokens": 4})
-                               for _ in range(3)])
+        await asyncio.gather(
+            *[
+                s.post("/v1/completions", json={"model": "mocker", "input_length": 10, "max_tokens": 4})
+                for _ in range(3)
+            ]
+        )
         m = await (await s.get("/metrics")).text()
         assert 'vllm:generation_tokens_total{engine="0",model_name="mocker"} 12.0' in m
         assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="mocker"} 3.0' in m
@@ -136,6 +159,7 @@ def test_metrics_engine_names_and_values():
         # 3 requests x 3 gaps
         assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="mocker"} 9.0' in m
         assert "vllm:num_requests_waiting" in m and "vllm:kv_cache_usage_perc" in m
+
     run(_with_worker(body))
 
 
@@ -158,6 +182,7 @@ def test_sglang_worker_serves_with_sglang_names():
         m = await (await s.get("/metrics")).text()
         assert 'sglang:generation_tokens_total{engine="0",model_name="mocker"} 3.0' in m
         assert 'sglang:num_running_reqs{engine="0",model_name="mocker"}' in m and "vllm:" not in m
+
     run(_with_worker(body, cfg=EngineConfig(engine="sglang", speedup_ratio=100.0, num_gpu_blocks=4096)))
 
 
@@ -167,13 +192,16 @@ def test_trtllm_worker_serves_with_trtllm_names():
         assert r.status == 200
         m = await (await s.get("/metrics")).text()
         assert 'trtllm:generation_tokens_total{engine="0",model_name="mocker"} 3.0' in m
+
     run(_with_worker(body, cfg=EngineConfig(engine="trtllm", speedup_ratio=100.0)))
 
 
 def test_client_disconnect_cancels_request_and_frees_kv():
     async def body(s, w, f):
         # 500 output tokens at speedup 1 take ~3 s; disconnect after the first chunk
-        r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 200, "max_tokens": 500, "stream": True})
+        r = await s.post(
+            "/v1/completions", json={"model": "mocker", "input_length": 200, "max_tokens": 500, "stream": True}
+        )
         assert r.status == 200
         await r.content.readline()
         core = f.engines[0]
@@ -189,6 +217,7 @@ def test_client_disconnect_cancels_request_and_frees_kv():
         core.kv.check_invariants()
         m = await (await s.get("/metrics")).text()
         assert 'dynoplan_mocker_cancelled_requests_total{engine="0",model_name="mocker"} 1.0' in m
+
     run(_with_worker(body, speedup=1.0))
 
 
@@ -196,6 +225,7 @@ def test_engine_side_latencies_match_reference_facts_exactly():
     """ISL 374 alone -> TTFT 22.239 ms, next token 5.76 ms later (docs/architecture.md "Polynomial timing baseline", checked against the
     reference). The live driver keeps the core's timeline, so the engine-side histograms carry the exact
     simulated values whatever the event-loop jitter; at speedup 4 they are a quarter."""
+
     async def body(s, w, f):
         r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 374, "max_tokens": 2})
         assert r.status == 200
@@ -203,8 +233,11 @@ def test_engine_side_latencies_match_reference_facts_exactly():
         assert abs((rec.first_token_ms - rec.arrival_ms) - 22.239 / 4) < 0.001
         assert abs((rec.token_times_ms[1] - rec.token_times_ms[0]) - 5.76 / 4) < 0.01
         m = await (await s.get("/metrics")).text()
-        ttft_sum = float(next(l for l in m.splitlines() if l.startswith("vllm:time_to_first_token_seconds_sum")).split()[-1])
+        ttft_sum = float(
+            next(l for l in m.splitlines() if l.startswith("vllm:time_to_first_token_seconds_sum")).split()[-1]
+        )
         assert abs(ttft_sum - 0.022239 / 4) < 1e-6
+
     run(_with_worker(body, cfg=EngineConfig(speedup_ratio=4.0)))
 
 
@@ -213,9 +246,12 @@ def test_request_that_can_never_fit_gets_400_and_server_survives():
         # 64 blocks x 16 tokens = 1024 tokens of KV: prompt 1000 + 100 output exceeds max_model_len
         r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 1000, "max_tokens": 100})
         assert r.status == 400 and (await r.json())["error"]["param"] == "max_tokens"
-        r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 1000, "max_tokens": 20, "stream": True})
+        r = await s.post(
+            "/v1/completions", json={"model": "mocker", "input_length": 1000, "max_tokens": 20, "stream": True}
+        )
         assert r.status == 200
         await r.read()
+
     run(_with_worker(body))
 
 
@@ -225,23 +261,32 @@ def test_live_engine_timeline_equals_offline_replay_of_stamped_arrivals():
     from mocker.fleet import FleetConfig, run_replay
     from mocker.records import TraceRequest
 
-    cfg = EngineConfig(speedup_ratio=20.0, num_gpu_blocks=512, block_size=16, max_num_seqs=8, max_num_batched_tokens=512)
+    cfg = EngineConfig(
+        speedup_ratio=20.0, num_gpu_blocks=512, block_size=16, max_num_seqs=8, max_num_batched_tokens=512
+    )
     sizes = [(37 + 53 * i % 400, 3 + 7 * i % 25) for i in range(24)]
 
     async def body(s, w, f):
         async def one(i, isl, osl):
             await asyncio.sleep(0.004 * i)
-            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": isl, "max_tokens": osl, "stream": i % 2 == 0})
+            r = await s.post(
+                "/v1/completions",
+                json={"model": "mocker", "input_length": isl, "max_tokens": osl, "stream": i % 2 == 0},
+            )
             await r.read()
             assert r.status == 200
+
         await asyncio.gather(*(one(i, a, b) for i, (a, b) in enumerate(sizes)))
         return list(w.records)
 
     recs = run(_with_worker(body, cfg=cfg))
     assert len(recs) == len(sizes)
     recs.sort(key=lambda r: (r.arrival_ms, r.request_id))
-    offline = run_replay([TraceRequest(r.request_id, r.arrival_ms, r.input_length, r.output_length) for r in recs],
-                         cfg, FleetConfig(num_workers=1)).records
+    offline = run_replay(
+        [TraceRequest(r.request_id, r.arrival_ms, r.input_length, r.output_length) for r in recs],
+        cfg,
+        FleetConfig(num_workers=1),
+    ).records
     for live, off in zip(recs, offline):
         assert live.request_id == off.request_id
         assert live.first_token_ms == pytest.approx(off.first_token_ms, abs=1e-6)
@@ -287,6 +332,7 @@ def test_fpm_published_over_zmq_per_pass_then_idle_heartbeat():
         finally:
             sub.close(0)
             ctx.term()
+
     run(_with_worker(body, worker_id=7, heartbeat_s=0.2))
 
 
@@ -294,8 +340,12 @@ def test_overload_queues_and_shows_in_metrics():
     cfg = EngineConfig(speedup_ratio=10.0, num_gpu_blocks=256, block_size=16, max_num_seqs=2)
 
     async def body(s, w, f):
-        tasks = [asyncio.ensure_future(s.post("/v1/completions", json={"model": "mocker", "input_length": 64, "max_tokens": 200}))
-                 for _ in range(6)]
+        tasks = [
+            asyncio.ensure_future(
+                s.post("/v1/completions", json={"model": "mocker", "input_length": 64, "max_tokens": 200})
+            )
+            for _ in range(6)
+        ]
         waiting = 0.0
         for _ in range(100):
             m = await (await s.get("/metrics")).text()
@@ -309,6 +359,7 @@ def test_overload_queues_and_shows_in_metrics():
         for r in rs:
             await r.read()
         assert waiting == 4.0  # max_num_seqs 2 running, the other 4 queued
+
     run(_with_worker(body, cfg=cfg))
 
 
@@ -321,9 +372,20 @@ def test_fuzzed_bodies_never_crash_the_server():
     values = [None, True, False, -1, 0, 1, 7, 10**12, 2.5, -0.5, "", "x", "7", [], [1, 2], ["a"], [[1]], {}, {"a": 1}]
     bases = [
         ("/v1/completions", {"model": "mocker", "prompt": "hi there", "max_tokens": 3, "stream": False}),
-        ("/v1/completions", {"model": "mocker", "input_length": 20, "hash_ids": [1, 2], "max_tokens": 2, "stream": True}),
-        ("/v1/chat/completions", {"model": "mocker", "messages": [{"role": "user", "content": "yo"}], "max_tokens": 2,
-                                  "stream": True, "stream_options": {"include_usage": True}}),
+        (
+            "/v1/completions",
+            {"model": "mocker", "input_length": 20, "hash_ids": [1, 2], "max_tokens": 2, "stream": True},
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "mocker",
+                "messages": [{"role": "user", "content": "yo"}],
+                "max_tokens": 2,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ),
     ]
 
     async def body(s, w, f):
@@ -331,7 +393,9 @@ def test_fuzzed_bodies_never_crash_the_server():
         for i in range(150):
             path, base = bases[i % len(bases)]
             b = dict(base)
-            k = rng.choice(list(b) + ["n", "temperature", "min_tokens", "max_completion_tokens", "ignore_eos", "prefill_done"])
+            k = rng.choice(
+                list(b) + ["n", "temperature", "min_tokens", "max_completion_tokens", "ignore_eos", "prefill_done"]
+            )
             if rng.random() < 0.2:
                 b.pop(k, None)
             else:
@@ -347,7 +411,12 @@ def test_fuzzed_bodies_never_crash_the_server():
         for core in f.engines:
             assert not core.has_work()
             core.kv.check_invariants()
-    run(_with_worker(body, cfg=EngineConfig(speedup_ratio=200.0, num_gpu_blocks=256, block_size=16, trace_block_size=16)))
+
+    run(
+        _with_worker(
+            body, cfg=EngineConfig(speedup_ratio=200.0, num_gpu_blocks=256, block_size=16, trace_block_size=16)
+        )
+    )
 
 
 def test_kv_transfer_delay_formula():
@@ -366,7 +435,9 @@ def test_kv_usage_gauge_is_active_blocks_over_capacity():
 
     async def body(s, w, f):
         # 200-token prompt: 13 blocks (ceil(201/16) once the first output token is appended)
-        r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 200, "max_tokens": 400, "stream": True})
+        r = await s.post(
+            "/v1/completions", json={"model": "mocker", "input_length": 200, "max_tokens": 400, "stream": True}
+        )
         await r.content.readline()
         await r.content.readline()
         await asyncio.sleep(0.05)
@@ -377,6 +448,7 @@ def test_kv_usage_gauge_is_active_blocks_over_capacity():
         assert running == 1.0
         assert 13 / 100 <= usage <= core.active_blocks() / 100 + 1e-9
         r.close()
+
     run(_with_worker(body, cfg=cfg))
 
 
@@ -388,8 +460,12 @@ def test_core_holds_no_finished_request_state_after_many_requests(engine):
 
     async def body(s, w, f):
         n = 12
-        rs = await asyncio.gather(*[s.post("/v1/completions", json={"model": "mocker", "input_length": 40 + i, "max_tokens": 3 + i % 4})
-                                    for i in range(n)])
+        rs = await asyncio.gather(
+            *[
+                s.post("/v1/completions", json={"model": "mocker", "input_length": 40 + i, "max_tokens": 3 + i % 4})
+                for i in range(n)
+            ]
+        )
         assert [r.status for r in rs] == [200] * n
         bodies = [await r.json() for r in rs]
         assert sum(b["usage"]["completion_tokens"] for b in bodies) == sum(3 + i % 4 for i in range(n))
@@ -399,6 +475,7 @@ def test_core_holds_no_finished_request_state_after_many_requests(engine):
         assert core.pass_end_times().size == 0 and core._ends_base == core.pass_index > 0
         # the records the worker kept are whole: every token time of the engine timeline is there
         assert sorted(len(r.token_times_ms) for r in w.records) == sorted(3 + i % 4 for i in range(n))
+
     run(_with_worker(body, cfg=cfg))
 
 
@@ -424,15 +501,19 @@ def test_kv_events_replay_to_the_cores_cached_blocks(trace_block_size):
             cached: set[int] = set()
             last_id = 0
             kinds = set()
-            prompts = [[1000 * i + j for j in range(25)] for i in range(5)] + [[0 + j for j in range(20)] + [7, 8, 9, 10, 11]]
+            prompts = [[1000 * i + j for j in range(25)] for i in range(5)] + [
+                [0 + j for j in range(20)] + [7, 8, 9, 10, 11]
+            ]
             for ids in prompts:  # one at a time: each one's blocks are cached after it finishes
-                r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 400, "hash_ids": ids, "max_tokens": 3})
+                r = await s.post(
+                    "/v1/completions", json={"model": "mocker", "input_length": 400, "hash_ids": ids, "max_tokens": 3}
+                )
                 assert r.status == 200
             await asyncio.sleep(0.1)
             while True:
                 try:
                     _, payload = await asyncio.wait_for(sub.recv_multipart(), 0.5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
                 ev = decode_kv_event(payload)
                 assert ev.event_id == last_id + 1  # no gap
@@ -453,7 +534,13 @@ def test_kv_events_replay_to_the_cores_cached_blocks(trace_block_size):
         finally:
             sub.close(0)
             ctx.term()
-    run(_with_worker(body, cfg=EngineConfig(speedup_ratio=100.0, num_gpu_blocks=64, block_size=16, trace_block_size=trace_block_size)))
+
+    run(
+        _with_worker(
+            body,
+            cfg=EngineConfig(speedup_ratio=100.0, num_gpu_blocks=64, block_size=16, trace_block_size=trace_block_size),
+        )
+    )
 
 
 def test_driver_uses_the_receipt_stamp_and_keeps_arrivals_in_order():
@@ -490,6 +577,7 @@ def test_driver_uses_the_receipt_stamp_and_keeps_arrivals_in_order():
                 assert live.record.first_token_ms - t_recv == pytest.approx(o.first_token_ms, abs=1e-6)
         finally:
             await drv.stop()
+
     run(go())
 
 
@@ -518,6 +606,7 @@ def test_driver_stamp_never_before_the_pass_in_flight():
                 pass
         finally:
             await drv.stop()
+
     run(go())
 
 
@@ -549,18 +638,29 @@ def test_driver_keeps_running_when_a_pass_hook_raises():
             assert drv.hook_errors == len(calls) >= 3  # one prefill pass + two decode passes at least
         finally:
             await drv.stop()
+
     run(go())
 
 
 def test_dp_rank_field_picks_the_rank_and_bad_values_are_400():
     async def body(s, w, f):
         for bad in (2, -1, True, "1", 1.0):
-            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 2, "dp_rank": bad})
+            r = await s.post(
+                "/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 2, "dp_rank": bad}
+            )
             assert r.status == 400
             err = (await r.json())["error"]
             assert err["param"] == "dp_rank" and "0..1" in err["message"]
         for rank in (1, 1, 0, 1):
-            r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 2, "dp_rank": rank})
+            r = await s.post(
+                "/v1/completions", json={"model": "mocker", "input_length": 8, "max_tokens": 2, "dp_rank": rank}
+            )
             assert r.status == 200
-        assert [r.dp_rank for r in w.records] == [1, 1, 0, 1]  # one at a time: the least-loaded choice would be 0 each time
+        assert [r.dp_rank for r in w.records] == [
+            1,
+            1,
+            0,
+            1,
+        ]  # one at a time: the least-loaded choice would be 0 each time
+
     run(_with_worker(body, dp_size=2))

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,21 @@ FAST_WORKER = ["--speedup-ratio", "20", "--num-gpu-blocks", "2048", "--block-siz
 
 
 def write_profile(path: Path) -> Path:
-    save_profile(profile_from_arrays({
-        "prefill_isl": np.array([50.0, 4000.0]), "prefill_ttft_ms": np.array([20.0, 200.0]),
-        "prefill_thpt_per_gpu": np.array([1000.0, 1000.0]),
-        "decode_kv_usage": np.array([0.0, 1.0]), "decode_context_length": np.array([10.0, 10000.0]),
-        "decode_itl_ms": np.array([[5.0, 5.0], [20.0, 20.0]]),
-        "decode_thpt_per_gpu": np.array([[0.0, 0.0], [20000.0, 20000.0]]),
-        "decode_max_kv_tokens": np.array([100000.0])}), path)
+    save_profile(
+        profile_from_arrays(
+            {
+                "prefill_isl": np.array([50.0, 4000.0]),
+                "prefill_ttft_ms": np.array([20.0, 200.0]),
+                "prefill_thpt_per_gpu": np.array([1000.0, 1000.0]),
+                "decode_kv_usage": np.array([0.0, 1.0]),
+                "decode_context_length": np.array([10.0, 10000.0]),
+                "decode_itl_ms": np.array([[5.0, 5.0], [20.0, 20.0]]),
+                "decode_thpt_per_gpu": np.array([[0.0, 0.0], [20000.0, 20000.0]]),
+                "decode_max_kv_tokens": np.array([100000.0]),
+            }
+        ),
+        path,
+    )
     return path
 
 
@@ -48,10 +55,19 @@ def stack_file(dir_: Path, planner: dict[str, Any] | None = None, **sections: An
     """A stack YAML in ``dir_`` (profile written next to it); ``sections`` override top-level keys."""
     write_profile(dir_ / "profile.npz")
     doc: dict[str, Any] = {
-        "planner": {"mode": "agg", "adjustment_interval_s": 3, "load_adjustment_interval_s": 1, "predictor": "constant",
-                    "correction_enabled": False, "simulated_sizing": False,
-                    "agg": {"min_replicas": 1, "max_replicas": 3}, **(planner or {})},
-        "profile": "profile.npz", "state_dir": "state", "service": {"port": 0},
+        "planner": {
+            "mode": "agg",
+            "adjustment_interval_s": 3,
+            "load_adjustment_interval_s": 1,
+            "predictor": "constant",
+            "correction_enabled": False,
+            "simulated_sizing": False,
+            "agg": {"min_replicas": 1, "max_replicas": 3},
+            **(planner or {}),
+        },
+        "profile": "profile.npz",
+        "state_dir": "state",
+        "service": {"port": 0},
         "frontend": {"port": 0, "poll_s": 0.2},
         "fleet": {"initial": {"agg": 1}, "worker_args": {"agg": FAST_WORKER}, "drain_grace_s": 1.0},
         "prometheus": {"scrape_interval_s": 0.5},
@@ -69,8 +85,16 @@ def step_trace(path: Path, phases: list[tuple[float, float]], isl: int = 200, os
         n = int(round(rate * dur))
         for i in range(n):
             blocks = (isl + 15) // 16
-            lines.append(json.dumps({"timestamp": round(t_ms + i * 1000.0 / rate, 3), "input_length": isl,
-                                     "output_length": osl, "hash_ids": list(range(hid, hid + blocks))}))
+            lines.append(
+                json.dumps(
+                    {
+                        "timestamp": round(t_ms + i * 1000.0 / rate, 3),
+                        "input_length": isl,
+                        "output_length": osl,
+                        "hash_ids": list(range(hid, hid + blocks)),
+                    }
+                )
+            )
             hid += blocks
         t_ms += dur * 1000.0
     path.write_text("\n".join(lines) + "\n")
@@ -105,8 +129,9 @@ def pid_alive(pid: int) -> bool:
 class UpStack:
     """``dynoplan up --config STACK`` as a real process; records every pid it ever sees."""
 
-    def __init__(self, config: Path, state_dir: Path | None = None, log_name: str = "up.log",
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, state_dir: Path | None = None, log_name: str = "up.log", env: dict[str, str] | None = None
+    ) -> None:
         self.config = config
         self.state = state_dir or config.parent / "state"
         self.log = config.parent / log_name
@@ -122,7 +147,7 @@ class UpStack:
         self.frontend_url: str = self.info["frontend_url"]
         self.prometheus_url: str | None = self.info.get("prometheus_url")
 
-    def __enter__(self) -> "UpStack":
+    def __enter__(self) -> UpStack:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -148,9 +173,25 @@ class UpStack:
 
     def loadgen(self, trace: Path, *flags: str, timeout_s: float = 240) -> tuple[int, dict[str, Any], str]:
         out = trace.with_suffix(".report.json")
-        p = subprocess.run(DYNOPLAN + ["loadgen", "--quiet", "--url", self.frontend_url, "--trace", str(trace),
-                                       "--trace-block-size", "16", "--report-json", str(out), *flags],
-                           capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(
+            DYNOPLAN
+            + [
+                "loadgen",
+                "--quiet",
+                "--url",
+                self.frontend_url,
+                "--trace",
+                str(trace),
+                "--trace-block-size",
+                "16",
+                "--report-json",
+                str(out),
+                *flags,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         return p.returncode, (json.loads(out.read_text()) if out.exists() else {}), p.stderr
 
     def stop(self) -> None:

@@ -21,13 +21,27 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_problem_is_named_at_once(tmp_path):
     with pytest.raises(ConfigError) as e:
-        stack_config_from_mapping({"planner": {"mode": "agg", "ttft_ms": -1}, "connector": "k8s", "bogus": 1,
-                                   "frontend": {"router": "random"}, "fleet": {"initial": {"decode": 2}},
-                                   "prometheus": {"enabled": "maybe"}}, tmp_path)
+        stack_config_from_mapping(
+            {
+                "planner": {"mode": "agg", "ttft_ms": -1},
+                "connector": "k8s",
+                "bogus": 1,
+                "frontend": {"router": "random"},
+                "fleet": {"initial": {"decode": 2}},
+                "prometheus": {"enabled": "maybe"},
+            },
+            tmp_path,
+        )
     msg = str(e.value)
-    for part in ("planner.ttft_ms=-1", "connector='k8s'", "bogus: unknown setting", "frontend.router='random'",
-                 "fleet.initial.decode: pool not planned in mode 'agg'", "prometheus.enabled='maybe'",
-                 "profile=None: expected a performance profile"):
+    for part in (
+        "planner.ttft_ms=-1",
+        "connector='k8s'",
+        "bogus: unknown setting",
+        "frontend.router='random'",
+        "fleet.initial.decode: pool not planned in mode 'agg'",
+        "prometheus.enabled='maybe'",
+        "profile=None: expected a performance profile",
+    ):
         assert part in msg, part
 
 
@@ -78,29 +92,48 @@ def test_planner_port_in_use(tmp_path):
 def test_values_checked_with_field_value_expectation(tmp_path):
     (tmp_path / "ca.pem").write_text("not checked here")
     with pytest.raises(ConfigError) as e:
-        stack_config_from_mapping({"planner": {"mode": "agg", "agg": {"min_replicas": 1, "max_replicas": 3}},
-                                   "service": {"port": 70000, "token": 123}, "frontend": {"port": -1},
-                                   "fleet": {"initial": {"agg": 9}},
-                                   "prometheus": {"url": "localhost:9090", "ca_file": "missing.pem", "port": "x"}},
-                                  tmp_path)
+        stack_config_from_mapping(
+            {
+                "planner": {"mode": "agg", "agg": {"min_replicas": 1, "max_replicas": 3}},
+                "service": {"port": 70000, "token": 123},
+                "frontend": {"port": -1},
+                "fleet": {"initial": {"agg": 9}},
+                "prometheus": {"url": "localhost:9090", "ca_file": "missing.pem", "port": "x"},
+            },
+            tmp_path,
+        )
     msg = str(e.value)
     assert e.value.problems == [
-        "service.port=70000: expected <= 65535", "service.token=123: expected a string",
-        "frontend.port=-1: expected >= 0", "prometheus.url='localhost:9090': expected text matching ^https?://",
+        "service.port=70000: expected <= 65535",
+        "service.token=123: expected a string",
+        "frontend.port=-1: expected >= 0",
+        "prometheus.url='localhost:9090': expected text matching ^https?://",
         "prometheus.port='x': expected an integer",
         "profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true",
         "fleet.initial.agg=9: expected at most planner.agg.max_replicas=3",
-        f"prometheus.ca_file={str(tmp_path / 'missing.pem')!r}: file not found (expected a PEM CA bundle)"], msg
-    ok = stack_config_from_mapping({"planner": {"mode": "agg", "throughput_enabled": False, "load_enabled": True},
-                                    "prometheus": {"url": "https://p:9090", "ca_file": "ca.pem"}}, tmp_path)
+        f"prometheus.ca_file={str(tmp_path / 'missing.pem')!r}: file not found (expected a PEM CA bundle)",
+    ], msg
+    ok = stack_config_from_mapping(
+        {
+            "planner": {"mode": "agg", "throughput_enabled": False, "load_enabled": True},
+            "prometheus": {"url": "https://p:9090", "ca_file": "ca.pem"},
+        },
+        tmp_path,
+    )
     assert ok.prometheus_ca_file == str(tmp_path / "ca.pem")
 
 
 def test_unknown_mode_reported_alone(tmp_path):
     """A bad mode is one problem; the pools of the other sections are not judged against a guessed mode."""
     with pytest.raises(ConfigError) as e:
-        stack_config_from_mapping({"planner": {"mode": "foo"}, "profile": str(write_profile(tmp_path / "p.npz")),
-                                   "fleet": {"initial": {"agg": 1}}}, tmp_path)
+        stack_config_from_mapping(
+            {
+                "planner": {"mode": "foo"},
+                "profile": str(write_profile(tmp_path / "p.npz")),
+                "fleet": {"initial": {"agg": 1}},
+            },
+            tmp_path,
+        )
     assert e.value.problems == ["planner.mode='foo': expected one of 'disagg', 'prefill', 'decode' or 'agg'"]
 
 
@@ -123,8 +156,11 @@ def test_up_bad_worker_flag_reports_the_worker_error(tmp_path):
     error and leaves nothing running. The state dir existed before, so it keeps what the run wrote (a fresh one
     is removed: tests/liveplanner/test_cli_small_things.py)."""
     (tmp_path / "state").mkdir()
-    p = stack_file(tmp_path, prometheus={"enabled": False},
-                   fleet={"initial": {"agg": 1}, "worker_args": {"agg": ["--speedup-ratio", "-3"]}})
+    p = stack_file(
+        tmp_path,
+        prometheus={"enabled": False},
+        fleet={"initial": {"agg": 1}, "worker_args": {"agg": ["--speedup-ratio", "-3"]}},
+    )
     r = _run("up", "--config", str(p))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "fleet.worker_args.agg=['--speedup-ratio', '-3']: worker agg-1 exited during start-up: " in r.stderr
@@ -149,14 +185,24 @@ def test_up_bad_profile_and_prometheus_binary(tmp_path):
     p = stack_file(tmp_path)
     import os
 
-    r = subprocess.run(DYNOPLAN + ["up", "--config", str(p)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "DYNOPLAN_PROMETHEUS": str(tmp_path / "nope")})
+    r = subprocess.run(
+        DYNOPLAN + ["up", "--config", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DYNOPLAN_PROMETHEUS": str(tmp_path / "nope")},
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"DYNOPLAN_PROMETHEUS={str(tmp_path / 'nope')!r}: expected the path of an executable" in r.stderr
     # prometheus.enabled: true without the binary: refused before anything starts
     env = {k: v for k, v in os.environ.items() if k != "DYNOPLAN_PROMETHEUS"}
-    r = subprocess.run(DYNOPLAN + ["up", "--config", str(stack_file(tmp_path, prometheus={"enabled": True}))],
-                       capture_output=True, text=True, timeout=60, env={**env, "PATH": str(tmp_path)})
+    r = subprocess.run(
+        DYNOPLAN + ["up", "--config", str(stack_file(tmp_path, prometheus={"enabled": True}))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PATH": str(tmp_path)},
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "prometheus.enabled=true: expected a `prometheus` binary on PATH" in r.stderr
     assert not (tmp_path / "state" / "stack.json").exists()
@@ -182,8 +228,9 @@ def test_up_stops_promptly_when_interrupted_during_start_up(tmp_path):
     fake.chmod(0o755)
     p = stack_file(tmp_path)
     log = tmp_path / "up.log"
-    proc = start_process(DYNOPLAN + ["up", "--config", str(p)], log,
-                         env={**os.environ, "DYNOPLAN_PROMETHEUS": str(fake)})
+    proc = start_process(
+        DYNOPLAN + ["up", "--config", str(p)], log, env={**os.environ, "DYNOPLAN_PROMETHEUS": str(fake)}
+    )
     info_path = tmp_path / "state" / "stack.json"
 
     def prometheus_started() -> bool:
@@ -229,8 +276,9 @@ def test_second_up_on_a_running_stack_is_refused(tmp_path):
     p = stack_file(tmp_path, prometheus={"enabled": False})
     first = start_process(DYNOPLAN + ["up", "--config", str(p)], tmp_path / "up1.log")
     try:
-        wait_until(lambda: "ready" in (tmp_path / "up1.log").read_text().split(), 120, "first up", first,
-                   tmp_path / "up1.log")
+        wait_until(
+            lambda: "ready" in (tmp_path / "up1.log").read_text().split(), 120, "first up", first, tmp_path / "up1.log"
+        )
         info = json.loads((tmp_path / "state" / "stack.json").read_text())
         r = _run("up", "--config", str(p))
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
@@ -246,8 +294,10 @@ def test_load_loop_needs_fpm_from_a_local_fleet(tmp_path):
     base = {"planner": {"mode": "agg", "load_enabled": True}, "profile": "p.npz"}
     with pytest.raises(ConfigError) as e:
         stack_config_from_mapping({**base, "fpm": False}, tmp_path)
-    assert e.value.problems == ["fpm=False: expected true when planner.load_enabled is true (the load loop reads "
-                                "the workers' ForwardPassMetrics)"]
+    assert e.value.problems == [
+        "fpm=False: expected true when planner.load_enabled is true (the load loop reads "
+        "the workers' ForwardPassMetrics)"
+    ]
     with pytest.raises(ConfigError) as e:
         stack_config_from_mapping({**base, "connector": "virtual"}, tmp_path)
     assert e.value.problems[0].startswith("planner.load_enabled=True: expected false with connector virtual")
@@ -257,17 +307,40 @@ def test_load_loop_needs_fpm_from_a_local_fleet(tmp_path):
 def test_stack_sections_strict_types_did_you_mean_and_every_problem_at_once(tmp_path):
     prof = str(write_profile(tmp_path / "p.npz"))
     with pytest.raises(ConfigError) as e:
-        stack_config_from_mapping({"planner": {"mode": "agg", "max_gpu_budget": True}, "profile": prof,
-                                   "service": {"port": True, "hots": "0.0.0.0"}, "frontend": {"poll_s": "0.5"},
-                                   "fleet": {"initial": {"agg": 1.5}, "worker_args": {"agg": [True]}},
-                                   "prometheus": {"timeout_s": False}, "conector": "local"}, tmp_path)
+        stack_config_from_mapping(
+            {
+                "planner": {"mode": "agg", "max_gpu_budget": True},
+                "profile": prof,
+                "service": {"port": True, "hots": "0.0.0.0"},
+                "frontend": {"poll_s": "0.5"},
+                "fleet": {"initial": {"agg": 1.5}, "worker_args": {"agg": [True]}},
+                "prometheus": {"timeout_s": False},
+                "conector": "local",
+            },
+            tmp_path,
+        )
     assert e.value.problems == [
-        "service.port=True: expected an integer", "service.hots: unknown setting (did you mean service.host?)",
-        "frontend.poll_s='0.5': expected a number", "fleet.initial.agg=1.5: expected an integer",
-        "fleet.worker_args.agg.0=True: expected a string", "prometheus.timeout_s=False: expected a number",
-        "conector: unknown setting (did you mean connector?)", "planner.max_gpu_budget=True: expected an integer"]
+        "service.port=True: expected an integer",
+        "service.hots: unknown setting (did you mean service.host?)",
+        "frontend.poll_s='0.5': expected a number",
+        "fleet.initial.agg=1.5: expected an integer",
+        "fleet.worker_args.agg.0=True: expected a string",
+        "prometheus.timeout_s=False: expected a number",
+        "conector: unknown setting (did you mean connector?)",
+        "planner.max_gpu_budget=True: expected an integer",
+    ]
     # numbers in worker_args are their text; YAML's true/false for prometheus.enabled are its words
-    ok = stack_config_from_mapping({"planner": {"mode": "agg"}, "profile": prof, "prometheus": {"enabled": False},
-                                    "fleet": {"worker_args": {"agg": ["--speedup-ratio", 10]}}}, tmp_path)
-    assert (ok.worker_args, ok.prometheus_enabled, ok.initial) == ({"agg": ("--speedup-ratio", "10")}, "false",
-                                                                 {"agg": 1})
+    ok = stack_config_from_mapping(
+        {
+            "planner": {"mode": "agg"},
+            "profile": prof,
+            "prometheus": {"enabled": False},
+            "fleet": {"worker_args": {"agg": ["--speedup-ratio", 10]}},
+        },
+        tmp_path,
+    )
+    assert (ok.worker_args, ok.prometheus_enabled, ok.initial) == (
+        {"agg": ("--speedup-ratio", "10")},
+        "false",
+        {"agg": 1},
+    )

@@ -85,13 +85,20 @@ def test_latency_ticks_read_as_milliseconds_and_close_decision_labels_do_not_ove
             assert {"100 ms", "200 ms", "500 ms", "1000 ms"} <= set(ttft), ttft  # the 200 ms target reads "200 ms"
             vals = [float(t.removesuffix(" ms")) for t in itl]
             # plotly's linear-style ticks of a narrow log range (2 ms apart here), each a full value, the target among them
-            assert len(vals) >= 3 and vals == sorted(vals) and 10 <= min(vals) and max(vals) <= 30 and 20.0 in vals, itl
-            notes = page.evaluate("document.getElementById('replicas').layout.annotations"
-                                  ".map(a => [a.text, a.y, a.yanchor])")
-            assert notes == [["agg 1\u21923", 1, "bottom"], ["agg 3\u21924", 1, "top"], ["agg 4\u21922", 1, "bottom"]], notes
+            assert len(vals) >= 3 and vals == sorted(vals) and min(vals) >= 10 and max(vals) <= 30 and 20.0 in vals, itl
+            notes = page.evaluate(
+                "document.getElementById('replicas').layout.annotations.map(a => [a.text, a.y, a.yanchor])"
+            )
+            assert notes == [
+                ["agg 1\u21923", 1, "bottom"],
+                ["agg 3\u21924", 1, "top"],
+                ["agg 4\u21922", 1, "bottom"],
+            ], notes
             # and drawn apart: the two close labels' boxes do not overlap
-            boxes = page.evaluate("Array.from(document.querySelectorAll('#replicas .annotation')).map(a => "
-                                  "{const r = a.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]})")
+            boxes = page.evaluate(
+                "Array.from(document.querySelectorAll('#replicas .annotation')).map(a => "
+                "{const r = a.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]})"
+            )
             a, b = boxes[0], boxes[1]
             assert a[3] <= b[1] or b[3] <= a[1] or a[2] <= b[0] or b[2] <= a[0], boxes
             assert page.errors() == []

@@ -25,8 +25,9 @@ def test_local_stack_doc_and_example_readme_describe_the_scale_down_alike():
 def test_stack_comment_names_the_loads_prompt_length_and_the_readmes_worker_figures():
     isl = {json.loads(line)["input_length"] for line in (EXAMPLE / "load.jsonl").read_text().splitlines() if line}
     assert isl == {1024}
-    comment = " ".join(ln.lstrip("# ") for ln in (EXAMPLE / "stack.yaml").read_text().splitlines()
-                       if ln.startswith("#"))
+    comment = " ".join(
+        ln.lstrip("# ") for ln in (EXAMPLE / "stack.yaml").read_text().splitlines() if ln.startswith("#")
+    )
     assert re.findall(r"(\d+)-token prompt", comment) == ["1024"], comment
     readme = _flat(EXAMPLE / "README.md")
     assert "one worker serves 4 req/s within the SLA, two serve 8 req/s and three serve 12 req/s" in readme

@@ -35,10 +35,18 @@ def test_example_scales_up_then_down_under_its_documented_load(tmp_path):
     doc = yaml.safe_load((EXAMPLE / "stack.yaml").read_text())
     # the README's profile command (the flags of the stack's workers), into this test's directory
     flags = doc["fleet"]["worker_args"]["agg"]
-    subprocess.run(DYNOPLAN + ["profile", "--out", str(tmp_path / "profile.npz"), *flags], check=True,
-                   capture_output=True, timeout=300)
-    doc.update(profile=str(tmp_path / "profile.npz"), state_dir=str(tmp_path / "state"), service={"port": 0},
-               frontend={**doc["frontend"], "port": 0})
+    subprocess.run(
+        DYNOPLAN + ["profile", "--out", str(tmp_path / "profile.npz"), *flags],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    doc.update(
+        profile=str(tmp_path / "profile.npz"),
+        state_dir=str(tmp_path / "state"),
+        service={"port": 0},
+        frontend={**doc["frontend"], "port": 0},
+    )
     cfg = tmp_path / "stack.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     with UpStack(cfg) as up:
@@ -60,9 +68,11 @@ def test_example_scales_up_then_down_under_its_documented_load(tmp_path):
             time.sleep(0.5)
         th.join()
         rep = result["rep"]
-        print(f"\nexample live-scaling: replicas over time (s since the load started, spec) {timeline}; "
-              f"loadgen {rep['completed_requests']}/{rep['num_requests']} completed, p99 TTFT {rep['p99_ttft_ms']:.0f} ms, "
-              f"p99 ITL {rep['p99_itl_ms']:.1f} ms")
+        print(
+            f"\nexample live-scaling: replicas over time (s since the load started, spec) {timeline}; "
+            f"loadgen {rep['completed_requests']}/{rep['num_requests']} completed, p99 TTFT {rep['p99_ttft_ms']:.0f} ms, "
+            f"p99 ITL {rep['p99_itl_ms']:.1f} ms"
+        )
         assert result["rc"] == 0 and rep["failed_requests"] == 0, rep.get("failures")
         peak = max(s for _, s in timeline)
         assert peak >= 2, timeline  # scaled up under the 10 req/s phase

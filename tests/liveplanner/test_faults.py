@@ -32,30 +32,47 @@ def _tp_ticks(st: dict, after: float) -> list[dict]:
 
 def test_prometheus_outage_then_planner_restart(tmp_path, prometheus_factory):
     fe_port, pl_port = free_port(), free_port()
-    prom = prometheus_factory({"frontend": [f"127.0.0.1:{fe_port}"], "planner": [f"127.0.0.1:{pl_port}"]},
-                              scrape_interval_s=0.5)
-    cfg = stack_file(tmp_path, planner={"agg": {"min_replicas": 2, "max_replicas": 3}, "adjustment_interval_s": 2},
-                     service={"port": pl_port}, frontend={"port": fe_port, "poll_s": 0.2},
-                     prometheus={"enabled": False, "url": prom.url})
+    prom = prometheus_factory(
+        {"frontend": [f"127.0.0.1:{fe_port}"], "planner": [f"127.0.0.1:{pl_port}"]}, scrape_interval_s=0.5
+    )
+    cfg = stack_file(
+        tmp_path,
+        planner={"agg": {"min_replicas": 2, "max_replicas": 3}, "adjustment_interval_s": 2},
+        service={"port": pl_port},
+        frontend={"port": fe_port, "poll_s": 0.2},
+        prometheus={"enabled": False, "url": prom.url},
+    )
     with UpStack(cfg) as up:
         # min_replicas 2 > the initial 1: the planner raises the fleet, and waits for readiness
         up.wait(lambda: up.state_json()["pools"]["agg"] == {"spec": 2, "ready": 2}, 60, "fleet of 2 ready")
         t0 = time.time()
-        up.wait(lambda: any(t["observed_rps"] == 0.0 for t in _tp_ticks(up.state_json(), t0)), 30,
-                "a throughput tick with known (zero) traffic")
+        up.wait(
+            lambda: any(t["observed_rps"] == 0.0 for t in _tp_ticks(up.state_json(), t0)),
+            30,
+            "a throughput tick with known (zero) traffic",
+        )
         # --- Prometheus down: hold, never zero demand
         prom.stop_process()
         t_down = time.time()
-        up.wait(lambda: any(t["reason"] == "hold_metrics_unknown" and t["observed_rps"] is None
-                            for t in _tp_ticks(up.state_json(), t_down + 0.5)), 30, "hold_metrics_unknown")
+        up.wait(
+            lambda: any(
+                t["reason"] == "hold_metrics_unknown" and t["observed_rps"] is None
+                for t in _tp_ticks(up.state_json(), t_down + 0.5)
+            ),
+            30,
+            "hold_metrics_unknown",
+        )
         st = up.state_json()
         assert st["pools"]["agg"]["spec"] == 2 and st["traffic_error"]
         assert "dynoplan_planner_traffic_unknown_total" in requests.get(up.planner_url + "/metrics", timeout=5).text
         # --- Prometheus back: the planner resumes reading
         prom.start_process()
         t_up = time.time()
-        up.wait(lambda: any(t["observed_rps"] is not None for t in _tp_ticks(up.state_json(), t_up)), 30,
-                "throughput loop resumes")
+        up.wait(
+            lambda: any(t["observed_rps"] is not None for t in _tp_ticks(up.state_json(), t_up)),
+            30,
+            "throughput loop resumes",
+        )
         assert up.state_json()["pools"]["agg"]["spec"] == 2
         # --- planner killed: up restarts it; it adopts the running fleet
         before = {w["name"]: w["pid"] for w in up.fleet()["workers"]}
@@ -75,8 +92,11 @@ def test_prometheus_outage_then_planner_restart(tmp_path, prometheus_factory):
 
 def test_worker_killed_mid_stream(tmp_path):
     slow = ["--speedup-ratio", "2", "--num-gpu-blocks", "2048", "--block-size", "16", "--trace-block-size", "16"]
-    cfg = stack_file(tmp_path, planner={"agg": {"min_replicas": 2, "max_replicas": 2}},
-                     fleet={"initial": {"agg": 2}, "worker_args": {"agg": slow}, "drain_grace_s": 1.0})
+    cfg = stack_file(
+        tmp_path,
+        planner={"agg": {"min_replicas": 2, "max_replicas": 2}},
+        fleet={"initial": {"agg": 2}, "worker_args": {"agg": slow}, "drain_grace_s": 1.0},
+    )
     trace = tmp_path / "steady.jsonl"
     n = step_trace(trace, [(8.0, 6.0)], isl=200, osl=200)
     # prometheus.enabled is auto and no binary can be found: up says so and the planner scrapes directly
@@ -93,8 +113,9 @@ def test_worker_killed_mid_stream(tmp_path):
         th = threading.Thread(target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(trace))))
         th.start()
         # kill when the victim is streaming (it has outstanding requests)
-        up.wait(lambda: sum(requests.get(victim["url"] + "/info", timeout=1).json()["outstanding"]) >= 1, 30,
-                "victim busy")
+        up.wait(
+            lambda: sum(requests.get(victim["url"] + "/info", timeout=1).json()["outstanding"]) >= 1, 30, "victim busy"
+        )
         os.kill(victim["pid"], signal.SIGKILL)
         th.join(120)
         assert not th.is_alive()
@@ -107,10 +128,18 @@ def test_worker_killed_mid_stream(tmp_path):
         assert total(fe, "dynamo_frontend_requests_total", status="success") == n
         assert total(fe, "dynoplan_frontend_request_failures_total") == 0
         retries = total(fe, "dynamo_frontend_request_retries_total")
-        assert retries >= 1 and total(fe, "dynoplan_frontend_stream_continuations_total") <= retries  # the kill was felt
+        assert (
+            retries >= 1 and total(fe, "dynoplan_frontend_stream_continuations_total") <= retries
+        )  # the kill was felt
         # the fleet recovers: the dead worker is replaced and serves
-        up.wait(lambda: up.state_json()["pools"]["agg"] == {"spec": 2, "ready": 2}
-                and victim["name"] not in {w["name"] for w in up.fleet()["workers"]}, 60, "fleet recovered")
+        up.wait(
+            lambda: (
+                up.state_json()["pools"]["agg"] == {"spec": 2, "ready": 2}
+                and victim["name"] not in {w["name"] for w in up.fleet()["workers"]}
+            ),
+            60,
+            "fleet recovered",
+        )
         # the direct-scrape fallback fed the throughput loop with real (non-zero) traffic
         assert any(t["observed_rps"] for t in up.state_json()["ticks"])
         events = up.state_json()["fleet_events"]
@@ -131,4 +160,3 @@ def test_worker_killed_mid_stream(tmp_path):
         up.seen_pids.clear()  # the second run stopped them
     finally:
         up.stop()
-

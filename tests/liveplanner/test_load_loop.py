@@ -23,10 +23,20 @@ MAX_INTERVALS_TO_SCALE_UP = 15  # 8 regression samples (warm-up) + a queue to bu
 
 
 def test_load_loop_scales_up_on_live_fpm(tmp_path):
-    cfg = stack_file(tmp_path, planner={"throughput_enabled": False, "load_enabled": True, "ttft_ms": 200,
-                                        "itl_ms": 50, "adjustment_interval_s": 10, "load_adjustment_interval_s": 1},
-                     profile=None, prometheus={"enabled": False},
-                     fleet={"initial": {"agg": 1}, "worker_args": {"agg": SLOW_WORKER}, "drain_grace_s": 1.0})
+    cfg = stack_file(
+        tmp_path,
+        planner={
+            "throughput_enabled": False,
+            "load_enabled": True,
+            "ttft_ms": 200,
+            "itl_ms": 50,
+            "adjustment_interval_s": 10,
+            "load_adjustment_interval_s": 1,
+        },
+        profile=None,
+        prometheus={"enabled": False},
+        fleet={"initial": {"agg": 1}, "worker_args": {"agg": SLOW_WORKER}, "drain_grace_s": 1.0},
+    )
     with UpStack(cfg) as up:
         assert up.prometheus_url is None and up.spec() == 1
         t_start = up.state_json()["now_s"]
@@ -52,12 +62,17 @@ def test_load_loop_scales_up_on_live_fpm(tmp_path):
         assert not any("throughput" in t["loops"] for t in st["ticks"])
         before = [t for t in load_ticks if t["t"] < first_up_t]
         assert len(before) <= MAX_INTERVALS_TO_SCALE_UP, [(t["reason"], t["estimated_ttft_ms"]) for t in before]
-        over = [i for i, t in enumerate(load_ticks) if t["estimated_ttft_ms"] is not None
-                and (t["estimated_ttft_ms"] > 200 or t["estimated_itl_ms"] > 50)]
+        over = [
+            i
+            for i, t in enumerate(load_ticks)
+            if t["estimated_ttft_ms"] is not None and (t["estimated_ttft_ms"] > 200 or t["estimated_itl_ms"] > 50)
+        ]
         assert over, "the estimate never exceeded the target: no overload"
         first_up_i = next(i for i, t in enumerate(load_ticks) if t["t"] == first_up_t)
-        assert first_up_i - over[0] <= 2, [(t["reason"], t["estimated_ttft_ms"]) for t in load_ticks[:first_up_i + 1]]
-        print(f"load loop: {len(before)} load intervals from load start to the first scale-up "
-              f"({ups[-1]['reason']}), {first_up_i - over[0]} after the first over-target estimate; peak {peak}")
+        assert first_up_i - over[0] <= 2, [(t["reason"], t["estimated_ttft_ms"]) for t in load_ticks[: first_up_i + 1]]
+        print(
+            f"load loop: {len(before)} load intervals from load start to the first scale-up "
+            f"({ups[-1]['reason']}), {first_up_i - over[0]} after the first over-target estimate; peak {peak}"
+        )
         # the estimates came from the workers' FPM over ZMQ
         assert st["engines"] and {e["pool"] for e in st["engines"]} == {"agg"}

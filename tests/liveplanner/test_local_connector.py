@@ -27,9 +27,12 @@ async def _until(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-
 
 
 def test_disagg_fleet_ready_drain_adopt_stop(tmp_path):
-    settings = LocalFleetSettings(state_dir=tmp_path, pools=("prefill", "decode"),
-                                  worker_args={"prefill": tuple(FAST_WORKER), "decode": tuple(FAST_WORKER)},
-                                  drain_grace_s=0.5)
+    settings = LocalFleetSettings(
+        state_dir=tmp_path,
+        pools=("prefill", "decode"),
+        worker_args={"prefill": tuple(FAST_WORKER), "decode": tuple(FAST_WORKER)},
+        drain_grace_s=0.5,
+    )
 
     async def go() -> None:
         conn = LocalConnector(settings, initial={"prefill": 1, "decode": 1})

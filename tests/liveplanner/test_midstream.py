@@ -33,9 +33,12 @@ ISL, OSL = 200, 600
 
 
 def _run(tmp_path, replicas: int, prompt_mode: str):
-    cfg = stack_file(tmp_path, planner={"agg": {"min_replicas": replicas, "max_replicas": replicas}},
-                     fleet={"initial": {"agg": replicas}, "worker_args": {"agg": SLOW_WORKER}, "drain_grace_s": 1.0},
-                     prometheus={"enabled": False})
+    cfg = stack_file(
+        tmp_path,
+        planner={"agg": {"min_replicas": replicas, "max_replicas": replicas}},
+        fleet={"initial": {"agg": replicas}, "worker_args": {"agg": SLOW_WORKER}, "drain_grace_s": 1.0},
+        prometheus={"enabled": False},
+    )
     trace = tmp_path / "burst.jsonl"
     assert step_trace(trace, [(1000.0, BURST / 1000.0)], isl=ISL, osl=OSL) == BURST
     up = UpStack(cfg)
@@ -44,8 +47,9 @@ def _run(tmp_path, replicas: int, prompt_mode: str):
         assert len(fleet) == replicas
         victim = fleet[0]
         result: dict = {}
-        th = threading.Thread(target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(
-            trace, "--prompt-mode", prompt_mode))))
+        th = threading.Thread(
+            target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(trace, "--prompt-mode", prompt_mode)))
+        )
         th.start()
 
         def all_streaming() -> bool:
@@ -81,19 +85,31 @@ def _run(tmp_path, replicas: int, prompt_mode: str):
 def test_killed_worker_streams_continue_elsewhere_with_every_token(tmp_path, prompt_mode):
     n, result, fe = _run(tmp_path, 2, prompt_mode)
     rep = result["rep"]
-    counts = {"victim_streams": n, "loadgen_completed": rep["completed_requests"], "loadgen_failed": rep["failed_requests"],
-              "loadgen_output_tokens": rep["total_output_tokens"],
-              "frontend_success": total(fe, "dynamo_frontend_requests_total", status="success"),
-              "frontend_error": total(fe, "dynamo_frontend_requests_total", status="error"),
-              "frontend_continuations": total(fe, "dynoplan_frontend_stream_continuations_total"),
-              "frontend_retries": total(fe, "dynamo_frontend_request_retries_total"),
-              "frontend_failures": total(fe, "dynoplan_frontend_request_failures_total")}
+    counts = {
+        "victim_streams": n,
+        "loadgen_completed": rep["completed_requests"],
+        "loadgen_failed": rep["failed_requests"],
+        "loadgen_output_tokens": rep["total_output_tokens"],
+        "frontend_success": total(fe, "dynamo_frontend_requests_total", status="success"),
+        "frontend_error": total(fe, "dynamo_frontend_requests_total", status="error"),
+        "frontend_continuations": total(fe, "dynoplan_frontend_stream_continuations_total"),
+        "frontend_retries": total(fe, "dynamo_frontend_request_retries_total"),
+        "frontend_failures": total(fe, "dynoplan_frontend_request_failures_total"),
+    }
     print(f"\nmid-stream kill, 2 workers, prompt mode {prompt_mode}: {counts}")
     assert result["rc"] == 0, (rep.get("failures"), result["err"][-2000:])
     assert 1 <= n < BURST  # least_loaded split the burst over both workers
-    assert counts == {"victim_streams": n, "loadgen_completed": BURST, "loadgen_failed": 0,
-                      "loadgen_output_tokens": BURST * OSL, "frontend_success": BURST, "frontend_error": 0,
-                      "frontend_continuations": n, "frontend_retries": n, "frontend_failures": 0}
+    assert counts == {
+        "victim_streams": n,
+        "loadgen_completed": BURST,
+        "loadgen_failed": 0,
+        "loadgen_output_tokens": BURST * OSL,
+        "frontend_success": BURST,
+        "frontend_error": 0,
+        "frontend_continuations": n,
+        "frontend_retries": n,
+        "frontend_failures": 0,
+    }
     assert rep["failures"] == [] and rep["errors"] == {}
 
 
@@ -101,20 +117,34 @@ def test_killed_worker_streams_continue_elsewhere_with_every_token(tmp_path, pro
 def test_killed_worker_without_a_spare_fails_its_streams_and_both_sides_say_why(tmp_path, prompt_mode):
     n, result, fe = _run(tmp_path, 1, prompt_mode)
     rep = result["rep"]
-    counts = {"victim_streams": n, "loadgen_completed": rep["completed_requests"], "loadgen_failed": rep["failed_requests"],
-              "loadgen_errors": rep["errors"],
-              "frontend_success": total(fe, "dynamo_frontend_requests_total", status="success"),
-              "frontend_error": total(fe, "dynamo_frontend_requests_total", status="error"),
-              "frontend_failures_all_workers_failed": total(fe, "dynoplan_frontend_request_failures_total",
-                                                            reason="all_workers_failed"),
-              "frontend_failures": total(fe, "dynoplan_frontend_request_failures_total")}
+    counts = {
+        "victim_streams": n,
+        "loadgen_completed": rep["completed_requests"],
+        "loadgen_failed": rep["failed_requests"],
+        "loadgen_errors": rep["errors"],
+        "frontend_success": total(fe, "dynamo_frontend_requests_total", status="success"),
+        "frontend_error": total(fe, "dynamo_frontend_requests_total", status="error"),
+        "frontend_failures_all_workers_failed": total(
+            fe, "dynoplan_frontend_request_failures_total", reason="all_workers_failed"
+        ),
+        "frontend_failures": total(fe, "dynoplan_frontend_request_failures_total"),
+    }
     print(f"\nmid-stream kill, 1 worker, prompt mode {prompt_mode}: {counts}")
     assert n == BURST  # the only worker held the whole burst
     assert result["rc"] == 1  # the loadgen exits 1 when requests failed
-    assert counts == {"victim_streams": BURST, "loadgen_completed": 0, "loadgen_failed": BURST,
-                      "loadgen_errors": {"stream_error": BURST}, "frontend_success": 0, "frontend_error": BURST,
-                      "frontend_failures_all_workers_failed": BURST, "frontend_failures": BURST}
+    assert counts == {
+        "victim_streams": BURST,
+        "loadgen_completed": 0,
+        "loadgen_failed": BURST,
+        "loadgen_errors": {"stream_error": BURST},
+        "frontend_success": 0,
+        "frontend_error": BURST,
+        "frontend_failures_all_workers_failed": BURST,
+        "frontend_failures": BURST,
+    }
     assert len(rep["failures"]) == BURST
     for f in rep["failures"]:
-        assert f["reason"] == "stream_error" and f["message"].startswith("all_workers_failed: all workers failed after ")
+        assert f["reason"] == "stream_error" and f["message"].startswith(
+            "all_workers_failed: all workers failed after "
+        )
         assert 1 <= f["tokens"] < OSL and f["expected_tokens"] == OSL

@@ -26,8 +26,10 @@ from tests.liveplanner.stack import UpStack, stack_file
 
 pytestmark = pytest.mark.integration
 
-OUTAGE_BANDS = ("document.getElementById('load').layout.shapes.filter(s => s.name === 'metrics outage')"
-                ".map(s => [new Date(s.x0).getTime() / 1000, new Date(s.x1).getTime() / 1000])")
+OUTAGE_BANDS = (
+    "document.getElementById('load').layout.shapes.filter(s => s.name === 'metrics outage')"
+    ".map(s => [new Date(s.x0).getTime() / 1000, new Date(s.x1).getTime() / 1000])"
+)
 
 
 def _first_sample_s(prom: str, after_s: float) -> float:
@@ -67,8 +69,11 @@ def test_prometheus_killed_is_restarted_and_the_planner_resumes_within_two_ticks
         blocker.listen()
         assert "restarting it in 1 s" not in up.log.read_text() or "restarted (pid" not in up.log.read_text()
         try:
-            up.wait(lambda: any(t["reason"] == "hold_metrics_unknown" and t["t"] > t_kill for t in _tp(up.state_json())),
-                    60, "the planner holds while Prometheus is down")
+            up.wait(
+                lambda: any(t["reason"] == "hold_metrics_unknown" and t["t"] > t_kill for t in _tp(up.state_json())),
+                60,
+                "the planner holds while Prometheus is down",
+            )
             up.wait(lambda: "restarting it in 2 s" in up.log.read_text(), 60, "a failed restart, backed off")
         finally:
             blocker.close()
@@ -82,17 +87,22 @@ def test_prometheus_killed_is_restarted_and_the_planner_resumes_within_two_ticks
         assert "notice: prometheus exited with code -9" in log and "restarting it in 1 s" in log, log[-2000:]
         assert f"notice: prometheus restarted (pid {new_pid}, restart {n_before + 1})" in log
         # the planner resumes: the first throughput tick with known traffic after the restart
-        up.wait(lambda: any(t["observed_rps"] is not None and t["t"] > t_ready for t in _tp(up.state_json())), 60,
-                "throughput loop reads traffic again")
+        up.wait(
+            lambda: any(t["observed_rps"] is not None and t["t"] > t_ready for t in _tp(up.state_json())),
+            60,
+            "throughput loop reads traffic again",
+        )
         st = up.state_json()
         t_data = _first_sample_s(up.prometheus_url, t_kill)
         after = [t for t in _tp(st) if t["t"] > t_ready]
         first_known = next(i for i, t in enumerate(after) if t["observed_rps"] is not None)
         held = [t for t in _tp(st) if t_kill < t["t"] <= t_ready]
-        print(f"\nprometheus outage: {len(held)} throughput ticks held ({sorted({t['reason'] for t in held})}), "
-              f"resumed at throughput tick {first_known + 1} after the restarted Prometheus answered "
-              f"(its first frontend sample {t_data - t_ready:+.1f} s after it answered, the resuming tick "
-              f"{after[first_known]['t'] - t_ready:+.1f} s)")
+        print(
+            f"\nprometheus outage: {len(held)} throughput ticks held ({sorted({t['reason'] for t in held})}), "
+            f"resumed at throughput tick {first_known + 1} after the restarted Prometheus answered "
+            f"(its first frontend sample {t_data - t_ready:+.1f} s after it answered, the resuming tick "
+            f"{after[first_known]['t'] - t_ready:+.1f} s)"
+        )
         assert first_known + 1 <= 2
         assert held and all(t["reason"] == "hold_metrics_unknown" and t["metrics_unknown"] for t in held), held
         assert all(t["observed_rps"] is None and t["predicted_rps"] is None and t["forecast_rps"] is None for t in held)
@@ -102,26 +112,40 @@ def test_prometheus_killed_is_restarted_and_the_planner_resumes_within_two_ticks
         # --- a worker dies: marked too
         victim = up.fleet()["workers"][0]
         os.kill(victim["pid"], signal.SIGKILL)
-        up.wait(lambda: any(d["worker"] == victim["name"] for d in up.state_json()["marks"]["deaths"]), 60,
-                "the death in the dashboard state")
+        up.wait(
+            lambda: any(d["worker"] == victim["name"] for d in up.state_json()["marks"]["deaths"]),
+            60,
+            "the death in the dashboard state",
+        )
         # --- the dashboard in Chromium, once it has data: the outage band and gaps, the death line
-        page = chromium.open(up.planner_url + "/", wait_for="window.dashboardReady === true && "
-                             "window.dashboardState.ticks.some(t => t.observed_rps !== null) && "
-                             "document.getElementById('status').textContent !== 'loading...'")
+        page = chromium.open(
+            up.planner_url + "/",
+            wait_for="window.dashboardReady === true && "
+            "window.dashboardState.ticks.some(t => t.observed_rps !== null) && "
+            "document.getElementById('status').textContent !== 'loading...'",
+        )
         try:
-            page.wait_for(f"window.dashboardState.marks.deaths.some(d => d.worker === {victim['name']!r})", timeout_s=30)
+            page.wait_for(
+                f"window.dashboardState.marks.deaths.some(d => d.worker === {victim['name']!r})", timeout_s=30
+            )
             bands = page.evaluate(OUTAGE_BANDS)
             assert len(bands) == 1 and abs(bands[0][0] - outages[0]["start_s"]) < 2e-3, (bands, outages)
             # the lines break in the outage: the traces hold null at exactly the held ticks' times
-            gaps = page.evaluate("(() => { const d = document.getElementById('load').data; return d.map(tr => "
-                                 "[tr.name, tr.x.filter((x, i) => tr.y[i] === null).map(x => new Date(x).getTime() / 1000)]); })()")
+            gaps = page.evaluate(
+                "(() => { const d = document.getElementById('load').data; return d.map(tr => "
+                "[tr.name, tr.x.filter((x, i) => tr.y[i] === null).map(x => new Date(x).getTime() / 1000)]); })()"
+            )
             for name, xs in gaps:  # (Date keeps whole milliseconds)
                 assert all(any(abs(x - t["t"]) < 2e-3 for x in xs) for t in held), (name, xs, held)
-            deaths = page.evaluate("document.getElementById('load').layout.shapes.filter(s => s.name && "
-                                   "s.name.startsWith('died ')).map(s => s.name)")
+            deaths = page.evaluate(
+                "document.getElementById('load').layout.shapes.filter(s => s.name && "
+                "s.name.startsWith('died ')).map(s => s.name)"
+            )
             assert f"died {victim['name']}" in deaths, deaths
-            assert page.evaluate("document.getElementById('replicas').layout.annotations.some(a => "
-                                 f"a.text.indexOf({victim['name']!r} + ' died') >= 0)")
+            assert page.evaluate(
+                "document.getElementById('replicas').layout.annotations.some(a => "
+                f"a.text.indexOf({victim['name']!r} + ' died') >= 0)"
+            )
             print(f"dashboard screenshot: {page.screenshot(tmp_path / 'dashboard.png')}")
             assert page.errors() == []
         finally:

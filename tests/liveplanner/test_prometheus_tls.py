@@ -40,15 +40,32 @@ def _make_ca(dir_: Path, name: str) -> tuple[Path, object, object]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     path = dir_ / f"{name}.pem"
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path, cert, key
@@ -61,18 +78,27 @@ def _server_cert(dir_: Path, ca_cert, ca_key) -> tuple[Path, Path]:  # type: ign
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     crt, k = dir_ / "server.crt", dir_ / "server.key"
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
+    k.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return crt, k
 
 
@@ -83,8 +109,11 @@ class _Exposition(http.server.BaseHTTPRequestHandler):
         n = RATE_RPS * (time.time() - self.t0)
         lines = [f"# TYPE {REQUESTS_STARTED[:-6]} counter", f'{REQUESTS_STARTED}{{model="mocker"}} {n}']
         for key, metric in HISTOGRAMS.items():
-            lines += [f"# TYPE {metric} summary", f'{metric}_sum{{model="mocker"}} {MEANS[key] * n}',
-                      f'{metric}_count{{model="mocker"}} {n}']
+            lines += [
+                f"# TYPE {metric} summary",
+                f'{metric}_sum{{model="mocker"}} {MEANS[key] * n}',
+                f'{metric}_count{{model="mocker"}} {n}',
+            ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -103,17 +132,32 @@ def tls_prometheus(tmp_path):
     crt, key = _server_cert(tmp_path, ca_cert, ca_key)
     exp = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
     threading.Thread(target=exp.serve_forever, daemon=True).start()
-    (tmp_path / "web.yml").write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(crt),
-                                                                             "key_file": str(key)}}))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "500ms", "scrape_timeout": "500ms", "evaluation_interval": "500ms"},
-        "scrape_configs": [{"job_name": "frontend",
-                            "static_configs": [{"targets": [f"127.0.0.1:{exp.server_address[1]}"]}]}]}))
+    (tmp_path / "web.yml").write_text(
+        yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}})
+    )
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "500ms", "scrape_timeout": "500ms", "evaluation_interval": "500ms"},
+                "scrape_configs": [
+                    {"job_name": "frontend", "static_configs": [{"targets": [f"127.0.0.1:{exp.server_address[1]}"]}]}
+                ],
+            }
+        )
+    )
     port = free_port()
     log = tmp_path / "prometheus.log"
-    proc = start_process([prometheus_binary(), f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--web.config.file={tmp_path / 'web.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], log)
+    proc = start_process(
+        [
+            prometheus_binary(),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--web.config.file={tmp_path / 'web.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        log,
+    )
     url = f"https://127.0.0.1:{port}"
 
     def ready() -> bool:

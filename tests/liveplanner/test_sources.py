@@ -19,8 +19,14 @@ from aiohttp import ClientSession, web
 
 from dynoplan.errors import ConfigError
 from planner.sources.fpm import FpmSubscriber
-from planner.sources.prometheus import (REQUESTS_STARTED, DirectScrapeTrafficSource, PrometheusSourceSettings,
-                                        PrometheusTrafficSource, interval_queries, label_selector)
+from planner.sources.prometheus import (
+    REQUESTS_STARTED,
+    DirectScrapeTrafficSource,
+    PrometheusSourceSettings,
+    PrometheusTrafficSource,
+    interval_queries,
+    label_selector,
+)
 from tests.infra._proc import free_port, wait_until
 from tests.live.procs import LiveStack
 
@@ -34,8 +40,10 @@ def test_queries_and_selector_shape():
     assert label_selector("m", "ns", "k8s_ns") == '{model="m",k8s_ns="ns"}'
     assert label_selector(None, None) == ""
     q = interval_queries(180, '{model="m"}')
-    assert q["ttft"] == ('sum(increase(dynamo_frontend_time_to_first_token_seconds_sum{model="m"}[180000ms])) / '
-                         'sum(increase(dynamo_frontend_time_to_first_token_seconds_count{model="m"}[180000ms]))')
+    assert q["ttft"] == (
+        'sum(increase(dynamo_frontend_time_to_first_token_seconds_sum{model="m"}[180000ms])) / '
+        'sum(increase(dynamo_frontend_time_to_first_token_seconds_count{model="m"}[180000ms]))'
+    )
     assert q["num_requests"] == 'sum(increase(dynamo_frontend_requests_started_total{model="m"}[180000ms]))'
 
 
@@ -95,8 +103,14 @@ def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
         try:
             t0 = time.time()
             n = 40
-            rc, rep, err = st.loadgen("--url", fe, "--trace-block-size", "16", "--trace",
-                                      f"synthetic:poisson?rate=40&num_requests={n}&isl=uniform:100:600&osl=uniform:5:40&seed=7")
+            rc, rep, err = st.loadgen(
+                "--url",
+                fe,
+                "--trace-block-size",
+                "16",
+                "--trace",
+                f"synthetic:poisson?rate=40&num_requests={n}&isl=uniform:100:600&osl=uniform:5:40&seed=7",
+            )
             assert rc == 0 and rep["completed_requests"] == n, err
             prom.wait_for_scrapes(3)
             time.sleep(0.6)
@@ -134,7 +148,9 @@ def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
             for (le_t, c_t), (le_d, c_d) in zip(tw.gap_buckets, dw.gap_buckets, strict=True):
                 assert le_t == le_d and c_t / tw_gaps == pytest.approx(c_d / (n - 1), abs=1e-9)
             # the gaps' total is the span of the arrivals, which a Poisson trace of 40 req/s puts near 1 s
-            assert 0.2 < prom.query_scalar('sum(dynoplan_frontend_request_interarrival_seconds_sum{model="mocker"})') < 5
+            assert (
+                0.2 < prom.query_scalar('sum(dynoplan_frontend_request_interarrival_seconds_sum{model="mocker"})') < 5
+            )
             assert tw.num_inflight == 0.0 and dw.num_inflight == 0.0
             # a model nobody serves: empty result = unknown
             other = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="nobody"))
@@ -155,7 +171,8 @@ def test_prometheus_and_direct_scrape_agree_with_the_load(prometheus_factory):
                 bad = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker", bearer_token="nope"))
                 assert bad.read(window) is None and bad.last_error == (
                     f"HTTP 401 from {purl} with the configured prometheus.bearer_token: expected the server's token "
-                    "in prometheus.bearer_token")
+                    "in prometheus.bearer_token"
+                )
                 none = PrometheusTrafficSource(PrometheusSourceSettings(url=purl, model="mocker"))
                 assert none.read(window) is None and none.last_error.startswith(f"HTTP 401 from {purl} with no bearer")
             finally:
@@ -177,8 +194,11 @@ def test_fpm_subscriber_tags_pool_keeps_latest_and_drops_stale():
             got: list = []
 
             def some_passes() -> bool:
-                requests.post(w + "/v1/completions", json={"model": "mocker", "prompt": "hi", "max_tokens": 4,
-                                                           "input_length": 100}, timeout=10)
+                requests.post(
+                    w + "/v1/completions",
+                    json={"model": "mocker", "prompt": "hi", "max_tokens": 4, "input_length": 100},
+                    timeout=10,
+                )
                 got.extend(sub.drain())
                 return any(p.wall_time > 0 for p in got)
 
@@ -238,8 +258,11 @@ def test_histograms_and_inflight_read_back_from_a_real_prometheus(prometheus_fac
         a.inflight.labels("mocker").inc(2)
         b.inflight.labels("mocker").inc(3)
         b.inflight.labels("other").inc(7)
-        wait_until(lambda: prom.query_scalar(
-            'sum(dynoplan_frontend_request_interarrival_seconds_count{model="mocker"})') == 7, 20, "gaps scraped")
+        wait_until(
+            lambda: prom.query_scalar('sum(dynoplan_frontend_request_interarrival_seconds_count{model="mocker"})') == 7,
+            20,
+            "gaps scraped",
+        )
         prom.wait_for_scrapes(2)
         time.sleep(0.5)  # direct scrapes after the last change
         window = time.time() - t0 + 5.0  # reaches back to samples before the first observation
@@ -252,7 +275,9 @@ def test_histograms_and_inflight_read_back_from_a_real_prometheus(prometheus_fac
         isls = {128: 2, 1024: 1, 8192: 1}
         osls = {32: 2, 1: 1, 512: 1}
         for got, want, n_bounds in ((tw.gap_buckets, gaps, 20), (tw.isl_buckets, isls, 17), (tw.osl_buckets, osls, 17)):
-            assert [le for le, _ in got] == sorted(le for le, _ in got) and len(got) == n_bounds and got[-1][0] == math.inf
+            assert (
+                [le for le, _ in got] == sorted(le for le, _ in got) and len(got) == n_bounds and got[-1][0] == math.inf
+            )
             total = sum(c for _, c in got)
             n = sum(want.values())
             # increase() extrapolates the series of one target by one factor: the shares are exact, the total is
@@ -283,8 +308,13 @@ def test_a_frontend_without_the_new_series_gives_a_known_window(prometheus_facto
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
     r = CollectorRegistry()
-    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "request_duration_seconds",
-                 "input_sequence_tokens", "output_sequence_tokens"):
+    for name in (
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "request_duration_seconds",
+        "input_sequence_tokens",
+        "output_sequence_tokens",
+    ):
         Histogram("dynamo_frontend_" + name, "x", ["model"], registry=r).labels("mocker").observe(1.0)
     Counter("dynamo_frontend_requests_started", "x", ["model"], registry=r).labels("mocker").inc()
     target, server = _serve_registry(r)
@@ -295,7 +325,10 @@ def test_a_frontend_without_the_new_series_gives_a_known_window(prometheus_facto
         tw = src.read(5.0)
         assert tw is not None, src.last_error
         assert tw.gap_buckets == () and math.isnan(tw.num_inflight)
-        assert [le for le, _ in tw.isl_buckets][:2] == [0.005, 0.01]  # prometheus_client's default bounds, read as given
+        assert [le for le, _ in tw.isl_buckets][:2] == [
+            0.005,
+            0.01,
+        ]  # prometheus_client's default bounds, read as given
         assert src.optional_error is None
         # a server that answers the bucket queries with an error: the window is still known, without histograms
         import asyncio

@@ -43,23 +43,42 @@ def _worker_counts(url: str) -> dict[str, float] | None:
     return out
 
 
-POINTS = ("(() => Object.fromEntries(['replicas', 'load', 'latency', 'queues'].map(id => [id,"
-          " document.getElementById(id).data.map(t => t.y.filter(v => v !== null && !Number.isNaN(v)).length)])))()")
+POINTS = (
+    "(() => Object.fromEntries(['replicas', 'load', 'latency', 'queues'].map(id => [id,"
+    " document.getElementById(id).data.map(t => t.y.filter(v => v !== null && !Number.isNaN(v)).length)])))()"
+)
 
 
 def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
-    cfg = stack_file(tmp_path, planner={"mode": "disagg", "prefill": {"min_replicas": 1, "max_replicas": 3},
-                                        "decode": {"min_replicas": 1, "max_replicas": 3}},
-                     prometheus={"enabled": False},
-                     fleet={"initial": {"prefill": 1, "decode": 1}, "drain_grace_s": 1.0,
-                            "worker_args": {"prefill": FAST_WORKER, "decode": FAST_WORKER}})
-    save_profile(profile_from_arrays({  # decode 100 tok/s/GPU (overwrites the agg profile stack_file wrote)
-        "prefill_isl": np.array([50.0, 4000.0]), "prefill_ttft_ms": np.array([20.0, 200.0]),
-        "prefill_thpt_per_gpu": np.array([1000.0, 1000.0]),
-        "decode_kv_usage": np.array([0.0, 1.0]), "decode_context_length": np.array([10.0, 10000.0]),
-        "decode_itl_ms": np.array([[5.0, 5.0], [20.0, 20.0]]),
-        "decode_thpt_per_gpu": np.array([[0.0, 0.0], [100.0, 100.0]]),
-        "decode_max_kv_tokens": np.array([100000.0])}), tmp_path / "profile.npz")
+    cfg = stack_file(
+        tmp_path,
+        planner={
+            "mode": "disagg",
+            "prefill": {"min_replicas": 1, "max_replicas": 3},
+            "decode": {"min_replicas": 1, "max_replicas": 3},
+        },
+        prometheus={"enabled": False},
+        fleet={
+            "initial": {"prefill": 1, "decode": 1},
+            "drain_grace_s": 1.0,
+            "worker_args": {"prefill": FAST_WORKER, "decode": FAST_WORKER},
+        },
+    )
+    save_profile(
+        profile_from_arrays(
+            {  # decode 100 tok/s/GPU (overwrites the agg profile stack_file wrote)
+                "prefill_isl": np.array([50.0, 4000.0]),
+                "prefill_ttft_ms": np.array([20.0, 200.0]),
+                "prefill_thpt_per_gpu": np.array([1000.0, 1000.0]),
+                "decode_kv_usage": np.array([0.0, 1.0]),
+                "decode_context_length": np.array([10.0, 10000.0]),
+                "decode_itl_ms": np.array([[5.0, 5.0], [20.0, 20.0]]),
+                "decode_thpt_per_gpu": np.array([[0.0, 0.0], [100.0, 100.0]]),
+                "decode_max_kv_tokens": np.array([100000.0]),
+            }
+        ),
+        tmp_path / "profile.npz",
+    )
     trace = tmp_path / "step.jsonl"
     n = step_trace(trace, [(6.0, 24.0), (0.75, 30.0)])  # at compression 2: 12 req/s for 12 s, 1.5 req/s for 15 s
     with UpStack(cfg) as up:
@@ -67,8 +86,9 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
         pools = up.state_json()["pools"]
         assert pools == {"prefill": {"spec": 1, "ready": 1}, "decode": {"spec": 1, "ready": 1}}
         result: dict = {}
-        th = threading.Thread(target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(
-            trace, "--time-compression", "2"))))
+        th = threading.Thread(
+            target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(trace, "--time-compression", "2")))
+        )
         th.start()
         seen: dict[str, list[int]] = {"prefill": [1], "decode": [1]}
         counts: dict[str, tuple[str, dict[str, float]]] = {}  # worker name -> (pool, last counters read)
@@ -93,8 +113,11 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
         rep = result["rep"]
         assert rep["completed_requests"] == n and rep["failed_requests"] == 0, rep.get("errors")
         assert max(seen["prefill"]) == 3 and max(seen["decode"]) == 3, seen
-        up.wait(lambda: all(up.state_json()["pools"][p] == {"spec": 1, "ready": 1} for p in seen), 40,
-                f"both pools back to 1 ({seen})")
+        up.wait(
+            lambda: all(up.state_json()["pools"][p] == {"spec": 1, "ready": 1} for p in seen),
+            40,
+            f"both pools back to 1 ({seen})",
+        )
         st = up.state_json()
         reasons = {r for d in st["decisions"] for r in d["reasons"]}
         assert {"scale_up_throughput", "scale_down_throughput"} <= reasons, st["decisions"]
@@ -117,8 +140,12 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
         try:
             pts = page.evaluate(POINTS)
             names = page.evaluate("document.getElementById('replicas').data.map(t => t.name)")
-            assert names == ["prefill replicas (requested)", "prefill ready (serving)", "decode replicas (requested)",
-                             "decode ready (serving)"], names
+            assert names == [
+                "prefill replicas (requested)",
+                "prefill ready (serving)",
+                "decode replicas (requested)",
+                "decode ready (serving)",
+            ], names
             assert all(k > 0 for k in pts["replicas"]), pts
             assert page.evaluate("Math.max(...document.getElementById('replicas').data[0].y)") == 3
             assert page.evaluate("Math.max(...document.getElementById('replicas').data[2].y)") == 3
@@ -132,4 +159,6 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
             assert page.errors() == []
         finally:
             page.close()
-        print(f"dashboard: points per plot {pts}; disagg up: spec changes {seen}; successes read per pool {served} of {n} requests")
+        print(
+            f"dashboard: points per plot {pts}; disagg up: spec changes {seen}; successes read per pool {served} of {n} requests"
+        )

@@ -18,13 +18,19 @@ from tests.liveplanner.stack import UpStack, stack_file, step_trace
 
 pytestmark = pytest.mark.integration
 
-LAST_Y = ("(() => { const d = document.getElementById('replicas').data;"
-          " if (!d || !d.length || !d[0].y.length) return null; return d[0].y[d[0].y.length - 1]; })()")
+LAST_Y = (
+    "(() => { const d = document.getElementById('replicas').data;"
+    " if (!d || !d.length || !d[0].y.length) return null; return d[0].y[d[0].y.length - 1]; })()"
+)
 MAX_Y = "(() => Math.max(...document.getElementById('replicas').data[0].y))()"
-HAS_DATA = ("window.dashboardReady === true && window.dashboardState.samples.some(s => s.pools) && "
-            "document.getElementById('status').textContent !== 'loading...'")
+HAS_DATA = (
+    "window.dashboardReady === true && window.dashboardState.samples.some(s => s.pools) && "
+    "document.getElementById('status').textContent !== 'loading...'"
+)
 """The page has rendered real data (not its 'loading...' placeholder)."""
-TRACES = "(id => document.getElementById(id).data.map(t => [t.name, t.yaxis || 'y', t.y.filter(v => v !== null).length]))"
+TRACES = (
+    "(id => document.getElementById(id).data.map(t => [t.name, t.yaxis || 'y', t.y.filter(v => v !== null).length]))"
+)
 SHAPES = "(id => document.getElementById(id).layout.shapes.map(s => [s.name, s.line ? s.line.color : null]))"
 
 
@@ -40,8 +46,9 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
         try:
             assert page.evaluate(LAST_Y) == 1
             result: dict = {}
-            th = threading.Thread(target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(
-                trace, "--time-compression", "2"))))
+            th = threading.Thread(
+                target=lambda: result.update(zip(("rc", "rep", "err"), up.loadgen(trace, "--time-compression", "2")))
+            )
             th.start()
             seen = [1]
             change_checked = False
@@ -64,7 +71,9 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             st = up.state_json()
             reasons = [d["reason"] for d in st["decisions"]][::-1]
             assert "scale_up_throughput" in reasons and "scale_down_throughput" in reasons, st["decisions"]
-            assert reasons.index("scale_up_throughput") < len(reasons) - 1 - reasons[::-1].index("scale_down_throughput")
+            assert reasons.index("scale_up_throughput") < len(reasons) - 1 - reasons[::-1].index(
+                "scale_down_throughput"
+            )
             assert st["pools"]["agg"] == {"spec": 1, "ready": 1}
             # FPM reached the planner over ZMQ: per-engine state of the serving worker. The engines view is
             # refreshed at the planner's ticks, so the removed worker's engine may still be listed for up to one
@@ -96,16 +105,22 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             # the decisions marked on the time axis
             page.wait_for(f"window.dashboardState.decisions.length === {len(st['decisions'])}", timeout_s=10)
             load = page.evaluate(f"{TRACES}('load')")
-            assert [n for n, _, _ in load][:2] == ["observed req/s (frontend, last interval)",
-                                                   "forecast req/s, next interval (constant)"], load
-            assert load[2][0].startswith("planned req/s = forecast \u00d7 demand-error factor (q0.9 of "
-                                         "observed/forecast ratios; now \u00d7"), load
+            assert [n for n, _, _ in load][:2] == [
+                "observed req/s (frontend, last interval)",
+                "forecast req/s, next interval (constant)",
+            ], load
+            assert load[2][0].startswith(
+                "planned req/s = forecast \u00d7 demand-error factor (q0.9 of observed/forecast ratios; now \u00d7"
+            ), load
             assert len(load) == 3 and all(k > 0 for _, _, k in load), load
             lat = page.evaluate(f"{TRACES}('latency')")
             # the load loop is off: its estimates have no data and are not listed
             assert [(n, ax) for n, ax, _ in lat] == [
-                ("TTFT observed (frontend interval mean)", "y"), ("TTFT target", "y"),
-                ("ITL observed (frontend interval mean)", "y2"), ("ITL target", "y2")], lat
+                ("TTFT observed (frontend interval mean)", "y"),
+                ("TTFT target", "y"),
+                ("ITL observed (frontend interval mean)", "y2"),
+                ("ITL target", "y2"),
+            ], lat
             assert all(k > 0 for _, _, k in lat), lat
             doms = page.evaluate("(l => [l.yaxis.domain, l.yaxis2.domain])(document.getElementById('latency').layout)")
             assert doms[1][1] < doms[0][0], doms  # ITL's axis lies below TTFT's, with its own scale
@@ -116,8 +131,10 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             assert sorted(c for _, c in marks) == sorted(["#2ca02c"] * len(ups) + ["#ff7f0e"] * len(downs))
             notes = page.evaluate("document.getElementById('replicas').layout.annotations.map(a => a.text)")
             assert "agg 1\u21923" in notes or "agg 1\u21922" in notes, notes
-            print(f"\ndashboard: load series {[n for n, _, _ in load]}, latency series {[(n, ax) for n, ax, _ in lat]}, "
-                  f"{len(ups)} scale-up and {len(downs)} scale-down marks")
+            print(
+                f"\ndashboard: load series {[n for n, _, _ in load]}, latency series {[(n, ax) for n, ax, _ in lat]}, "
+                f"{len(ups)} scale-up and {len(downs)} scale-down marks"
+            )
             print(f"dashboard screenshot: {page.screenshot(tmp_path / 'dashboard.png')}")
             assert page.errors() == []
         finally:

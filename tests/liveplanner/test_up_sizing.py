@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import pytest
 import requests
@@ -33,11 +32,26 @@ def _planner_metrics(url: str) -> dict[str, float]:
 
 
 def test_up_sizes_by_simulation_from_the_frontends_histograms(tmp_path):
-    cfg = stack_file(tmp_path, planner={"simulated_sizing": True, "agg": {"min_replicas": 1, "max_replicas": 3}},
-                     fleet={"initial": {"agg": 2}, "worker_args": {"agg": ["--speedup-ratio", "20", "--num-gpu-blocks",
-                                                                           "2048", "--block-size", "16",
-                                                                           "--trace-block-size", "16"]},
-                            "drain_grace_s": 1.0})
+    cfg = stack_file(
+        tmp_path,
+        planner={"simulated_sizing": True, "agg": {"min_replicas": 1, "max_replicas": 3}},
+        fleet={
+            "initial": {"agg": 2},
+            "worker_args": {
+                "agg": [
+                    "--speedup-ratio",
+                    "20",
+                    "--num-gpu-blocks",
+                    "2048",
+                    "--block-size",
+                    "16",
+                    "--trace-block-size",
+                    "16",
+                ]
+            },
+            "drain_grace_s": 1.0,
+        },
+    )
     trace = tmp_path / "steady.jsonl"
     n = step_trace(trace, [(12.0, 40.0)])
     with UpStack(cfg) as up:
@@ -55,25 +69,34 @@ def test_up_sizes_by_simulation_from_the_frontends_histograms(tmp_path):
                 m = _planner_metrics(up.planner_url)
                 # a throughput window inside the load (its gap histogram holds about 12/s x 3 s gaps) that was sized
                 # by simulation (the counter of the decision's evaluations is exported after the tick that read it)
-                if (m.get("dynoplan_planner_observed_interarrival_gaps", 0.0) > 12
-                        and m.get("dynoplan_planner_sizing_evaluations_total", 0.0) >= 1 and not seen):
+                if (
+                    m.get("dynoplan_planner_observed_interarrival_gaps", 0.0) > 12
+                    and m.get("dynoplan_planner_sizing_evaluations_total", 0.0) >= 1
+                    and not seen
+                ):
                     seen.update(m)
                 return bool(seen) and up.spec() == 1
 
             up.wait(read_under_load, 35, "a window with arrival gaps, then the scale-down to 1 under load")
             st = up.state_json()
             down = [d for d in st["decisions"] if d["targets"] == {"agg": 1}]
-            assert down and down[-1]["from"] == {"agg": 2} and "scale_down_throughput" in down[-1]["reasons"], \
-                st["decisions"]
+            assert down and down[-1]["from"] == {"agg": 2} and "scale_down_throughput" in down[-1]["reasons"], st[
+                "decisions"
+            ]
             t_down = down[-1]["t"]
 
             def loaded_ticks_after_down() -> list[dict]:
                 ticks = up.state_json()["ticks"]
-                return [t for t in ticks if "throughput" in t["loops"] and t["t"] > t_down
-                        and (t["observed_rps"] or 0.0) > 10.0]
+                return [
+                    t
+                    for t in ticks
+                    if "throughput" in t["loops"] and t["t"] > t_down and (t["observed_rps"] or 0.0) > 10.0
+                ]
 
             # two throughput decisions at a measured load at which the closed-form sizing asks for 3 replicas
-            up.wait(lambda: len(loaded_ticks_after_down()) >= 2, 20, "throughput ticks at > 10 req/s after the scale-down")
+            up.wait(
+                lambda: len(loaded_ticks_after_down()) >= 2, 20, "throughput ticks at > 10 req/s after the scale-down"
+            )
             assert th.is_alive(), "the load still runs"
             assert up.spec() == 1
         finally:
@@ -95,10 +118,14 @@ def test_up_sizes_by_simulation_from_the_frontends_histograms(tmp_path):
         assert 0.9 * looks[0] <= per_fleet <= 1.2 * looks[-1], per_fleet
         m1 = _planner_metrics(up.planner_url)
         assert m1["dynoplan_planner_sizing_evaluations_total"] > evals  # and the later decisions simulated too
+
         # the frontend's histogram in Prometheus: one gap per request after the first, every one scraped
         def gaps_scraped() -> float | None:
-            r = requests.get(up.prometheus_url + "/api/v1/query", timeout=5, params={
-                "query": "sum(dynoplan_frontend_request_interarrival_seconds_count)"}).json()["data"]["result"]
+            r = requests.get(
+                up.prometheus_url + "/api/v1/query",
+                timeout=5,
+                params={"query": "sum(dynoplan_frontend_request_interarrival_seconds_count)"},
+            ).json()["data"]["result"]
             return float(r[0]["value"][1]) if r else None
 
         up.wait(lambda: gaps_scraped() == n - 1, 10, "every gap scraped")

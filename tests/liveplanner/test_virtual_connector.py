@@ -61,8 +61,15 @@ class ServiceThread:
 
 @pytest.fixture
 def virtual_planner(tmp_path):
-    cfg = PlannerConfig(mode="agg", adjustment_interval_s=0.5, load_adjustment_interval_s=0.25, predictor="constant",
-                        correction_enabled=False, agg=PoolLimits(1, 3), pending_timeout_s=3.0)
+    cfg = PlannerConfig(
+        mode="agg",
+        adjustment_interval_s=0.5,
+        load_adjustment_interval_s=0.25,
+        predictor="constant",
+        correction_enabled=False,
+        agg=PoolLimits(1, 3),
+        pending_timeout_s=3.0,
+    )
     planner = Planner(cfg, load_profile(write_profile(tmp_path / "p.npz")))
     traffic = ScriptedTraffic()
     conn = VirtualConnector(("agg",), {"agg": 1}, token=TOKEN, state_file=tmp_path / "virtual.json")
@@ -116,13 +123,23 @@ def test_wait_get_complete_and_timeout(virtual_planner):
     metrics = requests.get(st.url + "/metrics", timeout=5).text
     assert "dynoplan_planner_pending_timeouts_total 1.0" in metrics
     # bad bodies are refused with the field named
-    r = requests.post(st.url + "/v1/virtual/decision/3/complete", json={"replicas": {"agg": -1}},
-                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    r = requests.post(
+        st.url + "/v1/virtual/decision/3/complete",
+        json={"replicas": {"agg": -1}},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=5,
+    )
     assert r.status_code == 400 and "replicas.agg=-1" in r.json()["error"]
     # a change made outside the planner is reported and adopted (not overwritten)
     assert c.report_replicas({"agg": 2}).replicas == {"agg": 2}
-    wait_until(lambda: any(t["reason"] == "adopted_external_change" for t in
-                           requests.get(st.url + "/api/state", timeout=5).json()["ticks"]), 10, "adopted")
+    wait_until(
+        lambda: any(
+            t["reason"] == "adopted_external_change"
+            for t in requests.get(st.url + "/api/state", timeout=5).json()["ticks"]
+        ),
+        10,
+        "adopted",
+    )
     # decision ids survive a planner restart (state file)
     saved = VirtualConnector(("agg",), {"agg": 1}, state_file=tmp_path / "virtual.json")
     assert saved.info.decision_id >= 3 and saved.to_wire_id(1) == saved.info.decision_id + 1
@@ -141,8 +158,12 @@ def test_client_unreachable_planner_is_a_connector_error():
 
 def test_wait_rejects_bad_query(virtual_planner):
     st, _, _ = virtual_planner
-    r = requests.get(st.url + "/v1/virtual/decision/wait", params={"after": "x"},
-                     headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    r = requests.get(
+        st.url + "/v1/virtual/decision/wait",
+        params={"after": "x"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=5,
+    )
     assert r.status_code == 400
 
 
@@ -199,12 +220,14 @@ def test_openapi_document_is_valid_and_real_answers_follow_its_schemas(virtual_p
     assert check("GET", w, w + "?after=1&timeout_s=0.5", headers=auth).status_code == 204
     c = "/v1/virtual/decision/{id}/complete"
     assert check("POST", c, "/v1/virtual/decision/2/complete", headers=auth, json={}).status_code == 409
-    assert check("POST", c, "/v1/virtual/decision/1/complete", headers=auth, json={"replicas": {"agg": "x"}}
-                 ).status_code == 400
-    assert check("POST", c, "/v1/virtual/decision/1/complete", headers=auth, data="{not json"
-                 ).status_code == 400
-    assert check("POST", c, "/v1/virtual/decision/1/complete", headers=auth, json={"replicas": {"agg": 3}}
-                 ).json() == {"acknowledged_id": 1}
+    assert (
+        check("POST", c, "/v1/virtual/decision/1/complete", headers=auth, json={"replicas": {"agg": "x"}}).status_code
+        == 400
+    )
+    assert check("POST", c, "/v1/virtual/decision/1/complete", headers=auth, data="{not json").status_code == 400
+    assert check("POST", c, "/v1/virtual/decision/1/complete", headers=auth, json={"replicas": {"agg": 3}}).json() == {
+        "acknowledged_id": 1
+    }
     assert check("POST", c, "/v1/virtual/decision/1/complete", headers=auth).status_code == 409
     rp = "/v1/virtual/replicas"
     assert check("PUT", rp, rp, headers=auth, json={"replicas": {"decode": 1}}).status_code == 400

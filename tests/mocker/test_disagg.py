@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from dynoplan.errors import ConfigError
 from dynoplan.settings import build
 from mocker.config import EngineConfig
-from dynoplan.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.modelcfg import kv_bytes_per_token_from_file, kv_bytes_per_token_from_mapping
 from mocker.records import TraceRequest
@@ -46,9 +46,12 @@ def test_charged_tokens_modes():
 def test_transfer_config_errors_name_the_field():
     with pytest.raises(ConfigError) as e:
         build(KvTransferConfig, {"bandwidth_gbps": -1, "kv_bytes_per_token": 0, "handoff": "x", "timing": "x"})
-    assert e.value.problems == ["bandwidth_gbps=-1: expected >= 0.0", "kv_bytes_per_token=0: expected > 0",
-                                "timing='x': expected one of 'full_prompt' or 'destination_missing'",
-                                "handoff='x': expected one of 'direct' or 'coordinated'"]
+    assert e.value.problems == [
+        "bandwidth_gbps=-1: expected >= 0.0",
+        "kv_bytes_per_token=0: expected > 0",
+        "timing='x': expected one of 'full_prompt' or 'destination_missing'",
+        "handoff='x': expected one of 'direct' or 'coordinated'",
+    ]
     with pytest.raises(ConfigError, match=r"kv_bytes_per_token=None: needed when bandwidth_gbps=10.0 > 0"):
         build(KvTransferConfig, {"bandwidth_gbps": 10})
 
@@ -61,8 +64,11 @@ def test_single_request_timeline_matches_reference(handoff):
     46.042218 (decode passes at 374, 375, 376, 377 KV tokens); ISL 1000 OSL 3 at t=1000: prefill 32.105859,
     transfer 2.048, first token 1039.945344, last 1051.528467."""
     t = KvTransferConfig(64, 131072, handoff=handoff)
-    res = run_replay([TraceRequest(0, 0.0, 374, 4, (1,)), TraceRequest(1, 1000.0, 1000, 3, (2, 3))], EngineConfig(),
-                     FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=t))
+    res = run_replay(
+        [TraceRequest(0, 0.0, 374, 4, (1,)), TraceRequest(1, 1000.0, 1000, 3, (2, 3))],
+        EngineConfig(),
+        FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=t),
+    )
     a, b = res.records
     assert a.token_times_ms == pytest.approx([28.764127, 34.523439, 40.282803, 46.042218], abs=1e-6)
     assert a.first_token_ms == pytest.approx(28.764127, abs=1e-6)
@@ -78,10 +84,20 @@ def test_coordinated_waits_for_busy_destination_pass_boundary():
     """Reference fact: the destination reserves at its next pass boundary; the transfer starts then. A decode
     worker busy with a long request delays a short request's admission to a pass start."""
     reqs = [TraceRequest(0, 0.0, 2000, 400, None), TraceRequest(1, 500.0, 91, 3, None)]
-    co = run_replay(reqs, EngineConfig(), FleetConfig(num_prefill_workers=1, num_decode_workers=1,
-                                                        transfer=KvTransferConfig(64, 131072, handoff="coordinated")))
-    di = run_replay(reqs, EngineConfig(), FleetConfig(num_prefill_workers=1, num_decode_workers=1,
-                                                        transfer=KvTransferConfig(64, 131072, handoff="direct")))
+    co = run_replay(
+        reqs,
+        EngineConfig(),
+        FleetConfig(
+            num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072, handoff="coordinated")
+        ),
+    )
+    di = run_replay(
+        reqs,
+        EngineConfig(),
+        FleetConfig(
+            num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072, handoff="direct")
+        ),
+    )
     # the second request's first token is at the end of a decode pass in both; coordinated can only be later
     assert co.records[1].first_token_ms >= di.records[1].first_token_ms
     assert co.records[0].token_times_ms == di.records[0].token_times_ms[:1] + co.records[0].token_times_ms[1:]
@@ -94,8 +110,13 @@ def test_destination_missing_charges_nothing_on_a_full_hit():
     r1 = TraceRequest(1, 5000.0, 1024, 2, (1, 2))
     out = {}
     for mode in ("full_prompt", "destination_missing"):
-        res = run_replay([r0, r1], EngineConfig(), FleetConfig(
-            num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072, timing=mode)))
+        res = run_replay(
+            [r0, r1],
+            EngineConfig(),
+            FleetConfig(
+                num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072, timing=mode)
+            ),
+        )
         out[mode] = res.records
     # request 0: nothing cached on the decode side yet, both modes charge 1088 tokens
     assert out["full_prompt"][0].token_times_ms == out["destination_missing"][0].token_times_ms
@@ -106,10 +127,14 @@ def test_destination_missing_charges_nothing_on_a_full_hit():
 
 def test_bandwidth_zero_disables_the_delay():
     reqs = [TraceRequest(0, 0.0, 1000, 3, None)]
-    zero = run_replay(reqs, EngineConfig(), FleetConfig(num_prefill_workers=1, num_decode_workers=1,
-                                                          transfer=KvTransferConfig(0.0, 131072)))
-    ref = run_replay(reqs, EngineConfig(), FleetConfig(num_prefill_workers=1, num_decode_workers=1,
-                                                         transfer=REF_TRANSFER))
+    zero = run_replay(
+        reqs,
+        EngineConfig(),
+        FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(0.0, 131072)),
+    )
+    ref = run_replay(
+        reqs, EngineConfig(), FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=REF_TRANSFER)
+    )
     assert ref.records[0].first_token_ms - zero.records[0].first_token_ms == pytest.approx(2.048, abs=1e-6)
 
 
@@ -127,7 +152,7 @@ def test_holds_released_once_on_activation():
     fl.advance_until(100.0)  # prefill done at 32.1 ms; transfer runs until 131 s
     assert fl.holds_taken == 2 and fl.holds_released == 0
     assert _private(fl, "prefill") == 16  # ceil(1000 / 64) held on the source
-    assert _private(fl, "decode") == 16   # ceil(1001 / 64) reserved on the destination
+    assert _private(fl, "decode") == 16  # ceil(1001 / 64) reserved on the destination
     for c in fl.cores("prefill") + fl.cores("decode"):
         c.check_invariants()
     fl.finish()
@@ -182,8 +207,13 @@ def test_trtllm_and_mixed_kv_layout_disaggregation_are_config_errors():
 
 
 # ------------------------------------------------------------------------------------------ model config
-LLAMA3_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
-             "torch_dtype": "bfloat16"}
+LLAMA3_8B = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "torch_dtype": "bfloat16",
+}
 
 
 def test_kv_bytes_per_token_from_hf_config(tmp_path):
@@ -206,7 +236,10 @@ def test_model_config_errors_name_the_key(tmp_path):
         kv_bytes_per_token_from_mapping({"num_attention_heads": 8, "hidden_size": 512, "torch_dtype": "bfloat16"})
     with pytest.raises(ConfigError, match="torch_dtype: missing"):
         kv_bytes_per_token_from_mapping({k: v for k, v in LLAMA3_8B.items() if k != "torch_dtype"})
-    assert kv_bytes_per_token_from_mapping({k: v for k, v in LLAMA3_8B.items() if k != "torch_dtype"}, "bfloat16") == 131072
+    assert (
+        kv_bytes_per_token_from_mapping({k: v for k, v in LLAMA3_8B.items() if k != "torch_dtype"}, "bfloat16")
+        == 131072
+    )
     with pytest.raises(ConfigError, match="kv_cache_dtype='int3'"):
         kv_bytes_per_token_from_mapping(LLAMA3_8B, "int3")
     with pytest.raises(ConfigError, match="not found"):
@@ -226,8 +259,24 @@ def test_cli_disaggregated_replay_and_errors(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(LLAMA3_8B))
     out = tmp_path / "r.json"
-    rc = main(["replay", "--trace", str(trace), "--prefill-workers", "1", "--decode-workers", "1",
-               "--kv-transfer-bandwidth", "64", "--model-config", str(cfg), "--quiet", "--report-json", str(out)])
+    rc = main(
+        [
+            "replay",
+            "--trace",
+            str(trace),
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "1",
+            "--kv-transfer-bandwidth",
+            "64",
+            "--model-config",
+            str(cfg),
+            "--quiet",
+            "--report-json",
+            str(out),
+        ]
+    )
     assert rc in (0, None)
     rep = json.loads(out.read_text())
     assert rep["mean_ttft_ms"] == pytest.approx(28.764127, abs=1e-6)
@@ -235,7 +284,10 @@ def test_cli_disaggregated_replay_and_errors(tmp_path, capsys):
     assert rep["prefill_worker_seconds"] == pytest.approx(0.046042218, abs=1e-9)
     for argv, msg in [
         (["--prefill-workers", "1"], "give both"),
-        (["--prefill-workers", "1", "--decode-workers", "1", "--kv-transfer-bandwidth", "64"], "needs --kv-bytes-per-token"),
+        (
+            ["--prefill-workers", "1", "--decode-workers", "1", "--kv-transfer-bandwidth", "64"],
+            "needs --kv-bytes-per-token",
+        ),
         (["--kv-bytes-per-token", "5"], "only for a disaggregated fleet"),
     ]:
         try:
@@ -251,11 +303,13 @@ def test_cli_disaggregated_replay_and_errors(tmp_path, capsys):
 def test_decode_side_failure_releases_holds_and_fails_the_request(handoff):
     """A prompt that fits the prefill worker but can never fit the decode worker: the request fails on the
     decode side; the reservation (capped at what the destination has) and the hold are released once."""
-    fl = Fleet({"prefill": EngineConfig(), "decode": EngineConfig(num_gpu_blocks=8)},
-               transfer=KvTransferConfig(64, 131072, handoff=handoff))
+    fl = Fleet(
+        {"prefill": EngineConfig(), "decode": EngineConfig(num_gpu_blocks=8)},
+        transfer=KvTransferConfig(64, 131072, handoff=handoff),
+    )
     fl.add_worker("prefill", 0.0)
     fl.add_worker("decode", 0.0)
-    bad = fl.submit(TraceRequest(0, 0.0, 2000, 5, None), 0.0)   # 32 blocks > 8 on the decode worker
+    bad = fl.submit(TraceRequest(0, 0.0, 2000, 5, None), 0.0)  # 32 blocks > 8 on the decode worker
     ok = fl.submit(TraceRequest(1, 1.0, 100, 5, None), 1.0)
     fl.finish()
     assert bad.status == "failed" and bad.first_token_ms is None and bad.prefill_worker_id == 0
@@ -287,8 +341,22 @@ def test_cli_model_config_binary_file_is_one_line(tmp_path, capsys):
     trace.write_text('{"timestamp": 0, "input_length": 374, "output_length": 4, "hash_ids": [1]}\n')
     blob = tmp_path / "model.safetensors"
     blob.write_bytes(bytes(range(256)) * 4)  # 0x80.. are invalid UTF-8 start bytes
-    rc = main(["replay", "--trace", str(trace), "--prefill-workers", "1", "--decode-workers", "1",
-               "--kv-transfer-bandwidth", "64", "--model-config", str(blob), "--quiet"])
+    rc = main(
+        [
+            "replay",
+            "--trace",
+            str(trace),
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "1",
+            "--kv-transfer-bandwidth",
+            "64",
+            "--model-config",
+            str(blob),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mocker.config import EngineConfig
 from dynoplan.errors import ConfigError
+from mocker.config import EngineConfig
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.fleet.handoff import Phase
 from mocker.records import TraceRequest
@@ -48,13 +48,15 @@ def test_single_request_ttft_is_prefill_plus_transfer_plus_one_decode_pass(hando
     the end of its first pass, as for vLLM). The reference replay (--disagg, backend sglang) reports exactly
     29.964348 and the last token at 50.862140; the second request (ISL 1000 at 1000 ms: 32.105859 + 2.048 +
     decode(1000)) 1043.094479 and 1060.985032."""
-    prefill = 4.209989e-07 * 374 ** 2 + 1.518344e-02 * 374 + 16.50142
+    prefill = 4.209989e-07 * 374**2 + 1.518344e-02 * 374 + 16.50142
     transfer = 374 * 131072 / 64e9 * 1000.0
     p = 374 / 16384
     decode = -25.74 * p * p + 54.01 * p + 5.74
     assert transfer == pytest.approx(0.765952, abs=1e-12)
-    res = replay([TraceRequest(0, 0.0, 374, 4, (1,)), TraceRequest(1, 1000.0, 1000, 3, (2, 3))],
-                 KvTransferConfig(64, 131072, handoff=handoff))
+    res = replay(
+        [TraceRequest(0, 0.0, 374, 4, (1,)), TraceRequest(1, 1000.0, 1000, 3, (2, 3))],
+        KvTransferConfig(64, 131072, handoff=handoff),
+    )
     a, b = res.records
     assert a.first_token_ms == pytest.approx(_ns(prefill) + transfer + _ns(decode), abs=2e-6)
     assert a.first_token_ms == pytest.approx(29.964348, abs=1e-6)
@@ -92,8 +94,11 @@ def test_destination_missing_charges_only_tokens_the_destination_radix_cache_lac
     request 1 (1024 tokens, ids 1, 2) finds all of its prompt there: destination_missing charges nothing,
     full_prompt 1024 x 131072 / 64e9 s = 2.097152 ms; request 2 (1024 tokens, ids 1, 9) shares 512 tokens:
     charged 512 -> 1.048576 ms more than with no transfer delay at all."""
-    reqs = [TraceRequest(0, 0.0, 1088, 2, (1, 2, 3)), TraceRequest(1, 5000.0, 1024, 2, (1, 2)),
-            TraceRequest(2, 10000.0, 1024, 2, (1, 9))]
+    reqs = [
+        TraceRequest(0, 0.0, 1088, 2, (1, 2, 3)),
+        TraceRequest(1, 5000.0, 1024, 2, (1, 2)),
+        TraceRequest(2, 10000.0, 1024, 2, (1, 9)),
+    ]
     out = {}
     for mode in ("full_prompt", "destination_missing"):
         out[mode] = replay(reqs, KvTransferConfig(64, 131072, timing=mode, handoff=handoff)).records
@@ -135,8 +140,15 @@ def test_destination_reserves_before_the_prefill_and_the_source_holds_after_it()
         assert c.external_tokens == c.external_locks == 0 and c.kv.private == 0 and c.kv.protected_size == 0
 
 
-PHASES = {2001.0: Phase.RESERVING, 2005.0: Phase.RESERVING, 2010.0: Phase.PREFILL, 2020.0: Phase.PREFILL,
-          2070.0: Phase.TRANSFER, 100_000.0: Phase.TRANSFER, 150_000.0: Phase.DECODE}
+PHASES = {
+    2001.0: Phase.RESERVING,
+    2005.0: Phase.RESERVING,
+    2010.0: Phase.PREFILL,
+    2020.0: Phase.PREFILL,
+    2070.0: Phase.TRANSFER,
+    100_000.0: Phase.TRANSFER,
+    150_000.0: Phase.DECODE,
+}
 """cancel time (ms) -> the cancelled request's fleet phase then: waiting for its reservation, prefilling
 (reservation live), transferring (reservation + source hold live), decoding (both released)."""
 
@@ -200,9 +212,28 @@ def test_cli_sglang_disaggregated_replay(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 374, "output_length": 4, "hash_ids": [1]}\n')
     out = tmp_path / "r.json"
-    rc = main(["replay", "--trace", str(trace), "--engine", "sglang", "--prefill-workers", "1", "--decode-workers",
-               "1", "--kv-transfer-bandwidth", "64", "--kv-bytes-per-token", "131072",
-               "--kv-transfer-timing", "destination_missing", "--quiet", "--report-json", str(out)])
+    rc = main(
+        [
+            "replay",
+            "--trace",
+            str(trace),
+            "--engine",
+            "sglang",
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "1",
+            "--kv-transfer-bandwidth",
+            "64",
+            "--kv-bytes-per-token",
+            "131072",
+            "--kv-transfer-timing",
+            "destination_missing",
+            "--quiet",
+            "--report-json",
+            str(out),
+        ]
+    )
     assert rc in (0, None)
     assert json.loads(out.read_text())["mean_ttft_ms"] == pytest.approx(29.964348, abs=1e-6)
 
@@ -219,26 +250,39 @@ def scenarios(draw):
         ids = tuple([fam] + [draw(st.integers(0, 2)) * 100 + i for _ in range(-(-isl // 512) - 1)])
         reqs.append(TraceRequest(i, t, isl, draw(st.integers(1, 60)), ids if draw(st.booleans()) else None))
     # cancel request i some time after its arrival: while queued / reserving, prefilling, transferring, decoding
-    cancels = [(i, reqs[i].arrival_ms + dt) for i, dt in draw(st.lists(
-        st.tuples(st.integers(0, n - 1), st.sampled_from([0.0, 2.0, 10.0, 25.0, 40.0, 80.0, 400.0]) | st.floats(0.0, 3000.0)),
-        max_size=4))]
+    cancels = [
+        (i, reqs[i].arrival_ms + dt)
+        for i, dt in draw(
+            st.lists(
+                st.tuples(
+                    st.integers(0, n - 1),
+                    st.sampled_from([0.0, 2.0, 10.0, 25.0, 40.0, 80.0, 400.0]) | st.floats(0.0, 3000.0),
+                ),
+                max_size=4,
+            )
+        )
+    ]
     return reqs, cancels
 
 
 @settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scn=scenarios(),
-       p_tokens=st.sampled_from([1500, 2500, 16384]), d_tokens=st.sampled_from([1500, 2500, 16384]),
-       page=st.sampled_from([1, 4]), handoff=st.sampled_from(["coordinated", "direct"]),
-       timing=st.sampled_from(["full_prompt", "destination_missing"]), bw=st.sampled_from([0.0, 0.5, 64.0]),
-       workers=st.sampled_from([(1, 1), (2, 1), (1, 2)]))
+@given(
+    scn=scenarios(),
+    p_tokens=st.sampled_from([1500, 2500, 16384]),
+    d_tokens=st.sampled_from([1500, 2500, 16384]),
+    page=st.sampled_from([1, 4]),
+    handoff=st.sampled_from(["coordinated", "direct"]),
+    timing=st.sampled_from(["full_prompt", "destination_missing"]),
+    bw=st.sampled_from([0.0, 0.5, 64.0]),
+    workers=st.sampled_from([(1, 1), (2, 1), (1, 2)]),
+)
 def test_random_workloads_end_and_conserve_tokens(scn, p_tokens, d_tokens, page, handoff, timing, bw, workers):
     """Every request ends (finished, failed or cancelled), every hold and reservation is released exactly once,
     and both sides' token pools are conserved and empty of holds at the end (cancellations at random times)."""
     reqs, cancels = scn
     pe = EngineConfig(engine="sglang", num_gpu_blocks=p_tokens // page, block_size=page, max_num_seqs=4)
     de = EngineConfig(engine="sglang", num_gpu_blocks=d_tokens // page, block_size=page, max_num_seqs=4)
-    fl = Fleet({"prefill": pe, "decode": de},
-               transfer=KvTransferConfig(bw, 131072, timing=timing, handoff=handoff))  # type: ignore[arg-type]
+    fl = Fleet({"prefill": pe, "decode": de}, transfer=KvTransferConfig(bw, 131072, timing=timing, handoff=handoff))  # type: ignore[arg-type]
     for _ in range(workers[0]):
         fl.add_worker("prefill", 0.0)
     for _ in range(workers[1]):

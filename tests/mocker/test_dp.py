@@ -34,8 +34,11 @@ def test_ranks_are_independent_cores():
 
 
 def test_kv_router_books_each_rank_separately():
-    res = run_replay([TraceRequest(i, 0.0, 1024, 5, (100 + i, 200 + i)) for i in range(4)], EngineConfig(dp_size=2),
-                     FleetConfig(num_workers=2, router="kv"))
+    res = run_replay(
+        [TraceRequest(i, 0.0, 1024, 5, (100 + i, 200 + i)) for i in range(4)],
+        EngineConfig(dp_size=2),
+        FleetConfig(num_workers=2, router="kv"),
+    )
     assert sorted((r.worker_id, r.dp_rank) for r in res.records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
@@ -49,8 +52,9 @@ def test_fleet_observations_per_rank_and_gpu_seconds():
 
 def test_disaggregated_dp_ranks():
     eng = EngineConfig(dp_size=2)
-    res = run_replay(reqs(8), eng, FleetConfig(num_prefill_workers=1, num_decode_workers=1,
-                                                transfer=KvTransferConfig(64, 131072)))
+    res = run_replay(
+        reqs(8), eng, FleetConfig(num_prefill_workers=1, num_decode_workers=1, transfer=KvTransferConfig(64, 131072))
+    )
     assert all(r.status == "finished" for r in res.records)
     # decode ranks round robin in prefill-completion order: each rank gets half
     assert sorted(r.dp_rank for r in res.records) == [0] * 4 + [1] * 4

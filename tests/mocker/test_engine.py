@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dynoplan.errors import ConfigError
 from mocker.config import EngineConfig
 from mocker.engine import TrtllmCore, VllmCore, make_engine
-from dynoplan.errors import ConfigError
 from mocker.records import TraceRequest
 
 TOTAL = 16384 * 64  # default vLLM KV tokens
@@ -142,7 +142,9 @@ def test_prefix_hit_reduces_prefill():
 
 def test_prefix_caching_off_gives_no_hits():
     shared = (7, 8)
-    recs = run(VllmCore(EngineConfig(enable_prefix_caching=False)), [req(0, 0, 1024, 2, shared), req(1, 1000, 1024, 2, shared)])
+    recs = run(
+        VllmCore(EngineConfig(enable_prefix_caching=False)), [req(0, 0, 1024, 2, shared), req(1, 1000, 1024, 2, shared)]
+    )
     assert recs[1].cached_tokens == 0
 
 

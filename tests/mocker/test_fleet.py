@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
+from dynoplan.errors import ConfigError
 from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.engine import VllmCore
-from dynoplan.errors import ConfigError
 from mocker.fleet import FleetConfig, ReplayResult, run_replay
 from mocker.records import TraceRequest
 from mocker.routers import KvRouter, LeastLoadedRouter, RoundRobinRouter
@@ -72,10 +72,15 @@ def test_determinism_identical_records():
     assert [dataclasses.asdict(r) for r in a.records] == [dataclasses.asdict(r) for r in b.records]
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"router": "random"}, "router='random'"), ({"num_workers": 0}, "num_workers=0"),
-    ({"arrival_speedup": 0}, "arrival_speedup=0"), ({"max_time_ms": -1.0}, "max_time_ms=-1.0"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"router": "random"}, "router='random'"),
+        ({"num_workers": 0}, "num_workers=0"),
+        ({"arrival_speedup": 0}, "arrival_speedup=0"),
+        ({"max_time_ms": -1.0}, "max_time_ms=-1.0"),
+    ],
+)
 def test_fleet_config_errors_name_the_field(kw, field):
     with pytest.raises(ConfigError, match=field):
         build(FleetConfig, kw)
@@ -84,9 +89,11 @@ def test_fleet_config_errors_name_the_field(kw, field):
 def test_fleet_config_collects_every_problem():
     with pytest.raises(ConfigError) as e:
         build(FleetConfig, {"num_workers": -1, "router": "x", "kv_event_lag_ms": -2})
-    assert e.value.problems == ["num_workers=-1: expected > 0",
-                                "router='x': expected one of 'round_robin', 'least_loaded' or 'kv'",
-                                "kv_event_lag_ms=-2: expected >= 0.0"]
+    assert e.value.problems == [
+        "num_workers=-1: expected > 0",
+        "router='x': expected one of 'round_robin', 'least_loaded' or 'kv'",
+        "kv_event_lag_ms=-2: expected >= 0.0",
+    ]
 
 
 def test_least_loaded_prefers_the_idle_worker():
@@ -115,16 +122,21 @@ def test_kv_router_prefers_the_worker_holding_the_prefix():
 
 
 def test_kv_router_balances_load_between_cold_workers():
-    res = run_replay([TraceRequest(i, 0.0, 1024, 50, (100 + i, 200 + i)) for i in range(6)], EngineConfig(),
-                     FleetConfig(num_workers=3, router="kv"))
+    res = run_replay(
+        [TraceRequest(i, 0.0, 1024, 50, (100 + i, 200 + i)) for i in range(6)],
+        EngineConfig(),
+        FleetConfig(num_workers=3, router="kv"),
+    )
     counts = [sum(1 for r in res.records if r.worker_id == w) for w in range(3)]
     assert counts == [2, 2, 2]
 
 
 def test_kv_router_ties_broken_by_seed_only():
     rq = [TraceRequest(i, 0.0, 512, 5, (i,)) for i in range(1)]
-    picks = {run_replay(rq, EngineConfig(), FleetConfig(num_workers=4, router="kv", seed=s)).records[0].worker_id
-             for s in range(12)}
+    picks = {
+        run_replay(rq, EngineConfig(), FleetConfig(num_workers=4, router="kv", seed=s)).records[0].worker_id
+        for s in range(12)
+    }
     assert len(picks) > 1  # cold fleet: all logits tie, the seed decides
 
 

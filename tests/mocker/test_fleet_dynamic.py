@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mocker.config import EngineConfig
 from dynoplan.errors import ConfigError, SimulationError
+from mocker.config import EngineConfig
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.records import TraceRequest
 from mocker.transfer import KvTransferConfig
@@ -58,10 +58,10 @@ def test_drained_worker_finishes_what_it_held_and_is_released():
 
 def test_gpu_seconds_by_hand():
     fl = agg()
-    a = fl.add_worker("agg", 0.0, startup_delay_ms=60_000.0)      # starting, removed at 30 s: 30 s
-    fl.add_worker("agg", 10_000.0)                                # ready from 10 s, kept: 90 s at t=100 s
-    assert fl.remove_worker("agg", 30_000.0) == a                 # default: newest starting worker
-    assert fl.pool_counts("agg") .requested == 1
+    a = fl.add_worker("agg", 0.0, startup_delay_ms=60_000.0)  # starting, removed at 30 s: 30 s
+    fl.add_worker("agg", 10_000.0)  # ready from 10 s, kept: 90 s at t=100 s
+    assert fl.remove_worker("agg", 30_000.0) == a  # default: newest starting worker
+    assert fl.pool_counts("agg").requested == 1
     fl.advance_until(100_000.0)
     assert fl.gpu_seconds(100_000.0) == {"agg": pytest.approx(30.0 + 90.0)}
     assert fl.gpu_seconds(100_000.0, {"agg": 4}) == {"agg": pytest.approx(4 * 120.0)}
@@ -73,9 +73,9 @@ def test_remove_default_prefers_least_loaded_ready_worker():
     fl = agg()
     for _ in range(3):
         fl.add_worker("agg", 0.0)
-    fl.submit(TraceRequest(0, 0.0, 4000, 500), 0.0)   # worker 0
-    fl.submit(TraceRequest(1, 0.0, 4000, 500), 0.0)   # worker 1
-    assert fl.remove_worker("agg", 1.0) == 2          # idle worker 2
+    fl.submit(TraceRequest(0, 0.0, 4000, 500), 0.0)  # worker 0
+    fl.submit(TraceRequest(1, 0.0, 4000, 500), 0.0)  # worker 1
+    assert fl.remove_worker("agg", 1.0) == 2  # idle worker 2
     with pytest.raises(ConfigError, match="worker_id=2"):
         fl.remove_worker("agg", 1.0, worker_id=2)
     with pytest.raises(ConfigError, match="pool='x'"):
@@ -128,19 +128,32 @@ def test_run_replay_equals_driving_the_fleet_by_hand():
 
 
 # ------------------------------------------------------------------------------------------ properties
-ops = st.lists(st.tuples(st.sampled_from(["submit", "submit", "submit", "add", "remove", "tick"]),
-                         st.floats(0.0, 400.0), st.integers(1, 3000), st.integers(1, 60), st.floats(0.0, 500.0)),
-               min_size=1, max_size=40)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["submit", "submit", "submit", "add", "remove", "tick"]),
+        st.floats(0.0, 400.0),
+        st.integers(1, 3000),
+        st.integers(1, 60),
+        st.floats(0.0, 500.0),
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops, disagg=st.booleans(), router=st.sampled_from(["round_robin", "least_loaded", "kv"]),
-       handoff=st.sampled_from(["direct", "coordinated"]))
+@given(
+    ops=ops,
+    disagg=st.booleans(),
+    router=st.sampled_from(["round_robin", "least_loaded", "kv"]),
+    handoff=st.sampled_from(["direct", "coordinated"]),
+)
 def test_every_request_terminates_exactly_once(ops, disagg, router, handoff):
     eng = EngineConfig(num_gpu_blocks=256, block_size=16, max_num_batched_tokens=512)
     if disagg:
-        fl = Fleet({"prefill": eng, "decode": eng}, router=router,
-                   transfer=KvTransferConfig(1.0, 100_000, handoff=handoff))
+        fl = Fleet(
+            {"prefill": eng, "decode": eng}, router=router, transfer=KvTransferConfig(1.0, 100_000, handoff=handoff)
+        )
         pools = ["prefill", "decode"]
     else:
         fl = Fleet({"agg": eng}, router=router)
@@ -181,13 +194,19 @@ def test_every_request_terminates_exactly_once(ops, disagg, router, handoff):
 @pytest.mark.parametrize("router", ["round_robin", "kv"])
 @pytest.mark.parametrize("handoff", ["direct", "coordinated"])
 def test_disaggregated_run_replay_equals_driving_the_fleet_by_hand(router, handoff):
-    reqs = [TraceRequest(i, 23.0 * i, 300 + 41 * i, 10 + i % 7, (i % 3,) + tuple(range(100 * i, 100 * i + 4)))
-            for i in range(40)]
+    reqs = [
+        TraceRequest(i, 23.0 * i, 300 + 41 * i, 10 + i % 7, (i % 3,) + tuple(range(100 * i, 100 * i + 4)))
+        for i in range(40)
+    ]
     tr = KvTransferConfig(64, 131072, handoff=handoff, timing="destination_missing")
-    res = run_replay(reqs, EngineConfig(), FleetConfig(num_prefill_workers=2, num_decode_workers=2, router=router,
-                                                       transfer=tr))
-    fl = Fleet({"prefill": EngineConfig(worker_type="prefill"), "decode": EngineConfig(worker_type="decode")},
-               router=router, transfer=tr)
+    res = run_replay(
+        reqs, EngineConfig(), FleetConfig(num_prefill_workers=2, num_decode_workers=2, router=router, transfer=tr)
+    )
+    fl = Fleet(
+        {"prefill": EngineConfig(worker_type="prefill"), "decode": EngineConfig(worker_type="decode")},
+        router=router,
+        transfer=tr,
+    )
     for p in ("prefill", "prefill", "decode", "decode"):
         fl.add_worker(p, 0.0)
     mine = []

@@ -24,13 +24,16 @@ def workload(n: int, seed: int, rate_per_s: float) -> list[TraceRequest]:
     return out
 
 
-@pytest.mark.parametrize("eng,workers,router", [
-    (EngineConfig(), 2, "round_robin"),
-    (EngineConfig(num_gpu_blocks=300, block_size=16), 1, "round_robin"),  # heavy preemption (LIFO)
-    (EngineConfig(num_gpu_blocks=300, block_size=16, preemption_mode="fifo"), 1, "round_robin"),
-    (EngineConfig(engine="trtllm", num_gpu_blocks=400), 2, "kv"),
-    (EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024), 3, "least_loaded"),
-])
+@pytest.mark.parametrize(
+    "eng,workers,router",
+    [
+        (EngineConfig(), 2, "round_robin"),
+        (EngineConfig(num_gpu_blocks=300, block_size=16), 1, "round_robin"),  # heavy preemption (LIFO)
+        (EngineConfig(num_gpu_blocks=300, block_size=16, preemption_mode="fifo"), 1, "round_robin"),
+        (EngineConfig(engine="trtllm", num_gpu_blocks=400), 2, "kv"),
+        (EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024), 3, "least_loaded"),
+    ],
+)
 def test_fast_equals_single_step_on_seeded_workloads(eng, workers, router):
     reqs = workload(250, seed=7, rate_per_s=40.0)
     fast = run_replay(reqs, eng, FleetConfig(num_workers=workers, router=router))
@@ -41,15 +44,19 @@ def test_fast_equals_single_step_on_seeded_workloads(eng, workers, router):
         assert sum(r.num_preemptions for r in fast.records) > 0  # the scenario does exercise preemption
 
 
-@pytest.mark.parametrize("eng,handoff", [
-    (EngineConfig(), "coordinated"),
-    (EngineConfig(num_gpu_blocks=400, block_size=16), "coordinated"),  # KV pressure on both pools
-    (EngineConfig(), "direct"),
-])
+@pytest.mark.parametrize(
+    "eng,handoff",
+    [
+        (EngineConfig(), "coordinated"),
+        (EngineConfig(num_gpu_blocks=400, block_size=16), "coordinated"),  # KV pressure on both pools
+        (EngineConfig(), "direct"),
+    ],
+)
 def test_fast_equals_single_step_disaggregated(eng, handoff):
     """The disaggregated fleet (prefill-only passes, KV transfer, decode cores advanced to every prefill end and
     activation: many one-pass cohort stretches) gives the same records fast-forwarded as one pass at a time."""
     from mocker.transfer import KvTransferConfig
+
     reqs = workload(250, seed=11, rate_per_s=40.0)
     tr = KvTransferConfig(64, 131072, handoff=handoff)
     cfg = dict(num_prefill_workers=2, num_decode_workers=2, router="round_robin", transfer=tr)

@@ -85,9 +85,9 @@ def test_hash_ids_of_512_tokens_map_to_engine_blocks(bs):
     assert len(a) == 1400 // bs
     per = 512 // bs
     # identical first two trace blocks -> identical first 2*per engine blocks, then different
-    assert a[:2 * per] == b[:2 * per]
-    assert a[2 * per:] != b[2 * per:] or len(a) == 2 * per
-    assert all(x != y for x, y in zip(a, b[2 * per:]))
+    assert a[: 2 * per] == b[: 2 * per]
+    assert a[2 * per :] != b[2 * per :] or len(a) == 2 * per
+    assert all(x != y for x, y in zip(a, b[2 * per :]))
     # chained: a different first id changes every later key, even where later ids agree
     assert not set(a) & set(c)
     assert len(set(a)) == len(a)

@@ -11,13 +11,11 @@ from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from mocker.kv.events import (EventKvRouter, KvEventIndex, KvEventLog, ListeningBlockKvManager,
-                              tier_listener_adapter)
+from mocker.kv.events import EventKvRouter, KvEventIndex, KvEventLog, ListeningBlockKvManager, tier_listener_adapter
 from mocker.kv.kvbm import KvbmBlockManager
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.tiers import TierConfig, TierHierarchy
 from mocker.records import TraceRequest
-
 from tests.mocker.test_properties import _check, engines, workloads
 
 POOLS = {"native": ListeningBlockKvManager, "kvbm": KvbmBlockManager}
@@ -67,17 +65,29 @@ def test_events_carry_parent_hash_and_tier():
     kv.allocate_private(4)
     ev = log.drain(12.5)
     assert [(e.kind, e.block_hash, e.parent_hash) for e in ev] == [
-        ("stored", keys[0], None), ("stored", keys[1], keys[0]),
-        ("removed", keys[1], None), ("removed", keys[0], None)]       # leaf first
+        ("stored", keys[0], None),
+        ("stored", keys[1], keys[0]),
+        ("removed", keys[1], None),
+        ("removed", keys[0], None),
+    ]  # leaf first
     assert {(e.worker_id, e.dp_rank, e.tier, e.time_ms) for e in ev} == {(3, 1, "G1", 12.5)}
     assert log.drain(13.0) == [] and log.emitted == 4
 
 
 def test_lower_tier_events_reach_the_index():
     logs = {}
-    h = TierHierarchy(TierConfig(bytes_per_block=1_000_000, num_g2_blocks=1, num_g3_blocks=4,
-                                 offload_batch_size=1, bw_g1_g2_gbps=0, bw_g2_g3_gbps=0), 1,
-                      listener=tier_listener_adapter(lambda t, w: logs.setdefault((t, w), KvEventLog(w, tier=t))))
+    h = TierHierarchy(
+        TierConfig(
+            bytes_per_block=1_000_000,
+            num_g2_blocks=1,
+            num_g3_blocks=4,
+            offload_batch_size=1,
+            bw_g1_g2_gbps=0,
+            bw_g2_g3_gbps=0,
+        ),
+        1,
+        listener=tier_listener_adapter(lambda t, w: logs.setdefault((t, w), KvEventLog(w, tier=t))),
+    )
     h.offload(0.0, 0, [1, 2])
     h.advance(0.0)
     index = KvEventIndex()
@@ -152,7 +162,7 @@ def test_event_router_with_lag_zero_routes_like_the_state_router():
     eng = EngineConfig(num_gpu_blocks=120, block_size=64)
     choices, recs = _route_workload(_shared_prefix_workload(), eng, 3, 0.0, compare_state=True)
     _check(recs)
-    assert len(set(choices)) == 3                  # load is spread
+    assert len(set(choices)) == 3  # load is spread
     # requests of one prefix family keep landing where the family is cached once warmed
     assert sum(1 for r in recs if r.cached_tokens) > 30
 
@@ -175,14 +185,30 @@ def test_cli_kv_events_flags(tmp_path):
     from planner.cli import main
 
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(
-        f'{{"timestamp": {100 * i}, "input_length": 1024, "output_length": 3, "hash_ids": [{i % 3}, {50 + i}]}}\n'
-        for i in range(12)))
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {100 * i}, "input_length": 1024, "output_length": 3, "hash_ids": [{i % 3}, {50 + i}]}}\n'
+            for i in range(12)
+        )
+    )
     outs = []
     for extra in ([], ["--kv-events"], ["--kv-events", "--kv-event-lag-ms", "0"]):
         out = tmp_path / f"r{len(outs)}.jsonl"
-        assert main(["replay", "--trace", str(trace), "--workers", "3", "--router", "kv", "--quiet",
-                     "--per-request", str(out), *extra]) in (0, None)
+        assert main(
+            [
+                "replay",
+                "--trace",
+                str(trace),
+                "--workers",
+                "3",
+                "--router",
+                "kv",
+                "--quiet",
+                "--per-request",
+                str(out),
+                *extra,
+            ]
+        ) in (0, None)
         outs.append(out.read_text())
     assert outs[0] == outs[1] == outs[2]  # lag 0: the events router routes as the cache-reading one
 
@@ -226,6 +252,7 @@ def test_fleet_kv_events_keep_the_kvbm_pool_and_route_as_cache_reading():
     _check(b.records)
     # the pool the fleet swaps in for events is still the lineage-aware one
     from mocker.fleet import Fleet
+
     fl = Fleet({"agg": eng}, router="kv", kv_events=True)
     fl.add_worker("agg", 0.0)
     assert all(type(c.kv) is EventingKvbmBlockManager for p in fl.pools.values() for w in p.workers for c in w.cores)

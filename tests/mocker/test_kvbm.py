@@ -7,10 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynoplan.errors import SimulationError
+from mocker.engine import make_engine
 from mocker.kv.kvbm import KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
-from mocker.engine import make_engine
-
 from tests.mocker.test_properties import _check, engines, workloads
 
 
@@ -18,10 +17,10 @@ def _stranded_setup(kv):
     """a cached by R1; R2 holds a private copy of a plus b (child of a); R1 frees a, then R2 frees b.
     Least-recently-freed order is a, b; lineage order is b (leaf) first."""
     a, b = 101, 102
-    assert kv.allocate_full_many([a]) == [a]            # R1
-    assert kv.allocate_full_many([a, b]) == [b]         # R2: a is a duplicate (private), b registered
-    kv.release([a], 0)                                  # R1 done: a inactive first
-    kv.release([b], 1)                                  # R2 done: b inactive, its private copy freed
+    assert kv.allocate_full_many([a]) == [a]  # R1
+    assert kv.allocate_full_many([a, b]) == [b]  # R2: a is a duplicate (private), b registered
+    kv.release([a], 0)  # R1 done: a inactive first
+    kv.release([b], 1)  # R2 done: b inactive, its private copy freed
     kv.check_invariants()
     return a, b
 
@@ -29,9 +28,9 @@ def _stranded_setup(kv):
 def test_native_evicts_the_parent_first_and_strands_the_child():
     kv = BlockKvManager(3)
     a, b = _stranded_setup(kv)
-    kv.allocate_private(2)                              # 1 free + 1 eviction
+    kv.allocate_private(2)  # 1 free + 1 eviction
     assert a not in kv.inactive and b in kv.inactive
-    assert kv.match_prefix([a, b]) == (0, 0)            # b is cached but unreachable
+    assert kv.match_prefix([a, b]) == (0, 0)  # b is cached but unreachable
 
 
 def test_kvbm_evicts_the_leaf_before_its_ancestor():
@@ -41,7 +40,7 @@ def test_kvbm_evicts_the_leaf_before_its_ancestor():
     kv.allocate_private(2)
     assert b not in kv.inactive and a in kv.inactive
     assert kv.match_prefix([a, b]) == (1, 0)
-    kv.allocate_private(1)                              # a is now a leaf: evicted next
+    kv.allocate_private(1)  # a is now a leaf: evicted next
     assert kv.match_prefix([a, b]) == (0, 0) and kv.evicted == 2
     kv.check_invariants()
 
@@ -53,8 +52,8 @@ def test_kvbm_tree_order_leaves_by_release_time_then_parents():
     assert kv.allocate_full_many([r, x, x2]) == [r, x, x2]
     kv.acquire_cached(r)
     assert kv.allocate_full_many([y]) == [y]
-    kv.release([r, x, x2], 0)     # x2 (seq 1), x (seq 2); r still held by R2
-    kv.release([r, y], 0)         # y (seq 3), r (seq 4); lineage y->r learned here
+    kv.release([r, x, x2], 0)  # x2 (seq 1), x (seq 2); r still held by R2
+    kv.release([r, y], 0)  # y (seq 3), r (seq 4); lineage y->r learned here
     assert kv.parent == {x: r, x2: x, y: r}
     order = []
     for _ in range(4):
@@ -71,10 +70,10 @@ def test_no_leaf_falls_back_to_oldest_and_orphans_children():
     kv = KvbmBlockManager(3)
     a, b = 1, 2
     kv.allocate_full_many([a])
-    kv.allocate_full_many([a, b])   # private a, b child of a (active)
-    kv.release([a], 0)              # a inactive but has an active child: not a leaf
+    kv.allocate_full_many([a, b])  # private a, b child of a (active)
+    kv.release([a], 0)  # a inactive but has an active child: not a leaf
     assert kv.available() == 1 and kv.free == 0
-    kv.allocate_private(1)          # a evicted anyway (available() stays exact), b orphaned
+    kv.allocate_private(1)  # a evicted anyway (available() stays exact), b orphaned
     assert a not in kv.inactive and kv.parent == {} and kv.children == {}
     kv.check_invariants()
 
@@ -134,11 +133,14 @@ def test_kvbm_random_requests_never_strand_a_child_while_a_leaf_is_evictable(ops
 
 
 def test_g1_backend_config_errors_and_engine_pool_choice():
-    from mocker.config import EngineConfig
     from dynoplan.errors import ConfigError
+    from mocker.config import EngineConfig
 
-    with pytest.raises(ConfigError, match=r"g1_backend='native': lower KV tiers configured \(num_g2_blocks=64, g4=True\); "
-                                          r"expected g1_backend='kvbm'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"g1_backend='native': lower KV tiers configured \(num_g2_blocks=64, g4=True\); "
+        r"expected g1_backend='kvbm'",
+    ):
         EngineConfig.from_mapping({"num_g2_blocks": 64, "g4": True})
     with pytest.raises(ConfigError, match=r"g1_backend='lru': expected one of 'native' or 'kvbm'"):
         EngineConfig.from_mapping({"g1_backend": "lru"})

@@ -40,10 +40,15 @@ def engines(draw):
     kind = draw(st.sampled_from(["vllm", "vllm", "trtllm"]))
     bs = draw(st.sampled_from([16, 32, 64]))
     return EngineConfig(
-        engine=kind, block_size=bs, num_gpu_blocks=draw(st.integers(8, 200)),
-        max_num_seqs=draw(st.integers(1, 8)), max_num_batched_tokens=draw(st.sampled_from([64, 256, 2048, 8192])),
-        enable_chunked_prefill=draw(st.booleans()), enable_prefix_caching=draw(st.booleans()),
-        preemption_mode=draw(st.sampled_from(["lifo", "fifo"])), speedup_ratio=draw(st.sampled_from([1.0, 3.0])),
+        engine=kind,
+        block_size=bs,
+        num_gpu_blocks=draw(st.integers(8, 200)),
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.sampled_from([64, 256, 2048, 8192])),
+        enable_chunked_prefill=draw(st.booleans()),
+        enable_prefix_caching=draw(st.booleans()),
+        preemption_mode=draw(st.sampled_from(["lifo", "fifo"])),
+        speedup_ratio=draw(st.sampled_from([1.0, 3.0])),
     )
 
 

@@ -13,7 +13,10 @@ from mocker.records import TraceRequest
 def _run(engine: str, release_until_pass: int):  # type: ignore[no-untyped-def]
     cfg = EngineConfig(engine=engine, num_gpu_blocks=64, block_size=16, trace_block_size=16)
     core = make_engine(cfg, collect_fpm=True)
-    reqs = [TraceRequest(i, 3.0 * i, 30 + 7 * i, 2 + 5 * (i % 3), tuple(100 * j + i % 2 for j in range(1, 7))) for i in range(8)]
+    reqs = [
+        TraceRequest(i, 3.0 * i, 30 + 7 * i, 2 + 5 * (i % 3), tuple(100 * j + i % 2 for j in range(1, 7)))
+        for i in range(8)
+    ]
     recs, drained, released_at = {}, [], []
     now, k = 0.0, 0
     while k < len(reqs) or core.has_work():
@@ -46,14 +49,19 @@ def test_release_keeps_live_requests_timeline_and_drains(engine):
     for rid, rec in recs.items():
         want = ref_recs[rid]
         # scheduling is unchanged: admission, first token, finish, preemptions identical
-        assert (rec.admit_ms, rec.first_token_ms, rec.finish_ms, rec.num_preemptions, rec.status) == \
-               (want.admit_ms, want.first_token_ms, want.finish_ms, want.num_preemptions, want.status)
+        assert (rec.admit_ms, rec.first_token_ms, rec.finish_ms, rec.num_preemptions, rec.status) == (
+            want.admit_ms,
+            want.first_token_ms,
+            want.finish_ms,
+            want.num_preemptions,
+            want.status,
+        )
         if rid in live_at_release:  # still held at the last release: finalize gives every token time
             assert rec.token_times_ms == want.token_times_ms and len(rec.token_times_ms) == want.output_length
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_release_when_idle_forgets_everything(engine):
-    core, _, _ = _run(engine, 10 ** 9)
+    core, _, _ = _run(engine, 10**9)
     assert core.all_requests == [] and core.requests == {} and core.fpm == []
     assert core.pass_end_times().size == 0 and core._ends_base == core.pass_index

@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
-from mocker.config import EngineConfig
 from dynoplan.errors import ConfigError
+from mocker.config import EngineConfig
 from mocker.fleet import FleetConfig, run_replay
 from mocker.records import TraceRequest
 
@@ -19,8 +19,9 @@ def test_gc_setting_restored(enabled):
     seen: list[bool] = []
     try:
         gc.enable() if enabled else gc.disable()
-        res = run_replay(REQS, EngineConfig(), FleetConfig(num_workers=1),
-                         progress=lambda done, n: seen.append(gc.isenabled()))
+        res = run_replay(
+            REQS, EngineConfig(), FleetConfig(num_workers=1), progress=lambda done, n: seen.append(gc.isenabled())
+        )
         assert gc.isenabled() is enabled
     finally:
         gc.enable()
@@ -35,11 +36,15 @@ def test_gc_restored_after_error():
     assert gc.isenabled()
 
 
-@pytest.mark.parametrize("fleet", [
-    FleetConfig(num_workers=2),
-    FleetConfig(num_prefill_workers=1, num_decode_workers=1),  # coordinated handoff: the fleet's bound-method cycle
-    FleetConfig(num_workers=2, single_step=True),  # a closure over the fleet
-], ids=["agg", "disagg", "single_step"])
+@pytest.mark.parametrize(
+    "fleet",
+    [
+        FleetConfig(num_workers=2),
+        FleetConfig(num_prefill_workers=1, num_decode_workers=1),  # coordinated handoff: the fleet's bound-method cycle
+        FleetConfig(num_workers=2, single_step=True),  # a closure over the fleet
+    ],
+    ids=["agg", "disagg", "single_step"],
+)
 def test_replay_leaves_no_cyclic_garbage(fleet):
     """run_replay closes its fleet (Fleet.close), so reference counting frees the fleet, its cores and every
     request's engine state: nothing is left for the cyclic collector (which used to find ~200k objects

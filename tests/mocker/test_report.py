@@ -29,22 +29,45 @@ from mocker.report import (
 )
 
 
-def make_result(records: list[RequestRecord], worker_seconds: float = 80.0, num_workers: int = 2, engine: EngineConfig | None = None) -> Any:
+def make_result(
+    records: list[RequestRecord], worker_seconds: float = 80.0, num_workers: int = 2, engine: EngineConfig | None = None
+) -> Any:
     from mocker.fleet import ReplayResult
 
     duration = max((r.finish_ms or 0.0 for r in records), default=0.0)
     return ReplayResult(
-        records=records, fpm=[], duration_ms=duration, worker_seconds=worker_seconds,
-        num_workers=num_workers, engine=engine or EngineConfig(),
+        records=records,
+        fpm=[],
+        duration_ms=duration,
+        worker_seconds=worker_seconds,
+        num_workers=num_workers,
+        engine=engine or EngineConfig(),
     )
 
 
-def rec(i: int, arrival: float, tokens: list[float], *, inp: int = 100, cached: int = 0, status: str = "finished", preempt: int = 0) -> RequestRecord:
+def rec(
+    i: int,
+    arrival: float,
+    tokens: list[float],
+    *,
+    inp: int = 100,
+    cached: int = 0,
+    status: str = "finished",
+    preempt: int = 0,
+) -> RequestRecord:
     return RequestRecord(
-        request_id=i, arrival_ms=arrival, input_length=inp, output_length=len(tokens), worker_id=i % 2,
-        admit_ms=arrival + 1 if status == "finished" else None, first_token_ms=tokens[0] if tokens else None,
-        token_times_ms=list(tokens), finish_ms=tokens[-1] if tokens and status == "finished" else None,
-        cached_tokens=cached, num_preemptions=preempt, status=status,
+        request_id=i,
+        arrival_ms=arrival,
+        input_length=inp,
+        output_length=len(tokens),
+        worker_id=i % 2,
+        admit_ms=arrival + 1 if status == "finished" else None,
+        first_token_ms=tokens[0] if tokens else None,
+        token_times_ms=list(tokens),
+        finish_ms=tokens[-1] if tokens and status == "finished" else None,
+        cached_tokens=cached,
+        num_preemptions=preempt,
+        status=status,
     )
 
 
@@ -70,7 +93,13 @@ def test_hand_computed_report() -> None:
     assert rep["worker_seconds"] == 80.0 and rep["decode_worker_seconds"] == 80.0
     assert rep["gpu_hours"] == pytest.approx(80.0 / 3600.0)
     # TTFT [10, 25]: median = sorted[round(0.5)] = sorted[1] (half away from zero); population std 7.5
-    assert (rep["mean_ttft_ms"], rep["min_ttft_ms"], rep["max_ttft_ms"], rep["median_ttft_ms"], rep["std_ttft_ms"]) == (17.5, 10.0, 25.0, 25.0, 7.5)
+    assert (rep["mean_ttft_ms"], rep["min_ttft_ms"], rep["max_ttft_ms"], rep["median_ttft_ms"], rep["std_ttft_ms"]) == (
+        17.5,
+        10.0,
+        25.0,
+        25.0,
+        7.5,
+    )
     assert (rep["mean_e2e_latency_ms"], rep["min_e2e_latency_ms"], rep["max_e2e_latency_ms"]) == (28.0, 21.0, 35.0)
     assert (rep["min_ttst_ms"], rep["max_ttst_ms"]) == (5.0, 10.0)
     assert (rep["min_tpot_ms"], rep["max_tpot_ms"]) == (5.5, 10.0)  # (21-10)/2 and (40-30)/1
@@ -134,7 +163,10 @@ def rounded_rank_oracle(values: list[float], p: float) -> float:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=60), st.sampled_from([50.0, 75.0, 90.0, 95.0, 99.0]))
+@given(
+    st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=60),
+    st.sampled_from([50.0, 75.0, 90.0, 95.0, 99.0]),
+)
 def test_percentile_matches_rounded_rank_oracle(values: list[float], p: float) -> None:
     assert percentile_rounded_rank(np.sort(np.array(values)), p) == rounded_rank_oracle(values, p)
 
@@ -162,10 +194,10 @@ def test_distribution_stats_known_sample() -> None:
     assert s["std"] == pytest.approx(math.sqrt((100**2 - 1) / 12))
 
 
-
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1e7)), min_size=1, max_size=300), st.booleans(),
-       st.integers(0, 3))
+@given(
+    st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1e7)), min_size=1, max_size=300), st.booleans(), st.integers(0, 3)
+)
 def test_distribution_stats_bit_identical_to_numpy(values: list[float], sketch: bool, spare: int) -> None:
     # the scratch-buffer statistics (report._stats) equal numpy's own partition / mean / std, bit for bit
     from mocker.report import _rounded_rank, _stats
@@ -173,16 +205,19 @@ def test_distribution_stats_bit_identical_to_numpy(values: list[float], sketch: 
     a = np.array(values)
     q = sketch_value if sketch else float
     part = np.partition(a, sorted({_rounded_rank(a.size, p) for p in (50, 75, 90, 95, 99)}))
-    expected = [float(a.mean()), float(a.min()), float(a.max()),
-                *(q(float(part[_rounded_rank(a.size, p)])) for p in (50, 75, 90, 95, 99)), float(a.std())]
+    expected = [
+        float(a.mean()),
+        float(a.min()),
+        float(a.max()),
+        *(q(float(part[_rounded_rank(a.size, p)])) for p in (50, 75, 90, 95, 99)),
+        float(a.std()),
+    ]
     scratch = np.full(a.size + spare, np.nan)
     assert list(_stats(a, sketch=sketch, scratch=scratch).values()) == expected
     assert list(distribution_stats(values, sketch=sketch).values()) == expected
 
 
-token_lists = st.lists(
-    st.lists(st.floats(0.01, 50.0), min_size=1, max_size=20), min_size=1, max_size=25
-)
+token_lists = st.lists(st.lists(st.floats(0.01, 50.0), min_size=1, max_size=20), min_size=1, max_size=25)
 
 
 @settings(max_examples=60, deadline=None)
@@ -207,7 +242,10 @@ def test_report_invariants(gap_lists: list[list[float]], rnd: random.Random) -> 
             assert vals[0] * (1 - 1e-3 - 1e-12) <= vals[1] and vals[-2] <= vals[-1] * (1 + 1e-3 + 1e-12)
         else:
             assert vals == sorted(vals)
-        assert vals[0] <= rep[f"mean_{name}_ms"] * (1 + 1e-12) + 1e-12 and rep[f"mean_{name}_ms"] <= vals[-1] * (1 + 1e-12) + 1e-12
+        assert (
+            vals[0] <= rep[f"mean_{name}_ms"] * (1 + 1e-12) + 1e-12
+            and rep[f"mean_{name}_ms"] <= vals[-1] * (1 + 1e-12) + 1e-12
+        )
     # order of records never changes the report
     shuffled = recs[:]
     rnd.shuffle(shuffled)
@@ -222,9 +260,25 @@ def test_per_request_jsonl(tmp_path: Path) -> None:
     assert [r["request_id"] for r in rows] == [0, 1, 2]
     r0 = rows[0]
     assert list(r0) == [
-        "request_id", "status", "worker_id", "dp_rank", "prefill_worker_id", "input_length", "output_length",
-        "num_output_tokens", "cached_tokens", "num_preemptions", "arrival_ms", "admit_ms", "first_token_ms",
-        "finish_ms", "ttft_ms", "ttst_ms", "itl_ms", "e2e_ms", "token_times_ms",
+        "request_id",
+        "status",
+        "worker_id",
+        "dp_rank",
+        "prefill_worker_id",
+        "input_length",
+        "output_length",
+        "num_output_tokens",
+        "cached_tokens",
+        "num_preemptions",
+        "arrival_ms",
+        "admit_ms",
+        "first_token_ms",
+        "finish_ms",
+        "ttft_ms",
+        "ttst_ms",
+        "itl_ms",
+        "e2e_ms",
+        "token_times_ms",
     ]
     assert (r0["ttft_ms"], r0["ttst_ms"], r0["itl_ms"], r0["e2e_ms"]) == (10.0, 5.0, 5.5, 21.0)
     assert r0["token_times_ms"] == [10.0, 15.0, 21.0] and r0["admit_ms"] == 1.0

@@ -15,17 +15,33 @@ def make() -> EngineRequest:
 
 def test_happy_path_with_chunks_and_preemption():
     r = make()
-    for s in (State.PREFILLING, State.PREFILLING, State.DECODING, State.PREEMPTED, State.PREFILLING,
-              State.DECODING, State.FINISHED):
+    for s in (
+        State.PREFILLING,
+        State.PREFILLING,
+        State.DECODING,
+        State.PREEMPTED,
+        State.PREFILLING,
+        State.DECODING,
+        State.FINISHED,
+    ):
         r.transition(s)
     assert r.state == State.FINISHED
 
 
-@pytest.mark.parametrize("old,new", [
-    (State.WAITING, State.DECODING), (State.WAITING, State.FINISHED), (State.DECODING, State.PREFILLING),
-    (State.DECODING, State.WAITING), (State.FINISHED, State.DECODING), (State.CANCELLED, State.WAITING),
-    (State.PREEMPTED, State.DECODING), (State.FAILED, State.PREFILLING), (State.FINISHED, State.CANCELLED),
-])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        (State.WAITING, State.DECODING),
+        (State.WAITING, State.FINISHED),
+        (State.DECODING, State.PREFILLING),
+        (State.DECODING, State.WAITING),
+        (State.FINISHED, State.DECODING),
+        (State.CANCELLED, State.WAITING),
+        (State.PREEMPTED, State.DECODING),
+        (State.FAILED, State.PREFILLING),
+        (State.FINISHED, State.CANCELLED),
+    ],
+)
 def test_invalid_transitions_raise(old, new):
     with pytest.raises(InvalidTransition, match=f"{old.name} -> {new.name}"):
         check_transition(old, new, 7)

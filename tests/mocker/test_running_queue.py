@@ -19,10 +19,14 @@ def _core_with(outputs: list[int]) -> VllmCore:
 
 
 # request i emits outputs[i] tokens; all are admitted in the first pass (token i at pass i - 1 for each)
-@pytest.mark.parametrize("outputs", [
-    [5, 3, 5, 3, 5],  # two finish together (the one-by-one removal)
-    [8] * 3 + [4] * 12 + [8] * 3,  # twelve finish together (the filtering pass)
-], ids=["few", "many"])
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        [5, 3, 5, 3, 5],  # two finish together (the one-by-one removal)
+        [8] * 3 + [4] * 12 + [8] * 3,  # twelve finish together (the filtering pass)
+    ],
+    ids=["few", "many"],
+)
 @pytest.mark.parametrize("fast", [False, True], ids=["step", "advance_until"])
 def test_survivors_keep_admission_order(outputs, fast):
     core = _core_with(outputs)

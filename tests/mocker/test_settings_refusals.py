@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from dynoplan.errors import ConfigError
 from dynoplan.settings import build, json_schema
 from mocker.config import EngineConfig, SGLangConfig
-from dynoplan.errors import ConfigError
 from mocker.fleet import FleetConfig
 from mocker.kv.tiers import TierConfig
 from mocker.live.frontend import FrontendSettings
@@ -29,16 +29,19 @@ CASES = [
 
 
 @pytest.mark.parametrize("cls, base, int_field, number_field, typo, close", CASES, ids=[c[0].__name__ for c in CASES])
-def test_refuses_bool_for_int_string_for_number_and_unknown_key_all_at_once(cls, base, int_field, number_field, typo,
-                                                                            close):
+def test_refuses_bool_for_int_string_for_number_and_unknown_key_all_at_once(
+    cls, base, int_field, number_field, typo, close
+):
     assert isinstance(build(cls, base), cls)  # the base itself is valid
     with pytest.raises(ConfigError) as e:
         build(cls, {**base, int_field: True, number_field: "5", typo: 1}, source="s.yaml")
-    assert sorted(e.value.problems) == sorted([
-        f"{int_field}=True: expected an integer",
-        f"{number_field}='5': expected a number",
-        f"{typo}: unknown setting (did you mean {close}?)",
-    ])
+    assert sorted(e.value.problems) == sorted(
+        [
+            f"{int_field}=True: expected an integer",
+            f"{number_field}='5': expected a number",
+            f"{typo}: unknown setting (did you mean {close}?)",
+        ]
+    )
     assert str(e.value).startswith("s.yaml: ")
 
 
@@ -66,12 +69,15 @@ def test_nested_problems_are_dotted():
 
 def test_engine_config_yaml_pitfalls_and_cross_field_checks():
     with pytest.raises(ConfigError) as e:
-        EngineConfig.from_mapping({"num_gpu_blocks": True, "enable_prefix_caching": "false",
-                                   "speedup_ratio": float("inf"), "engine": "tpu"})
-    assert e.value.problems == ["engine='tpu': expected one of 'vllm', 'trtllm' or 'sglang'",
-                                "num_gpu_blocks=True: expected an integer",
-                                "enable_prefix_caching='false': expected a boolean (true/false)",
-                                "speedup_ratio=inf: expected a finite number"]
+        EngineConfig.from_mapping(
+            {"num_gpu_blocks": True, "enable_prefix_caching": "false", "speedup_ratio": float("inf"), "engine": "tpu"}
+        )
+    assert e.value.problems == [
+        "engine='tpu': expected one of 'vllm', 'trtllm' or 'sglang'",
+        "num_gpu_blocks=True: expected an integer",
+        "enable_prefix_caching='false': expected a boolean (true/false)",
+        "speedup_ratio=inf: expected a finite number",
+    ]
     # cross-field checks run once every field is valid, and report every line they find
     with pytest.raises(ConfigError) as e:
         EngineConfig.from_mapping({"max_num_batched_tokens": 32, "gpu_memory_fraction": 0.5, "num_g3_blocks": 4})
@@ -93,8 +99,9 @@ def test_replace_validates_and_ignores_none():
     assert e.value.problems == ["num_gpu_blocks=0: expected > 0"]
     with pytest.raises(ConfigError) as e:
         cfg.replace(timing="nope")
-    assert e.value.problems == [("timing='nope': expected 'polynomial', a path to a .npz profile or "
-                                "'aic:model=...,system=...'")]
+    assert e.value.problems == [
+        ("timing='nope': expected 'polynomial', a path to a .npz profile or 'aic:model=...,system=...'")
+    ]
 
 
 def test_schema_states_bound_default_and_description_once():

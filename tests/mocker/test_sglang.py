@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
+from dynoplan.errors import ConfigError, SimulationError
 from mocker.config import EngineConfig, SGLangConfig
 from mocker.engine import CORES, make_engine
 from mocker.engine.sglang import SglangCore
-from dynoplan.errors import ConfigError, SimulationError
 from mocker.fleet import FleetConfig, run_replay
 from mocker.kv.radix import RadixCache, SeqContent
 from mocker.records import TraceRequest
@@ -57,7 +57,9 @@ def test_registered_and_built_by_make_engine():
     assert CORES["sglang"] is SglangCore
     core = make_engine(cfg())
     assert isinstance(core, SglangCore)
-    assert core.page == 1 and core.total_kv_tokens == SG_TOTAL  # page size 1 by default (docs/architecture.md "Engine defaults")
+    assert (
+        core.page == 1 and core.total_kv_tokens == SG_TOTAL
+    )  # page size 1 by default (docs/architecture.md "Engine defaults")
     assert make_engine(cfg(block_size=16)).page == 16
 
 
@@ -94,7 +96,9 @@ def test_extend_pass_runs_before_decode_and_running_requests_wait():
 
 
 # ---------------------------------------------------------------------------------------------- admission budget
-@pytest.mark.parametrize("osl_b,conservativeness,admitted", [(300, 1.0, True), (349, 1.0, True), (350, 1.0, False), (300, 2.0, False)])
+@pytest.mark.parametrize(
+    "osl_b,conservativeness,admitted", [(300, 1.0, True), (349, 1.0, True), (350, 1.0, False), (300, 2.0, False)]
+)
 def test_admission_budget_uses_new_token_ratio(osl_b, conservativeness, admitted):
     """Pool 1000 tokens. Pass 1 (extend): A (100 prompt, 500 out) prefills and holds 101 slots; an extend pass
     leaves new_token_ratio at 0.7c. Pass 2 budget: rem_total = free 899 - min(499, 4096) * 0.7c; B needs
@@ -133,7 +137,7 @@ def test_clip_max_new_tokens_caps_the_reserve():
     ratio = core.new_token_ratio
     rem_total = (SG_TOTAL - 101) - 4096 * ratio
     core.add_request(req(1, o1.end_ms, 100, 10), o1.end_ms)
-    assert 110 < rem_total
+    assert rem_total > 110
     assert core.step(o1.end_ms).admitted == [1]
 
 
@@ -426,11 +430,25 @@ def _cli(argv: list[str]) -> int:
 
 def test_cli_replay_engine_sglang_page_size(tmp_path, capsys):
     trace = tmp_path / "t.csv"
-    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
-                     "2023-11-16 18:15:50.9951690,396,109\n")
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+    )
     out = tmp_path / "r.json"
-    rc = _cli(["replay", "--trace", str(trace), "--engine", "sglang", "--page-size", "16", "--report-json", str(out),
-               "--quiet"])
+    rc = _cli(
+        [
+            "replay",
+            "--trace",
+            str(trace),
+            "--engine",
+            "sglang",
+            "--page-size",
+            "16",
+            "--report-json",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     import json
 

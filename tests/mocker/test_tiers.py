@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynoplan.settings import build
 from dynoplan.errors import ConfigError
+from dynoplan.settings import build
 from mocker.kv.tiers import ProcessorSharingLink, TierConfig, TierHierarchy
 
 MB = 1_000_000
@@ -75,8 +75,17 @@ def test_link_conserves_work(arrivals):
 
 
 def cfg(**kw):
-    base = dict(bytes_per_block=MB, num_g2_blocks=4, offload_batch_size=2, bw_g1_g2_gbps=1.0, bw_g2_g1_gbps=1.0,
-                bw_g2_g3_gbps=1.0, bw_g3_g2_gbps=1.0, bw_g3_g4_gbps=1.0, bw_g4_g2_gbps=1.0)
+    base = dict(
+        bytes_per_block=MB,
+        num_g2_blocks=4,
+        offload_batch_size=2,
+        bw_g1_g2_gbps=1.0,
+        bw_g2_g1_gbps=1.0,
+        bw_g2_g3_gbps=1.0,
+        bw_g3_g2_gbps=1.0,
+        bw_g3_g4_gbps=1.0,
+        bw_g4_g2_gbps=1.0,
+    )
     base.update(kw)
     return TierConfig(**base)
 
@@ -84,15 +93,15 @@ def cfg(**kw):
 def test_offload_batches_and_g2_lru_spills_to_g3():
     events = []
     h = TierHierarchy(cfg(num_g3_blocks=8), 1, listener=lambda *e: events.append((e[0], e[1], list(e[3]))))
-    assert h.offload(0.0, 0, [1]) == 0          # below the batch size: queued
-    assert h.offload(0.0, 0, [2, 3]) == 1       # batch [1, 2] starts; 3 waits
+    assert h.offload(0.0, 0, [1]) == 0  # below the batch size: queued
+    assert h.offload(0.0, 0, [2, 3]) == 1  # batch [1, 2] starts; 3 waits
     h.advance(1.999)
     assert list(h.g2[0]) == []
-    h.advance(2.0)                               # 2 blocks = 2 MB at 1 GB/s
+    h.advance(2.0)  # 2 blocks = 2 MB at 1 GB/s
     assert list(h.g2[0]) == [1, 2]
-    h.offload(2.0, 0, [4, 5, 6], flush=True)     # [3,4] and [5,6] share the link: both land at 2 + 4 = 6 ms
+    h.offload(2.0, 0, [4, 5, 6], flush=True)  # [3,4] and [5,6] share the link: both land at 2 + 4 = 6 ms
     h.advance(6.0)
-    assert list(h.g2[0]) == [3, 4, 5, 6]          # 1, 2 evicted LRU, sent to G3 (2 MB at 1 GB/s)
+    assert list(h.g2[0]) == [3, 4, 5, 6]  # 1, 2 evicted LRU, sent to G3 (2 MB at 1 GB/s)
     assert ("removed", "G2", [1, 2]) in events
     h.advance(8.0)
     assert list(h.g3) == [1, 2]
@@ -108,7 +117,7 @@ def test_g3_hit_is_staged_through_g2_before_onboarding_to_g1():
     # staging: 2 blocks G3->G2 = 2 ms -> staged at 102; then 3 blocks G2->G1 = 3 ms -> done at 105
     assert h.advance(104.9) == []
     assert t.staged_ms == pytest.approx(102.0)
-    assert list(h.g2[0]) == [10, 11, 12]          # G3 blocks now resident in G2
+    assert list(h.g2[0]) == [10, 11, 12]  # G3 blocks now resident in G2
     assert h.advance(105.0) == [t]
     assert t.done_ms == pytest.approx(105.0)
 
@@ -116,7 +125,7 @@ def test_g3_hit_is_staged_through_g2_before_onboarding_to_g1():
 def test_g2_only_hit_goes_straight_to_g1_and_miss_returns_none():
     h = TierHierarchy(cfg(), 2)
     h.g2[1].update({7: None})
-    assert h.onboard(0.0, 0, [7]) is None         # G2 is per worker
+    assert h.onboard(0.0, 0, [7]) is None  # G2 is per worker
     t = h.onboard(0.0, 1, [7, 8])
     assert t.staged_ms == 0.0 and h.advance(1.0) == [t] and t.done_ms == pytest.approx(1.0)
 
@@ -135,8 +144,11 @@ def test_g4_hit_stages_through_g2_concurrently_with_g3():
 def test_tier_config_errors_name_field_and_value():
     with pytest.raises(ConfigError) as e:
         build(TierConfig, {"bytes_per_block": 0, "num_g3_blocks": 5, "offload_batch_size": -1, "bw_g2_g3_gbps": -2})
-    assert e.value.problems == ["bytes_per_block=0: expected > 0", "offload_batch_size=-1: expected > 0",
-                                "bw_g2_g3_gbps=-2: expected >= 0.0"]
+    assert e.value.problems == [
+        "bytes_per_block=0: expected > 0",
+        "offload_batch_size=-1: expected > 0",
+        "bw_g2_g3_gbps=-2: expected >= 0.0",
+    ]
     with pytest.raises(ConfigError) as e:  # the cross-field rule, once every field is valid
         build(TierConfig, {"bytes_per_block": 1, "num_g3_blocks": 5})
     assert e.value.problems == ["num_g2_blocks=0: G3/G4 hits stage through G2; expected num_g2_blocks > 0"]
@@ -144,9 +156,12 @@ def test_tier_config_errors_name_field_and_value():
 
 def _trace(tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(
-        f'{{"timestamp": {100 * i}, "input_length": 1024, "output_length": 3, "hash_ids": [{i % 3}, {50 + i}]}}\n'
-        for i in range(12)))
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {100 * i}, "input_length": 1024, "output_length": 3, "hash_ids": [{i % 3}, {50 + i}]}}\n'
+            for i in range(12)
+        )
+    )
     return trace
 
 
@@ -155,8 +170,22 @@ def test_cli_kvbm_flags_run_and_errors_are_one_line(tmp_path, capsys):
 
     trace = _trace(tmp_path)
     out = tmp_path / "r.jsonl"
-    assert main(["replay", "--trace", str(trace), "--workers", "2", "--router", "kv", "--quiet",
-                 "--g1-backend", "kvbm", "--per-request", str(out)]) in (0, None)
+    assert main(
+        [
+            "replay",
+            "--trace",
+            str(trace),
+            "--workers",
+            "2",
+            "--router",
+            "kv",
+            "--quiet",
+            "--g1-backend",
+            "kvbm",
+            "--per-request",
+            str(out),
+        ]
+    ) in (0, None)
     assert len(out.read_text().splitlines()) == 12
     for flags, msg in (
         (["--num-g2-blocks", "8"], "g1_backend='native': lower KV tiers configured (num_g2_blocks=8)"),
@@ -170,9 +199,20 @@ def test_cli_kvbm_flags_run_and_errors_are_one_line(tmp_path, capsys):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["off", "on", "flush"]), st.integers(0, 1), st.floats(0, 3),
-                          st.lists(st.integers(0, 15), min_size=1, max_size=5)), max_size=30),
-       st.integers(1, 4), st.integers(0, 6), st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["off", "on", "flush"]),
+            st.integers(0, 1),
+            st.floats(0, 3),
+            st.lists(st.integers(0, 15), min_size=1, max_size=5),
+        ),
+        max_size=30,
+    ),
+    st.integers(1, 4),
+    st.integers(0, 6),
+    st.booleans(),
+)
 def test_random_offload_onboard_keep_capacity_and_order(ops, g2, g3, g4):
     """Random offloads/onboards on 2 workers: capacities hold, every ticket completes with
     start <= staged <= done, and a ticket onboards exactly the leading run found below G1 at its start."""

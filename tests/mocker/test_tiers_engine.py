@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from dynoplan.errors import ConfigError
 from dynoplan.settings import build
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from dynoplan.errors import ConfigError
 from mocker.fleet import Fleet, FleetConfig, run_replay
 from mocker.kv.tiers import TierConfig
 from mocker.records import TraceRequest
@@ -21,16 +21,26 @@ from mocker.report import build_report
 
 # One engine block = one trace hash id = 16 tokens; 16 tokens x 15625 B/token = 250 kB per block, so 4 blocks
 # = 1 MB = 1 ms at 1 GB/s (docs/architecture.md "KVBM tiers": 1 MB at 1 GB/s takes 1 ms).
-BASE = dict(g1_backend="kvbm", num_gpu_blocks=8, block_size=16, trace_block_size=16, offload_batch_size=4,
-            kv_bytes_per_token=15625, bw_g1_g2_gbps=1.0, bw_g2_g1_gbps=1.0, bw_g2_g3_gbps=1.0, bw_g3_g2_gbps=1.0)
+BASE = dict(
+    g1_backend="kvbm",
+    num_gpu_blocks=8,
+    block_size=16,
+    trace_block_size=16,
+    offload_batch_size=4,
+    kv_bytes_per_token=15625,
+    bw_g1_g2_gbps=1.0,
+    bw_g2_g1_gbps=1.0,
+    bw_g2_g3_gbps=1.0,
+    bw_g3_g2_gbps=1.0,
+)
 # Polynomial prefill (docs/architecture.md "Polynomial timing baseline"), rounded to ns: T = 16 new tokens -> 4.209989e-07*16^2 + 1.518344e-02*16
 # + 16.50142 = 16.744462815 -> 16.744463 ms; T = 80 -> 17.718789593 -> 17.71879 ms.
 PREFILL_16_MS = 16.744463
 PREFILL_80_MS = 17.71879
 
-A = TraceRequest(0, 0.0, 64, 1, (1, 2, 3, 4))             # 4 full blocks, cached in G1 after it finishes
+A = TraceRequest(0, 0.0, 64, 1, (1, 2, 3, 4))  # 4 full blocks, cached in G1 after it finishes
 C = TraceRequest(1, 1000.0, 128, 1, tuple(range(10, 18)))  # 8 blocks: evicts A's 4 -> offloaded to G2
-B = TraceRequest(2, 2000.0, 80, 1, (1, 2, 3, 4, 5))        # A's prefix + 1 block: onboards A's 4 blocks
+B = TraceRequest(2, 2000.0, 80, 1, (1, 2, 3, 4, 5))  # A's prefix + 1 block: onboards A's 4 blocks
 
 
 def _run_core(cfg: EngineConfig, reqs):
@@ -101,16 +111,23 @@ def test_replay_report_counts_tiers_and_keeps_existing_keys():
 def test_g3_is_shared_worker_1_reuses_worker_0_prefix(g3, g4, tier):
     def trace():
         fill = lambda i, base: TraceRequest(i, 1000.0 * i, 64, 1, tuple(range(base, base + 4)))  # noqa: E731
-        return [dataclasses.replace(A, request_id=0), fill(1, 100), dataclasses.replace(C, request_id=2, arrival_ms=2000.0),
-                fill(3, 200), TraceRequest(4, 4000.0, 128, 1, tuple(range(20, 28))),
-                dataclasses.replace(B, request_id=5, arrival_ms=5000.0)]
+        return [
+            dataclasses.replace(A, request_id=0),
+            fill(1, 100),
+            dataclasses.replace(C, request_id=2, arrival_ms=2000.0),
+            fill(3, 200),
+            TraceRequest(4, 4000.0, 128, 1, tuple(range(20, 28))),
+            dataclasses.replace(B, request_id=5, arrival_ms=5000.0),
+        ]
 
     # worker 0 (even requests): A cached; C evicts A -> A in w0's G2; E evicts C's 8 -> G2 (4 blocks) overflows:
     # A's 4 (then C's first 4) spill G2 -> G3. B goes to worker 1: nothing in its G1/G2, A's 4 blocks in G3
     # -> staged G3->G2 (1 MB at 1 GB/s = 1 ms), then G2->G1 (1 ms): TTFT = 2 ms + prefill of 16 tokens.
     # With a 4-block G3 and G4 on, C's spilled blocks push A's out of G3 into G4 (G3->G4, 1 GB/s default):
     # B stages them G4->G2 (1 ms at the 1 GB/s default) instead; same total.
-    res = run_replay(trace(), EngineConfig(**BASE, num_g2_blocks=4, num_g3_blocks=g3, g4=g4), FleetConfig(num_workers=2))
+    res = run_replay(
+        trace(), EngineConfig(**BASE, num_g2_blocks=4, num_g3_blocks=g3, g4=g4), FleetConfig(num_workers=2)
+    )
     assert [r.worker_id for r in res.records] == [0, 1, 0, 1, 0, 1]
     rb = res.records[5]
     assert rb.first_token_ms - rb.arrival_ms == pytest.approx(2.0 + PREFILL_16_MS, abs=1e-9)
@@ -155,20 +172,45 @@ def test_tier_config_defaults_come_from_engine_config():
         build(TierConfig, {"bytes_per_block": 1, "offload_batch_size": 0})
 
 
-@pytest.mark.parametrize("flags, msg", [
-    (["--num-g3-blocks", "5"], "g1_backend='native': lower KV tiers configured (num_g3_blocks=5)"),
-    (["--g1-backend", "kvbm", "--num-g2-blocks", "8"], "kv_bytes_per_token=None: KVBM tier transfers"),
-    (["--g1-backend", "kvbm", "--num-g3-blocks", "8", "--kv-bytes-per-token", "100"], "num_g2_blocks=0: G3/G4 hits stage through G2"),
-    (["--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100", "--prefill-workers", "1",
-      "--decode-workers", "1"], "num_g2_blocks=8: KVBM lower tiers are wired into aggregated fleets only"),
-    (["--engine", "sglang", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
-     "g1_backend='kvbm': modelled for the vllm and trtllm block pools"),
-    (["--engine", "trtllm", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
-     "engine='trtllm' with lower KV tiers (num_g2_blocks=8): onboarding is wired into the vLLM core only"),
-    (["--kv-bytes-per-token", "100"], "--kv-bytes-per-token: only for a disaggregated fleet"),
-    (["--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100", "--model-config", "x.json"],
-     "--kv-bytes-per-token and --model-config: give one of them, not both"),
-])
+@pytest.mark.parametrize(
+    "flags, msg",
+    [
+        (["--num-g3-blocks", "5"], "g1_backend='native': lower KV tiers configured (num_g3_blocks=5)"),
+        (["--g1-backend", "kvbm", "--num-g2-blocks", "8"], "kv_bytes_per_token=None: KVBM tier transfers"),
+        (
+            ["--g1-backend", "kvbm", "--num-g3-blocks", "8", "--kv-bytes-per-token", "100"],
+            "num_g2_blocks=0: G3/G4 hits stage through G2",
+        ),
+        (
+            [
+                "--g1-backend",
+                "kvbm",
+                "--num-g2-blocks",
+                "8",
+                "--kv-bytes-per-token",
+                "100",
+                "--prefill-workers",
+                "1",
+                "--decode-workers",
+                "1",
+            ],
+            "num_g2_blocks=8: KVBM lower tiers are wired into aggregated fleets only",
+        ),
+        (
+            ["--engine", "sglang", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
+            "g1_backend='kvbm': modelled for the vllm and trtllm block pools",
+        ),
+        (
+            ["--engine", "trtllm", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
+            "engine='trtllm' with lower KV tiers (num_g2_blocks=8): onboarding is wired into the vLLM core only",
+        ),
+        (["--kv-bytes-per-token", "100"], "--kv-bytes-per-token: only for a disaggregated fleet"),
+        (
+            ["--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100", "--model-config", "x.json"],
+            "--kv-bytes-per-token and --model-config: give one of them, not both",
+        ),
+    ],
+)
 def test_cli_tier_errors_are_one_line(tmp_path, capsys, flags, msg):
     from planner.cli import main
 
@@ -185,13 +227,42 @@ def test_cli_tiers_run_and_report_keys(tmp_path):
     from planner.cli import main
 
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(f'{{"timestamp": {t:.0f}, "input_length": {q.input_length}, "output_length": 1, '
-                             f'"hash_ids": {list(q.hash_ids)}}}\n' for t, q in ((q.arrival_ms, q) for q in (A, C, B))))
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {t:.0f}, "input_length": {q.input_length}, "output_length": 1, '
+            f'"hash_ids": {list(q.hash_ids)}}}\n'
+            for t, q in ((q.arrival_ms, q) for q in (A, C, B))
+        )
+    )
     out = tmp_path / "r.json"
-    assert main(["replay", "--trace", str(trace), "--quiet", "--g1-backend", "kvbm", "--num-gpu-blocks", "8",
-                 "--block-size", "16", "--trace-block-size", "16", "--num-g2-blocks", "16", "--offload-batch-size", "4",
-                 "--kv-bytes-per-token", "15625", "--tier-bandwidth", "g2_g1=1", "--tier-bandwidth", "g1_g2=1",
-                 "--report-json", str(out)]) in (0, None)
+    assert main(
+        [
+            "replay",
+            "--trace",
+            str(trace),
+            "--quiet",
+            "--g1-backend",
+            "kvbm",
+            "--num-gpu-blocks",
+            "8",
+            "--block-size",
+            "16",
+            "--trace-block-size",
+            "16",
+            "--num-g2-blocks",
+            "16",
+            "--offload-batch-size",
+            "4",
+            "--kv-bytes-per-token",
+            "15625",
+            "--tier-bandwidth",
+            "g2_g1=1",
+            "--tier-bandwidth",
+            "g1_g2=1",
+            "--report-json",
+            str(out),
+        ]
+    ) in (0, None)
     rep = json.loads(out.read_text())
     assert rep["kvbm_onboarded_blocks_g2"] == 4 and rep["kvbm_offloaded_blocks"] == 8
 
@@ -205,7 +276,7 @@ def workloads(draw):
     for i in range(n):
         t += draw(st.sampled_from([0.0, 0.5, 3.0, 20.0, 200.0]))
         nb = draw(st.integers(1, 10))
-        root = draw(st.integers(0, 3))          # few roots: prompts share prefixes
+        root = draw(st.integers(0, 3))  # few roots: prompts share prefixes
         ids = [root] + [draw(st.integers(0, 2)) * 10 + j for j in range(1, nb)]
         isl = 16 * (nb - 1) + draw(st.integers(1, 16))  # partial last block sometimes
         reqs.append(TraceRequest(i, t, isl, draw(st.integers(1, 6)), tuple(ids)))
@@ -213,14 +284,37 @@ def workloads(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.integers(1, 3), st.integers(12, 30), st.integers(1, 16), st.integers(0, 12), st.booleans(),
-       st.integers(1, 4), st.sampled_from([0.0, 0.25, 1.0, 25.0]), st.sampled_from([0.5, 1.0, 5.0]), st.booleans())
-def test_random_workloads_with_tiers_conserve_blocks_and_finish(reqs, workers, g1, g2, g3, g4, batch, bw_on, bw_disk,
-                                                                exact):
-    eng = EngineConfig(**{**BASE, "num_gpu_blocks": g1, "offload_batch_size": batch, "bw_g2_g1_gbps": bw_on,
-                          "bw_g3_g2_gbps": bw_disk, "bw_g2_g3_gbps": bw_disk},
-                       num_g2_blocks=g2, num_g3_blocks=g3, g4=g4 and g2 > 0, bw_g4_g2_gbps=0.5, max_num_seqs=4,
-                       max_num_batched_tokens=64)
+@given(
+    workloads(),
+    st.integers(1, 3),
+    st.integers(12, 30),
+    st.integers(1, 16),
+    st.integers(0, 12),
+    st.booleans(),
+    st.integers(1, 4),
+    st.sampled_from([0.0, 0.25, 1.0, 25.0]),
+    st.sampled_from([0.5, 1.0, 5.0]),
+    st.booleans(),
+)
+def test_random_workloads_with_tiers_conserve_blocks_and_finish(
+    reqs, workers, g1, g2, g3, g4, batch, bw_on, bw_disk, exact
+):
+    eng = EngineConfig(
+        **{
+            **BASE,
+            "num_gpu_blocks": g1,
+            "offload_batch_size": batch,
+            "bw_g2_g1_gbps": bw_on,
+            "bw_g3_g2_gbps": bw_disk,
+            "bw_g2_g3_gbps": bw_disk,
+        },
+        num_g2_blocks=g2,
+        num_g3_blocks=g3,
+        g4=g4 and g2 > 0,
+        bw_g4_g2_gbps=0.5,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+    )
     fl = Fleet({"agg": eng}, router="kv" if workers > 1 else "round_robin", single_step=exact)
     for _ in range(workers):
         fl.add_worker("agg", 0.0)
@@ -244,10 +338,13 @@ def test_random_workloads_with_tiers_conserve_blocks_and_finish(reqs, workers, g
         assert r.status == "finished" and len(r.token_times_ms) == q.output_length
         assert r.token_times_ms == sorted(r.token_times_ms) and r.first_token_ms >= q.arrival_ms
     st_ = fl.tier_stats()
-    assert st_["kvbm_onboarded_tokens"] == 16 * (st_["kvbm_onboarded_blocks_g2"] + st_["kvbm_onboarded_blocks_g3"]
-                                                 + st_["kvbm_onboarded_blocks_g4"])
-    event(f"onboarded from G2 {st_['kvbm_onboarded_blocks_g2'] > 0}, G3 {st_['kvbm_onboarded_blocks_g3'] > 0}, "
-          f"G4 {st_['kvbm_onboarded_blocks_g4'] > 0}")
+    assert st_["kvbm_onboarded_tokens"] == 16 * (
+        st_["kvbm_onboarded_blocks_g2"] + st_["kvbm_onboarded_blocks_g3"] + st_["kvbm_onboarded_blocks_g4"]
+    )
+    event(
+        f"onboarded from G2 {st_['kvbm_onboarded_blocks_g2'] > 0}, G3 {st_['kvbm_onboarded_blocks_g3'] > 0}, "
+        f"G4 {st_['kvbm_onboarded_blocks_g4'] > 0}"
+    )
     if not g3:
         assert st_["kvbm_onboarded_blocks_g3"] == 0 and st_["kvbm_spilled_blocks_g3"] == 0
 
@@ -265,7 +362,9 @@ def test_tiers_that_are_never_hit_change_nothing(reqs, workers):
 
 
 @pytest.mark.parametrize("bw_onboard_gbps", [1.0, 0.01])  # 1 MB: 1 ms (shorter than a pass) or 100 ms (~6 passes)
-def test_decode_stretches_stop_for_an_onboarding_ticket_same_records_as_one_pass_at_a_time(monkeypatch, bw_onboard_gbps):
+def test_decode_stretches_stop_for_an_onboarding_ticket_same_records_as_one_pass_at_a_time(
+    monkeypatch, bw_onboard_gbps
+):
     """D decodes (fast-forwarded stretches) while B's onboarding ticket is in flight on the same core: the
     stretch stops at the next tier event, so B joins at the first pass start after its ticket, exactly as
     when every pass is run alone (D's evictions go G1->G2, a link B's onboarding does not use, and G2 is

@@ -5,10 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mocker.config import EngineConfig
 from dynoplan.errors import ConfigError
-from mocker.timing import (NpzTiming, PolynomialTiming, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns,
-                           round_ns_array)
+from mocker.config import EngineConfig
+from mocker.timing import (
+    NpzTiming,
+    PolynomialTiming,
+    decode_pass_ms,
+    decode_pass_ms_array,
+    load_timing,
+    round_ns,
+    round_ns_array,
+)
 
 
 def test_polynomial_prefill_by_hand():
@@ -25,7 +32,9 @@ def test_polynomial_decode_by_hand():
     total = 16384 * 64
     t = PolynomialTiming(total)
     # p = 375 / 1048576 -> 5.74 + 54.01 p - 25.74 p^2 = 5.759312 (the reference's second-token gap)
-    assert round_ns(float(t.decode_ms_array(np.array([375.0]), np.array([375.0]))[0])) == pytest.approx(5.759312, abs=1e-9)
+    assert round_ns(float(t.decode_ms_array(np.array([375.0]), np.array([375.0]))[0])) == pytest.approx(
+        5.759312, abs=1e-9
+    )
     # full cache: p = 1 -> -25.74 + 54.01 + 5.74 = 34.01
     assert float(t.decode_ms_array(np.array([float(total)]), np.array([1.0]))[0]) == pytest.approx(34.01)
     # floor at 1 ms never binds for p >= 0 with these coefficients, but is applied
@@ -51,7 +60,6 @@ def test_decode_scalar_and_vector_twins_agree_bitwise(speedup):
     assert vec == [decode_pass_ms(t, int(x), 7, speedup) for x in s]
 
 
-
 def test_decode_table_is_the_scalar_twin_bitwise_and_grows_on_demand():
     total = 16384 * 64
     t = PolynomialTiming(total)
@@ -66,12 +74,18 @@ def test_decode_table_is_the_scalar_twin_bitwise_and_grows_on_demand():
     assert [float(table[x]) for x in s] == [decode_pass_ms(t, x, 5, 1.0) for x in s]
     assert float(table[375]) == pytest.approx(5.759312, abs=1e-9)  # the reference's second-token gap (above)
 
+
 @pytest.fixture
 def npz(tmp_path):
     path = tmp_path / "profile.npz"
-    np.savez(path, prefill_isl=np.array([100.0, 200.0, 400.0]), prefill_ttft_ms=np.array([10.0, 30.0, 50.0]),
-             decode_active_kv_tokens=np.array([0.0, 1000.0]), decode_context_length=np.array([100.0, 200.0]),
-             decode_itl=np.array([[5.0, 7.0], [9.0, 11.0]]))
+    np.savez(
+        path,
+        prefill_isl=np.array([100.0, 200.0, 400.0]),
+        prefill_ttft_ms=np.array([10.0, 30.0, 50.0]),
+        decode_active_kv_tokens=np.array([0.0, 1000.0]),
+        decode_context_length=np.array([100.0, 200.0]),
+        decode_itl=np.array([[5.0, 7.0], [9.0, 11.0]]),
+    )
     return path
 
 
@@ -87,7 +101,9 @@ def test_npz_prefill_linear_and_extrapolated(npz):
 
 def test_npz_decode_bilinear_and_extrapolated(npz):
     t = NpzTiming(npz)
-    got = t.decode_ms_array(np.array([500.0, 0.0, 1000.0, 2000.0, 500.0]), np.array([150.0, 100.0, 200.0, 100.0, 300.0]))
+    got = t.decode_ms_array(
+        np.array([500.0, 0.0, 1000.0, 2000.0, 500.0]), np.array([150.0, 100.0, 200.0, 100.0, 300.0])
+    )
     # centre: mean of corners 8; corners exact; (2000, 100): 5 + 2 * (9 - 5) = 13;
     # (500, 300): at x=500 the value is 7 at y=100 and 9 at y=200, so 11 at y=300
     assert got.tolist() == pytest.approx([8.0, 5.0, 11.0, 13.0, 11.0])
@@ -99,9 +115,14 @@ def test_npz_errors_name_the_file_and_arrays(tmp_path):
     with pytest.raises(ConfigError, match="bad.npz.*decode_active_kv_tokens"):
         NpzTiming(bad)
     shape = tmp_path / "shape.npz"
-    np.savez(shape, prefill_isl=np.array([1.0, 2.0]), prefill_ttft_ms=np.array([1.0, 2.0]),
-             decode_active_kv_tokens=np.array([0.0, 1.0]), decode_context_length=np.array([1.0, 2.0, 3.0]),
-             decode_itl=np.ones((2, 2)))
+    np.savez(
+        shape,
+        prefill_isl=np.array([1.0, 2.0]),
+        prefill_ttft_ms=np.array([1.0, 2.0]),
+        decode_active_kv_tokens=np.array([0.0, 1.0]),
+        decode_context_length=np.array([1.0, 2.0, 3.0]),
+        decode_itl=np.ones((2, 2)),
+    )
     with pytest.raises(ConfigError, match=r"decode_itl: expected shape .*\(2, 3\)"):
         NpzTiming(shape)
 

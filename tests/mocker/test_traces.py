@@ -39,7 +39,8 @@ AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
 def test_azure_small_hand_computed(tmp_path: Path) -> None:
     p = write(
-        tmp_path, "t.csv",
+        tmp_path,
+        "t.csv",
         AZ_HEADER
         + "2023-11-16 18:15:46.6805900,374,44\n"
         + "2023-11-16 18:15:50.9951690,512,109\n"
@@ -124,11 +125,14 @@ def test_azure_utf8_bom_header_is_accepted(tmp_path: Path) -> None:
     assert got == load_trace(plain)
 
 
-@pytest.mark.parametrize("isl, osl, field", [
-    ("99999999999999999999999", "4", "ContextTokens"),  # > int64: used to escape as OverflowError
-    ("100000000000", "4", "ContextTokens"),  # fits int64 but ~2e8 hash ids: used to exhaust memory
-    ("374", str(2**31), "GeneratedTokens"),
-])
+@pytest.mark.parametrize(
+    "isl, osl, field",
+    [
+        ("99999999999999999999999", "4", "ContextTokens"),  # > int64: used to escape as OverflowError
+        ("100000000000", "4", "ContextTokens"),  # fits int64 but ~2e8 hash ids: used to exhaust memory
+        ("374", str(2**31), "GeneratedTokens"),
+    ],
+)
 def test_azure_huge_lengths_are_trace_errors(tmp_path: Path, isl: str, osl: str, field: str) -> None:
     p = write(tmp_path, "huge.csv", AZ_HEADER + f"2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:47.0,{isl},{osl}\n")
     with pytest.raises(TraceError, match=r"expected a positive integer <= 2147483647") as ei:
@@ -139,7 +143,9 @@ def test_azure_huge_lengths_are_trace_errors(tmp_path: Path, isl: str, osl: str,
 
 def test_azure_non_utf8_names_line_and_column(tmp_path: Path) -> None:
     p = tmp_path / "latin1.csv"
-    p.write_bytes((AZ_HEADER + "2023-11-16 18:15:46.0,374,44\n" * 3000).encode() + b"2023-11-16 18:15:47.0,37\xff4,44\n")
+    p.write_bytes(
+        (AZ_HEADER + "2023-11-16 18:15:46.0,374,44\n" * 3000).encode() + b"2023-11-16 18:15:47.0,37\xff4,44\n"
+    )
     with pytest.raises(TraceError, match=r"byte 0xff at column 25: expected UTF-8 text") as ei:
         load_trace(p)
     assert ei.value.line == 3002  # was reported as line 0 (the csv reader's count before its first buffer)
@@ -170,7 +176,8 @@ def test_empty_trace_spec_says_what_is_expected(spec: str) -> None:
 # ---------------------------------------------------------------------------------------------- Mooncake
 def test_mooncake_small_and_aliases(tmp_path: Path) -> None:
     p = write(
-        tmp_path, "t.jsonl",
+        tmp_path,
+        "t.jsonl",
         '{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]}\n'
         "\n"
         '{"created_time": 12.5, "input_tokens": 600, "output_tokens": 3, "hash_ids": [0]}\n'
@@ -195,16 +202,31 @@ def test_mooncake_bundled_trace() -> None:
 @pytest.mark.parametrize(
     "rows, line, field, msg",
     [
-        ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5\n', 2, None, "not valid JSON"),
+        (
+            '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5\n',
+            2,
+            None,
+            "not valid JSON",
+        ),
         ('{"timestamp": 0, "output_length": 1}\n', 1, "input_length", "missing field"),
         ('{"timestamp": 0, "input_length": 5}\n', 1, "output_length", "missing field"),
         ('{"input_length": 5, "output_length": 1}\n', 1, "timestamp", "missing field"),
         ('{"timestamp": 0, "input_length": -5, "output_length": 1}\n', 1, "input_length", "positive integer"),
         ('{"timestamp": 0, "input_length": 5.5, "output_length": 1}\n', 1, "input_length", "positive integer"),
         ('{"timestamp": "soon", "input_length": 5, "output_length": 1}\n', 1, "timestamp", "milliseconds"),
-        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, -2]}\n', 1, "hash_ids", "non-negative"),
-        ('[1, 2, 3]\n', 1, None, "JSON object"),
-        ('{"timestamp": 9, "input_length": 5, "output_length": 1}\n\n{"timestamp": 3, "input_length": 5, "output_length": 1}\n', 3, "timestamp", "arrival order"),
+        (
+            '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, -2]}\n',
+            1,
+            "hash_ids",
+            "non-negative",
+        ),
+        ("[1, 2, 3]\n", 1, None, "JSON object"),
+        (
+            '{"timestamp": 9, "input_length": 5, "output_length": 1}\n\n{"timestamp": 3, "input_length": 5, "output_length": 1}\n',
+            3,
+            "timestamp",
+            "arrival order",
+        ),
     ],
 )
 def test_mooncake_malformed_rows(tmp_path: Path, rows: str, line: int, field: str | None, msg: str) -> None:
@@ -214,10 +236,13 @@ def test_mooncake_malformed_rows(tmp_path: Path, rows: str, line: int, field: st
     assert (ei.value.path, ei.value.line, ei.value.field) == (str(p), line, field)
 
 
-@pytest.mark.parametrize("row, field", [
-    ('{"timestamp": 0, "input_length": 100000000000000000000000000, "output_length": 5}', "input_length"),
-    ('{"timestamp": 0, "input_length": 5, "output_tokens": 2147483648}', "output_length"),
-])
+@pytest.mark.parametrize(
+    "row, field",
+    [
+        ('{"timestamp": 0, "input_length": 100000000000000000000000000, "output_length": 5}', "input_length"),
+        ('{"timestamp": 0, "input_length": 5, "output_tokens": 2147483648}', "output_length"),
+    ],
+)
 def test_mooncake_huge_lengths_are_trace_errors(tmp_path: Path, row: str, field: str) -> None:
     with pytest.raises(TraceError, match=r"expected a positive integer <= 2147483647") as ei:
         load_trace(write(tmp_path, "huge.jsonl", row + "\n"))
@@ -353,9 +378,12 @@ mooncake_rows = st.lists(
         st.integers(1, 20000),  # input_length
         st.integers(1, 2000),  # output_length
         st.booleans(),  # with hash_ids?
-        st.sampled_from([("timestamp", "input_length", "output_length"), ("created_time", "input_tokens", "output_tokens")]),
+        st.sampled_from(
+            [("timestamp", "input_length", "output_length"), ("created_time", "input_tokens", "output_tokens")]
+        ),
     ),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 
@@ -410,7 +438,7 @@ def test_synthetic_zero_prefix_groups_or_len_says_at_least_one() -> None:
 def test_mooncake_timestamps_are_bounded_and_epoch_ms_is_diagnosed(tmp_path: Path) -> None:
     from mocker.traces import EPOCH_MS_THRESHOLD, MAX_TRACE_TIMESTAMP_MS
 
-    assert MAX_TRACE_TIMESTAMP_MS == pytest.approx(4_503_599_627.370496)  # 2**52 ns in ms
+    assert pytest.approx(4_503_599_627.370496) == MAX_TRACE_TIMESTAMP_MS  # 2**52 ns in ms
     # float64 ms still resolve 1 ns (1e-6 ms) at the bound, no longer at twice it
     assert np.spacing(MAX_TRACE_TIMESTAMP_MS) < 1e-6 < np.spacing(2 * MAX_TRACE_TIMESTAMP_MS)
     row = '{{"timestamp": {}, "input_length": 10, "output_length": 5}}\n'
@@ -418,11 +446,17 @@ def test_mooncake_timestamps_are_bounded_and_epoch_ms_is_diagnosed(tmp_path: Pat
     f.write_text(row.format(0) + row.format(4_503_599_627))  # just inside: accepted
     assert [r.arrival_ms for r in load_trace(f)] == [0.0, 4_503_599_627.0]
     f.write_text(row.format(0) + row.format("1e308"))
-    with pytest.raises(TraceError, match=r"t.jsonl:2: field 'timestamp' 1e\+308 ms: expected milliseconds since the "
-                                         r"trace start, at most 4.504e\+09 ms"):
+    with pytest.raises(
+        TraceError,
+        match=r"t.jsonl:2: field 'timestamp' 1e\+308 ms: expected milliseconds since the "
+        r"trace start, at most 4.504e\+09 ms",
+    ):
         load_trace(f)
     f.write_text(row.format(1_700_000_000_000) + row.format(1_700_000_001_000))
-    assert 1_700_000_000_000 >= EPOCH_MS_THRESHOLD
-    with pytest.raises(TraceError, match=r"t.jsonl:1: field 'timestamp' 1.7e\+12 ms looks like Unix epoch milliseconds "
-                                         r"\(2023-11-14T22:13:20Z\); expected milliseconds since the trace start"):
+    assert EPOCH_MS_THRESHOLD <= 1_700_000_000_000
+    with pytest.raises(
+        TraceError,
+        match=r"t.jsonl:1: field 'timestamp' 1.7e\+12 ms looks like Unix epoch milliseconds "
+        r"\(2023-11-14T22:13:20Z\); expected milliseconds since the trace start",
+    ):
         load_trace(f)

@@ -42,8 +42,9 @@ def test_constant_multiplier_two_halves_every_arrival_time(tmp_path: Path) -> No
     for spec in ("periodic:period_s=60,low=2,high=2", str(envelope_csv(tmp_path, "0,2\n"))):
         out = apply_rate_envelope(trace, parse_rate_envelope(spec))
         assert [r.arrival_ms for r in out] == [0.0, 200.0, 500.0, 1500.0, 3750.0]
-        assert [(r.input_length, r.output_length, r.hash_ids) for r in out] == \
-            [(r.input_length, r.output_length, r.hash_ids) for r in trace]
+        assert [(r.input_length, r.output_length, r.hash_ids) for r in out] == [
+            (r.input_length, r.output_length, r.hash_ids) for r in trace
+        ]
 
 
 def test_step_envelope_hand_computed(tmp_path: Path) -> None:
@@ -91,15 +92,22 @@ def test_periodic_integral_matches_closed_form_and_quadrature() -> None:
     assert float(shifted.multiplier(0.0)) == pytest.approx(3.0)
     for e in (env, shifted, parse_rate_envelope("periodic:period_s=37,low=0,high=5,phase_s=-3.5")):
         for t in (0.3, 12.0, 49.9, 131.0, 1000.0):
-            assert float(e.integral(t)) == pytest.approx(quad(lambda s: float(e.multiplier(s)), 0.0, t, limit=500)[0],
-                                                         rel=1e-9)
+            assert float(e.integral(t)) == pytest.approx(
+                quad(lambda s: float(e.multiplier(s)), 0.0, t, limit=500)[0], rel=1e-9
+            )
 
 
 @settings(max_examples=60, deadline=None)
-@given(period=st.floats(1.0, 1e5), low=st.floats(0.0, 10.0), span=st.floats(0.0, 10.0),
-       phase=st.floats(-1e5, 1e5), x=st.lists(st.floats(0.0, 1e6), min_size=1, max_size=20))
-def test_periodic_inverse_inverts_the_integral(period: float, low: float, span: float, phase: float,
-                                               x: list[float]) -> None:
+@given(
+    period=st.floats(1.0, 1e5),
+    low=st.floats(0.0, 10.0),
+    span=st.floats(0.0, 10.0),
+    phase=st.floats(-1e5, 1e5),
+    x=st.lists(st.floats(0.0, 1e6), min_size=1, max_size=20),
+)
+def test_periodic_inverse_inverts_the_integral(
+    period: float, low: float, span: float, phase: float, x: list[float]
+) -> None:
     high = low + span
     if high < 1e-6:
         # a peak multiplier below 1e-6 stretches an hour of trace past 10^9 s: x / m overflows for denormal m
@@ -120,8 +128,14 @@ def test_rate_follows_the_multiplier() -> None:
     out = apply_rate_envelope(trace, parse_rate_envelope("periodic:period_s=600,low=1,high=3,duration_s=600"))
     t = np.asarray(arrivals_s(out))
     assert len(t) == pytest.approx(20 * 600, abs=1)  # M(600) = 1200 s of trace = 12,000 requests
-    assert ((t >= 290) & (t < 310)).sum() == pytest.approx(10 * 20 * float(np.mean(
-        parse_rate_envelope("periodic:period_s=600,low=1,high=3").multiplier(np.linspace(290, 310, 201)))), abs=2)
+    assert ((t >= 290) & (t < 310)).sum() == pytest.approx(
+        10
+        * 20
+        * float(
+            np.mean(parse_rate_envelope("periodic:period_s=600,low=1,high=3").multiplier(np.linspace(290, 310, 201)))
+        ),
+        abs=2,
+    )
     assert ((t >= 0) & (t < 10)).sum() == pytest.approx(100, abs=2)
 
 
@@ -136,7 +150,9 @@ def test_repeat_count_fresh_ids_and_offset_hash_ids() -> None:
     assert len(out) == 35
     assert [r.request_id for r in out] == list(range(35))
     assert arrivals_s(out) == [float(i) for i in range(35)]
-    assert out[10].hash_ids == (11, 12) and out[19].hash_ids == (20, 21) and out[34].hash_ids == (33, 33 + 5)  # copy 3, request 4: (0, 5) + 33
+    assert (
+        out[10].hash_ids == (11, 12) and out[19].hash_ids == (20, 21) and out[34].hash_ids == (33, 33 + 5)
+    )  # copy 3, request 4: (0, 5) + 33
     assert [r.input_length for r in out] == [100 + i % 10 for i in range(35)]
     # prefixes shared within a copy, never across copies (copy 3 is cut after its request 4: no 9 + 33)
     firsts = {r.hash_ids[0] for r in out if r.hash_ids}
@@ -153,8 +169,9 @@ def test_repeat_with_rate_and_no_hash_ids() -> None:
 
 
 def test_duration_shorter_than_the_trace_cuts_it() -> None:
-    out = apply_rate_envelope(reqs([float(i) for i in range(10)]),
-                              parse_rate_envelope("periodic:period_s=5,low=1,high=1,duration_s=4.5"))
+    out = apply_rate_envelope(
+        reqs([float(i) for i in range(10)]), parse_rate_envelope("periodic:period_s=5,low=1,high=1,duration_s=4.5")
+    )
     assert arrivals_s(out) == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
@@ -192,22 +209,25 @@ def test_deterministic_and_input_untouched() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- spec errors
-@pytest.mark.parametrize("spec,needles", [
-    ("periodic:low=1,high=2", ("'period_s'", "missing")),
-    ("periodic:period_s=10,high=2", ("'low'", "missing")),
-    ("periodic:period_s=0,low=1,high=2", ("'period_s'", "'0'", "> 0")),
-    ("periodic:period_s=inf,low=1,high=2", ("'period_s'", "'inf'")),
-    ("periodic:period_s=10,low=-1,high=2", ("'low'", "'-1'", ">= 0")),
-    ("periodic:period_s=10,low=0,high=0", ("'high'", "'0'", "> 0")),
-    ("periodic:period_s=10,low=3,high=2", ("'high'", "'2'", ">= low (3)")),
-    ("periodic:period_s=10,low=1,high=2,phase_s=x", ("'phase_s'", "'x'", "finite number of seconds")),
-    ("periodic:period_s=10,low=1,high=2,duration_s=-5", ("'duration_s'", "'-5'", "> 0")),
-    ("periodic:period_s=10,low=1,high=2,amp=3", ("'amp'", "unknown parameter", "period_s, low, high")),
-    ("periodic:period_s=10,low=1,high=2,low=1", ("'low'", "given twice")),
-    ("periodic:period_s=10,low", ("'low'", "KEY=VALUE")),
-    ("sine:period_s=10", ("unknown envelope kind 'sine'", "periodic:period_s=P")),
-    ("", ("expected periodic:",)),
-])
+@pytest.mark.parametrize(
+    "spec,needles",
+    [
+        ("periodic:low=1,high=2", ("'period_s'", "missing")),
+        ("periodic:period_s=10,high=2", ("'low'", "missing")),
+        ("periodic:period_s=0,low=1,high=2", ("'period_s'", "'0'", "> 0")),
+        ("periodic:period_s=inf,low=1,high=2", ("'period_s'", "'inf'")),
+        ("periodic:period_s=10,low=-1,high=2", ("'low'", "'-1'", ">= 0")),
+        ("periodic:period_s=10,low=0,high=0", ("'high'", "'0'", "> 0")),
+        ("periodic:period_s=10,low=3,high=2", ("'high'", "'2'", ">= low (3)")),
+        ("periodic:period_s=10,low=1,high=2,phase_s=x", ("'phase_s'", "'x'", "finite number of seconds")),
+        ("periodic:period_s=10,low=1,high=2,duration_s=-5", ("'duration_s'", "'-5'", "> 0")),
+        ("periodic:period_s=10,low=1,high=2,amp=3", ("'amp'", "unknown parameter", "period_s, low, high")),
+        ("periodic:period_s=10,low=1,high=2,low=1", ("'low'", "given twice")),
+        ("periodic:period_s=10,low", ("'low'", "KEY=VALUE")),
+        ("sine:period_s=10", ("unknown envelope kind 'sine'", "periodic:period_s=P")),
+        ("", ("expected periodic:",)),
+    ],
+)
 def test_bad_specs_name_field_value_and_expectation(spec: str, needles: tuple[str, ...]) -> None:
     with pytest.raises(TraceError) as e:
         parse_rate_envelope(spec)
@@ -215,20 +235,31 @@ def test_bad_specs_name_field_value_and_expectation(spec: str, needles: tuple[st
         assert n in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("body,line,needles", [
-    ("t,m\n0,1\n", 1, ("header 't,m'", "expected time_s,multiplier")),
-    ("", None, ("header ''",)),
-    ("time_s,multiplier\n", None, ("no rows after the header",)),
-    ("time_s,multiplier\n5,1\n", 2, ("'time_s'", "'5'", "first row at time_s 0")),
-    ("time_s,multiplier\n0,1\n10,1\n10,2\n", 4, ("'time_s'", "'10'", "after the previous row's 10 s")),
-    ("time_s,multiplier\n0,1\n-1,1\n", 3, ("'time_s'", "'-1'", ">= 0")),
-    ("time_s,multiplier\n0,1\n5,x\n", 3, ("'multiplier'", "'x'", ">= 0")),
-    ("time_s,multiplier\n0,1\n5,nan\n", 3, ("'multiplier'", "'nan'",)),
-    ("time_s,multiplier\n0,1\n5,0\n", 3, ("'multiplier'", "'0'", "last multiplier > 0")),
-    ("time_s,multiplier\n0,1,2\n", 2, ("3 fields, expected 2",)),
-])
-def test_bad_csv_names_line_field_and_value(tmp_path: Path, body: str, line: int | None,
-                                            needles: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "body,line,needles",
+    [
+        ("t,m\n0,1\n", 1, ("header 't,m'", "expected time_s,multiplier")),
+        ("", None, ("header ''",)),
+        ("time_s,multiplier\n", None, ("no rows after the header",)),
+        ("time_s,multiplier\n5,1\n", 2, ("'time_s'", "'5'", "first row at time_s 0")),
+        ("time_s,multiplier\n0,1\n10,1\n10,2\n", 4, ("'time_s'", "'10'", "after the previous row's 10 s")),
+        ("time_s,multiplier\n0,1\n-1,1\n", 3, ("'time_s'", "'-1'", ">= 0")),
+        ("time_s,multiplier\n0,1\n5,x\n", 3, ("'multiplier'", "'x'", ">= 0")),
+        (
+            "time_s,multiplier\n0,1\n5,nan\n",
+            3,
+            (
+                "'multiplier'",
+                "'nan'",
+            ),
+        ),
+        ("time_s,multiplier\n0,1\n5,0\n", 3, ("'multiplier'", "'0'", "last multiplier > 0")),
+        ("time_s,multiplier\n0,1,2\n", 2, ("3 fields, expected 2",)),
+    ],
+)
+def test_bad_csv_names_line_field_and_value(
+    tmp_path: Path, body: str, line: int | None, needles: tuple[str, ...]
+) -> None:
     p = tmp_path / "env.csv"
     p.write_text(body)
     with pytest.raises(TraceError) as e:
@@ -262,14 +293,26 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-def test_replay_applies_the_envelope_after_the_arrival_speedup(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_applies_the_envelope_after_the_arrival_speedup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # constant 1 req/s, 8 requests (0..7 s). --arrival-speedup 2 -> 0, 0.5, ..., 3.5 s; then m = 1 up to 2 s
     # and 3 from 2.001 s: M(2.001) = 2 + 0.001 * 2 = 2.002; t = 3 -> 2.001 + 0.998 / 3
     env = envelope_csv(tmp_path, "0,1\n2,1\n2.001,3\n")
     per = tmp_path / "r.jsonl"
-    rc, err = run_cli(capsys, "replay", "--trace", "synthetic:constant?rate=1&num_requests=8", "--arrival-speedup", "2",
-                      "--rate-envelope", str(env), "--quiet", "--per-request", str(per))
+    rc, err = run_cli(
+        capsys,
+        "replay",
+        "--trace",
+        "synthetic:constant?rate=1&num_requests=8",
+        "--arrival-speedup",
+        "2",
+        "--rate-envelope",
+        str(env),
+        "--quiet",
+        "--per-request",
+        str(per),
+    )
     assert rc == 0, err
     got = [json.loads(ln)["arrival_ms"] / 1000.0 for ln in per.read_text().splitlines()]
     want = [0.0, 0.5, 1.0, 1.5, 2.0] + [2.001 + (t - 2.002) / 3 for t in (2.5, 3.0, 3.5)]
@@ -278,15 +321,26 @@ def test_replay_applies_the_envelope_after_the_arrival_speedup(tmp_path: Path,
 
 
 @pytest.mark.parametrize("command", ["replay", "simulate"])
-@pytest.mark.parametrize("spec,needles", [
-    ("periodic:period_s=10,low=3,high=2", ("--rate-envelope", "'high'", "'2'", ">= low")),
-    ("periodic:period_s=10,low=1,high=2,cycle=3", ("--rate-envelope", "'cycle'", "unknown parameter")),
-    ("missing.csv", ("--rate-envelope", "missing.csv", "file not found")),
-])
-def test_cli_bad_envelope_is_one_line_exit_2(command: str, spec: str, needles: tuple[str, ...],
-                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, err = run_cli(capsys, command, "--trace", "synthetic:constant?rate=1&num_requests=8", "--rate-envelope",
-                      str(tmp_path / spec) if spec.endswith(".csv") else spec, "--quiet")
+@pytest.mark.parametrize(
+    "spec,needles",
+    [
+        ("periodic:period_s=10,low=3,high=2", ("--rate-envelope", "'high'", "'2'", ">= low")),
+        ("periodic:period_s=10,low=1,high=2,cycle=3", ("--rate-envelope", "'cycle'", "unknown parameter")),
+        ("missing.csv", ("--rate-envelope", "missing.csv", "file not found")),
+    ],
+)
+def test_cli_bad_envelope_is_one_line_exit_2(
+    command: str, spec: str, needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, err = run_cli(
+        capsys,
+        command,
+        "--trace",
+        "synthetic:constant?rate=1&num_requests=8",
+        "--rate-envelope",
+        str(tmp_path / spec) if spec.endswith(".csv") else spec,
+        "--quiet",
+    )
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"dynoplan {command}: error: "), lines[0]
@@ -298,9 +352,19 @@ def test_simulate_runs_the_warped_trace(tmp_path: Path, capsys: pytest.CaptureFi
     # 2 req/s for 60 s under m = 2 with duration_s = 90: 240 trace-seconds' worth needed over 90 s
     # -> copies of the trace; 2 * 2 * 90 = 360 requests (the copy gap is one mean gap: no request lost)
     out = tmp_path / "o"
-    rc, err = run_cli(capsys, "simulate", "--trace", "synthetic:constant?rate=2&duration_s=60&isl=200&osl=20",
-                      "--rate-envelope", "periodic:period_s=30,low=2,high=2,duration_s=90", "--compare", "static:1",
-                      "--quiet", "--out", str(out))
+    rc, err = run_cli(
+        capsys,
+        "simulate",
+        "--trace",
+        "synthetic:constant?rate=2&duration_s=60&isl=200&osl=20",
+        "--rate-envelope",
+        "periodic:period_s=30,low=2,high=2,duration_s=90",
+        "--compare",
+        "static:1",
+        "--quiet",
+        "--out",
+        str(out),
+    )
     assert rc == 0, err
     details = json.loads((out / "details.json").read_text())
     assert details["policies"]["static:1"]["num_requests"] == 360

@@ -34,8 +34,9 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 def test_helm_lint(helm_bin):
     out = subprocess.run([str(helm_bin), "lint", str(CHART), "--strict"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    out = subprocess.run([str(helm_bin), "lint", str(CHART), "--strict", "--set", "example.enabled=true"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [str(helm_bin), "lint", str(CHART), "--strict", "--set", "example.enabled=true"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -55,7 +56,9 @@ def test_values_mirror_planner_config_and_operator_settings():
 def test_chart_crds_are_the_repository_crds():
     for f in (REPO / "crds").glob("*.yaml"):
         assert (CHART / "crds" / f.name).read_text() == f.read_text(), f.name
-    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == sorted(
+        p.name for p in (REPO / "crds").glob("*.yaml")
+    )
 
 
 def test_operator_pod_hardened_and_env_from_values(helm_bin):
@@ -64,7 +67,10 @@ def test_operator_pod_hardened_and_env_from_values(helm_bin):
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["serviceAccountName"] == "rel-dynoplan"
-    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert (
+        c["securityContext"]["readOnlyRootFilesystem"] is True
+        and c["securityContext"]["allowPrivilegeEscalation"] is False
+    )
     assert c["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["DYNOPLAN_OPERATOR_SHARED_GPU_BUDGET"] == "12"
@@ -85,7 +91,9 @@ def test_rbac_is_namespaced_and_shrinks_with_options(helm_bin):
     docs = render(helm_bin, "operator.settings.reconcile_dgd=false", "operator.settings.standalone=true")
     role = next(d for d in by_kind(docs, "Role") if d["metadata"]["name"] == "rel-dynoplan")
     res = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert ("apps", "deployments") not in res and ("", "services") not in res and ("kopf.dev", "kopfpeerings") not in res
+    assert (
+        ("apps", "deployments") not in res and ("", "services") not in res and ("kopf.dev", "kopfpeerings") not in res
+    )
     assert by_kind(docs, "KopfPeering") == []
 
 
@@ -96,12 +104,17 @@ def test_optional_parts(helm_bin):
     assert [j["metadata"]["name"] for j in by_kind(base, "Job")] == ["rel-dynoplan-uninstall"]
     dash = next(d for d in by_kind(base, "ConfigMap") if d["metadata"]["name"].endswith("dashboard"))
     import json
+
     board = json.loads(dash["data"]["dynoplan.json"])
     exprs = " ".join(t["expr"] for p in board["panels"] for t in p["targets"])
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
-    for name in ("dynamo_planner_num_decode_replicas", "dynamo_planner_observed_requests_per_second",
-                 "dynamo_planner_predicted_requests_per_second", "dynoplan_planner_ttft_target_ms",
-                 "dynoplan_planner_itl_target_ms"):
+    for name in (
+        "dynamo_planner_num_decode_replicas",
+        "dynamo_planner_observed_requests_per_second",
+        "dynamo_planner_predicted_requests_per_second",
+        "dynoplan_planner_ttft_target_ms",
+        "dynoplan_planner_itl_target_ms",
+    ):
         assert name in exprs, name
     none = render(helm_bin, "prometheus.deploy=false", "grafana.dashboard=false")
     assert not any(d["metadata"]["name"].endswith("prometheus") for d in none)
@@ -109,15 +122,19 @@ def test_optional_parts(helm_bin):
     sm = render(helm_bin, "prometheus.serviceMonitor=true")
     assert len(by_kind(sm, "ServiceMonitor")) == 2
     ex = render(helm_bin, "example.enabled=true")
-    kinds = sorted(d["kind"] for d in ex if d["apiVersion"] in ("nvidia.com/v1alpha1", "dynoplan.dev/v1alpha1", "batch/v1")
-                   and "helm.sh/hook" not in (d["metadata"].get("annotations") or {}))
+    kinds = sorted(
+        d["kind"]
+        for d in ex
+        if d["apiVersion"] in ("nvidia.com/v1alpha1", "dynoplan.dev/v1alpha1", "batch/v1")
+        and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+    )
     assert kinds == ["DynamoGraphDeployment", "DynoPlanner", "Job"]
 
 
 def _walkthrough() -> str:
     text = (REPO / "docs" / "kubernetes.md").read_text()
     start = text.index("## Kubernetes walkthrough")
-    return text[start:text.index("\n## ", start + 10)]
+    return text[start : text.index("\n## ", start + 10)]
 
 
 def test_readme_walkthrough_names_exist(helm_bin):
@@ -129,14 +146,30 @@ def test_readme_walkthrough_names_exist(helm_bin):
     kind_cfg = yaml.safe_load((REPO / "kind-config.yaml").read_text())
     assert kind_cfg["kind"] == "Cluster" and kind_cfg["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     assert f"kind load docker-image dynoplan:latest --name {kind_cfg['name']}" in text
-    for path in re.findall(r"`((?:helm|crds|examples|docs|tools)/[\w./-]+)`", text) + ["Dockerfile", "kind-config.yaml"]:
+    for path in re.findall(r"`((?:helm|crds|examples|docs|tools)/[\w./-]+)`", text) + [
+        "Dockerfile",
+        "kind-config.yaml",
+    ]:
         assert (REPO / path).exists(), path
     # helm install dynoplan helm/dynoplan -n dynoplan ... then the example rendered the same way
-    args = [str(helm_bin), "template", "dynoplan", str(CHART), "--namespace", "dynoplan", "--set", "example.enabled=true"]
+    args = [
+        str(helm_bin),
+        "template",
+        "dynoplan",
+        str(CHART),
+        "--namespace",
+        "dynoplan",
+        "--set",
+        "example.enabled=true",
+    ]
     docs = [d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d]
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    for kind, name in (("Deployment", "dynoplan-dynoplan-operator"), ("ConfigMap", "dynoplan-dynoplan-dashboard"),
-                       ("Service", "dynoplan-dynoplan-prometheus"), ("Job", "mocker-agg-load")):
+    for kind, name in (
+        ("Deployment", "dynoplan-dynoplan-operator"),
+        ("ConfigMap", "dynoplan-dynoplan-dashboard"),
+        ("Service", "dynoplan-dynoplan-prometheus"),
+        ("Job", "mocker-agg-load"),
+    ):
         assert (kind, name) in names and name in text, (kind, name)
     dash = next(d for d in docs if d["metadata"]["name"] == "dynoplan-dynoplan-dashboard")
     assert dash["metadata"]["labels"].get("grafana_dashboard") == "1"

@@ -22,9 +22,8 @@ import jsonschema
 import pytest
 import yaml
 
+from dynoplan.errors import ConfigError, SettingsError
 from planner.core import PlannerConfig, config_from_mapping
-from dynoplan.errors import ConfigError
-from dynoplan.errors import SettingsError
 from planner.operator.settings import OperatorSettings, settings_from_mapping
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,24 +35,66 @@ CHART_SET_SETTINGS = {"namespace", "planner_defaults_file"}  # the chart sets th
 # Candidate values for every field: each is judged by the schema and by the code (no infinities: helm's
 # values are JSON for the schema check, which has none).
 CANDIDATES: list[Any] = [
-    -5, -1, 0, 0.25, 0.5, 1, 2, 5, 100.5, 65535, 65536, 1e6, 5e6, 2**31 - 1, 2**31, None, True, False,
-    "fast", "", "xml", "json", "plain", "agg", "disagg", "kalman", "auto", "http://p:9090", "ftp://p",
-    [], ["constant"], ["auto"], ["constant", "prophet"], ["x"],
-    {}, {"min_replicas": 0}, {"min_replicas": 2, "max_replicas": 3, "gpus_per_engine": 2}, {"min_replicas": -1},
-    {"gpus_per_engine": 0}, {"max_replicas": None}, {"frobnicate": 1}, {"min_replicas": 1.5},
+    -5,
+    -1,
+    0,
+    0.25,
+    0.5,
+    1,
+    2,
+    5,
+    100.5,
+    65535,
+    65536,
+    1e6,
+    5e6,
+    2**31 - 1,
+    2**31,
+    None,
+    True,
+    False,
+    "fast",
+    "",
+    "xml",
+    "json",
+    "plain",
+    "agg",
+    "disagg",
+    "kalman",
+    "auto",
+    "http://p:9090",
+    "ftp://p",
+    [],
+    ["constant"],
+    ["auto"],
+    ["constant", "prophet"],
+    ["x"],
+    {},
+    {"min_replicas": 0},
+    {"min_replicas": 2, "max_replicas": 3, "gpus_per_engine": 2},
+    {"min_replicas": -1},
+    {"gpus_per_engine": 0},
+    {"max_replicas": None},
+    {"frobnicate": 1},
+    {"min_replicas": 1.5},
 ]
 # A base where no cross-field rule of the code binds for these candidates (they are the template's checks,
 # tested through helm below): the interval pair, the GPU budget pair and the pools' minimums.
-PLANNER_SLACK = {"adjustment_interval_s": 1e15, "load_adjustment_interval_s": 1e-9, "max_gpu_budget": 2**40,
-                 "min_gpu_budget": 0, "load_enabled": True,
-                 **{p: {"min_replicas": 0, "max_replicas": None, "gpus_per_engine": 1} for p in ("prefill", "decode", "agg")}}
+PLANNER_SLACK = {
+    "adjustment_interval_s": 1e15,
+    "load_adjustment_interval_s": 1e-9,
+    "max_gpu_budget": 2**40,
+    "min_gpu_budget": 0,
+    "load_enabled": True,
+    **{p: {"min_replicas": 0, "max_replicas": None, "gpus_per_engine": 1} for p in ("prefill", "decode", "agg")},
+}
 SETTINGS_SLACK = {"planner_min_sleep_s": 1e-9, "planner_max_sleep_s": 1e15}
 
 
 def schema_errors(values: dict[str, Any], path: tuple[str, ...]) -> list[str]:
     """Schema errors at or below ``path`` for ``values``."""
     v = jsonschema.Draft7Validator(SCHEMA)
-    return [e.message for e in v.iter_errors(values) if tuple(e.absolute_path)[:len(path)] == path]
+    return [e.message for e in v.iter_errors(values) if tuple(e.absolute_path)[: len(path)] == path]
 
 
 def with_value(path: tuple[str, ...], value: Any, base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -107,11 +148,13 @@ def settings_code_ok(key: str, value: Any) -> bool:
 def test_every_object_of_the_values_schema_refuses_unknown_keys():
     """The generated parts (planner.operator.schemas) and the hand-written rest alike; the chart's own values
     pass (tests/operator/test_schemas.py checks the generated parts are the models')."""
+
     def walk(node: dict[str, Any], where: str) -> None:
         if node.get("type") == "object" and "properties" in node:
             assert node.get("additionalProperties") is False, where
             for k, sub in node["properties"].items():
                 walk(sub, f"{where}.{k}")
+
     walk(SCHEMA, "values")
     assert jsonschema.Draft7Validator(SCHEMA).is_valid(VALUES)
 
@@ -141,13 +184,19 @@ def test_operator_settings_schema_agrees_with_operator_settings(field):
     for value in CANDIDATES:
         if value == "" and field in ("prometheus_url", "worker_image"):
             continue
-        schema_ok = not schema_errors(with_value(("operator", "settings", field), value, SETTINGS_SLACK),
-                                      ("operator", "settings"))
+        schema_ok = not schema_errors(
+            with_value(("operator", "settings", field), value, SETTINGS_SLACK), ("operator", "settings")
+        )
         code_ok = settings_code_ok(field, value)
         if schema_ok and not code_ok:
             disagree.append(f"{value!r}: the schema accepts what the operator refuses")
-        if (code_ok and not schema_ok and same_type(value, default, False) and not isinstance(default, str)
-                and (field, value) not in chart_stricter):
+        if (
+            code_ok
+            and not schema_ok
+            and same_type(value, default, False)
+            and not isinstance(default, str)
+            and (field, value) not in chart_stricter
+        ):
             disagree.append(f"{value!r}: the schema refuses what the operator accepts")
     assert not disagree, f"operator.settings.{field}: " + "; ".join(disagree)
 
@@ -156,17 +205,22 @@ def helm(helm_bin: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(helm_bin), *args], capture_output=True, text=True, timeout=60)
 
 
-
 @pytest.mark.integration
 def test_helm_refuses_bad_values_naming_each_key(helm_bin):
     """The fresh user's values: each refused by helm template, lint and install (same validation), the
     message naming the key."""
-    bad = {"operator.replcas=2": "'replcas' not allowed", "imagee.tag=x": "'imagee' not allowed",
-           "operator.settings.frobnicate=1": "'frobnicate' not allowed",
-           "prometheus.deploy=maybe": "/prometheus/deploy", "operator.settings.dgd_resync_s=fast": "/operator/settings/dgd_resync_s",
-           "operator.settings.log_format=xml": "/operator/settings/log_format", "planner.ttft_ms=-5": "/planner/ttft_ms",
-           "operator.replicas=two": "/operator/replicas", "planner.predictor=magic": "/planner/predictor",
-           "example.maxWorkers=0": "/example/maxWorkers"}
+    bad = {
+        "operator.replcas=2": "'replcas' not allowed",
+        "imagee.tag=x": "'imagee' not allowed",
+        "operator.settings.frobnicate=1": "'frobnicate' not allowed",
+        "prometheus.deploy=maybe": "/prometheus/deploy",
+        "operator.settings.dgd_resync_s=fast": "/operator/settings/dgd_resync_s",
+        "operator.settings.log_format=xml": "/operator/settings/log_format",
+        "planner.ttft_ms=-5": "/planner/ttft_ms",
+        "operator.replicas=two": "/operator/replicas",
+        "planner.predictor=magic": "/planner/predictor",
+        "example.maxWorkers=0": "/example/maxWorkers",
+    }
     for s, expect in bad.items():
         p = helm(helm_bin, "template", "rel", str(CHART), "--set", s)
         assert p.returncode != 0 and expect in p.stderr, (s, p.stderr)
@@ -178,12 +232,24 @@ def test_helm_refuses_bad_values_naming_each_key(helm_bin):
 @pytest.mark.integration
 def test_helm_refuses_cross_field_values_the_operator_would_refuse(helm_bin):
     cases = [
-        (["planner.load_adjustment_interval_s=200"], "planner.load_adjustment_interval_s=200: expected less than planner.adjustment_interval_s=180"),
+        (
+            ["planner.load_adjustment_interval_s=200"],
+            "planner.load_adjustment_interval_s=200: expected less than planner.adjustment_interval_s=180",
+        ),
         (["planner.throughput_enabled=false"], "expected at least one loop enabled"),
         (["planner.min_gpu_budget=9"], "planner.min_gpu_budget=9: expected <= planner.max_gpu_budget=8"),
-        (["planner.agg.min_replicas=5", "planner.agg.max_replicas=2"], "planner.agg.min_replicas=5: expected <= planner.agg.max_replicas=2"),
-        (["planner.mode=agg", "planner.agg.min_replicas=5", "planner.agg.gpus_per_engine=2"], "planner.max_gpu_budget=8: expected >= 10 GPUs"),
-        (["operator.settings.planner_min_sleep_s=9"], "operator.settings.planner_min_sleep_s=9: expected <= operator.settings.planner_max_sleep_s=5"),
+        (
+            ["planner.agg.min_replicas=5", "planner.agg.max_replicas=2"],
+            "planner.agg.min_replicas=5: expected <= planner.agg.max_replicas=2",
+        ),
+        (
+            ["planner.mode=agg", "planner.agg.min_replicas=5", "planner.agg.gpus_per_engine=2"],
+            "planner.max_gpu_budget=8: expected >= 10 GPUs",
+        ),
+        (
+            ["operator.settings.planner_min_sleep_s=9"],
+            "operator.settings.planner_min_sleep_s=9: expected <= operator.settings.planner_max_sleep_s=5",
+        ),
     ]
     for sets, expect in cases:
         args = ["template", "rel", str(CHART)]
@@ -205,8 +271,20 @@ def test_helm_refuses_cross_field_values_the_operator_would_refuse(helm_bin):
             with pytest.raises(SettingsError):
                 settings_from_mapping({k.split(".")[-1]: v for k, v in (s.split("=", 1) for s in sets)})
     # in range: accepted
-    ok = helm(helm_bin, "template", "rel", str(CHART), "--set", "planner.load_adjustment_interval_s=179",
-              "--set", "planner.mode=agg", "--set", "planner.agg.min_replicas=2", "--set", "planner.agg.max_replicas=2")
+    ok = helm(
+        helm_bin,
+        "template",
+        "rel",
+        str(CHART),
+        "--set",
+        "planner.load_adjustment_interval_s=179",
+        "--set",
+        "planner.mode=agg",
+        "--set",
+        "planner.agg.min_replicas=2",
+        "--set",
+        "planner.agg.max_replicas=2",
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -228,11 +306,31 @@ def test_example_and_its_load_are_separate_files_and_the_dgd_leaves_worker_repli
     assert dgd["spec"]["services"]["Frontend"]["replicas"] == 1
     load = render(helm_bin, "--set", "example.enabled=true", "--show-only", "templates/example-load.yaml")
     assert [(d["kind"], d["metadata"]["name"]) for d in load] == [("Job", "mocker-agg-load")]
-    pinned = render(helm_bin, "--set", "example.enabled=true", "--set", "example.workerReplicas=2",
-                    "--show-only", "templates/example.yaml")
-    assert next(d for d in pinned if d["kind"] == "DynamoGraphDeployment")["spec"]["services"]["VllmWorker"]["replicas"] == 2
-    off = helm(helm_bin, "template", "dynoplan", str(CHART), "--set", "example.enabled=true",
-               "--set", "example.load.enabled=false", "--show-only", "templates/example-load.yaml")
+    pinned = render(
+        helm_bin,
+        "--set",
+        "example.enabled=true",
+        "--set",
+        "example.workerReplicas=2",
+        "--show-only",
+        "templates/example.yaml",
+    )
+    assert (
+        next(d for d in pinned if d["kind"] == "DynamoGraphDeployment")["spec"]["services"]["VllmWorker"]["replicas"]
+        == 2
+    )
+    off = helm(
+        helm_bin,
+        "template",
+        "dynoplan",
+        str(CHART),
+        "--set",
+        "example.enabled=true",
+        "--set",
+        "example.load.enabled=false",
+        "--show-only",
+        "templates/example-load.yaml",
+    )
     assert off.returncode != 0 and "could not find template" in off.stderr  # renders nothing
 
 
@@ -244,8 +342,12 @@ def test_uninstall_hook_removes_only_the_operators_finalizer(helm_bin):
     weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hook}
     assert weights["Job"] > max(weights[k] for k in ("Role", "RoleBinding", "ServiceAccount"))  # RBAC first
     role = next(d for d in hook if d["kind"] == "Role")
-    assert {(g, r, tuple(rule["verbs"])) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]} == {
-        ("nvidia.com", "dynamographdeployments", ("list", "patch")), ("dynoplan.dev", "dynoplanners", ("list", "patch"))}
+    assert {
+        (g, r, tuple(rule["verbs"])) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    } == {
+        ("nvidia.com", "dynamographdeployments", ("list", "patch")),
+        ("dynoplan.dev", "dynoplanners", ("list", "patch")),
+    }
     job = next(d for d in hook if d["kind"] == "Job")
     c = job["spec"]["template"]["spec"]["containers"][0]
     script = c["args"][0]

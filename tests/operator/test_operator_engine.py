@@ -38,16 +38,28 @@ def _conditions(env: Env, name: str) -> dict[str, dict]:
 
 def test_spec_engine_drives_the_sizing_by_simulation(env):
     env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("s", prefill=3, decode=3))
-    env.wait(lambda: {d.metadata.name for d in env.apps.list_namespaced_deployment(
-        env.ns, label_selector="dynoplan.dev/dgd=s").items} == {"s-frontend", "s-prefill", "s-decode"}, "Deployments of s")
+    env.wait(
+        lambda: (
+            {
+                d.metadata.name
+                for d in env.apps.list_namespaced_deployment(env.ns, label_selector="dynoplan.dev/dgd=s").items
+            }
+            == {"s-frontend", "s-prefill", "s-decode"}
+        ),
+        "Deployments of s",
+    )
     env.set_ready("s-frontend", 1)
     env.set_ready("s-prefill", 3)
     env.set_ready("s-decode", 3)
     env.wait(lambda: env.dgd("s")["status"]["state"] == "successful", "DGD ready at 3/3")
     env.prom.set_traffic(15, 2000, 450)
     engine = {"engine": "vllm", "numGpuBlocks": 16384}  # the defaults, spelled out (camelCase)
-    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest(
-        "sim", "s", env.profile, engine=engine, settings={"simulatedSizing": True}))
+    env.co.create_namespaced_custom_object(
+        *DPL[:2],
+        env.ns,
+        DPL[2],
+        planner_manifest("sim", "s", env.profile, engine=engine, settings={"simulatedSizing": True}),
+    )
     assert env.planner("sim")["spec"]["engine"] == engine  # the schema keeps the mapping (no pruning)
 
     def scaled() -> bool:
@@ -55,8 +67,10 @@ def test_spec_engine_drives_the_sizing_by_simulation(env):
         return (s["Prefill"]["replicas"], s["Decode"]["replicas"]) == (1, 1)
 
     env.wait(scaled, "planner scales the DGD down to prefill 1, decode 1 by simulation", 90)
-    env.wait(lambda: (env.planner("sim").get("status") or {}).get("desiredReplicas") == {"prefill": 1, "decode": 1},
-             "planner status")
+    env.wait(
+        lambda: (env.planner("sim").get("status") or {}).get("desiredReplicas") == {"prefill": 1, "decode": 1},
+        "planner status",
+    )
     st = env.planner("sim")["status"]
     assert st["observed"]["requestsPerSecond"] == pytest.approx(7.5)
     downs = [e for e in env.events("s") if e.reason == "ScaledDown"]
@@ -66,9 +80,12 @@ def test_spec_engine_drives_the_sizing_by_simulation(env):
 
 
 def test_invalid_spec_engine_is_an_invalid_spec_condition(env):
-    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest(
-        "badengine", "s", env.profile, engine={"numGpuBlocks": 0}))
-    env.wait(lambda: _conditions(env, "badengine").get("SpecValid", {}).get("status") == "False", "InvalidSpec condition")
+    env.co.create_namespaced_custom_object(
+        *DPL[:2], env.ns, DPL[2], planner_manifest("badengine", "s", env.profile, engine={"numGpuBlocks": 0})
+    )
+    env.wait(
+        lambda: _conditions(env, "badengine").get("SpecValid", {}).get("status") == "False", "InvalidSpec condition"
+    )
     cond = _conditions(env, "badengine")["SpecValid"]
     assert cond["reason"] == "InvalidSpec"
     assert "spec.engine.num_gpu_blocks=0: expected > 0" in cond["message"]

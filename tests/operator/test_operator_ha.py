@@ -58,20 +58,33 @@ def env(k8s, helm_bin, tmp_path_factory):
 def start_b(env) -> tuple[object, Path, int, int]:
     health, metrics = free_port(), free_port()
     log = env.tmp / "operator-b.log"
-    proc = start_process([str(Path(sys.executable).parent / "dynoplan"), "operator"], log,
-                         env={**env.operator_env(), "DYNOPLAN_OPERATOR_HEALTH_PORT": str(health),
-                              "DYNOPLAN_OPERATOR_METRICS_PORT": str(metrics), "DYNOPLAN_OPERATOR_PEERING_PRIORITY": "100"})
-    wait_until(lambda: requests.get(f"http://127.0.0.1:{health}/healthz", timeout=2).ok, 60, "operator B /healthz", proc, log)
+    proc = start_process(
+        [str(Path(sys.executable).parent / "dynoplan"), "operator"],
+        log,
+        env={
+            **env.operator_env(),
+            "DYNOPLAN_OPERATOR_HEALTH_PORT": str(health),
+            "DYNOPLAN_OPERATOR_METRICS_PORT": str(metrics),
+            "DYNOPLAN_OPERATOR_PEERING_PRIORITY": "100",
+        },
+    )
+    wait_until(
+        lambda: requests.get(f"http://127.0.0.1:{health}/healthz", timeout=2).ok, 60, "operator B /healthz", proc, log
+    )
     return proc, log, health, metrics
 
 
 def test_peering_one_active_operator_and_failover(env):
     b, b_log, b_health, b_metrics = start_b(env)
     env.b = b
+
     # Both peers are registered in the chart's KopfPeering with their priorities. kopf starts paused and
     # resumes only when no live peer has a higher priority: A resumes, B stays paused (it logs nothing).
     def priorities() -> list[int]:
-        st = env.co.get_namespaced_custom_object("kopf.dev", "v1", env.ns, "kopfpeerings", "dynoplan").get("status") or {}
+        st = (
+            env.co.get_namespaced_custom_object("kopf.dev", "v1", env.ns, "kopfpeerings", "dynoplan").get("status")
+            or {}
+        )
         return sorted(int(v["priority"]) for v in st.values() if isinstance(v, dict) and "priority" in v)
 
     wait_until(lambda: priorities() == [100, 200], 30, "both operators in KopfPeering dynoplan", b, b_log)
@@ -90,19 +103,29 @@ def test_peering_one_active_operator_and_failover(env):
     env.set_ready("g-decode", 3)
     env.set_ready("g-frontend", 1)
     gauge = f'dynamo_planner_num_decode_replicas{{namespace="{env.ns}",planner="p"}} 3.0'
-    env.wait(lambda: gauge in requests.get(f"http://127.0.0.1:{env.metrics_port}/metrics", timeout=5).text,
-             "A exports the planner gauges")
+    env.wait(
+        lambda: gauge in requests.get(f"http://127.0.0.1:{env.metrics_port}/metrics", timeout=5).text,
+        "A exports the planner gauges",
+    )
     b_text = requests.get(f"http://127.0.0.1:{b_metrics}/metrics", timeout=5).text
     assert "dynamo_planner_num_decode_replicas{" not in b_text  # the paused operator runs no planner
     assert [e.reason for e in env.events("g") if e.reason.startswith("Scaled")] == ["ScaledUp"]
     # Operator metrics: the reconciler's actions are counted.
     a_text = requests.get(f"http://127.0.0.1:{env.metrics_port}/metrics", timeout=5).text
-    applied = re.search(r'^dynoplan_operator_reconciles_total\{action="apply_Deployment",kind="DynamoGraphDeployment"\} (\S+)$',
-                        a_text, re.M)
+    applied = re.search(
+        r'^dynoplan_operator_reconciles_total\{action="apply_Deployment",kind="DynamoGraphDeployment"\} (\S+)$',
+        a_text,
+        re.M,
+    )
     assert applied and float(applied.group(1)) >= 5  # 3 Deployments created, 2 scaled
     # Structured logs: every line of A's log is JSON; the scaling record carries the planner's fields.
-    wait_until(lambda: any(r.get("message") == "scaled" for r in json_lines(env.log)), 30, "operator A logs its scaling",
-               env.proc, env.log)
+    wait_until(
+        lambda: any(r.get("message") == "scaled" for r in json_lines(env.log)),
+        30,
+        "operator A logs its scaling",
+        env.proc,
+        env.log,
+    )
     recs = json_lines(env.log)
     scaled = [r for r in recs if r.get("message") == "scaled"]
     assert len(scaled) == 1 and scaled[0]["planner"] == "p" and scaled[0]["reason"] == "scale_up_throughput"
@@ -117,6 +140,11 @@ def test_peering_one_active_operator_and_failover(env):
     env.wait(lambda: replicas()[0] == 4, "operator B scales prefill 2 -> 4", 60)
     assert replicas()[1] == 3
     # B logs its "scaled" record after the patch and the two Events
-    wait_until(lambda: any(r.get("message") == "scaled" and r.get("planner") == "p" for r in json_lines(b_log)), 30,
-               "operator B logs its scaling", b, b_log)
+    wait_until(
+        lambda: any(r.get("message") == "scaled" and r.get("planner") == "p" for r in json_lines(b_log)),
+        30,
+        "operator B logs its scaling",
+        b,
+        b_log,
+    )
     assert b.poll() is None and "Traceback" not in b_log.read_text(), tail(b_log)

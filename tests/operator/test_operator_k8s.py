@@ -99,13 +99,19 @@ class PromAPI:
     def set_traffic(self, n: float, isl: float, osl: float, ttft_s: float = 0.5, itl_s: float = 0.02) -> None:
         """``n`` requests per window with mean ISL/OSL, TTFT and ITL (the planner's correction factors are
         off in these tests: the latencies are read, not used for sizing)."""
-        self.values = {"requests_started_total": n, "request_duration_seconds_count": n,
-                       "request_duration_seconds_sum": n * (ttft_s + osl * itl_s),
-                       "input_sequence_tokens_sum": n * isl, "input_sequence_tokens_count": n,
-                       "output_sequence_tokens_sum": n * osl, "output_sequence_tokens_count": n,
-                       "time_to_first_token_seconds_sum": n * ttft_s, "time_to_first_token_seconds_count": n,
-                       "inter_token_latency_seconds_sum": n * osl * itl_s,
-                       "inter_token_latency_seconds_count": n * osl}
+        self.values = {
+            "requests_started_total": n,
+            "request_duration_seconds_count": n,
+            "request_duration_seconds_sum": n * (ttft_s + osl * itl_s),
+            "input_sequence_tokens_sum": n * isl,
+            "input_sequence_tokens_count": n,
+            "output_sequence_tokens_sum": n * osl,
+            "output_sequence_tokens_count": n,
+            "time_to_first_token_seconds_sum": n * ttft_s,
+            "time_to_first_token_seconds_count": n,
+            "inter_token_latency_seconds_sum": n * osl * itl_s,
+            "inter_token_latency_seconds_count": n * osl,
+        }
 
     def close(self) -> None:
         self.server.shutdown()
@@ -128,16 +134,33 @@ class Env:
         self.log = tmp / "operator.log"
         self.health_port = free_port()
         self.metrics_port = free_port()
-        self.rendered = k8s.helm("template", RELEASE, str(CHART), "--namespace", self.ns, "--include-crds",
-                                 "--set", "operator.settings.dgd_resync_s=1",
-                                 "--set", "operator.settings.planner_max_sleep_s=1",
-                                 "--set", f"operator.settings.prometheus_url={self.prom.url}",
-                                 "--set", "planner.predictor=constant",
-                                 "--set", "planner.adjustment_interval_s=2",
-                                 "--set", "planner.load_adjustment_interval_s=1",
-                                 "--set", "planner.itl_ms=30", "--set", "planner.ttft_ms=100000",
-                                 "--set", "planner.correction_enabled=false",
-                                 *[a for kv in extra_sets for a in ("--set", kv)]).stdout
+        self.rendered = k8s.helm(
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            self.ns,
+            "--include-crds",
+            "--set",
+            "operator.settings.dgd_resync_s=1",
+            "--set",
+            "operator.settings.planner_max_sleep_s=1",
+            "--set",
+            f"operator.settings.prometheus_url={self.prom.url}",
+            "--set",
+            "planner.predictor=constant",
+            "--set",
+            "planner.adjustment_interval_s=2",
+            "--set",
+            "planner.load_adjustment_interval_s=1",
+            "--set",
+            "planner.itl_ms=30",
+            "--set",
+            "planner.ttft_ms=100000",
+            "--set",
+            "planner.correction_enabled=false",
+            *[a for kv in extra_sets for a in ("--set", kv)],
+        ).stdout
         self.core.create_namespace({"metadata": {"name": self.ns}})
         self.docs = [d for d in yaml.safe_load_all(self.rendered) if d]
         k8s.server_side_apply(self.rendered, namespace=self.ns)
@@ -150,7 +173,9 @@ class Env:
         dep = next(d for d in self.docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator"))
         c = dep["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
-        cm = next(d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("planner-defaults"))
+        cm = next(
+            d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("planner-defaults")
+        )
         defaults = self.tmp / "planner.yaml"
         planner_values = yaml.safe_load(cm["data"]["planner.yaml"])
         # The expected replica counts are the reference throughput formula, hand-computed. The core's optional
@@ -161,18 +186,34 @@ class Env:
         # ... and so is the sizing by simulation (tests/operator/test_operator_engine.py runs it)
         planner_values["simulated_sizing"] = False
         defaults.write_text(yaml.safe_dump(planner_values))
-        env.update({"DYNOPLAN_OPERATOR_NAMESPACE": self.ns, "DYNOPLAN_OPERATOR_PLANNER_DEFAULTS_FILE": str(defaults),
-                    "DYNOPLAN_OPERATOR_HEALTH_PORT": str(self.health_port),
-                    "DYNOPLAN_OPERATOR_DASHBOARD_PORT": "0",  # tests/operator/test_dashboard.py covers it
-                    "DYNOPLAN_OPERATOR_METRICS_PORT": str(self.metrics_port)})
-        return {**{k: v for k, v in os.environ.items() if not k.startswith("DYNOPLAN_OPERATOR_")}, **env,
-                "KUBECONFIG": str(self.kubeconfig)}
+        env.update(
+            {
+                "DYNOPLAN_OPERATOR_NAMESPACE": self.ns,
+                "DYNOPLAN_OPERATOR_PLANNER_DEFAULTS_FILE": str(defaults),
+                "DYNOPLAN_OPERATOR_HEALTH_PORT": str(self.health_port),
+                "DYNOPLAN_OPERATOR_DASHBOARD_PORT": "0",  # tests/operator/test_dashboard.py covers it
+                "DYNOPLAN_OPERATOR_METRICS_PORT": str(self.metrics_port),
+            }
+        )
+        return {
+            **{k: v for k, v in os.environ.items() if not k.startswith("DYNOPLAN_OPERATOR_")},
+            **env,
+            "KUBECONFIG": str(self.kubeconfig),
+        }
 
     def start_operator(self, **extra_env: str) -> None:
-        self.proc = start_process([str(Path(sys.executable).parent / "dynoplan"), "operator"], self.log,
-                                  env={**self.operator_env(), **extra_env})
-        wait_until(lambda: requests.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2).ok, 60,
-                   "operator /healthz", self.proc, self.log)
+        self.proc = start_process(
+            [str(Path(sys.executable).parent / "dynoplan"), "operator"],
+            self.log,
+            env={**self.operator_env(), **extra_env},
+        )
+        wait_until(
+            lambda: requests.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2).ok,
+            60,
+            "operator /healthz",
+            self.proc,
+            self.log,
+        )
 
     def stop_operator(self) -> None:
         stop_process(self.proc)
@@ -198,26 +239,58 @@ class Env:
 
     def set_ready(self, dep_name: str, ready: int) -> None:
         """Play kubelet + ReplicaSet controller: write the Deployment's status through the subresource."""
-        self.apps.patch_namespaced_deployment_status(dep_name, self.ns, {"status": {
-            "replicas": ready, "readyReplicas": ready, "availableReplicas": ready, "updatedReplicas": ready}})
+        self.apps.patch_namespaced_deployment_status(
+            dep_name,
+            self.ns,
+            {
+                "status": {
+                    "replicas": ready,
+                    "readyReplicas": ready,
+                    "availableReplicas": ready,
+                    "updatedReplicas": ready,
+                }
+            },
+        )
 
 
 def dgd_manifest(name: str, prefill: int = 1, decode: int = 1, **extra_services) -> dict:
-    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment", "metadata": {"name": name},
-            "spec": {"backendFramework": "vllm", "services": {
-                "Frontend": {"componentType": "frontend", "replicas": 1,
-                             "extraPodSpec": {"mainContainer": {"image": "dynoplan:test", "args": ["frontend"]}}},
-                "Prefill": {"componentType": "worker", "subComponentType": "prefill", "replicas": prefill,
-                            "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
-                "Decode": {"componentType": "worker", "subComponentType": "decode", "replicas": decode,
-                           "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
-                **extra_services}}}
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "backendFramework": "vllm",
+            "services": {
+                "Frontend": {
+                    "componentType": "frontend",
+                    "replicas": 1,
+                    "extraPodSpec": {"mainContainer": {"image": "dynoplan:test", "args": ["frontend"]}},
+                },
+                "Prefill": {
+                    "componentType": "worker",
+                    "subComponentType": "prefill",
+                    "replicas": prefill,
+                    "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}},
+                },
+                "Decode": {
+                    "componentType": "worker",
+                    "subComponentType": "decode",
+                    "replicas": decode,
+                    "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}},
+                },
+                **extra_services,
+            },
+        },
+    }
 
 
 def planner_manifest(name: str, target: str, profile_path: Path, **spec) -> dict:
-    return {"apiVersion": "dynoplan.dev/v1alpha1", "kind": "DynoPlanner", "metadata": {"name": name},
-            "spec": {"targetRef": {"name": target}, "mode": "disagg",
-                     "throughput": {"profile": str(profile_path)}, **spec}}
+    return {
+        "apiVersion": "dynoplan.dev/v1alpha1",
+        "kind": "DynoPlanner",
+        "metadata": {"name": name},
+        "spec": {"targetRef": {"name": target}, "mode": "disagg", "throughput": {"profile": str(profile_path)}, **spec},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -244,36 +317,58 @@ def test_chart_service_account_rbac_is_least_privilege(env):
         apps.list_namespaced_deployment(env.ns)
         discovery = kubernetes.client.DiscoveryV1Api(sa)
         discovery.list_namespaced_endpoint_slice(env.ns)  # the load loop's FPM endpoints
-        for forbidden in (lambda: discovery.list_namespaced_endpoint_slice("default"),
-                          lambda: discovery.delete_namespaced_endpoint_slice("x", env.ns),lambda: core.list_namespaced_secret(env.ns),
-                          lambda: core.list_namespaced_pod(env.ns),
-                          lambda: co.delete_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "x"),
-                          lambda: co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("x")),
-                          lambda: apps.list_namespaced_deployment("default"),
-                          lambda: core.list_namespace()):
+        for forbidden in (
+            lambda: discovery.list_namespaced_endpoint_slice("default"),
+            lambda: discovery.delete_namespaced_endpoint_slice("x", env.ns),
+            lambda: core.list_namespaced_secret(env.ns),
+            lambda: core.list_namespaced_pod(env.ns),
+            lambda: co.delete_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "x"),
+            lambda: co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("x")),
+            lambda: apps.list_namespaced_deployment("default"),
+            lambda: core.list_namespace(),
+        ):
             with pytest.raises(ApiException) as denied:
                 forbidden()
             assert denied.value.status == 403
 
 
 def test_invalid_dgd_rejected_by_schema(env):
-    for bad, field in ((dgd_manifest("bad1", decode=-1), "replicas"),
-                       ({**dgd_manifest("bad2"), "spec": {"services": {"W": {"componentType": "gpu"}}}}, "componentType"),
-                       ({**dgd_manifest("bad3"), "spec": {"services": {}}}, "services")):
+    for bad, field in (
+        (dgd_manifest("bad1", decode=-1), "replicas"),
+        ({**dgd_manifest("bad2"), "spec": {"services": {"W": {"componentType": "gpu"}}}}, "componentType"),
+        ({**dgd_manifest("bad3"), "spec": {"services": {}}}, "services"),
+    ):
         with pytest.raises(ApiException) as e:
             env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], bad)
         assert e.value.status == 422 and field in e.value.body
     with pytest.raises(ApiException) as e:
-        env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest("p", "g", env.profile, mode="bogus"))
+        env.co.create_namespaced_custom_object(
+            *DPL[:2], env.ns, DPL[2], planner_manifest("p", "g", env.profile, mode="bogus")
+        )
     assert e.value.status == 422 and "mode" in e.value.body
 
 
 def test_chart_example_resources_pass_the_real_schema(env):
     """The chart's example DGD, DynoPlanner, load Job and headless worker Service are accepted by the
     apiserver (dry run)."""
-    docs = [d for t in ("templates/example.yaml", "templates/example-load.yaml") for d in yaml.safe_load_all(
-        env.k8s.helm("template", RELEASE, str(CHART), "--namespace", env.ns, "--set", "example.enabled=true",
-                     "--show-only", t).stdout) if d]
+    docs = [
+        d
+        for t in ("templates/example.yaml", "templates/example-load.yaml")
+        for d in yaml.safe_load_all(
+            env.k8s.helm(
+                "template",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                env.ns,
+                "--set",
+                "example.enabled=true",
+                "--show-only",
+                t,
+            ).stdout
+        )
+        if d
+    ]
     kinds = {d["kind"]: d for d in docs}
     assert sorted(kinds) == ["DynamoGraphDeployment", "DynoPlanner", "Job", "Service"] and len(docs) == 4
     dgd, dpl, job = kinds["DynamoGraphDeployment"], kinds["DynoPlanner"], kinds["Job"]
@@ -297,13 +392,25 @@ def test_every_rendered_object_server_side_applies(env):
     The namespace is not watched by the operator."""
     ns = f"full-{uuid.uuid4().hex[:6]}"
     env.core.create_namespace({"metadata": {"name": ns}})
-    out = env.k8s.helm("template", RELEASE, str(CHART), "--namespace", ns, "--include-crds",
-                       "--set", "example.enabled=true").stdout
+    out = env.k8s.helm(
+        "template", RELEASE, str(CHART), "--namespace", ns, "--include-crds", "--set", "example.enabled=true"
+    ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     applied = env.k8s.server_side_apply(out, namespace=ns)
     assert [(a["kind"], a["metadata"]["name"]) for a in applied] == [(d["kind"], d["metadata"]["name"]) for d in docs]
-    assert {"CustomResourceDefinition", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
-            "KopfPeering", "DynamoGraphDeployment", "DynoPlanner", "Job"} <= {d["kind"] for d in docs}
+    assert {
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "KopfPeering",
+        "DynamoGraphDeployment",
+        "DynoPlanner",
+        "Job",
+    } <= {d["kind"] for d in docs}
     stored = env.co.get_namespaced_custom_object(*DPL[:2], ns, DPL[2], "mocker-agg")
     assert stored["spec"]["load"] == {"enabled": True, "intervalS": 5, "fpmPortName": "fpm"}  # schema default
     worker = env.co.get_namespaced_custom_object(*DGD[:2], ns, DGD[2], "mocker-agg")["spec"]["services"]["VllmWorker"]
@@ -315,7 +422,10 @@ def test_dgd_reconciled_into_deployments_services_and_status(env):
     uid = env.dgd("g")["metadata"]["uid"]
 
     def children() -> bool:
-        names = {d.metadata.name for d in env.apps.list_namespaced_deployment(env.ns, label_selector="dynoplan.dev/dgd=g").items}
+        names = {
+            d.metadata.name
+            for d in env.apps.list_namespaced_deployment(env.ns, label_selector="dynoplan.dev/dgd=g").items
+        }
         return names == {"g-frontend", "g-prefill", "g-decode"}
 
     env.wait(children, "Deployments of DGD g")
@@ -324,10 +434,17 @@ def test_dgd_reconciled_into_deployments_services_and_status(env):
     assert dep.spec.template.spec.containers[0].image == "dynoplan:test"
     assert dep.spec.template.spec.containers[0].args == ["frontend"]
     assert env.core.read_namespaced_service("g-decode", env.ns).spec.selector == {
-        "dynoplan.dev/dgd": "g", "dynoplan.dev/service": "Decode"}
+        "dynoplan.dev/dgd": "g",
+        "dynoplan.dev/service": "Decode",
+    }
     env.wait(lambda: (env.dgd("g").get("status") or {}).get("state") == "pending", "DGD status pending")
     st = env.dgd("g")["status"]
-    assert st["services"]["Prefill"] == {"replicas": 1, "updatedReplicas": 0, "readyReplicas": 0, "availableReplicas": 0}
+    assert st["services"]["Prefill"] == {
+        "replicas": 1,
+        "updatedReplicas": 0,
+        "readyReplicas": 0,
+        "availableReplicas": 0,
+    }
     assert st["conditions"][0]["type"] == "Ready" and st["conditions"][0]["status"] == "False"
     for n in ("g-frontend", "g-prefill", "g-decode"):
         env.set_ready(n, 1)
@@ -344,15 +461,26 @@ def test_planner_scales_dgd_deployments_status_and_events(env):
         return (s["Prefill"]["replicas"], s["Decode"]["replicas"]) == (2, 3)
 
     env.wait(scaled, "planner scales the DGD to prefill 2, decode 3")
-    env.wait(lambda: env.apps.read_namespaced_deployment("g-decode", env.ns).spec.replicas == 3
-             and env.apps.read_namespaced_deployment("g-prefill", env.ns).spec.replicas == 2, "Deployments follow")
-    env.wait(lambda: (env.planner("p").get("status") or {}).get("desiredReplicas") == {"prefill": 2, "decode": 3},
-             "planner status")
+    env.wait(
+        lambda: (
+            env.apps.read_namespaced_deployment("g-decode", env.ns).spec.replicas == 3
+            and env.apps.read_namespaced_deployment("g-prefill", env.ns).spec.replicas == 2
+        ),
+        "Deployments follow",
+    )
+    env.wait(
+        lambda: (env.planner("p").get("status") or {}).get("desiredReplicas") == {"prefill": 2, "decode": 3},
+        "planner status",
+    )
     st = env.planner("p")["status"]
     assert st["lastDecision"]["reason"] in ("scale_up_throughput", "hold_pending")
     assert st["observed"]["requestsPerSecond"] == pytest.approx(7.5)
     assert {c["type"]: c["status"] for c in st["conditions"]} == {
-        "MetricsAvailable": "True", "Ready": "True", "SpecValid": "True", "TargetFound": "True"}
+        "MetricsAvailable": "True",
+        "Ready": "True",
+        "SpecValid": "True",
+        "TargetFound": "True",
+    }
     ev = env.events("g")
     ups = [e for e in ev if e.reason == "ScaledUp"]
     assert len(ups) == 1 and "Prefill 1->2" in ups[0].message and "Decode 1->3" in ups[0].message
@@ -378,14 +506,18 @@ def test_conflicting_edit_is_409_and_manual_edit_adopted(env):
     obs = asyncio.run(conn.observe())
     assert {p: s.replicas for p, s in obs.pools.items()} == {"prefill": 2, "decode": 3}
     # A user edits decode to 4 after the connector read the DGD: the conditional merge patch is a 409.
-    env.co.patch_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], "g", {"spec": {"services": {"Decode": {"replicas": 4}}}})
+    env.co.patch_namespaced_custom_object(
+        *DGD[:2], env.ns, DGD[2], "g", {"spec": {"services": {"Decode": {"replicas": 4}}}}
+    )
     with pytest.raises(Conflict):
         asyncio.run(conn.scale(obs, {"prefill": 2, "decode": 5}))
     assert env.dgd("g")["spec"]["services"]["Decode"]["replicas"] == 4
     # The running planner adopts the manual edit instead of overwriting it.
     env.set_ready("g-decode", 4)
-    env.wait(lambda: (env.planner("p").get("status") or {}).get("desiredReplicas", {}).get("decode") == 4,
-             "planner adopts decode=4")
+    env.wait(
+        lambda: (env.planner("p").get("status") or {}).get("desiredReplicas", {}).get("decode") == 4,
+        "planner adopts decode=4",
+    )
     time.sleep(4)  # two throughput intervals
     assert env.dgd("g")["spec"]["services"]["Decode"]["replicas"] == 4
 
@@ -408,8 +540,11 @@ def test_operator_restart_resumes_without_spurious_scale(env):
     # a steady state the planner itself sizes: prefill 30 x 2000 / 2 / 8000 = 3.75 -> 4, decode 30 x 400 / 2 /
     # 1500 = 4.0 -> 4 (the fleet the previous tests left), so a restarted planner has nothing to change
     env.prom.set_traffic(30, 2000, 400)
-    env.wait(lambda: (env.planner("p").get("status") or {}).get("desiredReplicas") == {"prefill": 4, "decode": 4},
-             "planner sized 4 + 4 before the restart", 60)
+    env.wait(
+        lambda: (env.planner("p").get("status") or {}).get("desiredReplicas") == {"prefill": 4, "decode": 4},
+        "planner sized 4 + 4 before the restart",
+        60,
+    )
     env.wait(lambda: env.dgd("g")["status"]["state"] == "successful", "DGD ready before restart")
     before = env.dgd("g")
     n_events = len([e for e in env.events("g") if e.reason.startswith("Scaled")])
@@ -427,9 +562,16 @@ def test_operator_restart_resumes_without_spurious_scale(env):
 
 def test_invalid_planner_spec_is_a_condition_not_a_retry_loop(env):
     # Mode agg needs a worker service without subComponentType; g has none (the schema cannot say so).
-    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest("bad", "g", env.profile, mode="agg"))
-    env.wait(lambda: any(c["type"] == "SpecValid" and c["status"] == "False"
-                         for c in (env.planner("bad").get("status") or {}).get("conditions", [])), "InvalidSpec condition")
+    env.co.create_namespaced_custom_object(
+        *DPL[:2], env.ns, DPL[2], planner_manifest("bad", "g", env.profile, mode="agg")
+    )
+    env.wait(
+        lambda: any(
+            c["type"] == "SpecValid" and c["status"] == "False"
+            for c in (env.planner("bad").get("status") or {}).get("conditions", [])
+        ),
+        "InvalidSpec condition",
+    )
     cond = next(c for c in env.planner("bad")["status"]["conditions"] if c["type"] == "SpecValid")
     assert cond["reason"] == "InvalidSpec" and "has 0 agg services" in cond["message"]
     time.sleep(3)
@@ -439,14 +581,22 @@ def test_invalid_planner_spec_is_a_condition_not_a_retry_loop(env):
 
 def test_advisory_planner_reports_without_patching(env):
     env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest("h"))
-    env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2],
-                                           planner_manifest("adv", "h", env.profile, advisory=True))
+    env.co.create_namespaced_custom_object(
+        *DPL[:2], env.ns, DPL[2], planner_manifest("adv", "h", env.profile, advisory=True)
+    )
     # Traffic is 30 req/2 s, ISL 2000, OSL 280: prefill 30000/8000 = 3.75 -> 4, decode 4200/1500 = 2.8 -> 3.
     # The operator writes the status before the Event of the same decision: wait on the status first.
-    env.wait(lambda: (env.planner("adv").get("status") or {}).get("desiredReplicas") == {"prefill": 4, "decode": 3},
-             "status.desiredReplicas prefill 4, decode 3")
-    env.wait(lambda: any(e.reason == "AdvisoryDecision" and "Prefill 1->4" in e.message and "Decode 1->3" in e.message
-                         for e in env.events("adv")), "AdvisoryDecision event 'Prefill 1->4 ... Decode 1->3'")
+    env.wait(
+        lambda: (env.planner("adv").get("status") or {}).get("desiredReplicas") == {"prefill": 4, "decode": 3},
+        "status.desiredReplicas prefill 4, decode 3",
+    )
+    env.wait(
+        lambda: any(
+            e.reason == "AdvisoryDecision" and "Prefill 1->4" in e.message and "Decode 1->3" in e.message
+            for e in env.events("adv")
+        ),
+        "AdvisoryDecision event 'Prefill 1->4 ... Decode 1->3'",
+    )
     h = env.dgd("h")
     assert (h["spec"]["services"]["Prefill"]["replicas"], h["spec"]["services"]["Decode"]["replicas"]) == (1, 1)
     assert h["metadata"]["generation"] == 1 and not [e for e in env.events("h") if e.reason.startswith("Scaled")]
@@ -467,8 +617,12 @@ def test_dgd_deleted_while_planner_runs(env):
     # kopf holds its finalizer until the DGD's resync timer has stopped; a timer caught mid-reconcile used to be
     # re-checked only after kopf's default cancellation_polling of 60 s (handlers.py now sets 1 s)
     env.wait(gone, "DGD deleted (finalizer released by the operator)", timeout_s=30)
-    env.wait(lambda: any(c["type"] == "TargetFound" and c["status"] == "False"
-                         for c in env.planner("p")["status"]["conditions"]), "TargetFound=False")
+    env.wait(
+        lambda: any(
+            c["type"] == "TargetFound" and c["status"] == "False" for c in env.planner("p")["status"]["conditions"]
+        ),
+        "TargetFound=False",
+    )
     time.sleep(2)
     assert gone() and env.proc.poll() is None
     assert requests.get(f"http://127.0.0.1:{env.health_port}/healthz", timeout=5).ok
@@ -485,8 +639,12 @@ def test_shared_gpu_budget_divided_by_need_never_exceeded(env):
     for name in ("s1", "s2"):
         env.co.create_namespaced_custom_object(*DGD[:2], env.ns, DGD[2], dgd_manifest(name))
     for name in ("s1", "s2"):
-        env.co.create_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], planner_manifest(
-            name, name, env.profile, budget={"sharedBudget": "pool", "maxGpus": 8}))
+        env.co.create_namespaced_custom_object(
+            *DPL[:2],
+            env.ns,
+            DPL[2],
+            planner_manifest(name, name, env.profile, budget={"sharedBudget": "pool", "maxGpus": 8}),
+        )
 
     def gpus(name: str) -> int:
         s = env.dgd(name)["spec"]["services"]

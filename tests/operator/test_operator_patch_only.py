@@ -15,8 +15,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def env(k8s, helm_bin, tmp_path_factory):
-    e = Env(k8s, helm_bin, tmp_path_factory.mktemp("patch-only"),
-            extra_sets=("operator.settings.reconcile_dgd=false", "operator.settings.standalone=true"))
+    e = Env(
+        k8s,
+        helm_bin,
+        tmp_path_factory.mktemp("patch-only"),
+        extra_sets=("operator.settings.reconcile_dgd=false", "operator.settings.standalone=true"),
+    )
     try:
         e.start_operator()
         yield e
@@ -27,10 +31,13 @@ def env(k8s, helm_bin, tmp_path_factory):
 def test_patch_only_operator_scales_replicas_and_creates_nothing(env):
     token = env.k8s.service_account_token(env.ns, SA, create=False)
     with kubernetes.client.ApiClient(env.k8s.configuration_for_token(token)) as sa:
-        for forbidden in (lambda: kubernetes.client.AppsV1Api(sa).list_namespaced_deployment(env.ns),
-                          lambda: kubernetes.client.CoreV1Api(sa).list_namespaced_service(env.ns),
-                          lambda: kubernetes.client.CustomObjectsApi(sa).list_namespaced_custom_object(
-                              "kopf.dev", "v1", env.ns, "kopfpeerings")):
+        for forbidden in (
+            lambda: kubernetes.client.AppsV1Api(sa).list_namespaced_deployment(env.ns),
+            lambda: kubernetes.client.CoreV1Api(sa).list_namespaced_service(env.ns),
+            lambda: kubernetes.client.CustomObjectsApi(sa).list_namespaced_custom_object(
+                "kopf.dev", "v1", env.ns, "kopfpeerings"
+            ),
+        ):
             with pytest.raises(ApiException) as denied:
                 forbidden()
             assert denied.value.status == 403

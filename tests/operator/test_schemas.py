@@ -41,8 +41,12 @@ def test_generated_parts_follow_the_models():
     values = json.loads(schemas.VALUES_SCHEMA.read_text())
     planner = values["properties"]["planner"]
     assert planner["properties"]["ttft_ms"] == {
-        "default": 500.0, "description": PlannerConfig.__pydantic_fields__["ttft_ms"].description,
-        "exclusiveMinimum": 0, "maximum": 3600000.0, "type": "number"}
+        "default": 500.0,
+        "description": PlannerConfig.__pydantic_fields__["ttft_ms"].description,
+        "exclusiveMinimum": 0,
+        "maximum": 3600000.0,
+        "type": "number",
+    }
     assert planner["properties"]["first_sizing_s"]["type"] == ["number", "null"]
     assert planner["properties"]["agg"]["properties"]["max_replicas"]["type"] == ["integer", "null"]
     settings = values["properties"]["operator"]["properties"]["settings"]["properties"]
@@ -51,8 +55,12 @@ def test_generated_parts_follow_the_models():
     spec = _crd_schema()["properties"]["spec"]["properties"]
     # OpenAPI v3.0 bounds and nullability, no defaults but the mode's
     assert spec["sla"]["properties"]["ttftMs"] == {
-        "description": PlannerConfig.__pydantic_fields__["ttft_ms"].description, "minimum": 0,
-        "exclusiveMinimum": True, "maximum": 3600000.0, "type": "number"}
+        "description": PlannerConfig.__pydantic_fields__["ttft_ms"].description,
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": 3600000.0,
+        "type": "number",
+    }
     assert spec["replicas"]["properties"]["maxWorker"]["nullable"] is True
     assert spec["mode"]["default"] == "disagg" and spec["mode"]["enum"] == ["disagg", "prefill", "decode", "agg"]
     assert "default" not in spec["load"]["properties"]["scaleDownSensitivity"]
@@ -109,8 +117,12 @@ def _crd_validator() -> jsonschema.Draft4Validator:
 
 def test_crd_schema_refuses_what_the_planner_refuses_field_by_field():
     v = _crd_validator()
-    base = {"apiVersion": "dynoplan.dev/v1alpha1", "kind": "DynoPlanner", "metadata": {"name": "p"},
-            "spec": {"targetRef": {"name": "g"}}}
+    base = {
+        "apiVersion": "dynoplan.dev/v1alpha1",
+        "kind": "DynoPlanner",
+        "metadata": {"name": "p"},
+        "spec": {"targetRef": {"name": "g"}},
+    }
 
     def ok(**spec: Any) -> bool:
         return v.is_valid({**base, "spec": {**base["spec"], **spec}})
@@ -137,8 +149,22 @@ def test_todays_values_files_pass_the_values_schema():
 def test_the_charts_example_dynoplanner_passes_the_crd(helm_bin):
     import subprocess
 
-    p = subprocess.run([str(helm_bin), "template", "dynoplan", str(CHART), "--set", "example.enabled=true",
-                        "--show-only", "templates/example.yaml"], capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run(
+        [
+            str(helm_bin),
+            "template",
+            "dynoplan",
+            str(CHART),
+            "--set",
+            "example.enabled=true",
+            "--show-only",
+            "templates/example.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     planners = [d for d in yaml.safe_load_all(p.stdout) if d and d["kind"] == "DynoPlanner"]
     assert len(planners) == 1

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from dynoplan.errors import SpecError
 from planner.core import PlannerConfig, TrafficWindow, save_profile
 from planner.core.interpolation import PerformanceProfile
-from dynoplan.errors import SpecError
 from planner.operator.handlers import reconcile_dgd
 from planner.operator.loop import PlannerLoop
 from planner.operator.reconcile import reconcile_problems
@@ -32,15 +32,21 @@ IMAGE = "dynoplan:latest"
 
 
 def dgd_body(**services: Any) -> dict[str, Any]:
-    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
-            "metadata": {"name": "g", "namespace": "ns", "uid": "u-1", "generation": 1, "resourceVersion": "1"},
-            "spec": {"services": services}}
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": "g", "namespace": "ns", "uid": "u-1", "generation": 1, "resourceVersion": "1"},
+        "spec": {"services": services},
+    }
 
 
 def planner_body(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "dynoplan.dev/v1alpha1", "kind": "DynoPlanner",
-            "metadata": {"name": "p", "namespace": "ns", "generation": 1, "uid": "u-2"},
-            "spec": {"targetRef": {"name": "g"}, **spec}}
+    return {
+        "apiVersion": "dynoplan.dev/v1alpha1",
+        "kind": "DynoPlanner",
+        "metadata": {"name": "p", "namespace": "ns", "generation": 1, "uid": "u-2"},
+        "spec": {"targetRef": {"name": "g"}, **spec},
+    }
 
 
 class FakeKube:
@@ -104,9 +110,19 @@ def conditions(kube: FakeKube) -> dict[str, dict[str, Any]]:
 
 
 def loop_for(body, kube, traffic=None, clock=None) -> PlannerLoop:
-    return PlannerLoop(body, kube, defaults=PlannerConfig(), traffic_factory=lambda plan: traffic,
-                       metrics_registry=None, budget=None, min_sleep_s=0.5, max_sleep_s=5.0,
-                       clock=clock or (lambda: 0.0), fpm_factory=lambda clock: NoFpm(), wall_clock=lambda: 1e9)
+    return PlannerLoop(
+        body,
+        kube,
+        defaults=PlannerConfig(),
+        traffic_factory=lambda plan: traffic,
+        metrics_registry=None,
+        budget=None,
+        min_sleep_s=0.5,
+        max_sleep_s=5.0,
+        clock=clock or (lambda: 0.0),
+        fpm_factory=lambda clock: NoFpm(),
+        wall_clock=lambda: 1e9,
+    )
 
 
 # ------------------------------------------------------------------ DGD services the reconciler cannot run
@@ -119,11 +135,14 @@ def test_a_worker_service_without_extra_pod_spec_is_refused_naming_the_container
 
 
 def test_services_with_a_command_line_their_own_image_or_the_planner_role_pass():
-    dgd = parse_dgd(dgd_body(
-        A={"componentType": "worker", "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
-        B={"componentType": "worker", "extraPodSpec": {"mainContainer": {"command": ["python", "-m", "x"]}}},
-        C={"componentType": "worker", "extraPodSpec": {"mainContainer": {"image": "vllm/vllm:1"}}},
-        P={"componentType": "planner"}))
+    dgd = parse_dgd(
+        dgd_body(
+            A={"componentType": "worker", "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
+            B={"componentType": "worker", "extraPodSpec": {"mainContainer": {"command": ["python", "-m", "x"]}}},
+            C={"componentType": "worker", "extraPodSpec": {"mainContainer": {"image": "vllm/vllm:1"}}},
+            P={"componentType": "planner"},
+        )
+    )
     assert reconcile_problems(dgd, IMAGE) == []
     # the operator's own image named explicitly is the same as no image
     dgd = parse_dgd(dgd_body(D={"componentType": "worker", "extraPodSpec": {"mainContainer": {"image": IMAGE}}}))
@@ -132,8 +151,7 @@ def test_services_with_a_command_line_their_own_image_or_the_planner_role_pass()
 
 def test_the_reconciler_writes_invalid_spec_and_creates_nothing():
     kube = FakeKube()
-    memo = SimpleNamespace(kube=kube, op_settings=SimpleNamespace(worker_image=IMAGE),
-                           reconciles=None)
+    memo = SimpleNamespace(kube=kube, op_settings=SimpleNamespace(worker_image=IMAGE), reconciles=None)
     status = asyncio.run(reconcile_dgd(dgd_body(W={"componentType": "worker", "replicas": 1}), memo))
     assert status["state"] == "failed" and kube.applied == []
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -146,23 +164,37 @@ def test_the_reconciler_writes_invalid_spec_and_creates_nothing():
 @pytest.mark.parametrize("mode", ["disagg", "agg"])
 def test_min_above_max_names_the_crd_fields(mode):
     with pytest.raises(SpecError) as e:
-        parse_planner(planner_body(mode=mode, replicas={"minWorker": 5, "maxWorker": 2, "minPrefill": 3, "maxPrefill": 1}))
-    assert e.value.problems == ["spec.replicas.minPrefill=3: expected <= spec.replicas.maxPrefill=1",
-                                "spec.replicas.minWorker=5: expected <= spec.replicas.maxWorker=2"]
+        parse_planner(
+            planner_body(mode=mode, replicas={"minWorker": 5, "maxWorker": 2, "minPrefill": 3, "maxPrefill": 1})
+        )
+    assert e.value.problems == [
+        "spec.replicas.minPrefill=3: expected <= spec.replicas.maxPrefill=1",
+        "spec.replicas.minWorker=5: expected <= spec.replicas.maxWorker=2",
+    ]
 
 
 def test_settings_problems_name_spec_settings_and_typed_fields_their_path():
     with pytest.raises(SpecError) as e:
-        parse_planner(planner_body(sla={"ttftMs": -1}, throughput={"enabled": False},
-                                   settings={"loadEnabled": False, "agg": {"min_replicas": 4, "max_replicas": 1}, "nope": 1}))
+        parse_planner(
+            planner_body(
+                sla={"ttftMs": -1},
+                throughput={"enabled": False},
+                settings={"loadEnabled": False, "agg": {"min_replicas": 4, "max_replicas": 1}, "nope": 1},
+            )
+        )
     assert e.value.problems == ["spec.settings.nope: unknown setting", "spec.sla.ttftMs=-1: expected > 0.0"]
     # the cross-field checks run once every field is valid, every line at once
     with pytest.raises(SpecError) as e:
-        parse_planner(planner_body(throughput={"enabled": False},
-                                   settings={"loadEnabled": False, "agg": {"min_replicas": 4, "max_replicas": 1}}))
+        parse_planner(
+            planner_body(
+                throughput={"enabled": False},
+                settings={"loadEnabled": False, "agg": {"min_replicas": 4, "max_replicas": 1}},
+            )
+        )
     assert e.value.problems == [
         "spec.throughput.enabled=False and spec.settings.loadEnabled=False: expected at least one loop enabled",
-        "spec.settings.agg.min_replicas=4: expected <= spec.settings.agg.max_replicas=1"]
+        "spec.settings.agg.min_replicas=4: expected <= spec.settings.agg.max_replicas=1",
+    ]
 
 
 def test_a_missing_target_name_is_reported_with_the_settings_problems():
@@ -170,8 +202,10 @@ def test_a_missing_target_name_is_reported_with_the_settings_problems():
     body["spec"]["targetRef"] = {}
     with pytest.raises(SpecError) as e:
         parse_planner(body)
-    assert e.value.problems == ["spec.sla.itlMs=0: expected > 0.0",
-                                "spec.targetRef.name: expected the name of a DynamoGraphDeployment"]
+    assert e.value.problems == [
+        "spec.sla.itlMs=0: expected > 0.0",
+        "spec.targetRef.name: expected the name of a DynamoGraphDeployment",
+    ]
 
 
 def run_step(body, kube) -> PlannerLoop:
@@ -185,8 +219,15 @@ def test_every_spec_problem_is_reported_before_the_target_is_looked_up(tmp_path)
     misspelled engine field and a bad setting are all in the InvalidSpec condition, not TargetNotFound."""
     kube = FakeKube(dgd=None)
     missing = tmp_path / "nope.npz"
-    run_step(planner_body(mode="agg", throughput={"profile": str(missing)}, engine={"numGpuBlcoks": 10},
-                          replicas={"minWorker": 3, "maxWorker": 1}), kube)
+    run_step(
+        planner_body(
+            mode="agg",
+            throughput={"profile": str(missing)},
+            engine={"numGpuBlcoks": 10},
+            replicas={"minWorker": 3, "maxWorker": 1},
+        ),
+        kube,
+    )
     c = conditions(kube)
     assert c["SpecValid"]["status"] == "False" and c["SpecValid"]["reason"] == "InvalidSpec"
     assert "TargetFound" not in c and c["Ready"]["reason"] == "InvalidSpec"
@@ -229,17 +270,23 @@ def test_an_agg_profile_without_its_decode_half_says_both_halves(tmp_path):
     kube = FakeKube(dgd=None)
     run_step(planner_body(mode="agg", throughput={"profile": str(half)}), kube)
     msg = conditions(kube)["SpecValid"]["message"]
-    assert (f"spec.throughput.profile={str(half)!r}: mode agg needs a profile with both halves, prefill and decode "
-            "(aggregated workers do both); this one has no decode half") in msg
+    assert (
+        f"spec.throughput.profile={str(half)!r}: mode agg needs a profile with both halves, prefill and decode "
+        "(aggregated workers do both); this one has no decode half"
+    ) in msg
     kube = FakeKube(dgd=None)
     run_step(planner_body(mode="disagg", throughput={"profile": str(half)}), kube)
-    assert (f"spec.throughput.profile={str(half)!r}: mode disagg needs a profile with the prefill and decode halves; "
-            "this one has no decode half") in conditions(kube)["SpecValid"]["message"]
+    assert (
+        f"spec.throughput.profile={str(half)!r}: mode disagg needs a profile with the prefill and decode halves; "
+        "this one has no decode half"
+    ) in conditions(kube)["SpecValid"]["message"]
 
 
 # ------------------------------------------------------------------ the status a user watches
-AGG_DGD = dict(Frontend={"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}},
-               W={"componentType": "worker", "replicas": 1, "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}})
+AGG_DGD = dict(
+    Frontend={"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}},
+    W={"componentType": "worker", "replicas": 1, "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve"]}}},
+)
 
 
 class Traffic:
@@ -250,8 +297,14 @@ class Traffic:
 
     def read(self, window_s):
         self.reads += 1
-        return TrafficWindow(duration_s=window_s, num_requests=20.0 * window_s, mean_isl_tokens=1000.0,
-                             mean_osl_tokens=100.0, mean_ttft_ms=120.0, mean_itl_ms=12.0)
+        return TrafficWindow(
+            duration_s=window_s,
+            num_requests=20.0 * window_s,
+            mean_isl_tokens=1000.0,
+            mean_osl_tokens=100.0,
+            mean_ttft_ms=120.0,
+            mean_itl_ms=12.0,
+        )
 
 
 def ready_dgd(replicas: int = 1) -> dict[str, Any]:
@@ -267,9 +320,13 @@ def test_observed_rps_is_kept_between_throughput_ticks_and_a_hand_edit_is_an_eve
     kube = FakeKube(ready_dgd(1))
     now = [0.0]
     traffic = Traffic()
-    body = planner_body(mode="agg", throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
-                        load={"enabled": True, "intervalS": 5},
-                        settings={"simulatedSizing": False, "firstSizingS": None}, replicas={"minWorker": 1, "maxWorker": 1})
+    body = planner_body(
+        mode="agg",
+        throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
+        load={"enabled": True, "intervalS": 5},
+        settings={"simulatedSizing": False, "firstSizingS": None},
+        replicas={"minWorker": 1, "maxWorker": 1},
+    )
     loop = loop_for(body, kube, traffic=traffic, clock=lambda: now[0])
 
     def tick_until(cond, what, limit=40):
@@ -305,8 +362,9 @@ def test_observed_rps_is_kept_between_throughput_ticks_and_a_hand_edit_is_an_eve
     tick_until(lambda: any(e[1] == "AdoptedExternalChange" for e in kube.events), "the adoption Event")
     ev = next(e for e in kube.events if e[1] == "AdoptedExternalChange")
     assert ev[0] == "DynoPlanner"
-    assert ev[2] == ("replicas changed outside the planner, adopted: W 1->3; left alone for "
-                     "external_change_grace_s=180 s")
+    assert ev[2] == (
+        "replicas changed outside the planner, adopted: W 1->3; left alone for external_change_grace_s=180 s"
+    )
     assert kube.planner_status["desiredReplicas"] == {"worker": 3}
 
 
@@ -316,10 +374,16 @@ def test_a_new_operator_keeps_the_observation_the_previous_one_wrote(tmp_path):
     prof = tmp_path / "p.npz"
     save_profile(make_profile(), prof)
     kube = FakeKube(ready_dgd(1))
-    body = planner_body(mode="agg", throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
-                        load={"enabled": True, "intervalS": 5}, settings={"simulatedSizing": False})
-    body["status"] = {"observed": {"requestsPerSecond": 7.5, "ttftMs": 90.0, "itlMs": 9.0},
-                      "predicted": {"requestsPerSecond": 8.0}}
+    body = planner_body(
+        mode="agg",
+        throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
+        load={"enabled": True, "intervalS": 5},
+        settings={"simulatedSizing": False},
+    )
+    body["status"] = {
+        "observed": {"requestsPerSecond": 7.5, "ttftMs": 90.0, "itlMs": 9.0},
+        "predicted": {"requestsPerSecond": 8.0},
+    }
     now = [0.0]
     loop = loop_for(body, kube, traffic=Traffic(), clock=lambda: now[0])
     asyncio.run(loop.step())  # the first tick: the core warms up, no throughput loop

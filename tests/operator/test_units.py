@@ -5,34 +5,49 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from planner.core import PlannerConfig
 from dynoplan.errors import SettingsError, SpecError
-from planner.operator.reconcile import (HASH_ANNOTATION, child_actions, child_name, desired_children, dgd_status,
-                                        divide_budget, replica_patch, set_condition)
+from planner.core import PlannerConfig
+from planner.operator.reconcile import (
+    HASH_ANNOTATION,
+    child_actions,
+    child_name,
+    desired_children,
+    dgd_status,
+    divide_budget,
+    replica_patch,
+    set_condition,
+)
 from planner.operator.settings import OperatorSettings, settings_from_env
 from planner.operator.spec import parse_dgd, parse_planner, resolve_pools
 
 
 def dgd_body(**services):
-    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
-            "metadata": {"name": "g", "namespace": "ns", "uid": "u-1", "generation": 3},
-            "spec": {"backendFramework": "vllm", "services": services}}
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": "g", "namespace": "ns", "uid": "u-1", "generation": 3},
+        "spec": {"backendFramework": "vllm", "services": services},
+    }
 
 
 DISAGG = dict(
     Frontend={"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}},
-    Prefill={"componentType": "worker", "subComponentType": "prefill", "replicas": 2,
-             "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+    Prefill={
+        "componentType": "worker",
+        "subComponentType": "prefill",
+        "replicas": 2,
+        "resources": {"limits": {"nvidia.com/gpu": "2"}},
+    },
     Decode={"componentType": "worker", "subComponentType": "decode", "replicas": 1},
     Planner={"componentType": "planner", "replicas": 1},
 )
 
 
 def planner_body(**spec):
-    return {"metadata": {"name": "p", "namespace": "ns", "generation": 1},
-            "spec": {"targetRef": {"name": "g"}, **spec}}
+    return {"metadata": {"name": "p", "namespace": "ns", "generation": 1}, "spec": {"targetRef": {"name": "g"}, **spec}}
 
 
 def test_parse_dgd_reads_gpus_per_engine_and_defaults_to_one():
@@ -49,10 +64,23 @@ def test_parse_dgd_bad_gpu_count_names_the_field():
 
 def test_planner_spec_maps_typed_fields_and_settings_over_defaults():
     base = PlannerConfig(predictor="kalman", ttft_ms=400.0)
-    p = parse_planner(planner_body(sla={"itlMs": 30}, replicas={"maxDecode": 5, "minWorker": 2},
-                                   settings={"scaleDownCooldownS": 30}, throughput={"adjustmentIntervalS": 60}), base)
+    p = parse_planner(
+        planner_body(
+            sla={"itlMs": 30},
+            replicas={"maxDecode": 5, "minWorker": 2},
+            settings={"scaleDownCooldownS": 30},
+            throughput={"adjustmentIntervalS": 60},
+        ),
+        base,
+    )
     c = p.config
-    assert (c.predictor, c.ttft_ms, c.itl_ms, c.decode.max_replicas, c.agg.min_replicas) == ("kalman", 400.0, 30.0, 5, 2)
+    assert (c.predictor, c.ttft_ms, c.itl_ms, c.decode.max_replicas, c.agg.min_replicas) == (
+        "kalman",
+        400.0,
+        30.0,
+        5,
+        2,
+    )
     assert c.scale_down_cooldown_s == 30.0 and c.adjustment_interval_s == 60.0
 
 
@@ -76,13 +104,24 @@ def test_resolve_pools_by_subcomponent_and_explicit_names():
 def test_desired_children_owner_refs_labels_and_no_planner_service():
     kids = desired_children(parse_dgd(dgd_body(**DISAGG)), "img:1")
     names = [(k["kind"], k["metadata"]["name"]) for k in kids]
-    assert names == [("Deployment", "g-decode"), ("Service", "g-decode"), ("Deployment", "g-frontend"),
-                     ("Service", "g-frontend"), ("Deployment", "g-prefill"), ("Service", "g-prefill")]
+    assert names == [
+        ("Deployment", "g-decode"),
+        ("Service", "g-decode"),
+        ("Deployment", "g-frontend"),
+        ("Service", "g-frontend"),
+        ("Deployment", "g-prefill"),
+        ("Service", "g-prefill"),
+    ]
     dep = kids[4]
     assert dep["spec"]["replicas"] == 2
-    assert dep["metadata"]["ownerReferences"][0] == {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
-                                                     "name": "g", "uid": "u-1", "controller": True,
-                                                     "blockOwnerDeletion": True}
+    assert dep["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "name": "g",
+        "uid": "u-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == "img:1" and c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -99,13 +138,18 @@ def test_child_actions_idempotent_and_deletes_orphans():
     changed = desired_children(parse_dgd(dgd_body(**{**DISAGG, "Decode": {**DISAGG["Decode"], "replicas": 3}})), "img")
     stale = {"kind": "Service", "metadata": {"name": "g-old", "annotations": {HASH_ANNOTATION: "x"}}}
     acts = child_actions(changed, kids + [stale])
-    assert [(a.verb, a.kind, a.name) for a in acts] == [("apply", "Deployment", "g-decode"), ("delete", "Service", "g-old")]
+    assert [(a.verb, a.kind, a.name) for a in acts] == [
+        ("apply", "Deployment", "g-decode"),
+        ("delete", "Service", "g-old"),
+    ]
 
 
 def test_dgd_status_ready_only_when_every_service_ready():
     d = parse_dgd(dgd_body(**DISAGG))
-    deps = {n: {"status": {"readyReplicas": r, "updatedReplicas": r, "availableReplicas": r}}
-            for n, r in (("Frontend", 1), ("Prefill", 1), ("Decode", 1))}
+    deps = {
+        n: {"status": {"readyReplicas": r, "updatedReplicas": r, "availableReplicas": r}}
+        for n, r in (("Frontend", 1), ("Prefill", 1), ("Decode", 1))
+    }
     s = dgd_status(d, deps, None, "2026-01-01T00:00:00Z")
     assert s["services"]["Prefill"] == {"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}
     assert s["state"] == "pending" and s["conditions"][0]["status"] == "False"
@@ -120,8 +164,9 @@ def test_dgd_status_ready_only_when_every_service_ready():
 
 def test_replica_patch_only_changed_pools():
     svc = {"prefill": "Prefill", "decode": "Decode"}
-    assert replica_patch(svc, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 3}) == \
-        {"spec": {"services": {"Decode": {"replicas": 3}}}}
+    assert replica_patch(svc, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 3}) == {
+        "spec": {"services": {"Decode": {"replicas": 3}}}
+    }
     assert replica_patch(svc, {"prefill": 1, "decode": 2}, {"prefill": 1, "decode": 2}) is None
 
 
@@ -140,8 +185,12 @@ def test_divide_budget_by_need_hand_computed():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 40), st.dictionaries(st.sampled_from("abcde"), st.tuples(st.integers(0, 12), st.integers(0, 3),
-                                                                              st.integers(0, 12)), min_size=1))
+@given(
+    st.integers(0, 40),
+    st.dictionaries(
+        st.sampled_from("abcde"), st.tuples(st.integers(0, 12), st.integers(0, 3), st.integers(0, 12)), min_size=1
+    ),
+)
 def test_divide_budget_never_exceeded(total, spec):
     needs = {k: v[0] for k, v in spec.items()}
     mins = {k: v[1] for k, v in spec.items()}
@@ -151,8 +200,11 @@ def test_divide_budget_never_exceeded(total, spec):
     if sum(cur.values()) <= total and sum(mins.values()) <= total:
         # Even before anyone shrinks, what each holds or may grow to fits in the budget.
         assert sum(max(cur[k], alloc[k]) for k in alloc) <= total
-    if sum(mins.values()) <= total and sum(max(n, m) for n, m in zip(needs.values(), mins.values())) <= total \
-            and all(cur[k] <= max(needs[k], mins[k]) for k in cur):
+    if (
+        sum(mins.values()) <= total
+        and sum(max(n, m) for n, m in zip(needs.values(), mins.values())) <= total
+        and all(cur[k] <= max(needs[k], mins[k]) for k in cur)
+    ):
         assert all(alloc[k] >= max(needs[k], mins[k]) for k in alloc)  # enough for all: everyone gets its need
 
 
@@ -164,6 +216,7 @@ def test_operator_settings_env_and_errors():
     assert set(e.value.problems) == {"health_port=70000: expected <= 65535", "dgd_resync_s=-1: expected > 0.0"}
     with pytest.raises(SettingsError, match="bogus: unknown setting"):
         from planner.operator.settings import settings_from_mapping
+
         settings_from_mapping({"bogus": 1})
     assert OperatorSettings().planner_max_sleep_s == 5.0 and not math.isnan(OperatorSettings().dgd_resync_s)
 
@@ -172,14 +225,26 @@ def test_operator_settings_strict_types_and_every_problem_at_once():
     from planner.operator.settings import settings_from_mapping
 
     with pytest.raises(SettingsError) as e:
-        settings_from_mapping({"health_port": True, "dgd_resync_s": "fast", "helth_port": 1, "log_format": "xml",
-                               "prometheus_url": "ftp://p", "standalone": 1, "shared_gpu_budget": -1})
+        settings_from_mapping(
+            {
+                "health_port": True,
+                "dgd_resync_s": "fast",
+                "helth_port": 1,
+                "log_format": "xml",
+                "prometheus_url": "ftp://p",
+                "standalone": 1,
+                "shared_gpu_budget": -1,
+            }
+        )
     assert set(e.value.problems) == {
-        "health_port=True: expected an integer", "dgd_resync_s='fast': expected a number",
+        "health_port=True: expected an integer",
+        "dgd_resync_s='fast': expected a number",
         "helth_port: unknown setting (did you mean health_port?)",
         "log_format='xml': expected one of 'json' or 'plain'",
         "prometheus_url='ftp://p': expected text matching ^https?://",
-        "standalone=1: expected a boolean (true/false)", "shared_gpu_budget=-1: expected >= 0"}
+        "standalone=1: expected a boolean (true/false)",
+        "shared_gpu_budget=-1: expected >= 0",
+    }
     # environment text is read as the setting's type; a text setting keeps the text
     s = settings_from_mapping({"dgd_resync_s": "2.5", "standalone": "yes", "peering_name": "true", "health_port": "0"})
     assert (s.dgd_resync_s, s.standalone, s.peering_name, s.health_port) == (2.5, True, "true", 0)
@@ -206,15 +271,18 @@ def test_cli_user_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch):
     assert len(err) == 1 and "no Kubernetes credentials" in err[0]
 
 
-@pytest.mark.parametrize("args, port", [
-    (["mocker", "serve", "--fpm-endpoint", "tcp://0.0.0.0:5557"], 5557),
-    (["mocker", "serve", "--fpm-endpoint=tcp://*:6000", "--port", "8000"], 6000),
-    (["mocker", "serve", "--fpm-endpoint", "off"], None),
-    (["mocker", "serve", "--fpm-endpoint", "tcp://127.0.0.1:0"], None),  # any free port: unreachable
-    (["mocker", "serve", "--fpm-endpoint", "ipc:///tmp/x"], None),
-    (["mocker", "serve"], None),
-    (["mocker", "serve", "--fpm-endpoint"], None),
-])
+@pytest.mark.parametrize(
+    "args, port",
+    [
+        (["mocker", "serve", "--fpm-endpoint", "tcp://0.0.0.0:5557"], 5557),
+        (["mocker", "serve", "--fpm-endpoint=tcp://*:6000", "--port", "8000"], 6000),
+        (["mocker", "serve", "--fpm-endpoint", "off"], None),
+        (["mocker", "serve", "--fpm-endpoint", "tcp://127.0.0.1:0"], None),  # any free port: unreachable
+        (["mocker", "serve", "--fpm-endpoint", "ipc:///tmp/x"], None),
+        (["mocker", "serve"], None),
+        (["mocker", "serve", "--fpm-endpoint"], None),
+    ],
+)
 def test_fpm_port_from_worker_args(args, port):
     from planner.operator.reconcile import fpm_port
 
@@ -222,9 +290,14 @@ def test_fpm_port_from_worker_args(args, port):
 
 
 def test_desired_children_expose_the_fpm_port_only_when_fixed():
-    body = dgd_body(W={"componentType": "worker", "replicas": 2, "extraPodSpec": {"mainContainer": {
-        "args": ["mocker", "serve", "--fpm-endpoint", "tcp://0.0.0.0:5557"]}}},
-        F={"componentType": "frontend", "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}})
+    body = dgd_body(
+        W={
+            "componentType": "worker",
+            "replicas": 2,
+            "extraPodSpec": {"mainContainer": {"args": ["mocker", "serve", "--fpm-endpoint", "tcp://0.0.0.0:5557"]}},
+        },
+        F={"componentType": "frontend", "extraPodSpec": {"mainContainer": {"args": ["frontend"]}}},
+    )
     kids = {(k["kind"], k["metadata"]["name"]): k for k in desired_children(parse_dgd(body), "img")}
     w = kids[("Deployment", "g-w")]["spec"]["template"]["spec"]["containers"][0]
     assert w["ports"] == [{"name": "http", "containerPort": 8000}, {"name": "fpm", "containerPort": 5557}]
@@ -241,7 +314,8 @@ def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
     import zmq
 
     from mocker.live.publish import FPM_TOPIC, Publisher, idle_fpm
-    from mocker.records import ForwardPassMetrics as MockerFpm, QueuedRequests, ScheduledRequests
+    from mocker.records import ForwardPassMetrics as MockerFpm
+    from mocker.records import QueuedRequests, ScheduledRequests
     from planner.operator.loop import FpmFeed
 
     ctx = zmq.Context()
@@ -253,8 +327,12 @@ def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
         deadline = time.monotonic() + 20
         # PUB/SUB joins asynchronously: publish until both streams arrive
         while time.monotonic() < deadline and {p.pool for p in got} != {"prefill", "decode"}:
-            pubs[0].publish(FPM_TOPIC, MockerFpm(0, 0, 0.012, ScheduledRequests(num_prefill_requests=1, sum_prefill_tokens=300),
-                                                      QueuedRequests()))
+            pubs[0].publish(
+                FPM_TOPIC,
+                MockerFpm(
+                    0, 0, 0.012, ScheduledRequests(num_prefill_requests=1, sum_prefill_tokens=300), QueuedRequests()
+                ),
+            )
             pubs[1].publish(FPM_TOPIC, idle_fpm(0, 0, 0.0))
             time.sleep(0.05)
             got += feed.drain()
@@ -276,8 +354,10 @@ def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
 def test_desired_children_pull_policy_if_not_present_unless_the_dgd_says():
     """kind: an image loaded with `kind load` under a :latest tag must not be pulled (the default policy of
     :latest is Always, which fails without a registry)."""
-    body = dgd_body(A={"componentType": "worker", "extraPodSpec": {"mainContainer": {"image": "dynoplan:latest"}}},
-                    B={"componentType": "frontend", "extraPodSpec": {"mainContainer": {"imagePullPolicy": "Always"}}})
+    body = dgd_body(
+        A={"componentType": "worker", "extraPodSpec": {"mainContainer": {"image": "dynoplan:latest"}}},
+        B={"componentType": "frontend", "extraPodSpec": {"mainContainer": {"imagePullPolicy": "Always"}}},
+    )
     deps = {k["metadata"]["name"]: k for k in desired_children(parse_dgd(body), "img:1") if k["kind"] == "Deployment"}
     assert deps["g-a"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
     assert deps["g-b"]["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Always"
@@ -298,8 +378,14 @@ def test_peering_priority_explicit_or_stable_from_the_host_name():
 
 
 def test_planner_spec_fpm_discovery_fields():
-    body = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"targetRef": {"name": "g"}, "mode": "agg",
-            "load": {"enabled": True, "fpmServices": {"worker": "vllm-workers"}, "fpmPortName": "metrics-zmq"}}}
+    body = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "targetRef": {"name": "g"},
+            "mode": "agg",
+            "load": {"enabled": True, "fpmServices": {"worker": "vllm-workers"}, "fpmPortName": "metrics-zmq"},
+        },
+    }
     plan = parse_planner(body)
     assert plan.fpm_services == {"agg": "vllm-workers"} and plan.fpm_port_name == "metrics-zmq"
     plan = parse_planner({**body, "spec": {"targetRef": {"name": "g"}}})

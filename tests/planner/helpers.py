@@ -7,7 +7,14 @@ import math
 import numpy as np
 
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
-from planner.core.observations import ForwardPassMetrics, Observations, PoolState, QueuedRequests, ScheduledRequests, TrafficWindow
+from planner.core.observations import (
+    ForwardPassMetrics,
+    Observations,
+    PoolState,
+    QueuedRequests,
+    ScheduledRequests,
+    TrafficWindow,
+)
 
 
 def profile() -> PerformanceProfile:
@@ -15,11 +22,20 @@ def profile() -> PerformanceProfile:
     any context, so at an ITL target of 30 ms the best point is usage 0.5 -> 1500 tok/s/GPU."""
     return PerformanceProfile(
         PrefillProfile([1000.0, 3000.0], [100.0, 300.0], [10000.0, 6000.0]),
-        DecodeProfile([0.0, 1.0], [100.0, 100000.0], [[10.0, 10.0], [50.0, 50.0]], [[0.0, 0.0], [3000.0, 3000.0]],
-                      max_kv_tokens=200000.0, resolution=201))
+        DecodeProfile(
+            [0.0, 1.0],
+            [100.0, 100000.0],
+            [[10.0, 10.0], [50.0, 50.0]],
+            [[0.0, 0.0], [3000.0, 3000.0]],
+            max_kv_tokens=200000.0,
+            resolution=201,
+        ),
+    )
 
 
-def traffic(n: float, isl: float = 2000.0, osl: float = 150.0, ttft: float = math.nan, itl: float = math.nan) -> TrafficWindow:
+def traffic(
+    n: float, isl: float = 2000.0, osl: float = 150.0, ttft: float = math.nan, itl: float = math.nan
+) -> TrafficWindow:
     return TrafficWindow(180.0, n, isl if n else math.nan, osl if n else math.nan, ttft, itl)
 
 
@@ -31,7 +47,9 @@ class Fleet:
         self.ready = dict(spec)
 
     def obs(self, traffic: TrafficWindow | None = None, passes=(), **kw) -> Observations:
-        return Observations({p: PoolState(self.spec[p], self.ready[p]) for p in self.spec}, traffic, tuple(passes), **kw)
+        return Observations(
+            {p: PoolState(self.spec[p], self.ready[p]) for p in self.spec}, traffic, tuple(passes), **kw
+        )
 
     def apply(self, decision, ready: bool = True) -> None:
         if decision.targets is not None:
@@ -44,8 +62,15 @@ def decode_pass(worker: int, kv: int, ts: float, wall: float | None = None, pool
     """A decode pass whose wall time follows 4 ms + 2e-7 s/token unless given."""
     w = 0.004 + 2e-7 * kv if wall is None else wall
     n = 1 if kv else 0
-    return ForwardPassMetrics(worker, 0, w, ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=kv),
-                              QueuedRequests(), pool=pool, timestamp_s=ts)
+    return ForwardPassMetrics(
+        worker,
+        0,
+        w,
+        ScheduledRequests(num_decode_requests=n, sum_decode_kv_tokens=kv),
+        QueuedRequests(),
+        pool=pool,
+        timestamp_s=ts,
+    )
 
 
 def idle_pass(worker: int, ts: float, pool: str = "decode") -> ForwardPassMetrics:

@@ -8,8 +8,12 @@ from planner.core.config import PlannerConfig, PoolLimits
 
 
 def cfg(budget=8, pg=1, dg=1, pmin=1, dmin=1, pmax=None, dmax=None, min_budget=0):
-    return PlannerConfig(max_gpu_budget=budget, min_gpu_budget=min_budget, prefill=PoolLimits(pmin, pmax, pg),
-                         decode=PoolLimits(dmin, dmax, dg))
+    return PlannerConfig(
+        max_gpu_budget=budget,
+        min_gpu_budget=min_budget,
+        prefill=PoolLimits(pmin, pmax, pg),
+        decode=PoolLimits(dmin, dmax, dg),
+    )
 
 
 def test_clamp_to_min_and_max():

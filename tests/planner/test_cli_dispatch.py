@@ -9,7 +9,7 @@ import pytest
 
 from planner import cli
 
-FAKE = '''
+FAKE = """
 import errno, os
 
 def add_arguments(p):
@@ -20,7 +20,7 @@ def run(args):
     if args.kind == "path":
         os.makedirs(args.out)  # the real OSError, as an unwritable --out raises it
     raise OSError(errno.EIO, "I/O error")  # no filename: a bug, not a user path
-'''
+"""
 
 
 @pytest.fixture()

@@ -3,15 +3,28 @@ import json
 
 import pytest
 
-from planner.core.config import PlannerConfig, PoolLimits, add_config_arguments, config_from_args, config_from_mapping, load_config
 from dynoplan.errors import ConfigError, DynoplanError
+from planner.core.config import (
+    PlannerConfig,
+    PoolLimits,
+    add_config_arguments,
+    config_from_args,
+    config_from_mapping,
+    load_config,
+)
 
 
 def test_defaults_match_design():
     c = PlannerConfig()
     assert (c.adjustment_interval_s, c.load_adjustment_interval_s) == (180.0, 5.0)
     assert (c.ttft_ms, c.itl_ms, c.max_gpu_budget) == (500.0, 50.0, 8)
-    assert (c.kalman_q_level, c.kalman_q_trend, c.kalman_r, c.kalman_min_points, c.prophet_window) == (1.0, 0.1, 10.0, 5, 50)
+    assert (c.kalman_q_level, c.kalman_q_trend, c.kalman_r, c.kalman_min_points, c.prophet_window) == (
+        1.0,
+        0.1,
+        10.0,
+        5,
+        50,
+    )
     assert c.prefill.min_replicas == c.decode.min_replicas == 1
     assert c.pending_timeout_s == 1800.0
     assert c.pools == ("prefill", "decode")
@@ -20,8 +33,15 @@ def test_defaults_match_design():
 
 def test_all_problems_collected_at_once():
     with pytest.raises(ConfigError) as ei:
-        config_from_mapping({"adjustment_interval_s": -1, "load_adjustment_interval_s": 500, "predictor": "lstm",
-                             "prefill": {"min_replicas": -3, "max_replicas": 2}, "bogus": 1})
+        config_from_mapping(
+            {
+                "adjustment_interval_s": -1,
+                "load_adjustment_interval_s": 500,
+                "predictor": "lstm",
+                "prefill": {"min_replicas": -3, "max_replicas": 2},
+                "bogus": 1,
+            }
+        )
     e = ei.value
     assert isinstance(e, DynoplanError)
     assert set(e.problems) == {
@@ -32,8 +52,14 @@ def test_all_problems_collected_at_once():
     }
     # the cross-field checks run once every field is valid, and report every line at once too
     with pytest.raises(ConfigError) as ei:
-        config_from_mapping({"load_adjustment_interval_s": 500, "prefill": {"min_replicas": 3, "max_replicas": 2},
-                             "min_gpu_budget": 9, "throughput_enabled": False})
+        config_from_mapping(
+            {
+                "load_adjustment_interval_s": 500,
+                "prefill": {"min_replicas": 3, "max_replicas": 2},
+                "min_gpu_budget": 9,
+                "throughput_enabled": False,
+            }
+        )
     assert ei.value.problems == [
         "load_adjustment_interval_s=500.0: expected less than adjustment_interval_s=180.0",
         "throughput_enabled=False and load_enabled=False: expected at least one loop enabled",
@@ -63,46 +89,86 @@ def test_budget_smaller_than_pool_minimums():
 def test_bad_types_named():
     with pytest.raises(ConfigError) as ei:
         config_from_mapping({"ttft_ms": "fast", "decode": {"gpus_per_engine": 1.5}, "load_enabled": "maybe"})
-    assert set(ei.value.problems) == {"ttft_ms='fast': expected a number",
-                                      "decode.gpus_per_engine=1.5: expected an integer",
-                                      "load_enabled='maybe': expected a boolean (true/false)"}
+    assert set(ei.value.problems) == {
+        "ttft_ms='fast': expected a number",
+        "decode.gpus_per_engine=1.5: expected an integer",
+        "load_enabled='maybe': expected a boolean (true/false)",
+    }
 
 
 def test_strict_types_a_bool_is_not_an_int_and_text_is_not_a_number():
     with pytest.raises(ConfigError) as ei:
-        config_from_mapping({"max_gpu_budget": True, "ttft_ms": "300", "agg": {"max_replicas": False},
-                             "simulated_sizing": 1})
-    assert set(ei.value.problems) == {"max_gpu_budget=True: expected an integer",
-                                      "ttft_ms='300': expected a number",
-                                      "agg.max_replicas=False: expected an integer",
-                                      "simulated_sizing=1: expected a boolean (true/false)"}
+        config_from_mapping(
+            {"max_gpu_budget": True, "ttft_ms": "300", "agg": {"max_replicas": False}, "simulated_sizing": 1}
+        )
+    assert set(ei.value.problems) == {
+        "max_gpu_budget=True: expected an integer",
+        "ttft_ms='300': expected a number",
+        "agg.max_replicas=False: expected an integer",
+        "simulated_sizing=1: expected a boolean (true/false)",
+    }
     # an integer is a number: 300 is 300.0 (a YAML or JSON file writes 300)
     assert config_from_mapping({"ttft_ms": 300}).ttft_ms == 300.0
 
 
 def test_bounds_named_with_the_bound():
     with pytest.raises(ConfigError) as ei:
-        config_from_mapping({"ttft_ms": 4_000_000, "itl_ms": 0, "load_sensitivity": 1.5, "sla_attainment_target": 1,
-                             "regression_min_samples": 1, "auto_candidates": [], "first_sizing_s": 0})
+        config_from_mapping(
+            {
+                "ttft_ms": 4_000_000,
+                "itl_ms": 0,
+                "load_sensitivity": 1.5,
+                "sla_attainment_target": 1,
+                "regression_min_samples": 1,
+                "auto_candidates": [],
+                "first_sizing_s": 0,
+            }
+        )
     assert set(ei.value.problems) == {
-        "ttft_ms=4000000: expected <= 3600000.0", "itl_ms=0: expected > 0.0", "load_sensitivity=1.5: expected <= 1.0",
-        "sla_attainment_target=1: expected < 1.0", "regression_min_samples=1: expected >= 2",
-        "auto_candidates=[]: expected at least 1 items", "first_sizing_s=0: expected > 0.0"}
+        "ttft_ms=4000000: expected <= 3600000.0",
+        "itl_ms=0: expected > 0.0",
+        "load_sensitivity=1.5: expected <= 1.0",
+        "sla_attainment_target=1: expected < 1.0",
+        "regression_min_samples=1: expected >= 2",
+        "auto_candidates=[]: expected at least 1 items",
+        "first_sizing_s=0: expected > 0.0",
+    }
     with pytest.raises(ConfigError, match=r"auto_candidates.0='auto': expected one of 'constant', 'arima'"):
         config_from_mapping({"auto_candidates": ["auto"]})
 
 
 def test_cli_text_is_read_as_yaml_scalars():
-    c = config_from_mapping({"ttft_ms": "300", "load_enabled": "yes", "first_sizing_s": "none", "agg-max-replicas": "3",
-                             "auto_candidates": "constant, kalman", "itl_ms": "1e2", "predictor_log1p": "1",
-                             "sla_attainment_target": "null", "mode": "agg"}, cli=True)
-    assert (c.ttft_ms, c.load_enabled, c.first_sizing_s, c.agg.max_replicas, c.auto_candidates, c.itl_ms,
-            c.predictor_log1p, c.sla_attainment_target) == (300.0, True, None, 3, ("constant", "kalman"), 100.0,
-                                                            True, None)
+    c = config_from_mapping(
+        {
+            "ttft_ms": "300",
+            "load_enabled": "yes",
+            "first_sizing_s": "none",
+            "agg-max-replicas": "3",
+            "auto_candidates": "constant, kalman",
+            "itl_ms": "1e2",
+            "predictor_log1p": "1",
+            "sla_attainment_target": "null",
+            "mode": "agg",
+        },
+        cli=True,
+    )
+    assert (
+        c.ttft_ms,
+        c.load_enabled,
+        c.first_sizing_s,
+        c.agg.max_replicas,
+        c.auto_candidates,
+        c.itl_ms,
+        c.predictor_log1p,
+        c.sla_attainment_target,
+    ) == (300.0, True, None, 3, ("constant", "kalman"), 100.0, True, None)
     with pytest.raises(ConfigError) as ei:
         config_from_mapping({"max_gpu_budget": "true", "ttft_ms": "fast", "ttft": "1"}, cli=True)
-    assert set(ei.value.problems) == {"max_gpu_budget=True: expected an integer", "ttft_ms='fast': expected a number",
-                                      "ttft: unknown setting (did you mean ttft_ms?)"}
+    assert set(ei.value.problems) == {
+        "max_gpu_budget=True: expected an integer",
+        "ttft_ms='fast': expected a number",
+        "ttft: unknown setting (did you mean ttft_ms?)",
+    }
 
 
 def test_yaml_json_and_cli_overrides(tmp_path):
@@ -115,10 +181,16 @@ def test_yaml_json_and_cli_overrides(tmp_path):
     assert load_config(j) == c
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    args = parser.parse_args(["--config", str(y), "--ttft-ms", "250", "--agg-max-replicas", "3",
-                              "--auto-candidates", "constant,kalman"])
+    args = parser.parse_args(
+        ["--config", str(y), "--ttft-ms", "250", "--agg-max-replicas", "3", "--auto-candidates", "constant,kalman"]
+    )
     c2 = config_from_args(args)
-    assert (c2.ttft_ms, c2.agg.max_replicas, c2.agg.gpus_per_engine, c2.auto_candidates) == (250.0, 3, 2, ("constant", "kalman"))
+    assert (c2.ttft_ms, c2.agg.max_replicas, c2.agg.gpus_per_engine, c2.auto_candidates) == (
+        250.0,
+        3,
+        2,
+        ("constant", "kalman"),
+    )
 
 
 def test_file_errors_name_the_file(tmp_path):
@@ -158,22 +230,34 @@ def test_config_file_not_utf8_names_file_and_byte(tmp_path):
 
 
 def test_a_removed_rules_setting_says_what_replaced_it():
-    from planner.core.config import config_from_mapping
     from dynoplan.errors import ConfigError
+    from planner.core.config import config_from_mapping
 
-    with pytest.raises(ConfigError, match=r"scale_down_hysteresis: unknown setting \(removed: the sizing by simulation "
-                                          r"replaced that rule, see docs/planner-core.md"):
+    with pytest.raises(
+        ConfigError,
+        match=r"scale_down_hysteresis: unknown setting \(removed: the sizing by simulation "
+        r"replaced that rule, see docs/planner-core.md",
+    ):
         config_from_mapping({"scale_down_hysteresis": 0.1})
 
 
 def test_text_value_reads_command_line_and_environment_text_by_the_settings_type():
     from planner.core.config import text_value
 
-    assert [text_value("1e+06", "int"), text_value("2.147483647e+09", "int"), text_value("1e3", "float"),
-            text_value("1.5", "int"), text_value("abc", "int"), text_value("off", "Mode"), text_value("off", "bool"),
-            text_value("none", "float", optional=True), text_value("", "float", optional=True),
-            text_value("a, b", "tuple"), text_value("0", "bool"), text_value(" 7 ", "str")] == [
-        1_000_000, 2_147_483_647, 1000.0, 1.5, "abc", "off", False, None, None, ["a", "b"], False, "7"]
+    assert [
+        text_value("1e+06", "int"),
+        text_value("2.147483647e+09", "int"),
+        text_value("1e3", "float"),
+        text_value("1.5", "int"),
+        text_value("abc", "int"),
+        text_value("off", "Mode"),
+        text_value("off", "bool"),
+        text_value("none", "float", optional=True),
+        text_value("", "float", optional=True),
+        text_value("a, b", "tuple"),
+        text_value("0", "bool"),
+        text_value(" 7 ", "str"),
+    ] == [1_000_000, 2_147_483_647, 1000.0, 1.5, "abc", "off", False, None, None, ["a", "b"], False, "7"]
     # a predictor named "off" by mistake is named as the text given, not as YAML's false
     with pytest.raises(ConfigError, match=r"predictor='off': expected one of"):
         config_from_mapping({"predictor": "off"}, cli=True)

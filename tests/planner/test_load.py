@@ -5,19 +5,36 @@ import math
 import numpy as np
 import pytest
 
-from planner.core.load import (PassTimeRegression, RegressionFit, estimate_engine, estimate_itl_ms, estimate_ttft_ms,
-                               latest_passes)
+from planner.core.load import (
+    PassTimeRegression,
+    RegressionFit,
+    estimate_engine,
+    estimate_itl_ms,
+    estimate_ttft_ms,
+    latest_passes,
+)
 from planner.core.observations import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
 
-def fpm(wall, *, prefill=0, decode_kv=0, n_prefill=None, n_decode=None, q_prefill=0, q_n=0, pool="decode",
-        worker=0, ts=0.0):
-    s = ScheduledRequests(num_prefill_requests=(1 if prefill else 0) if n_prefill is None else n_prefill,
-                          sum_prefill_tokens=prefill, sum_prefill_kv_tokens=prefill,
-                          num_decode_requests=(1 if decode_kv else 0) if n_decode is None else n_decode,
-                          sum_decode_kv_tokens=decode_kv)
-    return ForwardPassMetrics(worker, 0, wall, s, QueuedRequests(num_prefill_requests=q_n, sum_prefill_tokens=q_prefill),
-                              pool=pool, timestamp_s=ts)
+def fpm(
+    wall, *, prefill=0, decode_kv=0, n_prefill=None, n_decode=None, q_prefill=0, q_n=0, pool="decode", worker=0, ts=0.0
+):
+    s = ScheduledRequests(
+        num_prefill_requests=(1 if prefill else 0) if n_prefill is None else n_prefill,
+        sum_prefill_tokens=prefill,
+        sum_prefill_kv_tokens=prefill,
+        num_decode_requests=(1 if decode_kv else 0) if n_decode is None else n_decode,
+        sum_decode_kv_tokens=decode_kv,
+    )
+    return ForwardPassMetrics(
+        worker,
+        0,
+        wall,
+        s,
+        QueuedRequests(num_prefill_requests=q_n, sum_prefill_tokens=q_prefill),
+        pool=pool,
+        timestamp_s=ts,
+    )
 
 
 def test_prefill_regression_recovers_known_coefficients():
@@ -27,7 +44,9 @@ def test_prefill_regression_recovers_known_coefficients():
         x = int(rng.integers(1, 8192))
         r.add(fpm(0.005 + 1e-5 * x, prefill=x, pool="prefill"))
     f = r.fit()
-    assert f.intercept_s == pytest.approx(0.005, rel=1e-9) and f.slope("sum_prefill_tokens") == pytest.approx(1e-5, rel=1e-9)
+    assert f.intercept_s == pytest.approx(0.005, rel=1e-9) and f.slope("sum_prefill_tokens") == pytest.approx(
+        1e-5, rel=1e-9
+    )
     assert not f.degenerate
 
 
@@ -100,7 +119,8 @@ def test_itl_estimate_and_agg_chunk():
     assert estimate_itl_ms(d, 100000, 0.0) == pytest.approx(24.0)
     # agg TTFT: the chunk budget shrinks by one token per running decode request (8192 - 192 = 8000)
     assert estimate_ttft_ms(a, 12000, 4000, 8192, decode_kv_tokens=0, num_decode_requests=192) == pytest.approx(
-        2 * (4 + 80.0))
+        2 * (4 + 80.0)
+    )
 
 
 def test_engine_estimate_and_latest_pass():
@@ -118,13 +138,24 @@ def test_engine_estimate_and_latest_pass():
 
 
 def test_from_mapping_adapts_dicts():
-    d = {"worker_id": 3, "dp_rank": 1, "wall_time": 0.02, "timestamp_ms": 1500.0,
-         "scheduled_requests": {"num_decode_requests": 4, "sum_decode_kv_tokens": 9000},
-         "queued_requests": {"num_prefill_requests": 2, "sum_prefill_tokens": 700}}
+    d = {
+        "worker_id": 3,
+        "dp_rank": 1,
+        "wall_time": 0.02,
+        "timestamp_ms": 1500.0,
+        "scheduled_requests": {"num_decode_requests": 4, "sum_decode_kv_tokens": 9000},
+        "queued_requests": {"num_prefill_requests": 2, "sum_prefill_tokens": 700},
+    }
     p = ForwardPassMetrics.from_mapping(d, pool="decode")
-    assert (p.worker_id, p.dp_rank, p.timestamp_s, p.scheduled_requests.sum_decode_kv_tokens,
-            p.queued_requests.sum_prefill_tokens) == (3, 1, 1.5, 9000, 700)
+    assert (
+        p.worker_id,
+        p.dp_rank,
+        p.timestamp_s,
+        p.scheduled_requests.sum_decode_kv_tokens,
+        p.queued_requests.sum_prefill_tokens,
+    ) == (3, 1, 1.5, 9000, 700)
     from dynoplan.errors import ObservationError
+
     with pytest.raises(ObservationError, match="wall_time=-1"):
         ForwardPassMetrics.from_mapping({"worker_id": 1, "wall_time": -1}, pool="decode")
 

@@ -11,7 +11,6 @@ from planner.core.planner import Planner
 from planner.core.reasons import Reason
 from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffic, training_passes
 
-
 # The reference planner's rules (docs/architecture.md "Planner facts"): no evaluator is given, so sizing is the closed-form reference.
 REFERENCE_RULES = dict(load_max_scale_up_factor=1.0, demand_error_quantile=None, first_sizing_s=None)
 
@@ -23,13 +22,21 @@ def thpt_config(**kw):
 
 
 def load_config_(**kw):
-    base = dict(mode="decode", throughput_enabled=False, load_enabled=True, itl_ms=50.0, regression_min_samples=4,
-                max_gpu_budget=16, **REFERENCE_RULES)
+    base = dict(
+        mode="decode",
+        throughput_enabled=False,
+        load_enabled=True,
+        itl_ms=50.0,
+        regression_min_samples=4,
+        max_gpu_budget=16,
+        **REFERENCE_RULES,
+    )
     base.update(kw)
     return PlannerConfig(**base)
 
 
 # ------------------------------------------------------------------ throughput loop
+
 
 def test_throughput_loop_sizes_from_profile_and_schedules_ticks():
     pl = Planner(thpt_config(), profile())
@@ -113,6 +120,7 @@ def test_budget_caps_throughput_result():
 
 # ------------------------------------------------------------------ pending guard, external changes
 
+
 def test_pending_guard_holds_until_ready_then_proceeds():
     pl = Planner(thpt_config(), profile())
     fleet = Fleet(prefill=1, decode=1)
@@ -181,6 +189,7 @@ def test_virtual_connector_acknowledgement():
 
 
 # ------------------------------------------------------------------ load loop
+
 
 def steady_passes(ts, kvs, pool="decode"):
     return training_passes(ts, pool) + [decode_pass(i, kv, ts, pool=pool) for i, kv in enumerate(kvs)]
@@ -265,8 +274,15 @@ def test_load_regression_warming_up_holds():
 
 
 def test_throughput_result_is_the_floor_under_the_load_loop():
-    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False, load_enabled=True,
-                        regression_min_samples=4, max_gpu_budget=16)
+    cfg = PlannerConfig(
+        mode="decode",
+        predictor="constant",
+        itl_ms=30.0,
+        correction_enabled=False,
+        load_enabled=True,
+        regression_min_samples=4,
+        max_gpu_budget=16,
+    )
     pl = Planner(cfg, profile())
     fleet = Fleet(decode=3)
     pl.tick(0.0, fleet.obs())
@@ -284,8 +300,15 @@ def test_throughput_result_is_the_floor_under_the_load_loop():
 
 
 def test_load_loop_does_not_consolidate_below_the_throughput_floor():
-    cfg = PlannerConfig(mode="decode", predictor="constant", itl_ms=30.0, correction_enabled=False, load_enabled=True,
-                        regression_min_samples=4, max_gpu_budget=16)
+    cfg = PlannerConfig(
+        mode="decode",
+        predictor="constant",
+        itl_ms=30.0,
+        correction_enabled=False,
+        load_enabled=True,
+        regression_min_samples=4,
+        max_gpu_budget=16,
+    )
     pl = Planner(cfg, profile())
     fleet = Fleet(decode=3)
     pl.tick(0.0, fleet.obs())
@@ -319,11 +342,15 @@ def test_no_oscillation_in_load_loop_near_threshold():
 
 # ------------------------------------------------------------------ modes, determinism, diagnostics
 
-@pytest.mark.parametrize("mode,spec,expected", [
-    ("prefill", {"prefill": 1}, {"prefill": 5}),
-    ("decode", {"decode": 1}, {"decode": 2}),
-    ("agg", {"agg": 1}, {"agg": 5}),  # max(prefill 5, decode 2)
-])
+
+@pytest.mark.parametrize(
+    "mode,spec,expected",
+    [
+        ("prefill", {"prefill": 1}, {"prefill": 5}),
+        ("decode", {"decode": 1}, {"decode": 2}),
+        ("agg", {"agg": 1}, {"agg": 5}),  # max(prefill 5, decode 2)
+    ],
+)
 def test_modes(mode, spec, expected):
     pl = Planner(thpt_config(mode=mode), profile())
     fleet = Fleet(**spec)
@@ -332,8 +359,8 @@ def test_modes(mode, spec, expected):
 
 
 def test_missing_profile_half_is_a_config_error():
-    from planner.core.interpolation import PerformanceProfile
     from dynoplan.errors import ConfigError
+    from planner.core.interpolation import PerformanceProfile
 
     with pytest.raises(ConfigError, match="needs a decode profile"):
         Planner(thpt_config(), PerformanceProfile(profile().prefill, None))
@@ -387,7 +414,12 @@ def test_metrics_on_a_registry_passed_in():
     assert reg.get_sample_value("dynamo_planner_predicted_requests_per_second") == 20.0
     assert reg.get_sample_value("dynamo_planner_gpu_hours") == pytest.approx(2 * 180 / 3600)
     assert reg.get_sample_value("dynamo_planner_decisions_total") == 1.0
-    assert reg.get_sample_value("dynamo_planner_decision_reason", {"dynamo_planner_decision_reason": "scale_up_throughput"}) == 1.0
+    assert (
+        reg.get_sample_value(
+            "dynamo_planner_decision_reason", {"dynamo_planner_decision_reason": "scale_up_throughput"}
+        )
+        == 1.0
+    )
     assert b"dynamo_planner_estimated_itl_ms" in generate_latest(reg)
     assert math.isnan(reg.get_sample_value("dynamo_planner_estimated_itl_ms"))
 
@@ -395,24 +427,56 @@ def test_metrics_on_a_registry_passed_in():
 def test_agg_load_loop_uses_both_features():
     from planner.core.observations import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 
-    pl = Planner(PlannerConfig(mode="agg", throughput_enabled=False, load_enabled=True, regression_min_samples=4,
-                               ttft_ms=500.0, itl_ms=50.0), None)
+    pl = Planner(
+        PlannerConfig(
+            mode="agg",
+            throughput_enabled=False,
+            load_enabled=True,
+            regression_min_samples=4,
+            ttft_ms=500.0,
+            itl_ms=50.0,
+        ),
+        None,
+    )
     fleet = Fleet(agg=2)
     pl.tick(0.0, fleet.obs())
 
     def p(worker, pre, kv, ts, q=0, qn=0):
         wall = 0.003 + 1e-5 * pre + 2e-7 * kv
-        return ForwardPassMetrics(worker, 0, wall, ScheduledRequests(num_prefill_requests=1 if pre else 0,
-                                  sum_prefill_tokens=pre, num_decode_requests=10, sum_decode_kv_tokens=kv),
-                                  QueuedRequests(num_prefill_requests=qn, sum_prefill_tokens=q), pool="agg", timestamp_s=ts)
+        return ForwardPassMetrics(
+            worker,
+            0,
+            wall,
+            ScheduledRequests(
+                num_prefill_requests=1 if pre else 0,
+                sum_prefill_tokens=pre,
+                num_decode_requests=10,
+                sum_decode_kv_tokens=kv,
+            ),
+            QueuedRequests(num_prefill_requests=qn, sum_prefill_tokens=q),
+            pool="agg",
+            timestamp_s=ts,
+        )
 
-    train = [p(0, pre, kv, 4.0) for pre, kv in ((0, 1000), (4000, 1000), (8000, 50000), (2000, 100000),
-                                                (6000, 20000), (1000, 150000), (3000, 5000))]
+    train = [
+        p(0, pre, kv, 4.0)
+        for pre, kv in (
+            (0, 1000),
+            (4000, 1000),
+            (8000, 50000),
+            (2000, 100000),
+            (6000, 20000),
+            (1000, 150000),
+            (3000, 5000),
+        )
+    ]
     # queues of 60000 prompt tokens: TTFT ~ 8 passes x ~(3 + 81.8 + 2) ms = ~700 ms > 500 on both engines
     now = [p(w, 8000, 10000, 5.0, q=60000, qn=30) for w in (0, 1)]
     r = pl.tick(5.0, fleet.obs(passes=train + now))
     fit = pl.regression("agg")
-    assert fit.slope("sum_prefill_tokens") == pytest.approx(1e-5) and fit.slope("sum_decode_kv_tokens") == pytest.approx(2e-7)
+    assert fit.slope("sum_prefill_tokens") == pytest.approx(1e-5) and fit.slope(
+        "sum_decode_kv_tokens"
+    ) == pytest.approx(2e-7)
     assert r.decision.targets == {"agg": 3} and r.decision.reason == Reason.SCALE_UP_TTFT
     est = {e.worker_id: e for e in r.diagnostics.engines}
     assert est[0].queued_prefill_tokens == 60000 and est[0].estimated_ttft_ms > 500.0
@@ -427,7 +491,7 @@ def test_agg_load_loop_uses_both_features():
 
 
 def test_time_going_backwards_is_an_observation_error():
-    from dynoplan.errors import ObservationError, DynoplanError
+    from dynoplan.errors import DynoplanError, ObservationError
 
     pl = Planner(thpt_config(), profile())
     fleet = Fleet(prefill=1, decode=1)
@@ -500,7 +564,11 @@ def test_engines_that_fall_silent_are_idle_and_zero_traffic_scales_down_to_the_m
         r = pl.tick(t, fleet.obs(passes=()))
         fleet.apply(r.decision)
         sizes.append((fleet.spec["decode"], r.decision.reason))
-    assert sizes == [(2, Reason.SCALE_DOWN_CONSOLIDATED), (1, Reason.SCALE_DOWN_CONSOLIDATED),
-                     (1, Reason.HOLD_WITHIN_SLA), (1, Reason.HOLD_WITHIN_SLA)]
+    assert sizes == [
+        (2, Reason.SCALE_DOWN_CONSOLIDATED),
+        (1, Reason.SCALE_DOWN_CONSOLIDATED),
+        (1, Reason.HOLD_WITHIN_SLA),
+        (1, Reason.HOLD_WITHIN_SLA),
+    ]
     # a broken feed is still unknown
     assert pl.tick(60.0, fleet.obs(passes=(), passes_ok=False)).decision.reason == Reason.HOLD_METRICS_UNKNOWN

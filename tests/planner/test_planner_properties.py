@@ -19,12 +19,25 @@ step = st.tuples(
 
 
 @settings(max_examples=60, deadline=None)
-@given(pg=st.integers(1, 3), dg=st.integers(1, 3), extra=st.integers(0, 12), steps=st.lists(step, min_size=3, max_size=25),
-       p0=st.integers(1, 3), d0=st.integers(1, 3))
+@given(
+    pg=st.integers(1, 3),
+    dg=st.integers(1, 3),
+    extra=st.integers(0, 12),
+    steps=st.lists(step, min_size=3, max_size=25),
+    p0=st.integers(1, 3),
+    d0=st.integers(1, 3),
+)
 def test_no_decision_ever_exceeds_the_budget(pg, dg, extra, steps, p0, d0):
     budget = pg + dg + extra
-    cfg = PlannerConfig(predictor="constant", itl_ms=30.0, correction_enabled=False, max_gpu_budget=budget,
-                        prefill=PoolLimits(1, None, pg), decode=PoolLimits(1, None, dg), pending_timeout_s=360.0)
+    cfg = PlannerConfig(
+        predictor="constant",
+        itl_ms=30.0,
+        correction_enabled=False,
+        max_gpu_budget=budget,
+        prefill=PoolLimits(1, None, pg),
+        decode=PoolLimits(1, None, dg),
+        pending_timeout_s=360.0,
+    )
     spec = {"prefill": p0, "decode": d0}
     while gpus(spec, cfg) > budget:
         spec = {p: max(1, n - 1) for p, n in spec.items()}

@@ -4,10 +4,16 @@ import warnings
 import numpy as np
 import pytest
 
-from planner.core.config import PlannerConfig
-from planner.core.predictors import (ArimaPredictor, AutoPredictor, ConstantPredictor, KalmanPredictor,
-                                     ProphetPredictor, make_predictor)
 from dynoplan.errors import ConfigError
+from planner.core.config import PlannerConfig
+from planner.core.predictors import (
+    ArimaPredictor,
+    AutoPredictor,
+    ConstantPredictor,
+    KalmanPredictor,
+    ProphetPredictor,
+    make_predictor,
+)
 
 
 def test_constant_skips_nan_and_leading_idle():
@@ -107,7 +113,9 @@ def test_arima_log1p_predicts_in_original_units():
         p.add(v)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ref = pmdarima.auto_arima(np.log1p(y), seasonal=False, stepwise=True, suppress_warnings=True, error_action="ignore")
+        ref = pmdarima.auto_arima(
+            np.log1p(y), seasonal=False, stepwise=True, suppress_warnings=True, error_action="ignore"
+        )
     assert p.predict_next() == pytest.approx(float(np.expm1(np.asarray(ref.predict(n_periods=1))[0])), rel=1e-9)
 
 

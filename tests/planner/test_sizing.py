@@ -5,11 +5,24 @@ import math
 import numpy as np
 import pytest
 
-from planner.core.interpolation import (DecodeProfile, PerformanceProfile, PrefillProfile, load_profile,
-                                        profile_from_arrays, save_profile)
-from planner.core.throughput import (Demand, ceil_replicas, clamp_correction, decode_correction, prefill_correction,
-                                     size_decode, size_prefill)
 from dynoplan.errors import ProfileError
+from planner.core.interpolation import (
+    DecodeProfile,
+    PerformanceProfile,
+    PrefillProfile,
+    load_profile,
+    profile_from_arrays,
+    save_profile,
+)
+from planner.core.throughput import (
+    Demand,
+    ceil_replicas,
+    clamp_correction,
+    decode_correction,
+    prefill_correction,
+    size_decode,
+    size_prefill,
+)
 
 
 def prefill_profile():
@@ -19,8 +32,14 @@ def prefill_profile():
 
 def decode_profile(resolution=201):
     # ITL = 10 + 40 x kv_usage ms (any context); thpt/GPU at context 1000: 4000 x kv, at 3000: 2000 x kv
-    return DecodeProfile([0.0, 1.0], [1000.0, 3000.0], [[10.0, 10.0], [50.0, 50.0]], [[0.0, 0.0], [4000.0, 2000.0]],
-                         max_kv_tokens=200000.0, resolution=resolution)
+    return DecodeProfile(
+        [0.0, 1.0],
+        [1000.0, 3000.0],
+        [[10.0, 10.0], [50.0, 50.0]],
+        [[0.0, 0.0], [4000.0, 2000.0]],
+        max_kv_tokens=200000.0,
+        resolution=resolution,
+    )
 
 
 def test_prefill_interpolation_linear_and_clamped():
@@ -83,8 +102,16 @@ def test_npz_round_trip(tmp_path):
     path = tmp_path / "profile.npz"
     save_profile(prof, path)
     with np.load(path) as z:
-        assert sorted(z.files) == ["decode_context_length", "decode_itl_ms", "decode_kv_usage", "decode_max_kv_tokens",
-                                   "decode_thpt_per_gpu", "prefill_isl", "prefill_thpt_per_gpu", "prefill_ttft_ms"]
+        assert sorted(z.files) == [
+            "decode_context_length",
+            "decode_itl_ms",
+            "decode_kv_usage",
+            "decode_max_kv_tokens",
+            "decode_thpt_per_gpu",
+            "prefill_isl",
+            "prefill_thpt_per_gpu",
+            "prefill_ttft_ms",
+        ]
     back = load_profile(path)
     assert back.prefill.thpt_per_gpu_at(2000) == pytest.approx(8000.0)
     assert back.decode.itl_ms_at(0.25, 2000) == pytest.approx(20.0) and back.decode.max_kv_tokens == 200000.0
@@ -93,11 +120,21 @@ def test_npz_round_trip(tmp_path):
 def test_profiler_results_dir(tmp_path):
     (tmp_path / "selected_prefill_interpolation").mkdir()
     (tmp_path / "selected_decode_interpolation").mkdir()
-    np.savez(tmp_path / "selected_prefill_interpolation" / "raw_data.npz", prefill_isl=np.array([3000.0, 1000.0]),
-             prefill_ttft=np.array([300.0, 100.0]), prefill_thpt_per_gpu=np.array([6000.0, 10000.0]))
+    np.savez(
+        tmp_path / "selected_prefill_interpolation" / "raw_data.npz",
+        prefill_isl=np.array([3000.0, 1000.0]),
+        prefill_ttft=np.array([300.0, 100.0]),
+        prefill_thpt_per_gpu=np.array([6000.0, 10000.0]),
+    )
     x, y = np.meshgrid([0.0, 0.5, 1.0], [1000.0, 2000.0, 3000.0], indexing="ij")
-    np.savez(tmp_path / "selected_decode_interpolation" / "raw_data.npz", x_kv_usage=x.ravel(), y_context_length=y.ravel(),
-             z_itl=(10 + 40 * x).ravel(), z_thpt_per_gpu=(x * (5000 - y)).ravel(), max_kv_tokens=np.array([123456]))
+    np.savez(
+        tmp_path / "selected_decode_interpolation" / "raw_data.npz",
+        x_kv_usage=x.ravel(),
+        y_context_length=y.ravel(),
+        z_itl=(10 + 40 * x).ravel(),
+        z_thpt_per_gpu=(x * (5000 - y)).ravel(),
+        max_kv_tokens=np.array([123456]),
+    )
     prof = load_profile(tmp_path)
     assert prof.prefill.ttft_ms_at(2000) == pytest.approx(200.0)  # unsorted input sorted
     assert prof.decode.max_kv_tokens == 123456.0
@@ -114,7 +151,9 @@ def test_profile_errors_name_file_and_array(tmp_path):
         profile_from_arrays({"prefill_isl": [2.0, 1.0], "prefill_ttft_ms": [1, 2], "prefill_thpt_per_gpu": [1, 2]})
     with pytest.raises(ProfileError, match=r"array 'decode_itl_ms' has shape \(3,\): expected 2-D"):
         DecodeProfile([0.0, 1.0], [1.0], [1.0, 2.0, 3.0], [[1.0], [2.0]], 10.0)
-    with pytest.raises(ProfileError, match=r"decode_itl_ms \(1, 3\) / decode_thpt_per_gpu \(2, 1\): expected shape \(2, 1\)"):
+    with pytest.raises(
+        ProfileError, match=r"decode_itl_ms \(1, 3\) / decode_thpt_per_gpu \(2, 1\): expected shape \(2, 1\)"
+    ):
         DecodeProfile([0.0, 1.0], [1.0], [[1.0, 2.0, 3.0]], [[1.0], [2.0]], 10.0)
     with pytest.raises(ProfileError, match="no such file"):
         load_profile(tmp_path / "nope.npz")

@@ -10,11 +10,23 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.core.reasons import Reason
-from planner.core.sizing import (FAIL, PASS, UNDECIDED, GAP_BUCKETS_S, SampleOutcome, SimulatedSizing, TrafficSample,
-                                 build_sample, miss_bounds, sample_size, verdict)
+from planner.core.sizing import (
+    FAIL,
+    GAP_BUCKETS_S,
+    PASS,
+    UNDECIDED,
+    SampleOutcome,
+    SimulatedSizing,
+    TrafficSample,
+    build_sample,
+    miss_bounds,
+    sample_size,
+    verdict,
+)
 
 
 def test_sample_size_is_two_z_squared_over_the_allowed_share():
@@ -46,8 +58,9 @@ def test_verdicts_pass_fail_and_undecided_around_the_allowed_share():
 
 
 def test_sample_without_histograms_is_poisson_at_the_rate_with_constant_lengths():
-    s = build_sample(2.0, 1000.0, 200.0, min_horizon_s=180.0, min_requests=1083, num_inflight=3, warmup_s=1.5,
-                     seed=(7,))
+    s = build_sample(
+        2.0, 1000.0, 200.0, min_horizon_s=180.0, min_requests=1083, num_inflight=3, warmup_s=1.5, seed=(7,)
+    )
     # horizon = max(180, 1083 / 2) = 541.5 s after a 1.5 s warm-up holding the 3 in-flight requests at 0, 0.5, 1 s
     assert s.horizon_s == pytest.approx(543.0)
     assert s.num_warm == 3 and np.allclose(s.arrival_s[:3], [0.0, 0.5, 1.0])
@@ -116,7 +129,9 @@ class Threshold:
         self.undecided_at = undecided_at or {}
         self.calls: list[dict[str, int]] = []
 
-    def evaluate(self, sample: TrafficSample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95) -> SampleOutcome:
+    def evaluate(
+        self, sample: TrafficSample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95
+    ) -> SampleOutcome:
         self.calls.append(dict(replicas))
         t = i = 0
         for p, n in replicas.items():
@@ -185,8 +200,9 @@ def test_engine_fleet_evaluator_counts_misses_of_an_undersized_fleet():
     ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
     # 20 req/s of ISL 1000 / OSL 200: one engine's decode passes slow past 10 ms (measured: 1191 of 1201
     # miss), four engines serve every request within 200 / 10 ms
-    s = dataclasses.replace(build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=10, seed=(0,)),
-                            share_pool="agg")
+    s = dataclasses.replace(
+        build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=10, seed=(0,)), share_pool="agg"
+    )
     one = ev.evaluate(s, {"agg": 1})
     four = ev.evaluate(s, {"agg": 4})
     # one engine replays the whole sample; of four, the round-robin share of one engine holds the 10 needed
@@ -238,8 +254,12 @@ def test_round_robin_share_replays_exactly_the_first_engines_of_the_fleet():
     from planner.whatif import EngineFleetEvaluator
 
     ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
-    s = dataclasses.replace(build_sample(40.0, 1000.0, 150.0, min_horizon_s=60.0, min_requests=600, num_inflight=16,
-                                         warmup_s=2.0, seed=(9,)), share_pool="agg")
+    s = dataclasses.replace(
+        build_sample(
+            40.0, 1000.0, 150.0, min_horizon_s=60.0, min_requests=600, num_inflight=16, warmup_s=2.0, seed=(9,)
+        ),
+        share_pool="agg",
+    )
     # 8 engines, ~2400 counted requests, 600 needed: engines 0 and 1 (k = ceil(8 x 600 / 2400) = 2) are replayed
     counts, idx = ev._share(s, {"agg": 8})
     assert counts == {"agg": 2} and np.array_equal(idx, np.flatnonzero(np.arange(len(s.arrival_s)) % 8 < 2))
@@ -302,8 +322,16 @@ def test_a_long_silence_in_the_window_is_the_profiles_not_a_huge_gap():
     counts[GAP_BUCKETS_S.index(0.128)] = 800.0
     counts[GAP_BUCKETS_S.index(131.072)] = 1.0  # (65.5 s, 131 s]: the silence
     prof = (0.0,) * 10 + (100.0,) * 8
-    s = build_sample(80 * 10 / 180.0, 500.0, 50.0, min_horizon_s=180.0, min_requests=10,
-                     gap_buckets=tuple(zip(GAP_BUCKETS_S, counts)), rate_profile=prof, seed=(3,))
+    s = build_sample(
+        80 * 10 / 180.0,
+        500.0,
+        50.0,
+        min_horizon_s=180.0,
+        min_requests=10,
+        gap_buckets=tuple(zip(GAP_BUCKETS_S, counts)),
+        rate_profile=prof,
+        seed=(3,),
+    )
     a = s.arrival_s
     assert not np.any((a > 0.5) & (a < 100.0))  # the silent bins stay silent (the first arrival may land at ~0)
     active = np.diff(a[(a >= 100.0) & (a < 180.0)])
@@ -338,8 +366,9 @@ def test_false_pass_of_two_looks_matches_a_direct_sum_over_the_first_looks_misse
     a, n1, n2, c = 0.01, 300, 900, 0.95
     p1, f1, p2 = pass_count(n1, a, c), fail_count(n1, a, c), pass_count(n2, a, c)
     # pass at look 1, or continue (p1 < k1 < f1) and reach <= p2 after n2 - n1 more
-    direct = binom.cdf(p1, n1, a) + sum(binom.pmf(k1, n1, a) * binom.cdf(p2 - k1, n2 - n1, a)
-                                        for k1 in range(p1 + 1, f1))
+    direct = binom.cdf(p1, n1, a) + sum(
+        binom.pmf(k1, n1, a) * binom.cdf(p2 - k1, n2 - n1, a) for k1 in range(p1 + 1, f1)
+    )
     assert false_pass(a, (n1, n2), c) == pytest.approx(direct, rel=1e-9)
 
 
@@ -348,7 +377,7 @@ def test_look_confidence_keeps_the_overall_false_pass_at_five_percent():
 
     for a in (0.01, 0.005, 0.001):
         looks = sequential_looks(a)
-        assert looks == tuple(sample_size(a) * 2 ** j for j in range(4))
+        assert looks == tuple(sample_size(a) * 2**j for j in range(4))
         c = look_confidence(a, looks)
         # four looks at 95 % each would let ~10 % of fleets exactly at the limit pass; the calibrated level does not
         assert false_pass(a, looks, 0.95) > 0.05
@@ -419,8 +448,11 @@ def test_disaggregated_share_replays_the_sized_pools_engines_and_a_proportional_
     from mocker.config import EngineConfig
     from planner.whatif import EngineFleetEvaluator
 
-    ev = EngineFleetEvaluator({"prefill": EngineConfig(worker_type="prefill"),
-                               "decode": EngineConfig(worker_type="decode")}, ttft_ms=300.0, itl_ms=30.0)
+    ev = EngineFleetEvaluator(
+        {"prefill": EngineConfig(worker_type="prefill"), "decode": EngineConfig(worker_type="decode")},
+        ttft_ms=300.0,
+        itl_ms=30.0,
+    )
     s = build_sample(30.0, 1500.0, 100.0, min_horizon_s=60.0, min_requests=300, seed=(2,))
     # ~1800 counted requests, 300 needed: prefill sized at 6 engines -> k = ceil(6 x 300 / 1800) = 1 or 2 engines,
     # the decode pool of 16 keeps its per-engine load: ceil(16 k / 6)
@@ -475,8 +507,9 @@ def test_the_engine_fleet_at_ten_times_its_capacity_goes_to_the_limit():
     cfg = EngineConfig.from_mapping({"speedup_ratio": 1.0, "num_gpu_blocks": 2048, "block_size": 16})
     ev = EngineFleetEvaluator({"agg": cfg}, ttft_ms=200.0, itl_ms=15.0)
     looks = sequential_looks(0.005)
-    s = build_sample(40.0, 1024.0, 64.0, min_horizon_s=10.0, min_requests=looks[-1], num_inflight=50, warmup_s=1.0,
-                     seed=(1,))
+    s = build_sample(
+        40.0, 1024.0, 64.0, min_horizon_s=10.0, min_requests=looks[-1], num_inflight=50, warmup_s=1.0, seed=(1,)
+    )
     sz = SimulatedSizing(ev, s, ("agg",), {"agg": (1, 4)}, 0.005, looks)
     one, four = (sz.outcome({"agg": n}, decide=False) for n in (1, 4))
     assert one.misses == four.misses == one.num_requests and one.unfinished > four.unfinished

@@ -76,14 +76,17 @@ def test_auto_attainment_1_accepted_by_the_parser():
     assert args.auto_attainment == 1.0
 
 
-@pytest.mark.parametrize("argv, needles", [
-    # default planner settings of simulate: max_gpu_budget 64, min_replicas 1, 1 GPU per engine
-    (["--initial-replicas", "99999"], ("agg=99999", "1 <= N <= 64", "max_gpu_budget=64")),
-    (["--initial-replicas", "65"], ("agg=65", "1 <= N <= 64")),
-    (["--initial-replicas", "0"], ("agg=0", "1 <= N <= 64")),
-    (["--mode", "disagg", "--initial-replicas", "40+30"], ("70 GPUs", "max_gpu_budget=64")),
-    (["--planner-set", "max_gpu_budget=8", "--initial-replicas", "9"], ("agg=9", "1 <= N <= 8")),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        # default planner settings of simulate: max_gpu_budget 64, min_replicas 1, 1 GPU per engine
+        (["--initial-replicas", "99999"], ("agg=99999", "1 <= N <= 64", "max_gpu_budget=64")),
+        (["--initial-replicas", "65"], ("agg=65", "1 <= N <= 64")),
+        (["--initial-replicas", "0"], ("agg=0", "1 <= N <= 64")),
+        (["--mode", "disagg", "--initial-replicas", "40+30"], ("70 GPUs", "max_gpu_budget=64")),
+        (["--planner-set", "max_gpu_budget=8", "--initial-replicas", "9"], ("agg=9", "1 <= N <= 8")),
+    ],
+)
 def test_initial_replicas_out_of_planner_bounds_rejected(capsys, monkeypatch, argv, needles):
     import planner.sim.profile as prof
 
@@ -120,12 +123,15 @@ def test_profile_out_with_suffix_is_kept(tmp_path, capsys, monkeypatch):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["p.npz"]
 
 
-@pytest.mark.parametrize("make, needle", [
-    (lambda t: (t / "d").mkdir() or t / "d", "is a directory"),
-    (lambda t: (t / "d.npz").mkdir() or t / "d.npz", "is a directory"),
-    (lambda t: (t / "d2.npz").mkdir() or t / "d2", "is a directory"),
-    (lambda t: t / "missing" / "p.npz", "parent directory"),
-])
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda t: (t / "d").mkdir() or t / "d", "is a directory"),
+        (lambda t: (t / "d.npz").mkdir() or t / "d.npz", "is a directory"),
+        (lambda t: (t / "d2.npz").mkdir() or t / "d2", "is a directory"),
+        (lambda t: t / "missing" / "p.npz", "parent directory"),
+    ],
+)
 def test_profile_bad_out_rejected_before_the_sweep(tmp_path, capsys, monkeypatch, make, needle):
     import planner.sim.profile as prof
 

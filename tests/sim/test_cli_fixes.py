@@ -42,20 +42,24 @@ def test_failed_write_prints_results_then_one_line(tmp_path, capsys, profile):
     out = tmp_path / "o"
     out.mkdir()
     (out / "summary.json").mkdir()  # writing summary.json fails (a directory), even as root
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--compare", "static:1", "--quiet",
-                   "--out", str(out)])
+    rc = cli_main(
+        ["simulate", "--trace", TRACE, "--profile", profile, "--compare", "static:1", "--quiet", "--out", str(out)]
+    )
     stdout = _one_line(capsys, rc, "--out", "summary.json", "results printed")
     assert "static:1" in stdout
-    summary = json.loads(stdout[stdout.index("\n{") + 1:])
+    summary = json.loads(stdout[stdout.index("\n{") + 1 :])
     assert "static:1" in json.dumps(summary)
 
 
-@pytest.mark.parametrize("policy, needles", [
-    ("static:99999999", ("static:99999999", "agg=99999999", "--max-replicas=64")),
-    ("static:65", ("agg=65", "at most")),
-    ("hpa:kv:2", ("hpa:kv:2", "'2'", "0 < target <= 1")),
-    ("hpa:kv:0", ("'0'", "0 < target <= 1")),
-])
+@pytest.mark.parametrize(
+    "policy, needles",
+    [
+        ("static:99999999", ("static:99999999", "agg=99999999", "--max-replicas=64")),
+        ("static:65", ("agg=65", "at most")),
+        ("hpa:kv:2", ("hpa:kv:2", "'2'", "0 < target <= 1")),
+        ("hpa:kv:0", ("'0'", "0 < target <= 1")),
+    ],
+)
 def test_policy_spec_out_of_range_rejected(capsys, profile, policy, needles):
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", policy])
     _one_line(capsys, rc, *needles)
@@ -125,14 +129,17 @@ def test_config_file_mode_is_honoured(tmp_path, profile):
     assert _ctx(profile, "--config", str(f), "--mode", "agg").pools == ("agg",)
 
 
-@pytest.mark.parametrize("text, needles", [
-    ("ttft_ms: .nan\n", ("ttft_ms=nan", "expected a finite number")),
-    ("planner:\n  itl_ms: .nan\n", ("itl_ms=nan",)),
-    ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
-    ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
-    ("max_num_batched_tokens: 1234\n", ("max_num_batched_tokens=1234", "engine's")),
-    ("mode: prefill\n", ("mode='prefill'", "expected agg or disagg")),
-])
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        ("ttft_ms: .nan\n", ("ttft_ms=nan", "expected a finite number")),
+        ("planner:\n  itl_ms: .nan\n", ("itl_ms=nan",)),
+        ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
+        ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
+        ("max_num_batched_tokens: 1234\n", ("max_num_batched_tokens=1234", "engine's")),
+        ("mode: prefill\n", ("mode='prefill'", "expected agg or disagg")),
+    ],
+)
 def test_config_file_bad_keys_rejected(tmp_path, capsys, profile, text, needles):
     f = tmp_path / "c.yaml"
     f.write_text(text)
@@ -142,8 +149,8 @@ def test_config_file_bad_keys_rejected(tmp_path, capsys, profile, text, needles)
 
 # ---------------------------------------------------------------------------------------------- HPA / saturation
 def _view(now_s: float, window_requests: float | None, current: int = 2):
-    from planner.core import TrafficWindow
     from mocker.fleet import EngineState, PoolCounts
+    from planner.core import TrafficWindow
     from planner.sim.policies import View
 
     w = None if window_requests is None else TrafficWindow(now_s, window_requests, 100.0, 10.0)
@@ -152,11 +159,24 @@ def _view(now_s: float, window_requests: float | None, current: int = 2):
     return View(now_s, counts, {"agg": engines}, lambda d: w)
 
 
-@pytest.mark.parametrize("make, act_s", [
-    # HPA: the t=0 recommendation (2) holds a scale-down for the 300 s stabilization window
-    (lambda: __import__("planner.sim.policies", fromlist=["x"]).HpaPolicy("hpa", ("agg",), "kv", 0.4, {"agg": 2}), 301.0),
-    (lambda: __import__("planner.sim.policies", fromlist=["x"]).SaturationPolicy("saturation", ("agg",), {"agg": 2}), 30.0),
-])
+@pytest.mark.parametrize(
+    "make, act_s",
+    [
+        # HPA: the t=0 recommendation (2) holds a scale-down for the 300 s stabilization window
+        (
+            lambda: __import__("planner.sim.policies", fromlist=["x"]).HpaPolicy(
+                "hpa", ("agg",), "kv", 0.4, {"agg": 2}
+            ),
+            301.0,
+        ),
+        (
+            lambda: __import__("planner.sim.policies", fromlist=["x"]).SaturationPolicy(
+                "saturation", ("agg",), {"agg": 2}
+            ),
+            30.0,
+        ),
+    ],
+)
 def test_metric_baselines_hold_until_a_request_was_seen(make, act_s):
     pol = make()
     for now, reqs in ((0.0, None), (15.0, None), (15.0, 0.0)):  # t = 0, nothing scraped, an empty window
@@ -168,12 +188,11 @@ def test_metric_baselines_hold_until_a_request_was_seen(make, act_s):
 
 
 def test_hpa_in_the_loop_does_not_scale_before_the_first_request(profile):
-    from planner.sim.loop import simulate
-    from planner.sim.runner import make_policy
-
     from dataclasses import replace
 
     from mocker.traces import load_trace
+    from planner.sim.loop import simulate
+    from planner.sim.runner import make_policy
 
     late = load_trace("synthetic:constant?rate=2&duration_s=60&isl=256&osl=16")  # first request 40 s in
     ctx = _ctx(profile, "--initial-replicas", "2")
@@ -185,11 +204,14 @@ def test_hpa_in_the_loop_does_not_scale_before_the_first_request(profile):
         assert all(d["t_s"] > first_s for d in run.decisions), (spec, run.decisions[:2])
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["--initial-replicas", "-1"], ("agg=-1", "1 <= N <= 64")),  # was "integers >= 0" though 0 is rejected too
-    (["--initial-replicas", "1+1"], ("'1+1'", "expected N", "min_replicas..max_replicas")),
-    (["--initial-replicas", "x"], ("'x'", "or auto")),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--initial-replicas", "-1"], ("agg=-1", "1 <= N <= 64")),  # was "integers >= 0" though 0 is rejected too
+        (["--initial-replicas", "1+1"], ("'1+1'", "expected N", "min_replicas..max_replicas")),
+        (["--initial-replicas", "x"], ("'x'", "or auto")),
+    ],
+)
 def test_initial_replicas_message_states_the_real_bounds(capsys, monkeypatch, argv, needles):
     import planner.sim.profile as prof
 
@@ -199,12 +221,15 @@ def test_initial_replicas_message_states_the_real_bounds(capsys, monkeypatch, ar
     assert ">= 0" not in out
 
 
-@pytest.mark.parametrize("argv", [
-    ["simulate", "--trace", TRACE, "--mod", "agg"],            # not --mode / --model-config
-    ["simulate", "--trace", TRACE, "--sla-ttft", "100"],
-    ["profile", "--is", "128"],
-    ["up", "--conf", "x.yaml"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--trace", TRACE, "--mod", "agg"],  # not --mode / --model-config
+        ["simulate", "--trace", TRACE, "--sla-ttft", "100"],
+        ["profile", "--is", "128"],
+        ["up", "--conf", "x.yaml"],
+    ],
+)
 def test_abbreviated_flags_are_not_accepted(capsys, argv):
     with pytest.raises(SystemExit) as e:
         cli_main(argv)
@@ -228,8 +253,24 @@ def test_hpa_first_reconcile_records_the_current_size_so_no_early_scale_down():
 def test_static_auto_unreachable_names_the_best_fleet_and_keeps_the_other_results(tmp_path, capsys, profile):
     out = tmp_path / "o"
     # TTFT target 0.001 ms: no fleet meets it; the search tries 1 and 2 (= --max-replicas), all at 0 attainment
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--sla-ttft-ms", "0.001", "--max-replicas", "2",
-                   "--compare", "static:auto", "static:1", "--out", str(out)])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--sla-ttft-ms",
+            "0.001",
+            "--max-replicas",
+            "2",
+            "--compare",
+            "static:auto",
+            "static:1",
+            "--out",
+            str(out),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 2 and "Traceback" not in cap.err
     last = cap.err.strip().splitlines()[-1]  # after the usual "wall time per policy" line
@@ -242,8 +283,22 @@ def test_static_auto_unreachable_names_the_best_fleet_and_keeps_the_other_result
 
 
 def test_static_auto_alone_unreachable_is_one_line(capsys, profile):
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--sla-ttft-ms", "0.001", "--max-replicas", "1",
-                   "--compare", "static:auto", "--quiet"])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--sla-ttft-ms",
+            "0.001",
+            "--max-replicas",
+            "1",
+            "--compare",
+            "static:auto",
+            "--quiet",
+        ]
+    )
     _one_line(capsys, rc, "best found: static:1")
 
 
@@ -255,8 +310,21 @@ def test_simulate_takes_replays_kv_cache_dtype(tmp_path, profile, dtype, kv_byte
     # layers x 2 (K and V) x kv_heads x head_dim (64 / 4) x dtype bytes; the file has no torch_dtype
     m = tmp_path / "config.json"
     m.write_text(json.dumps(MODEL))
-    ctx = _ctx(profile, "--mode", "disagg", "--model-config", str(m), "--kv-cache-dtype", dtype,
-               "--kv-transfer-bandwidth", "10", "--kv-transfer-timing", "full_prompt", "--handoff", "coordinated")
+    ctx = _ctx(
+        profile,
+        "--mode",
+        "disagg",
+        "--model-config",
+        str(m),
+        "--kv-cache-dtype",
+        dtype,
+        "--kv-transfer-bandwidth",
+        "10",
+        "--kv-transfer-timing",
+        "full_prompt",
+        "--handoff",
+        "coordinated",
+    )
     assert ctx.settings.transfer.kv_bytes_per_token == kv_bytes
     assert ctx.settings.transfer.bandwidth_gbps == 10.0
 
@@ -264,8 +332,22 @@ def test_simulate_takes_replays_kv_cache_dtype(tmp_path, profile, dtype, kv_byte
 def test_model_config_without_dtype_names_a_flag_simulate_has(tmp_path, capsys, profile):
     m = tmp_path / "config.json"
     m.write_text(json.dumps(MODEL))
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--mode", "disagg",
-                   "--model-config", str(m), "--kv-transfer-bandwidth", "10"])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--quiet",
+            "--mode",
+            "disagg",
+            "--model-config",
+            str(m),
+            "--kv-transfer-bandwidth",
+            "10",
+        ]
+    )
     _one_line(capsys, rc, "torch_dtype", "--kv-cache-dtype")
     from planner.cli import build_parser
 
@@ -281,16 +363,19 @@ def test_transfer_flags_only_in_disagg(capsys, name):
     _one_line(capsys, rc, flag[0], "only with --mode disagg")
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["--sla-itl-ms", "1e12"], ("--sla-itl-ms", "'1e12'", "expected at most 10000 ms")),
-    (["--sla-ttft-ms", "1e308"], ("--sla-ttft-ms", "expected at most 3600000 ms")),
-    (["--max-replicas", "99999999999"], ("--max-replicas", "expected a worker count between 1 and 4096")),
-    (["--compare", "planner:itl_ms=1e20"], ("itl_ms=1e+20: expected <= 10000.0",)),
-    (["--planner-set", "ttft_ms=4e6"], ("ttft_ms=4000000.0: expected <= 3600000.0",)),
-    (["--compare", "hpa:kv:0.5:extra"], ("'extra'", "expected hpa, hpa:METRIC or hpa:METRIC:TARGET")),
-    (["--compare", "planner:predictor=kalman,predictor=arima"], ("'predictor' given twice",)),
-    (["--compare", "planner:max_gpu_budget=1.5"], ("max_gpu_budget=1.5", "expected an integer")),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--sla-itl-ms", "1e12"], ("--sla-itl-ms", "'1e12'", "expected at most 10000 ms")),
+        (["--sla-ttft-ms", "1e308"], ("--sla-ttft-ms", "expected at most 3600000 ms")),
+        (["--max-replicas", "99999999999"], ("--max-replicas", "expected a worker count between 1 and 4096")),
+        (["--compare", "planner:itl_ms=1e20"], ("itl_ms=1e+20: expected <= 10000.0",)),
+        (["--planner-set", "ttft_ms=4e6"], ("ttft_ms=4000000.0: expected <= 3600000.0",)),
+        (["--compare", "hpa:kv:0.5:extra"], ("'extra'", "expected hpa, hpa:METRIC or hpa:METRIC:TARGET")),
+        (["--compare", "planner:predictor=kalman,predictor=arima"], ("'predictor' given twice",)),
+        (["--compare", "planner:max_gpu_budget=1.5"], ("max_gpu_budget=1.5", "expected an integer")),
+    ],
+)
 def test_out_of_range_sla_replicas_and_malformed_specs_are_one_line(capsys, profile, argv, needles):
     try:
         rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", *argv])
@@ -304,9 +389,8 @@ def test_broken_yaml_names_the_line_and_yaml_booleans_are_true_false(tmp_path, c
     bad.write_text("itl_ms: 40\nttft_ms: [1, 2\n")
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--config", str(bad)])
     _one_line(capsys, rc, str(bad), "cannot parse config file at line 3, column 1", "expected a YAML or JSON mapping")
-    from planner.core.config import load_config
-
     from dynoplan.errors import ConfigError
+    from planner.core.config import load_config
 
     ok = tmp_path / "ok.yaml"
     ok.write_text("correction_enabled: false\nsimulated_sizing: true\n")
@@ -316,8 +400,10 @@ def test_broken_yaml_names_the_line_and_yaml_booleans_are_true_false(tmp_path, c
     ok.write_text("correction_enabled: 0\nsimulated_sizing: 1\n")
     with pytest.raises(ConfigError) as e:
         load_config(ok)
-    assert e.value.problems == ["correction_enabled=0: expected a boolean (true/false)",
-                                "simulated_sizing=1: expected a boolean (true/false)"]
+    assert e.value.problems == [
+        "correction_enabled=0: expected a boolean (true/false)",
+        "simulated_sizing=1: expected a boolean (true/false)",
+    ]
     # on the command line 0/1 still read as booleans (planner.core.config.text_value)
     assert load_config(None, {"correction_enabled": "0", "simulated_sizing": "1"}).correction_enabled is False
 

@@ -30,8 +30,22 @@ def _details(out) -> dict:
 
 def test_config_through_a_pipe_applies(tmp_path, profile):
     out = tmp_path / "o"
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
-                   "--config", _pipe("ttft_ms: 123\n"), "--out", str(out)])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--quiet",
+            "--compare",
+            "static:1",
+            "--config",
+            _pipe("ttft_ms: 123\n"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     run = _details(out)["run"]
     assert run["sla_ttft_ms"] == 123.0 and run["planner_config"]["ttft_ms"] == 123.0  # was 500: ignored
@@ -39,29 +53,57 @@ def test_config_through_a_pipe_applies(tmp_path, profile):
 
 def test_invalid_config_through_a_pipe_is_refused(capsys, profile):
     path = _pipe("ttft_ms: soon\n")
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
-                   "--config", path])
+    rc = cli_main(
+        ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1", "--config", path]
+    )
     _one_line(capsys, rc, path, "ttft_ms")  # was accepted (exit 0)
 
 
 def test_engine_config_through_a_pipe_applies_and_is_checked(tmp_path, capsys, profile):
     out = tmp_path / "o"
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
-                   "--engine-config", _pipe("num_gpu_blocks: 2\n"), "--out", str(out)])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--quiet",
+            "--compare",
+            "static:1",
+            "--engine-config",
+            _pipe("num_gpu_blocks: 2\n"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     # 2 x 64 tokens of KV cache: the trace's prompts can never fit (the file applied, it was ignored before)
     assert "requests failed" in capsys.readouterr().err
     path = _pipe("num_gpu_blocks: 2\nnum_gpu_blocks: 3\n")
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
-                   "--engine-config", path])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--quiet",
+            "--compare",
+            "static:1",
+            "--engine-config",
+            path,
+        ]
+    )
     _one_line(capsys, rc, f"--engine-config {path}: line 2: duplicate key 'num_gpu_blocks'")
 
 
 def test_warm_start_not_utf8_is_the_trace_readers_one_line(tmp_path, capsys, profile):
     w = tmp_path / "w.csv"
     w.write_bytes("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,caf\xe9,1\n".encode("latin-1"))
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
-                   "--warm-start", str(w)])
+    rc = cli_main(
+        ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1", "--warm-start", str(w)]
+    )
     _one_line(capsys, rc, f"--warm-start {w}: {w}:2: byte 0xe9 at column 26: expected UTF-8 text")  # was a traceback
 
 
@@ -69,6 +111,7 @@ def test_warm_start_not_utf8_is_the_trace_readers_one_line(tmp_path, capsys, pro
 def test_warm_start_accepts_the_trace_aliases(tmp_path, profile, ts):
     w = tmp_path / "w.jsonl"
     w.write_text("".join(f'{{"{ts}": {i * 1000}, "input_tokens": 100, "output_tokens": 10}}\n' for i in range(5)))
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1",
-                   "--warm-start", str(w)])
+    rc = cli_main(
+        ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1", "--warm-start", str(w)]
+    )
     assert rc == 0

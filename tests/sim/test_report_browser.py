@@ -18,8 +18,27 @@ TRACE = "synthetic:poisson?rate=3&duration_s=180&isl=600&osl=40&seed=5"
 
 def test_report_html_renders_all_plots_with_expected_points(chromium: HeadlessChromium, tmp_path):
     out = tmp_path / "out"
-    assert cli_main(["simulate", "--trace", TRACE, "--quiet", "--compare", "planner", "static:1", "hpa",
-                     "--planner-set", "adjustment_interval_s=60", "--startup-delay-s", "20", "--out", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "simulate",
+                "--trace",
+                TRACE,
+                "--quiet",
+                "--compare",
+                "planner",
+                "static:1",
+                "hpa",
+                "--planner-set",
+                "adjustment_interval_s=60",
+                "--startup-delay-s",
+                "20",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     with (out / "timeline.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     per_policy = {p: sum(1 for r in rows if r["policy"] == p) for p in ("planner", "static:1", "hpa")}

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 
 import pytest
 
 from mocker.config import EngineConfig
+from mocker.fleet import EngineState
 from mocker.records import RequestRecord, TraceRequest
 from mocker.traces import load_trace
 from planner.cli import main as cli_main
 from planner.core import PlannerConfig
-from mocker.fleet import EngineState
 from planner.sim.fleet import make_fleet
 from planner.sim.loop import SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, CounterSnapshot, FrontendCounters, window
-from planner.sim.policies import HpaPolicy, SaturationPolicy, Step, View
+from planner.sim.policies import HpaPolicy, SaturationPolicy
 from planner.sim.report import SUMMARY_KEYS, sla_flags, summarize
 from planner.sim.runner import RunContext, attainment, auto_static, make_policy
 
@@ -83,7 +82,7 @@ def test_removing_a_starting_worker_releases_it_at_once():
 
 def test_gpu_seconds_hand_computed():
     f = make_fleet({"agg": ENGINE})
-    f.add_worker("agg", 0.0)                                   # 0 .. 1000 s
+    f.add_worker("agg", 0.0)  # 0 .. 1000 s
     f.add_worker("agg", 100_000.0, startup_delay_ms=60_000.0)  # 100 .. 400 s (start-up counted)
     f.advance_until(400_000.0)
     f.remove_worker("agg", 400_000.0)  # idle: released at once
@@ -99,8 +98,8 @@ def test_frontend_counters_window_is_increase_ratio():
     b = RequestRecord(1, 200.0, 500, 1)
     c.on_arrival(a)
     c.on_arrival(b)
-    a.first_token_ms, a.finish_ms, a.status = 150.0, 1150.0, "finished"   # TTFT 50, 10 gaps of 100
-    b.first_token_ms, b.finish_ms, b.status = 260.0, 260.0, "finished"    # TTFT 60, no gap
+    a.first_token_ms, a.finish_ms, a.status = 150.0, 1150.0, "finished"  # TTFT 50, 10 gaps of 100
+    b.first_token_ms, b.finish_ms, b.status = 260.0, 260.0, "finished"  # TTFT 60, no gap
     s1 = c.scrape(2.0)
     w = window(s1, s0)
     assert (w.duration_s, w.num_requests, w.mean_isl_tokens) == (2.0, 2.0, 400.0)
@@ -139,9 +138,9 @@ def _hpa(target: float = 0.4) -> HpaPolicy:
 
 def test_hpa_desired_is_ceil_current_times_ratio_with_tolerance():
     h = _hpa()
-    assert h.desired("agg", 0.0, 2, [0.6, 0.6]) == 3        # ceil(2 x 0.6/0.4) = 3
+    assert h.desired("agg", 0.0, 2, [0.6, 0.6]) == 3  # ceil(2 x 0.6/0.4) = 3
     assert h.desired("agg", 15.0, 3, [0.42, 0.42, 0.42]) == 3  # ratio 1.05: within 10 %
-    assert h.desired("agg", 30.0, 3, [0.9, 0.9, 0.9]) == 7   # ceil(3 x 2.25) = 7
+    assert h.desired("agg", 30.0, 3, [0.9, 0.9, 0.9]) == 7  # ceil(3 x 2.25) = 7
     # not-ready engines count as zero usage: 2 ready of 3 at 0.6 -> ratio 1.0 -> hold
     assert _hpa().desired("agg", 0.0, 3, [0.6, 0.6]) == 3
 
@@ -149,19 +148,19 @@ def test_hpa_desired_is_ceil_current_times_ratio_with_tolerance():
 def test_hpa_scale_down_waits_for_the_stabilization_window():
     h = _hpa()
     assert h.desired("agg", 0.0, 4, [0.4] * 4) == 4
-    assert h.desired("agg", 100.0, 4, [0.1] * 4) == 4   # raw 1, but 4 was recommended 100 s ago
+    assert h.desired("agg", 100.0, 4, [0.1] * 4) == 4  # raw 1, but 4 was recommended 100 s ago
     assert h.desired("agg", 299.0, 4, [0.1] * 4) == 4
-    assert h.desired("agg", 301.0, 4, [0.1] * 4) == 1   # the t=0 recommendation left the 300 s window
+    assert h.desired("agg", 301.0, 4, [0.1] * 4) == 1  # the t=0 recommendation left the 300 s window
 
 
 def test_saturation_rule():
     s = SaturationPolicy("saturation", ("agg",), {"agg": 1})
     e = lambda kv, w: EngineState("agg", 0, 0, num_waiting=w, num_running=1, kv_usage=kv)  # noqa: E731
-    assert s.decide(2, 2, [e(0.75, 0), e(0.75, 0)]) == (1, "saturation_scale_up")      # spare KV 0.05 < 0.1
-    assert s.decide(2, 2, [e(0.1, 3), e(0.1, 3)]) == (1, "saturation_scale_up")        # spare queue 2 < 3
-    assert s.decide(3, 3, [e(0.2, 0)] * 3) == (-1, "saturation_scale_down")            # 2 engines: 0.3 kv
-    assert s.decide(2, 2, [e(0.5, 0)] * 2) == (0, "hold_spare_ok")                     # 1 engine: 1.0 kv
-    assert s.decide(3, 2, [e(0.9, 9)] * 2) == (0, "hold_pending")                      # one still starting
+    assert s.decide(2, 2, [e(0.75, 0), e(0.75, 0)]) == (1, "saturation_scale_up")  # spare KV 0.05 < 0.1
+    assert s.decide(2, 2, [e(0.1, 3), e(0.1, 3)]) == (1, "saturation_scale_up")  # spare queue 2 < 3
+    assert s.decide(3, 3, [e(0.2, 0)] * 3) == (-1, "saturation_scale_down")  # 2 engines: 0.3 kv
+    assert s.decide(2, 2, [e(0.5, 0)] * 2) == (0, "hold_spare_ok")  # 1 engine: 1.0 kv
+    assert s.decide(3, 2, [e(0.9, 9)] * 2) == (0, "hold_pending")  # one still starting
 
 
 TRACE = "synthetic:poisson?rate=4&duration_s=240&isl=800&osl=60&seed=3"
@@ -173,8 +172,9 @@ def _ctx(**kw) -> RunContext:
     cfg = PlannerConfig(mode="agg", ttft_ms=200.0, itl_ms=10.0, adjustment_interval_s=60.0, max_gpu_budget=16)
     from planner.sim.profile import ProfileSweep, profile_engine
 
-    prof = profile_engine(ENGINE, ProfileSweep(isl_tokens=(64, 512, 2048), kv_usage=(0.01, 0.1, 0.5),
-                                               context_tokens=(256, 1024, 4096)))
+    prof = profile_engine(
+        ENGINE, ProfileSweep(isl_tokens=(64, 512, 2048), kv_usage=(0.01, 0.1, 0.5), context_tokens=(256, 1024, 4096))
+    )
     engines = kw.pop("engines_override", {"agg": ENGINE})
     return RunContext(reqs, engines, settings, cfg, prof, **kw)
 
@@ -185,7 +185,9 @@ def test_static_auto_is_the_smallest_fleet_meeting_the_target():
     n = auto_static(ctx, cache)["agg"]
     assert attainment(cache[(n,)]) >= 0.99
     if n > 1:
-        prev = cache.get((n - 1,)) or simulate(ctx.requests, ctx.engines, make_policy(f"static:{n - 1}", ctx), ctx.settings)
+        prev = cache.get((n - 1,)) or simulate(
+            ctx.requests, ctx.engines, make_policy(f"static:{n - 1}", ctx), ctx.settings
+        )
         assert attainment(prev) < 0.99
 
 
@@ -230,27 +232,30 @@ def test_schedule_spec_parses_agg_and_disagg():
     assert d.steps == ((0.0, {"prefill": 2, "decode": 1}), (140.0, {"prefill": 3, "decode": 1}))
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("schedule:10=2", "expected the first entry at 0 s"),
-    ("schedule:0=2,60=3,60=1", "expected times in increasing order (after 60 s)"),
-    ("schedule:0=2,x=3", "entry 'x=3': expected T=N"),
-    ("schedule:0=2,-5=3", "entry '-5=3'"),
-    ("schedule:0=2,inf=3", "entry 'inf=3'"),
-    ("schedule:0=2,1e400=3", "entry '1e400=3': expected T=N with T in seconds, a plain decimal"),
-    ("schedule:+0=2", "entry '+0=2'"),
-    ("schedule:1_0=2", "entry '1_0=2'"),
-    ("schedule:0=2,30", "entry '30'"),
-    ("schedule:0=2,", "entry ''"),
-    ("schedule:0=2, 5=3", "expected no spaces"),
-    ("schedule:0=2,1000=3", "entry '1000=3': expected a time within the trace (last arrival at 239.752 s)"),
-    ("schedule:0=0", "entry '0=0': '0': expected N (N >= 1) for mode agg"),
-    ("schedule:0=2,5=0", "entry '5=0': '0': expected N (N >= 1)"),
-    ("schedule:0=2_0", "'2_0': expected N"),
-    ("schedule:0=\u0663", "expected N"),
-    ("schedule:0=2+1", "'2+1': expected N (N >= 1) for mode agg"),
-    ("schedule:0=99", "entry '0=99': agg=99: expected at most --max-replicas=64"),
-    ("static:2_0", "expected static:N"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("schedule:10=2", "expected the first entry at 0 s"),
+        ("schedule:0=2,60=3,60=1", "expected times in increasing order (after 60 s)"),
+        ("schedule:0=2,x=3", "entry 'x=3': expected T=N"),
+        ("schedule:0=2,-5=3", "entry '-5=3'"),
+        ("schedule:0=2,inf=3", "entry 'inf=3'"),
+        ("schedule:0=2,1e400=3", "entry '1e400=3': expected T=N with T in seconds, a plain decimal"),
+        ("schedule:+0=2", "entry '+0=2'"),
+        ("schedule:1_0=2", "entry '1_0=2'"),
+        ("schedule:0=2,30", "entry '30'"),
+        ("schedule:0=2,", "entry ''"),
+        ("schedule:0=2, 5=3", "expected no spaces"),
+        ("schedule:0=2,1000=3", "entry '1000=3': expected a time within the trace (last arrival at 239.752 s)"),
+        ("schedule:0=0", "entry '0=0': '0': expected N (N >= 1) for mode agg"),
+        ("schedule:0=2,5=0", "entry '5=0': '0': expected N (N >= 1)"),
+        ("schedule:0=2_0", "'2_0': expected N"),
+        ("schedule:0=\u0663", "expected N"),
+        ("schedule:0=2+1", "'2+1': expected N (N >= 1) for mode agg"),
+        ("schedule:0=99", "entry '0=99': agg=99: expected at most --max-replicas=64"),
+        ("static:2_0", "expected static:N"),
+    ],
+)
 def test_schedule_spec_errors_name_the_entry(spec, needle):
     from dynoplan.errors import SimulationConfigError
 
@@ -260,9 +265,9 @@ def test_schedule_spec_errors_name_the_entry(spec, needle):
 
 
 def test_sla_flags_rule():
-    a = RequestRecord(0, 0.0, 10, 11, first_token_ms=100.0, finish_ms=200.0, status="finished")   # ttft 100, itl 10
-    b = RequestRecord(1, 0.0, 10, 1, first_token_ms=300.0, finish_ms=300.0, status="finished")    # single token
-    c = RequestRecord(2, 0.0, 10, 5)                                                             # never finished
+    a = RequestRecord(0, 0.0, 10, 11, first_token_ms=100.0, finish_ms=200.0, status="finished")  # ttft 100, itl 10
+    b = RequestRecord(1, 0.0, 10, 1, first_token_ms=300.0, finish_ms=300.0, status="finished")  # single token
+    c = RequestRecord(2, 0.0, 10, 5)  # never finished
     ok, t_ok, i_ok = sla_flags([a, b, c], 200.0, 10.0)
     assert ok.tolist() == [True, False, False] and t_ok.tolist() == [True, False, False]
     assert i_ok.tolist() == [True, True, False]
@@ -271,9 +276,30 @@ def test_sla_flags_rule():
 # ---------------------------------------------------------------------------------------------- CLI
 def _run_cli(tmp_path, name: str, *extra: str) -> bytes:
     out = tmp_path / name
-    rc = cli_main(["simulate", "--trace", TRACE, "--sla-ttft-ms", "200", "--sla-itl-ms", "10", "--quiet",
-                   "--startup-delay-s", "30", "--compare", "planner", "static:2", "hpa", "saturation",
-                   "--planner-set", "adjustment_interval_s=60", "--out", str(out), *extra])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--sla-ttft-ms",
+            "200",
+            "--sla-itl-ms",
+            "10",
+            "--quiet",
+            "--startup-delay-s",
+            "30",
+            "--compare",
+            "planner",
+            "static:2",
+            "hpa",
+            "saturation",
+            "--planner-set",
+            "adjustment_interval_s=60",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     assert rc == 0
     return (out / "summary.json").read_bytes()
 
@@ -290,13 +316,16 @@ def test_same_seed_same_summary_bytes(tmp_path):
     assert (tmp_path / "a" / "timeline.csv").read_bytes() == (tmp_path / "b" / "timeline.csv").read_bytes()
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--compare", "static:x"], "static:N"),
-    (["--compare", "hpa:gpu"], "hpa metric"),
-    (["--compare", "schedule:5=2"], "expected the first entry at 0 s"),
-    (["--planner-set", "predictor=oracle"], "predictor"),
-    (["--initial-replicas", "2+2"], "--initial-replicas"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--compare", "static:x"], "static:N"),
+        (["--compare", "hpa:gpu"], "hpa metric"),
+        (["--compare", "schedule:5=2"], "expected the first entry at 0 s"),
+        (["--planner-set", "predictor=oracle"], "predictor"),
+        (["--initial-replicas", "2+2"], "--initial-replicas"),
+    ],
+)
 def test_user_mistakes_are_one_line(capsys, argv, needle):
     rc = cli_main(["simulate", "--trace", TRACE, "--quiet", *argv])
     err = capsys.readouterr().err
@@ -307,8 +336,12 @@ def test_profile_cli_writes_a_loadable_profile(tmp_path):
     from planner.core import load_profile
 
     out = tmp_path / "p.npz"
-    assert cli_main(["profile", "--out", str(out), "--isl", "128,512,2048", "--kv-usage", "0.01,0.1",
-                     "--context", "256,1024"]) == 0
+    assert (
+        cli_main(
+            ["profile", "--out", str(out), "--isl", "128,512,2048", "--kv-usage", "0.01,0.1", "--context", "256,1024"]
+        )
+        == 0
+    )
     prof = load_profile(out)
     assert prof.prefill.ttft_ms_at(512) == pytest.approx(prefill_ms(512), abs=1e-3)
     assert prof.prefill.thpt_per_gpu_at(512) == pytest.approx(512 / prefill_ms(512) * 1000, rel=1e-5)
@@ -323,7 +356,7 @@ def test_sla_bucket_counters_and_miss_shares():
     c = FrontendCounters(sla_ttft_ms=55.0, sla_itl_ms=50.0)
     s0 = c.scrape(0.0)
     a = RequestRecord(0, 100.0, 300, 11, first_token_ms=150.0, finish_ms=1150.0, status="finished")  # 50 ms, ITL 100
-    b = RequestRecord(1, 200.0, 500, 1, first_token_ms=260.0, finish_ms=260.0, status="finished")    # 60 ms, 1 token
+    b = RequestRecord(1, 200.0, 500, 1, first_token_ms=260.0, finish_ms=260.0, status="finished")  # 60 ms, 1 token
     c.on_arrival(a)
     c.on_arrival(b)
     s1 = c.scrape(2.0)
@@ -358,9 +391,25 @@ def test_disagg_planner_sizes_decode_for_the_kv_cache_not_only_the_itl(tmp_path)
     # it in a disaggregated fleet) misses. The simulated decode engines show the full cache, so the sizing by
     # simulation gives 2 decode engines; the closed-form reference (throughput at the ITL target) keeps 1.
     out = tmp_path / "o"
-    rc = cli_main(["simulate", "--trace", "synthetic:poisson?rate=6&duration_s=360&isl=lognormal:12000:0.8&osl=350&seed=1",
-                   "--mode", "disagg", "--sla-ttft-ms", "3000", "--sla-itl-ms", "50", "--quiet",
-                   "--compare", "planner", "planner:simulated_sizing=false", "--out", str(out)])
+    rc = cli_main(
+        [
+            "simulate",
+            "--trace",
+            "synthetic:poisson?rate=6&duration_s=360&isl=lognormal:12000:0.8&osl=350&seed=1",
+            "--mode",
+            "disagg",
+            "--sla-ttft-ms",
+            "3000",
+            "--sla-itl-ms",
+            "50",
+            "--quiet",
+            "--compare",
+            "planner",
+            "planner:simulated_sizing=false",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     pol = json.loads((out / "summary.json").read_text())["policies"]
     on, off = pol["planner"], pol["planner:simulated_sizing=false"]

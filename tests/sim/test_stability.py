@@ -33,8 +33,17 @@ def _run(tmp_path, trace, *args):
 
 
 def test_steady_load_settles_with_at_most_two_scale_events_per_hour(tmp_path):
-    summary, details, _ = _run(tmp_path, STEADY, "--sla-ttft-ms", "200", "--sla-itl-ms", "10",
-                               "--compare", "planner", "planner:load_enabled=true")
+    summary, details, _ = _run(
+        tmp_path,
+        STEADY,
+        "--sla-ttft-ms",
+        "200",
+        "--sla-itl-ms",
+        "10",
+        "--compare",
+        "planner",
+        "planner:load_enabled=true",
+    )
     for name in ("planner", "planner:load_enabled=true"):
         after_warm_up = [d for d in details["decisions"][name] if d["t_s"] > 180.0]
         assert len(after_warm_up) <= 2, (name, after_warm_up)
@@ -51,17 +60,34 @@ def _gap_trace(path):
             t += rng.exponential(1 / 3.0)
             if t >= end:
                 break
-            rows.append({"timestamp": int(t * 1000), "input_length": int(rng.integers(200, 2000)),
-                         "output_length": int(rng.integers(20, 300))})
+            rows.append(
+                {
+                    "timestamp": int(t * 1000),
+                    "input_length": int(rng.integers(200, 2000)),
+                    "output_length": int(rng.integers(20, 300)),
+                }
+            )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_a_silent_gap_scales_down_to_the_minimum_and_the_budget_holds_counting_draining_workers(tmp_path):
     trace = tmp_path / "gap.jsonl"
     _gap_trace(trace)
-    summary, details, timeline = _run(tmp_path, str(trace), "--sla-ttft-ms", "200", "--sla-itl-ms", "10",
-                                      "--initial-replicas", "3", "--planner-set", "max_gpu_budget=4",
-                                      "--compare", "planner", "planner:load_enabled=true")
+    summary, details, timeline = _run(
+        tmp_path,
+        str(trace),
+        "--sla-ttft-ms",
+        "200",
+        "--sla-itl-ms",
+        "10",
+        "--initial-replicas",
+        "3",
+        "--planner-set",
+        "max_gpu_budget=4",
+        "--compare",
+        "planner",
+        "planner:load_enabled=true",
+    )
     for name in ("planner", "planner:load_enabled=true"):
         rows = [r for r in timeline if r["policy"] == name]
         # one interval after the traffic stops (600 s + 180 s + the drain), every sample of the gap is at 1
@@ -74,8 +100,19 @@ def test_a_silent_gap_scales_down_to_the_minimum_and_the_budget_holds_counting_d
 
 def test_the_budget_counts_every_gpu_of_a_multi_rank_worker(tmp_path):
     # --dp-size 2: a worker holds 2 GPUs; a 4-GPU budget allows 2 workers, whatever the load asks for
-    summary, _, timeline = _run(tmp_path, "synthetic:poisson?rate=30&duration_s=400&seed=1", "--sla-ttft-ms", "200",
-                                "--sla-itl-ms", "10", "--dp-size", "2", "--planner-set", "max_gpu_budget=4",
-                                "--compare", "planner")
+    summary, _, timeline = _run(
+        tmp_path,
+        "synthetic:poisson?rate=30&duration_s=400&seed=1",
+        "--sla-ttft-ms",
+        "200",
+        "--sla-itl-ms",
+        "10",
+        "--dp-size",
+        "2",
+        "--planner-set",
+        "max_gpu_budget=4",
+        "--compare",
+        "planner",
+    )
     assert max(int(r["agg_replicas"]) + int(r["agg_draining"]) for r in timeline) == 2
     assert summary["planner"]["max_replicas"]["agg"] == 2
