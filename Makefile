@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean infra-deps e2e
+.PHONY: setup run test check bench clean infra-deps e2e
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,12 +38,23 @@ infra-deps: $(STAMP)
 e2e: $(STAMP) infra-deps
 	$(BIN)/python -m pytest tests/e2e -p no:cacheprovider
 
-test: $(STAMP) infra-deps
-	$(BIN)/lint-imports
+# The code checks first (seconds), then the tests: import-linter's layer contracts, ruff (lint and format),
+# mypy (strict on planner.core, mocker.engine, mocker.kv and dynoplan; pyproject.toml [tool.mypy]).
+CHECKED := dynoplan mocker planner tests bench tools
+test: $(STAMP) infra-deps check
 	$(BIN)/python -m pytest
 
+check: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/ruff check $(CHECKED)
+	$(BIN)/ruff format --check $(CHECKED)
+	$(BIN)/mypy
+
+# Speed and fidelity against the reference simulator, then the behaviour-identity digests (bench/README.md).
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/bench_replay.py --cases a,b,a1,d --repeat 3
+	$(BIN)/python bench/bench_sglang.py --cases s,ds --repeat 3
+	$(BIN)/python bench/identity.py --check bench/results/identity-924cd92.json
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
