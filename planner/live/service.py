@@ -33,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from planner.core import Observations, Planner, TickResult
 from planner.core.metrics import PlannerMetrics
 from planner.core.reasons import Reason
-from planner.live.dashboard import DashboardHistory, add_routes
+from planner.dashboard import DashboardHistory, add_routes
 
 log = logging.getLogger("dynoplan.planner")
 
@@ -81,7 +81,7 @@ class PlannerService:
         self.c_timeouts = Counter(
             "dynoplan_planner_pending_timeouts", "Decisions abandoned after pending_timeout_s", registry=self.registry
         )
-        self.history = DashboardHistory(history_points)  # the dashboard's series (planner.live.dashboard)
+        self.history = DashboardHistory(history_points)  # the dashboard's series (planner.dashboard)
         self.last_result: TickResult | None = None
         self.traffic_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -1,4 +1,4 @@
-"""The operator's driver of the live dashboard (:mod:`planner.live.dashboard`, the page ``dynoplan up``
+"""The operator's driver of the live dashboard (:mod:`planner.dashboard`, the page ``dynoplan up``
 serves): one page per DynoPlanner, on ``dashboard_port`` (default 8090), reached with
 ``kubectl port-forward svc/<release>-dynoplan-operator 8090``.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from planner.live.dashboard import add_routes
+from planner.dashboard import add_routes
 
 log = logging.getLogger("dynoplan.operator.dashboard")
 

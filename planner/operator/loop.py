@@ -32,7 +32,7 @@ from dynoplan.errors import DynoplanError, SpecError
 from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
 from planner.core.metrics import PlannerMetrics
 from planner.core.reasons import Reason
-from planner.live.dashboard import DashboardHistory
+from planner.dashboard import DashboardHistory
 from planner.operator.kube import Conflict, Gone, Kube, now_iso
 from planner.operator.reconcile import child_name, divide_budget, replica_patch, set_condition
 from planner.operator.spec import DgdSpec, PlannerSpec, ServiceSpec, parse_dgd, parse_planner, resolve_pools
@@ -276,7 +276,7 @@ class PlannerLoop:
         self.conditions: list[dict[str, Any]] = list(((body.get("status") or {}).get("conditions")) or [])
         self.last_result: TickResult | None = None
         self._last_status: dict[str, Any] | None = None
-        # The live dashboard's series (planner.live.dashboard, served by planner.operator.dashboard).
+        # The live dashboard's series (planner.dashboard, served by planner.operator.dashboard).
         self.wall_clock = wall_clock
         self.history = DashboardHistory()
         self.started_wall_s = wall_clock()
@@ -664,7 +664,7 @@ class PlannerLoop:
         return min(max(self._next_s - now2, self.min_sleep_s), self.max_sleep_s)
 
     def dashboard_state(self) -> dict[str, Any] | None:
-        """The dashboard page's state (:meth:`planner.live.dashboard.DashboardHistory.state`), or None
+        """The dashboard page's state (:meth:`planner.dashboard.DashboardHistory.state`), or None
         before the first valid spec. Pool names are the planner's (``agg`` / ``prefill`` / ``decode``)."""
         if self.planner is None or self._plan is None:
             return None

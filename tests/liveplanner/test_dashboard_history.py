@@ -1,11 +1,11 @@
-"""The dashboard's recorder (planner.live.dashboard.DashboardHistory), hand-computed: ticks whose traffic
+"""The dashboard's recorder (planner.dashboard.DashboardHistory), hand-computed: ticks whose traffic
 was unknown plot nothing, outages and scale decisions and worker deaths become time-axis marks."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from planner.live.dashboard import DashboardHistory
+from planner.dashboard import DashboardHistory
 
 
 def _result(loops, observed_rps, planned_rps=6.0, factor=1.5, targets=None, from_=None, decision_id=None):

@@ -1,4 +1,4 @@
-"""The dashboard page in headless Chromium on a hand-made state (planner.live.dashboard.add_routes served by a
+"""The dashboard page in headless Chromium on a hand-made state (planner.dashboard.add_routes served by a
 real aiohttp server): the latency axes' tick labels read as milliseconds, close decision labels are staggered."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace as NS
 from aiohttp import web
 
 from planner.core import PlannerConfig
-from planner.live.dashboard import DashboardHistory, add_routes
+from planner.dashboard import DashboardHistory, add_routes
 from tests.liveplanner.test_dashboard_history import _result
 
 TICKS = "(sel => Array.from(document.querySelectorAll(sel)).map(t => t.textContent))"

@@ -8,7 +8,7 @@ import asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from planner.core import PoolState
-from planner.live.dashboard import DASHBOARD_HTML, DashboardHistory
+from planner.dashboard import DASHBOARD_HTML, DashboardHistory
 from planner.operator.dashboard import make_app
 
 
