@@ -76,12 +76,12 @@ def main() -> None:
     )
     kv_wall = rows["kvbm"][0]
     for name, (w, rep) in rows.items():
-        g = lambda k: rep.get(f"kvbm_{k}", "-")  # noqa: E731
+        g = lambda k, rep=rep: rep.get(f"kvbm_{k}", "-")  # noqa: E731
         print(
-            f"{name:15} {w:8.2f} {w / kv_wall:8.2f} {rep['prefix_cache_reused_ratio']:7.4f} {rep['mean_ttft_ms']:10.2f} "
-            f"{rep['p99_ttft_ms']:10.2f} {g('offloaded_blocks'):>9} {g('onboarded_blocks_g2'):>7} "
-            f"{g('onboarded_blocks_g3'):>7} {g('onboarded_blocks_g4'):>7} {g('spilled_blocks_g3'):>9} "
-            f"{g('spilled_blocks_g4'):>9}"
+            f"{name:15} {w:8.2f} {w / kv_wall:8.2f} {rep['prefix_cache_reused_ratio']:7.4f} "
+            f"{rep['mean_ttft_ms']:10.2f} {rep['p99_ttft_ms']:10.2f} {g('offloaded_blocks'):>9} "
+            f"{g('onboarded_blocks_g2'):>7} {g('onboarded_blocks_g3'):>7} {g('onboarded_blocks_g4'):>7} "
+            f"{g('spilled_blocks_g3'):>9} {g('spilled_blocks_g4'):>9}"
         )
     print(f"speed ratio native/kvbm wall: {rows['native'][0] / kv_wall:.3f} (>1 = kvbm faster)")
     print("reference: no KVBM options in reference-replay (Dynamo Mocker 1.6.1): no differential comparison")

@@ -325,15 +325,17 @@ def capacity(args: argparse.Namespace, tmp: Path, console: Console) -> None:
     console.print(tab)
     if best:
         console.print(
-            f"highest sustainable rate (client ITL within 25% of engine ITL, mean driver lag <= 5 ms): {best[0]:g} req/s, "
-            f"{best[1]:.0f} streamed tokens/s"
+            "highest sustainable rate (client ITL within 25% of engine ITL, mean driver lag <= 5 ms): "
+            f"{best[0]:g} req/s, {best[1]:.0f} streamed tokens/s"
         )
     else:
         console.print("no rate met the 25% criterion")
 
 
 def _metric_value(text: str, name: str) -> float:
-    return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + "{") or l.startswith(name + " "))
+    return sum(
+        float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + "{") or ln.startswith(name + " ")
+    )
 
 
 def _metric_mean(text: str, name: str) -> float:
@@ -374,7 +376,8 @@ def main() -> None:
             runs = [agreement(args, Path(d), console) for _ in range(args.repeat)]
             if args.repeat > 1:
                 tab = Table(
-                    title=f"{args.repeat} live runs vs the offline trace replay (TTFT diffs in %, driver lag in wall ms)"
+                    title=f"{args.repeat} live runs vs the offline trace replay "
+                    "(TTFT diffs in %, driver lag in wall ms)"
                 )
                 tab.add_column("")
                 for i in range(args.repeat):

@@ -206,7 +206,8 @@ def main() -> int:
     target = {"constant": 50.0, "kalman": 50.0}
     ref = results["constant"]["p99_ms"]
     print(
-        f"planner tick time ({args.mode}), {args.hours:g} h of 5 s ticks, {args.passes_per_engine} FPM passes/engine/tick, "
+        f"planner tick time ({args.mode}), {args.hours:g} h of 5 s ticks, "
+        f"{args.passes_per_engine} FPM passes/engine/tick, "
         f"throughput loop every 180 s, Azure conv trace x{args.scale:g}, best of {max(1, args.repeat)} run(s); "
         f"1-min load average {load_before:.2f} before / {os.getloadavg()[0]:.2f} after on {os.cpu_count()} CPUs"
     )
@@ -219,7 +220,8 @@ def main() -> int:
         ok = "ok" if r["p99_ms"] < tgt else "MISS"
         print(
             f"{n:<10} {int(r['ticks']):>6} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.1f} "
-            f"{r['thpt_p50_ms']:>9.2f} {r['thpt_p99_ms']:>9.2f} {r['p99_ms'] / ref:>9.2f} {'<' + format(tgt, 'g'):>5} {ok:<4}"
+            f"{r['thpt_p50_ms']:>9.2f} {r['thpt_p99_ms']:>9.2f} {r['p99_ms'] / ref:>9.2f} "
+            f"{'<' + format(tgt, 'g'):>5} {ok:<4}"
             f"{r['final_fleet']:>5}"
         )
     if args.json:

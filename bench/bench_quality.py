@@ -352,7 +352,7 @@ def markdown(cases: list[Case], results: dict[str, dict[str, Any]], header: str)
         t = targets(case, res)
         dom = dominators({k: v for k, v in res["policies"].items() if k in case.policies}, case.judged)
 
-        def cell(key: str) -> str:
+        def cell(key: str, t: dict[str, Any] = t) -> str:
             if key not in t:
                 return "-"
             ok, txt = t[key]

@@ -14,13 +14,13 @@ Runs both simulators side by side, in the same session, on:
        reference needs ~6 minutes). Run through bench/bench_sglang.py (default --cases s there).
 
 and prints, per case: the relative difference of mean/p50/p90/p99 TTFT, ITL and E2E (both reports use the
-reference's key names; for (b), whose reference breaks KV-router ties at random, against the mean of
-several reference runs, with their own spread), for (a) the share of requests whose TTFT and E2E are both within 0.1% of the
-reference's (requests paired by arrival time, ISL and OSL), simulated requests per wall-second of both
-and their ratio, and the peak resident memory of each process. Each simulator runs in its own child
-process (wall time = trace parsing + replay + report inside the process, the reference's
-``outer_wall_s``; peak RSS and process CPU from ``wait4``; our child gets a bytecode cache as the installed
-reference has, :func:`bytecode_env`). Figures only, no assertions.
+reference's key names; for (b), whose reference breaks KV-router ties at random, against the mean of several
+reference runs, with their own spread), for (a) the share of requests whose TTFT and E2E are both within 0.1%
+of the reference's (requests paired by arrival time, ISL and OSL), simulated requests per wall-second of both
+and their ratio, and the peak resident memory of each process. Each simulator runs in its own child process
+(wall time = trace parsing + replay + report inside the process, the reference's ``outer_wall_s``; peak RSS
+and process CPU from ``wait4``; our child gets a bytecode cache as the installed reference has,
+:func:`bytecode_env`). Figures only, no assertions.
 
 Usage:  .venv/bin/python bench/bench_replay.py [--cases a,b,a1] [--repeat N] [--json OUT]
 """
@@ -352,13 +352,15 @@ def print_case(case: str, c: dict, r: dict) -> None:
     p = r["prefix_cache_reused_ratio"]
     print(f"prefix_cache_reused_ratio dynoplan {p[0]:.4f} reference {p[1]:.4f}")
     print(
-        f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = parse {r['dynoplan_parse_s']:.2f}"
+        f"speed: dynoplan {r['dynoplan_req_per_s']:.0f} req/s ({r['dynoplan_wall_s']:.2f} s = "
+        f"parse {r['dynoplan_parse_s']:.2f}"
         f" + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), reference "
         f"{r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}"
     )
     print(
-        f"process CPU (user+sys, whole child incl. start-up): dynoplan {r['dynoplan_process_cpu_s']:.2f} s, reference "
-        f"{r['reference_process_cpu_s']:.2f} s, ratio {r['cpu_ratio']:.2f} (less sensitive to other load than wall time)"
+        f"process CPU (user+sys, whole child incl. start-up): dynoplan {r['dynoplan_process_cpu_s']:.2f} s, "
+        f"reference {r['reference_process_cpu_s']:.2f} s, ratio {r['cpu_ratio']:.2f} "
+        "(less sensitive to other load than wall time)"
     )
     print(f"peak RSS: dynoplan {r['dynoplan_peak_rss_mib']} MiB, reference {r['reference_peak_rss_mib']} MiB")
 

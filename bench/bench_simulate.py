@@ -121,8 +121,9 @@ def speed(policy: str) -> None:
             )
         if ref is not None:
             print(
-                f"       reference replay static 2 (no planner): wall {ref['wall_s']:6.1f} s  cpu {ref['cpu_s']:6.1f} s  "
-                f"peak RSS {ref['peak_rss_mb']:6.0f} MB  -> dynoplan/reference cpu ratio {r['cpu_s'] / ref['cpu_s']:.2f}"
+                f"       reference replay static 2 (no planner): wall {ref['wall_s']:6.1f} s  "
+                f"cpu {ref['cpu_s']:6.1f} s  peak RSS {ref['peak_rss_mb']:6.0f} MB  "
+                f"-> dynoplan/reference cpu ratio {r['cpu_s'] / ref['cpu_s']:.2f}"
             )
 
 
@@ -135,7 +136,8 @@ def quality(case: str, compare: list[str] | None) -> None:
         )
         doc = json.loads(Path(d, "summary.json").read_text())
     print(
-        f"\n{case}: dynoplan simulate --trace {TRACE.relative_to(ROOT)} {' '.join(q['args'])} --compare {' '.join(pols)}"
+        f"\n{case}: dynoplan simulate --trace {TRACE.relative_to(ROOT)} {' '.join(q['args'])} "
+        f"--compare {' '.join(pols)}"
         f"   (wall {r['wall_s']:.0f} s)"
     )
     print(
@@ -286,7 +288,8 @@ def unseen() -> None:
         p, st = doc["planner"], doc["static:auto"]
         fleet = "+".join(str(v) for v in st["max_replicas"].values())
         print(
-            f"  {name:<28}{100 * p['sla_attainment']:>9.2f}%{p['gpu_hours']:>8.3f}   {100 * st['sla_attainment']:>11.2f}%"
+            f"  {name:<28}{100 * p['sla_attainment']:>9.2f}%{p['gpu_hours']:>8.3f}   "
+            f"{100 * st['sla_attainment']:>11.2f}%"
             f"{st['gpu_hours']:>8.3f}  {fleet:<8} {p['gpu_hours'] / st['gpu_hours']:.2f}"
         )
 

@@ -87,7 +87,7 @@ def run(mode: str, n: int, rate_per_engine: float, ttft_ms: float, itl_ms: float
         pl = Planner(cfg, prof, evaluator=ev)
         # k warm-up ticks move the seed (the sample's seed is the sizing count)
         pl.tick(0.0, Observations({p: PoolState(start[p], start[p]) for p in pools}))
-        for j in range(k):
+        for _ in range(k):
             pl.throughput._sizings += 1
         before_e, before_r = ev.evaluations, ev.replayed_requests
         t0 = time.perf_counter()

@@ -236,7 +236,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (
     e.add_argument(
         "--timing",
         metavar="polynomial|FILE.npz|aic:SPEC",
-        help="timing model (default polynomial; aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)",
+        help="timing model (default polynomial; "
+        "aic:model=...,system=...,backend=...,tp=...,quant=... = AIConfigurator)",
     )
     e.add_argument(
         "--gpu-memory-fraction",

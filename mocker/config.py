@@ -205,12 +205,14 @@ class EngineConfig:
             )
         if self.g1_backend == "kvbm" and self.engine == "sglang":
             p.append(
-                "g1_backend='kvbm': modelled for the vllm and trtllm block pools; expected 'native' with engine='sglang'"
+                "g1_backend='kvbm': modelled for the vllm and trtllm block pools; "
+                "expected 'native' with engine='sglang'"
             )
         elif self.g1_backend == "kvbm" and self.engine == "trtllm" and lower:
             p.append(
                 f"engine='trtllm' with lower KV tiers ({', '.join(lower)}): onboarding is wired into the vLLM "
-                "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); expected engine='vllm'"
+                "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); "
+                "expected engine='vllm'"
             )
         if self.kv_bytes_per_token is None and self.num_g2_blocks and self.g1_backend == "kvbm":
             p.append(

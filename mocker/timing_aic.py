@@ -3,7 +3,8 @@
 ``timing="aic:model=Qwen/Qwen3-8B,system=h200_sxm,backend=vllm,tp=1,quant=bf16"`` samples AIConfigurator's
 per-pass latency on a grid once, stores it as a timing profile ``.npz`` (the arrays of
 :class:`mocker.timing.NpzTiming`) in a cache directory (:func:`ensure_profile`), and
-:func:`mocker.timing.load_timing` interpolates it from then on, so a replay never calls AIConfigurator per pass. Grid (see :func:`sample_profile`):
+:func:`mocker.timing.load_timing` interpolates it from then on, so a replay never calls AIConfigurator per pass.
+Grid (see :func:`sample_profile`):
 
 * prefill: ``run_static(mode="static_ctx")`` at batch 1 over new-token counts -> ``ttft`` (ms);
 * decode: ``run_static(mode="static_gen")`` at (batch size, context length) -> ``tpot`` (ms), stored at
@@ -173,7 +174,7 @@ def ensure_profile(timing: str, grid: str = "default") -> Path:
         )
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise ConfigError(f"timing={timing!r}: AIConfigurator failed: {last}")
+            raise ConfigError(f"timing={timing!r}: AIConfigurator failed: {last}") from None
     tmp.replace(path)
     return path
 

@@ -14,8 +14,9 @@ Formats
   prompt tokens; equal leading ids = shared prefix). Aliases accepted: ``created_time`` for
   ``timestamp``, ``input_tokens`` / ``output_tokens`` for the lengths. Timestamps are milliseconds since
   the trace start, used as given (not rebased), at most :data:`MAX_TRACE_TIMESTAMP_MS`; Unix epoch
-  milliseconds (>= :data:`EPOCH_MS_THRESHOLD`) are refused with a message saying so. Blank lines are skipped. As in the reference mocker (``Trace::from_mooncake``), an
-  ``input_length`` larger than ``len(hash_ids) * trace_block_size`` is clamped to that capacity.
+  milliseconds (>= :data:`EPOCH_MS_THRESHOLD`) are refused with a message saying so. Blank lines are skipped.
+  As in the reference mocker (``Trace::from_mooncake``), an ``input_length`` larger than
+  ``len(hash_ids) * trace_block_size`` is clamped to that capacity.
 - **Synthetic**: ``synthetic:KIND?key=value&...`` — see :func:`parse_synthetic_spec`.
 
 Validation (both file formats): a malformed row raises :class:`~dynoplan.errors.TraceError` naming the
@@ -158,7 +159,7 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     """
     p = str(path)
     try:
-        f = open(path, newline="", encoding="utf-8-sig")
+        f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115  closed by the `with f:` below; only open() is guarded
     except FileNotFoundError:
         raise TraceError(p, None, None, "trace file not found") from None
     with f:

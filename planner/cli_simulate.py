@@ -687,7 +687,7 @@ def run(args: argparse.Namespace) -> int:
                         ctx.engines,
                         pol,
                         ctx.settings,
-                        progress=lambda d, n: bar.update(task, completed=d, total=n),
+                        progress=lambda d, n, bar=bar, task=task: bar.update(task, completed=d, total=n),
                     )
                 )
         else:

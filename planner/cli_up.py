@@ -438,7 +438,8 @@ class _Supervised:
             self.due_s = now_s + delay
             print(
                 f"notice: {self.name} exited with code {p.returncode} after {now_s - self.started_s:.1f} s; "
-                f"restarting it in {delay:g} s ({_last_error_line(st.logs / (self.name + '.log'), st.log_start.get(self.name, 0))})",
+                f"restarting it in {delay:g} s "
+                f"({_last_error_line(st.logs / (self.name + '.log'), st.log_start.get(self.name, 0))})",
                 file=sys.stderr,
                 flush=True,
             )

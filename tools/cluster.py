@@ -19,9 +19,10 @@ CoreDNS (Service ``kube-system/kube-dns``), containerd + runc with the CNI bridg
 from ``tools/build-k8s-bins.sh`` (Go modules, cached by version), images from ``tools/build-images.sh``
 (debootstrap + buildah; imported with ``ctr -n k8s.io images import``).
 
-Networking stays inside the machine: the node address ``10.213.0.1`` lives on a dummy interface
-``dynoplan0`` that this tool creates (a bridge without ports where the kernel lacks the dummy module); Pods get ``10.214.0.0/24`` on the bridge ``cni0``; Services use
-``10.215.0.0/24`` (``kubernetes`` = .1, DNS = .10). Nothing binds to the machine's own interfaces.
+Networking stays inside the machine: the node address ``10.213.0.1`` lives on a dummy interface ``dynoplan0``
+that this tool creates (a bridge without ports where the kernel lacks the dummy module); Pods get
+``10.214.0.0/24`` on the bridge ``cni0``; Services use ``10.215.0.0/24`` (``kubernetes`` = .1, DNS = .10).
+Nothing binds to the machine's own interfaces.
 
 ``down`` (also run by ``up`` first when a previous run left anything behind) stops the processes, kills
 the containers, unmounts what the kubelet and containerd mounted (``/var/lib/kubelet``, ``/run/netns``,
@@ -580,11 +581,13 @@ def save_sysctls() -> None:
 
 
 def network_up() -> None:
-    if run(["ip", "link", "show", DUMMY_IF], check=False).returncode != 0:
-        # A dummy interface; where the kernel has no dummy module, a bridge without ports holds the
-        # address just as well (local delivery only, nothing attached).
-        if run(["ip", "link", "add", DUMMY_IF, "type", "dummy"], check=False).returncode != 0:
-            run(["ip", "link", "add", DUMMY_IF, "type", "bridge"])
+    # A dummy interface; where the kernel has no dummy module, a bridge without ports holds the
+    # address just as well (local delivery only, nothing attached).
+    if (
+        run(["ip", "link", "show", DUMMY_IF], check=False).returncode != 0
+        and run(["ip", "link", "add", DUMMY_IF, "type", "dummy"], check=False).returncode != 0
+    ):
+        run(["ip", "link", "add", DUMMY_IF, "type", "bridge"])
     run(["ip", "addr", "replace", f"{NODE_IP}/32", "dev", DUMMY_IF])
     run(["ip", "link", "set", DUMMY_IF, "up"])
     # Pod -> Service -> Pod on the same bridge goes through the host's routing and iptables.

@@ -405,10 +405,16 @@ class VllmCore(PassTimeline):
             if target == before and desired > 0:
                 return _BLOCKED
             # a partial block that becomes a full prompt block joins the prefix cache
-            if keys is not None and r.alloc_tokens % bs and held * bs <= prompt_len and held * bs <= target:
-                if r.private_blocks and kv.promote_private(keys[held - 1]):
-                    r.private_blocks -= 1
-                    r.hashed_held.append(keys[held - 1])
+            if (
+                keys is not None
+                and r.alloc_tokens % bs
+                and held * bs <= prompt_len
+                and held * bs <= target
+                and r.private_blocks
+                and kv.promote_private(keys[held - 1])
+            ):
+                r.private_blocks -= 1
+                r.hashed_held.append(keys[held - 1])
             n_full = 0
             if keys is not None:
                 full_end = (target if target < prompt_len else prompt_len) // bs
@@ -425,10 +431,14 @@ class VllmCore(PassTimeline):
         elif keys is not None and r.alloc_tokens % bs and target > r.alloc_tokens:
             # growing inside the last partial block; it may become a full prompt block
             last = held - 1
-            if (last + 1) * bs <= target and (last + 1) * bs <= prompt_len and r.private_blocks:
-                if kv.promote_private(keys[last]):
-                    r.private_blocks -= 1
-                    r.hashed_held.append(keys[last])
+            if (
+                (last + 1) * bs <= target
+                and (last + 1) * bs <= prompt_len
+                and r.private_blocks
+                and kv.promote_private(keys[last])
+            ):
+                r.private_blocks -= 1
+                r.hashed_held.append(keys[last])
         if target > r.alloc_tokens:
             r.alloc_tokens = target
         r.computed = target
@@ -1208,8 +1218,8 @@ class VllmCore(PassTimeline):
 
 class TrtllmCore(VllmCore):
     """TensorRT-LLM GUARANTEED_NO_EVICT: capacity-first admission reserving
-    ``ceil((prompt + max_output) / block_size)`` blocks per request (docs/architecture.md "TensorRT-LLM mode": 7319 blocks, block 32,
-    ISL 1096, max output 7000 -> 253 blocks each -> at most 28 running); never preempts."""
+    ``ceil((prompt + max_output) / block_size)`` blocks per request (docs/architecture.md "TensorRT-LLM mode":
+    7319 blocks, block 32, ISL 1096, max output 7000 -> 253 blocks each -> at most 28 running); never preempts."""
 
     no_evict = True
 

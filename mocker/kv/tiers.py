@@ -13,11 +13,11 @@ content. Flow modelled here:
   G3/G4 blocks are first staged into the worker's G2 (G3->G2 / G4->G2 links), then all of them cross the
   G2->G1 link; the ticket completes when that last transfer does.
 
-Links: each directional link has its own bandwidth and is processor-shared (docs/architecture.md "KVBM tiers"): n transfers in
-flight progress at bandwidth/n each, so a transfer speeds up when a peer finishes. Time of a lone transfer =
-bytes / bandwidth (1 MB at 1 GB/s = 1 ms, decimal units). G1<->G2 links are per worker (each GPU's host
-link); G2<->G3, G2<->G4 and G3->G4 links are shared by the fleet (one disk, one object store). Bandwidth 0
-means the link is instantaneous.
+Links: each directional link has its own bandwidth and is processor-shared (docs/architecture.md
+"KVBM tiers"): n transfers in flight progress at bandwidth/n each, so a transfer speeds up when a peer
+finishes. Time of a lone transfer = bytes / bandwidth (1 MB at 1 GB/s = 1 ms, decimal units). G1<->G2 links
+are per worker (each GPU's host link); G2<->G3, G2<->G4 and G3->G4 links are shared by the fleet (one disk,
+one object store). Bandwidth 0 means the link is instantaneous.
 
 Defaults of the bandwidths are assumptions, not reference values: 25 GB/s host<->device (PCIe Gen4 x16
 effective), 5 GB/s host<->disk (NVMe), 1 GB/s to/from object storage.

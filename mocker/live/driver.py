@@ -3,9 +3,9 @@
 Where the speedup ratio is applied
 ----------------------------------
 Exactly once, inside the core: ``EngineConfig.speedup_ratio`` divides every pass time (docs/architecture.md
-"Polynomial timing baseline"). The driver maps core milliseconds 1:1 onto wall milliseconds since the driver started, so a core
-built with ``speedup_ratio=R`` streams tokens R times faster than the modelled GPU. Arrivals are stamped
-with the wall clock on the same axis. Nothing else is scaled.
+"Polynomial timing baseline"). The driver maps core milliseconds 1:1 onto wall milliseconds since the driver
+started, so a core built with ``speedup_ratio=R`` streams tokens R times faster than the modelled GPU.
+Arrivals are stamped with the wall clock on the same axis. Nothing else is scaled.
 
 The loop (one per DP rank)::
 

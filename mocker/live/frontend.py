@@ -38,18 +38,18 @@ Disaggregated pools
 When prefill and decode workers are present, a request is sent first to a prefill worker with
 ``max_tokens: 1`` (prompt KV + first token; that token is not streamed), then to a decode worker with
 ``prefill_done: true`` and the client's ``max_tokens``; the decode worker applies the KV transfer delay,
-admits the prompt KV without recomputing it and emits every client token, the first at the end of its
-first decode pass — TTFT = prefill queue + prefill + transfer + one decode pass, the offline fleet's and
-the reference's disaggregated TTFT (:mod:`mocker.fleet`) (``pd_mode="direct"``). With ``pd_mode="bootstrap"`` both legs are sent at once: the prefill leg
-carries ``bootstrap_room``, the decode leg the prefill worker's ``bootstrap_host``/``bootstrap_port`` and
-the room, and the decode worker waits on that TCP port for the prefill to finish
-(:mod:`mocker.live.worker`, "Coordinated bootstrap").
+admits the prompt KV without recomputing it and emits every client token, the first at the end of its first
+decode pass — TTFT = prefill queue + prefill + transfer + one decode pass, the offline fleet's and the
+reference's disaggregated TTFT (:mod:`mocker.fleet`) (``pd_mode="direct"``). With ``pd_mode="bootstrap"`` both
+legs are sent at once: the prefill leg carries ``bootstrap_room``, the decode leg the prefill worker's
+``bootstrap_host``/``bootstrap_port`` and the room, and the decode worker waits on that TCP port for the
+prefill to finish (:mod:`mocker.live.worker`, "Coordinated bootstrap").
 
-Metrics: :class:`mocker.live.metrics.FrontendMetrics` on ``GET /metrics``. TTFT is measured from the
-arrival of the client's request (its head read from the socket) to the first token the frontend receives; ITL between consecutive tokens
-it receives; request duration to the last token; the inter-arrival gap (``dynoplan_frontend_request_interarrival_seconds``)
-from one accepted request's arrival to the next; ``dynamo_frontend_inflight_requests`` counts requests accepted and
-not yet answered.
+Metrics: :class:`mocker.live.metrics.FrontendMetrics` on ``GET /metrics``. TTFT is measured from the arrival
+of the client's request (its head read from the socket) to the first token the frontend receives; ITL between
+consecutive tokens it receives; request duration to the last token; the inter-arrival gap
+(``dynoplan_frontend_request_interarrival_seconds``) from one accepted request's arrival to the next;
+``dynamo_frontend_inflight_requests`` counts requests accepted and not yet answered.
 """
 
 from __future__ import annotations

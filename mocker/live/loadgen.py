@@ -276,9 +276,11 @@ async def connect_problem(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str
     ``Connection refused``, ``no answer within 5 s``). Checked once before a run so a dead URL is one error,
     not a whole trace of failed requests."""
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-                await r.read()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r,
+        ):
+            await r.read()
     except TimeoutError:
         return f"no answer within {timeout_s:g} s"
     except aiohttp.ClientConnectorError as e:

@@ -185,7 +185,8 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
                     content = "".join(parts)
                 if not isinstance(content, str):
                     raise RequestError(
-                        f"'messages[{i}].content' must be a string or an array of text parts, got {_type_name(content)}",
+                        f"'messages[{i}].content' must be a string or an array of text parts, "
+                        f"got {_type_name(content)}",
                         param=f"messages[{i}].content",
                     )
                 rendered.append((m["role"], content))

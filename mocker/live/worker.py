@@ -621,12 +621,11 @@ class Worker:
             room_left = self._room_of.pop(rid, None)
             if room_left is not None:
                 self._resolve_room(room_left, "failed", p.input_length)
-            if not done:  # client went away (handler cancelled or write failed): free the KV now
-                if rid in drv.streams:
-                    drv.cancel(rid)
-                    self.metrics.cancelled.labels(self.s.model_name, str(drv.dp_rank)).inc()
-                    self._first_token_seen.discard(rid)
-                    self.records.append(st.record)
+            if not done and rid in drv.streams:  # client went away (handler cancelled or write failed): free the KV now
+                drv.cancel(rid)
+                self.metrics.cancelled.labels(self.s.model_name, str(drv.dp_rank)).inc()
+                self._first_token_seen.discard(rid)
+                self.records.append(st.record)
 
     # ------------------------------------------------------------------ bootstrap handoff
     def _resolve_room(self, room: int, status: str, input_length: int) -> None:
@@ -676,7 +675,8 @@ class Worker:
     def _refused(self, p: ParsedRequest) -> web.Response:
         return self._error(
             RequestError(
-                f"the request needs {p.input_length} prompt tokens (+ output) of KV cache, more than this engine can ever hold "
+                f"the request needs {p.input_length} prompt tokens (+ output) of KV cache, "
+                "more than this engine can ever hold "
                 f"({self.cfg.num_gpu_blocks} blocks of {self.cfg.effective_block_size} tokens)",
                 param="max_tokens",
             )

@@ -578,7 +578,8 @@ class PlannerLoop:
             change = ", ".join(
                 f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items()) if cur.get(p) != n
             )
-            msg = f"decision {d.decision_id}: {change or 'no change'} ({', '.join(r.value for r in d.reasons) or d.reason.value})"
+            why = ", ".join(r.value for r in d.reasons) or d.reason.value
+            msg = f"decision {d.decision_id}: {change or 'no change'} ({why})"
             if plan.advisory:
                 events.append((self.ref, "Normal", REASON_ADVISORY, msg))
             else:
@@ -591,7 +592,8 @@ class PlannerLoop:
                             self.ref,
                             "Warning",
                             REASON_CONFLICT,
-                            f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning",
+                            f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); "
+                            "re-planning",
                         )
                     )
                     self._next_s = now  # re-read at once on the next step

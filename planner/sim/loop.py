@@ -1,8 +1,8 @@
 """The closed loop: a trace through a pooled fleet whose size a policy controls, in virtual time.
 
-Data flows one way (docs/architecture.md "The flow"): trace -> arrivals -> fleet (router, engine cores) -> request records and
-per-pass metrics -> simulated metric source (:mod:`planner.sim.metrics`) -> policy -> simulated connector
-(``add_worker`` with the start-up delay; ``remove_worker`` drains) -> fleet size.
+Data flows one way (docs/architecture.md "The flow"): trace -> arrivals -> fleet (router, engine cores) ->
+request records and per-pass metrics -> simulated metric source (:mod:`planner.sim.metrics`) -> policy ->
+simulated connector (``add_worker`` with the start-up delay; ``remove_worker`` drains) -> fleet size.
 
 Event order at one virtual instant ``t``: arrivals with ``arrival <= t`` are submitted, every engine runs
 up to ``t``, the frontend counters are scraped at ``t``, a timeline sample is taken when due, then the
@@ -40,7 +40,8 @@ class SimSettings:
     """Closed-loop settings (validated at construction; SimulationConfigError lists every problem)."""
 
     startup_delay_s: float = 60.0
-    """Seconds from requesting a worker until it serves (model load; default 60 s, docs/architecture.md "Simulated connector")."""
+    """Seconds from requesting a worker until it serves (model load; default 60 s,
+    docs/architecture.md "Simulated connector")."""
     sla_ttft_ms: float = 500.0
     """TTFT target, ms (planner default 500)."""
     sla_itl_ms: float = 50.0

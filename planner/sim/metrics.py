@@ -11,10 +11,10 @@ keeps the same cumulative ``_sum``/``_count`` pairs, observed at the virtual tim
   (``le=`` the TTFT target) as a Prometheus histogram with a bucket boundary at the target gives;
 - inter-arrival gap (histogram ``dynoplan_frontend_request_interarrival_seconds``): at arrival, from the
   previous arrival; in-flight requests (gauge): started minus terminal at the scrape;
-- ITL, OSL, request duration: when the request finishes (plus an SLA bucket of per-request mean ITL). A live frontend observes each inter-token gap
-  as it is emitted; adding a finished request's ``E2E - TTFT`` to the ITL sum and ``tokens - 1`` to its
-  count gives the same totals once the request is done (only the split across a window boundary of a
-  request still running differs).
+- ITL, OSL, request duration: when the request finishes (plus an SLA bucket of per-request mean ITL). A live
+  frontend observes each inter-token gap as it is emitted; adding a finished request's ``E2E - TTFT`` to the
+  ITL sum and ``tokens - 1`` to its count gives the same totals once the request is done (only the split
+  across a window boundary of a request still running differs).
 
 :meth:`FrontendCounters.scrape` at virtual time ``t`` counts only events at or before ``t`` (an engine pass
 that started before ``t`` may end after it). :meth:`window` differences two scrapes into a

@@ -258,7 +258,9 @@ def test_workers_file_join_and_leave_lose_no_request(tmp_path):
                         json={"model": "mocker", "input_length": 8, "max_tokens": 30, "stream": True},
                     )
                     text = await r.text()
-                    return sum(1 for l in text.split("\n") if l.startswith("data: {") and '"finish_reason":null' in l)
+                    return sum(
+                        1 for ln in text.split("\n") if ln.startswith("data: {") and '"finish_reason":null' in ln
+                    )
 
                 first = [asyncio.ensure_future(one()) for _ in range(3)]
                 await asyncio.sleep(0.05)
@@ -296,7 +298,7 @@ def test_disaggregated_prefill_then_decode():
                         "stream": True,
                     },
                 )
-                lines = [json.loads(l[6:]) for l in (await r.text()).split("\n") if l.startswith("data: {")]
+                lines = [json.loads(ln[6:]) for ln in (await r.text()).split("\n") if ln.startswith("data: {")]
             toks = [c for c in lines if c["choices"] and c["choices"][0]["delta"].get("content") is not None]
             assert len(toks) == 6
             (prec,) = pw[1].records

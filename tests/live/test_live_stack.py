@@ -96,7 +96,8 @@ def test_prometheus_interval_averages_match_loadgen(prometheus_factory):
         # engine-side (worker) TTFT <= frontend TTFT: the frontend adds its own hop to the worker
         eng_ttft = (
             prom.query_scalar(
-                f"sum(increase(vllm:time_to_first_token_seconds_sum[{w}])) / sum(increase(vllm:time_to_first_token_seconds_count[{w}]))"
+                f"sum(increase(vllm:time_to_first_token_seconds_sum[{w}])) "
+                f"/ sum(increase(vllm:time_to_first_token_seconds_count[{w}]))"
             )
             * 1000.0
         )
@@ -130,7 +131,7 @@ def test_worker_killed_mid_stream_loses_no_request():
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 tokens = requests.get(w1 + "/metrics", timeout=2).text
-                line = next(l for l in tokens.splitlines() if l.startswith("vllm:generation_tokens_total"))
+                line = next(ln for ln in tokens.splitlines() if ln.startswith("vllm:generation_tokens_total"))
                 if float(line.split()[-1]) >= 50:
                     break
                 time.sleep(0.02)
@@ -145,7 +146,7 @@ def test_worker_killed_mid_stream_loses_no_request():
         assert rep["completed_requests"] == 10 and rep["total_output_tokens"] == 1500
         m = requests.get(fe + "/metrics", timeout=2).text
         retries = float(
-            next(l for l in m.splitlines() if l.startswith("dynamo_frontend_request_retries_total")).split()[-1]
+            next(ln for ln in m.splitlines() if ln.startswith("dynamo_frontend_request_retries_total")).split()[-1]
         )
         assert retries >= 1
 

@@ -59,7 +59,7 @@ def test_chat_streaming_sse_chunks_and_usage():
             },
         )
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-        events = [l[6:] for l in (await r.text()).split("\n") if l.startswith("data: ")]
+        events = [ln[6:] for ln in (await r.text()).split("\n") if ln.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
         content = [c for c in chunks if c["choices"] and "content" in c["choices"][0]["delta"]]
@@ -222,9 +222,10 @@ def test_client_disconnect_cancels_request_and_frees_kv():
 
 
 def test_engine_side_latencies_match_reference_facts_exactly():
-    """ISL 374 alone -> TTFT 22.239 ms, next token 5.76 ms later (docs/architecture.md "Polynomial timing baseline", checked against the
-    reference). The live driver keeps the core's timeline, so the engine-side histograms carry the exact
-    simulated values whatever the event-loop jitter; at speedup 4 they are a quarter."""
+    """ISL 374 alone -> TTFT 22.239 ms, next token 5.76 ms later (docs/architecture.md
+    "Polynomial timing baseline", checked against the reference). The live driver keeps the core's timeline,
+    so the engine-side histograms carry the exact simulated values whatever the event-loop jitter; at
+    speedup 4 they are a quarter."""
 
     async def body(s, w, f):
         r = await s.post("/v1/completions", json={"model": "mocker", "input_length": 374, "max_tokens": 2})
@@ -234,7 +235,7 @@ def test_engine_side_latencies_match_reference_facts_exactly():
         assert abs((rec.token_times_ms[1] - rec.token_times_ms[0]) - 5.76 / 4) < 0.01
         m = await (await s.get("/metrics")).text()
         ttft_sum = float(
-            next(l for l in m.splitlines() if l.startswith("vllm:time_to_first_token_seconds_sum")).split()[-1]
+            next(ln for ln in m.splitlines() if ln.startswith("vllm:time_to_first_token_seconds_sum")).split()[-1]
         )
         assert abs(ttft_sum - 0.022239 / 4) < 1e-6
 
@@ -349,7 +350,7 @@ def test_overload_queues_and_shows_in_metrics():
         waiting = 0.0
         for _ in range(100):
             m = await (await s.get("/metrics")).text()
-            line = next(l for l in m.splitlines() if l.startswith("vllm:num_requests_waiting{"))
+            line = next(ln for ln in m.splitlines() if ln.startswith("vllm:num_requests_waiting{"))
             waiting = max(waiting, float(line.split()[-1]))
             if waiting >= 4:
                 break
@@ -420,8 +421,9 @@ def test_fuzzed_bodies_never_crash_the_server():
 
 
 def test_kv_transfer_delay_formula():
-    """docs/architecture.md "KV transfer": time = tokens * kv_bytes_per_token / bandwidth, NOT divided by the speedup (the
-    offline fleet and the reference at speedup_ratio 10: 374 tokens x 131072 B at 64 GB/s = 0.765952 ms)."""
+    """docs/architecture.md "KV transfer": time = tokens * kv_bytes_per_token / bandwidth, NOT divided by the
+    speedup (the offline fleet and the reference at speedup_ratio 10: 374 tokens x 131072 B at 64 GB/s =
+    0.765952 ms)."""
     cfg = EngineConfig(speedup_ratio=10.0, worker_type="decode")
     w = Worker(WorkerSettings(engine=cfg, kv_bytes_per_token=1_000_000, kv_transfer_bandwidth_gbps=1.0))
     assert w._transfer_delay_s(1000) == pytest.approx(1.0)  # 1e9 bytes at 1e9 B/s = 1 s
@@ -443,8 +445,8 @@ def test_kv_usage_gauge_is_active_blocks_over_capacity():
         await asyncio.sleep(0.05)
         m = await (await s.get("/metrics")).text()
         core = f.engines[0]
-        usage = float(next(l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc{")).split()[-1])
-        running = float(next(l for l in m.splitlines() if l.startswith("vllm:num_requests_running{")).split()[-1])
+        usage = float(next(ln for ln in m.splitlines() if ln.startswith("vllm:kv_cache_usage_perc{")).split()[-1])
+        running = float(next(ln for ln in m.splitlines() if ln.startswith("vllm:num_requests_running{")).split()[-1])
         assert running == 1.0
         assert 13 / 100 <= usage <= core.active_blocks() / 100 + 1e-9
         r.close()

@@ -84,7 +84,8 @@ def test_latency_ticks_read_as_milliseconds_and_close_decision_labels_do_not_ove
             assert set(ttft) <= {"20 ms", "50 ms", "100 ms", "200 ms", "500 ms", "1000 ms", "2000 ms"}, ttft
             assert {"100 ms", "200 ms", "500 ms", "1000 ms"} <= set(ttft), ttft  # the 200 ms target reads "200 ms"
             vals = [float(t.removesuffix(" ms")) for t in itl]
-            # plotly's linear-style ticks of a narrow log range (2 ms apart here), each a full value, the target among them
+            # plotly's linear-style ticks of a narrow log range (2 ms apart here), each a full value,
+            # the target among them
             assert len(vals) >= 3 and vals == sorted(vals) and min(vals) >= 10 and max(vals) <= 30 and 20.0 in vals, itl
             notes = page.evaluate(
                 "document.getElementById('replicas').layout.annotations.map(a => [a.text, a.y, a.yanchor])"

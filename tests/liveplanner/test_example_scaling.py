@@ -70,7 +70,8 @@ def test_example_scales_up_then_down_under_its_documented_load(tmp_path):
         rep = result["rep"]
         print(
             f"\nexample live-scaling: replicas over time (s since the load started, spec) {timeline}; "
-            f"loadgen {rep['completed_requests']}/{rep['num_requests']} completed, p99 TTFT {rep['p99_ttft_ms']:.0f} ms, "
+            f"loadgen {rep['completed_requests']}/{rep['num_requests']} completed, "
+            f"p99 TTFT {rep['p99_ttft_ms']:.0f} ms, "
             f"p99 ITL {rep['p99_itl_ms']:.1f} ms"
         )
         assert result["rc"] == 0 and rep["failed_requests"] == 0, rep.get("failures")

@@ -160,5 +160,6 @@ def test_up_disaggregated_scales_prefill_and_decode(tmp_path, chromium):
         finally:
             page.close()
         print(
-            f"dashboard: points per plot {pts}; disagg up: spec changes {seen}; successes read per pool {served} of {n} requests"
+            f"dashboard: points per plot {pts}; disagg up: spec changes {seen}; "
+            f"successes read per pool {served} of {n} requests"
         )

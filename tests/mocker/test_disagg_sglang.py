@@ -39,8 +39,8 @@ def _ns(ms: float) -> float:
 # ------------------------------------------------------------------------------------------ hand-computed
 @pytest.mark.parametrize("handoff", ["coordinated", "direct"])
 def test_single_request_ttft_is_prefill_plus_transfer_plus_one_decode_pass(handoff):
-    """One prefill + one decode SGLang worker, ISL 374, OSL 4, 64 GB/s x 131072 B/token. By hand (docs/architecture.md "Polynomial timing baseline"
-    polynomials; SGLang page 1, so the pool is 16384 tokens):
+    """One prefill + one decode SGLang worker, ISL 374, OSL 4, 64 GB/s x 131072 B/token. By hand
+    (docs/architecture.md "Polynomial timing baseline" polynomials; SGLang page 1, so the pool is 16384 tokens):
       prefill(374) = 4.209989e-07 * 374^2 + 1.518344e-02 * 374 + 16.50142 = 22.238914 ms
       transfer     = 374 * 131072 B / 64e9 B/s = 0.765952 ms  -> decode admission at 23.004866 ms
       decode(374)  = -25.74 p^2 + 54.01 p + 5.74, p = 374 / 16384 -> 6.959482 ms

@@ -33,8 +33,9 @@ BASE = dict(
     bw_g2_g3_gbps=1.0,
     bw_g3_g2_gbps=1.0,
 )
-# Polynomial prefill (docs/architecture.md "Polynomial timing baseline"), rounded to ns: T = 16 new tokens -> 4.209989e-07*16^2 + 1.518344e-02*16
-# + 16.50142 = 16.744462815 -> 16.744463 ms; T = 80 -> 17.718789593 -> 17.71879 ms.
+# Polynomial prefill (docs/architecture.md "Polynomial timing baseline"), rounded to ns:
+# T = 16 new tokens -> 4.209989e-07*16^2 + 1.518344e-02*16 + 16.50142 = 16.744462815 -> 16.744463 ms;
+# T = 80 -> 17.718789593 -> 17.71879 ms.
 PREFILL_16_MS = 16.744463
 PREFILL_80_MS = 17.71879
 

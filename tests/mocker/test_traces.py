@@ -222,7 +222,8 @@ def test_mooncake_bundled_trace() -> None:
         ),
         ("[1, 2, 3]\n", 1, None, "JSON object"),
         (
-            '{"timestamp": 9, "input_length": 5, "output_length": 1}\n\n{"timestamp": 3, "input_length": 5, "output_length": 1}\n',
+            '{"timestamp": 9, "input_length": 5, "output_length": 1}\n\n'
+            '{"timestamp": 3, "input_length": 5, "output_length": 1}\n',
             3,
             "timestamp",
             "arrival order",

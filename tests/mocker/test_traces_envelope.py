@@ -93,7 +93,7 @@ def test_periodic_integral_matches_closed_form_and_quadrature() -> None:
     for e in (env, shifted, parse_rate_envelope("periodic:period_s=37,low=0,high=5,phase_s=-3.5")):
         for t in (0.3, 12.0, 49.9, 131.0, 1000.0):
             assert float(e.integral(t)) == pytest.approx(
-                quad(lambda s: float(e.multiplier(s)), 0.0, t, limit=500)[0], rel=1e-9
+                quad(lambda s, e=e: float(e.multiplier(s)), 0.0, t, limit=500)[0], rel=1e-9
             )
 
 

@@ -72,7 +72,7 @@ def test_idle_heartbeats_skipped_and_memory_bounded():
     assert len(r) <= 4 * 5
     # a flood of small passes cannot evict the big ones (bucketed retention)
     r.add(fpm(0.01 + 1e-7 * 100000, decode_kv=100000))
-    for i in range(1000):
+    for _ in range(1000):
         r.add(fpm(0.01 + 1e-7 * 3, decode_kv=3))
     assert any(x[0][0] == 100000 for b in r._buckets for x in b)
     assert r.fit().slope("sum_decode_kv_tokens") == pytest.approx(1e-7, rel=1e-6)

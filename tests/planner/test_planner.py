@@ -11,7 +11,8 @@ from planner.core.planner import Planner
 from planner.core.reasons import Reason
 from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffic, training_passes
 
-# The reference planner's rules (docs/architecture.md "Planner facts"): no evaluator is given, so sizing is the closed-form reference.
+# The reference planner's rules (docs/architecture.md "Planner facts"): no evaluator is given, so sizing is the
+# closed-form reference.
 REFERENCE_RULES = dict(load_max_scale_up_factor=1.0, demand_error_quantile=None, first_sizing_s=None)
 
 

@@ -218,7 +218,7 @@ def test_prophet_refit_every_k_predicts_from_last_fit():
 
 def test_arima_phase_staggers_the_first_fit():
     p = ArimaPredictor(min_points=5, phase=2)
-    for i, v in enumerate([3.0, 5.0, 4.0, 6.0, 5.0, 7.0], start=1):
+    for v in [3.0, 5.0, 4.0, 6.0, 5.0, 7.0]:
         p.add(v)
         assert p.fits == 0 and p.predict_next() == v  # constant fallback while waiting
     p.add(6.0)

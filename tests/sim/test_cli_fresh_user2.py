@@ -474,8 +474,9 @@ def test_long_policy_names_are_folded_not_truncated(width):
         "max_replicas": {"agg": 3},
         "scale_events": 4,
     }
-    con = Console(width=width, record=True, file=open("/dev/null", "w"))
-    con.print(render_table({"policies": {name: row, "static:1": row}}))
+    with open("/dev/null", "w") as devnull:
+        con = Console(width=width, record=True, file=devnull)
+        con.print(render_table({"policies": {name: row, "static:1": row}}))
     text = con.export_text()
     assert "…" not in text
     first_cells = [ln.split("│")[1].strip() for ln in text.splitlines() if ln.count("│") > 2]

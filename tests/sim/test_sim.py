@@ -24,7 +24,8 @@ ENGINE = EngineConfig()
 
 
 def prefill_ms(t: int) -> float:
-    """The polynomial prefill of docs/architecture.md "Polynomial timing baseline"; time of one pass computing ``t`` new tokens (ms)."""
+    """The polynomial prefill of docs/architecture.md "Polynomial timing baseline"; time of one pass computing
+    ``t`` new tokens (ms)."""
     return 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
 
 
@@ -43,7 +44,8 @@ def test_startup_delay_queues_at_fleet_until_ready():
     assert rec.first_token_ms is None and f.pool_counts("agg").ready == 0
     f.advance_until(61_000.0)
     assert f.pool_counts("agg").ready == 1 and f.pool_counts("agg").queued_at_fleet == 0
-    # dispatched at the ready instant; alone on the engine: TTFT = one prefill pass (docs/architecture.md "Polynomial timing baseline": 22.239 ms)
+    # dispatched at the ready instant; alone on the engine: TTFT = one prefill pass
+    # (docs/architecture.md "Polynomial timing baseline": 22.239 ms)
     assert rec.first_token_ms == pytest.approx(60_000.0 + prefill_ms(374), abs=1e-3)
     assert rec.first_token_ms - 60_000.0 == pytest.approx(22.239, abs=1e-3)
     f.finish()
