@@ -41,7 +41,7 @@ import math
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -160,37 +160,43 @@ def _is_completed(r: RequestRecord) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def build_report(
-    result: ReplayResult,
-    *,
-    sla_ttft_ms: float | None = None,
-    sla_itl_ms: float | None = None,
-    sla_e2e_ms: float | None = None,
-) -> dict[str, Any]:
-    """The replay summary as a flat dict with the reference report's key names, in a fixed order.
+class _TokenTimes(NamedTuple):
+    """Per-request and per-gap latency samples of the completed requests that produced tokens.
 
-    ``result``: a :class:`mocker.fleet.ReplayResult` (uses ``records``, ``worker_seconds``,
-    ``num_workers``, ``engine``). SLA targets in ms; a target of None is not checked, and the goodput
-    keys appear only when at least one target is given. Raises ValueError on a negative or non-finite
-    target. Definitions: see the module docstring.
+    Per-request arrays have one element per such request, in request_id order: ``n_tok`` (int64, tokens),
+    ``ttft``/``e2e`` (float64, ms), ``multi`` (bool, >= 2 tokens). ``ttst``/``tpot`` (float64, ms) have one
+    element per request with ``multi``. ``itl`` (float64, ms) holds every gap between consecutive tokens;
+    ``itl_stats`` its statistics (computed before ``itl`` becomes scratch); ``per_user`` (tokens/s) is
+    1000 / gap for every gap > 0; ``scratch`` is a float64 buffer of at least ``per_user.size`` elements
+    (the ``itl`` buffer: only its size is read after its statistics).
     """
+
+    n_tok: np.ndarray
+    ttft: np.ndarray
+    e2e: np.ndarray
+    multi: np.ndarray
+    ttst: np.ndarray
+    tpot: np.ndarray
+    itl: np.ndarray
+    itl_stats: dict[str, float]
+    per_user: np.ndarray
+    scratch: np.ndarray
+
+
+def _check_sla_targets(sla_ttft_ms: float | None, sla_itl_ms: float | None, sla_e2e_ms: float | None) -> None:
+    """Raise ValueError naming the first SLA target (ms) that is negative or not finite; None passes."""
     for name, v in (("sla_ttft_ms", sla_ttft_ms), ("sla_itl_ms", sla_itl_ms), ("sla_e2e_ms", sla_e2e_ms)):
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise ValueError(f"{name}={v!r}: expected a finite number of milliseconds >= 0")
-    # request_id order makes every float sum independent of the order the fleet returned records in
-    records: Sequence[RequestRecord] = sorted(result.records, key=lambda r: r.request_id)
-    done = [r for r in records if _is_completed(r)]
-    with_tokens = [r for r in done if r.token_times_ms]
 
-    total_in = sum(r.input_length for r in done)
-    total_out = sum(len(r.token_times_ms) for r in done)
-    cached = sum(r.cached_tokens for r in done)
-    duration_ms = max((r.finish_ms for r in done if r.finish_ms is not None), default=0.0)  # done: all finished
-    duration_s = max(duration_ms / 1000.0, 1e-9)
 
-    # Every token time of every request, flattened once (request order); the per-request figures are read
-    # from it by index. The token arrays hold millions of values, and fresh memory is expensive (page
-    # faults), so the report makes two such arrays in all: ``flat`` and ``itl``, each reused as scratch.
+def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
+    """The latency samples of ``with_tokens`` (completed, >= 1 token, request_id order); see _TokenTimes.
+
+    Every token time of every request is flattened once (request order) and the per-request figures are
+    read from it by index. The token arrays hold millions of values, and fresh memory is expensive (page
+    faults), so the report makes two such arrays in all: ``flat`` and ``itl``, each reused as scratch.
+    """
     n_req = len(with_tokens)
     n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
     arrival = np.fromiter((r.arrival_ms for r in with_tokens), dtype=np.float64, count=n_req)
@@ -206,15 +212,7 @@ def build_report(
     second = flat[start[multi] + 1]
     ttst = np.maximum(second - first[multi], 0.0)
     tpot = np.maximum(last[multi] - first[multi], 0.0) / (n_tok[multi] - 1)
-
-    # Every gap between consecutive tokens of the same request, in request order: one subtraction per
-    # request straight into its slice of ``itl`` (no array of all gaps with the request boundaries to drop).
-    itl = np.empty(total_tok - n_req)
-    o = 0
-    for a, b in zip(start[multi].tolist(), stop[multi].tolist(), strict=True):
-        np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
-        o += b - a - 1
-    np.maximum(itl, 0.0, out=itl)
+    itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
     # ITL statistics now, with ``flat`` as scratch (the per-user throughput then overwrites ``flat``)
     itl_stats = _stats(itl, sketch=True, scratch=flat)
     positive = itl > 0.0
@@ -223,8 +221,129 @@ def build_report(
     else:
         per_user = itl[positive]
         np.divide(1000.0, per_user, out=per_user)
-    scratch = itl  # no longer needed: scratch for the per-user throughput statistics
+    # ``itl`` is no longer needed: scratch for the per-user throughput statistics
+    return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, itl, itl_stats, per_user, itl)
 
+
+def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
+    """Every gap (ms, clamped >= 0) between consecutive tokens of the same request, in request order.
+
+    ``flat``: all token times (ms); request i's tokens are ``flat[start[i]:stop[i]]`` (int64 index arrays
+    of the requests with >= 2 tokens); ``n_gaps`` = total tokens - requests. One subtraction per request
+    straight into its slice of the result (no array of all gaps with the request boundaries to drop).
+    """
+    itl = np.empty(n_gaps)
+    o = 0
+    for a, b in zip(start.tolist(), stop.tolist(), strict=True):
+        np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
+        o += b - a - 1
+    np.maximum(itl, 0.0, out=itl)
+    return itl
+
+
+def _worker_keys(result: ReplayResult) -> dict[str, Any]:
+    """Provisioned worker time (s), split prefill/decode, GPUs per worker and GPU-hours of the fleet.
+
+    GPUs per worker = ``engine.dp_size`` (default 1); GPU-hours = worker-seconds x GPUs / 3600; the
+    prefill figures are 0 unless the fleet is disaggregated (``prefill_worker_seconds``, mocker.fleet).
+    """
+    gpus = int(getattr(result.engine, "dp_size", 1))
+    worker_seconds = float(result.worker_seconds)
+    prefill_seconds = float(getattr(result, "prefill_worker_seconds", 0.0))  # disaggregated fleets (mocker.fleet)
+    return {
+        "num_workers": int(result.num_workers),
+        "worker_seconds": worker_seconds,
+        "prefill_worker_seconds": prefill_seconds,
+        "decode_worker_seconds": worker_seconds - prefill_seconds,
+        "prefill_gpus_per_worker": gpus if prefill_seconds else 0,
+        "decode_gpus_per_worker": gpus,
+        "gpu_hours": worker_seconds * gpus / 3600.0,
+    }
+
+
+def _goodput_keys(
+    t: _TokenTimes,
+    done: Sequence[RequestRecord],
+    num_requests: int,
+    duration_s: float,
+    sla_ttft_ms: float | None,
+    sla_itl_ms: float | None,
+    sla_e2e_ms: float | None,
+) -> dict[str, Any]:
+    """The SLA targets (ms) and goodput keys: requests meeting every given target, their rates per second
+    over ``duration_s`` and the attainment (goodput / ``num_requests``). At least one target is given.
+
+    A request's ITL check uses its own mean ITL ``(E2E - TTFT) / (tokens - 1)`` and is skipped for
+    single-token requests; with an e2e-only SLA the token-less completions of ``done`` count too
+    (module docstring, "Goodput").
+    """
+    good = np.ones(len(t.n_tok), dtype=bool)
+    if sla_ttft_ms is not None:
+        good &= t.ttft <= sla_ttft_ms
+    if sla_e2e_ms is not None:
+        good &= t.e2e <= sla_e2e_ms
+    if sla_itl_ms is not None:
+        multi = t.multi
+        mean_itl = np.zeros(len(t.n_tok))
+        mean_itl[multi] = (t.e2e[multi] - t.ttft[multi]) / (t.n_tok[multi] - 1)
+        good &= ~multi | (mean_itl <= sla_itl_ms)
+    good_n = int(good.sum())
+    good_tokens = int(t.n_tok[good].sum())
+    if sla_ttft_ms is None and sla_itl_ms is None and sla_e2e_ms is not None:
+        # e2e-only SLA: token-less completions count too (``done`` all have ``finish_ms``)
+        good_n += sum(
+            1
+            for r in done
+            if not r.token_times_ms and r.finish_ms is not None and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms
+        )
+    return {
+        "sla_ttft_ms": sla_ttft_ms,
+        "sla_itl_ms": sla_itl_ms,
+        "sla_e2e_ms": sla_e2e_ms,
+        "goodput_completed_requests": good_n,
+        "goodput_request_throughput_rps": good_n / duration_s,
+        "goodput_output_throughput_tok_s": good_tokens / duration_s,
+        "sla_attainment": good_n / num_requests if num_requests else 0.0,
+    }
+
+
+def _distribution_keys(t: _TokenTimes) -> dict[str, float]:
+    """``{stat}_{name}_ms`` for every latency distribution, then the per-user output token throughput
+    statistics (tokens/s, ``{stat}_output_token_throughput_per_user``); overwrites ``t.scratch``."""
+    rep: dict[str, float] = {}
+    for name, values in (("ttft", t.ttft), ("ttst", t.ttst), ("tpot", t.tpot), ("itl", t.itl), ("e2e_latency", t.e2e)):
+        for stat, v in (t.itl_stats if name == "itl" else _stats(values, sketch=False)).items():
+            rep[f"{stat}_{name}_ms"] = v
+    for stat, v in _stats(t.per_user, sketch=True, scratch=t.scratch).items():
+        rep[f"{stat}_output_token_throughput_per_user"] = v
+    return rep
+
+
+def build_report(
+    result: ReplayResult,
+    *,
+    sla_ttft_ms: float | None = None,
+    sla_itl_ms: float | None = None,
+    sla_e2e_ms: float | None = None,
+) -> dict[str, Any]:
+    """The replay summary as a flat dict with the reference report's key names, in a fixed order.
+
+    ``result``: a :class:`mocker.fleet.ReplayResult` (uses ``records``, ``worker_seconds``,
+    ``num_workers``, ``engine``). SLA targets in ms; a target of None is not checked, and the goodput
+    keys appear only when at least one target is given. Raises ValueError on a negative or non-finite
+    target. Definitions: see the module docstring.
+    """
+    _check_sla_targets(sla_ttft_ms, sla_itl_ms, sla_e2e_ms)
+    # request_id order makes every float sum independent of the order the fleet returned records in
+    records: Sequence[RequestRecord] = sorted(result.records, key=lambda r: r.request_id)
+    done = [r for r in records if _is_completed(r)]
+    t = _token_times([r for r in done if r.token_times_ms])
+
+    total_in = sum(r.input_length for r in done)
+    total_out = sum(len(r.token_times_ms) for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    duration_ms = max((r.finish_ms for r in done if r.finish_ms is not None), default=0.0)  # done: all finished
+    duration_s = max(duration_ms / 1000.0, 1e-9)
     rep: dict[str, Any] = {
         "num_requests": len(records),
         "completed_requests": len(done),
@@ -236,64 +355,21 @@ def build_report(
         "output_throughput_tok_s": total_out / duration_s,
         "total_throughput_tok_s": (total_in + total_out) / duration_s,
     }
-    gpus = int(getattr(result.engine, "dp_size", 1))
-    worker_seconds = float(result.worker_seconds)
-    prefill_seconds = float(getattr(result, "prefill_worker_seconds", 0.0))  # disaggregated fleets (mocker.fleet)
-    rep |= {
-        "num_workers": int(result.num_workers),
-        "worker_seconds": worker_seconds,
-        "prefill_worker_seconds": prefill_seconds,
-        "decode_worker_seconds": worker_seconds - prefill_seconds,
-        "prefill_gpus_per_worker": gpus if prefill_seconds else 0,
-        "decode_gpus_per_worker": gpus,
-        "gpu_hours": worker_seconds * gpus / 3600.0,
-    }
+    rep |= _worker_keys(result)
     if sla_ttft_ms is not None or sla_itl_ms is not None or sla_e2e_ms is not None:
-        good = np.ones(len(with_tokens), dtype=bool)
-        if sla_ttft_ms is not None:
-            good &= ttft <= sla_ttft_ms
-        if sla_e2e_ms is not None:
-            good &= e2e <= sla_e2e_ms
-        if sla_itl_ms is not None:
-            mean_itl = np.zeros(len(with_tokens))
-            mean_itl[multi] = (e2e[multi] - ttft[multi]) / (n_tok[multi] - 1)
-            good &= ~multi | (mean_itl <= sla_itl_ms)
-        good_n = int(good.sum())
-        good_tokens = int(n_tok[good].sum())
-        if sla_ttft_ms is None and sla_itl_ms is None and sla_e2e_ms is not None:
-            # e2e-only SLA: token-less completions count too (``done`` all have ``finish_ms``)
-            good_n += sum(
-                1
-                for r in done
-                if not r.token_times_ms
-                and r.finish_ms is not None
-                and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms
-            )
-        rep |= {
-            "sla_ttft_ms": sla_ttft_ms,
-            "sla_itl_ms": sla_itl_ms,
-            "sla_e2e_ms": sla_e2e_ms,
-            "goodput_completed_requests": good_n,
-            "goodput_request_throughput_rps": good_n / duration_s,
-            "goodput_output_throughput_tok_s": good_tokens / duration_s,
-            "sla_attainment": good_n / len(records) if records else 0.0,
-        }
+        rep |= _goodput_keys(t, done, len(records), duration_s, sla_ttft_ms, sla_itl_ms, sla_e2e_ms)
     ratio = cached / total_in if total_in else 0.0
     rep |= {
         "processed_tokens": total_in + total_out,
         "prefix_cache_reused_ratio": ratio,
         "first_admission_prefix_cache_reused_ratio": ratio,
         "num_preemptions": sum(r.num_preemptions for r in records),
-        "num_ttft_samples": int(ttft.size),
-        "num_tpot_samples": int(tpot.size),
-        "num_e2e_latency_samples": int(e2e.size),
-        "num_itl_samples": int(itl.size),
+        "num_ttft_samples": int(t.ttft.size),
+        "num_tpot_samples": int(t.tpot.size),
+        "num_e2e_latency_samples": int(t.e2e.size),
+        "num_itl_samples": int(t.itl.size),
     }
-    for name, values in (("ttft", ttft), ("ttst", ttst), ("tpot", tpot), ("itl", itl), ("e2e_latency", e2e)):
-        for stat, v in (itl_stats if name == "itl" else _stats(values, sketch=False)).items():
-            rep[f"{stat}_{name}_ms"] = v
-    for stat, v in _stats(per_user, sketch=True, scratch=scratch).items():
-        rep[f"{stat}_output_token_throughput_per_user"] = v
+    rep |= _distribution_keys(t)
     eng = result.engine
     rep |= {
         "engine": getattr(eng, "engine", None),

@@ -102,6 +102,38 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
     """
     if not isinstance(body, dict):
         raise RequestError(f"request body must be a JSON object, got {_type_name(body)}")
+    model = _check_model(body, served_model)
+    stream, include_usage = _stream_options(body)
+    input_length = _int_field(body, "input_length", lo=1)
+    if kind == "completion":
+        token_ids = _completion_token_ids(body, input_length)
+    else:
+        token_ids = _chat_token_ids(body, input_length)
+    if input_length is None:
+        assert token_ids is not None
+        input_length = len(token_ids)
+        if input_length == 0:
+            raise RequestError(
+                "the prompt is empty (0 tokens); expected at least 1 token",
+                param="prompt" if kind == "completion" else "messages",
+            )
+    hash_ids = _hash_ids(body, token_ids, input_length, block_tokens)
+    max_tokens = _output_length(body, kind, input_length, max_model_len)
+    return ParsedRequest(
+        kind=kind,
+        model=model,
+        input_length=input_length,
+        output_length=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        hash_ids=hash_ids,
+        raw=body,
+    )
+
+
+def _check_model(body: dict[str, Any], served_model: str) -> str:
+    """The request's ``model`` (a required string); RequestError 404 when it is not ``served_model``
+    (an empty ``served_model`` accepts any name)."""
     model = body.get("model")
     if model is None:
         raise RequestError("'model' is a required property", param="model")
@@ -115,8 +147,16 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
             type_="NotFoundError",
             code="model_not_found",
         )
-    n = _int_field(body, "n", lo=1, hi=1)
-    del n
+    return model
+
+
+def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``(stream, stream_options.include_usage)`` after checking the sampling fields' types.
+
+    ``n`` must be 1 when given; ``temperature``/``top_p``/``presence_penalty``/``frequency_penalty``
+    numbers; ``stream``/``ignore_eos`` booleans; ``stream_options`` an object. RequestError otherwise.
+    """
+    _int_field(body, "n", lo=1, hi=1)
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
         _number_field(body, name)
     stream = _bool_field(body, "stream")
@@ -127,99 +167,105 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
         if not isinstance(so, dict):
             raise RequestError(f"'stream_options' must be an object, got {_type_name(so)}", param="stream_options")
         include_usage = _bool_field(so, "include_usage")
+    return stream, include_usage
 
-    input_length = _int_field(body, "input_length", lo=1)
-    token_ids: list[int] | None = None
-    if kind == "completion":
-        prompt = body.get("prompt")
-        if prompt is None and input_length is None:
-            raise RequestError("'prompt' is a required property", param="prompt")
-        if prompt is not None:
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                token_ids = tokenize(prompt)
-            elif isinstance(prompt, list) and all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
-            ):
-                token_ids = list(prompt)
-            elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
+
+def _completion_token_ids(body: dict[str, Any], input_length: int | None) -> list[int] | None:
+    """The token ids of a completion's ``prompt`` (text tokenized, or a list of ids; a one-element list
+    is unwrapped); None when there is no prompt and ``input_length`` is given. RequestError for a missing
+    prompt without ``input_length``, several prompts or any other shape."""
+    prompt = body.get("prompt")
+    if prompt is None and input_length is None:
+        raise RequestError("'prompt' is a required property", param="prompt")
+    if prompt is None:
+        return None
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenize(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(t, (str, list)) for t in prompt):
+        raise RequestError(
+            "batched prompts (a list of several prompts) are not supported; send one prompt per request",
+            param="prompt",
+        )
+    raise RequestError(
+        f"'prompt' must be a string or a list of non-negative token ids, got {_type_name(prompt)}",
+        param="prompt",
+    )
+
+
+def _chat_token_ids(body: dict[str, Any], input_length: int | None) -> list[int] | None:
+    """The token ids of a chat's rendered ``messages`` (:func:`render_chat` of ``(role, content)`` pairs);
+    None when there are no messages and ``input_length`` is given. RequestError for missing messages
+    without ``input_length``, an empty or non-array value, or a malformed message."""
+    messages = body.get("messages")
+    if messages is None and input_length is None:
+        raise RequestError("'messages' is a required property", param="messages")
+    if messages is None:
+        return None
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty array of {role, content} objects", param="messages")
+    rendered: list[tuple[str, str]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]")
+        rendered.append((m["role"], _message_text(i, m.get("content", ""))))
+    return tokenize(render_chat(rendered))
+
+
+def _message_text(i: int, content: Any) -> str:
+    """The text of message ``i``'s ``content``: a string, None (= ""), or an array of
+    ``{"type": "text", "text": string}`` parts joined; RequestError naming the part otherwise."""
+    if content is None:
+        content = ""
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(
-                    "batched prompts (a list of several prompts) are not supported; send one prompt per request",
-                    param="prompt",
+                    f'\'messages[{i}].content[{j}]\' must be {{"type": "text", "text": string}}',
+                    param=f"messages[{i}].content",
                 )
-            else:
-                raise RequestError(
-                    f"'prompt' must be a string or a list of non-negative token ids, got {_type_name(prompt)}",
-                    param="prompt",
-                )
-    else:
-        messages = body.get("messages")
-        if messages is None and input_length is None:
-            raise RequestError("'messages' is a required property", param="messages")
-        if messages is not None:
-            if not isinstance(messages, list) or not messages:
-                raise RequestError("'messages' must be a non-empty array of {role, content} objects", param="messages")
-            rendered: list[tuple[str, str]] = []
-            for i, m in enumerate(messages):
-                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                    raise RequestError(
-                        f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]"
-                    )
-                content = m.get("content", "")
-                if content is None:
-                    content = ""
-                if isinstance(content, list):
-                    parts = []
-                    for j, part in enumerate(content):
-                        if (
-                            not isinstance(part, dict)
-                            or part.get("type") != "text"
-                            or not isinstance(part.get("text"), str)
-                        ):
-                            raise RequestError(
-                                f'\'messages[{i}].content[{j}]\' must be {{"type": "text", "text": string}}',
-                                param=f"messages[{i}].content",
-                            )
-                        parts.append(part["text"])
-                    content = "".join(parts)
-                if not isinstance(content, str):
-                    raise RequestError(
-                        f"'messages[{i}].content' must be a string or an array of text parts, "
-                        f"got {_type_name(content)}",
-                        param=f"messages[{i}].content",
-                    )
-                rendered.append((m["role"], content))
-            token_ids = tokenize(render_chat(rendered))
+            parts.append(part["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise RequestError(
+            f"'messages[{i}].content' must be a string or an array of text parts, got {_type_name(content)}",
+            param=f"messages[{i}].content",
+        )
+    return content
 
-    if input_length is None:
-        assert token_ids is not None
-        input_length = len(token_ids)
-        if input_length == 0:
-            raise RequestError(
-                "the prompt is empty (0 tokens); expected at least 1 token",
-                param="prompt" if kind == "completion" else "messages",
-            )
 
-    hash_ids: tuple[int, ...] | None = None
+def _hash_ids(
+    body: dict[str, Any], token_ids: list[int] | None, input_length: int, block_tokens: int
+) -> tuple[int, ...] | None:
+    """The prompt's KV block hashes: the body's ``hash_ids`` (non-negative integers covering at least
+    ``input_length`` tokens at ``block_tokens`` per id), else derived from ``token_ids`` when they are the
+    whole prompt (:func:`block_hash_ids`), else None. RequestError for a bad or too short ``hash_ids``."""
     raw_h = body.get("hash_ids")
-    if raw_h is not None:
-        if not isinstance(raw_h, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in raw_h
-        ):
-            raise RequestError("'hash_ids' must be an array of non-negative integers", param="hash_ids")
-        hash_ids = tuple(raw_h)
-    elif token_ids is not None and len(token_ids) == input_length:
-        hash_ids = block_hash_ids(token_ids, block_tokens)
-
-    if hash_ids is not None and raw_h is not None and len(hash_ids) * block_tokens < input_length:
+    if raw_h is None:
+        if token_ids is not None and len(token_ids) == input_length:
+            return block_hash_ids(token_ids, block_tokens)
+        return None
+    if not isinstance(raw_h, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in raw_h):
+        raise RequestError("'hash_ids' must be an array of non-negative integers", param="hash_ids")
+    hash_ids = tuple(raw_h)
+    if len(hash_ids) * block_tokens < input_length:
         raise RequestError(
             f"'hash_ids' has {len(hash_ids)} ids of {block_tokens} tokens = {len(hash_ids) * block_tokens} tokens, "
             f"fewer than the prompt's {input_length}; expected at least ceil(prompt / {block_tokens}) ids "
             f"(the server's trace block size is {block_tokens} tokens)",
             param="hash_ids",
         )
+    return hash_ids
 
+
+def _output_length(body: dict[str, Any], kind: Kind, input_length: int, max_model_len: int) -> int:
+    """The completion's token budget: ``max_completion_tokens`` (chat, when given) or ``max_tokens``,
+    default ``DEFAULT_MAX_TOKENS``. RequestError when prompt + budget exceeds ``max_model_len`` tokens or
+    ``min_tokens`` exceeds the budget."""
     mt_name = (
         "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     )
@@ -236,16 +282,7 @@ def parse_request(body: Any, kind: Kind, *, served_model: str, max_model_len: in
     min_tokens = _int_field(body, "min_tokens", lo=0)
     if min_tokens is not None and min_tokens > max_tokens:
         raise RequestError(f"'min_tokens' ({min_tokens}) must be <= '{mt_name}' ({max_tokens})", param="min_tokens")
-    return ParsedRequest(
-        kind=kind,
-        model=model,
-        input_length=input_length,
-        output_length=max_tokens,
-        stream=stream,
-        include_usage=include_usage,
-        hash_ids=hash_ids,
-        raw=body,
-    )
+    return max_tokens
 
 
 # ---------------------------------------------------------------------------------------------- bodies

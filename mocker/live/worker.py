@@ -47,7 +47,7 @@ import asyncio
 import collections
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
@@ -63,7 +63,7 @@ from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
 from mocker.kv.kvbm import EventingKvbmBlockManager, KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
 from mocker.kv.radix import RadixCache
-from mocker.live.driver import RankDriver, WallClock, outcome_emissions
+from mocker.live.driver import RankDriver, StreamState, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (
     ParsedRequest,
@@ -134,6 +134,20 @@ def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> Eng
     from mocker.engine import make_engine  # lazy: the engine core (developer A's package)
 
     return make_engine(cfg, worker_id=worker_id, dp_rank=dp_rank, collect_fpm=True)  # type: ignore[no-any-return]
+
+
+class _Handoff(NamedTuple):
+    """The disaggregation fields of one request (validated by ``Worker._handoff_fields``).
+
+    ``prefill_done``: the prompt was prefilled elsewhere (decode side); ``room``: the bootstrap room id or
+    None; ``dp_rank``: the DP rank asked for, None = least outstanding; ``bootstrap``: ``(host, port)`` of
+    the prefill worker's bootstrap server and the room, given exactly when ``room`` is set and ``prefill_done``.
+    """
+
+    prefill_done: bool
+    room: int | None
+    dp_rank: int | None
+    bootstrap: tuple[str, int, int] | None
 
 
 class Worker:
@@ -472,140 +486,49 @@ class Worker:
         return web.json_response(e.body(), status=e.status)
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
-        # the arrival on the engine timeline: when the request's head was read from the socket (serve_app), not
-        # when this handler got to run, two event-loop iterations later (behind the token writers); before the
-        # body is read and parsed either way
-        received_ms = self.clock.now_ms()
-        rx = request_received_monotonic(request)
-        if rx is not None:
-            received_ms = min(received_ms, self.clock.from_monotonic(rx))
+        received_ms = self._arrival_ms(request)
         if not self.ready:
             return web.json_response(
                 RequestError("worker is not ready", status=503, type_="ServiceUnavailable").body(), status=503
             )
         try:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-                raise RequestError("request body is not valid JSON") from None
-            p = parse_request(
-                body,
-                kind,
-                served_model=self.s.model_name,  # type: ignore[arg-type]
-                max_model_len=self.max_model_len,
-                block_tokens=self.cfg.trace_block_size,
-            )
-            prefill_done = body.get("prefill_done", False)
-            if not isinstance(prefill_done, bool):
-                raise RequestError("'prefill_done' must be a boolean", param="prefill_done")
-            room = body.get("bootstrap_room")
-            if room is not None and (isinstance(room, bool) or not isinstance(room, int) or room < 0):
-                raise RequestError("'bootstrap_room' must be a non-negative integer", param="bootstrap_room")
-            want_rank = body.get("dp_rank")
-            if want_rank is not None and (
-                isinstance(want_rank, bool) or not isinstance(want_rank, int) or not 0 <= want_rank < len(self.drivers)
-            ):
-                raise RequestError(
-                    f"'dp_rank' must be an integer in 0..{len(self.drivers) - 1} (this worker's DP ranks), "
-                    f"got {want_rank!r}",
-                    param="dp_rank",
-                )
-            b_host, b_port = body.get("bootstrap_host"), body.get("bootstrap_port")
-            if (
-                room is not None
-                and prefill_done
-                and (
-                    not isinstance(b_host, str)
-                    or isinstance(b_port, bool)
-                    or not isinstance(b_port, int)
-                    or not 0 < b_port < 65536
-                )
-            ):
-                raise RequestError(
-                    "a decode request with 'bootstrap_room' needs 'bootstrap_host' (string) and "
-                    "'bootstrap_port' (1..65535)",
-                    param="bootstrap_port",
-                )
+            p, h = await self._read_request(request, kind)
         except RequestError as e:
             return self._error(e)
         output_length = p.output_length
         if self.cfg.worker_type == "prefill":
             output_length = 1
-        elif self.cfg.worker_type == "decode" and prefill_done:
-            if room is not None:
-                status = await self._await_bootstrap(b_host, b_port, room)
-                if status != "ready":
-                    return web.json_response(
-                        RequestError(
-                            f"prefill of bootstrap room {room} {status}", status=502, type_="BadGateway"
-                        ).body(),
-                        status=502,
-                    )
-                received_ms = self.clock.now_ms()  # the prompt KV is ready now
-            received_ms += self._transfer_delay_s(p.input_length) * 1000.0  # arrives after the transfer
-            await self.clock.sleep_until(received_ms)
+        elif self.cfg.worker_type == "decode" and h.prefill_done:
+            waited = await self._await_prompt_kv(p, h, received_ms)
+            if isinstance(waited, web.Response):
+                return waited
+            received_ms = waited
         self._next_rid += 1
         rid = self._next_rid
         drv = (
-            self.drivers[want_rank]
-            if want_rank is not None
+            self.drivers[h.dp_rank]
+            if h.dp_rank is not None
             else min(self.drivers, key=lambda d: (d.outstanding, d.dp_rank))
         )
         try:
             st = drv.submit(
                 TraceRequest(rid, 0.0, p.input_length, output_length, p.hash_ids),
-                prefilled=self.cfg.worker_type == "decode" and prefill_done,
+                prefilled=self.cfg.worker_type == "decode" and h.prefill_done,
                 arrival_ms=received_ms,
             )
         except (DynoplanError, ValueError) as e:  # the core refused the request: a 400, never a crash
             return self._error(RequestError(f"request refused by the engine: {e}"))
-        if room is not None and self.cfg.worker_type == "prefill":
-            self._room_of[rid] = room
-            self.rooms.setdefault(room, asyncio.get_running_loop().create_future())
+        if h.room is not None and self.cfg.worker_type == "prefill":
+            self._room_of[rid] = h.room
+            self.rooms.setdefault(h.room, asyncio.get_running_loop().create_future())
         created = now_s()
         oid = response_id(p.kind, rid)
         done = False
         try:
             if p.stream:
-                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-                n = 0
-                finished = False
-                q = st.queue
-                while not finished:
-                    ems = [await q.get()]
-                    while not q.empty():  # tokens queued while this handler waited go out in one write
-                        ems.append(q.get_nowait())
-                    out = []
-                    for em in ems:
-                        if em.finished:
-                            finished = True
-                            break
-                        chunk = chunk_body(
-                            p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0
-                        )
-                        n += 1
-                        out.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
-                    if out:
-                        if not resp.prepared:
-                            await resp.prepare(
-                                request
-                            )  # headers go out with the first token, so a refusal can still be a 400
-                        await resp.write(b"".join(out))
-                if n == 0:
-                    done = True
-                    return self._refused(p)
-                fin = chunk_body(p.kind, oid, p.model, created, None if p.kind == "chat" else "", "length")
-                tail = b"data: " + msgspec.json.encode(fin) + b"\n\n"
-                if p.include_usage:
-                    tail += (
-                        b"data: "
-                        + msgspec.json.encode(usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n)))
-                        + b"\n\n"
-                    )
-                await resp.write(tail + b"data: [DONE]\n\n")
-                await resp.write_eof()
+                resp = await self._stream_tokens(request, p, st, oid, created)
                 done = True
-                return resp
+                return resp if resp is not None else self._refused(p)
             n = 0
             while True:
                 em = await st.queue.get()
@@ -621,11 +544,132 @@ class Worker:
             room_left = self._room_of.pop(rid, None)
             if room_left is not None:
                 self._resolve_room(room_left, "failed", p.input_length)
-            if not done and rid in drv.streams:  # client went away (handler cancelled or write failed): free the KV now
+            if not done and rid in drv.streams:  # client went away (handler cancelled or write failed): free the KV
                 drv.cancel(rid)
                 self.metrics.cancelled.labels(self.s.model_name, str(drv.dp_rank)).inc()
                 self._first_token_seen.discard(rid)
                 self.records.append(st.record)
+
+    def _arrival_ms(self, request: web.Request) -> float:
+        """The request's arrival on the engine timeline (ms, ``self.clock``).
+
+        When the request's head was read from the socket (serve_app), not when this handler got to run,
+        two event-loop iterations later (behind the token writers); before the body is read and parsed
+        either way.
+        """
+        received_ms = self.clock.now_ms()
+        rx = request_received_monotonic(request)
+        if rx is not None:
+            received_ms = min(received_ms, self.clock.from_monotonic(rx))
+        return received_ms
+
+    async def _read_request(self, request: web.Request, kind: str) -> tuple[ParsedRequest, _Handoff]:
+        """Read and validate the JSON body: the OpenAI fields (:func:`parse_request`) and the
+        disaggregation fields (:meth:`_handoff_fields`). Raises RequestError (400) naming the field."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+            raise RequestError("request body is not valid JSON") from None
+        p = parse_request(
+            body,
+            kind,  # type: ignore[arg-type]
+            served_model=self.s.model_name,
+            max_model_len=self.max_model_len,
+            block_tokens=self.cfg.trace_block_size,
+        )
+        return p, self._handoff_fields(body)
+
+    def _handoff_fields(self, body: dict[str, Any]) -> _Handoff:
+        """``prefill_done`` (bool, default False), ``bootstrap_room`` (int >= 0), ``dp_rank`` (one of this
+        worker's DP ranks) and, for a decode request with a room, ``bootstrap_host`` (str) and
+        ``bootstrap_port`` (1..65535). Raises RequestError (400) naming the first bad field."""
+        prefill_done = body.get("prefill_done", False)
+        if not isinstance(prefill_done, bool):
+            raise RequestError("'prefill_done' must be a boolean", param="prefill_done")
+        room = body.get("bootstrap_room")
+        if room is not None and (isinstance(room, bool) or not isinstance(room, int) or room < 0):
+            raise RequestError("'bootstrap_room' must be a non-negative integer", param="bootstrap_room")
+        want_rank = body.get("dp_rank")
+        if want_rank is not None and (
+            isinstance(want_rank, bool) or not isinstance(want_rank, int) or not 0 <= want_rank < len(self.drivers)
+        ):
+            raise RequestError(
+                f"'dp_rank' must be an integer in 0..{len(self.drivers) - 1} (this worker's DP ranks), "
+                f"got {want_rank!r}",
+                param="dp_rank",
+            )
+        bootstrap: tuple[str, int, int] | None = None
+        if room is not None and prefill_done:
+            b_host, b_port = body.get("bootstrap_host"), body.get("bootstrap_port")
+            if (
+                not isinstance(b_host, str)
+                or isinstance(b_port, bool)
+                or not isinstance(b_port, int)
+                or not 0 < b_port < 65536
+            ):
+                raise RequestError(
+                    "a decode request with 'bootstrap_room' needs 'bootstrap_host' (string) and "
+                    "'bootstrap_port' (1..65535)",
+                    param="bootstrap_port",
+                )
+            bootstrap = (b_host, b_port, room)
+        return _Handoff(prefill_done, room, want_rank, bootstrap)
+
+    async def _await_prompt_kv(self, p: ParsedRequest, h: _Handoff, received_ms: float) -> float | web.Response:
+        """Decode side of a prefilled request: wait for the prefill worker's bootstrap room (when given),
+        then for the prompt KV transfer (:meth:`_transfer_delay_s`); returns the arrival time (ms) on the
+        engine timeline, or the 502 response when the room's prefill did not succeed."""
+        if h.bootstrap is not None:
+            status = await self._await_bootstrap(*h.bootstrap)
+            if status != "ready":
+                return web.json_response(
+                    RequestError(f"prefill of bootstrap room {h.room} {status}", status=502, type_="BadGateway").body(),
+                    status=502,
+                )
+            received_ms = self.clock.now_ms()  # the prompt KV is ready now
+        received_ms += self._transfer_delay_s(p.input_length) * 1000.0  # arrives after the transfer
+        await self.clock.sleep_until(received_ms)
+        return received_ms
+
+    async def _stream_tokens(
+        self, request: web.Request, p: ParsedRequest, st: StreamState, oid: str, created: int
+    ) -> web.StreamResponse | None:
+        """Stream ``st``'s tokens as server-sent events (one write per batch of queued tokens), then the
+        finish chunk, the usage chunk (``include_usage``) and ``[DONE]``; None when the engine finished the
+        request without a token (nothing was sent: the caller answers 400)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        n = 0
+        finished = False
+        q = st.queue
+        while not finished:
+            ems = [await q.get()]
+            while not q.empty():  # tokens queued while this handler waited go out in one write
+                ems.append(q.get_nowait())
+            out = []
+            for em in ems:
+                if em.finished:
+                    finished = True
+                    break
+                chunk = chunk_body(p.kind, oid, p.model, created, output_piece(em.token_index), None, first=n == 0)
+                n += 1
+                out.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+            if out:
+                if not resp.prepared:
+                    await resp.prepare(request)  # headers go out with the first token, so a refusal can still be a 400
+                await resp.write(b"".join(out))
+        if n == 0:
+            return None
+        fin = chunk_body(p.kind, oid, p.model, created, None if p.kind == "chat" else "", "length")
+        tail = b"data: " + msgspec.json.encode(fin) + b"\n\n"
+        if p.include_usage:
+            tail += (
+                b"data: "
+                + msgspec.json.encode(usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n)))
+                + b"\n\n"
+            )
+        await resp.write(tail + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
     # ------------------------------------------------------------------ bootstrap handoff
     def _resolve_room(self, room: int, status: str, input_length: int) -> None:

@@ -278,14 +278,49 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
     problems: list[str] = []
+    f = _file_settings(data, problems, source)
+    planner, throughput_on, mode_known, unset_note = _planner_section(data, problems)
+    profile = _resolve_path(base_dir, f.profile)
+    if profile is not None and not profile.exists():
+        problems.append(f"profile={str(profile)!r}: file not found")
+    if throughput_on and profile is None:
+        problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
+    init = _initial_replicas(f.fleet, planner, problems)
+    worker_args = dict(f.fleet.worker_args)
+    _check_fleet_pools(f.fleet, worker_args, planner, mode_known, unset_note, problems)
+    ca = _resolve_path(base_dir, f.prometheus.ca_file)
+    if ca is not None and not ca.is_file():
+        problems.append(f"prometheus.ca_file={str(ca)!r}: file not found (expected a PEM CA bundle)")
+    _check_ports(f, problems)
+    _check_load_loop_inputs(f, planner, mode_known, problems)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return _stack_config(f, base_dir, planner, profile, init, worker_args, ca)
+
+
+def _file_settings(data: Mapping[str, Any], problems: list[str], source: str | None) -> StackFileSettings:
+    """The sections' fields as :class:`StackFileSettings`; each invalid field's problem line is appended to
+    ``problems`` and the rest judged without it (its default). Raises ConfigError with ``problems`` when
+    even that fails."""
     try:
-        f = build(StackFileSettings, data)
+        return build(StackFileSettings, data)
     except ConfigError as e:
         problems.extend(e.problems)
         try:  # the rest judged without the invalid values
-            f = build(StackFileSettings, _without(data, [_problem_path(p) for p in e.problems]))
+            return build(StackFileSettings, _without(data, [_problem_path(p) for p in e.problems]))
         except ConfigError:
             raise ConfigError(problems, source=source) from None
+
+
+def _planner_section(data: Mapping[str, Any], problems: list[str]) -> tuple[PlannerConfig, bool, bool, str]:
+    """The planner section as ``(planner, throughput_on, mode_known, unset_note)``.
+
+    Live defaults: ``engine_stale_s`` = ``LIVE_ENGINE_STALE_S`` and the load loop's interval
+    (:func:`_load_interval_default`). On invalid fields their lines are appended to ``problems`` (prefixed
+    ``planner.``) and the other sections are checked against the intended mode's defaults; ``mode_known``
+    is False when the mode itself is unknown or the section is not a mapping. ``unset_note`` prefixes the
+    pool messages when ``planner.mode`` was not set (the fix is usually to set it).
+    """
     planner_raw = data.get("planner") or {}
     mode_known = isinstance(planner_raw, Mapping)
     if not isinstance(planner_raw, Mapping):  # named above: nothing to judge the pools and the profile against
@@ -306,27 +341,43 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     # a pool of another mode under a defaulted mode: the fix is usually planner.mode, so say it was not set
     mode_unset = not (isinstance(planner_raw, Mapping) and "mode" in planner_raw)
     unset_note = f"planner.mode unset, default {planner.mode}; " if mode_unset else ""
+    return planner, throughput_on, mode_known, unset_note
 
-    def path(v: str | None) -> Path | None:
-        if v is None:
-            return None
-        p = Path(v)
-        return p if p.is_absolute() else (base_dir / p).resolve()
 
-    profile = path(f.profile)
-    if profile is not None and not profile.exists():
-        problems.append(f"profile={str(profile)!r}: file not found")
-    if throughput_on and profile is None:
-        problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
-    fl, pr = f.fleet, f.prometheus
+def _resolve_path(base_dir: Path, v: str | None) -> Path | None:
+    """``v`` as a path, relative ones resolved against ``base_dir``; None stays None."""
+    if v is None:
+        return None
+    p = Path(v)
+    return p if p.is_absolute() else (base_dir / p).resolve()
+
+
+def _initial_replicas(fl: FleetSection, planner: PlannerConfig, problems: list[str]) -> dict[str, int]:
+    """Replicas ``up`` starts per planned pool: ``fleet.initial``, default the pool's ``min_replicas`` (or 1).
+
+    Below ``min_replicas`` is fine (the planner raises the fleet at its first tick); above ``max_replicas``
+    is a mistake, appended to ``problems``.
+    """
     init: dict[str, int] = {}
     for p in planner.pools:
         lim = planner.limits(p)
         v = init[p] = fl.initial.get(p, lim.min_replicas or 1)
-        # below min_replicas is fine (the planner raises the fleet at its first tick); above max is a mistake
         if lim.max_replicas is not None and v > lim.max_replicas:
             problems.append(f"fleet.initial.{p}={v}: expected at most planner.{p}.max_replicas={lim.max_replicas}")
-    worker_args = dict(fl.worker_args)
+    return init
+
+
+def _check_fleet_pools(
+    fl: FleetSection,
+    worker_args: Mapping[str, tuple[str, ...]],
+    planner: PlannerConfig,
+    mode_known: bool,
+    unset_note: str,
+    problems: list[str],
+) -> None:
+    """Append a problem for each ``fleet.initial`` / ``fleet.worker_args`` pool the planner's mode does not
+    plan, and for TensorRT-LLM workers in disaggregated mode (not supported); skipped when the mode is
+    unknown."""
     for what, pools in (("initial", fl.initial), ("worker_args", worker_args)):
         for p in pools if mode_known else ():
             if p not in planner.pools:
@@ -339,16 +390,19 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
                     f"fleet.worker_args.{p}: engine trtllm: disaggregated serving is not supported for "
                     f"TensorRT-LLM (replay and simulate reject it too), expected vllm or sglang"
                 )
-    enabled = pr.enabled
-    ca = path(pr.ca_file)
-    if ca is not None and not ca.is_file():
-        problems.append(f"prometheus.ca_file={str(ca)!r}: file not found (expected a PEM CA bundle)")
-    # the stack's own listeners must not share a port: each would start, and the later one fail on
-    # "Address already in use" (the planner only in its log, restarted over and over). 0 = a free port each.
-    # Workers take free ports (planner.connectors.local.free_port), so they cannot collide with these.
+
+
+def _check_ports(f: StackFileSettings, problems: list[str]) -> None:
+    """Append a problem for each of the stack's own listeners that shares a port with an earlier one.
+
+    Each would start, and the later one fail on "Address already in use" (the planner only in its log,
+    restarted over and over). 0 = a free port each. Workers take free ports
+    (planner.connectors.local.free_port), so they cannot collide with these.
+    """
     own_ports = [("frontend.port", f.frontend.port), ("service.port", f.service.port)]
-    if pr.url is None and enabled != "false":  # only a Prometheus `up` starts listens on prometheus.port
-        own_ports.append(("prometheus.port", pr.port))
+    # only a Prometheus `up` starts listens on prometheus.port
+    if f.prometheus.url is None and f.prometheus.enabled != "false":
+        own_ports.append(("prometheus.port", f.prometheus.port))
     seen: dict[int, str] = {}
     for key, port in own_ports:
         if port and port in seen:
@@ -357,6 +411,13 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
             )
         elif port:
             seen[port] = key
+
+
+def _check_load_loop_inputs(
+    f: StackFileSettings, planner: PlannerConfig, mode_known: bool, problems: list[str]
+) -> None:
+    """Append a problem when the load loop is on but cannot read the workers' ForwardPassMetrics: with the
+    virtual connector (only the local one discovers workers) or with ``fpm`` off."""
     if mode_known and planner.load_enabled and f.connector == "virtual":
         problems.append(
             "planner.load_enabled=True: expected false with connector virtual (the load loop reads the "
@@ -367,14 +428,26 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
             "fpm=False: expected true when planner.load_enabled is true (the load loop reads the "
             "workers' ForwardPassMetrics)"
         )
-    if problems:
-        raise ConfigError(problems, source=source)
+
+
+def _stack_config(
+    f: StackFileSettings,
+    base_dir: Path,
+    planner: PlannerConfig,
+    profile: Path | None,
+    init: dict[str, int],
+    worker_args: dict[str, tuple[str, ...]],
+    ca: Path | None,
+) -> StackConfig:
+    """The validated :class:`StackConfig` from the file's sections and the values resolved above
+    (``state_dir`` defaults to ``base_dir``; paths resolved against it)."""
+    fl, pr = f.fleet, f.prometheus
     return StackConfig(
         planner=planner,
         profile=profile,
-        warm_start_trace=path(f.warm_start_trace),
+        warm_start_trace=_resolve_path(base_dir, f.warm_start_trace),
         connector=f.connector,
-        state_dir=path(f.state_dir) or base_dir,
+        state_dir=_resolve_path(base_dir, f.state_dir) or base_dir,
         service_host=f.service.host,
         service_port=f.service.port,
         token=f.service.token,
@@ -387,7 +460,7 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
         drain_grace_s=fl.drain_grace_s,
         drain_timeout_s=fl.drain_timeout_s,
         ready_timeout_s=fl.ready_timeout_s,
-        prometheus_enabled=enabled,
+        prometheus_enabled=pr.enabled,
         prometheus_url=pr.url,
         prometheus_port=pr.port,
         prometheus_scrape_interval_s=pr.scrape_interval_s,

@@ -29,7 +29,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynoplan.errors import DynoplanError, SpecError
-from planner.core import ForwardPassMetrics, Observations, Planner, PlannerConfig, PoolState, TickResult, load_profile
+from planner.core import (
+    Decision,
+    ForwardPassMetrics,
+    Observations,
+    Planner,
+    PlannerConfig,
+    PoolState,
+    TickResult,
+    TrafficWindow,
+    load_profile,
+)
 from planner.core.metrics import PlannerMetrics
 from planner.core.reasons import Reason
 from planner.dashboard import DashboardHistory
@@ -276,7 +286,7 @@ class PlannerLoop:
         self.conditions: list[dict[str, Any]] = list(((body.get("status") or {}).get("conditions")) or [])
         self.last_result: TickResult | None = None
         self._last_status: dict[str, Any] | None = None
-        # The live dashboard's series (planner.dashboard, served by planner.operator.dashboard).
+        # The live dashboard's series (planner.live.dashboard, served by planner.operator.dashboard).
         self.wall_clock = wall_clock
         self.history = DashboardHistory()
         self.started_wall_s = wall_clock()
@@ -519,6 +529,28 @@ class PlannerLoop:
         cap: int | None = None,
     ) -> float:
         assert self.planner is not None
+        traffic, passes, passes_ok = await self._read_inputs(plan, conn, obs, cfg)
+        result = await asyncio.to_thread(
+            self.planner.tick, now, Observations(obs.pools, traffic, passes=passes, passes_ok=passes_ok)
+        )
+        self._record_result(result)
+        # Events are emitted after the status is written: whoever reads an Event and then the status sees
+        # the decision in both (the status carries desiredReplicas of the same decision).
+        events = await self._apply_decision(plan, conn, obs, result.decision, now)
+        events += self._adoption_events(obs, cfg, result.decision)
+        await self._status(self._tick_status(plan, obs, cfg, result, cap))
+        for ev in events:
+            await self.kube.event(*ev)
+        now2 = self.clock()
+        return min(max(self._next_s - now2, self.min_sleep_s), self.max_sleep_s)
+
+    async def _read_inputs(
+        self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig
+    ) -> tuple[TrafficWindow | None, tuple[ForwardPassMetrics, ...], bool]:
+        """The tick's observations ``(traffic, passes, passes_ok)``: the throughput interval from
+        Prometheus over ``adjustment_interval_s`` (None = off or unknown; the reader is rebuilt when the
+        URL, model or namespace changes) and the FPM drained since the previous tick (``passes_ok`` False
+        = the subscriber failed); sets the MetricsAvailable condition."""
         traffic = None
         if cfg.throughput_enabled:
             tkey = (plan.prometheus_url, plan.model, plan.metrics_namespace)
@@ -529,8 +561,22 @@ class PlannerLoop:
         passes_ok = True
         if cfg.load_enabled and self.fpm is not None:
             passes, passes_ok = self.fpm.drain(), self.fpm.ok
+        self._metrics_condition(plan, conn, obs, cfg, traffic is None, passes_ok)
+        return traffic, passes, passes_ok
+
+    def _metrics_condition(
+        self,
+        plan: PlannerSpec,
+        conn: KubernetesConnector,
+        obs: Observed,
+        cfg: PlannerConfig,
+        traffic_unknown: bool,
+        passes_ok: bool,
+    ) -> None:
+        """Set MetricsAvailable: True ("Read", naming what was read) or False ("Unknown", naming each
+        problem: the Prometheus read failed, the FPM subscriber failed, no FPM endpoint found)."""
         problems = []
-        if cfg.throughput_enabled and traffic is None:
+        if cfg.throughput_enabled and traffic_unknown:
             err = getattr(self._traffic, "last_error", None)
             problems.append(f"Prometheus read unknown ({err})" if err else "Prometheus read unknown")
         if cfg.load_enabled and not passes_ok:
@@ -555,9 +601,10 @@ class PlannerLoop:
             "Unknown" if problems else "Read",
             "; ".join(problems) if problems else "read " + " and ".join(read),
         )
-        result = await asyncio.to_thread(
-            self.planner.tick, now, Observations(obs.pools, traffic, passes=passes, passes_ok=passes_ok)
-        )
+
+    def _record_result(self, result: TickResult) -> None:
+        """Keep the tick's result: the dashboard history (and the engines' latest FPM), the throughput
+        loop's replicas per pool, the next tick time (s, planner clock) and the Prometheus metrics."""
         self.last_result = result
         self.history.record_tick(self.wall_clock(), result)
         if self.fpm is not None and hasattr(self.fpm, "latest"):
@@ -567,48 +614,60 @@ class PlannerLoop:
         self._next_s = result.next_tick_s
         if self._metrics is not None:
             self._metrics.update(result)
-        d = result.decision
-        name = plan.name
-        applied: dict[str, Any] | None = None
-        # Events are emitted after the status is written: whoever reads an Event and then the status sees
-        # the decision in both (the status carries desiredReplicas of the same decision).
+
+    async def _apply_decision(
+        self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, d: Decision, now: float
+    ) -> list[tuple[Mapping[str, Any], str, str, str]]:
+        """Patch the replicas to ``d.targets`` (unless advisory or no targets) and return the Events to emit
+        ``(object, type, reason, message)``: AdvisoryDecision, ScaledUp/ScaledDown/Rebalanced on the
+        deployment and the planner, or a Conflict warning (409: the next step re-reads at once, ``now``)."""
         events: list[tuple[Mapping[str, Any], str, str, str]] = []
-        if d.targets is not None:
-            cur = {p: s.replicas for p, s in obs.pools.items()}
-            change = ", ".join(
-                f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items()) if cur.get(p) != n
+        if d.targets is None:
+            return events
+        name = plan.name
+        cur = {p: s.replicas for p, s in obs.pools.items()}
+        change = ", ".join(
+            f"{obs.services[p].name} {cur.get(p)}->{n}" for p, n in sorted(d.targets.items()) if cur.get(p) != n
+        )
+        why = ", ".join(r.value for r in d.reasons) or d.reason.value
+        msg = f"decision {d.decision_id}: {change or 'no change'} ({why})"
+        if plan.advisory:
+            events.append((self.ref, "Normal", REASON_ADVISORY, msg))
+            return events
+        applied: dict[str, Any] | None = None
+        try:
+            applied = await conn.scale(obs, d.targets)
+        except Conflict:
+            log.info("scale conflict; re-reading", extra={"planner": name, "decision": d.decision_id})
+            events.append(
+                (
+                    self.ref,
+                    "Warning",
+                    REASON_CONFLICT,
+                    f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); re-planning",
+                )
             )
-            why = ", ".join(r.value for r in d.reasons) or d.reason.value
-            msg = f"decision {d.decision_id}: {change or 'no change'} ({why})"
-            if plan.advisory:
-                events.append((self.ref, "Normal", REASON_ADVISORY, msg))
-            else:
-                try:
-                    applied = await conn.scale(obs, d.targets)
-                except Conflict:
-                    log.info("scale conflict; re-reading", extra={"planner": name, "decision": d.decision_id})
-                    events.append(
-                        (
-                            self.ref,
-                            "Warning",
-                            REASON_CONFLICT,
-                            f"decision {d.decision_id}: the DynamoGraphDeployment changed since it was read (409); "
-                            "re-planning",
-                        )
-                    )
-                    self._next_s = now  # re-read at once on the next step
-                except Gone:
-                    applied = None
-                if applied is not None:
-                    ups = any(d.targets[p] > cur.get(p, 0) for p in d.targets)
-                    downs = any(d.targets[p] < cur.get(p, 0) for p in d.targets)
-                    reason = REASON_REBALANCE if ups and downs else REASON_UP if ups else REASON_DOWN
-                    events.append((obs.body, "Normal", reason, msg))
-                    events.append((self.ref, "Normal", reason, msg))
-                    log.info(
-                        "scaled",
-                        extra={"planner": name, "decision": d.decision_id, "patch": applied, "reason": d.reason.value},
-                    )
+            self._next_s = now  # re-read at once on the next step
+        except Gone:
+            applied = None
+        if applied is not None:
+            ups = any(d.targets[p] > cur.get(p, 0) for p in d.targets)
+            downs = any(d.targets[p] < cur.get(p, 0) for p in d.targets)
+            reason = REASON_REBALANCE if ups and downs else REASON_UP if ups else REASON_DOWN
+            events.append((obs.body, "Normal", reason, msg))
+            events.append((self.ref, "Normal", reason, msg))
+            log.info(
+                "scaled",
+                extra={"planner": name, "decision": d.decision_id, "patch": applied, "reason": d.reason.value},
+            )
+        return events
+
+    def _adoption_events(
+        self, obs: Observed, cfg: PlannerConfig, d: Decision
+    ) -> list[tuple[Mapping[str, Any], str, str, str]]:
+        """The AdoptedExternalChange Event when ``d`` adopted replicas changed outside the planner (naming
+        each pool's previous -> current spec replicas), else none; remembers this tick's spec replicas."""
+        events: list[tuple[Mapping[str, Any], str, str, str]] = []
         cur_spec = {p: s.replicas for p, s in obs.pools.items()}
         if d.reason is Reason.ADOPTED_EXTERNAL_CHANGE:
             changed = [p for p, r in d.pool_reasons.items() if r is Reason.ADOPTED_EXTERNAL_CHANGE] or sorted(cur_spec)
@@ -627,6 +686,15 @@ class PlannerLoop:
                 )
             )
         self._last_seen = cur_spec
+        return events
+
+    def _tick_status(
+        self, plan: PlannerSpec, obs: Observed, cfg: PlannerConfig, result: TickResult, cap: int | None
+    ) -> dict[str, Any]:
+        """The status fields of this tick: desiredReplicas (the targets, or the spec's replicas when the
+        decision holds), the last observed/predicted throughput-loop values, lastDecision, the load loop's
+        estimates (ms) and the shared budget's cap (GPUs); sets the Ready condition."""
+        d = result.decision
         diag = result.diagnostics
         if diag.observed is not None:
             self._last_observed = {
@@ -659,14 +727,10 @@ class PlannerLoop:
             }
         if cap is not None:
             status["sharedBudget"] = {"name": plan.shared_budget, "capGpus": int(cap)}
-        await self._status(status)
-        for ev in events:
-            await self.kube.event(*ev)
-        now2 = self.clock()
-        return min(max(self._next_s - now2, self.min_sleep_s), self.max_sleep_s)
+        return status
 
     def dashboard_state(self) -> dict[str, Any] | None:
-        """The dashboard page's state (:meth:`planner.dashboard.DashboardHistory.state`), or None
+        """The dashboard page's state (:meth:`planner.live.dashboard.DashboardHistory.state`), or None
         before the first valid spec. Pool names are the planner's (``agg`` / ``prefill`` / ``decode``)."""
         if self.planner is None or self._plan is None:
             return None

@@ -102,54 +102,92 @@ def simulate(
         raise SimulationConfigError(
             f"policy {policy.name!r} plans pools {list(policy.pools)}: expected the fleet's {list(engines)}"
         )
-    fleet = make_fleet(
-        engines, router=settings.router, seed=settings.seed, collect_fpm=policy.needs_fpm, transfer=settings.transfer
-    )
-    delay_ms = settings.startup_delay_s * 1000.0
-    for pool, n in policy.initial_replicas().items():
-        for _ in range(n):
-            fleet.add_worker(pool, 0.0, 0.0)
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_ms, i))
-    records: list[RequestRecord | None] = [None] * len(requests)
-    counters = FrontendCounters(settings.sla_ttft_ms, settings.sla_itl_ms)
-    snaps: list[CounterSnapshot] = [counters.scrape(0.0)]
-    snap_t: list[float] = [0.0]
-    last_arrival_s = requests[order[-1]].arrival_ms / 1000.0 if order else 0.0
-    pools = tuple(engines)
-    gpw = {p: int(settings.gpus_per_worker.get(p, engines[p].dp_size)) for p in pools}
-    timeline: list[dict[str, Any]] = []
-    decisions: list[dict[str, Any]] = []
-    last_step: dict[str, Any] = {
-        "reason": "",
-        "predicted_rps": math.nan,
-        "estimated_ttft_ms": math.nan,
-        "estimated_itl_ms": math.nan,
-    }
-    reasons_since_sample: list[str] = []
-    next_tick = 0.0
-    next_sample = 0.0
-    i = 0
-    n = len(order)
-    every = max(1, n // 200)
+    run = _SimLoop(requests, engines, policy, settings, progress)
+    end_s = run.run()
+    return run.result(end_s)
 
-    def traffic(d: float, now: float) -> TrafficWindow | None:
-        k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
-        if k < 0 or now - snaps[k].t_s <= 0:
-            return None
-        return replace(
-            window(snaps[-1], snaps[k]),
-            arrival_counts=counters.arrival_counts(snaps[k].t_s, snaps[-1].t_s, ARRIVAL_BIN_S),
+
+class _SimLoop:
+    """The mutable state of one :func:`simulate` run and its steps.
+
+    The loop advances a clock ``t`` (s) to the earlier of the next policy tick and the next timeline
+    sample; at each stop it submits the requests that arrived by then, advances the fleet, takes a
+    frontend counter snapshot, then samples the timeline and/or ticks the policy (scaling the pools).
+    ``snaps``/``snap_t``: counter snapshots and their times (s), strictly increasing; ``records``: the
+    fleet's record of each request (index = position in ``requests``; None = never submitted).
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[TraceRequest],
+        engines: Mapping[str, EngineConfig],
+        policy: Policy,
+        settings: SimSettings,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.requests = requests
+        self.policy = policy
+        self.settings = settings
+        self.progress = progress
+        self.fleet = make_fleet(
+            engines,
+            router=settings.router,
+            seed=settings.seed,
+            collect_fpm=policy.needs_fpm,
+            transfer=settings.transfer,
         )
+        self.delay_ms = settings.startup_delay_s * 1000.0
+        for pool, n in policy.initial_replicas().items():
+            for _ in range(n):
+                self.fleet.add_worker(pool, 0.0, 0.0)
+        self.order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_ms, i))
+        self.records: list[RequestRecord | None] = [None] * len(requests)
+        self.counters = FrontendCounters(settings.sla_ttft_ms, settings.sla_itl_ms)
+        self.snaps: list[CounterSnapshot] = [self.counters.scrape(0.0)]
+        self.snap_t: list[float] = [0.0]
+        self.last_arrival_s = requests[self.order[-1]].arrival_ms / 1000.0 if self.order else 0.0
+        self.pools = tuple(engines)
+        self.gpw = {p: int(settings.gpus_per_worker.get(p, engines[p].dp_size)) for p in self.pools}
+        self.timeline: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, Any]] = []
+        self.last_step: dict[str, Any] = {
+            "reason": "",
+            "predicted_rps": math.nan,
+            "estimated_ttft_ms": math.nan,
+            "estimated_itl_ms": math.nan,
+        }
+        self.reasons_since_sample: list[str] = []
+        self.next_tick = 0.0
+        self.next_sample = 0.0
+        self.i = 0  # requests submitted so far, in arrival order
+        self.n = len(self.order)
+        self.every = max(1, self.n // 200)  # progress callback every this many submissions
 
-    def misses(d: float, now: float) -> tuple[float, float]:
-        k = bisect.bisect_right(snap_t, now - d + 1e-9) - 1
-        if k < 0 or now - snaps[k].t_s <= 0:
-            return math.nan, math.nan
-        return sla_miss_shares(snaps[-1], snaps[k])
+    def run(self) -> float:
+        """Step the clock until every request is terminal or the tail limit (``max_tail_s`` after the last
+        arrival) is passed; returns the last clock time (s)."""
+        n = self.n
+        while True:
+            t = min(self.next_tick, self.next_sample)
+            self.submit_until(t * 1000.0)
+            self.fleet.advance_until(t * 1000.0)
+            self.scrape(t)
+            if t >= self.next_sample:
+                self.sample(t)
+            if t >= self.next_tick:
+                self.tick(t)
+            if self.i >= n and self.counters.terminal >= n:
+                break
+            if self.i >= n and t > self.last_arrival_s + self.settings.max_tail_s:
+                break
+            if self.progress is not None and self.i >= n:
+                self.progress(n, n)
+        return t
 
-    while True:
-        t = min(next_tick, next_sample)
-        t_ms = t * 1000.0
+    def submit_until(self, t_ms: float) -> None:
+        """Submit every not yet submitted request with ``arrival_ms <= t_ms``, in arrival order."""
+        requests, order, n, i = self.requests, self.order, self.n, self.i
+        fleet, records, counters, progress, every = self.fleet, self.records, self.counters, self.progress, self.every
         while i < n and requests[order[i]].arrival_ms <= t_ms:
             j = order[i]
             req = requests[j]
@@ -159,80 +197,133 @@ def simulate(
             i += 1
             if progress is not None and i % every == 0:
                 progress(i, n)
-        fleet.advance_until(t_ms)
-        snap = counters.scrape(t)
-        if snap_t[-1] < t:
-            snaps.append(snap)
-            snap_t.append(t)
+        self.i = i
+
+    def scrape(self, t: float) -> None:
+        """Snapshot the frontend counters at ``t`` (s); a snapshot at the same time replaces the last one."""
+        snap = self.counters.scrape(t)
+        if self.snap_t[-1] < t:
+            self.snaps.append(snap)
+            self.snap_t.append(t)
         else:
-            snaps[-1] = snap
-        if t >= next_sample:
-            timeline.append(
-                _sample(
-                    t, fleet, pools, snaps, snap_t, settings.sample_interval_s, last_step, reasons_since_sample, gpw
-                )
+            self.snaps[-1] = snap
+
+    def traffic(self, d: float, now: float) -> TrafficWindow | None:
+        """Frontend interval averages over the last ``d`` s before ``now`` (s), with arrival counts per
+        ``ARRIVAL_BIN_S`` bin; None when no snapshot is that old or the window is empty."""
+        snaps = self.snaps
+        k = bisect.bisect_right(self.snap_t, now - d + 1e-9) - 1
+        if k < 0 or now - snaps[k].t_s <= 0:
+            return None
+        return replace(
+            window(snaps[-1], snaps[k]),
+            arrival_counts=self.counters.arrival_counts(snaps[k].t_s, snaps[-1].t_s, ARRIVAL_BIN_S),
+        )
+
+    def misses(self, d: float, now: float) -> tuple[float, float]:
+        """Shares (0..1) of TTFT and ITL SLA misses over the last ``d`` s before ``now`` (s); NaN, NaN when
+        no snapshot is that old or the window is empty."""
+        k = bisect.bisect_right(self.snap_t, now - d + 1e-9) - 1
+        if k < 0 or now - self.snaps[k].t_s <= 0:
+            return math.nan, math.nan
+        return sla_miss_shares(self.snaps[-1], self.snaps[k])
+
+    def sample(self, t: float) -> None:
+        """Append the timeline row at ``t`` (s) and schedule the next one ``sample_interval_s`` later."""
+        interval_s = self.settings.sample_interval_s
+        self.timeline.append(
+            _sample(
+                t,
+                self.fleet,
+                self.pools,
+                self.snaps,
+                self.snap_t,
+                interval_s,
+                self.last_step,
+                self.reasons_since_sample,
+                self.gpw,
             )
-            reasons_since_sample = []
-            next_sample = t + settings.sample_interval_s
-        if t >= next_tick:
-            passes: tuple[ForwardPassMetrics, ...] = ()
-            if policy.needs_fpm:
-                passes = _relay(fleet.take_fpm(settings.fpm_per_engine), settings.fpm_per_engine)
-            view = View(
-                now_s=t,
-                counts={p: fleet.pool_counts(p) for p in pools},
-                engines={p: fleet.engine_states(p) for p in pools},
-                traffic=functools.partial(traffic, now=t),
-                passes=passes,
-                sla_misses=functools.partial(misses, now=t),
-            )
-            step = policy.tick(view)
-            last_step = {
-                "reason": step.reason,
-                "predicted_rps": step.predicted_rps,
-                "estimated_ttft_ms": step.estimated_ttft_ms,
-                "estimated_itl_ms": step.estimated_itl_ms,
-            }
-            reasons_since_sample.append(step.reason)
-            if step.targets is not None:
-                prev = {p: view.counts[p].requested for p in pools}
-                if any(int(step.targets[p]) != prev[p] for p in pools):
-                    for p in pools:
-                        for _ in range(int(step.targets[p]) - prev[p]):
-                            fleet.add_worker(p, t_ms, delay_ms)
-                        for _ in range(prev[p] - int(step.targets[p])):
-                            fleet.remove_worker(p, t_ms)
-                    decisions.append(
-                        {
-                            "t_s": t,
-                            "targets": {p: int(step.targets[p]) for p in pools},
-                            "previous": prev,
-                            "reason": step.reason,
-                        }
-                    )
-            next_tick = max(step.next_tick_s, t + 1e-3) if math.isfinite(step.next_tick_s) else math.inf
-        if i >= n and counters.terminal >= n:
-            break
-        if i >= n and t > last_arrival_s + settings.max_tail_s:
-            break
-        if progress is not None and i >= n:
-            progress(n, n)
-    end_s = t
-    fleet.finish()
-    recs: list[RequestRecord] = []
-    for j, r in enumerate(records):
-        if r is None:
-            q = requests[j]
-            r = RequestRecord(q.request_id, q.arrival_ms, q.input_length, q.output_length)
-        recs.append(r)
-    finishes = [r.finish_ms for r in recs if r.finish_ms is not None]
-    end_ms = max([end_s * 1000.0 if not finishes else max(finishes), last_arrival_s * 1000.0])
-    _end_timeline(
-        timeline, end_ms / 1000.0, fleet, pools, snaps, snap_t, counters, settings.sample_interval_s, last_step, gpw
-    )
-    spans = fleet.worker_spans()
-    gpu_s = fleet.gpu_seconds(end_ms, gpw)
-    return SimRun(policy.name, pools, recs, timeline, decisions, spans, gpu_s, end_ms / 1000.0, settings)
+        )
+        self.reasons_since_sample = []
+        self.next_sample = t + interval_s
+
+    def tick(self, t: float) -> None:
+        """Show the policy its :class:`View` at ``t`` (s), scale the pools to its targets and schedule its
+        next tick (at least 1 ms later; never again when it answers an infinite time)."""
+        pools = self.pools
+        passes: tuple[ForwardPassMetrics, ...] = ()
+        if self.policy.needs_fpm:
+            per_engine = self.settings.fpm_per_engine
+            passes = _relay(self.fleet.take_fpm(per_engine), per_engine)
+        view = View(
+            now_s=t,
+            counts={p: self.fleet.pool_counts(p) for p in pools},
+            engines={p: self.fleet.engine_states(p) for p in pools},
+            traffic=functools.partial(self.traffic, now=t),
+            passes=passes,
+            sla_misses=functools.partial(self.misses, now=t),
+        )
+        step = self.policy.tick(view)
+        self.last_step = {
+            "reason": step.reason,
+            "predicted_rps": step.predicted_rps,
+            "estimated_ttft_ms": step.estimated_ttft_ms,
+            "estimated_itl_ms": step.estimated_itl_ms,
+        }
+        self.reasons_since_sample.append(step.reason)
+        if step.targets is not None:
+            self.scale(t, {p: view.counts[p].requested for p in pools}, step.targets, step.reason)
+        self.next_tick = max(step.next_tick_s, t + 1e-3) if math.isfinite(step.next_tick_s) else math.inf
+
+    def scale(self, t: float, prev: dict[str, int], targets: Mapping[str, int], reason: str) -> None:
+        """Add or remove workers so each pool's requested count goes from ``prev`` to ``targets`` at ``t``
+        (s; new workers start after ``startup_delay_s``), and record the decision; no-op when equal."""
+        pools = self.pools
+        if not any(int(targets[p]) != prev[p] for p in pools):
+            return
+        t_ms = t * 1000.0
+        for p in pools:
+            for _ in range(int(targets[p]) - prev[p]):
+                self.fleet.add_worker(p, t_ms, self.delay_ms)
+            for _ in range(prev[p] - int(targets[p])):
+                self.fleet.remove_worker(p, t_ms)
+        self.decisions.append(
+            {"t_s": t, "targets": {p: int(targets[p]) for p in pools}, "previous": prev, "reason": reason}
+        )
+
+    def result(self, end_s: float) -> SimRun:
+        """Finish the fleet and assemble the :class:`SimRun`; never-submitted requests get an empty record.
+
+        The run ends (ms) at the latest finish, or at ``end_s`` when nothing finished, and never before the
+        last arrival; the timeline is closed and GPU-seconds are counted up to that end.
+        """
+        fleet, pools, requests = self.fleet, self.pools, self.requests
+        fleet.finish()
+        recs: list[RequestRecord] = []
+        for j, r in enumerate(self.records):
+            if r is None:
+                q = requests[j]
+                r = RequestRecord(q.request_id, q.arrival_ms, q.input_length, q.output_length)
+            recs.append(r)
+        finishes = [r.finish_ms for r in recs if r.finish_ms is not None]
+        end_ms = max([end_s * 1000.0 if not finishes else max(finishes), self.last_arrival_s * 1000.0])
+        _end_timeline(
+            self.timeline,
+            end_ms / 1000.0,
+            fleet,
+            pools,
+            self.snaps,
+            self.snap_t,
+            self.counters,
+            self.settings.sample_interval_s,
+            self.last_step,
+            self.gpw,
+        )
+        spans = fleet.worker_spans()
+        gpu_s = fleet.gpu_seconds(end_ms, self.gpw)
+        return SimRun(
+            self.policy.name, pools, recs, self.timeline, self.decisions, spans, gpu_s, end_ms / 1000.0, self.settings
+        )
 
 
 def _relay(raw: list[tuple[str, Any]], per_engine: int) -> tuple[ForwardPassMetrics, ...]:
