@@ -8,6 +8,8 @@ from hypothesis import settings as _settings
 
 from tests.infra.fixtures import chromium, helm_bin, k8s, k8s_admin, prometheus_factory  # noqa: F401
 
-_settings.register_profile("ci", derandomize=True, database=None)
-if _os.environ.get("CI"):
-    _settings.load_profile("ci")
+# No per-example deadline anywhere: how long an example takes depends on the machine's load, not on the code,
+# and a test must not fail by timing luck.
+_settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+_settings.register_profile("local", deadline=None)
+_settings.load_profile("ci" if _os.environ.get("CI") else "local")
