@@ -41,7 +41,7 @@ import math
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -51,7 +51,7 @@ from mocker.records import RequestRecord
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
-    from mocker.fleet import ReplayResult
+    from mocker.config import EngineConfig
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -160,8 +160,25 @@ def _is_completed(r: RequestRecord) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- report
+class ReportSource(Protocol):
+    """What :func:`build_report` reads: a :class:`mocker.fleet.ReplayResult`, or the live load generator's
+    :class:`mocker.live.loadgen.LoadgenResult` (client-side records, zero worker-seconds)."""
+
+    @property
+    def records(self) -> Sequence[RequestRecord]: ...
+
+    @property
+    def worker_seconds(self) -> float: ...
+
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def engine(self) -> EngineConfig: ...
+
+
 def build_report(
-    result: ReplayResult,
+    result: ReportSource,
     *,
     sla_ttft_ms: float | None = None,
     sla_itl_ms: float | None = None,
