@@ -65,7 +65,7 @@ def settings(cls: Any = None, /, *, frozen: bool = True) -> Any:
 _ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
 
 
-def _adapter(cls: Any) -> TypeAdapter[Any]:
+def _adapter(cls: type[T]) -> TypeAdapter[T]:
     a = _ADAPTERS.get(cls)
     if a is None:
         a = _ADAPTERS[cls] = TypeAdapter(cls)
@@ -195,7 +195,7 @@ def build(cls: type[T], data: Any, *, source: str | None = None, prefix: str = "
     try:
         # JSON mode: strict types still hold (a bool is not an int, "5" is not a number), while nested
         # mappings become nested settings and lists become tuples, as a YAML or JSON file writes them.
-        return _adapter(cls).validate_json(text)  # type: ignore[no-any-return]  # TypeAdapter[Any]
+        return _adapter(cls).validate_json(text)
     except ValidationError as e:
         raise ConfigError(problem_lines(e, prefix=prefix, known=field_names(cls)), source=source) from None
 

@@ -12,7 +12,7 @@ Library code that needs to know what a ``mocker serve`` worker would run (``plan
 pyproject.toml).
 
 Errors: the value types raise ``argparse.ArgumentTypeError`` (argparse names the flag);
-:func:`one_line_error` makes a parser's errors one stderr line with exit code 2; the readers raise
+:func:`use_one_line_errors` makes a parser's errors one stderr line with exit code 2; the readers raise
 :class:`dynoplan.errors.ConfigError` naming the flag or file.
 """
 
@@ -22,7 +22,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -121,14 +121,14 @@ def nonneg_float(text: str) -> float:
     return v
 
 
-def one_line_error(prog: str) -> Callable[[str], NoReturn]:
-    """A replacement for ``parser.error``: ``PROG: error: MESSAGE (see --help)`` on stderr, exit code 2."""
+def use_one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
+    """Replace ``parser.error``: ``PROG: error: MESSAGE (see --help)`` on stderr, exit code 2."""
 
     def error(message: str) -> NoReturn:
         print(f"{prog}: error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
-    return error
+    parser.error = error  # type: ignore[method-assign]  # on purpose: this parser's errors, not the class's
 
 
 def failed_requests_note(records: Sequence[Any], engine: EngineConfig) -> str | None:
@@ -308,7 +308,7 @@ def engine_config_from_args(args: argparse.Namespace, file_settings: Any = None)
         # KVBM lower tiers size their transfers with the model's KV bytes per token (kv tiers owner's hook)
         if kb is not None and mc is not None:
             raise ConfigError("--kv-bytes-per-token and --model-config: give one of them, not both")
-        if kb is None:
+        if mc is not None:  # then kb is None
             kb = kv_bytes_per_token_from_file(mc, args.kv_cache_dtype)
         overrides["kv_bytes_per_token"] = kb
     overrides.update(parse_bandwidth_flags(getattr(args, "tier_bandwidth", [])))
@@ -452,7 +452,7 @@ def worker_from_argv(argv: Sequence[str], worker_type: str | None = None) -> Wor
     def error(message: str) -> NoReturn:
         raise WorkerArgvError(message)
 
-    parser.error = error  # type: ignore[method-assign]
+    parser.error = error  # type: ignore[method-assign]  # on purpose: this parser raises, argparse's exits
     add_worker_arguments(parser)
     role = ["--worker-type", worker_type] if worker_type is not None else []
     ns, _ = parser.parse_known_args([*role, *argv])

@@ -26,9 +26,9 @@ from mocker.arguments import (
     check_output_paths,
     engine_config_from_args,
     nonneg_int,
-    one_line_error,
     positive_float,
     positive_int,
+    use_one_line_errors,
 )
 from mocker.engine import make_engine
 from mocker.report import render_table, report_to_json, write_per_request_jsonl
@@ -38,7 +38,7 @@ from mocker.traces import load_trace
 # ---------------------------------------------------------------------------------------------- mocker serve
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``dynoplan mocker serve ...`` (nested subcommand)."""
-    parser.error = one_line_error("dynoplan mocker")  # type: ignore[method-assign]
+    use_one_line_errors(parser, "dynoplan mocker")
     sub = parser.add_subparsers(dest="mocker_command", metavar="{serve}")
     sub.required = True
     p = sub.add_parser(
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run a live worker: OpenAI HTTP API, Prometheus metrics, FPM/KV events",
         description="Run one live mocker worker on the wall clock (see mocker.live.worker).",
     )
-    p.error = one_line_error("dynoplan mocker serve")  # type: ignore[method-assign]
+    use_one_line_errors(p, "dynoplan mocker serve")
     add_worker_arguments(p)
 
 
@@ -108,7 +108,7 @@ def _serve_forever(make: Callable[[Callable[[int], None]], Any], host: str) -> i
 
 # ---------------------------------------------------------------------------------------------- frontend
 def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.error = one_line_error("dynoplan frontend")  # type: ignore[method-assign]
+    use_one_line_errors(parser, "dynoplan frontend")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=nonneg_int, default=8080, help="HTTP port, 0 = any free port (default 8080)")
     parser.add_argument("--workers", default="", metavar="URL[,URL...]", help="static worker base URLs")
@@ -151,7 +151,7 @@ def run_frontend(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- loadgen
 def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.error = one_line_error("dynoplan loadgen")  # type: ignore[method-assign]
+    use_one_line_errors(parser, "dynoplan loadgen")
     parser.add_argument(
         "--url", required=True, help="base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8080"
     )

@@ -5,8 +5,8 @@ engine configuration (defaults < ``--engine-config`` YAML < command-line flags),
 :func:`mocker.fleet.run_replay`, prints a table and writes ``--report-json`` / ``--per-request``.
 
 Errors: every user mistake (bad flag value, missing or malformed trace, bad YAML, invalid engine setting)
-is one line on stderr and exit code 2 — argparse errors through :func:`mocker.arguments.one_line_error`, the rest as
-:class:`dynoplan.errors.DynoplanError` caught by the ``dynoplan`` dispatcher. If an output file cannot be
+is one line on stderr and exit code 2 — argparse errors through :func:`mocker.arguments.use_one_line_errors`, the
+rest as :class:`dynoplan.errors.DynoplanError` caught by the ``dynoplan`` dispatcher. If an output file cannot be
 written after the replay, the report JSON is printed to stdout first so the computed result is not lost,
 then the error line, exit 2.
 """
@@ -28,10 +28,10 @@ from mocker.arguments import (
     failed_requests_note,
     nonneg_float,
     nonneg_int,
-    one_line_error,
     positive_float,
     positive_int,
     transfer_config_from_args,
+    use_one_line_errors,
     worker_count,
 )
 from mocker.fleet import FleetConfig, run_replay
@@ -41,7 +41,7 @@ from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``replay`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
-    parser.error = one_line_error("dynoplan replay")  # type: ignore[method-assign]
+    use_one_line_errors(parser, "dynoplan replay")
     parser.epilog = (
         "TRACE is an Azure LLM inference CSV, a Mooncake JSONL file, or a synthetic workload such as "
         "'synthetic:poisson?rate=5&duration_s=600&isl=1000&osl=200&seed=1' (see docs/offline.md \"Trace formats\"). "

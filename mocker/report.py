@@ -41,7 +41,7 @@ import math
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 import numpy as np
@@ -51,7 +51,7 @@ from mocker.records import RequestRecord
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
-    from mocker.fleet import ReplayResult
+    from mocker.config import EngineConfig
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -160,6 +160,23 @@ def _is_completed(r: RequestRecord) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- report
+class ReportSource(Protocol):
+    """What :func:`build_report` reads: a :class:`mocker.fleet.ReplayResult`, or the live load generator's
+    :class:`mocker.live.loadgen.LoadgenResult` (client-side records, zero worker-seconds)."""
+
+    @property
+    def records(self) -> Sequence[RequestRecord]: ...
+
+    @property
+    def worker_seconds(self) -> float: ...
+
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def engine(self) -> EngineConfig: ...
+
+
 class _TokenTimes(NamedTuple):
     """Per-request and per-gap latency samples of the completed requests that produced tokens.
 
@@ -241,7 +258,7 @@ def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: i
     return itl
 
 
-def _worker_keys(result: ReplayResult) -> dict[str, Any]:
+def _worker_keys(result: ReportSource) -> dict[str, Any]:
     """Provisioned worker time (s), split prefill/decode, GPUs per worker and GPU-hours of the fleet.
 
     GPUs per worker = ``engine.dp_size`` (default 1); GPU-hours = worker-seconds x GPUs / 3600; the
@@ -320,7 +337,7 @@ def _distribution_keys(t: _TokenTimes) -> dict[str, float]:
 
 
 def build_report(
-    result: ReplayResult,
+    result: ReportSource,
     *,
     sla_ttft_ms: float | None = None,
     sla_itl_ms: float | None = None,

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from mocker.engine.vllm import VllmCore
+from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.records import RequestRecord, TraceRequest
 from mocker.request import State
@@ -132,7 +133,7 @@ class KvRouter:
         self._cores_ref: object = None  # the core list seen last (the fleet builds a new list on every change)
         self._cores_views: list[_RouterWorkerView] = []
         self._pending: tuple[_RouterWorkerView, list[int], int, int] | None = None
-        self.index = None
+        self.index: KvEventIndex | None = None
         """A :class:`mocker.kv.events.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:

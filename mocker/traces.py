@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -369,10 +369,10 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
         if hids is not None:
             hash_ids = tuple(hids)
             cap = len(hash_ids) * trace_block_size
-            if isl > cap:  # type: ignore[operator]
+            if isl > cap:
                 isl = cap
         lines.append(lineno)
-        out.append(TraceRequest(len(out), ts, isl, osl, hash_ids))  # type: ignore[arg-type]
+        out.append(TraceRequest(len(out), ts, isl, osl, hash_ids))
     if not out:
         raise TraceError(p, None, None, "no requests: the file is empty")
     arrival = np.fromiter((r.arrival_ms for r in out), dtype=np.float64, count=len(out))
@@ -381,7 +381,7 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
     return out
 
 
-def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> None:
+def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
     """Slow path: decode one row generically and raise a TraceError naming the bad field."""
     try:
         row = msgspec.json.decode(raw)

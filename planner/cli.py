@@ -45,7 +45,7 @@ _PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirec
 class _OneLineErrorParser(argparse.ArgumentParser):
     """argparse that reports a bad flag or value as one line on stderr (exit 2), without the usage dump."""
 
-    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.operator.loop import BudgetBook, LoopMetrics
     from planner.operator.settings import effective_peering_priority, settings_from_env
 
-    s = settings_from_env(**_overrides(args))
+    s = settings_from_env(None, **_overrides(args))
     defaults = load_config(s.planner_defaults_file) if s.planner_defaults_file else PlannerConfig()
     api = kubernetes.client.ApiClient(load_client_configuration())  # credentials first: a user error exits 2
     kopf.configure(log_format=kopf.LogFormat.JSON if s.log_format == "json" else kopf.LogFormat.FULL)

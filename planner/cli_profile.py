@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from dynoplan.errors import SimulationConfigError
-from mocker.arguments import engine_config_from_args, one_line_error, positive_int
+from mocker.arguments import engine_config_from_args, positive_int, use_one_line_errors
 from planner.arguments import add_engine_arguments, check_out_not_inputs
 from planner.core import save_profile
 from planner.sim.profile import ProfileSweep, profile_engine
@@ -66,10 +66,10 @@ def out_path(text: str) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``profile`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
-    parser.error = one_line_error("dynoplan profile")  # type: ignore[method-assign]
+    use_one_line_errors(parser, "dynoplan profile")
     # a grid value that starts with '-' ("--isl -5,100") reaches the flag's type check (which names the flag
     # and the value) instead of being taken for an unknown option; argparse's own rule only covers "-5" / "-.5"
-    parser._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")  # type: ignore[attr-defined]
+    parser._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")
     parser.add_argument(
         "--out",
         required=True,
@@ -113,8 +113,9 @@ def run(args: argparse.Namespace) -> int:
         save_profile(prof, out)
     except OSError as e:
         raise SimulationConfigError(f"--out {out}: cannot write: {e.strerror or e}") from None
+    pre, dec = prof.prefill, prof.decode
+    assert pre is not None and dec is not None  # an engine sweep measures both halves
     Console(stderr=True).print(
-        f"wrote {out}: prefill {prof.prefill.isl.size} ISL points, decode "  # type: ignore[union-attr]
-        f"{prof.decode.kv_usage.size}x{prof.decode.context_length.size} grid"
-    )  # type: ignore[union-attr]
+        f"wrote {out}: prefill {pre.isl.size} ISL points, decode {dec.kv_usage.size}x{dec.context_length.size} grid"
+    )
     return 0

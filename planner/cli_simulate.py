@@ -36,10 +36,10 @@ from mocker.arguments import (
     kv_transfer_from_args,
     nonneg_float,
     nonneg_int,
-    one_line_error,
     parse_engine_config_text,
     positive_float,
     read_engine_config_text,
+    use_one_line_errors,
     worker_count,
 )
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
@@ -72,7 +72,7 @@ POLICY_HELP = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``simulate`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
-    parser.error = one_line_error("dynoplan simulate")  # type: ignore[method-assign]
+    use_one_line_errors(parser, "dynoplan simulate")
     w = parser.add_argument_group("workload")
     w.add_argument("--trace", required=True, metavar="TRACE", help="Azure CSV, Mooncake JSONL or synthetic:... spec")
     w.add_argument(
@@ -245,7 +245,7 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
 
 
 def _attainment(v: float | str | None) -> float | str | None:
-    if v == OFF:
+    if v is None or isinstance(v, str):  # None or OFF: the flag's type returns no other text
         return v
     if v is not None and not 0 < v < 1:
         raise SimulationConfigError(f"--attainment-target={v!r}: expected 0 < value < 1")
@@ -594,12 +594,11 @@ def _pools(
     # a worker of dp_size ranks holds dp_size GPUs at least: the planner's budget counts them so
     # the new budget is validated: a ConfigError line, not a traceback
     cfg = check(
-        lambda: dataclasses.replace(
-            cfg,
-            **{
+        lambda: cfg.with_limits(
+            {
                 p: dataclasses.replace(cfg.limits(p), gpus_per_engine=max(cfg.limits(p).gpus_per_engine, e.dp_size))
                 for p, e in engines.items()
-            },
+            }
         )
     )
     return engines, cfg
@@ -687,7 +686,7 @@ def run(args: argparse.Namespace) -> int:
                         ctx.engines,
                         pol,
                         ctx.settings,
-                        progress=lambda d, n, bar=bar, task=task: bar.update(task, completed=d, total=n),
+                        progress=lambda d, n: bar.update(task, completed=d, total=n),  # noqa: B023  (called in this iteration only)
                     )
                 )
         else:

@@ -46,6 +46,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,10 +168,10 @@ def sizing_collector(planner: Any, last_window: Any) -> Any:
       before the first; in-flight NaN when the frontend does not report it).
 
     ``last_window``: a callable returning the last TrafficWindow read (or None)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
     class _Sizing:
-        def collect(self):  # type: ignore[no-untyped-def]
+        def collect(self) -> Iterator[Metric]:
             yield GaugeMetricFamily(
                 "dynoplan_planner_sizing_by_simulation",
                 "1 when the throughput loop sizes fleets by simulation, 0 closed-form",

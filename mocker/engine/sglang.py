@@ -48,9 +48,10 @@ from __future__ import annotations
 
 from collections import deque
 from math import inf
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from dynoplan.errors import SimulationError
 from mocker.config import EngineConfig
@@ -104,10 +105,10 @@ class SglangRequest(EngineRequest):
         self.node: RadixNode | None = None
 
 
-class SglangCore(PassTimeline):
+class SglangCore(PassTimeline[SglangRequest]):
     """One simulated SGLang engine (one DP rank). See the module docstring for semantics."""
 
-    capabilities = CoreCapabilities(block_keys=False, radix_handoff=True)
+    capabilities: ClassVar[CoreCapabilities] = CoreCapabilities(block_keys=False, radix_handoff=True)
 
     def __init__(
         self,
@@ -132,7 +133,9 @@ class SglangCore(PassTimeline):
         self.max_seqs = cfg.max_num_seqs
         self.speedup = float(cfg.speedup_ratio)
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
-        self._monotone_decode = isinstance(self.timing, PolynomialTiming)
+        self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
+        """The timing as the reference polynomial (its decode durations are inlined below), else None."""
+        self._monotone_decode = self._poly_timing is not None
         self.lpm = s.schedule_policy == "lpm"
         self.chunk_size = s.chunked_prefill_size
         self.max_prefill = s.max_prefill_tokens
@@ -447,7 +450,7 @@ class SglangCore(PassTimeline):
             r.allocated -= extra
         r.materialized = complete if complete > r.cached else r.cached
         self._cache_prefix(r, True)
-        kv.dec_lock(r.node)  # type: ignore[arg-type]
+        kv.dec_lock(r.node)
         r.node = None
         r.materialized = r.allocated = r.cached = 0
 
@@ -720,16 +723,17 @@ class SglangCore(PassTimeline):
                     r.transition(State.DECODING)
                 if r.materialized - r.cached >= page:
                     node = r.node
+                    assert node is not None  # a running request holds its prefix's node
                     if (
                         page == 1
                         and node.content is r.content
-                        and node.lock_ref == 1  # type: ignore[union-attr]
+                        and node.lock_ref == 1
                         and not node.children
                         and node.start + node.length == r.cached
-                    ):  # type: ignore[union-attr]
-                        node.length += 1  # type: ignore[union-attr]  (the decode page extends its own leaf)
+                    ):
+                        node.length += 1  # the decode page extends its own leaf
                         kv.clock += 1
-                        node.time = kv.clock  # type: ignore[union-attr]
+                        node.time = kv.clock
                         r.cached += 1
                         kv.private -= 1
                         kv.protected_size += 1
@@ -975,7 +979,7 @@ class SglangCore(PassTimeline):
                 return None
         return k_cap, s0, cap0
 
-    def _stretch_ratios(self, k: int) -> list[float] | np.ndarray:
+    def _stretch_ratios(self, k: int) -> list[float] | npt.NDArray[np.float64]:
         """new_token_ratio before each of the next ``k`` decode passes and after the last (``k + 1`` values):
         repeated subtraction floored at the minimum, as pass by pass (a list for ``k <= 48``; an array
         otherwise, whose cumsum adds in the same order)."""
@@ -991,9 +995,10 @@ class SglangCore(PassTimeline):
             return ratios_l
         acc_r = np.full(k + 1, -self.ratio_step)
         acc_r[0] = self.new_token_ratio
-        return np.maximum(np.cumsum(acc_r), self.min_ratio)
+        ratios_a: npt.NDArray[np.float64] = np.maximum(np.cumsum(acc_r), self.min_ratio)
+        return ratios_a
 
-    def _stretch_admission_pass(self, k: int, n: int, cap0: int, ratios: list[float] | np.ndarray) -> int:
+    def _stretch_admission_pass(self, k: int, n: int, cap0: int, ratios: list[float] | npt.NDArray[np.float64]) -> int:
         """The first of the next ``k`` decode passes at whose start :meth:`_admit` would admit the waiting
         head (its budget computed exactly as there, same float order), ``k`` if none; 0 when the head's
         admission cannot be predicted this way (lpm with several waiting, a head that never fits, nothing
@@ -1023,7 +1028,7 @@ class SglangCore(PassTimeline):
         if charged > self.max_prefill or charged > self.chunk_size:
             return k
         running = self.running
-        if type(ratios) is list:
+        if isinstance(ratios, list):
             rems = [r.output_len - r.generated for r in running]
             for j in range(k):
                 rt = ratios[j]
@@ -1036,12 +1041,12 @@ class SglangCore(PassTimeline):
             return k
         rems_a = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
         js = np.arange(k, dtype=np.int64)
-        m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]  # type: ignore[call-overload]
+        m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]
         reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
         ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
         return int(np.argmax(ok)) if ok.any() else k
 
-    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> np.ndarray | None:
+    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> npt.NDArray[np.float64] | None:
         """End times (ms) of up to ``k`` decode passes from ``now`` (``s0`` active tokens in the first, ``n``
         more in each next, capped at the pool), the last being the first to end at or after ``horizon``;
         each end is the previous plus the pass duration, as pass by pass. None when under two passes."""
@@ -1049,8 +1054,8 @@ class SglangCore(PassTimeline):
         if k <= 48:
             ends_l: list[float] = []
             t = now
-            if self._monotone_decode and self.speedup == 1.0:
-                tot = self.timing.total_kv_tokens  # type: ignore[attr-defined]
+            if self._poly_timing is not None and self.speedup == 1.0:
+                tot = self._poly_timing.total_kv_tokens
                 for j in range(k):
                     if j and t >= horizon:
                         break
@@ -1110,14 +1115,15 @@ class SglangCore(PassTimeline):
                     r.emit_ranges.append((r.emit_start, r.emit_last))
                 r.emit_start, r.emit_last = p, last
             node = r.node
+            assert node is not None  # a running request holds its prefix's node
             if (
                 node.content is r.content
                 and node.lock_ref == 1
-                and not node.children  # type: ignore[union-attr]
+                and not node.children
                 and node.start + node.length == r.cached
-            ):  # type: ignore[union-attr]
-                node.length += k  # type: ignore[union-attr]
-                node.time = clock  # type: ignore[union-attr]
+            ):
+                node.length += k
+                node.time = clock
                 r.cached += k
                 moved += k
             else:
@@ -1144,7 +1150,7 @@ class SglangCore(PassTimeline):
             decoding = State.DECODING
             self.running = [r for r in running if r.state is decoding]
 
-    def _stretch_fpm(self, now: float, ends: np.ndarray, batch: list[SglangRequest], s0: int) -> None:
+    def _stretch_fpm(self, now: float, ends: npt.NDArray[np.float64], batch: list[SglangRequest], s0: int) -> None:
         """One ForwardPassMetrics per pass of the stretch (``batch``: its decoding requests, those finished in
         it included; ``s0`` active tokens in the first pass). The lengths' variance is shift-invariant."""
         k = len(ends)

@@ -8,12 +8,19 @@ from :meth:`PassTimeline.pass_end_times` at the end, which keeps the per-pass co
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import numpy as np
+import numpy.typing as npt
 
-from mocker.request import TERMINAL
+from mocker.records import ForwardPassMetrics
+from mocker.request import TERMINAL, EngineRequest
+
+RequestT = TypeVar("RequestT", bound=EngineRequest)
+"""The core's request type (:class:`~mocker.request.EngineRequest` or a subclass carrying engine state)."""
 
 
-class PassTimeline:
+class PassTimeline(Generic[RequestT]):
     """Mixin: the pass end-time store and the live driver's :meth:`release_finished`.
 
     The core provides ``all_requests`` (requests with ``state`` and ``all_emit_ranges()``), ``pass_index``
@@ -21,9 +28,13 @@ class PassTimeline:
     in its constructor.
     """
 
+    all_requests: list[RequestT]
+    pass_index: int
+    fpm: list[ForwardPassMetrics]
+
     def _init_pass_timeline(self) -> None:
         self._ends_py: list[float] = []
-        self._ends_chunks: list[np.ndarray] = []
+        self._ends_chunks: list[npt.NDArray[np.float64]] = []
         self._ends_base = 0
         """Pass index of the first kept end time (> 0 only after :meth:`release_finished`)."""
 
@@ -33,7 +44,7 @@ class PassTimeline:
             self._ends_chunks.append(np.array(self._ends_py, dtype=np.float64))
             self._ends_py = []
 
-    def pass_end_times(self) -> np.ndarray:
+    def pass_end_times(self) -> npt.NDArray[np.float64]:
         """End time (ms) of every pass run so far, indexed by pass number minus ``_ends_base`` (0 unless
         :meth:`release_finished` dropped the ends no live request needs)."""
         self._flush_ends()
@@ -43,7 +54,7 @@ class PassTimeline:
             self._ends_chunks = [np.concatenate(self._ends_chunks)]
         return self._ends_chunks[0]
 
-    def release_finished(self) -> list:
+    def release_finished(self) -> list[ForwardPassMetrics]:
         """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
 
         For a long-running wall-clock driver (:mod:`mocker.live.driver`) that keeps each request's record and

@@ -44,8 +44,10 @@ from __future__ import annotations
 from collections import deque
 from heapq import heappop, heappush
 from math import inf
+from typing import ClassVar, Literal, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from dynoplan.errors import ConfigError, SimulationError
 from mocker.config import EngineConfig
@@ -93,10 +95,10 @@ class _PassWork:
         self.preempted: list[int] = []
 
 
-class VllmCore(PassTimeline):
+class VllmCore(PassTimeline[EngineRequest]):
     """One simulated vLLM engine (one DP rank). See the module docstring for semantics and API."""
 
-    capabilities = CoreCapabilities(block_keys=True, radix_handoff=False)
+    capabilities: ClassVar[CoreCapabilities] = CoreCapabilities(block_keys=True, radix_handoff=False)
     no_evict = False  # TRT-LLM GUARANTEED_NO_EVICT overrides
 
     def __init__(
@@ -126,7 +128,9 @@ class VllmCore(PassTimeline):
             else make_g1_pool(cfg)
         )
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
-        self._monotone_decode = isinstance(self.timing, PolynomialTiming)
+        self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
+        """The timing as the reference polynomial (its decode durations have a table), else None."""
+        self._monotone_decode = self._poly_timing is not None
         self.collect_fpm = collect_fpm
         self.fpm: list[ForwardPassMetrics] = []
         self.waiting: deque[EngineRequest] = deque()
@@ -246,7 +250,7 @@ class VllmCore(PassTimeline):
             raise SimulationError(f"clock went back: pass at {now_ms} ms before previous end {self.next_pass_ms} ms")
         self._co_sync_all()
         if self.tiers is not None:
-            return self._tier_pass(now_ms, True)  # type: ignore[return-value]
+            return self._tier_pass(now_ms, True)
         return self._pass(now_ms, True)
 
     def advance_until(self, horizon_ms: float) -> None:
@@ -386,9 +390,10 @@ class VllmCore(PassTimeline):
         keys = r.block_keys
         if from_waiting and cached:
             n_c = cached // bs
-            for k in keys[:n_c]:  # type: ignore[index]
+            assert keys is not None  # a prefix-cache hit was looked up by the prompt's block keys
+            for k in keys[:n_c]:
                 kv.acquire_cached(k)
-            r.hashed_held = list(keys[:n_c])  # type: ignore[index]
+            r.hashed_held = list(keys[:n_c])
             r.alloc_tokens = cached
         held = len(r.hashed_held) + r.private_blocks
         need = -(-target // bs) - held
@@ -548,6 +553,10 @@ class VllmCore(PassTimeline):
             tiers.offload(now, self.tier_slot, ev)
             ev.clear()
 
+    @overload
+    def _tier_pass(self, now: float, want: Literal[True]) -> PassOutcome: ...
+    @overload
+    def _tier_pass(self, now: float, want: bool) -> PassOutcome | None: ...
     def _tier_pass(self, now: float, want: bool) -> PassOutcome | None:
         tiers = self.tiers
         assert tiers is not None
@@ -567,7 +576,8 @@ class VllmCore(PassTimeline):
 
     def _tier_idle(self, now: float, want: bool) -> PassOutcome | None:
         """Nothing can run before an onboarding transfer lands: wait until the next tier event (no pass)."""
-        t = self.tiers.next_event_ms()  # type: ignore[union-attr]
+        assert self.tiers is not None  # called from _tier_pass
+        t = self.tiers.next_event_ms()
         if t is None:
             raise SimulationError(
                 f"worker {self.worker_id}: requests wait for onboarding but no tier transfer is in flight"
@@ -589,7 +599,8 @@ class VllmCore(PassTimeline):
             lim = len(keys)
         if n_c >= lim:
             return False
-        ticket = self.tiers.onboard(now, self.tier_slot, keys[n_c:lim])  # type: ignore[union-attr]
+        assert self.tiers is not None  # called with lower tiers attached only
+        ticket = self.tiers.onboard(now, self.tier_slot, keys[n_c:lim])
         if ticket is None:
             return False
         m = len(ticket.keys)
@@ -606,18 +617,19 @@ class VllmCore(PassTimeline):
 
     def _tier_join(self) -> None:
         """Requests whose onboarding is done join the running batch (room permitting), done order."""
-        done = [x for x in self._onboarding if x[0].done_ms is not None]
+        done = [(x[0].done_ms, x) for x in self._onboarding if x[0].done_ms is not None]
         if not done:
             return
-        done.sort(key=lambda x: x[0].done_ms)  # type: ignore[arg-type, return-value]
+        done.sort(key=lambda d: d[0])
         kv, running = self.kv, self.running
-        for item in done:
+        for _, item in done:
             if len(running) >= self.max_seqs:
                 break
             self._onboarding.remove(item)
             r = item[1]
             n_c = len(r.hashed_held)
-            for k in r.block_keys[n_c : n_c + r.private_blocks]:  # type: ignore[index]
+            assert r.block_keys is not None  # onboarding is by block keys
+            for k in r.block_keys[n_c : n_c + r.private_blocks]:
                 if kv.promote_private(k):  # not cached meanwhile by another request: joins the prefix cache
                     r.private_blocks -= 1
                     r.hashed_held.append(k)
@@ -639,6 +651,10 @@ class VllmCore(PassTimeline):
                 return True
         return False
 
+    @overload
+    def _pass(self, now: float, want_outcome: Literal[True], cohort: bool = False) -> PassOutcome: ...
+    @overload
+    def _pass(self, now: float, want_outcome: bool, cohort: bool = False) -> PassOutcome | None: ...
     def _pass(self, now: float, want_outcome: bool, cohort: bool = False) -> PassOutcome | None:
         """One pass starting at ``now`` (module docstring, steps 1-4), in named steps; ``cohort``: the decode
         cohort's members (a prefix of ``running``) take part lazily. Returns the outcome when ``want_outcome``."""
@@ -988,7 +1004,7 @@ class VllmCore(PassTimeline):
             done.append(r)
         if done:
             self._drop_finished(done)
-        if type(ends) is list:  # a short stretch: its end times join the per-pass list (one array at the end)
+        if isinstance(ends, list):  # a short stretch: its end times join the per-pass list (one array at the end)
             self._ends_py += ends
         else:
             self._flush_ends()
@@ -1060,7 +1076,9 @@ class VllmCore(PassTimeline):
         )
 
     # ================================================================== fast path
-    def _decode_ends(self, now: float, s0: int, n: int, k_cap: int, horizon: float) -> list[float] | np.ndarray:
+    def _decode_ends(
+        self, now: float, s0: int, n: int, k_cap: int, horizon: float
+    ) -> list[float] | npt.NDArray[np.float64]:
         """End times (ms) of the passes of a decode stretch: ``n`` requests, ``s0`` active KV tokens in the
         first pass starting at ``now``, ``n`` more in each next one; at most ``k_cap`` (>= 1) passes (and at
         most ``FAST_CHUNK_PASSES``), the last being the first to end at or after ``horizon``. A list for a short
@@ -1069,22 +1087,22 @@ class VllmCore(PassTimeline):
         timing, speed = self.timing, self.speedup
         # the polynomial's durations come from its table (bit-identical to decode_pass_ms), read as the strided
         # slice s0, s0 + n, ...; the table is capped at twice the KV capacity (shared prefixes can exceed it)
-        use_table = self._monotone_decode and speed == 1.0
+        poly = self._poly_timing if speed == 1.0 else None
         cap = 2 * self.total_kv_tokens
         k_try = k_cap
         if k_cap > _SCALAR_MAX and horizon != inf and self._monotone_decode:
             # decode time grows with active KV tokens, so no pass is shorter than the first: an upper bound on
             # the passes starting before the horizon (a short stretch stops at the horizon by itself)
             d0 = (
-                float(timing.decode_table(s0)[s0])
-                if use_table and s0 <= cap  # type: ignore[attr-defined]
+                float(poly.decode_table(s0)[s0])
+                if poly is not None and s0 <= cap
                 else decode_pass_ms(timing, s0, n, speed)
             )
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > FAST_CHUNK_PASSES:
             k_try = FAST_CHUNK_PASSES
         s_last = s0 + n * (k_try - 1)
-        table = timing.decode_table(s_last) if use_table and s_last <= cap else None  # type: ignore[attr-defined]
+        table = poly.decode_table(s_last) if poly is not None and s_last <= cap else None
         if k_try <= _SCALAR_MAX:
             ends: list[float] = []
             append = ends.append
@@ -1148,12 +1166,11 @@ class VllmCore(PassTimeline):
         if k_cap < 2:
             return False
         now = self.next_pass_ms
-        ends = self._decode_ends(now, s0, n, k_cap, horizon)
-        k = len(ends)
+        ends_seq = self._decode_ends(now, s0, n, k_cap, horizon)
+        k = len(ends_seq)
         if k < 2:
             return False
-        if type(ends) is list:
-            ends = np.array(ends)
+        ends = np.array(ends_seq) if isinstance(ends_seq, list) else ends_seq
         p = self.pass_index
         # apply: tokens, KV growth, emission ranges
         new_blocks = 0
@@ -1193,7 +1210,7 @@ class VllmCore(PassTimeline):
         self.next_pass_ms = end
         return True
 
-    def _stretch_fpm(self, now: float, ends: np.ndarray, s: np.ndarray) -> None:
+    def _stretch_fpm(self, now: float, ends: npt.NDArray[np.float64], s: npt.NDArray[np.int64]) -> None:
         n = len(self.running)
         starts = np.concatenate(([now], ends[:-1]))
         lens = np.array([r.prompt_len + r.generated for r in self.running], dtype=np.float64)

@@ -32,6 +32,7 @@ from typing import Any
 from dynoplan.errors import ConfigError, SimulationError
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
+from mocker.engine.vllm import VllmCore
 from mocker.fleet.handoff import HandoffMixin
 from mocker.fleet.pools import (
     EVENT_ACTIVATE,
@@ -49,7 +50,7 @@ from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.kv.tiers import TierConfig, TierHierarchy
 from mocker.records import ForwardPassMetrics, RequestRecord
-from mocker.routers import ROUTERS
+from mocker.routers import ROUTERS, KvRouter
 from mocker.transfer import KvTransferConfig
 
 
@@ -112,7 +113,7 @@ class Fleet(RoutingMixin, HandoffMixin):
         self._kv_index: dict[str, KvEventIndex] = {}
         if kv_events:
             for name, pool in self.pools.items():
-                if isinstance(pool.router, ROUTERS["kv"]):
+                if isinstance(pool.router, KvRouter):
                     pool.router.index = self._kv_index[name] = KvEventIndex(kv_event_lag_ms)
         self._heap: list[tuple[float, int, FleetEvent, Any]] = []
         self._seq = 0
@@ -129,7 +130,7 @@ class Fleet(RoutingMixin, HandoffMixin):
         """How a core is advanced to a time (``self._adv(core, t_ms)``): see :meth:`_advance_strategy`."""
         self._tiers: TierHierarchy | None = None
         """KVBM lower tiers (G2 per core, shared G3/G4), shared by every core of the fleet; None = off."""
-        self._tier_cores: list[Any] = []
+        self._tier_cores: list[VllmCore] = []
         if any(c.has_lower_tiers for c in engines.values()):
             self._init_tiers(engines)
 
@@ -226,9 +227,10 @@ class Fleet(RoutingMixin, HandoffMixin):
                 )
         if self._tiers is not None:  # after any pool swap: the core's kvbm pool sends its evictions to G2
             for c in cores:
+                assert isinstance(c, VllmCore)  # EngineConfig allows lower tiers with the vllm core only
                 c.attach_tiers(self._tiers)
                 c.tier_exact = self.single_step  # single_step: one pass at a time, exact offload times
-            self._tier_cores += cores
+                self._tier_cores.append(c)
         w = Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
         p.workers.append(w)
         p.by_id[wid] = w
@@ -258,9 +260,10 @@ class Fleet(RoutingMixin, HandoffMixin):
             else:
                 raise ConfigError(f"pool {pool!r}: no worker to remove")
         else:
-            w = p.by_id.get(worker_id)  # type: ignore[assignment]
-            if w is None or w.state not in ("starting", "ready"):
+            named = p.by_id.get(worker_id)
+            if named is None or named.state not in ("starting", "ready"):
                 raise ConfigError(f"worker_id={worker_id!r}: not a starting or ready worker of pool {pool!r}")
+            w = named
         if w.state == "ready":
             p.ready.remove(w)
             p.rebuild()
@@ -349,7 +352,7 @@ class Fleet(RoutingMixin, HandoffMixin):
         the whole fleet (cores, every request's engine state, KV pools: ~200k objects after the Azure trace)
         is a reference cycle left to the cyclic garbage collector, whose first pass then cost ~0.25 s. The
         fleet cannot advance after this (records and results stay valid). Raises nothing."""
-        self._adv = None  # type: ignore[assignment]
+        self._adv = _closed_fleet_advance
 
     def finish(self, until_ms: float = inf) -> None:
         """Run everything submitted to completion (or until ``until_ms``: passes starting later are not run,
@@ -505,6 +508,11 @@ def _check_fleet_args(
                 "a disaggregated fleet needs the same KV layout on both pools (both sglang, or "
                 "both vllm)"
             )
+
+
+def _closed_fleet_advance(core: Any, t_ms: float) -> None:
+    """The advance strategy of a closed fleet (:meth:`Fleet.close`): a closed fleet cannot advance."""
+    raise SimulationError(f"advance to {t_ms} ms: the fleet is closed (Fleet.close)")
 
 
 def _build_pools(engines: dict[str, EngineConfig], router: str, routers: dict[str, str], seed: int) -> dict[str, Pool]:

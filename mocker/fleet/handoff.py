@@ -130,8 +130,10 @@ class HandoffMixin:
             if w.inflight:
                 keep = []
                 for fl in w.inflight:
-                    if fl.prec.finish_ms is not None:  # type: ignore[union-attr]
-                        self._push(fl.prec.finish_ms, EVENT_PREFILL_DONE, fl)  # type: ignore[union-attr]
+                    prec = fl.prec
+                    assert prec is not None  # a request in flight on a prefill worker has its prefill record
+                    if prec.finish_ms is not None:
+                        self._push(prec.finish_ms, EVENT_PREFILL_DONE, fl)
                     else:
                         keep.append(fl)
                 w.inflight = keep

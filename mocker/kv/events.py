@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from mocker.kv.manager import BlockKvManager
 
@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from mocker.kv.radix import RadixNode, SeqContent
 
 TIERS: tuple[str, ...] = ("G1", "G2", "G3", "G4")
+
+CacheChange = tuple[Literal["stored", "removed"], int, int | None]
+"""One change of a cache as a :class:`TupleSink` records it: (kind, block hash, parent hash or None)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ class TupleSink:
 
     __slots__ = ("events",)
 
-    def __init__(self, events: list[tuple[str, int, int | None]]) -> None:
+    def __init__(self, events: list[CacheChange]) -> None:
         self.events = events
 
     def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
@@ -94,7 +97,7 @@ class KvEventLog:
         if tier not in TIERS:
             raise ValueError(f"tier={tier!r}: expected one of {', '.join(TIERS)}")
         self.worker_id, self.dp_rank, self.tier = worker_id, dp_rank, tier
-        self._buf: list[tuple[str, int, int | None]] = []
+        self._buf: list[CacheChange] = []
         self.emitted = 0
 
     def on_stored(self, blocks: Sequence[tuple[int, int | None]]) -> None:
@@ -181,7 +184,7 @@ class EventingKvManager(ListeningBlockKvManager):
     __slots__ = ("events",)
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
-        self.events: list[tuple[str, int, int | None]] = []
+        self.events: list[CacheChange] = []
         super().__init__(num_blocks, enable_prefix_caching, listener=TupleSink(self.events))
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeGuard
 
 from dynoplan.errors import SimulationError
-from mocker.kv.events import TupleSink
+from mocker.kv.events import CacheChange, TupleSink
 from mocker.kv.manager import BlockKvManager
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -212,5 +212,5 @@ class EventingKvbmBlockManager(KvbmBlockManager):
     __slots__ = ("events",)
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
-        self.events: list[tuple[str, int, int | None]] = []
+        self.events: list[CacheChange] = []
         super().__init__(num_blocks, enable_prefix_caching, listener=TupleSink(self.events))

@@ -204,7 +204,9 @@ class RadixCache:
             if child is None:
                 break
             n = child.length if child.length < limit - pos else limit - pos
-            c = child.content.common(content, pos, n)  # type: ignore[union-attr]  # only the root has no content
+            cc = child.content
+            assert cc is not None  # only the root has no content
+            c = cc.common(content, pos, n)
             c = (c // page) * page
             pos += c
             if c < child.length:
@@ -236,7 +238,9 @@ class RadixCache:
                 self.evictable_size -= node.length
                 self.protected_size += node.length
             node.lock_ref += 1
-            node = node.parent  # type: ignore[assignment]  # a node below the root has a parent
+            parent = node.parent
+            assert parent is not None  # a node below the root has a parent
+            node = parent
 
     def dec_lock(self, node: RadixNode) -> None:
         root = self.root
@@ -249,7 +253,9 @@ class RadixCache:
                 self.protected_size -= node.length
                 if not node.children:
                     heapq.heappush(self._heap, (node.time, node.uid, node))
-            node = node.parent  # type: ignore[assignment]  # a node below the root has a parent
+            parent = node.parent
+            assert parent is not None  # a node below the root has a parent
+            node = parent
 
     # ------------------------------------------------------------------ tree edits
     def _new_node(self, parent: RadixNode, content: SeqContent, start: int, length: int) -> RadixNode:
@@ -288,7 +294,9 @@ class RadixCache:
             if child is None:
                 break
             n = child.length if child.length < limit - pos else limit - pos
-            c = child.content.common(content, pos, n)  # type: ignore[union-attr]  # only the root has no content
+            cc = child.content
+            assert cc is not None  # only the root has no content
+            c = cc.common(content, pos, n)
             c = (c // page) * page
             if c == 0:
                 break
@@ -342,7 +350,9 @@ class RadixCache:
                     self.listener("stored", content, pos, end)
                 return new, dup
             n = child.length if child.length < end - pos else end - pos
-            c = child.content.common(content, pos, n)  # type: ignore[union-attr]  # only the root has no content
+            cc = child.content
+            assert cc is not None  # only the root has no content
+            c = cc.common(content, pos, n)
             c = (c // page) * page
             if c == 0:
                 raise SimulationError("radix insert: page identity collision")
@@ -400,8 +410,9 @@ class RadixCache:
                 self.evictable_size -= node.length
                 self.free += node.length
                 freed += node.length
-            parent = node.parent
-            del parent.children[node.content.page_id(node.start, page)]  # type: ignore[union-attr]  # not the root
+            parent, nc = node.parent, node.content
+            assert parent is not None and nc is not None  # an evictable leaf is not the root
+            del parent.children[nc.page_id(node.start, page)]
             node.parent = None
             node.length = 0
             if parent is not self.root and parent.lock_ref == 0 and not parent.children:

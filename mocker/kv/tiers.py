@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from heapq import heappop, heappush
 from math import inf
+from typing import Generic, Literal, TypeVar
 
 from pydantic import Field
 
@@ -58,9 +59,12 @@ from mocker.config import TIER_LINKS, EngineConfig, LinkGBps, PositiveInt, TierB
 GB = 1e9
 """Bytes per GB (decimal, as link bandwidths are quoted)."""
 
+TagT = TypeVar("TagT")
+"""What a link's caller attaches to a transfer and gets back when it completes."""
+
 
 # ---------------------------------------------------------------------------------------------- links
-class ProcessorSharingLink:
+class ProcessorSharingLink(Generic[TagT]):
     """One directional link of ``bandwidth_gbps`` GB/s shared equally by the transfers in flight.
 
     Exact processor sharing in virtual time: between events every active transfer receives
@@ -79,7 +83,7 @@ class ProcessorSharingLink:
         self.name = name
         self.bytes_per_ms = bandwidth_gbps * GB / 1000.0
         self.now_ms = 0.0
-        self._heap: list[tuple[float, int, object]] = []
+        self._heap: list[tuple[float, int, TagT]] = []
         """(value of _served at which the transfer is done, transfer id, tag)"""
         self._served = 0.0
         """bytes served to every transfer in flight since the link was created"""
@@ -109,7 +113,7 @@ class ProcessorSharingLink:
         rem = heap[0][0] - self._served
         return self.now_ms + (rem if rem > 0 else 0.0) * len(heap) / self.bytes_per_ms
 
-    def submit(self, now_ms: float, nbytes: float, tag: object) -> int:
+    def submit(self, now_ms: float, nbytes: float, tag: TagT) -> int:
         """Start a transfer of ``nbytes`` bytes at ``now_ms`` (must not precede earlier calls). Returns its id.
 
         Call :meth:`advance` to ``now_ms`` first so that completions before it are reported in order.
@@ -125,10 +129,10 @@ class ProcessorSharingLink:
         self.bytes_moved += nbytes
         return self._seq
 
-    def advance(self, to_ms: float) -> list[tuple[float, object]]:
+    def advance(self, to_ms: float) -> list[tuple[float, TagT]]:
         """Move the link to ``to_ms``; return (finish time ms, tag) of every transfer finished by then, in
         finish order (ties by submission order)."""
-        done: list[tuple[float, object]] = []
+        done: list[tuple[float, TagT]] = []
         heap = self._heap
         while heap:
             t = self.next_completion_ms()
@@ -214,6 +218,15 @@ class OnboardTicket:
     _pending: int = 0
 
 
+TransferTag = (
+    tuple[Literal["g2"], int, list[int]]
+    | tuple[Literal["g3", "g4"], list[int]]
+    | tuple[Literal["stage"], OnboardTicket, list[int]]
+    | tuple[Literal["onboard"], OnboardTicket]
+)
+"""A hierarchy transfer: ("g2", worker id, keys) an offload batch to G2; ("g3"|"g4", keys) a spill down;
+("stage", ticket, keys) an onboard's G3/G4 part reaching G2; ("onboard", ticket) the G2->G1 copy."""
+
 TierListener = Callable[[str, str, int, Sequence[int]], None]
 """listener(kind 'stored'|'removed', tier 'G2'|'G3'|'G4', worker_id (-1 shared), keys)."""
 
@@ -230,7 +243,7 @@ class TierHierarchy:
         self.g4: set[int] = set()
         self._pending_offload: list[list[int]] = []
         self._in_flight_g2: list[set[int]] = []
-        self.links: dict[str, ProcessorSharingLink] = {}
+        self.links: dict[str, ProcessorSharingLink[TransferTag]] = {}
         for name, bw in (
             ("G2->G3", cfg.bw_g2_g3_gbps),
             ("G3->G2", cfg.bw_g3_g2_gbps),
@@ -238,7 +251,7 @@ class TierHierarchy:
             ("G4->G2", cfg.bw_g4_g2_gbps),
         ):
             self.links[name] = ProcessorSharingLink(name, bw)
-        self._links: list[ProcessorSharingLink] = list(self.links.values())
+        self._links: list[ProcessorSharingLink[TransferTag]] = list(self.links.values())
         self.now_ms = 0.0
         self.offloaded_blocks = 0
         """Blocks sent G1->G2 (count; blocks already in or on the way to G2 are not sent again)."""
@@ -305,11 +318,11 @@ class TierHierarchy:
     # ------------------------------------------------------------------ driver
     def next_event_ms(self) -> float | None:
         """Earliest pending link completion (None when every link is idle)."""
-        best = None
+        best: float | None = None
         for link in self._links:
             if link._heap:
                 t = link.next_completion_ms()
-                if best is None or t < best:  # type: ignore[operator]
+                if t is not None and (best is None or t < best):
                     best = t
         return best
 
@@ -330,26 +343,25 @@ class TierHierarchy:
             self.now_ms = to_ms
         return out
 
-    def _complete(self, link: str, fin_ms: float, tag: object, out: list[OnboardTicket]) -> None:
-        kind = tag[0]  # type: ignore[index]
-        if kind == "g2":  # offload batch landed in host memory
-            _, w, keys = tag  # type: ignore[misc]
+    def _complete(self, link: str, fin_ms: float, tag: TransferTag, out: list[OnboardTicket]) -> None:
+        if tag[0] == "g2":  # offload batch landed in host memory
+            _, w, keys = tag
             self._in_flight_g2[w].difference_update(keys)
             self._insert_g2(w, keys)
-        elif kind == "g3":
-            self._insert_g3(tag[1])  # type: ignore[index]
-        elif kind == "g4":
-            new = [k for k in tag[1] if k not in self.g4]  # type: ignore[index]
+        elif tag[0] == "g3":
+            self._insert_g3(tag[1])
+        elif tag[0] == "g4":
+            new = [k for k in tag[1] if k not in self.g4]
             self.g4.update(new)
             self._emit("stored", "G4", -1, new)
-        elif kind == "stage":  # a G3/G4 part of an onboard reached G2
-            ticket: OnboardTicket = tag[1]  # type: ignore[index]
-            self._insert_g2(ticket.worker_id, tag[2])  # type: ignore[index]
+        elif tag[0] == "stage":  # a G3/G4 part of an onboard reached G2
+            ticket = tag[1]
+            self._insert_g2(ticket.worker_id, tag[2])
             ticket._pending -= 1
             if ticket._pending == 0:
                 self._start_onboard(ticket, fin_ms)
-        elif kind == "onboard":
-            ticket = tag[1]  # type: ignore[index]
+        elif tag[0] == "onboard":
+            ticket = tag[1]
             ticket.done_ms = fin_ms
             out.append(ticket)
         else:  # pragma: no cover - internal tags only
@@ -415,7 +427,7 @@ class TierHierarchy:
         if not tiers:
             return None
         run = list(keys[: len(tiers)])
-        count = {t: tiers.count(t) for t in ("G2", "G3", "G4") if t in tiers}
+        count: dict[str, int] = {t: tiers.count(t) for t in ("G2", "G3", "G4") if t in tiers}
         for t, n in count.items():
             self.onboarded_blocks[t] += n
         self.onboard_tickets += 1

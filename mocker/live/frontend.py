@@ -59,6 +59,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -77,6 +78,7 @@ from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_keys
 from mocker.live.metrics import FrontendMetrics
 from mocker.live.protocol import (
+    Kind,
     ParsedRequest,
     chunk_body,
     full_body,
@@ -304,7 +306,7 @@ class Frontend:
         """Follow a worker's KV events. A SUB socket receives only after its connection is up (ZMQ's
         "slow joiner"), so the connection is awaited through a socket monitor before the snapshot
         (``GET /kv_state``) is taken; an event-id gap later triggers a new snapshot."""
-        assert self._zctx is not None and self._session is not None
+        assert self._zctx is not None and self._session is not None and h.kv_endpoint is not None
         sock = self._zctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
@@ -441,7 +443,7 @@ class Frontend:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")
 
-    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         t0 = (
             request_received_monotonic(request) or time.monotonic()
         )  # the request's arrival (socket read), see serve_app
@@ -452,7 +454,7 @@ class Frontend:
             except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
                 raise RequestError("request body is not valid JSON") from None
             mml = min((h.max_model_len for h in self.handles.values() if h.ready), default=1 << 30)
-            p = parse_request(body, kind, served_model=model, max_model_len=mml, block_tokens=self._block_tokens())  # type: ignore[arg-type]
+            p = parse_request(body, kind, served_model=model, max_model_len=mml, block_tokens=self._block_tokens())
         except RequestError as e:
             self.metrics.requests.labels(model, kind, "stream", "rejected").inc()
             return web.json_response(e.body(), status=e.status)
@@ -495,7 +497,7 @@ class Frontend:
             status = "cancelled"
             raise
         except Exception as exc:  # noqa: BLE001 - every failure of an accepted request is answered and counted
-            e = (
+            err = (
                 exc
                 if isinstance(exc, RequestError)
                 else RequestError(
@@ -505,19 +507,24 @@ class Frontend:
                     code="internal_error",
                 )
             )
-            if e.code is None:
-                e.code = "request_error"
-            self.metrics.failures.labels(model, e.code).inc()
+            if err.code is None:
+                err.code = "request_error"
+            self.metrics.failures.labels(model, err.code).inc()
             log.warning(
-                "request %s failed after %d of %d tokens (%s): %s", oid, len(times), p.output_length, e.code, e.message
+                "request %s failed after %d of %d tokens (%s): %s",
+                oid,
+                len(times),
+                p.output_length,
+                err.code,
+                err.message,
             )
             if resp is not None and resp.prepared:
                 try:
-                    await resp.write(b"data: " + msgspec.json.encode(e.body()) + b"\n\ndata: [DONE]\n\n")
+                    await resp.write(b"data: " + msgspec.json.encode(err.body()) + b"\n\ndata: [DONE]\n\n")
                 except ConnectionResetError:
                     status = "cancelled"
                 return resp
-            return web.json_response(e.body(), status=e.status)
+            return web.json_response(err.body(), status=err.status)
         finally:
             self.metrics.inflight.labels(model).dec()
             self.metrics.requests.labels(model, kind, "stream" if p.stream else "unary", status).inc()
@@ -536,7 +543,7 @@ class Frontend:
                 return h.trace_block_size
         return 512
 
-    async def _generate(self, p: ParsedRequest):  # type: ignore[no-untyped-def]
+    async def _generate(self, p: ParsedRequest) -> AsyncIterator[str]:
         """Yield the text of each output token, in order, surviving worker failures (see module doc)."""
         first_role, decode_role = self._pool_roles()
         produced = 0
@@ -638,9 +645,9 @@ class Frontend:
         ph: WorkerHandle,
         dh: WorkerHandle,
         p: ParsedRequest,
-        p_body: dict[str, Any],  # type: ignore[no-untyped-def]
+        p_body: dict[str, Any],
         d_rank: int | None = None,
-    ):
+    ) -> AsyncIterator[str]:
         """Send the prefill and the decode leg at once; drain the prefill's token, yield the decode's (all
         ``output_length`` of them: the decode worker admits the handed-off prompt and emits every token)."""
         self._room += 1
@@ -690,15 +697,17 @@ class Frontend:
             if not task.done():
                 task.cancel()
 
-    async def _stream_from(self, h: WorkerHandle, p: ParsedRequest, body: dict[str, Any], want: int):  # type: ignore[no-untyped-def]
+    async def _stream_from(
+        self, h: WorkerHandle, p: ParsedRequest, body: dict[str, Any], want: int
+    ) -> AsyncIterator[str]:
         assert self._session is not None
         url = h.url + ("/v1/completions" if p.kind == "completion" else "/v1/chat/completions")
         tokens = p.input_length + want
-        rank = body.get("dp_rank")
-        ranked = isinstance(rank, int) and 0 <= rank < len(h.rank_inflight_tokens)
+        rank_any = body.get("dp_rank")
+        rank = rank_any if isinstance(rank_any, int) and 0 <= rank_any < len(h.rank_inflight_tokens) else None
         h.inflight += 1
         h.inflight_tokens += tokens
-        if ranked:
+        if rank is not None:
             h.rank_inflight_tokens[rank] += tokens
         got = 0
         try:
@@ -738,12 +747,12 @@ class Frontend:
         finally:
             h.inflight -= 1
             h.inflight_tokens -= tokens
-            if ranked:
+            if rank is not None:
                 h.rank_inflight_tokens[rank] -= tokens
             if not h.listed and h.inflight == 0:
                 self._sync_sources(reread=False)
 
 
-async def serve(settings: FrontendSettings, on_bound=None) -> None:  # type: ignore[no-untyped-def]
+async def serve(settings: FrontendSettings, on_bound: Callable[[int], None] | None = None) -> None:
     fe = Frontend(settings)
     await serve_app(fe.app, settings.host, settings.port, on_bound)

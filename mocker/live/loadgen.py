@@ -381,7 +381,7 @@ def client_report(result: LoadgenResult) -> dict[str, Any]:
     """
     from mocker.report import build_report
 
-    rep = build_report(result)  # type: ignore[arg-type]
+    rep = build_report(result)
     rep["failed_requests"] = sum(1 for r in result.records if r.status != "finished")
     rep["errors"] = dict(sorted(result.errors.items()))
     rep["failures"] = [

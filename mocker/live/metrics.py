@@ -60,6 +60,7 @@ class WorkerMetrics:
         r = self.registry
         p = "sglang:" if engine == "sglang" else ("trtllm:" if engine == "trtllm" else "vllm:")
         lbl = ["model_name", "engine"]
+        self.cache_hit_rate: Gauge | None
         if engine == "sglang":
             self.running = Gauge(p + "num_running_reqs", "Requests in the running batch.", lbl, registry=r)
             self.waiting = Gauge(p + "num_queue_reqs", "Requests waiting to be scheduled.", lbl, registry=r)
@@ -158,8 +159,8 @@ class WorkerMetrics:
                 self.cancelled,
             ):
                 m.labels(model_name, str(rank))
-            for m in (self.ttft, self.itl, self.e2e):
-                m.labels(model_name, str(rank))
+            for h in (self.ttft, self.itl, self.e2e):
+                h.labels(model_name, str(rank))
 
 
 class FrontendMetrics:

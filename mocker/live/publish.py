@@ -80,7 +80,7 @@ def idle_fpm(worker_id: int, dp_rank: int, timestamp_ms: float) -> ForwardPassMe
 class Publisher:
     """A bound ZMQ PUB socket. ``endpoint`` like ``tcp://127.0.0.1:5557`` (port 0 = pick a free one)."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:  # type: ignore[type-arg]
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> None:
         self.sock = ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)

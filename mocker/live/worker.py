@@ -59,13 +59,14 @@ from dynoplan.errors import DynoplanError, RequestError
 from dynoplan.settings import settings
 from mocker.config import EngineConfig
 from mocker.engine.base import EngineCore, PassOutcome
-from mocker.kv.events import EventingKvManager, RadixEventAdapter, TupleSink
+from mocker.kv.events import CacheChange, EventingKvManager, RadixEventAdapter, TupleSink
 from mocker.kv.kvbm import EventingKvbmBlockManager, KvbmBlockManager
 from mocker.kv.manager import BlockKvManager
 from mocker.kv.radix import RadixCache
 from mocker.live.driver import RankDriver, StreamState, WallClock, outcome_emissions
 from mocker.live.metrics import WorkerMetrics
 from mocker.live.protocol import (
+    Kind,
     ParsedRequest,
     chunk_body,
     full_body,
@@ -133,7 +134,7 @@ class WorkerSettings:
 def default_core_factory(cfg: EngineConfig, worker_id: int, dp_rank: int) -> EngineCore:
     from mocker.engine import make_engine  # lazy: the engine core (developer A's package)
 
-    return make_engine(cfg, worker_id=worker_id, dp_rank=dp_rank, collect_fpm=True)  # type: ignore[no-any-return]
+    return make_engine(cfg, worker_id=worker_id, dp_rank=dp_rank, collect_fpm=True)
 
 
 class _Handoff(NamedTuple):
@@ -164,11 +165,11 @@ class Worker:
         self._next_rid = 0
         self.max_model_len = settings.max_model_len or self.cfg.total_kv_tokens
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=settings.keep_records)
-        self._zmq: zmq.Context | None = None  # type: ignore[type-arg]
+        self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self.fpm_pub: Publisher | None = None
         self.kv_pub: Publisher | None = None
         self._kv_event_id = 0
-        self._kv_events: list[list[tuple[str, int, int | None]] | None] = []
+        self._kv_events: list[list[CacheChange] | None] = []
         """Per rank: the core's recorded cache changes (kind, engine block key, parent), drained after each
         pass; None = the core has no prefix cache to report."""
         self._kv_snapshot: list[Callable[[], list[int]] | None] = []
@@ -242,10 +243,10 @@ class Worker:
         :class:`EventingKvbmBlockManager` (both empty, same policy); the SGLang radix cache gets a
         :class:`RadixEventAdapter` listener. Other cores (no prefix cache) report nothing."""
         kv = getattr(core, "kv", None)
-        events: list[tuple[str, int, int | None]] | None = None
+        events: list[CacheChange] | None = None
         snap: Callable[[], list[int]] | None = None
         if self.kv_pub is not None:
-            if type(kv) in (BlockKvManager, KvbmBlockManager) and kv.caching:
+            if (type(kv) is BlockKvManager or type(kv) is KvbmBlockManager) and kv.caching:
                 kv = core.kv = (EventingKvManager if type(kv) is BlockKvManager else EventingKvbmBlockManager)(
                     kv.num_blocks, kv.caching
                 )
@@ -332,7 +333,7 @@ class Worker:
             self._first_token_seen.discard(rec.request_id)
             self._observe_finished(rank, rec)
 
-    def _publish_core_kv_events(self, rank: int, events: list[tuple[str, int, int | None]]) -> None:
+    def _publish_core_kv_events(self, rank: int, events: list[CacheChange]) -> None:
         """Publish the core's recorded cache changes (engine block keys), one KvEventBatch per run of one kind,
         in the order they happened; then forget them."""
         if not events:
@@ -351,7 +352,7 @@ class Worker:
                         self.s.worker_id,
                         rank,
                         self._kv_event_id,
-                        kind,  # type: ignore[arg-type]
+                        kind,
                         [wire_block_id(e[1]) for e in events[i:j]],
                     ),
                 )
@@ -485,7 +486,7 @@ class Worker:
         self.metrics.rejected.labels(self.s.model_name, str(e.status)).inc()
         return web.json_response(e.body(), status=e.status)
 
-    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         received_ms = self._arrival_ms(request)
         if not self.ready:
             return web.json_response(
@@ -539,7 +540,7 @@ class Worker:
             if n == 0:
                 return self._refused(p)
             text = "".join(output_piece(i) for i in range(n))
-            return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", usage(p.input_length, n)))  # type: ignore[arg-type]
+            return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", usage(p.input_length, n)))
         finally:
             room_left = self._room_of.pop(rid, None)
             if room_left is not None:
@@ -563,7 +564,7 @@ class Worker:
             received_ms = min(received_ms, self.clock.from_monotonic(rx))
         return received_ms
 
-    async def _read_request(self, request: web.Request, kind: str) -> tuple[ParsedRequest, _Handoff]:
+    async def _read_request(self, request: web.Request, kind: Kind) -> tuple[ParsedRequest, _Handoff]:
         """Read and validate the JSON body: the OpenAI fields (:func:`parse_request`) and the
         disaggregation fields (:meth:`_handoff_fields`). Raises RequestError (400) naming the field."""
         try:
@@ -572,7 +573,7 @@ class Worker:
             raise RequestError("request body is not valid JSON") from None
         p = parse_request(
             body,
-            kind,  # type: ignore[arg-type]
+            kind,
             served_model=self.s.model_name,
             max_model_len=self.max_model_len,
             block_tokens=self.cfg.trace_block_size,

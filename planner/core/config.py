@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
+from pydantic.fields import FieldInfo
 
 from dynoplan.errors import ConfigError
 from dynoplan.settings import Problems, build, settings
@@ -373,6 +374,19 @@ class PlannerConfig:
         """The :class:`PoolLimits` of ``pool``."""
         return typing.cast(PoolLimits, getattr(self, pool))
 
+    def with_limits(self, limits: Mapping[str, PoolLimits]) -> PlannerConfig:
+        """A validated copy with the :class:`PoolLimits` of the pools named in ``limits`` (``prefill``,
+        ``decode``, ``agg``) replaced. Raises ConfigError naming a key that is not a pool."""
+        unknown = [p for p in limits if p not in _POOL_NAMES]
+        if unknown:
+            raise ConfigError(f"pool={unknown[0]!r}: expected one of {', '.join(_POOL_NAMES)}")
+        return dataclasses.replace(
+            self,
+            prefill=limits.get("prefill", self.prefill),
+            decode=limits.get("decode", self.decode),
+            agg=limits.get("agg", self.agg),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (round-trips through :func:`config_from_mapping`)."""
         out = dataclasses.asdict(self)
@@ -592,6 +606,14 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
     return config_from_mapping(data, source=src)
 
 
+def _description(f: dataclasses.Field[Any]) -> str:
+    """A settings field's ``description`` (its default is the ``Field(default=..., description=...)`` it was
+    declared with)."""
+    spec = f.default
+    assert isinstance(spec, FieldInfo), f"{f.name}: declared without Field(...)"
+    return str(spec.description)
+
+
 def _flag_specs() -> list[tuple[str, str]]:
     """(dest, help) of every CLI flag: top-level settings and flat pool keys; the help is the field's
     description."""
@@ -599,9 +621,9 @@ def _flag_specs() -> list[tuple[str, str]]:
     for f in dataclasses.fields(PlannerConfig):
         if f.name in _POOL_NAMES:
             for pf in dataclasses.fields(PoolLimits):
-                specs.append((f"{f.name}_{pf.name}", f"{f.name} pool: {pf.default.description}"))
+                specs.append((f"{f.name}_{pf.name}", f"{f.name} pool: {_description(pf)}"))
         else:
-            specs.append((f.name, str(f.default.description)))
+            specs.append((f.name, _description(f)))
     return specs
 
 

@@ -219,8 +219,8 @@ class PlannerService:
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         server = site._server
-        if server is not None and server.sockets:  # type: ignore[union-attr]
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if isinstance(server, asyncio.Server) and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
         await self.sample()
         self._tasks = [asyncio.create_task(self._sample_loop()), asyncio.create_task(self._tick_loop())]
         return self.port

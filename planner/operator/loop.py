@@ -430,12 +430,11 @@ class PlannerLoop:
         self._plan = plan
         self.history.record_sample(self.wall_clock(), obs.pools)
 
-        cfg = dataclasses.replace(
-            plan.config,
-            **{
+        cfg = plan.config.with_limits(
+            {
                 p: dataclasses.replace(plan.config.limits(p), gpus_per_engine=s.gpus_per_engine)
                 for p, s in obs.services.items()
-            },
+            }
         )
         if cfg.load_enabled:
             if self.fpm is None:

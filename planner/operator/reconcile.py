@@ -156,9 +156,10 @@ def _children_of(dgd: DgdSpec, s: ServiceSpec, default_image: str) -> list[dict[
             "spec": pod_spec,
         },
     }
-    svc_spec = {"selector": selector, "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http"}]}
+    ports: list[dict[str, str | int]] = [{"name": "http", "port": HTTP_PORT, "targetPort": "http"}]
+    svc_spec = {"selector": selector, "ports": ports}
     if fport is not None:
-        svc_spec["ports"].append({"name": FPM_PORT_NAME, "port": fport, "targetPort": FPM_PORT_NAME})
+        ports.append({"name": FPM_PORT_NAME, "port": fport, "targetPort": FPM_PORT_NAME})
     meta = {"name": cname, "namespace": dgd.namespace, "labels": labels, "ownerReferences": [_owner(dgd)]}
     return [
         {

@@ -99,7 +99,7 @@ def helm_schema(cls: Any) -> dict[str, Any]:
             out["type"] = [out["type"], "null"]
         return out
 
-    return conv(_inline(raw, raw.get("$defs", {})))  # type: ignore[no-any-return]  # a dict in, a dict out
+    return conv(_inline(raw, raw.get("$defs", {})))
 
 
 def openapi_schema(cls: Any, keep_defaults: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def openapi_schema(cls: Any, keep_defaults: tuple[str, ...] = ()) -> dict[str, A
             out["nullable"] = True
         return out
 
-    return conv(_inline(raw, raw.get("$defs", {})), False, is_top=True)  # type: ignore[no-any-return]  # a dict in, a dict out
+    return conv(_inline(raw, raw.get("$defs", {})), False, is_top=True)
 
 
 def values_schema(current: dict[str, Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class PooledFleet:
         return int(self.fleet.remove_worker(pool, now_ms, worker_id))
 
     def submit(self, req: TraceRequest, now_ms: float) -> RequestRecord:
-        return self.fleet.submit(req, now_ms)  # type: ignore[no-any-return]
+        return self.fleet.submit(req, now_ms)
 
     def advance_until(self, t_ms: float) -> None:
         self.fleet.advance_until(t_ms)
@@ -52,7 +52,7 @@ class PooledFleet:
         return list(self.fleet.take_fpm())
 
     def pool_counts(self, pool: str) -> PoolCounts:
-        return self.fleet.pool_counts(pool)  # type: ignore[no-any-return]
+        return self.fleet.pool_counts(pool)
 
     def engine_states(self, pool: str) -> list[EngineState]:
         return list(self.fleet.engine_states(pool))

@@ -86,8 +86,12 @@ class Step:
 
 class Policy(Protocol):
     name: str
-    pools: tuple[str, ...]
-    needs_fpm: bool
+
+    @property
+    def pools(self) -> tuple[str, ...]: ...
+
+    @property
+    def needs_fpm(self) -> bool: ...
 
     def initial_replicas(self) -> dict[str, int]: ...
 

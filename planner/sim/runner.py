@@ -295,21 +295,20 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}", cli=True)
         else:
             att = None
-        target = ctx.attainment_target
-        explicit = target is not None  # "off" (--attainment-target off) disables the feedback
-        if target == "off":
-            target = None
+        given = ctx.attainment_target
+        explicit = given is not None  # "off" (--attainment-target off) disables the feedback
+        att_target = None if isinstance(given, str) else given  # the only text is "off"
         if att is not None:
             try:
-                target = None if att.lower() in ("none", "off") else float(att)
+                att_target = None if att.lower() in ("none", "off") else float(att)
             except ValueError:
-                target = -1.0
-            if target is not None and not 0 < target < 1:
+                att_target = -1.0
+            if att_target is not None and not 0 < att_target < 1:
                 raise SimulationConfigError(
                     f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off"
                 )
-        if target is not None or att is not None or explicit:
-            cfg = replace(cfg, sla_attainment_target=target)
+        if att_target is not None or att is not None or explicit:
+            cfg = replace(cfg, sla_attainment_target=att_target)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg), evaluator=what_if(ctx, cfg))
     if s == "throughput-only":
         # the reference throughput loop: closed-form sizing (no engine model), constant predictor, no early
@@ -429,7 +428,11 @@ def auto_static(ctx: RunContext, cache: dict[tuple[int, ...], SimRun] | None = N
     d_min = smallest(lambda k: run((big, k)))
     best: tuple[int, int] | None = None
     for p in range(p_min, p_min + 3):
-        d = smallest(lambda k, _p=p: run((_p, max(k, 1))) if k >= d_min else 0.0)
+
+        def decode_attainment(k: int, _p: int = p) -> float:
+            return run((_p, max(k, 1))) if k >= d_min else 0.0
+
+        d = smallest(decode_attainment)
         if best is None or p + d < sum(best):
             best = (p, d)
     assert best is not None
