@@ -412,7 +412,7 @@ def write_report_json(report: dict[str, Any], path: str | Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- per request
-def _per_request_row(r: RequestRecord) -> dict[str, Any]:
+def per_request_row(r: RequestRecord) -> dict[str, Any]:
     t = r.token_times_ms
     n = len(t)
     first = t[0] if n else r.first_token_ms
@@ -455,7 +455,7 @@ def write_per_request_jsonl(records: Iterable[RequestRecord], path: str | Path) 
     enc = msgspec.json.Encoder()
     buf = bytearray()
     for r in sorted(records, key=lambda r: r.request_id):
-        enc.encode_into(_per_request_row(r), buf, len(buf))
+        enc.encode_into(per_request_row(r), buf, len(buf))
         buf += b"\n"
     p.write_bytes(bytes(buf))
 

@@ -41,9 +41,9 @@ from mocker.fleet.pools import (
     POOLS_DISAGG,
     EngineState,
     FleetEvent,
+    FleetWorker,
     Pool,
     PoolCounts,
-    Worker,
 )
 from mocker.fleet.routing import RoutingMixin
 from mocker.kv.events import EventingKvManager, KvEventIndex
@@ -118,7 +118,7 @@ class Fleet(RoutingMixin, HandoffMixin):
         self._heap: list[tuple[float, int, FleetEvent, Any]] = []
         self._seq = 0
         self._clock = -inf
-        self._draining: list[Worker] = []
+        self._draining: list[FleetWorker] = []
         self._where: list[Any] = []  # by internal request id: the agg core, or the Flight
         self.records: list[RequestRecord] = []
         """Every submitted request's record, in submit order."""
@@ -231,7 +231,7 @@ class Fleet(RoutingMixin, HandoffMixin):
                 c.attach_tiers(self._tiers)
                 c.tier_exact = self.single_step  # single_step: one pass at a time, exact offload times
                 self._tier_cores.append(c)
-        w = Worker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
+        w = FleetWorker(pool, wid, cores, float(now_ms), float(now_ms) + float(startup_delay_ms))
         p.workers.append(w)
         p.by_id[wid] = w
         if startup_delay_ms == 0:
@@ -273,7 +273,7 @@ class Fleet(RoutingMixin, HandoffMixin):
         self._check_draining(now_ms)
         return w.worker_id
 
-    def _make_ready(self, w: Worker, t: float) -> None:
+    def _make_ready(self, w: FleetWorker, t: float) -> None:
         p = self.pools[w.pool]
         w.state = "ready"
         p.ready.append(w)
@@ -286,7 +286,7 @@ class Fleet(RoutingMixin, HandoffMixin):
             else:
                 self._dispatch(item[0], item[1], item[2], t)
 
-    def _worker_idle(self, w: Worker) -> bool:
+    def _worker_idle(self, w: FleetWorker) -> bool:
         return (
             not w.holds
             and not w.inflight

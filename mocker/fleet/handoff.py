@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynoplan.errors import SimulationError
 from mocker.engine import CORES
-from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, FleetEvent, Pool, Worker
+from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, FleetEvent, FleetWorker, Pool
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.records import RequestRecord, TraceRequest
@@ -30,7 +30,7 @@ from mocker.transfer import KvTransferConfig
 if TYPE_CHECKING:
     from mocker.kv.events import KvEventIndex
 
-Hold = tuple[Any, Worker, Any, int]
+Hold = tuple[Any, FleetWorker, Any, int]
 """A KV hold or reservation: (core, its worker, pinned block keys / SGLang tree node or reservation, private
 blocks or token slots)."""
 
@@ -329,7 +329,7 @@ class HandoffMixin:
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], isl, fl.pkeys)
         fl.reserve = self._take(dst, self.pools["decode"].by_id[dst.worker_id], isl + 1, None)
 
-    def _take(self, core: Any, w: Worker, tokens: int, keys: list[int] | None) -> Hold:
+    def _take(self, core: Any, w: FleetWorker, tokens: int, keys: list[int] | None) -> Hold:
         """Hold ``tokens`` of KV on ``core``: the source pins its prompt's cached blocks (``keys``, just
         released by the finished prefill request, so nothing else is evicted) plus private blocks for the rest;
         a reservation is private blocks. Capped by what is available. SGLang cores: token slots and a tree

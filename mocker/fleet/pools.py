@@ -1,5 +1,5 @@
 """Pools and workers of a :class:`mocker.fleet.Fleet`: the observation records a planner reads
-(:class:`PoolCounts`, :class:`EngineState`), the fleet's bookkeeping of one worker (:class:`Worker`, its
+(:class:`PoolCounts`, :class:`EngineState`), the fleet's bookkeeping of one worker (:class:`FleetWorker`, its
 lifecycle starting -> ready -> draining -> released) and of one pool (:class:`Pool`: its router, workers,
 routable cores and fleet queue), and the kinds of events on the fleet's heap (:class:`FleetEvent`)."""
 
@@ -77,7 +77,7 @@ class EngineState:
     """Active KV blocks / total blocks (0..1), as vLLM's ``kv_cache_usage_perc``."""
 
 
-class Worker:
+class FleetWorker:
     """One worker of a pool: its engine cores (one per DP rank), lifecycle times (ms) and state."""
 
     __slots__ = (
@@ -130,12 +130,12 @@ class Pool:
         self.router = router
         self.needs_state: bool = router.needs_state
         self.on_routed: Callable[[RequestRecord], None] | None = getattr(router, "on_routed", None)
-        self.workers: list[Worker] = []
-        self.ready: list[Worker] = []
+        self.workers: list[FleetWorker] = []
+        self.ready: list[FleetWorker] = []
         self.cores: list[Any] = []  # ranks of ready workers, in readiness order: what the router sees
         self.queue: deque[Any] = deque()
         self.next_id = 0
-        self.by_id: dict[int, Worker] = {}
+        self.by_id: dict[int, FleetWorker] = {}
 
     def rebuild(self) -> None:
         """Recompute :attr:`cores` after the ready workers changed."""
@@ -153,5 +153,5 @@ __all__ = [
     "FleetEvent",
     "Pool",
     "PoolCounts",
-    "Worker",
+    "FleetWorker",
 ]

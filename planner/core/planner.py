@@ -36,7 +36,7 @@ from planner.core.interpolation import PerformanceProfile
 from planner.core.load import EngineEstimate, RegressionFit
 from planner.core.loops import LoadLoop, PendingGuard, ThroughputLoop
 from planner.core.observations import Observations, TrafficWindow
-from planner.core.predictors import _single_thread_blas
+from planner.core.predictors import single_thread_blas
 from planner.core.reasons import ACTION_REASONS, Reason
 from planner.core.sizing import FleetEvaluator
 
@@ -163,7 +163,7 @@ class Planner:
         self._last_now_s: float | None = None
         self._last_gpus = 0
         self._gpu_hours = 0.0
-        self._limit = _single_thread_blas()
+        self._limit = single_thread_blas()
         self._unmet_goal = False
         """Published targets fall short of the goal (decrease-first rebalancing): tick again after one load
         interval instead of waiting for the next throughput interval."""

@@ -59,7 +59,7 @@ class Predictor(Protocol):
     def warm_start(self, values: Sequence[float]) -> None: ...
 
 
-def _single_thread_blas() -> Callable[[], contextlib.AbstractContextManager[Any]]:
+def single_thread_blas() -> Callable[[], contextlib.AbstractContextManager[Any]]:
     """A factory of contexts limiting BLAS/OpenMP to one thread (``threadpoolctl``).
 
     Model fits are tiny matrix problems: multi-threaded OpenBLAS only spins, and on a shared 2-core machine
@@ -165,7 +165,7 @@ class ArimaPredictor(BasePredictor):
         self.refit_every = refit_every
         import pmdarima  # noqa: F401 - import cost paid at construction, not inside a tick
 
-        self._limit = _single_thread_blas()
+        self._limit = single_thread_blas()
         self.model: Any = None
         self.degenerate = False
         self.fits = 0
@@ -282,7 +282,7 @@ class ProphetPredictor(BasePredictor):
             pass
         for name in ("cmdstanpy", "prophet"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        self._limit = _single_thread_blas()
+        self._limit = single_thread_blas()
 
     def _model_predict(self) -> float:
         import pandas as pd

@@ -199,7 +199,7 @@ def write_outputs(runs: Sequence[SimRun], out_dir: str | Path, meta: Mapping[str
     summary column, the run's settings ``meta`` and each policy's applied decisions), ``timeline.csv``,
     ``requests.jsonl`` (one line per request and policy, a ``policy`` field; token times left out to keep
     it small) and ``report.html``. Returns the full summary document."""
-    from mocker.report import _per_request_row
+    from mocker.report import per_request_row
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ def write_outputs(runs: Sequence[SimRun], out_dir: str | Path, meta: Mapping[str
     with (out / "requests.jsonl").open("w") as fh:
         for r in runs:
             for rec in r.records:
-                row = _per_request_row(rec)
+                row = per_request_row(rec)
                 row.pop("token_times_ms", None)
                 fh.write(json.dumps({"policy": r.policy, **_clean(row)}, separators=(",", ":")) + "\n")
     (out / "report.html").write_text(render_html(runs, doc))
