@@ -21,6 +21,7 @@ fast-forward paths, which keeps them bit-identical.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Protocol
 
@@ -153,7 +154,7 @@ class NpzTiming:
         path = str(path)
         try:
             data = np.load(path)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated or non-zip file too
             raise ConfigError(f"timing={path!r}: cannot read profile: {e}") from None
         missing = [k for k in self.REQUIRED if k not in data]
         if missing and {"decode_kv_usage", "decode_itl_ms"} <= set(data.files):

@@ -210,6 +210,10 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     except ValueError:
         _azure_check_rows(p, cols, header)
         raise  # pragma: no cover - _azure_check_rows always raises here
+    # numpy also reads forms the row-by-row formats refuse (a bare number such as epoch milliseconds is a
+    # year to numpy): anything outside the calendar years 1..9999 goes to the slow path, which names the row
+    if ts_us.size and (ts_us.min() < _MIN_DATETIME_US or ts_us.max() > _MAX_DATETIME_US):
+        _azure_check_rows(p, cols, header)
     if offsets_min is not None:  # local time with a UTC offset -> UTC
         ts_us = ts_us - offsets_min * 60_000_000
     # Same float operations as the reference converter: int((ts - t0).total_seconds() * 1000).
@@ -268,6 +272,12 @@ def _strip_utc_offsets(path: str, raw: list[str]) -> tuple[list[str], np.ndarray
     return [b for b, _ in split], np.array([o for _, o in split], dtype=np.int64)
 
 
+_MIN_DATETIME_US = -62135596800 * 1_000_000
+"""0001-01-01 00:00:00 UTC in microseconds since the Unix epoch (Python's ``datetime.min``)."""
+_MAX_DATETIME_US = 253402300799 * 1_000_000 + 999_999
+"""9999-12-31 23:59:59.999999 UTC in microseconds since the Unix epoch (Python's ``datetime.max``)."""
+
+
 def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
     """Slow path: re-read the CSV row by row and raise a TraceError for the first bad row."""
     i_ts, i_isl, i_osl = cols
@@ -304,8 +314,12 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
                 except ValueError:
                     continue
             else:
+                hint = " (a bare number such as Unix epoch milliseconds is not a timestamp here)" if s.isdigit() else ""
                 raise TraceError(
-                    path, line, "TIMESTAMP", f"{s!r}: unparsable timestamp, expected 'YYYY-MM-DD HH:MM:SS.ffffff'"
+                    path,
+                    line,
+                    "TIMESTAMP",
+                    f"{s!r}: unparsable timestamp{hint}, expected 'YYYY-MM-DD HH:MM:SS.ffffff'",
                 )
             delta = d - epoch
             us = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds - (offset_min or 0) * 60_000_000

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--initial-replicas",
         metavar="N|P+D|auto",
-        help="fleet at t=0 for dynamic policies (default auto: sized by the throughput formulas for the "
+        help="fleet at t=0 for dynamic policies (default auto: the planner's own sizing by simulation of the "
         "trace's first adjustment interval, as an operator would have deployed it); each pool "
         "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
         "(else exit 2, no clamping)",
@@ -339,7 +340,7 @@ def _load_planner_profile(path: str) -> Any:
             try:
                 with np.load(path) as z:
                     names = set(z.files)
-            except (OSError, ValueError):
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile):
                 names = set()
             if set(TIMING_PROFILE_ARRAYS) <= names and "decode_kv_usage" not in names:
                 raise SimulationConfigError(

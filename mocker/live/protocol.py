@@ -408,9 +408,7 @@ async def serve_app(app: web.Application, host: str, port: int, on_bound: Callab
     try:  # a bind failure (port in use) must still run on_cleanup: no "Unclosed client session" noise
         site = web.TCPSite(runner, host, port, reuse_address=True)
         await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.Server)  # TCPSite.start() created it
-        bound = server.sockets[0].getsockname()[1]
+        bound = int(runner.addresses[0][1])  # (host, port, ...) of the listening socket, any event loop
         if on_bound is not None:
             on_bound(bound)
         await asyncio.Event().wait()

@@ -504,12 +504,16 @@ def text_value(text: str, kind: str, optional: bool = False) -> Any:
 def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
     """``KEY=VALUE`` text (``--planner-set``, ``planner:key=value``, ``--ttft-ms 300``) as typed values: each
     string value read by :func:`text_value` with its setting's type (flat pool keys ``agg_max_replicas``
-    included). Keys are kept as given (``-`` or ``_``); values that are not strings, and unknown keys' values
+    included; ``<pool>.<key>`` is read as the flat ``<pool>_<key>``). Other keys are kept as given (``-`` or
+    ``_``); values that are not strings, and unknown keys' values
     (read as YAML scalars), pass on for the validation to judge."""
     kinds = _field_kinds()
     out: dict[str, Any] = {}
     for key, value in data.items():
         k = str(key).replace("-", "_")
+        head, dot, tail = k.partition(".")
+        if dot and head in _POOL_NAMES and tail in _POOL_KEYS:  # agg.max_replicas: the flat agg_max_replicas
+            key = k = f"{head}_{tail}"
         pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1 :] in _POOL_KEYS), None)
         kind, optional = kinds.get(f"{pool}.{k[len(pool) + 1 :]}" if pool else k, ("", False))
         out[key] = text_value(value, kind, optional) if isinstance(value, str) else value

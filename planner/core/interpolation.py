@@ -32,6 +32,7 @@ ISL, which grows in proportion at the edge's throughput (:meth:`PrefillProfile.t
 from __future__ import annotations
 
 import math
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +214,7 @@ def _load_npz(path: Path) -> dict[str, FloatArray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated or non-zip file too
         raise ProfileError(str(path), f"cannot read .npz: {e}") from None
 
 

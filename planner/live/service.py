@@ -218,9 +218,8 @@ class PlannerService:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
-        if isinstance(server, asyncio.Server) and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        if self._runner.addresses:  # (host, port, ...) of the listening socket, any event loop
+            self.port = int(self._runner.addresses[0][1])
         await self.sample()
         self._tasks = [asyncio.create_task(self._sample_loop()), asyncio.create_task(self._tick_loop())]
         return self.port

@@ -461,3 +461,11 @@ def test_mooncake_timestamps_are_bounded_and_epoch_ms_is_diagnosed(tmp_path: Pat
         r"\(2023-11-14T22:13:20Z\); expected milliseconds since the trace start",
     ):
         load_trace(f)
+
+
+def test_azure_epoch_millisecond_timestamps_are_refused_naming_the_row(tmp_path):
+    # numpy reads a bare number as a year; the row-by-row check names it (1.7e12 ms would be a 54,000-year trace)
+    f = tmp_path / "epoch.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1700158546680,374,44\n1700158546690,374,44\n")
+    with pytest.raises(TraceError, match=r"epoch.csv:2: field 'TIMESTAMP' '1700158546680': unparsable timestamp \(a bare"):
+        load_trace(str(f))

@@ -261,3 +261,11 @@ def test_text_value_reads_command_line_and_environment_text_by_the_settings_type
     # a predictor named "off" by mistake is named as the text given, not as YAML's false
     with pytest.raises(ConfigError, match=r"predictor='off': expected one of"):
         config_from_mapping({"predictor": "off"}, cli=True)
+
+
+def test_command_line_pool_keys_may_be_dotted_as_the_error_lines_name_them():
+    # `--planner-set agg.max_replicas=2` (the name `--config` errors use) is the flat agg_max_replicas
+    cfg = config_from_mapping({"agg.max_replicas": "2", "decode.gpus_per_engine": "4"}, cli=True)
+    assert cfg.limits("agg").max_replicas == 2 and cfg.limits("decode").gpus_per_engine == 4
+    with pytest.raises(ConfigError, match=r"agg.max_replica: unknown setting"):
+        config_from_mapping({"agg.max_replica": "2"}, cli=True)

@@ -1,0 +1,48 @@
+"""Corrupt input files found by a fresh-user pass: each is one line on stderr naming the file and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main as cli_main
+
+SYNTHETIC = "synthetic:poisson?rate=3&duration_s=10"
+
+
+def _not_a_zip(tmp_path: Path) -> str:
+    f = tmp_path / "fake.npz"
+    f.write_bytes(b"PK\x03\x04garbage")  # a zip signature, then nothing a zip reader can use
+    return str(f)
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_corrupt_planner_profile_is_one_line(tmp_path, capsys):
+    f = _not_a_zip(tmp_path)
+    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "planner", "--profile", f, "--quiet"])
+    assert rc == 2
+    assert _one_error_line(capsys) == f"dynoplan simulate: error: {f}: cannot read .npz: File is not a zip file"
+
+
+def test_a_corrupt_engine_timing_profile_is_one_line(tmp_path, capsys):
+    f = _not_a_zip(tmp_path)
+    assert cli_main(["replay", "--trace", SYNTHETIC, "--timing", f, "--quiet"]) == 2
+    line = _one_error_line(capsys)
+    assert line == f"dynoplan replay: error: timing={f!r}: cannot read profile: File is not a zip file"
+
+
+def test_an_epoch_millisecond_warm_start_csv_is_refused_not_replayed(tmp_path, capsys):
+    # a bare number is a year to numpy: unrefused, the warm start spanned 54,000 years and never finished
+    f = tmp_path / "epoch.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1700158546680,374,44\n1700158556680,374,44\n")
+    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "static:1", "--warm-start", str(f), "--quiet"])
+    assert rc == 2
+    line = _one_error_line(capsys)
+    assert "epoch.csv:2: field 'TIMESTAMP' '1700158546680': unparsable timestamp" in line
+    assert line.startswith("dynoplan simulate: error: --warm-start")
