@@ -467,5 +467,7 @@ def test_azure_epoch_millisecond_timestamps_are_refused_naming_the_row(tmp_path)
     # numpy reads a bare number as a year; the row-by-row check names it (1.7e12 ms would be a 54,000-year trace)
     f = tmp_path / "epoch.csv"
     f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1700158546680,374,44\n1700158546690,374,44\n")
-    with pytest.raises(TraceError, match=r"epoch.csv:2: field 'TIMESTAMP' '1700158546680': unparsable timestamp \(a bare"):
+    with pytest.raises(
+        TraceError, match=r"epoch.csv:2: field 'TIMESTAMP' '1700158546680': unparsable timestamp \(a bare"
+    ):
         load_trace(str(f))
