@@ -22,10 +22,11 @@ print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
  && /opt/venv/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/dynoplan-app.pth', 'w').write( \
 '/opt/app/lib/python%d.%d/site-packages\n' % sys.version_info[:2])"
 COPY README.md ./
+COPY dynoplan ./dynoplan
 COPY mocker ./mocker
 COPY planner ./planner
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --prefix /opt/app . \
- && /opt/venv/bin/python -c "import planner.cli, mocker"
+ && /opt/venv/bin/python -c "import dynoplan, mocker, planner.cli"
 COPY examples/profiles/make_mocker_profile.py /tmp/make_mocker_profile.py
 RUN mkdir -p /opt/dynoplan/profiles \
  && PATH=/opt/app/bin:/opt/venv/bin:$PATH /opt/venv/bin/python /tmp/make_mocker_profile.py /opt/dynoplan/profiles/mocker_vllm.npz
