@@ -521,6 +521,8 @@ class _Pending:
     targets: dict[str, int]
     previous: dict[str, int]
     since_s: float
+    previous_up_s: dict[str, float]
+    """The scale-up stamps (``PendingGuard._last_up_s``) before this decision, restored if it is withdrawn."""
 
 
 class PendingGuard:
@@ -582,12 +584,26 @@ class PendingGuard:
     def publish(self, now_s: float, targets: Mapping[str, int], current: Mapping[str, int]) -> int:
         """Record a published decision; returns its id (1, 2, ...)."""
         self._seq += 1
+        before = dict(self._last_up_s)
         for p in self.config.pools:
             if targets[p] > current[p]:
                 self._last_up_s[p] = now_s
-        self.pending = _Pending(self._seq, dict(targets), dict(current), now_s)
+        self.pending = _Pending(self._seq, dict(targets), dict(current), now_s, before)
         self.last_targets = dict(targets)
         return self._seq
+
+    def withdraw(self, decision_id: int) -> bool:
+        """Forget published decision ``decision_id`` because it was never applied (the connector refused it,
+        e.g. a 409 on a DGD that changed since it was read): it is no longer pending, the replicas it came
+        from are the expected ones again and its scale-up does not start a cooldown. The next tick plans
+        afresh. False (nothing changed) when that decision is not the pending one."""
+        pend = self.pending
+        if pend is None or pend.decision_id != decision_id:
+            return False
+        self.pending = None
+        self.last_targets = dict(pend.previous)
+        self._last_up_s = dict(pend.previous_up_s)
+        return True
 
     def state(self) -> dict[str, Any]:
         return {"pending_decision_id": self.pending.decision_id if self.pending else None}

@@ -183,6 +183,13 @@ class Planner:
     def pending_decision_id(self) -> int | None:
         return self.guard.pending.decision_id if self.guard.pending else None
 
+    def withdraw(self, decision_id: int) -> bool:
+        """The driver could not apply decision ``decision_id`` (its scale request was refused or failed):
+        stop waiting for it, so the next tick re-plans instead of holding ``hold_pending`` until
+        ``pending_timeout_s``. Returns False when ``decision_id`` is not the pending decision (then nothing
+        changes: a later decision superseded it, or it was already reached)."""
+        return self.guard.withdraw(decision_id)
+
     @property
     def p_correction(self) -> float:
         return self.throughput.p_correction

@@ -131,7 +131,11 @@ class PlannerService:
                 Reason.PENDING_TIMEOUT_REPLAN.value,
             )
         if d.targets is not None and d.decision_id is not None:
-            await self.connector.apply(d.targets, d.decision_id, d.reason.value)
+            try:
+                await self.connector.apply(d.targets, d.decision_id, d.reason.value)
+            except Exception:
+                self.planner.withdraw(d.decision_id)  # not applied: re-plan next tick, do not hold_pending
+                raise
             log.info(
                 "decision %s: %s -> %s (%s)",
                 d.decision_id,

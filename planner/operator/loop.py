@@ -619,7 +619,8 @@ class PlannerLoop:
     ) -> list[tuple[Mapping[str, Any], str, str, str]]:
         """Patch the replicas to ``d.targets`` (unless advisory or no targets) and return the Events to emit
         ``(object, type, reason, message)``: AdvisoryDecision, ScaledUp/ScaledDown/Rebalanced on the
-        deployment and the planner, or a Conflict warning (409: the next step re-reads at once, ``now``)."""
+        deployment and the planner, or a Conflict warning (409: the decision is withdrawn from the core, and
+        the next step re-reads the DGD and re-plans at once, ``now``)."""
         events: list[tuple[Mapping[str, Any], str, str, str]] = []
         if d.targets is None:
             return events
@@ -637,6 +638,9 @@ class PlannerLoop:
         try:
             applied = await conn.scale(obs, d.targets)
         except Conflict:
+            # not applied: the core must not wait for it (it would hold_pending until pending_timeout_s)
+            if self.planner is not None and d.decision_id is not None:
+                self.planner.withdraw(d.decision_id)
             log.info("scale conflict; re-reading", extra={"planner": name, "decision": d.decision_id})
             events.append(
                 (
@@ -648,6 +652,8 @@ class PlannerLoop:
             )
             self._next_s = now  # re-read at once on the next step
         except Gone:
+            if self.planner is not None and d.decision_id is not None:
+                self.planner.withdraw(d.decision_id)
             applied = None
         if applied is not None:
             ups = any(d.targets[p] > cur.get(p, 0) for p in d.targets)

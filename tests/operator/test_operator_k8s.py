@@ -235,7 +235,19 @@ class Env:
         return [e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == name]
 
     def wait(self, check, what: str, timeout_s: float = 30) -> None:
-        wait_until(check, timeout_s, what, self.proc, self.log, interval_s=0.2)
+        """``wait_until`` on the operator's process; a timeout also quotes every DynoPlanner's status in the
+        namespace (the last decision and its reasons say why the planner held)."""
+        try:
+            wait_until(check, timeout_s, what, self.proc, self.log, interval_s=0.2)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\nDynoPlanner status:\n{self.planner_statuses()}") from None
+
+    def planner_statuses(self) -> str:
+        try:
+            items = self.co.list_namespaced_custom_object(*DPL[:2], self.ns, DPL[2]).get("items", [])
+        except Exception as exc:  # noqa: BLE001 - diagnostics only; the timeout is the failure
+            return f"(unreadable: {exc!r})"
+        return "\n".join(f"{i['metadata']['name']}: {json.dumps(i.get('status'), sort_keys=True)}" for i in items)
 
     def set_ready(self, dep_name: str, ready: int) -> None:
         """Play kubelet + ReplicaSet controller: write the Deployment's status through the subresource."""

@@ -390,3 +390,45 @@ def test_a_new_operator_keeps_the_observation_the_previous_one_wrote(tmp_path):
     assert "throughput" not in loop.last_result.diagnostics.loops_run
     assert kube.planner_status["observed"] == {"requestsPerSecond": 7.5, "ttftMs": 90.0, "itlMs": 9.0}
     assert kube.planner_status["predicted"] == {"requestsPerSecond": 8.0}
+
+
+def test_a_scale_refused_with_409_is_replanned_not_left_pending(tmp_path):
+    """The DGD changed between the planner's read and its conditional patch (409): the decision was not
+    applied, so the core withdraws it and the next throughput tick re-plans and patches. Before, the core
+    held ``hold_pending`` for the applied decision until pending_timeout_s (1800 s)."""
+    from planner.operator.kube import Conflict
+
+    class ConflictOnce(FakeKube):
+        def __init__(self, dgd):
+            super().__init__(dgd)
+            self.refused = 0
+
+        async def patch_dgd(self, namespace, name, patch, resource_version=None):
+            if not self.refused:
+                self.refused += 1
+                raise Conflict("409: the object has been modified")
+            await super().patch_dgd(namespace, name, patch, resource_version)
+
+    prof = tmp_path / "p.npz"
+    save_profile(make_profile(), prof)
+    kube = ConflictOnce(ready_dgd(1))
+    now = [0.0]
+    body = planner_body(
+        mode="agg",
+        throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
+        settings={"simulatedSizing": False, "firstSizingS": None},
+        replicas={"minWorker": 1, "maxWorker": 8},
+    )
+    loop = loop_for(body, kube, traffic=Traffic(), clock=lambda: now[0])
+    for _ in range(40):
+        now[0] += asyncio.run(loop.step())
+        if kube.dgd["spec"]["services"]["W"]["replicas"] != 1:
+            break
+    assert kube.refused == 1
+    conflict = [e for e in kube.events if e[1] == "ScaleConflict"]
+    assert len(conflict) == 1 and conflict[0][2].startswith("decision 1: ")
+    scaled = [e for e in kube.events if e[1] == "ScaledUp"]
+    assert kube.dgd["spec"]["services"]["W"]["replicas"] > 1, (now[0], kube.planner_status.get("lastDecision"))
+    # re-planned at the next throughput tick (30 s later), as decision 2, from the unchanged spec of 1
+    assert scaled and scaled[0][2].startswith("decision 2: W 1->"), scaled
+    assert now[0] <= 90.0

@@ -135,6 +135,43 @@ def test_pending_guard_holds_until_ready_then_proceeds():
     assert r.decision.targets == {"prefill": 10, "decode": 4} and r.decision.decision_id == 2
 
 
+def test_a_withdrawn_decision_is_replanned_at_the_next_tick():
+    """A decision the driver could not apply (a 409 on the DGD) is withdrawn: the next tick re-plans at once
+    instead of holding hold_pending for pending_timeout_s (1800 s)."""
+    pl = Planner(thpt_config(), profile())
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(traffic(3600)))
+    assert r.decision.targets == {"prefill": 5, "decode": 2} and r.decision.decision_id == 1
+    # not applied (the spec stays 1 + 1); without the withdrawal the guard waits for it
+    held = Planner(thpt_config(), profile())
+    held.tick(0.0, fleet.obs())
+    held.tick(180.0, fleet.obs(traffic(3600)))
+    assert held.tick(360.0, fleet.obs(traffic(3600))).decision.reason == Reason.HOLD_PENDING
+    assert pl.withdraw(2) is False and pl.pending_decision_id == 1  # not the pending decision: nothing changes
+    assert pl.withdraw(1) is True and pl.pending_decision_id is None
+    r = pl.tick(360.0, fleet.obs(traffic(3600)))
+    assert r.decision.targets == {"prefill": 5, "decode": 2} and r.decision.decision_id == 2
+    assert r.decision.reason == Reason.SCALE_UP_THROUGHPUT  # re-planned from 1 + 1, not adopted as an edit
+    assert pl.withdraw(2) is True
+
+
+def test_a_withdrawn_scale_up_starts_no_cooldown():
+    from planner.core.loops import PendingGuard
+
+    cfg = thpt_config(scale_down_cooldown_s=600.0)
+    for withdrawn in (False, True):
+        guard = PendingGuard(cfg)
+        guard.last_targets = {"prefill": 2, "decode": 2}
+        d = guard.publish(100.0, {"prefill": 3, "decode": 2}, {"prefill": 2, "decode": 2})
+        if withdrawn:
+            assert guard.withdraw(d) and guard.last_targets == {"prefill": 2, "decode": 2}
+        goal, reasons = {"prefill": 1, "decode": 2}, {}
+        guard.restrict(200.0, goal, {"prefill": 2, "decode": 2}, reasons)
+        assert goal == ({"prefill": 1, "decode": 2} if withdrawn else {"prefill": 2, "decode": 2})
+        assert reasons == ({} if withdrawn else {"prefill": Reason.HOLD_COOLDOWN})
+
+
 def test_unready_workers_past_timeout_do_not_freeze_the_planner():
     pl = Planner(thpt_config(pending_timeout_s=500.0), profile())
     fleet = Fleet(prefill=1, decode=1)
