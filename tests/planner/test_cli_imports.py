@@ -49,6 +49,7 @@ def modules_after(*argv: str) -> set[str]:
         (("mocker", "serve", "--help"), ("mocker.cli_live",), ("mocker.engine", "mocker.live.worker", "asyncio")),
         (("simulate", "--help"), ("planner.cli_simulate",), ("planner.sim.loop", "mocker.fleet", "mocker.cli_replay")),
         (("planner", "--help"), ("planner.cli_up",), ("planner.whatif", "mocker.fleet")),
+        (("profile", "--help"), ("planner.cli_profile",), ("planner.sim.profile", "mocker.engine")),
     ],
 )
 def test_help_imports_only_the_chosen_subcommand(
