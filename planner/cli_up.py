@@ -57,8 +57,8 @@ from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
 from planner.live.config import load_stack_config, worker_engines
 
-# The connectors, traffic sources, service, prometheus_client and requests are imported where used: with
-# aiohttp, pyzmq and requests they cost ~0.5 s, and the dispatcher imports every CLI module on each command.
+# The connectors, traffic sources, service, what-if evaluator, prometheus_client and requests are imported
+# where used: with aiohttp, pyzmq and requests they cost ~0.5 s that `up --help` / `planner --help` need not pay.
 
 DYNOPLAN = (sys.executable, "-m", "planner.cli")
 
