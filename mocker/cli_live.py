@@ -3,7 +3,8 @@
 The ``dynoplan`` dispatcher (``planner/cli.py``) maps one module per subcommand, each with
 ``add_arguments(parser)`` / ``run(args)``; this module serves ``mocker`` (with the nested ``serve``),
 and the thin modules :mod:`mocker.live.cli_frontend` / :mod:`mocker.live.cli_loadgen` re-export the
-frontend and loadgen pairs below. Heavy imports (aiohttp, zmq) happen in ``run`` only.
+frontend and loadgen pairs below. What only a run needs (aiohttp, zmq, asyncio, the engines, the report
+and trace readers) is imported in the ``run*`` functions, so that ``--help`` loads just the flags.
 
 Every user mistake is one line on stderr and exit code 2 (argparse errors, ConfigError, TraceError).
 Servers print ``listening on http://HOST:PORT`` on stdout once bound (so scripts can wait for it and
@@ -13,7 +14,6 @@ learn a port chosen with ``--port 0``), and stop cleanly on SIGINT / SIGTERM.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +30,6 @@ from mocker.arguments import (
     positive_int,
     use_one_line_errors,
 )
-from mocker.engine import make_engine
-from mocker.report import render_table, report_to_json, write_per_request_jsonl
-from mocker.traces import load_trace
 
 
 # ---------------------------------------------------------------------------------------------- mocker serve
@@ -52,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mocker.engine import make_engine  # the engines (~0.05 s): not for `dynoplan mocker serve --help`
     from mocker.live.worker import WorkerSettings, serve  # aiohttp + pyzmq (~0.3 s): only when a worker starts
 
     cfg = engine_config_from_args(args).replace(worker_type=args.worker_type, dp_size=args.dp_size)
@@ -81,11 +79,15 @@ def _run_loop(coro: Any) -> Any:
     try:
         import uvloop
     except ImportError:
+        import asyncio  # here, not at module level: asyncio is ~0.03 s of every --help's start-up
+
         return asyncio.run(coro)
     return uvloop.run(coro)
 
 
 def _serve_forever(make: Callable[[Callable[[int], None]], Any], host: str) -> int:
+    import asyncio  # here, not at module level: asyncio is ~0.03 s of every --help's start-up
+
     def bound(port: int) -> None:
         print(f"listening on http://{host}:{port}", flush=True)
 
@@ -211,11 +213,13 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_loadgen(args: argparse.Namespace) -> int:
-    # aiohttp (~0.3 s) and rich: only when a load generator runs (every dynoplan command imports this module)
+    # aiohttp (~0.3 s), rich, the report and the trace readers: only when a load generator runs, not for --help
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
+    from mocker.report import render_table, report_to_json, write_per_request_jsonl
+    from mocker.traces import load_trace
 
     trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)

@@ -49,7 +49,17 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen_subcommand(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top-level parser takes no
+    option but ``-h``), or None when there is none (``dynoplan``, ``dynoplan --help``)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``dynoplan`` parser. With ``argv`` given, only the subcommand it names imports its module and
+    registers its flags (the others are listed by name and help only), so ``dynoplan replay --help`` does
+    not import the planner, the operator or the live stack; with ``argv`` None, every subcommand's flags."""
+    chosen = None if argv is None else _chosen_subcommand(argv)
     parser = _OneLineErrorParser(
         prog="dynoplan",
         allow_abbrev=False,
@@ -62,12 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=help_text, description=help_text, allow_abbrev=False
         )  # --mode is not --model-config
         p.set_defaults(_module=mod)
-        importlib.import_module(mod).add_arguments(p)
+        if argv is None or name == chosen:
+            importlib.import_module(mod).add_arguments(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     errors = _user_error_types()
     try:

@@ -14,7 +14,6 @@ from dynoplan.errors import SimulationConfigError
 from mocker.arguments import engine_config_from_args, positive_int, use_one_line_errors
 from planner.arguments import add_engine_arguments, check_out_not_inputs
 from planner.core import save_profile
-from planner.sim.profile import ProfileSweep, profile_engine
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -87,7 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Sweep the engine and write ``--out``; returns 0 (raises SimulationConfigError / ConfigError)."""
-    from rich.console import Console  # rich (~0.1 s): only when a profile runs (every command imports this module)
+    # rich (~0.1 s) and the engines the sweep drives: only when a profile runs, not for `profile --help`
+    from rich.console import Console
+
+    from planner.sim.profile import ProfileSweep, profile_engine
 
     out = out_path(args.out)  # before the sweep: a bad --out must not cost the profile
     check_out_not_inputs(

@@ -22,7 +22,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -47,10 +47,9 @@ from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, 
 from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
 from planner.core import PlannerConfig, config_from_mapping, load_profile
 from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits, parse_cli_values
-from planner.sim.loop import SimSettings, simulate
-from planner.sim.profile import profile_engine
-from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
-from planner.sim.runner import AutoStaticUnreachable, RunContext, make_policy
+
+if TYPE_CHECKING:
+    from planner.sim.runner import RunContext
 
 
 def _at_most(top: float):
@@ -437,6 +436,12 @@ def build_context(args: argparse.Namespace) -> RunContext:
     (:func:`_engine_and_transfer`), the trace (:func:`_requests`), the pools' engines and the final planner
     config (:func:`_pools`), the initial fleet, the profile, the warm start. ``args.mode``,
     ``args.sla_ttft_ms`` and ``args.sla_itl_ms`` are filled in with the effective values."""
+    # The simulation (engines, fleet, loop) imported here, not at module level: `simulate --help` needs only
+    # the flags, and the simulation is a fifth of its start-up.
+    from planner.sim.loop import SimSettings
+    from planner.sim.profile import profile_engine
+    from planner.sim.runner import RunContext
+
     in_file, engine_file = _read_inputs(args)
     overrides, cfg0 = _planner_settings(args, in_file)
     engine, transfer = _engine_and_transfer(args, engine_file)
@@ -626,9 +631,13 @@ def _warn_failed(policy: str, records: Any, engine: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run every ``--compare`` policy; returns 0 (raises on user mistakes, AutoStaticUnreachable after the
     other policies ran and were reported)."""
-    # rich (~0.1 s to import) only when a simulation runs: the dispatcher imports every CLI module per command
+    # rich (~0.1 s to import) and the simulation only when a simulation runs, not for `simulate --help`
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.sim.loop import simulate
+    from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
+    from planner.sim.runner import AutoStaticUnreachable, make_policy
 
     if args.out is not None and not args.out.strip():
         raise SimulationConfigError(

@@ -56,10 +56,9 @@ from dynoplan.errors import ConfigError, ProfileError
 from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
 from planner.live.config import load_stack_config, worker_engines
-from planner.whatif import EngineFleetEvaluator
 
-# The connectors, traffic sources, service, prometheus_client and requests are imported where used: with
-# aiohttp, pyzmq and requests they cost ~0.5 s, and the dispatcher imports every CLI module on each command.
+# The connectors, traffic sources, service, what-if evaluator, prometheus_client and requests are imported
+# where used: with aiohttp, pyzmq and requests they cost ~0.5 s that `up --help` / `planner --help` need not pay.
 
 DYNOPLAN = (sys.executable, "-m", "planner.cli")
 
@@ -123,6 +122,9 @@ def _build_evaluator(stack: Any) -> Any:
     stack's workers run (:func:`planner.live.config.worker_engines`), the frontend's router, the decode workers'
     KV transfer and the planner's SLA targets. None (closed-form sizing, with a warning) when a pool's worker
     flags do not give an engine, or when the throughput loop is off."""
+    # The engines and the fleet (~0.1 s) imported here, not at module level: not for `planner`/`up` --help
+    from planner.whatif import EngineFleetEvaluator
+
     cfg = stack.planner
     if not cfg.throughput_enabled:
         return None

@@ -53,7 +53,6 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import beta, binom
 
 from planner.core.reasons import Reason
 
@@ -174,7 +173,7 @@ def sample_size(allowed_miss: float, confidence: float = CONFIDENCE) -> int:
     ``mu >= z^2``, i.e. ``N >= 2 z^2 / a`` (a = 0.5 %: 1083 requests; a = 0.1 %: 5412)."""
     if not 0 < allowed_miss < 1:
         raise ValueError(f"allowed_miss={allowed_miss!r}: expected 0 < value < 1")
-    from scipy.stats import norm
+    from scipy.stats import norm  # here, not at module level: scipy.stats costs ~0.5 s of start-up
 
     z = float(norm.ppf(confidence))
     return int(math.ceil(2.0 * z * z / allowed_miss))
@@ -184,6 +183,8 @@ def miss_bounds(misses: int, n: int, confidence: float = CONFIDENCE) -> tuple[fl
     """One-sided Clopper-Pearson (lower, upper) bounds of a miss share from ``misses`` of ``n`` (0 <= misses <= n)."""
     if n <= 0:
         return 0.0, 1.0
+    from scipy.stats import beta  # here, not at module level: scipy.stats costs ~0.5 s of start-up
+
     alpha = 1.0 - confidence
     lo = 0.0 if misses == 0 else float(beta.ppf(alpha, misses, n - misses + 1))
     hi = 1.0 if misses >= n else float(beta.ppf(confidence, misses + 1, n - misses))
@@ -243,6 +244,8 @@ def sequential_looks(allowed_miss: float, looks: int = LOOKS, confidence: float 
 
 def _binom_support(n: int, p: float) -> tuple[int, FloatArray]:
     """(first k, pmf) of Binomial(n, p) over the counts whose probability exceeds 1e-16 (the rest is dropped)."""
+    from scipy.stats import binom  # here, not at module level: scipy.stats costs ~0.5 s of start-up
+
     lo = max(0, int(binom.ppf(1e-16, n, p)) - 1)
     hi = min(n, int(binom.isf(1e-16, n, p)) + 1)
     k = np.arange(lo, hi + 1)
