@@ -33,7 +33,10 @@ class PassObservation(ForwardPassMetrics, frozen=True, kw_only=True):
     :meth:`from_mapping`, or :func:`dynoplan.fpm.decode_fpm` and then :meth:`of`."""
 
     pool: str
+    """The pool of the engine that ran the pass (``prefill``, ``decode`` or ``agg``; passes of a pool the
+    planner does not manage are ignored)."""
     timestamp_s: float = 0.0
+    """When the observer received the pass, seconds on the driver's clock (0.0 = the tick time)."""
 
     @classmethod
     def of(cls, fpm: ForwardPassMetrics, *, pool: str, timestamp_s: float | None = None) -> PassObservation:
