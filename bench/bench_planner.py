@@ -33,15 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
+from dynoplan.fpm import QueuedRequests, ScheduledRequests
 from planner.arguments import warm_start_windows
 from planner.core import (
-    ForwardPassMetrics,
     Observations,
+    PassObservation,
     Planner,
     PlannerConfig,
     PoolState,
-    QueuedRequests,
-    ScheduledRequests,
     TrafficWindow,
 )
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
@@ -63,7 +62,7 @@ def bench_profile() -> PerformanceProfile:
 
 def make_passes(
     rng: np.random.Generator, spec: dict[str, int], now_s: float, per_engine: int, load: float
-) -> tuple[ForwardPassMetrics, ...]:
+) -> tuple[PassObservation, ...]:
     out = []
     for pool, n in spec.items():
         for w in range(n):
@@ -93,7 +92,7 @@ def make_passes(
                     wall = 0.0 if kv == 0 else 0.004 + 1.5e-7 * kv + rng.normal(0, 2e-4)
                     s = ScheduledRequests(num_decode_requests=max(1, kv // 1200) if kv else 0, sum_decode_kv_tokens=kv)
                     q = QueuedRequests()
-                out.append(ForwardPassMetrics(w, 0, max(0.0, wall), s, q, pool=pool, timestamp_s=ts))
+                out.append(PassObservation(w, 0, max(0.0, wall), s, q, pool=pool, timestamp_s=ts))
     return tuple(out)
 
 

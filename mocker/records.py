@@ -2,15 +2,13 @@
 
 - :class:`TraceRequest` — one request of a workload (input).
 - :class:`RequestRecord` — what happened to one request (output; times in ms of the driving clock).
-- :class:`ForwardPassMetrics` — one record per engine pass and DP rank (field names as Dynamo's FPM;
-  ``wall_time`` in seconds, 0 = idle heartbeat). msgspec Structs so they go over the wire as msgpack.
+
+The per-pass record the engines emit, ForwardPassMetrics, is the project's wire record: :mod:`dynoplan.fpm`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import msgspec
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,36 +57,3 @@ class RequestRecord:
     @property
     def e2e_ms(self) -> float | None:
         return None if self.finish_ms is None else self.finish_ms - self.arrival_ms
-
-
-class ScheduledRequests(msgspec.Struct, frozen=True):
-    num_prefill_requests: int = 0
-    sum_prefill_tokens: int = 0
-    """Prompt tokens newly computed in this pass."""
-    var_prefill_length: float = 0.0
-    sum_prefill_kv_tokens: int = 0
-    num_decode_requests: int = 0
-    sum_decode_kv_tokens: int = 0
-    var_decode_kv_tokens: float = 0.0
-
-
-class QueuedRequests(msgspec.Struct, frozen=True):
-    num_prefill_requests: int = 0
-    sum_prefill_tokens: int = 0
-    var_prefill_length: float = 0.0
-    num_decode_requests: int = 0
-    sum_decode_kv_tokens: int = 0
-    var_decode_kv_tokens: float = 0.0
-
-
-class ForwardPassMetrics(msgspec.Struct, frozen=True):
-    """One engine pass on one DP rank (Dynamo ForwardPassMetrics field names)."""
-
-    worker_id: int
-    dp_rank: int
-    wall_time: float
-    """Pass duration in seconds; 0.0 = idle heartbeat."""
-    scheduled_requests: ScheduledRequests
-    queued_requests: QueuedRequests
-    timestamp_ms: float = 0.0
-    """End of the pass on the driving clock (ms)."""

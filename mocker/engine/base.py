@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import ClassVar, NamedTuple, Protocol
 
-from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, TraceRequest
+from dynoplan.fpm import ForwardPassMetrics, QueuedRequests
+from mocker.records import RequestRecord, TraceRequest
 
 FAST_CHUNK_PASSES = 4096
 """Most passes a decode stretch computes at once (bounds the numpy arrays of one fast-forward)."""

@@ -54,11 +54,12 @@ import numpy as np
 import numpy.typing as npt
 
 from dynoplan.errors import SimulationError
+from dynoplan.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 from mocker.config import EngineConfig
 from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
 from mocker.engine.timeline import PassTimeline
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
-from mocker.records import ForwardPassMetrics, QueuedRequests, RequestRecord, ScheduledRequests, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 from mocker.request import EngineRequest, State
 from mocker.timing import DECODE_A as _DA
 from mocker.timing import DECODE_B as _DB

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from mocker.records import ForwardPassMetrics
+from dynoplan.fpm import ForwardPassMetrics
 from mocker.request import TERMINAL, EngineRequest
 
 RequestT = TypeVar("RequestT", bound=EngineRequest)

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dynoplan.errors import ConfigError, SimulationError
+from dynoplan.fpm import ForwardPassMetrics, ScheduledRequests
 from mocker.config import EngineConfig
 from mocker.engine.base import (
     DECODE_STEP,
@@ -65,7 +66,7 @@ from mocker.engine.timeline import PassTimeline
 from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
-from mocker.records import ForwardPassMetrics, RequestRecord, ScheduledRequests, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 from mocker.request import EngineRequest, State
 from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 

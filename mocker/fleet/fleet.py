@@ -30,6 +30,7 @@ from math import inf
 from typing import Any
 
 from dynoplan.errors import ConfigError, SimulationError
+from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.engine.vllm import VllmCore
@@ -49,7 +50,7 @@ from mocker.fleet.routing import RoutingMixin
 from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.kv.tiers import TierConfig, TierHierarchy
-from mocker.records import ForwardPassMetrics, RequestRecord
+from mocker.records import RequestRecord
 from mocker.routers import ROUTERS, KvRouter
 from mocker.transfer import KvTransferConfig
 

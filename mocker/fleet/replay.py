@@ -8,10 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import inf
 
+from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.fleet.config import FleetConfig
 from mocker.fleet.fleet import Fleet
-from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 
 
 @dataclass

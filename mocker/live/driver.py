@@ -36,8 +36,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dynoplan.fpm import ForwardPassMetrics
 from mocker.engine.base import EngineCore, PassOutcome
-from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 
 _log = logging.getLogger(__name__)
 

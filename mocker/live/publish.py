@@ -2,13 +2,13 @@
 
 Wire format (both sockets): two-frame messages ``[topic, msgpack(payload)]``.
 
-- topic ``b"fpm"``: a :class:`mocker.records.ForwardPassMetrics` per engine pass and DP rank; when a rank
-  has run no pass for ``heartbeat_s`` seconds an idle heartbeat (``wall_time == 0.0``, zero counts) is
-  sent, so subscribers can tell "idle" from "gone" (Dynamo's FPM convention).
+- topic :data:`dynoplan.fpm.FPM_TOPIC` (``b"fpm"``): a :class:`dynoplan.fpm.ForwardPassMetrics` per engine pass
+  and DP rank; when a rank has run no pass for ``heartbeat_s`` seconds an idle heartbeat (``wall_time ==
+  0.0``, zero counts) is sent, so subscribers can tell "idle" from "gone" (Dynamo's FPM convention).
 - topic ``b"kv"``: a :class:`KvEventBatch` (``stored`` / ``removed`` prompt block ids, DP rank, a per-worker
   increasing ``event_id`` so a subscriber can detect a gap and resynchronise from ``GET /kv_state``).
 
-Subscribers decode with :func:`decode_fpm` / :func:`decode_kv_event`.
+Subscribers decode with :func:`dynoplan.fpm.decode_fpm` / :func:`decode_kv_event`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Literal
 import msgspec
 import zmq
 
-from mocker.records import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+from dynoplan.fpm import ForwardPassMetrics
 
-FPM_TOPIC = b"fpm"
 KV_TOPIC = b"kv"
 
 
@@ -53,12 +52,7 @@ class KvEventBatch(msgspec.Struct, frozen=True):
 
 
 _ENC = msgspec.msgpack.Encoder()
-_FPM_DEC = msgspec.msgpack.Decoder(ForwardPassMetrics)
 _KV_DEC = msgspec.msgpack.Decoder(KvEventBatch)
-
-
-def decode_fpm(payload: bytes) -> ForwardPassMetrics:
-    return _FPM_DEC.decode(payload)
 
 
 def decode_kv_event(payload: bytes) -> KvEventBatch:
@@ -66,15 +60,8 @@ def decode_kv_event(payload: bytes) -> KvEventBatch:
 
 
 def idle_fpm(worker_id: int, dp_rank: int, timestamp_ms: float) -> ForwardPassMetrics:
-    """An idle heartbeat: wall_time 0.0 and nothing scheduled or queued."""
-    return ForwardPassMetrics(
-        worker_id=worker_id,
-        dp_rank=dp_rank,
-        wall_time=0.0,
-        scheduled_requests=ScheduledRequests(),
-        queued_requests=QueuedRequests(),
-        timestamp_ms=timestamp_ms,
-    )
+    """An idle heartbeat: wall_time 0.0 and nothing scheduled or queued (the parts' zero defaults)."""
+    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, wall_time=0.0, timestamp_ms=timestamp_ms)
 
 
 class Publisher:

@@ -56,6 +56,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field
 
 from dynoplan.errors import DynoplanError, RequestError
+from dynoplan.fpm import FPM_TOPIC
 from dynoplan.settings import settings
 from mocker.config import EngineConfig
 from mocker.engine.base import EngineCore, PassOutcome
@@ -78,7 +79,7 @@ from mocker.live.protocol import (
     usage,
     usage_chunk,
 )
-from mocker.live.publish import FPM_TOPIC, KV_TOPIC, KvEventBatch, Publisher, idle_fpm, wire_block_id
+from mocker.live.publish import KV_TOPIC, KvEventBatch, Publisher, idle_fpm, wire_block_id
 from mocker.live.tokenizer import output_piece
 from mocker.records import RequestRecord, TraceRequest
 from mocker.transfer import KvTransferConfig

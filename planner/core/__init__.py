@@ -14,8 +14,10 @@ Observations (:mod:`planner.core.observations`)
     ``Observations(pools, traffic=None, passes=(), passes_ok=True, applied_decision_id=None)``,
     ``PoolState(replicas, ready_replicas=None)``, ``TrafficWindow(duration_s, num_requests, mean_isl_tokens,
     mean_osl_tokens, mean_ttft_ms, mean_itl_ms, mean_request_duration_s, ...)``,
-    ``ForwardPassMetrics(worker_id, dp_rank, wall_time, scheduled_requests, queued_requests, pool,
-    timestamp_s)`` (+ ``.from_mapping(obj, pool=...)``), ``ScheduledRequests``, ``QueuedRequests``
+    ``PassObservation(worker_id, dp_rank, wall_time, scheduled_requests, queued_requests, timestamp_ms, *,
+    pool, timestamp_s)`` (+ ``.of(fpm, pool=...)``, ``.from_mapping(obj, pool=...)``): a
+    :class:`dynoplan.fpm.ForwardPassMetrics` (with its ``ScheduledRequests``, ``QueuedRequests``) plus its pool
+    and receive time
 The planner (:mod:`planner.core.planner`)
     ``Planner(config, profile=None, warm_start=(), evaluator=None).tick(now_s, observations) -> TickResult``;
     ``TickResult(decision, diagnostics, next_tick_s)``; ``Decision(targets, decision_id, reason, reasons,
@@ -58,11 +60,9 @@ from planner.core.interpolation import (
     save_profile,
 )
 from planner.core.observations import (
-    ForwardPassMetrics,
     Observations,
+    PassObservation,
     PoolState,
-    QueuedRequests,
-    ScheduledRequests,
     TrafficWindow,
 )
 from planner.core.planner import Decision, Diagnostics, Planner, TickResult
@@ -73,17 +73,15 @@ __all__ = [
     "Decision",
     "DecodeProfile",
     "Diagnostics",
-    "ForwardPassMetrics",
     "Observations",
+    "PassObservation",
     "PerformanceProfile",
     "Planner",
     "PlannerConfig",
     "PoolLimits",
     "PoolState",
     "PrefillProfile",
-    "QueuedRequests",
     "Reason",
-    "ScheduledRequests",
     "TickResult",
     "TrafficWindow",
     "add_config_arguments",

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.core.observations import ForwardPassMetrics
+from dynoplan.fpm import ForwardPassMetrics
+from planner.core.observations import PassObservation
 
 FEATURES_BY_POOL: dict[str, tuple[str, ...]] = {
     "prefill": ("sum_prefill_tokens",),
@@ -265,9 +266,9 @@ def prefill_rate_tokens_per_s(passes: Iterable[ForwardPassMetrics]) -> tuple[flo
     return (tok / wall, n / wall) if wall > 0 else None
 
 
-def latest_passes(passes: Iterable[ForwardPassMetrics]) -> dict[tuple[int, int], ForwardPassMetrics]:
+def latest_passes(passes: Iterable[PassObservation]) -> dict[tuple[int, int], PassObservation]:
     """Latest pass per (worker_id, dp_rank): the largest ``timestamp_s``, later in the input on ties."""
-    out: dict[tuple[int, int], ForwardPassMetrics] = {}
+    out: dict[tuple[int, int], PassObservation] = {}
     for p in passes:
         k = (p.worker_id, p.dp_rank)
         if k not in out or p.timestamp_s >= out[k].timestamp_s:

@@ -35,7 +35,7 @@ from planner.core.load import (
     estimate_engine,
     guess_isl_tokens,
 )
-from planner.core.observations import ForwardPassMetrics, TrafficWindow
+from planner.core.observations import PassObservation, TrafficWindow
 from planner.core.predictors import make_predictor
 from planner.core.reasons import Reason
 from planner.core.sizing import (
@@ -381,17 +381,17 @@ class LoadLoop:
             )
             for p in config.pools
         }
-        self.engines: dict[tuple[str, int, int], tuple[ForwardPassMetrics, float]] = {}
+        self.engines: dict[tuple[str, int, int], tuple[PassObservation, float]] = {}
         self.reported: set[str] = set()
         """Pools from which some engine has ever reported a pass (a silent pool that never reported is unknown)."""
         self._work: dict[tuple[str, int, int], deque[tuple[float, int, int, float]]] = {}
         """Per engine: (tick s, prefill tokens, prefill-carrying passes, pass wall time s) summed over the passes
         of each tick within ``load_prefill_window_s`` (the agg ITL estimate's prefill work rate)."""
 
-    def observe(self, now_s: float, passes: Sequence[ForwardPassMetrics]) -> None:
+    def observe(self, now_s: float, passes: Sequence[PassObservation]) -> None:
         """Ingest the passes since the last tick; engines silent for ``engine_stale_s`` are forgotten."""
         cfg = self.config
-        batch: dict[tuple[str, int, int], list[ForwardPassMetrics]] = {}
+        batch: dict[tuple[str, int, int], list[PassObservation]] = {}
         for p in passes:
             if p.pool not in self.regressions:
                 continue

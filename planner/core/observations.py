@@ -1,9 +1,9 @@
 """What a driver hands the planner each tick: plain frozen data, no behaviour.
 
-- :class:`ForwardPassMetrics` (+ :class:`ScheduledRequests`, :class:`QueuedRequests`): one engine pass on
-  one DP rank, field names as Dynamo's ForwardPassMetrics (docs/architecture.md "Metrics facts"); ``wall_time`` in
-  seconds, 0 = idle heartbeat. ``pool`` says which pool the engine belongs to (the driver knows).
-  :meth:`ForwardPassMetrics.from_mapping` adapts any msgpack/JSON-shaped dict or attribute object.
+- :class:`PassObservation`: one engine pass on one DP rank, the wire record :class:`dynoplan.fpm.ForwardPassMetrics`
+  (Dynamo's field names, docs/architecture.md "Metrics facts"; ``wall_time`` in seconds, 0 = idle heartbeat)
+  plus the ``pool`` the engine belongs to and the observer's receive time ``timestamp_s``.
+  :meth:`PassObservation.from_mapping` validates any msgpack/JSON-shaped dict or attribute object.
 - :class:`TrafficWindow`: frontend aggregates over the last throughput interval (Prometheus:
   increase(X_sum[w]) / increase(X_count[w])). ``mean_*`` are NaN when nothing was observed.
 - :class:`PoolState`: replicas requested (spec) and ready for one pool.
@@ -15,96 +15,51 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from dynoplan.errors import ObservationError
+from dynoplan.fpm import ForwardPassMetrics, convert_fpm
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequests:
-    """Requests in the pass. ``sum_prefill_tokens``: prompt tokens newly computed in this pass."""
+class PassObservation(ForwardPassMetrics, frozen=True, kw_only=True):
+    """One engine pass as the planner observed it: the wire record (:class:`dynoplan.fpm.ForwardPassMetrics`,
+    whose fields the core reads: ``wall_time`` seconds, 0.0 = idle heartbeat, skipped by the regressions)
+    plus ``pool``, the pool the engine belongs to (the driver knows), and ``timestamp_s``, when the observer
+    received it on the driver's clock (seconds; 0.0 = the tick time). ``timestamp_ms`` stays the producer's
+    own stamp; the core reads ``timestamp_s`` only.
 
-    num_prefill_requests: int = 0
-    sum_prefill_tokens: int = 0
-    var_prefill_length: float = 0.0
-    sum_prefill_kv_tokens: int = 0
-    num_decode_requests: int = 0
-    sum_decode_kv_tokens: int = 0
-    var_decode_kv_tokens: float = 0.0
+    Construction does not validate (it is the simulation's hot path); records from outside go through
+    :meth:`from_mapping`, or :func:`dynoplan.fpm.decode_fpm` and then :meth:`of`."""
 
-
-@dataclass(frozen=True, slots=True)
-class QueuedRequests:
-    """Requests waiting after the pass. ``sum_prefill_tokens``: prompt tokens still to compute."""
-
-    num_prefill_requests: int = 0
-    sum_prefill_tokens: int = 0
-    var_prefill_length: float = 0.0
-    num_decode_requests: int = 0
-    sum_decode_kv_tokens: int = 0
-    var_decode_kv_tokens: float = 0.0
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-_Part = TypeVar("_Part", ScheduledRequests, QueuedRequests)
-"""A part of :class:`ForwardPassMetrics` that :meth:`ForwardPassMetrics.from_mapping` adapts."""
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardPassMetrics:
-    """One engine pass on one DP rank. ``wall_time`` seconds (0.0 = idle heartbeat, skipped by the
-    regressions); ``timestamp_s`` on the driver's clock (optional, 0 = the tick time)."""
-
-    worker_id: int
-    dp_rank: int
-    wall_time: float
-    scheduled_requests: ScheduledRequests = field(default_factory=ScheduledRequests)
-    queued_requests: QueuedRequests = field(default_factory=QueuedRequests)
-    pool: str = "decode"
+    pool: str
+    """The pool of the engine that ran the pass (``prefill``, ``decode`` or ``agg``; passes of a pool the
+    planner does not manage are ignored)."""
     timestamp_s: float = 0.0
+    """When the observer received the pass, seconds on the driver's clock (0.0 = the tick time)."""
 
     @classmethod
-    def from_mapping(cls, obj: Any, *, pool: str, timestamp_s: float | None = None) -> ForwardPassMetrics:
-        """Adapt a dict (msgpack/JSON) or any object with the Dynamo field names.
-
-        ``timestamp_ms`` (mocker records) is converted to seconds when ``timestamp_s`` is not given.
-        Raises ObservationError naming a missing or negative field.
-        """
-
-        def sub(part: Any, cls_: type[_Part]) -> _Part:
-            if part is None:
-                return cls_()
-            kw = {}
-            for f in cls_.__dataclass_fields__:
-                v = _get(part, f, None)
-                if v is not None:
-                    kw[f] = v
-            return cls_(**kw)
-
-        wid = _get(obj, "worker_id")
-        wall = _get(obj, "wall_time")
-        if wid is None or wall is None:
-            raise ObservationError(f"ForwardPassMetrics: missing field {'worker_id' if wid is None else 'wall_time'}")
-        if not (isinstance(wall, (int, float)) and wall >= 0):
-            raise ObservationError(f"ForwardPassMetrics.wall_time={wall!r}: expected seconds >= 0")
-        if timestamp_s is None:
-            ts_ms = _get(obj, "timestamp_ms", None)
-            timestamp_s = float(ts_ms) / 1000.0 if ts_ms is not None else float(_get(obj, "timestamp_s", 0.0) or 0.0)
+    def of(cls, fpm: ForwardPassMetrics, *, pool: str, timestamp_s: float | None = None) -> PassObservation:
+        """``fpm`` observed in ``pool`` at ``timestamp_s`` (seconds; default ``fpm.timestamp_ms / 1000``).
+        Its parts are shared, not copied (they are frozen)."""
         return cls(
-            worker_id=int(wid),
-            dp_rank=int(_get(obj, "dp_rank", 0) or 0),
-            wall_time=float(wall),
-            scheduled_requests=sub(_get(obj, "scheduled_requests"), ScheduledRequests),
-            queued_requests=sub(_get(obj, "queued_requests"), QueuedRequests),
+            fpm.worker_id,
+            fpm.dp_rank,
+            fpm.wall_time,
+            fpm.scheduled_requests,
+            fpm.queued_requests,
+            fpm.timestamp_ms,
             pool=pool,
-            timestamp_s=timestamp_s,
+            timestamp_s=fpm.timestamp_ms / 1000.0 if timestamp_s is None else timestamp_s,
         )
+
+    @classmethod
+    def from_mapping(cls, obj: Any, *, pool: str, timestamp_s: float | None = None) -> PassObservation:
+        """A mapping (msgpack/JSON-shaped) or any object with the Dynamo field names, validated by
+        :func:`dynoplan.fpm.convert_fpm` (missing parts default to zero counts), then :meth:`of`. Raises
+        :class:`ObservationError` naming the field, its value and what was expected
+        (``ForwardPassMetrics.wall_time=-1: expected a number >= 0.0``)."""
+        return cls.of(convert_fpm(obj), pool=pool, timestamp_s=timestamp_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +171,7 @@ class Observations:
     - ``pools``: pool name -> :class:`PoolState`; ``None`` = the deployment could not be read (hold).
     - ``traffic``: the last throughput interval's aggregates; ``None`` = unknown (read failed) — only
       consulted when the throughput loop is due.
-    - ``passes``: ForwardPassMetrics received since the previous tick (any order; may be empty).
+    - ``passes``: the passes received since the previous tick (any order; may be empty).
       ``passes_ok=False`` = the FPM source failed (the load loop holds instead of seeing silence).
     - ``applied_decision_id``: the last decision id the connector reports as applied (VirtualConnector
       protocol), ``None`` when the connector applies synchronously and does not acknowledge.
@@ -224,6 +179,6 @@ class Observations:
 
     pools: Mapping[str, PoolState] | None
     traffic: TrafficWindow | None = None
-    passes: tuple[ForwardPassMetrics, ...] = ()
+    passes: tuple[PassObservation, ...] = ()
     passes_ok: bool = True
     applied_decision_id: int | None = None

@@ -28,11 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from dynoplan.errors import DynoplanError, SpecError
 from planner.core import (
     Decision,
-    ForwardPassMetrics,
     Observations,
+    PassObservation,
     Planner,
     PlannerConfig,
     PoolState,
@@ -186,7 +188,7 @@ class FpmFeed:
         self._ids: dict[tuple[str, int], int] = {}
         self._next_id = itertools.count()
         self.endpoints: dict[str, str] = {}
-        self._latest: dict[tuple[int, int], tuple[str, ForwardPassMetrics]] = {}
+        self._latest: dict[tuple[int, int], tuple[str, PassObservation]] = {}
 
     def set_endpoints(self, endpoints: Mapping[str, str]) -> None:
         """Subscribe to exactly ``{endpoint: pool}`` (the subscriber tags passes with ``pool|endpoint``)."""
@@ -197,7 +199,7 @@ class FpmFeed:
     def ok(self) -> bool:
         return bool(self.sub.ok)
 
-    def drain(self) -> tuple[ForwardPassMetrics, ...]:
+    def drain(self) -> tuple[PassObservation, ...]:
         """Passes received since the previous call, pool restored, worker ids made unique per endpoint."""
         out = []
         for p in self.sub.drain():
@@ -205,12 +207,12 @@ class FpmFeed:
             key = (ep, p.worker_id)
             if key not in self._ids:
                 self._ids[key] = next(self._next_id)
-            q = dataclasses.replace(p, pool=pool, worker_id=self._ids[key])
+            q = msgspec.structs.replace(p, pool=pool, worker_id=self._ids[key])
             self._latest[(q.worker_id, q.dp_rank)] = (ep, q)
             out.append(q)
         return tuple(out)
 
-    def latest(self) -> dict[tuple[int, int], ForwardPassMetrics]:
+    def latest(self) -> dict[tuple[int, int], PassObservation]:
         """The last drained pass per engine (feed id, DP rank) of the endpoints still subscribed."""
         return {k: p for k, (ep, p) in self._latest.items() if ep in self.endpoints}
 
@@ -545,7 +547,7 @@ class PlannerLoop:
 
     async def _read_inputs(
         self, plan: PlannerSpec, conn: KubernetesConnector, obs: Observed, cfg: PlannerConfig
-    ) -> tuple[TrafficWindow | None, tuple[ForwardPassMetrics, ...], bool]:
+    ) -> tuple[TrafficWindow | None, tuple[PassObservation, ...], bool]:
         """The tick's observations ``(traffic, passes, passes_ok)``: the throughput interval from
         Prometheus over ``adjustment_interval_s`` (None = off or unknown; the reader is rebuilt when the
         URL, model or namespace changes) and the FPM drained since the previous tick (``passes_ok`` False
@@ -556,7 +558,7 @@ class PlannerLoop:
             if self._traffic is None or tkey != self._traffic_key:
                 self._traffic, self._traffic_key = self.traffic_factory(plan), tkey
             traffic = await asyncio.to_thread(self._traffic.read, cfg.adjustment_interval_s)
-        passes: tuple[ForwardPassMetrics, ...] = ()
+        passes: tuple[PassObservation, ...] = ()
         passes_ok = True
         if cfg.load_enabled and self.fpm is not None:
             passes, passes_ok = self.fpm.drain(), self.fpm.ok

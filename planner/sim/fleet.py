@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.fleet import EngineState, PoolCounts
-from mocker.records import ForwardPassMetrics, RequestRecord, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 
 
 class PooledFleet:

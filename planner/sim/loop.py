@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynoplan.errors import SimulationConfigError
+from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
-from planner.core import ForwardPassMetrics, QueuedRequests, ScheduledRequests, TrafficWindow
+from planner.core import PassObservation, TrafficWindow
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.sim.fleet import make_fleet
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, sla_miss_shares, window
@@ -251,7 +252,7 @@ class _SimLoop:
         """Show the policy its :class:`View` at ``t`` (s), scale the pools to its targets and schedule its
         next tick (at least 1 ms later; never again when it answers an infinite time)."""
         pools = self.pools
-        passes: tuple[ForwardPassMetrics, ...] = ()
+        passes: tuple[PassObservation, ...] = ()
         if self.policy.needs_fpm:
             per_engine = self.settings.fpm_per_engine
             passes = _relay(self.fleet.take_fpm(per_engine), per_engine)
@@ -326,41 +327,15 @@ class _SimLoop:
         )
 
 
-def _relay(raw: list[tuple[str, Any]], per_engine: int) -> tuple[ForwardPassMetrics, ...]:
-    by_engine: dict[tuple[str, int, int], list[Any]] = {}
+def _relay(raw: list[tuple[str, ForwardPassMetrics]], per_engine: int) -> tuple[PassObservation, ...]:
+    """The fleet's ``(pool, pass)`` records as the planner observes them: the last ``per_engine`` passes of
+    each engine (pool, worker id, DP rank, in that order), stamped at the pass end (``timestamp_ms`` / 1000 s,
+    the virtual clock); the records' parts are shared, not copied."""
+    by_engine: dict[tuple[str, int, int], list[ForwardPassMetrics]] = {}
     for pool, p in raw:
         by_engine.setdefault((pool, p.worker_id, p.dp_rank), []).append(p)
-    out = []
-    for (pool, _, _), ps in sorted(by_engine.items()):
-        for p in ps[-per_engine:]:
-            s, q = p.scheduled_requests, p.queued_requests
-            out.append(
-                ForwardPassMetrics(
-                    p.worker_id,
-                    p.dp_rank,
-                    p.wall_time,
-                    ScheduledRequests(
-                        s.num_prefill_requests,
-                        s.sum_prefill_tokens,
-                        s.var_prefill_length,
-                        s.sum_prefill_kv_tokens,
-                        s.num_decode_requests,
-                        s.sum_decode_kv_tokens,
-                        s.var_decode_kv_tokens,
-                    ),
-                    QueuedRequests(
-                        q.num_prefill_requests,
-                        q.sum_prefill_tokens,
-                        q.var_prefill_length,
-                        q.num_decode_requests,
-                        q.sum_decode_kv_tokens,
-                        q.var_decode_kv_tokens,
-                    ),
-                    pool,
-                    p.timestamp_ms / 1000.0,
-                )
-            )
-    return tuple(out)
+    of = PassObservation.of
+    return tuple(of(p, pool=key[0]) for key, ps in sorted(by_engine.items()) for p in ps[-per_engine:])
 
 
 def _end_timeline(

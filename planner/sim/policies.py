@@ -47,8 +47,8 @@ from typing import Protocol
 from dynoplan.errors import SimulationConfigError
 from mocker.fleet import EngineState, PoolCounts
 from planner.core import (
-    ForwardPassMetrics,
     Observations,
+    PassObservation,
     PerformanceProfile,
     Planner,
     PlannerConfig,
@@ -67,7 +67,7 @@ class View:
     engines: Mapping[str, Sequence[EngineState]]
     traffic: Callable[[float], TrafficWindow | None]
     """``traffic(d)``: frontend interval averages over the last ``d`` seconds (None if not scraped)."""
-    passes: tuple[ForwardPassMetrics, ...] = ()
+    passes: tuple[PassObservation, ...] = ()
     sla_misses: Callable[[float], tuple[float, float]] = lambda d: (math.nan, math.nan)
     """``sla_misses(d)``: shares of TTFT and ITL SLA misses over the last ``d`` seconds (NaN if none)."""
 

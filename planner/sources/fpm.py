@@ -1,8 +1,10 @@
-"""ForwardPassMetrics from the workers' ZMQ PUB streams (msgpack, topic ``b"fpm"``).
+"""ForwardPassMetrics from the workers' ZMQ PUB streams (msgpack, topic :data:`dynoplan.fpm.FPM_TOPIC`).
 
 Wire format (docs/architecture.md "Metrics facts"; the live mocker's :mod:`mocker.live.publish` emits it): two-frame
-messages ``[b"fpm", msgpack(ForwardPassMetrics)]`` with Dynamo's field names. Decoded here as plain
-msgpack into :meth:`planner.core.ForwardPassMetrics.from_mapping` (the planner never imports mocker).
+messages ``[b"fpm", msgpack(ForwardPassMetrics)]`` with Dynamo's field names, the record of :mod:`dynoplan.fpm`.
+Each message is validated by :func:`dynoplan.fpm.decode_fpm` and observed as a
+:class:`planner.core.PassObservation` (a message that breaks the record's constraints is counted in ``errors``
+and skipped).
 
 :class:`FpmSubscriber` keeps one SUB socket per worker endpoint (so each message is tagged with the
 worker's pool), collects passes in a background thread, and offers
@@ -24,10 +26,11 @@ import threading
 import time
 from collections.abc import Callable
 
-import msgspec
 import zmq
 
-from planner.core import ForwardPassMetrics
+from dynoplan.errors import ObservationError
+from dynoplan.fpm import FPM_TOPIC, decode_fpm
+from planner.core import PassObservation
 
 
 class FpmSubscriber:
@@ -39,8 +42,8 @@ class FpmSubscriber:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socks: dict[str, tuple[zmq.Socket[bytes], str]] = {}
         self._wanted: dict[str, str] = {}
-        self._buf: collections.deque[ForwardPassMetrics] = collections.deque(maxlen=max_buffer)
-        self._latest: dict[tuple[int, int], tuple[ForwardPassMetrics, float]] = {}
+        self._buf: collections.deque[PassObservation] = collections.deque(maxlen=max_buffer)
+        self._latest: dict[tuple[int, int], tuple[PassObservation, float]] = {}
         self._ep_engines: dict[str, set[tuple[int, int]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -67,7 +70,7 @@ class FpmSubscriber:
             if ep not in self._socks:
                 s = self._ctx.socket(zmq.SUB)
                 s.setsockopt(zmq.LINGER, 0)
-                s.setsockopt(zmq.SUBSCRIBE, b"fpm")
+                s.setsockopt(zmq.SUBSCRIBE, FPM_TOPIC)
                 s.connect(ep)
                 self._socks[ep] = (s, pool)
 
@@ -99,29 +102,29 @@ class FpmSubscriber:
                 time.sleep(0.2)
 
     def _ingest(self, frames: list[bytes], endpoint: str, pool: str) -> None:
-        if len(frames) != 2 or frames[0] != b"fpm":
+        if len(frames) != 2 or frames[0] != FPM_TOPIC:
             return
         try:
-            obj = msgspec.msgpack.decode(frames[1])
-            now = self.clock()
-            p = ForwardPassMetrics.from_mapping(obj, pool=pool, timestamp_s=now)
-        except Exception:  # noqa: BLE001 - a corrupt message is counted and skipped
+            fpm = decode_fpm(frames[1])
+        except ObservationError:  # a corrupt message is counted and skipped
             self.errors += 1
             return
+        now = self.clock()
+        p = PassObservation.of(fpm, pool=pool, timestamp_s=now)
         with self._lock:
             self.received += 1
             self._buf.append(p)
             self._latest[(p.worker_id, p.dp_rank)] = (p, now)
             self._ep_engines.setdefault(endpoint, set()).add((p.worker_id, p.dp_rank))
 
-    def drain(self) -> tuple[ForwardPassMetrics, ...]:
+    def drain(self) -> tuple[PassObservation, ...]:
         """Passes received since the previous call (oldest first)."""
         with self._lock:
             out = tuple(self._buf)
             self._buf.clear()
         return out
 
-    def latest(self) -> dict[tuple[int, int], ForwardPassMetrics]:
+    def latest(self) -> dict[tuple[int, int], PassObservation]:
         """Latest pass per (worker_id, dp_rank), dropping those older than ``stale_s``."""
         now = self.clock()
         with self._lock:

@@ -300,7 +300,7 @@ def test_fpm_published_over_zmq_per_pass_then_idle_heartbeat():
     import zmq
     import zmq.asyncio
 
-    from mocker.live.publish import FPM_TOPIC, decode_fpm
+    from dynoplan.fpm import FPM_TOPIC, decode_fpm
 
     async def body(s, w, f):
         info = await (await s.get("/info")).json()

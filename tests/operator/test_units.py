@@ -313,9 +313,8 @@ def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
 
     import zmq
 
-    from mocker.live.publish import FPM_TOPIC, Publisher, idle_fpm
-    from mocker.records import ForwardPassMetrics as MockerFpm
-    from mocker.records import QueuedRequests, ScheduledRequests
+    from dynoplan.fpm import FPM_TOPIC, ForwardPassMetrics, QueuedRequests, ScheduledRequests
+    from mocker.live.publish import Publisher, idle_fpm
     from planner.operator.loop import FpmFeed
 
     ctx = zmq.Context()
@@ -329,7 +328,7 @@ def test_fpm_feed_tells_workers_with_the_same_worker_id_apart():
         while time.monotonic() < deadline and {p.pool for p in got} != {"prefill", "decode"}:
             pubs[0].publish(
                 FPM_TOPIC,
-                MockerFpm(
+                ForwardPassMetrics(
                     0, 0, 0.012, ScheduledRequests(num_prefill_requests=1, sum_prefill_tokens=300), QueuedRequests()
                 ),
             )

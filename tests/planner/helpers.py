@@ -6,15 +6,9 @@ import math
 
 import numpy as np
 
+from dynoplan.fpm import QueuedRequests, ScheduledRequests
 from planner.core.interpolation import DecodeProfile, PerformanceProfile, PrefillProfile
-from planner.core.observations import (
-    ForwardPassMetrics,
-    Observations,
-    PoolState,
-    QueuedRequests,
-    ScheduledRequests,
-    TrafficWindow,
-)
+from planner.core.observations import Observations, PassObservation, PoolState, TrafficWindow
 
 
 def profile() -> PerformanceProfile:
@@ -58,11 +52,11 @@ class Fleet:
                 self.ready = dict(decision.targets)
 
 
-def decode_pass(worker: int, kv: int, ts: float, wall: float | None = None, pool: str = "decode") -> ForwardPassMetrics:
+def decode_pass(worker: int, kv: int, ts: float, wall: float | None = None, pool: str = "decode") -> PassObservation:
     """A decode pass whose wall time follows 4 ms + 2e-7 s/token unless given."""
     w = 0.004 + 2e-7 * kv if wall is None else wall
     n = 1 if kv else 0
-    return ForwardPassMetrics(
+    return PassObservation(
         worker,
         0,
         w,
@@ -73,11 +67,11 @@ def decode_pass(worker: int, kv: int, ts: float, wall: float | None = None, pool
     )
 
 
-def idle_pass(worker: int, ts: float, pool: str = "decode") -> ForwardPassMetrics:
-    return ForwardPassMetrics(worker, 0, 0.0, ScheduledRequests(), QueuedRequests(), pool=pool, timestamp_s=ts)
+def idle_pass(worker: int, ts: float, pool: str = "decode") -> PassObservation:
+    return PassObservation(worker, 0, 0.0, ScheduledRequests(), QueuedRequests(), pool=pool, timestamp_s=ts)
 
 
-def training_passes(ts: float, pool: str = "decode", n: int = 20) -> list[ForwardPassMetrics]:
+def training_passes(ts: float, pool: str = "decode", n: int = 20) -> list[PassObservation]:
     """Earlier passes of engine 0 over a range of sizes (so the regression is identified); an engine's
     state is its latest pass, so these do not change what the engines look like now."""
     kvs = np.linspace(1000, 400000, n).astype(int)

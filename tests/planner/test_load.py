@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from dynoplan.fpm import QueuedRequests, ScheduledRequests
 from planner.core.load import (
     PassTimeRegression,
     RegressionFit,
@@ -13,7 +14,7 @@ from planner.core.load import (
     estimate_ttft_ms,
     latest_passes,
 )
-from planner.core.observations import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+from planner.core.observations import PassObservation
 
 
 def fpm(
@@ -26,7 +27,7 @@ def fpm(
         num_decode_requests=(1 if decode_kv else 0) if n_decode is None else n_decode,
         sum_decode_kv_tokens=decode_kv,
     )
-    return ForwardPassMetrics(
+    return PassObservation(
         worker,
         0,
         wall,
@@ -137,7 +138,7 @@ def test_engine_estimate_and_latest_pass():
     assert scaled.queued_prefill_tokens == 40000
 
 
-def test_from_mapping_adapts_dicts():
+def test_from_mapping_validates_dicts_and_stamps_the_pool_and_receive_time():
     d = {
         "worker_id": 3,
         "dp_rank": 1,
@@ -146,18 +147,46 @@ def test_from_mapping_adapts_dicts():
         "scheduled_requests": {"num_decode_requests": 4, "sum_decode_kv_tokens": 9000},
         "queued_requests": {"num_prefill_requests": 2, "sum_prefill_tokens": 700},
     }
-    p = ForwardPassMetrics.from_mapping(d, pool="decode")
+    p = PassObservation.from_mapping(d, pool="decode")
     assert (
         p.worker_id,
         p.dp_rank,
-        p.timestamp_s,
+        p.pool,
+        p.timestamp_s,  # 1500 ms on the producer's clock, in seconds, when no receive time is given
         p.scheduled_requests.sum_decode_kv_tokens,
+        p.scheduled_requests.num_prefill_requests,  # absent: 0
         p.queued_requests.sum_prefill_tokens,
-    ) == (3, 1, 1.5, 9000, 700)
+    ) == (3, 1, "decode", 1.5, 9000, 0, 700)
+    assert PassObservation.from_mapping(d, pool="agg", timestamp_s=7.25).timestamp_s == 7.25
     from dynoplan.errors import ObservationError
 
-    with pytest.raises(ObservationError, match="wall_time=-1"):
-        ForwardPassMetrics.from_mapping({"worker_id": 1, "wall_time": -1}, pool="decode")
+    bad = [
+        ({"worker_id": 1, "dp_rank": 0, "wall_time": -1}, "ForwardPassMetrics.wall_time=-1: expected a number >= 0.0"),
+        ({"worker_id": 1, "dp_rank": 0}, "ForwardPassMetrics.wall_time: required"),
+        ({"worker_id": True, "dp_rank": 0, "wall_time": 0.1}, "ForwardPassMetrics.worker_id=True: expected an integer"),
+        (
+            {**d, "queued_requests": {"sum_prefill_tokens": -5}},
+            "ForwardPassMetrics.queued_requests.sum_prefill_tokens=-5: expected an integer >= 0",
+        ),
+    ]
+    for obj, line in bad:
+        with pytest.raises(ObservationError) as e:
+            PassObservation.from_mapping(obj, pool="decode")
+        assert str(e.value) == line
+
+
+def test_from_mapping_reads_attribute_objects():
+    class Part:
+        num_prefill_requests = 2
+        sum_prefill_tokens = 640
+
+    class Fpm:
+        worker_id, dp_rank, wall_time, timestamp_ms = 5, 0, 0.031, 250.0
+        scheduled_requests = Part()
+
+    p = PassObservation.from_mapping(Fpm(), pool="prefill")
+    assert (p.worker_id, p.wall_time, p.scheduled_requests.sum_prefill_tokens, p.timestamp_s) == (5, 0.031, 640, 0.25)
+    assert p.queued_requests == QueuedRequests()
 
 
 def test_agg_prefill_passes_not_evicted_by_decode_only_passes():

@@ -463,7 +463,8 @@ def test_metrics_on_a_registry_passed_in():
 
 
 def test_agg_load_loop_uses_both_features():
-    from planner.core.observations import ForwardPassMetrics, QueuedRequests, ScheduledRequests
+    from dynoplan.fpm import QueuedRequests, ScheduledRequests
+    from planner.core.observations import PassObservation
 
     pl = Planner(
         PlannerConfig(
@@ -481,7 +482,7 @@ def test_agg_load_loop_uses_both_features():
 
     def p(worker, pre, kv, ts, q=0, qn=0):
         wall = 0.003 + 1e-5 * pre + 2e-7 * kv
-        return ForwardPassMetrics(
+        return PassObservation(
             worker,
             0,
             wall,
