@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -338,28 +339,36 @@ def test_fpm_published_over_zmq_per_pass_then_idle_heartbeat():
 
 
 def test_overload_queues_and_shows_in_metrics():
-    cfg = EngineConfig(speedup_ratio=10.0, num_gpu_blocks=256, block_size=16, max_num_seqs=2)
+    # Real time (speedup 1): the first two requests decode 400 tokens (~2 s at the default timing) while the
+    # other four wait, so the queued state lasts long enough to be seen on a loaded machine; the poll waits
+    # on that state (bounded by a deadline), not on a number of iterations.
+    cfg = EngineConfig(speedup_ratio=1.0, num_gpu_blocks=256, block_size=16, max_num_seqs=2)
 
     async def body(s, w, f):
         tasks = [
             asyncio.ensure_future(
-                s.post("/v1/completions", json={"model": "mocker", "input_length": 64, "max_tokens": 200})
+                s.post("/v1/completions", json={"model": "mocker", "input_length": 64, "max_tokens": 400})
             )
             for _ in range(6)
         ]
-        waiting = 0.0
-        for _ in range(100):
+
+        def gauge(text: str, name: str) -> float:
+            return float(next(ln for ln in text.splitlines() if ln.startswith(name + "{")).split()[-1])
+
+        seen: set[tuple[float, float]] = set()
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline and not all(t.done() for t in tasks):
             m = await (await s.get("/metrics")).text()
-            line = next(ln for ln in m.splitlines() if ln.startswith("vllm:num_requests_waiting{"))
-            waiting = max(waiting, float(line.split()[-1]))
-            if waiting >= 4:
+            seen.add((gauge(m, "vllm:num_requests_running"), gauge(m, "vllm:num_requests_waiting")))
+            if (2.0, 4.0) in seen:
                 break
             await asyncio.sleep(0.01)
         rs = await asyncio.gather(*tasks)
         assert [r.status for r in rs] == [200] * 6
         for r in rs:
             await r.read()
-        assert waiting == 4.0  # max_num_seqs 2 running, the other 4 queued
+        assert (2.0, 4.0) in seen, seen  # max_num_seqs 2 running, the other 4 queued
+        assert all(running <= 2 for running, _ in seen) and all(r + q <= 6 for r, q in seen), seen
 
     run(_with_worker(body, cfg=cfg))
 
