@@ -313,7 +313,7 @@ class KvRouter:
                 overlap = w.kv.match_prefix_runs(runs)
             else:
                 if keys is None:
-                    keys = runs.keys()
+                    keys = runs.key_list()
                 overlap = index.overlap(w.worker_id, keys, w.dp_rank)
             overlaps.append(overlap)
             prefill_tokens = view.prefill_tokens + isl - overlap * bs

@@ -34,22 +34,28 @@ class BlockRuns:
     do ``len(bases)`` operations instead of ``n``.
     """
 
-    __slots__ = ("bases", "run", "n")
+    __slots__ = ("bases", "run", "n", "_keys")
 
     def __init__(self, bases: list[int], run: int, n: int) -> None:
         self.bases = bases
         self.run = run
         self.n = n
+        self._keys: list[int] | None = None
 
-    def keys(self) -> list[int]:
-        """The ``n`` keys, in block order (a new list; equal to :func:`engine_block_keys`)."""
-        run = self.run
-        if run == 1:
-            return list(self.bases)
-        keys: list[int] = []
-        for base in self.bases:
-            keys.extend(range(base, base + run))
-        del keys[self.n :]
+    def key_list(self) -> list[int]:
+        """The ``n`` keys, in block order (equal to :func:`engine_block_keys`). Built on the first call and
+        the same list afterwards: callers must not mutate it."""
+        keys = self._keys
+        if keys is None:
+            if self.run == 1:
+                keys = self.bases
+            else:
+                # one comprehension, not range(base, base + run) per run: the keys are wider than 64 bits and
+                # CPython's range over such ints is about three times slower than adding the offsets
+                sub = range(self.run)
+                keys = [base + s for base in self.bases for s in sub]
+                del keys[self.n :]
+            self._keys = keys
         return keys
 
 
@@ -105,7 +111,7 @@ def engine_block_keys(
     fewer than ``input_length`` tokens. The keys of :func:`engine_block_runs`.
     """
     runs = engine_block_runs(hash_ids, input_length, block_size, trace_block_size)
-    return None if runs is None else runs.keys()
+    return None if runs is None else runs.key_list()
 
 
 class BlockKvManager:
@@ -155,20 +161,16 @@ class BlockKvManager:
         return hits, act
 
     def match_prefix_runs(self, runs: BlockRuns) -> int:
-        """Leading blocks of ``runs`` present in the cache (active or inactive): the total hits of
-        :meth:`match_prefix` on ``runs.keys()``, without building the key list (the KV router's overlap)."""
+        """Leading blocks of ``runs.key_list()`` present in the cache (active or inactive): the total hits of
+        :meth:`match_prefix` (the KV router's overlap; the key list is built once per prompt, for all cores)."""
         if not self.caching:
             return 0
-        active, inactive = self.active, self.inactive
-        run = runs.run
-        left = runs.n
         hits = 0
-        for base in runs.bases:
-            for k in range(base, base + (run if run < left else left)):
-                if k not in active and k not in inactive:
-                    return hits
-                hits += 1
-            left -= run
+        active, inactive = self.active, self.inactive
+        for k in runs.key_list():
+            if k not in active and k not in inactive:
+                break
+            hits += 1
         return hits
 
     # ------------------------------------------------------------------ mutations

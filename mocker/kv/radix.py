@@ -232,7 +232,7 @@ class RadixCache:
         return self.match_len(content, n_tokens) // page, 0
 
     def match_prefix_runs(self, runs: BlockRuns) -> int:
-        """:meth:`match_prefix` of ``runs.keys()`` (pages), read from the runs: with ``runs.run`` pages per
+        """:meth:`match_prefix` of ``runs.key_list()`` (pages), read from the runs: with ``runs.run`` pages per
         trace block, the trace-block keys are ``base // run`` directly, without the key list."""
         if not runs.n:
             return 0
@@ -242,7 +242,7 @@ class RadixCache:
             return 0
         q = tbs // page
         if runs.run != q:  # runs for another page size (not this tree's)
-            return self.match_prefix(runs.keys())[0]
+            return self.match_prefix(runs.key_list())[0]
         n_tokens = runs.n * page
         bounds = list(range(0, n_tokens, tbs))
         content = SeqContent(bounds + [n_tokens], [b // q for b in runs.bases] + [-1])
