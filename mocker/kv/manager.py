@@ -162,11 +162,15 @@ class BlockKvManager:
 
     def match_prefix_runs(self, runs: BlockRuns) -> int:
         """Leading blocks of ``runs.key_list()`` present in the cache (active or inactive): the total hits of
-        :meth:`match_prefix` (the KV router's overlap; the key list is built once per prompt, for all cores)."""
-        if not self.caching:
+        :meth:`match_prefix` (the KV router's overlap; the key list is built once per prompt, for all cores,
+        and not at all while no core holds the first block, key ``bases[0]``)."""
+        if not self.caching or not runs.n:
+            return 0
+        active, inactive = self.active, self.inactive
+        first = runs.bases[0]
+        if first not in active and first not in inactive:
             return 0
         hits = 0
-        active, inactive = self.active, self.inactive
         for k in runs.key_list():
             if k not in active and k not in inactive:
                 break
