@@ -15,6 +15,12 @@ routers keep per-core state keyed by ``(worker_id, dp_rank)``, never by position
   (the router's own bookkeeping, like Dynamo's ActiveSequences); ``overlap_w`` = leading prompt blocks
   found in w's prefix cache (active or inactive, what the KV events report). The lowest logit wins; ties
   are broken by the fleet's seeded generator (Dynamo picks randomly among ties).
+
+  Cost per arrival: the book counts blocks per trace block (one run of ``trace_block_size // block_size``
+  engine blocks, :class:`mocker.kv.manager.BlockRuns`), so scoring a prompt of R trace blocks on N cores
+  takes about N x R dictionary operations and no per-key work, and booking/releasing a request R; the
+  overlap walk (:meth:`BlockKvManager.match_prefix_runs <mocker.kv.manager.BlockKvManager.match_prefix_runs>`)
+  stops at the first block a core does not hold.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from typing import Protocol
 
 import numpy as np
 
+from dynoplan.errors import SimulationError
 from mocker.engine.vllm import VllmCore
 from mocker.kv.events import KvEventIndex
-from mocker.kv.manager import engine_block_keys
+from mocker.kv.manager import engine_block_runs
 from mocker.records import RequestRecord, TraceRequest
 from mocker.request import State
 
@@ -77,46 +84,170 @@ class LeastLoadedRouter:
         return best
 
 
-class _RouterWorkerView:
-    """The KV router's own book of one worker (as Dynamo's router keeps ActiveSequences): unique prompt
-    blocks of requests routed there and not finished, and prompt tokens still to prefill."""
+class _Booking:
+    """One request on the router's book of a core: the record it watches (prefill ends at the first token,
+    the blocks are released at the finish), and what the request added to the book."""
 
-    __slots__ = ("blocks", "unique", "prefill_tokens", "entries")
+    __slots__ = ("record", "full_bases", "tail_base", "tail_len", "new_tokens", "n_unique", "prefilled")
+
+    record: RequestRecord
+    """set by :meth:`KvRouter.on_routed` (the fleet makes the record after the choice)"""
+
+    def __init__(
+        self, full_bases: list[int], tail_base: int | None, tail_len: int, new_tokens: int, n_unique: int
+    ) -> None:
+        self.full_bases = full_bases
+        """bases of the prompt's whole runs (:class:`mocker.kv.manager.BlockRuns`)"""
+        self.tail_base = tail_base
+        """base of the last run when it is partial (None: every run is whole)"""
+        self.tail_len = tail_len
+        """blocks of that partial run (0 without one)"""
+        self.new_tokens = new_tokens
+        """prompt tokens to prefill (ISL - overlap x block size at routing time)"""
+        self.n_unique = n_unique
+        """blocks of content the router cannot name (a prompt without ``hash_ids``)"""
+        self.prefilled = False
+
+
+class _RouterWorkerView:
+    """The KV router's own book of one core (as Dynamo's router keeps ActiveSequences): the set of prompt
+    blocks of the requests routed there and not finished, and the prompt tokens still to prefill.
+
+    The block set is kept per run of :class:`mocker.kv.manager.BlockRuns` (the engine blocks of one trace
+    block, keys ``base .. base + run - 1``), not per key: ``full[base]`` counts the bookings holding the whole
+    run, ``part[base]`` lists the lengths of the partial last runs booked. Every booking holds a leading part
+    of each of its runs, so the set holds the first ``cover(base)`` keys of a run: ``run`` when some booking
+    holds it whole, else the longest partial length. ``n_blocks`` is the size of the set (the sum of covers),
+    kept on every booking and release; :meth:`missing_blocks` counts a prompt's keys outside the set in one
+    operation per run. The same counts as a per-key reference count dict (:meth:`check_invariants`), with
+    ``run`` times fewer dictionary operations. All cores of a pool share one engine configuration, so ``run``
+    is one value per router.
+    """
+
+    __slots__ = ("full", "part", "n_blocks", "unique", "prefill_tokens", "entries")
 
     def __init__(self) -> None:
-        self.blocks: dict[int, int] = {}
+        self.full: dict[int, int] = {}
+        self.part: dict[int, list[int]] = {}
+        self.n_blocks = 0
         self.unique = 0
         self.prefill_tokens = 0
-        self.entries: list[list] = []  # [record, keys, new_tokens, n_unique, prefill_done]
+        self.entries: list[_Booking] = []
 
-    def refresh(self) -> None:
-        keep = []
-        for e in self.entries:
-            rec = e[0]
-            if not e[4] and rec.first_token_ms is not None:
-                e[4] = True
-                self.prefill_tokens -= e[2]
+    def _cover(self, base: int, run: int) -> int:
+        if base in self.full:
+            return run
+        p = self.part.get(base)
+        return max(p) if p else 0
+
+    def refresh(self, run: int) -> None:
+        """Settle the bookings whose record shows a first token (prefill done) or a finish (released)."""
+        entries = self.entries
+        ended = False
+        for b in entries:
+            rec = b.record
+            if not b.prefilled and rec.first_token_ms is not None:
+                b.prefilled = True
+                self.prefill_tokens -= b.new_tokens
             if rec.finish_ms is not None:
-                if not e[4]:
-                    self.prefill_tokens -= e[2]
-                blocks = self.blocks
-                for k in e[1]:
-                    c = blocks[k] - 1
-                    if c:
-                        blocks[k] = c
-                    else:
-                        del blocks[k]
-                self.unique -= e[3]
+                ended = True
+        if not ended:
+            return
+        keep = []
+        for b in entries:
+            if b.record.finish_ms is None:
+                keep.append(b)
                 continue
-            keep.append(e)
+            if not b.prefilled:
+                self.prefill_tokens -= b.new_tokens
+            self._release(b, run)
         self.entries = keep
 
-    def active_blocks(self) -> int:
-        return len(self.blocks) + self.unique
+    def book(self, b: _Booking, run: int) -> None:
+        """Add a routed request's blocks and prefill tokens (:meth:`KvRouter.on_routed`)."""
+        full, part = self.full, self.part
+        n_blocks = self.n_blocks
+        for base in b.full_bases:
+            c = full.get(base, 0)
+            if not c:
+                p = part.get(base)
+                n_blocks += run - (max(p) if p else 0)
+            full[base] = c + 1
+        tb = b.tail_base
+        if tb is not None:
+            tl = b.tail_len
+            p = part.get(tb)
+            if p is None:
+                p = part[tb] = []
+            if tb not in full:
+                old = max(p) if p else 0
+                if tl > old:
+                    n_blocks += tl - old
+            p.append(tl)
+        self.n_blocks = n_blocks
+        self.unique += b.n_unique
+        self.prefill_tokens += b.new_tokens
+        self.entries.append(b)
 
-    def new_blocks(self, keys: list[int], n_unique: int) -> int:
-        blocks = self.blocks
-        return sum(1 for k in keys if k not in blocks) + n_unique
+    def _release(self, b: _Booking, run: int) -> None:
+        full, part = self.full, self.part
+        n_blocks = self.n_blocks
+        for base in b.full_bases:
+            c = full[base] - 1
+            if c:
+                full[base] = c
+            else:
+                del full[base]
+                p = part.get(base)
+                n_blocks -= run - (max(p) if p else 0)
+        tb = b.tail_base
+        if tb is not None:
+            p = part[tb]
+            old = max(p)
+            p.remove(b.tail_len)
+            if tb not in full:
+                n_blocks -= old - (max(p) if p else 0)
+            if not p:
+                del part[tb]
+        self.n_blocks = n_blocks
+        self.unique -= b.n_unique
+
+    def missing_blocks(self, full_bases: list[int], tail_base: int | None, tail_len: int, run: int) -> int:
+        """Blocks of a prompt (its whole runs, then its partial last run) not in the book's block set."""
+        full, part = self.full, self.part
+        if not part or part.keys().isdisjoint(full_bases):
+            missing = run * (len(full_bases) - sum(map(full.__contains__, full_bases)))
+        else:
+            missing = 0
+            for base in full_bases:
+                missing += run - self._cover(base, run)
+        if tail_base is not None:
+            c = self._cover(tail_base, run)
+            if c < tail_len:
+                missing += tail_len - c
+        return missing
+
+    def check_invariants(self, run: int) -> None:
+        """Raise :class:`SimulationError` unless the book equals the per-key reference count of its bookings
+        (``n_blocks`` = number of distinct keys, every count = bookings holding the run or partial length)."""
+        keys: dict[int, int] = {}
+        full: dict[int, int] = {}
+        part: dict[int, list[int]] = {}
+        for b in self.entries:
+            for base in b.full_bases:
+                full[base] = full.get(base, 0) + 1
+                for k in range(base, base + run):
+                    keys[k] = keys.get(k, 0) + 1
+            if b.tail_base is not None:
+                part.setdefault(b.tail_base, []).append(b.tail_len)
+                for k in range(b.tail_base, b.tail_base + b.tail_len):
+                    keys[k] = keys.get(k, 0) + 1
+        if full != self.full or {k: sorted(v) for k, v in part.items()} != {k: sorted(v) for k, v in self.part.items()}:
+            raise SimulationError("KV router book: run counts differ from its bookings")
+        if self.n_blocks != len(keys):
+            raise SimulationError(f"KV router book: n_blocks {self.n_blocks} != {len(keys)} distinct keys booked")
+        if self.unique != sum(b.n_unique for b in self.entries):
+            raise SimulationError("KV router book: unique blocks differ from its bookings")
 
 
 class KvRouter:
@@ -132,22 +263,31 @@ class KvRouter:
         """The router's book per engine core, keyed (worker_id, dp_rank): cores come and go with the fleet."""
         self._cores_ref: object = None  # the core list seen last (the fleet builds a new list on every change)
         self._cores_views: list[_RouterWorkerView] = []
-        self._pending: tuple[_RouterWorkerView, list[int], int, int] | None = None
+        self._run = 1
+        """Blocks per run of the requests booked (:class:`mocker.kv.manager.BlockRuns`; one engine config)."""
+        self._pending: tuple[_RouterWorkerView, _Booking] | None = None
         self.index: KvEventIndex | None = None
         """A :class:`mocker.kv.events.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
 
     def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
         w0 = workers[0]
         bs = w0.block_size
-        keys = engine_block_keys(req.hash_ids, req.input_length, bs, w0.trace_block_size) if req.hash_ids else None
-        if keys is None:
-            keys_l: list[int] = []
+        runs = engine_block_runs(req.hash_ids, req.input_length, bs, w0.trace_block_size) if req.hash_ids else None
+        tail_base: int | None = None
+        tail_len = 0
+        if runs is None:
+            run = self._run
+            full_bases: list[int] = []
             n_unique = -(-req.input_length // bs)
         else:
-            keys_l = keys
+            run = self._run = runs.run
+            full_bases = runs.bases
             n_unique = 0  # the router tracks full-block hashes only (Dynamo's sequence hashes for tracking)
-        logits = []
-        overlaps = []
+            if full_bases:
+                last = runs.n - (len(full_bases) - 1) * run
+                if last != run:
+                    tail_base, tail_len = full_bases[-1], last
+                    full_bases = full_bases[:-1]
         if workers is not self._cores_ref or len(workers) != len(self._cores_views):  # the fleet's core list changed
             views = self.views
             cv = []
@@ -159,35 +299,47 @@ class KvRouter:
             self._cores_ref, self._cores_views = workers, cv
         chosen_views = self._cores_views
         index = self.index
+        keys: list[int] | None = None
+        isl = req.input_length
+        weight = self.overlap_score_weight
+        track = self.track_active_blocks
+        logits = []
+        overlaps = []
         for w, view in zip(workers, chosen_views, strict=True):
-            view.refresh()
-            if not keys_l:
+            view.refresh(run)
+            if runs is None or not runs.n:
                 overlap = 0
             elif index is None:
-                overlap = w.kv.match_prefix(keys_l)[0]
+                overlap = w.kv.match_prefix_runs(runs)
             else:
-                overlap = index.overlap(w.worker_id, keys_l, w.dp_rank)
+                if keys is None:
+                    keys = runs.key_list()
+                overlap = index.overlap(w.worker_id, keys, w.dp_rank)
             overlaps.append(overlap)
-            prefill_tokens = view.prefill_tokens + req.input_length - overlap * bs
-            decode_blocks = view.active_blocks() + view.new_blocks(keys_l, n_unique) if self.track_active_blocks else 0
-            logits.append(self.overlap_score_weight * prefill_tokens / bs + decode_blocks)
+            prefill_tokens = view.prefill_tokens + isl - overlap * bs
+            decode_blocks = (
+                view.n_blocks + view.unique + view.missing_blocks(full_bases, tail_base, tail_len, run) + n_unique
+                if track
+                else 0
+            )
+            logits.append(weight * prefill_tokens / bs + decode_blocks)
         m = min(logits)
         best = [i for i, v in enumerate(logits) if v == m]
         choice = best[0] if len(best) == 1 else best[int(self.rng.integers(len(best)))]
-        self._pending = (chosen_views[choice], keys_l, req.input_length - overlaps[choice] * bs, n_unique)
+        self._pending = (
+            chosen_views[choice],
+            _Booking(full_bases, tail_base, tail_len, isl - overlaps[choice] * bs, n_unique),
+        )
         return choice
 
     def on_routed(self, record: RequestRecord) -> None:
         """Book the request just placed by :meth:`choose` (its record tells when prefill and decode end)."""
         if self._pending is None:
             return
-        view, keys, new_tokens, n_unique = self._pending
+        view, booking = self._pending
         self._pending = None
-        for k in keys:
-            view.blocks[k] = view.blocks.get(k, 0) + 1
-        view.unique += n_unique
-        view.prefill_tokens += new_tokens
-        view.entries.append([record, keys, new_tokens, n_unique, False])
+        booking.record = record
+        view.book(booking, self._run)
 
 
 ROUTERS: dict[str, type] = {"round_robin": RoundRobinRouter, "least_loaded": LeastLoadedRouter, "kv": KvRouter}

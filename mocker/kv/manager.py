@@ -22,6 +22,82 @@ from collections.abc import Sequence
 from dynoplan.errors import SimulationError
 
 
+class BlockRuns:
+    """The prefix-cache keys of a prompt's full engine blocks (:func:`engine_block_keys`) as runs of
+    consecutive integers: key ``j`` (``0 <= j < n``) is ``bases[j // run] + j % run``.
+
+    With ``trace_block_size % block_size == 0`` a run is the ``run = trace_block_size // block_size`` engine
+    blocks of one trace block and its base is a multiple of ``run``, so two runs with different bases never
+    share a key; otherwise each key is a run of its own (``run = 1``). Every run holds ``run`` keys except
+    possibly the last, which holds ``n - (len(bases) - 1) * run`` (1..run). Consumers that count blocks per
+    run (the KV router's book, :meth:`RadixCache.match_prefix_runs <mocker.kv.radix.RadixCache.match_prefix_runs>`)
+    do ``len(bases)`` operations instead of ``n``.
+    """
+
+    __slots__ = ("bases", "run", "n", "_keys")
+
+    def __init__(self, bases: list[int], run: int, n: int) -> None:
+        self.bases = bases
+        self.run = run
+        self.n = n
+        self._keys: list[int] | None = None
+
+    def key_list(self) -> list[int]:
+        """The ``n`` keys, in block order (equal to :func:`engine_block_keys`). Built on the first call and
+        the same list afterwards: callers must not mutate it."""
+        keys = self._keys
+        if keys is None:
+            if self.run == 1:
+                keys = self.bases
+            else:
+                # one comprehension, not range(base, base + run) per run: the keys are wider than 64 bits and
+                # CPython's range over such ints is about three times slower than adding the offsets
+                sub = range(self.run)
+                keys = [base + s for base in self.bases for s in sub]
+                del keys[self.n :]
+            self._keys = keys
+        return keys
+
+
+def engine_block_runs(
+    hash_ids: Sequence[int] | None, input_length: int, block_size: int, trace_block_size: int = 512
+) -> BlockRuns | None:
+    """Prefix-cache keys of the *full* engine blocks of a prompt, as :class:`BlockRuns`.
+
+    Args:
+        hash_ids: one id per ``trace_block_size`` prompt tokens (None = unique content, returns None).
+        input_length: prompt length (tokens). Only blocks fully inside the prompt get a key.
+        block_size: engine block size (tokens).
+    Returns: runs of ``input_length // block_size`` keys, or None. Raises ValueError when ``hash_ids`` covers
+    fewer than ``input_length`` tokens.
+    """
+    if hash_ids is None:
+        return None
+    if len(hash_ids) * trace_block_size < input_length:
+        raise ValueError(
+            f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than input_length={input_length}"
+        )
+    n = input_length // block_size
+    prev = 0x5EED
+    if trace_block_size % block_size == 0:
+        # q engine blocks per trace block; key = chained trace hash * q + sub-block index
+        q = trace_block_size // block_size
+        bases: list[int] = []
+        for m in range(-(-n // q)):
+            prev = hash((prev, hash_ids[m]))
+            bases.append(prev * q)
+        return BlockRuns(bases, q, n)
+    keys: list[int] = []
+    for j in range(n):
+        lo = j * block_size
+        hi = lo + block_size - 1
+        a, b = lo // trace_block_size, hi // trace_block_size
+        ids = tuple(hash_ids[a : b + 1])
+        prev = hash((prev, ids, lo % trace_block_size))
+        keys.append(prev)
+    return BlockRuns(keys, 1, n)
+
+
 def engine_block_keys(
     hash_ids: Sequence[int] | None, input_length: int, block_size: int, trace_block_size: int = 512
 ) -> list[int] | None:
@@ -32,34 +108,10 @@ def engine_block_keys(
         input_length: prompt length (tokens). Only blocks fully inside the prompt get a key.
         block_size: engine block size (tokens).
     Returns: ``input_length // block_size`` keys (ints), or None. Raises ValueError when ``hash_ids`` covers
-    fewer than ``input_length`` tokens.
+    fewer than ``input_length`` tokens. The keys of :func:`engine_block_runs`.
     """
-    if hash_ids is None:
-        return None
-    if len(hash_ids) * trace_block_size < input_length:
-        raise ValueError(
-            f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than input_length={input_length}"
-        )
-    n = input_length // block_size
-    keys: list[int] = []
-    prev = 0x5EED
-    if trace_block_size % block_size == 0:
-        # fast path: q engine blocks per trace block; key = chained trace hash * q + sub-block index
-        q = trace_block_size // block_size
-        for m in range(-(-n // q)):
-            prev = hash((prev, hash_ids[m]))
-            base = prev * q
-            keys.extend(range(base, base + q))
-        del keys[n:]
-        return keys
-    for j in range(n):
-        lo = j * block_size
-        hi = lo + block_size - 1
-        a, b = lo // trace_block_size, hi // trace_block_size
-        ids = tuple(hash_ids[a : b + 1])
-        prev = hash((prev, ids, lo % trace_block_size))
-        keys.append(prev)
-    return keys
+    runs = engine_block_runs(hash_ids, input_length, block_size, trace_block_size)
+    return None if runs is None else runs.key_list()
 
 
 class BlockKvManager:
@@ -107,6 +159,23 @@ class BlockKvManager:
                 break
             hits += 1
         return hits, act
+
+    def match_prefix_runs(self, runs: BlockRuns) -> int:
+        """Leading blocks of ``runs.key_list()`` present in the cache (active or inactive): the total hits of
+        :meth:`match_prefix` (the KV router's overlap; the key list is built once per prompt, for all cores,
+        and not at all while no core holds the first block, key ``bases[0]``)."""
+        if not self.caching or not runs.n:
+            return 0
+        active, inactive = self.active, self.inactive
+        first = runs.bases[0]
+        if first not in active and first not in inactive:
+            return 0
+        hits = 0
+        for k in runs.key_list():
+            if k not in active and k not in inactive:
+                break
+            hits += 1
+        return hits
 
     # ------------------------------------------------------------------ mutations
     def _take_fresh(self) -> None:

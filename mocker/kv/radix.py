@@ -33,6 +33,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
 from dynoplan.errors import SimulationError
+from mocker.kv.manager import BlockRuns
 
 CHAIN_SEED = 0x5EED
 """First value of the trace-block key chain (shared with :func:`mocker.kv.manager.engine_block_keys`)."""
@@ -229,6 +230,23 @@ class RadixCache:
         bounds = list(range(0, n_tokens, tbs))
         content = SeqContent(bounds + [n_tokens], [keys[m * q] // q for m in range(len(bounds))] + [-1])
         return self.match_len(content, n_tokens) // page, 0
+
+    def match_prefix_runs(self, runs: BlockRuns) -> int:
+        """:meth:`match_prefix` of ``runs.key_list()`` (pages), read from the runs: with ``runs.run`` pages per
+        trace block, the trace-block keys are ``base // run`` directly, without the key list."""
+        if not runs.n:
+            return 0
+        page = self.page
+        tbs = self.trace_block_size
+        if tbs % page:
+            return 0
+        q = tbs // page
+        if runs.run != q:  # runs for another page size (not this tree's)
+            return self.match_prefix(runs.key_list())[0]
+        n_tokens = runs.n * page
+        bounds = list(range(0, n_tokens, tbs))
+        content = SeqContent(bounds + [n_tokens], [b // q for b in runs.bases] + [-1])
+        return self.match_len(content, n_tokens) // page
 
     # ------------------------------------------------------------------ locks
     def inc_lock(self, node: RadixNode) -> None:
