@@ -29,6 +29,12 @@ Estimates for one engine from its latest pass:
   ``Q + isl`` tokens are processed in passes of ``C = max_num_batched_tokens`` (minus one token per
   running decode request on agg engines): ``floor((Q+isl)/C)`` full passes plus one partial pass, each
   costing the regression's predicted wall time.
+  When the fit is degenerate for this prediction (a slope it needs is unidentified: typically an engine
+  saturated by a flood, whose passes are all full chunks, so prefill and decode tokens vary together), the
+  TTFT is ``(Q + isl) / r`` with ``r`` the engine's measured prefill tokens per second of pass time (below):
+  a saturated engine spends its time on those passes, so ``r`` is its prefill throughput; an engine that is
+  not saturated also runs decode-only passes, which makes ``r`` low and the estimate high (the safe side).
+  While the fit is still warming up (too few samples) the TTFT stays unknown.
 - ITL: what the SLA measures is a request's own *mean* inter-token latency over its decode, i.e. the
   mean time between two of its decode passes. Decode engines: one decode pass over the running + queued
   decode KV tokens, ``T_d = a + c x KV``. Agg engines interleave prefill work with decode: if prefill
@@ -301,6 +307,8 @@ def estimate_engine(
     ttft = itl = None
     if pool in ("prefill", "agg"):
         ttft = 0.0 if idle else estimate_ttft_ms(fit, q_tokens, isl_tokens, max_num_batched_tokens, kv, n_dec)
+        if ttft is None and fit is not None and prefill_rate[0] > 0:  # degenerate fit: the measured rate
+            ttft = (max(0.0, q_tokens) + max(0.0, isl_tokens)) / prefill_rate[0] * 1000.0
     if pool in ("decode", "agg"):
         itl = (
             0.0

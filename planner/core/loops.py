@@ -480,19 +480,22 @@ class LoadLoop:
                 v.append(("itl", e.estimated_itl_ms, cfg.itl_ms))
             return v
 
+        def known(e: EngineEstimate) -> list[tuple[float, float]]:
+            """(estimate, SLA) pairs of ``values(e)`` whose estimate is known."""
+            return [(val, sla) for _, val, sla in values(e) if val is not None]
+
+        # A known violation on every engine is enough to scale up, even when another estimate is unknown (a
+        # saturated agg engine whose passes are all full chunks leaves the decode slope unidentified, yet its
+        # TTFT estimate is known); unknown estimates only stop what needs them: holding or scaling down.
+        if all(any(val > sla for val, sla in known(e)) for e in engs):
+            ttfts = [e.estimated_ttft_ms for e in engs]
+            if need_ttft and all(t is not None and t > cfg.ttft_ms for t in ttfts):
+                ratio = min(t / cfg.ttft_ms for t in ttfts if t is not None)
+                return self._up_step(current, ratio), Reason.SCALE_UP_TTFT
+            return +1, Reason.SCALE_UP_ITL
         if any(val is None for e in engs for _, val, _ in values(e)):
             warming = self.fit(pool) is None
             return 0, (Reason.HOLD_REGRESSION_WARMING_UP if warming else Reason.HOLD_REGRESSION_DEGENERATE)
-
-        def known(e: EngineEstimate) -> list[tuple[float, float]]:
-            """(estimate, SLA) pairs of ``values(e)``: all of them, none is None past the check above."""
-            return [(val, sla) for _, val, sla in values(e) if val is not None]
-
-        if all(any(val > sla for val, sla in known(e)) for e in engs):
-            ttfts = [e.estimated_ttft_ms for e in engs if e.estimated_ttft_ms is not None]  # all, when need_ttft
-            if need_ttft and all(t > cfg.ttft_ms for t in ttfts):
-                return self._up_step(current, min(t / cfg.ttft_ms for t in ttfts)), Reason.SCALE_UP_TTFT
-            return +1, Reason.SCALE_UP_ITL
         if current > cfg.limits(pool).min_replicas and all(
             all(val < sla * cfg.load_sensitivity for val, sla in known(e)) for e in engs
         ):

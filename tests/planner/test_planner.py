@@ -611,3 +611,55 @@ def test_engines_that_fall_silent_are_idle_and_zero_traffic_scales_down_to_the_m
     ]
     # a broken feed is still unknown
     assert pl.tick(60.0, fleet.obs(passes=(), passes_ok=False)).decision.reason == Reason.HOLD_METRICS_UNKNOWN
+
+
+def test_a_flooded_agg_engine_with_a_degenerate_fit_still_scales_up_on_its_measured_ttft():
+    """Every pass a full chunk (a flood): prefill tokens are C minus the decode rows, so the two features move
+    together and the decode slope comes out negative (unidentified). The ITL estimate is unknown, the TTFT
+    falls back to the measured prefill rate, and a TTFT known to violate on every engine scales up; before,
+    the unknown ITL held the planner at hold_regression_degenerate for as long as the flood lasted."""
+    from dynoplan.fpm import QueuedRequests, ScheduledRequests
+    from planner.core.observations import PassObservation
+
+    cfg = PlannerConfig(
+        mode="agg",
+        throughput_enabled=False,
+        load_enabled=True,
+        regression_min_samples=4,
+        ttft_ms=300.0,
+        itl_ms=10_000.0,
+        max_gpu_budget=8,
+        **REFERENCE_RULES,
+    )
+    pl = Planner(cfg, None)
+    fleet = Fleet(agg=1)
+    pl.tick(0.0, fleet.obs())
+
+    def flood_pass(n_dec: int, ts: float) -> PassObservation:
+        pre, kv = 8192 - n_dec, 6000 * n_dec
+        wall = 0.02 + 2e-5 * pre - 1e-8 * kv  # the decode term fits negative
+        return PassObservation(
+            0,
+            0,
+            wall,
+            ScheduledRequests(
+                num_prefill_requests=2, sum_prefill_tokens=pre, num_decode_requests=n_dec, sum_decode_kv_tokens=kv
+            ),
+            QueuedRequests(num_prefill_requests=40, sum_prefill_tokens=240_000),
+            pool="agg",
+            timestamp_s=ts,
+        )
+
+    passes = [flood_pass(n, 4.5 + 0.01 * n) for n in range(0, 40, 4)]
+    r = pl.tick(cfg.load_adjustment_interval_s, fleet.obs(passes=passes))
+    fit = pl.regression("agg")
+    assert fit is not None and math.isnan(fit.slope("sum_decode_kv_tokens"))
+    [est] = r.diagnostics.engines
+    assert est.estimated_itl_ms is None
+    counted = passes[:-1]  # the latest pass of the tick is left out of the rate (inspection paradox)
+    rate = sum(p.scheduled_requests.sum_prefill_tokens for p in counted) / sum(p.wall_time for p in counted)
+    isl = 240_000 / 40  # no frontend ISL: the mean queued prompt
+    assert est.estimated_ttft_ms == pytest.approx((240_000 + isl) / rate * 1000.0)
+    assert est.estimated_ttft_ms > 300.0 * 2
+    # the step is proportional, at most x2 (load_max_scale_up_factor 1 in REFERENCE_RULES: +1)
+    assert r.decision.reason == Reason.SCALE_UP_TTFT and r.decision.targets == {"agg": 2}
