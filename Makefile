@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 
 # The install compiles the simulator's hot modules with mypyc (setup.py; docs/architecture.md "Compiled modules";
 # DYNOPLAN_PURE_PYTHON=1 make ... for none). $(BUILT) rebuilds them in place when one of their sources changed
-# since (otherwise mocker/__init__.py would run the sources, with a warning).
+# since (otherwise mocker/__init__.py would run the sources, with a warning); not when mocker.COMPILED says the
+# extensions match their sources (right after the install, which compiled them).
 COMPILED_SRC := $(shell sed -n 's/^    "\(mocker\/[a-z_\/]*\.py\)",$$/\1/p' setup.py)
 BUILT := $(VENV)/.compiled
 
@@ -17,10 +18,11 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[all]'
-	touch $(STAMP) $(BUILT)
+	touch $(STAMP)
 
 $(BUILT): $(STAMP) $(COMPILED_SRC)
-	$(BIN)/python setup.py -q build_ext --inplace
+	$(BIN)/python -W ignore -c 'import mocker, sys; sys.exit(not mocker.COMPILED)' \
+	  || $(BIN)/python setup.py -q build_ext --inplace
 	touch $(BUILT)
 
 setup: $(BUILT)
