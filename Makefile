@@ -7,15 +7,27 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test check bench clean infra-deps e2e
 
-$(STAMP): pyproject.toml
+# The install compiles the simulator's hot modules with mypyc (setup.py; docs/architecture.md "Compiled modules";
+# DYNOPLAN_PURE_PYTHON=1 make ... for none). $(BUILT) rebuilds them in place when one of their sources changed
+# since (otherwise mocker/__init__.py would run the sources, with a warning); not when mocker.COMPILED says the
+# extensions match their sources (right after the install, which compiled them).
+COMPILED_SRC := $(shell sed -n 's/^    "\(mocker\/[a-z_\/]*\.py\)",$$/\1/p' setup.py)
+BUILT := $(VENV)/.compiled
+
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[all]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(BUILT): $(STAMP) $(COMPILED_SRC)
+	$(BIN)/python -W ignore -c 'import mocker, sys; sys.exit(not mocker.COMPILED)' \
+	  || $(BIN)/python setup.py -q build_ext --inplace
+	touch $(BUILT)
 
-run: $(STAMP)
+setup: $(BUILT)
+
+run: $(BUILT)
 	$(BIN)/dynoplan simulate --trace examples/traces/azure_llm_conv_2023.csv --sla-ttft-ms 200 --sla-itl-ms 10 --compare planner planner:attainment_target=0.999 throughput-only static:auto hpa saturation --out out/
 
 # Real components for the integration tests: Debian packages (prometheus, chromium, containerd, buildah...),
@@ -40,8 +52,8 @@ e2e: $(STAMP) infra-deps
 
 # The code checks first (seconds), then the tests: import-linter's layer contracts, ruff (lint and format),
 # mypy (strict on planner.core, mocker.engine, mocker.kv and dynoplan; pyproject.toml [tool.mypy]).
-CHECKED := dynoplan mocker planner tests bench tools
-test: $(STAMP) infra-deps check
+CHECKED := dynoplan mocker planner tests bench tools setup.py
+test: $(BUILT) infra-deps check
 	$(BIN)/python -m pytest
 
 check: $(STAMP)
@@ -51,10 +63,11 @@ check: $(STAMP)
 	$(BIN)/mypy
 
 # Speed and fidelity against the reference simulator, then the behaviour-identity digests (bench/README.md).
-bench: $(STAMP)
+bench: $(BUILT)
 	$(BIN)/python bench/bench_replay.py --cases a,b,a1,d --repeat 3
 	$(BIN)/python bench/bench_sglang.py --cases s,ds --repeat 3
 	$(BIN)/python bench/identity.py --check bench/results/identity-924cd92.json
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .hypothesis
+	rm -rf $(VENV) out .pytest_cache .hypothesis build *.so mocker/_compiled_sources.json
+	find mocker -name '*.so' -delete

@@ -26,11 +26,12 @@ routers keep per-core state keyed by ``(worker_id, dp_rank)``, never by position
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from dynoplan.errors import SimulationError
+from mocker.engine.sglang import SglangCore
 from mocker.engine.vllm import VllmCore
 from mocker.kv.events import KvEventIndex
 from mocker.kv.manager import engine_block_runs
@@ -41,7 +42,7 @@ from mocker.request import State
 class Router(Protocol):
     needs_state: bool
 
-    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int: ...
+    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore | SglangCore]) -> int: ...
 
 
 class RoundRobinRouter:
@@ -51,13 +52,13 @@ class RoundRobinRouter:
         self.n = num_workers
         self.k = 0
 
-    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
+    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore | SglangCore]) -> int:
         w = self.k % (len(workers) or self.n)
         self.k += 1
         return w
 
 
-def _queued_prefill_tokens(w: VllmCore) -> int:
+def _queued_prefill_tokens(w: VllmCore | SglangCore) -> int:
     t = 0
     for r in w.waiting:
         t += r.seq_len
@@ -73,7 +74,7 @@ class LeastLoadedRouter:
     def __init__(self, num_workers: int, seed: int = 0) -> None:
         self.n = num_workers
 
-    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
+    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore | SglangCore]) -> int:
         best, best_key = 0, None
         for i, w in enumerate(workers):
             bs = w.block_size
@@ -258,7 +259,9 @@ class KvRouter:
 
     def __init__(self, num_workers: int, seed: int = 0) -> None:
         self.n = num_workers
-        self.rng = np.random.default_rng(seed)
+        self.rng: Any = np.random.default_rng(seed)
+        """Any, not Generator: numpy's stubs type ``integers(n)`` as ``int`` but it returns ``numpy.int64``, which
+        compiled code (docs/architecture.md "Compiled modules") would refuse where an ``int`` is declared."""
         self.views: dict[tuple[int, int], _RouterWorkerView] = {}
         """The router's book per engine core, keyed (worker_id, dp_rank): cores come and go with the fleet."""
         self._cores_ref: object = None  # the core list seen last (the fleet builds a new list on every change)
@@ -269,7 +272,7 @@ class KvRouter:
         self.index: KvEventIndex | None = None
         """A :class:`mocker.kv.events.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
 
-    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore]) -> int:
+    def choose(self, req: TraceRequest, now_ms: float, workers: Sequence[VllmCore | SglangCore]) -> int:
         w0 = workers[0]
         bs = w0.block_size
         runs = engine_block_runs(req.hash_ids, req.input_length, bs, w0.trace_block_size) if req.hash_ids else None

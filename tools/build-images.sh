@@ -114,7 +114,7 @@ build_prometheus() {
 
 # Content key of what the Dockerfile copies (the files as they are in the working tree).
 dynoplan_key() {
-  (cd "$repo" && { sha256sum Dockerfile pyproject.toml README.md; \
+  (cd "$repo" && { sha256sum Dockerfile pyproject.toml README.md setup.py; \
     git ls-files -co --exclude-standard -- dynoplan mocker planner examples/traces examples/profiles | grep -v '__pycache__' \
       | LC_ALL=C sort | xargs -r sha256sum; } | sha256sum | cut -c1-16)
 }
