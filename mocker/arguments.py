@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from dynoplan.bounds import MAX_INT64
 from dynoplan.errors import ConfigError
 from dynoplan.settings import check
 from mocker.config import ENGINES, EngineConfig, resolve_kv_capacity
@@ -45,13 +46,15 @@ front with its own KV cache and scheduler, so 100000 workers exhaust memory befo
 
 # ---------------------------------------------------------------------------------------------- arg types
 def positive_int(text: str) -> int:
-    """argparse type: an integer > 0."""
+    """argparse type: an integer > 0 and at most :data:`dynoplan.bounds.MAX_INT64` (the settings' bound)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    if v > MAX_INT64:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer <= {MAX_INT64}")
     return v
 
 
@@ -89,13 +92,13 @@ def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[str])
 
 
 def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
+    """argparse type: an integer >= 0 and at most :data:`dynoplan.bounds.MAX_INT64` (the settings' bound)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    if not 0 <= v <= MAX_INT64:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0 and <= {MAX_INT64}")
     return v
 
 
