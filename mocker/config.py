@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from dynoplan.bounds import MAX_INT64
 from dynoplan.errors import ConfigError
+from dynoplan.fields import MAX_INT64
 from dynoplan.settings import Problems, build, check, settings
 from mocker.timing_spec import is_aic, timing_spec_problems
 
@@ -34,9 +34,9 @@ ENGINES: tuple[str, ...] = ("vllm", "trtllm", "sglang")
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"vllm": 64, "trtllm": 32, "sglang": 1}
 
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT64)]
-"""An integer > 0 and <= :data:`dynoplan.bounds.MAX_INT64` (a bool is not one)."""
+"""An integer > 0 and <= :data:`dynoplan.fields.MAX_INT64` (a bool is not one)."""
 TierBlocks = Annotated[int, Field(ge=0, le=MAX_INT64)]
-"""A KVBM tier's block count (blocks, 0 <= value <= :data:`dynoplan.bounds.MAX_INT64`; 0 = no such tier)."""
+"""A KVBM tier's block count (blocks, 0 <= value <= :data:`dynoplan.fields.MAX_INT64`; 0 = no such tier)."""
 LinkGBps = Annotated[float, Field(ge=0)]
 """A KVBM link's bandwidth (GB/s = 1e9 bytes/s, finite, >= 0; 0 = instantaneous). Defaults are assumptions,
 not reference values (:mod:`mocker.kv.tiers`)."""

@@ -34,8 +34,8 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from dynoplan.bounds import MAX_INT64
 from dynoplan.errors import ConfigError
+from dynoplan.fields import MAX_INT64
 from dynoplan.settings import Problems, build, settings
 
 MAX_TTFT_MS = 3_600_000.0
@@ -57,7 +57,7 @@ POOLS_BY_MODE: dict[str, tuple[str, ...]] = {
 MAX_REGRESSION_BUCKETS = 64
 """Most load-regression buckets (``regression_buckets``): bucket k holds passes of 2**k to 2**(k+1) - 1
 scheduled tokens (planner.core.load.PassTimeRegression), and a pass's token count is below 2**63 (int64,
-:data:`dynoplan.bounds.MAX_INT64`), so buckets past 64 are never filled; each still costs one deque per
+:data:`dynoplan.fields.MAX_INT64`), so buckets past 64 are never filled; each still costs one deque per
 feature."""
 
 PREDICTORS: tuple[str, ...] = ("constant", "arima", "kalman", "prophet", "auto")

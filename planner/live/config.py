@@ -33,6 +33,7 @@ import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import HttpUrl
 from dynoplan.settings import build, settings
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
@@ -149,7 +150,7 @@ class PrometheusSection:
             "directly; true: start one (the binary is required); false: scrape directly."
         ),
     )
-    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+    url: HttpUrl | None = Field(
         default=None,
         description=(
             "An existing server's http:// or https:// URL to use instead of starting one; null (the default) = "

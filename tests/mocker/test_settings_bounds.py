@@ -1,12 +1,12 @@
-"""Integer engine and planner settings are bounded by int64 (dynoplan.bounds.MAX_INT64), the largest value
+"""Integer engine and planner settings are bounded by int64 (dynoplan.fields.MAX_INT64), the largest value
 numpy arrays, deque maxlen and range take; the bound itself is accepted."""
 
 from __future__ import annotations
 
 import pytest
 
-from dynoplan.bounds import MAX_INT64
 from dynoplan.errors import ConfigError
+from dynoplan.fields import MAX_INT64
 from mocker.config import EngineConfig
 from planner.core.config import config_from_mapping
 
