@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 import yaml
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import MAX_INT64
 from dynoplan.settings import check
 from mocker.config import ENGINES, EngineConfig, resolve_kv_capacity
 from mocker.kv.tiers import parse_bandwidth_flags
@@ -45,13 +46,15 @@ front with its own KV cache and scheduler, so 100000 workers exhaust memory befo
 
 # ---------------------------------------------------------------------------------------------- arg types
 def positive_int(text: str) -> int:
-    """argparse type: an integer > 0."""
+    """argparse type: an integer > 0 and at most :data:`dynoplan.fields.MAX_INT64` (the settings' bound)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    if v > MAX_INT64:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer <= {MAX_INT64}")
     return v
 
 
@@ -89,13 +92,15 @@ def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[str])
 
 
 def nonneg_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
+    """argparse type: an integer >= 0 and at most :data:`dynoplan.fields.MAX_INT64` (the settings' bound)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    if v > MAX_INT64:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0 and <= {MAX_INT64}")
     return v
 
 
@@ -107,6 +112,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
     if not (math.isfinite(v) and v > 0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return v
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a duration, a finite number of seconds > 0 (the wording of the settings' seconds)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds > 0")
     return v
 
 

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import MAX_INT64
 from dynoplan.settings import Problems, build, check, settings
 from mocker.timing_spec import is_aic, timing_spec_problems
 
@@ -32,10 +33,10 @@ EngineKind = Literal["vllm", "trtllm", "sglang"]
 ENGINES: tuple[str, ...] = ("vllm", "trtllm", "sglang")
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"vllm": 64, "trtllm": 32, "sglang": 1}
 
-PositiveInt = Annotated[int, Field(gt=0)]
-"""An integer > 0 (a bool is not one)."""
-TierBlocks = Annotated[int, Field(ge=0)]
-"""A KVBM tier's block count (blocks, >= 0; 0 = no such tier)."""
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT64)]
+"""An integer > 0 and <= :data:`dynoplan.fields.MAX_INT64` (a bool is not one)."""
+TierBlocks = Annotated[int, Field(ge=0, le=MAX_INT64)]
+"""A KVBM tier's block count (blocks, 0 <= value <= :data:`dynoplan.fields.MAX_INT64`; 0 = no such tier)."""
 LinkGBps = Annotated[float, Field(ge=0)]
 """A KVBM link's bandwidth (GB/s = 1e9 bytes/s, finite, >= 0; 0 = instantaneous). Defaults are assumptions,
 not reference values (:mod:`mocker.kv.tiers`)."""
@@ -172,6 +173,11 @@ class EngineConfig:
             p.append(
                 f"max_num_batched_tokens={self.max_num_batched_tokens}: smaller than one block "
                 f"(block_size={self.effective_block_size}); expected >= block_size"
+            )
+        if self.total_kv_tokens > MAX_INT64:  # each factor is bounded, their product is not
+            p.append(
+                f"num_gpu_blocks={self.num_gpu_blocks}: {self.num_gpu_blocks} blocks x block_size="
+                f"{self.effective_block_size} = {self.total_kv_tokens} KV tokens; expected at most {MAX_INT64} tokens"
             )
         p += timing_spec_problems(self.timing)
         f = self.gpu_memory_fraction

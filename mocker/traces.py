@@ -22,14 +22,18 @@ Formats
 Validation (both file formats): a malformed row raises :class:`~dynoplan.errors.TraceError` naming the
 file, the 1-based line number and the field: unparsable JSON or timestamp, a missing field, a length that
 is not a positive integer, a negative or non-finite timestamp, or a timestamp earlier than the previous
-row's. Rows must be in arrival order; dynoplan does **not** sort them, because silently reordering a
-trace changes request identity and usually means the file is damaged. An empty file is an error too.
+row's, and an ambiguous field: a CSV column named twice in the header, a JSON field given twice in one
+object (JSON allows it and decoders silently keep one) or together with its alias. Rows must be in
+arrival order; dynoplan does **not** sort them, because silently reordering a trace changes request
+identity and usually means the file is damaged. An empty file is an error too.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import datetime as _dt
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -178,6 +182,15 @@ def load_azure_csv(path: str | Path, *, trace_block_size: int = DEFAULT_TRACE_BL
     norm = [h.strip().lower() for h in header]
     cols: list[int] = []
     for name in _AZURE_COLUMNS:
+        if norm.count(name.lower()) > 1:
+            at = [str(i + 1) for i, h in enumerate(norm) if h == name.lower()]
+            raise TraceError(
+                p,
+                1,
+                name,
+                f"column given {len(at)} times in the header (columns {', '.join(at)} of "
+                f"{','.join(header)!r}), expected each column once",
+            )
         if name.lower() not in norm:
             raise TraceError(
                 p,
@@ -365,6 +378,7 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
     decode = msgspec.json.Decoder(_MooncakeRow).decode
     out: list[TraceRequest] = []
     lines: list[int] = []
+    with_hash_ids = extra_quotes = 0
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
@@ -373,14 +387,20 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
         except msgspec.DecodeError:
             _mooncake_check_row(raw, p, lineno)
             raise  # pragma: no cover - the check always raises for a row the fast path rejected
-        ts = row.timestamp if row.timestamp is not None else row.created_time
-        isl = row.input_length if row.input_length is not None else row.input_tokens
-        osl = row.output_length if row.output_length is not None else row.output_tokens
-        if ts is None or isl is None or osl is None or not math.isfinite(ts):
+        ts, isl, osl, hids = row.timestamp, row.input_length, row.output_length, row.hash_ids
+        if ts is None or isl is None or osl is None:  # an alias or a missing field: this row checked in full
+            _mooncake_check_keys(row, raw, p, lineno)
+            extra_quotes += raw.count(b'"') - (6 if hids is None else 8)
+            ts = ts if ts is not None else row.created_time
+            isl = isl if isl is not None else row.input_tokens
+            osl = osl if osl is not None else row.output_tokens
+            if ts is None or isl is None or osl is None:
+                _mooncake_check_row(raw, p, lineno)
+        if not math.isfinite(ts):
             _mooncake_check_row(raw, p, lineno)
-        hids = row.hash_ids
         hash_ids = None
         if hids is not None:
+            with_hash_ids += 1
             hash_ids = tuple(hids)
             cap = len(hash_ids) * trace_block_size
             if isl > cap:
@@ -389,14 +409,65 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
         out.append(TraceRequest(len(out), ts, isl, osl, hash_ids))
     if not out:
         raise TraceError(p, None, None, "no requests: the file is empty")
+    # A field given twice (the decoder keeps the last) or with its alias must be refused. A row of the common
+    # shape (timestamp, input_length, output_length and perhaps hash_ids, numbers only) has exactly the
+    # quotes of its keys, so a file whose quote count is that sum holds no row with another key: only a file
+    # off that shape (other keys, strings, a key twice) is re-read row by row (one vectorised count here).
+    quotes = np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == ord('"'))
+    if quotes != 6 * len(out) + 2 * with_hash_ids + extra_quotes:
+        _mooncake_check_all_keys(data, decode, p)
     arrival = np.fromiter((r.arrival_ms for r in out), dtype=np.float64, count=len(out))
     _check_monotone(arrival, lines, p, "timestamp")
     _check_timestamp_bound(arrival, lines, p, "timestamp")
     return out
 
 
+_MOONCAKE_KEYS = tuple((k, f'"{k}"'.encode()) for names in _MOONCAKE_ALIASES.values() for k in names) + (
+    ("hash_ids", b'"hash_ids"'),
+)
+"""Every field the Mooncake reader takes, with its quoted form as it appears in a row's bytes."""
+
+
+def _mooncake_check_all_keys(data: bytes, decode: Any, p: str) -> None:
+    """Re-read every row and check its keys (:func:`_mooncake_check_keys`); every row decoded before, so
+    ``decode`` succeeds."""
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.strip():
+            _mooncake_check_keys(decode(raw), raw, p, lineno)
+
+
+def _mooncake_check_keys(row: _MooncakeRow, raw: bytes, p: str, lineno: int) -> None:
+    """Raise a TraceError for a row that gives a field and its alias (both non-null) or a field twice (JSON
+    allows it; decoders silently keep one). A row whose quotes are just those of its non-null fields' keys
+    holds no key twice; otherwise a full parse with every key pair (:func:`json.loads`) runs only when the
+    row's bytes hold a quoted field name twice."""
+    for name, (primary, alias) in _MOONCAKE_ALIASES.items():
+        if getattr(row, primary) is not None and getattr(row, alias) is not None:
+            raise TraceError(
+                p, lineno, name, f"given twice, as {primary!r} and its alias {alias!r}: expected one of them"
+            )
+    given = sum(getattr(row, name) is not None for name, _ in _MOONCAKE_KEYS)
+    if raw.count(b'"') != 2 * given and any(raw.count(quoted) > 1 for _, quoted in _MOONCAKE_KEYS):
+        _mooncake_check_duplicates(raw, p, lineno)
+
+
+def _mooncake_check_duplicates(raw: bytes, p: str, lineno: int) -> None:
+    """Raise a TraceError when the row's top-level object holds one of the reader's fields more than once."""
+    try:
+        pairs = json.loads(raw, object_pairs_hook=tuple)  # an object as its (key, value) pairs; arrays are lists
+    except ValueError:
+        return  # not JSON (or not UTF-8): the caller's check names it
+    if not isinstance(pairs, tuple):
+        return  # not an object: the caller's check names it
+    seen = collections.Counter(k for k, _ in pairs)
+    for name, _ in _MOONCAKE_KEYS:
+        if seen[name] > 1:
+            raise TraceError(p, lineno, name, f"given {seen[name]} times in the object, expected each field once")
+
+
 def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
     """Slow path: decode one row generically and raise a TraceError naming the bad field."""
+    _mooncake_check_duplicates(raw, p, lineno)
     try:
         row = msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
@@ -422,6 +493,9 @@ def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
 
 
 def _mooncake_field(row: dict[str, Any], name: str, path: str, line: int) -> Any:
+    primary, alias = _MOONCAKE_ALIASES[name]
+    if row.get(primary) is not None and row.get(alias) is not None:
+        raise TraceError(path, line, name, f"given twice, as {primary!r} and its alias {alias!r}: expected one of them")
     for alias in _MOONCAKE_ALIASES[name]:
         if alias in row:
             return row[alias]

@@ -35,6 +35,7 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import MAX_INT64
 from dynoplan.settings import Problems, build, settings
 
 MAX_TTFT_MS = 3_600_000.0
@@ -53,6 +54,12 @@ POOLS_BY_MODE: dict[str, tuple[str, ...]] = {
     "agg": ("agg",),
 }
 
+MAX_REGRESSION_BUCKETS = 64
+"""Most load-regression buckets (``regression_buckets``): bucket k holds passes of 2**k to 2**(k+1) - 1
+scheduled tokens (planner.core.load.PassTimeRegression), and a pass's token count is below 2**63 (int64,
+:data:`dynoplan.fields.MAX_INT64`), so buckets past 64 are never filled; each still costs one deque per
+feature."""
+
 PREDICTORS: tuple[str, ...] = ("constant", "arima", "kalman", "prophet", "auto")
 
 Mode = Literal["disagg", "prefill", "decode", "agg"]
@@ -70,15 +77,19 @@ class PoolLimits:
     min_replicas: int = Field(
         default=1,
         ge=0,
+        le=MAX_INT64,
         description="Fewest replicas the planner keeps, >= 0 (default 1 = Dynamo "
         'min_endpoint, docs/architecture.md "Planner facts").',
     )
     max_replicas: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_INT64,
         description="Most replicas the planner requests, >= 0; null (the default) = only the GPU budget limits it.",
     )
-    gpus_per_engine: int = Field(default=1, ge=1, description="GPUs one replica occupies, >= 1 (default 1).")
+    gpus_per_engine: int = Field(
+        default=1, ge=1, le=MAX_INT64, description="GPUs one replica occupies, >= 1 (default 1)."
+    )
 
 
 def _pool() -> PoolLimits:
@@ -137,12 +148,14 @@ class PlannerConfig:
     predictor_min_points: int = Field(
         default=5,
         ge=1,
+        le=MAX_INT64,
         description="ARIMA / Prophet: points needed before the model is "
         "used (constant fallback before), >= 1 (default 5).",
     )
     arima_refit_every: int = Field(
         default=10,
         ge=1,
+        le=MAX_INT64,
         description="ARIMA: when the fitted model is degenerate (order "
         "(0,d,0)), refit after this many new points, >= 1 "
         "(default 10).",
@@ -165,18 +178,21 @@ class PlannerConfig:
     kalman_min_points: int = Field(
         default=5,
         ge=1,
+        le=MAX_INT64,
         description="Kalman: points needed before the filter is used, >= 1 "
         '(default 5, docs/architecture.md "Load predictors").',
     )
     prophet_window: int = Field(
         default=50,
         ge=1,
+        le=MAX_INT64,
         description="Prophet: fit on the last this-many points, >= 1 (default "
         '50, docs/architecture.md "Load predictors").',
     )
     prophet_refit_every: int = Field(
         default=1,
         ge=1,
+        le=MAX_INT64,
         description="Prophet: refit every this-many intervals, >= 1 (1 = "
         "every interval, the reference); in between, predict "
         "from the last fit. The three series (count, ISL, OSL) "
@@ -193,6 +209,7 @@ class PlannerConfig:
     auto_error_window: int = Field(
         default=10,
         ge=1,
+        le=MAX_INT64,
         description="auto predictor: number of recent one-step absolute errors averaged, >= 1 (default 10).",
     )
     prefill: PoolLimits = Field(default_factory=_pool, description="Replica limits of the prefill pool.")
@@ -201,11 +218,15 @@ class PlannerConfig:
     max_gpu_budget: int = Field(
         default=8,
         ge=0,
+        le=MAX_INT64,
         description="Total GPUs all pools may occupy, counting every replica "
         'requested, >= 0 (default 8, docs/architecture.md "Planner facts").',
     )
     min_gpu_budget: int = Field(
-        default=0, ge=0, description="Total GPUs the pools should occupy at least, >= 0 (0, the default, = no minimum)."
+        default=0,
+        ge=0,
+        le=MAX_INT64,
+        description="Total GPUs the pools should occupy at least, >= 0 (0, the default, = no minimum).",
     )
     load_prefill_window_s: float = Field(
         default=30.0,
@@ -227,6 +248,7 @@ class PlannerConfig:
     max_num_batched_tokens: int = Field(
         default=8192,
         ge=1,
+        le=MAX_INT64,
         description="Engine chunk size used to simulate the prefill "
         "queue for the TTFT estimate, tokens >= 1 (default "
         "8192).",
@@ -234,12 +256,14 @@ class PlannerConfig:
     regression_buckets: int = Field(
         default=16,
         ge=1,
+        le=MAX_REGRESSION_BUCKETS,
         description="Load regressions: token-count buckets (log2-spaced) "
-        "used to retain samples evenly, >= 1 (default 16).",
+        "used to retain samples evenly, 1 <= value <= 64 (default 16; 64 buckets cover every int64 token count).",
     )
     regression_samples_per_bucket: int = Field(
         default=32,
         ge=1,
+        le=MAX_INT64,
         description="Load regressions: most recent samples kept "
         "per bucket (memory is bounded by buckets x "
         "this), >= 1 (default 32).",
@@ -247,6 +271,7 @@ class PlannerConfig:
     regression_min_samples: int = Field(
         default=8,
         ge=2,
+        le=MAX_INT64,
         description="Load regressions: samples needed before an estimate is made (none = unknown), >= 2 (default 8).",
     )
     engine_stale_s: float = Field(
@@ -308,11 +333,12 @@ class PlannerConfig:
         ),
     )
     demand_error_window: int = Field(
-        default=20, ge=1, description="Burst-aware demand: most recent ratios kept, >= 1 (default 20)."
+        default=20, ge=1, le=MAX_INT64, description="Burst-aware demand: most recent ratios kept, >= 1 (default 20)."
     )
     demand_error_min_points: int = Field(
         default=3,
         ge=1,
+        le=MAX_INT64,
         description="Burst-aware demand: ratios needed before the factor is applied (1 before), >= 1 (default 3).",
     )
     simulated_sizing: bool = Field(

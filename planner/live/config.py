@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import HttpUrl
 from dynoplan.settings import build, settings
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
@@ -149,7 +150,7 @@ class PrometheusSection:
             "directly; true: start one (the binary is required); false: scrape directly."
         ),
     )
-    url: Annotated[str, Field(pattern=r"^https?://")] | None = Field(
+    url: HttpUrl | None = Field(
         default=None,
         description=(
             "An existing server's http:// or https:// URL to use instead of starting one; null (the default) = "
@@ -282,7 +283,7 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     planner, throughput_on, mode_known, unset_note = _planner_section(data, problems)
     profile = _resolve_path(base_dir, f.profile)
     if profile is not None and not profile.exists():
-        problems.append(f"profile={str(profile)!r}: file not found")
+        problems.append(f"profile={str(profile)!r}: file not found (make it with: {profile_command(profile, f)})")
     if throughput_on and profile is None:
         problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
     init = _initial_replicas(f.fleet, planner, problems)
@@ -342,6 +343,45 @@ def _planner_section(data: Mapping[str, Any], problems: list[str]) -> tuple[Plan
     mode_unset = not (isinstance(planner_raw, Mapping) and "mode" in planner_raw)
     unset_note = f"planner.mode unset, default {planner.mode}; " if mode_unset else ""
     return planner, throughput_on, mode_known, unset_note
+
+
+def profile_command(profile: Path, f: StackFileSettings) -> str:
+    """The ``dynoplan profile`` command that writes the stack's missing ``profile``, as docs/local-stack.md
+    gives it for examples/stack.yaml: ``--out`` the profile (relative to the current directory when inside
+    it) and the workers' engine flags from ``fleet.worker_args`` (the flags ``dynoplan profile`` takes:
+    :func:`planner.arguments.add_engine_arguments`), when every pool's workers run with the same flags;
+    otherwise the pools' flags are left to the user (``... ENGINE-FLAGS``)."""
+    import argparse
+    import shlex
+
+    from planner.arguments import add_engine_arguments
+
+    class HintParser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # raise, not print and exit: this only builds a hint
+            raise ValueError(message)
+
+    try:
+        out = profile.relative_to(Path.cwd())
+    except ValueError:
+        out = profile
+    cmd = f"dynoplan profile --out {shlex.quote(str(out))}"
+    argvs = {tuple(argv) for argv in f.fleet.worker_args.values()}
+    if len(argvs) != 1:
+        return cmd + " ENGINE-FLAGS" if argvs else cmd
+    argv = list(argvs.pop())
+    parser = HintParser(add_help=False, allow_abbrev=False)
+    add_engine_arguments(parser)
+    try:
+        _, others = parser.parse_known_args(argv)
+    except (ValueError, argparse.ArgumentError):  # an engine flag with a bad value: the workers' start-up names it
+        others = []
+    kept: list[str] = []
+    for token in argv:  # the flags as written, without those dynoplan profile does not take
+        if others and token == others[0]:
+            others.pop(0)
+        else:
+            kept.append(token)
+    return " ".join([cmd, shlex.join(kept)]) if kept else cmd
 
 
 def _resolve_path(base_dir: Path, v: str | None) -> Path | None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from dynoplan.errors import ConfigError, SettingsError
+from dynoplan.fields import HttpUrl
 from dynoplan.settings import Problems, build, settings
 
 ENV_PREFIX = "DYNOPLAN_OPERATOR_"
@@ -56,9 +57,8 @@ class OperatorSettings:
         "(default 5; readiness and manual edits are seen this "
         "often).",
     )
-    prometheus_url: str = Field(
+    prometheus_url: HttpUrl = Field(
         default="http://prometheus:9090",
-        pattern=r"^https?://",
         description=(
             "Default Prometheus URL (http:// or https://) for planners whose spec has no metrics.prometheusUrl "
             "(default http://prometheus:9090)."

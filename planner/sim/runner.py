@@ -292,6 +292,12 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                     raise SimulationConfigError(f"policy {spec!r}: {k.strip()!r} given twice: expected each key once")
                 kv[k.strip()] = v.strip()
             att = kv.pop("attainment_target", None)
+            if "mode" in kv and kv["mode"] != cfg.mode:
+                # every policy of a run replays the same fleet (pools, engines, KV transfer), fixed by --mode
+                raise SimulationConfigError(
+                    f"policy {spec!r}: mode={kv['mode']!r}: a --compare variant cannot change the run's mode, "
+                    f"expected mode={cfg.mode} (the run's --mode {cfg.mode}) or no mode"
+                )
             cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}", cli=True)
         else:
             att = None

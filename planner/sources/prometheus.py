@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import HTTP_URL_EXPECTED, is_http_url
 from planner.core import TrafficWindow
 
 HISTOGRAMS: dict[str, str] = {
@@ -87,8 +88,8 @@ class PrometheusSourceSettings:
 
     def __post_init__(self) -> None:
         problems = []
-        if not (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))):
-            problems.append(f"prometheus.url={self.url!r}: expected an http:// or https:// URL")
+        if not is_http_url(self.url):
+            problems.append(f"prometheus.url={self.url!r}: {HTTP_URL_EXPECTED}")
         if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
             problems.append(f"prometheus.timeout_s={self.timeout_s!r}: expected seconds > 0")
         if problems:

@@ -107,7 +107,7 @@ def test_values_checked_with_field_value_expectation(tmp_path):
         "service.port=70000: expected <= 65535",
         "service.token=123: expected a string",
         "frontend.port=-1: expected >= 0",
-        "prometheus.url='localhost:9090': expected text matching ^https?://",
+        "prometheus.url='localhost:9090': expected an http:// or https:// URL",
         "prometheus.port='x': expected an integer",
         "profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true",
         "fleet.initial.agg=9: expected at most planner.agg.max_replicas=3",

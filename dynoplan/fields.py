@@ -1,0 +1,41 @@
+"""Field types and bounds shared by the settings of every component (engine, fleet, planner, stack,
+operator), so that a bound or a check is defined once and worded the same wherever a value is refused.
+
+Kept apart from :mod:`dynoplan.settings` (the validation machinery): a settings module states a field's
+type with these (``Field(le=MAX_INT64)``, ``url: HttpUrl``) and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+MAX_INT64 = 2**63 - 1
+"""Largest integer setting accepted where no tighter bound applies (9223372036854775807): the largest
+numpy ``int64`` and C ``ssize_t`` on a 64-bit machine. Block, token and point counts reach numpy int64
+arrays (the engines' decode look-ahead, :func:`numpy.minimum` against the KV pool), ``collections.deque``
+``maxlen`` and ``range``; a larger value fails there with an OverflowError in the middle of a run, or, as a
+count no run reaches, silently disables what it gates."""
+
+HTTP_URL_PATTERN = r"^https?://"
+"""What an HTTP(S) URL setting must start with (the JSON Schema ``pattern`` of :data:`HttpUrl`)."""
+HTTP_URL_EXPECTED = "expected an http:// or https:// URL"
+"""The one wording of a refused HTTP(S) URL (settings fields, flags and :mod:`planner.sources.prometheus`)."""
+
+
+def is_http_url(value: object) -> bool:
+    """True when ``value`` is text starting with ``http://`` or ``https://`` (:data:`HTTP_URL_PATTERN`)."""
+    return isinstance(value, str) and value.startswith(("http://", "https://"))
+
+
+def _http_url(value: str) -> str:
+    if not is_http_url(value):
+        raise ValueError(HTTP_URL_EXPECTED)
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url), Field(json_schema_extra={"pattern": HTTP_URL_PATTERN})]
+"""A settings field holding an http:// or https:// URL; refused as ``field='ftp://x': expected an http://
+or https:// URL`` (:data:`HTTP_URL_EXPECTED`). The schema keeps ``pattern: ^https?://`` for helm and the
+apiserver."""
