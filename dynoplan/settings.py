@@ -119,11 +119,16 @@ def _expected(err: Mapping[str, Any]) -> str:
 
 
 def _fmt_value(v: Any) -> str:
+    """``v`` spelled as the user wrote it in YAML or JSON: ``true``, ``false``, ``null``, strings quoted
+    (``"1e3"`` is text, ``1000.0`` a number), ``.inf``/``-.inf``/``.nan``; a mapping or list longer than 80
+    characters is cut with ``...``."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return repr(v)
-    if isinstance(v, (dict, list)) and len(repr(v)) > 80:
-        return repr(v)[:77] + "..."
-    return repr(v)
+        return ".nan" if math.isnan(v) else (".inf" if v > 0 else "-.inf")
+    try:
+        text = json.dumps(v, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text[:77] + "..." if isinstance(v, (dict, list, tuple)) and len(text) > 80 else text
 
 
 def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str, list[str]] | None = None) -> list[str]:
@@ -133,7 +138,12 @@ def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str,
     for the top level) to the names valid there, for the "did you mean" hint of an unknown key (otherwise
     the hint is left out). Lines raised by a cross-field check (:class:`Problems`) are kept as they are."""
     out: list[str] = []
-    for e in err.errors(include_url=False):
+    errors = err.errors(include_url=False)
+    # a list whose items are invalid is not also "too short": pydantic counts only the valid items
+    bad_items = {tuple(e["loc"][:-1]) for e in errors if len(e["loc"]) > 1 and isinstance(e["loc"][-1], int)}
+    for e in errors:
+        if e["type"] == "too_short" and tuple(e["loc"]) in bad_items:
+            continue
         ctx = e.get("ctx") or {}
         if isinstance(ctx.get("error"), Problems):
             out += [prefix + line for line in ctx["error"].lines]

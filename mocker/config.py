@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -86,8 +85,8 @@ class SGLangConfig:
 class EngineConfig:
     """Configuration of one simulated engine (one DP rank); defaults and sources in the module docstring.
 
-    Raises pydantic's ``ValidationError`` when constructed directly with a bad value; :meth:`from_mapping`,
-    :meth:`from_yaml` and :meth:`replace` raise :class:`ConfigError` with every problem.
+    Raises pydantic's ``ValidationError`` when constructed directly with a bad value; :meth:`from_mapping`
+    and :meth:`replace` raise :class:`ConfigError` with every problem.
     """
 
     engine: EngineKind = Field(default="vllm", description="Scheduler family: vllm, trtllm or sglang.")
@@ -238,11 +237,14 @@ class EngineConfig:
 
         Accepts the reference's nesting ``{"engine": {"backend": ..., ...}}`` as well as a flat mapping;
         ``backend`` is an alias of ``engine``. A key given both inside ``engine:`` and at the top level is
-        ambiguous: ConfigError naming it (neither silently wins).
+        ambiguous: ConfigError naming it (neither silently wins). A problem of a key given under ``engine:``
+        is named ``engine.<key>`` (with the did-you-mean in the same spelling). Settings files are read by
+        :func:`dynoplan.settings_text.load_file`.
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a mapping of engine settings, got {type(data).__name__}", source=source)
         flat: dict[str, Any] = dict(data)
+        inner_keys: set[str] = set()
         if isinstance(flat.get("engine"), Mapping):
             inner = dict(flat.pop("engine"))
             both = sorted(str(k) for k in set(inner) & set(flat))
@@ -256,23 +258,24 @@ class EngineConfig:
                     source=source,
                 )
             flat = {**flat, **inner}
+            inner_keys = {str(k) for k in inner}
         if "backend" in flat:
             flat["engine"] = flat.pop("backend")
-        return build(cls, flat, source=source)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> EngineConfig:
-        """Load from a YAML (or JSON) file. Raises ConfigError naming the file on any problem."""
-        import yaml  # here, not at module level: only a config file needs the YAML parser (~30 ms to import)
-
-        path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError("engine config file not found", source=str(path)) from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"not valid YAML: {e}", source=str(path)) from None
-        return cls.from_mapping(data or {}, source=str(path))
+            return build(cls, flat, source=source)
+        except ConfigError as e:
+            if not inner_keys:
+                raise
+            raise ConfigError([_under_engine(p, inner_keys) for p in e.problems], source=source) from None
+
+
+def _under_engine(problem: str, inner_keys: set[str]) -> str:
+    """``problem`` (``key=...: ...`` / ``key: ...``) spelled ``engine.key`` when ``key`` was given under
+    ``engine:``, its did-you-mean too."""
+    key = problem.split("=", 1)[0].split(":", 1)[0].split(".", 1)[0]
+    if key not in inner_keys:
+        return problem
+    return "engine." + problem.replace("(did you mean ", "(did you mean engine.")
 
 
 def resolve_kv_capacity(cfg: EngineConfig, *, blocks_given: bool) -> EngineConfig:

@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dynoplan.errors import ConfigError
@@ -525,28 +524,10 @@ def worker_engines(stack: StackConfig) -> tuple[dict[str, Any], Any, list[str]]:
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
-    """Read and validate a stack YAML file. Raises ConfigError naming the file."""
+    """Read and validate a stack YAML file (:func:`dynoplan.settings_text.load_file`, the one grammar of every
+    settings file: a key given twice anywhere is refused). Raises ConfigError naming the file."""
+    from dynoplan.settings_text import load_file
+
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read stack file: {e.strerror}", source=str(p)) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"cannot read stack file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 text",
-            source=str(p),
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
-        if context and cmark is not None and cmark is not mark:
-            context += f" started at line {cmark.line + 1}, column {cmark.column + 1}"
-        raise ConfigError(
-            f"cannot parse stack file{where}: {what}"
-            + (f" ({context})" if context else "")
-            + "; expected YAML (see examples/stack.yaml)",
-            source=str(p),
-        ) from None
+    data = load_file(p, str(p), "stack file", "YAML (see examples/stack.yaml)")
     return stack_config_from_mapping(data or {}, p.resolve().parent, source=str(p))

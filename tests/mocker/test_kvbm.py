@@ -142,7 +142,7 @@ def test_g1_backend_config_errors_and_engine_pool_choice():
         r"expected g1_backend='kvbm'",
     ):
         EngineConfig.from_mapping({"num_g2_blocks": 64, "g4": True})
-    with pytest.raises(ConfigError, match=r"g1_backend='lru': expected one of 'native' or 'kvbm'"):
+    with pytest.raises(ConfigError, match=r"g1_backend=\"lru\": expected one of 'native' or 'kvbm'"):
         EngineConfig.from_mapping({"g1_backend": "lru"})
     with pytest.raises(ConfigError, match=r"num_g2_blocks=0: G3/G4 hits stage through G2"):
         EngineConfig.from_mapping({"g1_backend": "kvbm", "num_g3_blocks": 10})

@@ -37,8 +37,8 @@ def test_refuses_bool_for_int_string_for_number_and_unknown_key_all_at_once(
         build(cls, {**base, int_field: True, number_field: "5", typo: 1}, source="s.yaml")
     assert sorted(e.value.problems) == sorted(
         [
-            f"{int_field}=True: expected an integer",
-            f"{number_field}='5': expected a number",
+            f"{int_field}=true: expected an integer",
+            f'{number_field}="5": expected a number',
             f"{typo}: unknown setting (did you mean {close}?)",
         ]
     )
@@ -73,10 +73,10 @@ def test_engine_config_yaml_pitfalls_and_cross_field_checks():
             {"num_gpu_blocks": True, "enable_prefix_caching": "false", "speedup_ratio": float("inf"), "engine": "tpu"}
         )
     assert e.value.problems == [
-        "engine='tpu': expected one of 'vllm', 'trtllm' or 'sglang'",
-        "num_gpu_blocks=True: expected an integer",
-        "enable_prefix_caching='false': expected a boolean (true/false)",
-        "speedup_ratio=inf: expected a finite number",
+        "engine=\"tpu\": expected one of 'vllm', 'trtllm' or 'sglang'",
+        "num_gpu_blocks=true: expected an integer",
+        'enable_prefix_caching="false": expected a boolean (true/false)',
+        "speedup_ratio=.inf: expected a finite number",
     ]
     # cross-field checks run once every field is valid, and report every line they find
     with pytest.raises(ConfigError) as e:
