@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from dynoplan.errors import ConfigError
-from dynoplan.settings import Problems, build, check, settings
+from dynoplan.settings import Problems, build, check, settings, spell
 from mocker.timing_spec import is_aic, timing_spec_problems
 
 EngineKind = Literal["vllm", "trtllm", "sglang"]
@@ -196,26 +196,26 @@ class EngineConfig:
     def _kv_tier_problems(self) -> list[str]:
         """G1 backend and KVBM lower-tier combinations (docs/architecture.md "KVBM tiers")."""
         p = tier_problems(self.num_g2_blocks, self.num_g3_blocks, self.g4)
-        lower = [f"{n}={getattr(self, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
+        lower = [f"{n}={spell(getattr(self, n))}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
         if self.g1_backend == "native" and lower:
             p.append(
-                f"g1_backend='native': lower KV tiers configured ({', '.join(lower)}); "
-                f"expected g1_backend='kvbm' (KVBM owns G2/G3/G4)"
+                f'g1_backend="native": lower KV tiers configured ({", ".join(lower)}); '
+                'expected g1_backend="kvbm" (KVBM owns G2/G3/G4)'
             )
         if self.g1_backend == "kvbm" and self.engine == "sglang":
             p.append(
-                "g1_backend='kvbm': modelled for the vllm and trtllm block pools; "
-                "expected 'native' with engine='sglang'"
+                'g1_backend="kvbm": modelled for the vllm and trtllm block pools; '
+                'expected "native" with engine="sglang"'
             )
         elif self.g1_backend == "kvbm" and self.engine == "trtllm" and lower:
             p.append(
-                f"engine='trtllm' with lower KV tiers ({', '.join(lower)}): onboarding is wired into the vLLM "
+                f'engine="trtllm" with lower KV tiers ({", ".join(lower)}): onboarding is wired into the vLLM '
                 "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); "
-                "expected engine='vllm'"
+                'expected engine="vllm"'
             )
         if self.kv_bytes_per_token is None and self.num_g2_blocks and self.g1_backend == "kvbm":
             p.append(
-                "kv_bytes_per_token=None: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
+                "kv_bytes_per_token=null: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
                 "block; expected the model's KV bytes per token (--kv-bytes-per-token N or --model-config FILE)"
             )
         return p
@@ -251,7 +251,7 @@ class EngineConfig:
             if both:
                 raise ConfigError(
                     [
-                        f"{k}: given both under engine: ({inner[k]!r}) and at the top level ({flat[k]!r}), "
+                        f"{k}: given both under engine: ({spell(inner[k])}) and at the top level ({spell(flat[k])}), "
                         "expected it in one place"
                         for k in both
                     ],

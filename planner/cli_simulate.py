@@ -388,7 +388,8 @@ def _load_config(args: argparse.Namespace, in_file: dict[str, Any], overrides: d
     """:func:`_planner_config` of the ``--config`` settings; when it fails and ``--planner-set`` items are at
     fault, SimulationConfigError naming each of them as the flag (every problem at once)."""
     try:
-        return _planner_config(in_file, overrides, args.planner_config)
+        source = f"--config {args.planner_config}" if args.planner_config is not None else None
+        return _planner_config(in_file, overrides, source)
     except ConfigError:
         problems: list[str] = []
         for item in args.planner_set:  # well-formed: checked by dynoplan.settings_text.assignments

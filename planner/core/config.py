@@ -34,7 +34,7 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 
 from dynoplan.errors import ConfigError
-from dynoplan.settings import Problems, build, settings
+from dynoplan.settings import Problems, build, settings, spell
 
 MAX_TTFT_MS = 3_600_000.0
 """Largest TTFT target accepted (one hour): beyond it no sizing rule has anything to say, and the tail
@@ -344,7 +344,7 @@ class PlannerConfig:
                 f"adjustment_interval_s={self.adjustment_interval_s!r}"
             )
         if not (self.throughput_enabled or self.load_enabled):
-            p.append("throughput_enabled=False and load_enabled=False: expected at least one loop enabled")
+            p.append("throughput_enabled=false and load_enabled=false: expected at least one loop enabled")
         if self.min_gpu_budget > self.max_gpu_budget:
             p.append(f"min_gpu_budget={self.min_gpu_budget!r}: expected <= max_gpu_budget={self.max_gpu_budget!r}")
         min_gpus = 0
@@ -378,7 +378,7 @@ class PlannerConfig:
         ``decode``, ``agg``) replaced. Raises ConfigError naming a key that is not a pool."""
         unknown = [p for p in limits if p not in _POOL_NAMES]
         if unknown:
-            raise ConfigError(f"pool={unknown[0]!r}: expected one of {', '.join(_POOL_NAMES)}")
+            raise ConfigError(f"pool={spell(unknown[0])}: expected one of {', '.join(_POOL_NAMES)}")
         return dataclasses.replace(
             self,
             prefill=limits.get("prefill", self.prefill),

@@ -67,7 +67,7 @@ def test_worker_engines_without_flags_is_the_default_engine_and_bad_flags_are_na
     bad = stack_file(tmp_path, fleet={"worker_args": {"agg": ["--num-gpu-blocks", "x"]}})
     engines, _, problems = worker_engines(load_stack_config(bad))
     assert engines == {} and problems == [
-        "fleet.worker_args.agg=['--num-gpu-blocks', 'x']: flags mocker serve rejects "
+        'fleet.worker_args.agg=["--num-gpu-blocks", "x"]: flags mocker serve rejects '
         "(argument --num-gpu-blocks: 'x': expected a positive integer)"
     ]
 

@@ -85,8 +85,8 @@ def test_engine_config_yaml_pitfalls_and_cross_field_checks():
         "max_num_batched_tokens=32: smaller than one block (block_size=64); expected >= block_size",
         "gpu_memory_fraction=0.5: sizes the KV cache from an AIConfigurator model; expected timing='aic:...'",
         "num_g2_blocks=0: G3/G4 hits stage through G2; expected num_g2_blocks > 0",
-        "g1_backend='native': lower KV tiers configured (num_g3_blocks=4); "
-        "expected g1_backend='kvbm' (KVBM owns G2/G3/G4)",
+        'g1_backend="native": lower KV tiers configured (num_g3_blocks=4); '
+        'expected g1_backend="kvbm" (KVBM owns G2/G3/G4)',
     ]
     # SGLang pages are one token: no block-size floor on the token budget
     assert EngineConfig.from_mapping({"engine": "sglang", "max_num_batched_tokens": 32}).max_num_batched_tokens == 32

@@ -62,7 +62,7 @@ def test_all_problems_collected_at_once():
         )
     assert ei.value.problems == [
         "load_adjustment_interval_s=500.0: expected less than adjustment_interval_s=180.0",
-        "throughput_enabled=False and load_enabled=False: expected at least one loop enabled",
+        "throughput_enabled=false and load_enabled=false: expected at least one loop enabled",
         "min_gpu_budget=9: expected <= max_gpu_budget=8",
         "prefill.min_replicas=3: expected <= prefill.max_replicas=2",
     ]
