@@ -61,6 +61,19 @@ class SettingsLoader(yaml.SafeLoader):
     }
 
 
+def _construct_str(loader: SettingsLoader, node: yaml.ScalarNode) -> str:
+    """A string scalar, with the UTF-16 surrogate pairs of JSON's ``\\ud83d\\ude00`` escapes joined into one
+    character (PyYAML decodes each escape on its own; ``json.dumps`` writes every non-BMP character so)."""
+    value = loader.construct_scalar(node)
+    if any("\ud800" <= c <= "\udfff" for c in value):
+        try:
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:  # a lone surrogate: kept, the validation or the consumer names it
+            pass
+    return value
+
+
+SettingsLoader.add_constructor("tag:yaml.org,2002:str", _construct_str)
 SettingsLoader.add_implicit_resolver(
     "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
 )
@@ -118,7 +131,10 @@ def load_text(text: str, source: str, what: str = "settings file", expected: str
     """The one YAML document of ``text`` (JSON is YAML too) read with :class:`SettingsLoader`; None when
     empty. Raises ConfigError (``source`` prefixed): a parser error (``cannot parse {what} at line L, column
     C: ...; expected {expected}``), a key given twice."""
-    loader = SettingsLoader(text)
+    try:
+        loader = SettingsLoader(text)  # the reader refuses control characters here already
+    except yaml.YAMLError as e:
+        raise _parse_error(e, source, what, expected) from None
     try:
         root = loader.get_single_node()
         _check_duplicates(root, source)
