@@ -23,7 +23,8 @@ the text as it is for a setting whose type is text (``mode=off``, ``namespace=12
 setting on commas; every other value is read as one YAML scalar by the rules above and then validated
 exactly like a file value (``load_enabled=1`` is refused as ``load_enabled: 1`` is).
 
-Errors are :class:`dynoplan.errors.ConfigError`, one line each, naming the file or flag.
+Errors are :class:`dynoplan.errors.ConfigError`, one line each, naming the file or flag. The user's view of
+these rules: docs/architecture.md "Settings text".
 """
 
 from __future__ import annotations

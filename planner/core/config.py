@@ -17,7 +17,8 @@ Sources: :func:`config_from_mapping` (a dict, e.g. parsed YAML/JSON; nested ``pr
 ``agg:`` pool sections or flat ``prefill_min_replicas`` keys; ``cli=True`` for ``KEY=VALUE`` text),
 :func:`load_config` (a ``.yaml``/``.yml``/``.json`` file plus overrides), :func:`add_config_arguments` /
 :func:`config_from_args` (CLI flags ``--ttft-ms 300 --prefill-max-replicas 4``; flags win over the file).
-Command-line text is read as a YAML scalar (:func:`parse_cli_values`).
+Files and command-line text are read by one grammar (:mod:`dynoplan.settings_text`, docs/architecture.md
+"Settings text"; :func:`parse_cli_values`).
 """
 
 from __future__ import annotations
