@@ -29,6 +29,7 @@ these rules: docs/architecture.md "Settings text".
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -191,6 +192,14 @@ def scalar(text: str) -> Any:
     except ConfigError:
         return text
     return value if value is None or isinstance(value, (str, int, float, bool)) else text
+
+
+def field_kinds(cls: Any, prefix: str = "") -> dict[str, str]:
+    """Setting name (``prefix`` + field name) -> the base type name of its annotation, for every field of the
+    settings dataclass ``cls`` (annotations are strings under ``from __future__ import annotations``:
+    ``"float | None"`` -> ``"float"``, ``"tuple[str, ...]"`` -> ``"tuple"``, ``"Mode"`` -> ``"Mode"``): the
+    ``kind`` of :func:`text_value`."""
+    return {prefix + f.name: str(f.type).split("|")[0].strip().split("[")[0] for f in dataclasses.fields(cls)}
 
 
 def text_value(text: str, kind: str) -> Any:

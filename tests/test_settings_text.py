@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dynoplan.errors import ConfigError
 from dynoplan.settings import spell
-from dynoplan.settings_text import assignments, load_file, load_text, scalar, text_value
+from dynoplan.settings_text import assignments, field_kinds, load_file, load_text, scalar, text_value
 
 
 @pytest.mark.parametrize(
@@ -202,8 +202,38 @@ def test_any_mapping_dumped_as_json_loads_back_equal(doc):
     # json.dumps escapes every non-ASCII character (non-BMP ones as a UTF-16 surrogate pair)
     assert load_text(json.dumps(doc), "doc") == doc
     raw = json.dumps(doc, ensure_ascii=False, indent=1)
-    if not yaml.reader.Reader.NON_PRINTABLE.search(raw):  # json.dumps leaves DEL and C1 controls unescaped
-        assert load_text(raw, "doc") == doc
-    else:  # a control character unescaped: YAML refuses the stream, in one line
+    if yaml.reader.Reader.NON_PRINTABLE.search(raw):  # json.dumps leaves DEL and C1 controls unescaped
+        # a control character unescaped: YAML refuses the stream, in one line
         with pytest.raises(ConfigError, match=r"^doc: cannot parse settings file: unacceptable character"):
             load_text(raw, "doc")
+    elif any(c in raw for c in "\x85\u2028\u2029"):
+        # YAML line breaks (NEL, LS, PS) unescaped inside a JSON string are folded by the YAML reader; JSON
+        # writers escape them when asked (ensure_ascii, the default, checked above)
+        assert load_text(raw, "doc").keys() == doc.keys()
+    else:
+        assert load_text(raw, "doc") == doc
+
+
+def test_field_kinds_are_the_base_types_of_the_annotations():
+    from planner.core import PlannerConfig
+
+    kinds = field_kinds(PlannerConfig)
+    assert (kinds["ttft_ms"], kinds["first_sizing_s"], kinds["auto_candidates"], kinds["mode"]) == (
+        "float",
+        "float",
+        "tuple",
+        "Mode",
+    )
+    assert (kinds["load_enabled"], kinds["predictor_min_points"]) == ("bool", "int")
+
+
+def test_an_operator_variable_that_is_not_utf8_is_named(monkeypatch):
+    from dynoplan.errors import SettingsError
+    from planner.operator.settings import settings_from_env
+
+    # the environment keeps a byte that is not UTF-8 as a lone surrogate (os.fsdecode)
+    with pytest.raises(SettingsError) as e:
+        settings_from_env({"DYNOPLAN_OPERATOR_PEERING_NAME": "p\udce9"})
+    assert str(e.value) == (
+        "operator settings: DYNOPLAN_OPERATOR_PEERING_NAME: byte 0xe9 at offset 1: expected UTF-8 text"
+    )

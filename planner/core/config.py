@@ -448,18 +448,10 @@ def _unknown(key: str) -> str:
     return f"{key}: unknown setting{hint}"
 
 
-def field_kinds(cls: Any, prefix: str = "") -> dict[str, tuple[str, bool]]:
-    """Setting name (``prefix`` + field name) -> (base type name of its annotation, optional?) of the
-    settings class ``cls`` (annotations are strings here: ``"float | None"`` -> ``("float", True)``)."""
-    out: dict[str, tuple[str, bool]] = {}
-    for f in dataclasses.fields(cls):
-        parts = [x.strip() for x in str(f.type).split("|")]
-        out[prefix + f.name] = (parts[0].split("[")[0], "None" in parts[1:])
-    return out
+def _field_kinds() -> dict[str, str]:
+    """:func:`dynoplan.settings_text.field_kinds` of PlannerConfig and its pools (``agg.max_replicas``)."""
+    from dynoplan.settings_text import field_kinds
 
-
-def _field_kinds() -> dict[str, tuple[str, bool]]:
-    """:func:`field_kinds` of PlannerConfig and its pools (``agg.max_replicas``)."""
     out = field_kinds(PlannerConfig)
     for p in _POOL_NAMES:
         out.update(field_kinds(PoolLimits, p + "."))
@@ -482,7 +474,7 @@ def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
         if dot and head in _POOL_NAMES and tail in _POOL_KEYS:  # agg.max_replicas: the flat agg_max_replicas
             key = k = f"{head}_{tail}"
         pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1 :] in _POOL_KEYS), None)
-        kind, _ = kinds.get(f"{pool}.{k[len(pool) + 1 :]}" if pool else k, ("", False))
+        kind = kinds.get(f"{pool}.{k[len(pool) + 1 :]}" if pool else k, "")
         out[key] = text_value(value, kind) if isinstance(value, str) else value
     return out
 

@@ -151,15 +151,13 @@ def settings_from_mapping(data: Mapping[str, Any]) -> OperatorSettings:
     grammar of every settings file, then validated as strictly (``"false"`` -> False, ``"16"`` -> 16, while
     ``"yes"``, ``"1"`` for a boolean and ``"1e3"`` for a port are refused as in a file). Raises SettingsError
     naming each unknown key (with the closest setting name) and each invalid value, all at once."""
-    from dynoplan.settings_text import text_value
-    from planner.core.config import field_kinds
+    from dynoplan.settings_text import field_kinds, text_value
 
     kinds = field_kinds(OperatorSettings)
     kw: dict[str, Any] = {}
     for key, raw in data.items():
         k = str(key).replace("-", "_")
-        kind, _ = kinds.get(k, ("", False))
-        kw[k] = text_value(raw, kind) if isinstance(raw, str) else raw
+        kw[k] = text_value(raw, kinds.get(k, "")) if isinstance(raw, str) else raw
     try:
         return build(OperatorSettings, kw)
     except ConfigError as e:
