@@ -110,7 +110,7 @@ def with_value(path: tuple[str, ...], value: Any, base: dict[str, Any] | None = 
 
 def same_type(value: Any, default: Any, optional: bool) -> bool:
     """``value`` has the field's own type (the schema is allowed to be stricter only on other types:
-    strings for numbers, 0/1 for booleans, which the code's string parsing accepts)."""
+    strings such as ``"16"`` or ``"true"``, which the code reads as environment text, dynoplan.settings_text)."""
     if value is None:
         return optional
     if isinstance(default, bool) or isinstance(value, bool):
