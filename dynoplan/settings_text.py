@@ -132,17 +132,40 @@ def _parse_error(e: yaml.YAMLError, source: str, what: str, expected: str) -> Co
 def load_text(text: str, source: str, what: str = "settings file", expected: str = MAPPING) -> Any:
     """The one YAML document of ``text`` (JSON is YAML too) read with :class:`SettingsLoader`; None when
     empty. Raises ConfigError (``source`` prefixed): a parser error (``cannot parse {what} at line L, column
-    C: ...; expected {expected}``), a key given twice."""
+    C: ...; expected {expected}``), a key given twice.
+
+    JSON indented with tabs, which YAML refuses as indentation, is read too: in valid JSON a tab can only be
+    whitespace between tokens (never raw inside a string), so it is read as a space (lines and columns
+    unchanged)."""
     try:
-        loader = SettingsLoader(text)  # the reader refuses control characters here already
+        return _load(text, source)
     except yaml.YAMLError as e:
+        if "\t" in text and _is_json(text):
+            try:
+                return _load(text.replace("\t", " "), source)
+            except yaml.YAMLError:
+                pass
         raise _parse_error(e, source, what, expected) from None
+
+
+def _is_json(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _load(text: str, source: str) -> Any:
+    """:func:`load_text` without the error translation: raises yaml.YAMLError, or ConfigError (a key given
+    twice)."""
+    loader = SettingsLoader(text)  # the reader refuses control characters here already
     try:
         root = loader.get_single_node()
         _check_duplicates(root, source)
         return loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError as e:
-        raise _parse_error(e, source, what, expected) from None
     finally:
         loader.dispose()
 

@@ -85,6 +85,22 @@ def test_duplicate_keys_name_the_dotted_key_and_both_lines():
     assert str(e.value) == "f.json: line 2: duplicate key 'ttft_ms' (first at line 1), expected each setting once"
 
 
+def test_json_indented_with_tabs_is_read_with_the_same_rules():
+    text = '{\n\t"ttft_ms": 1e3,\n\t"agg": {\n\t\t"max_replicas": 2,\n\t\t"max_replicas": 3\n\t}\n}'
+    with pytest.raises(ConfigError) as e:
+        load_text(text, "f.json")
+    assert str(e.value) == (
+        "f.json: line 5: duplicate key 'agg.max_replicas' (first at line 4), expected each setting once"
+    )
+    assert load_text(text.replace(',\n\t\t"max_replicas": 3', ""), "f.json") == {
+        "ttft_ms": 1000.0,
+        "agg": {"max_replicas": 2},
+    }
+    # YAML indented with a tab is still a parse error
+    with pytest.raises(ConfigError, match=r"^f.yaml: cannot parse settings file at line 2, column 1: found character"):
+        load_text("agg:\n\tmax_replicas: 2\n", "f.yaml")
+
+
 def test_no_timestamps_and_no_merge_keys():
     assert load_text("d: 2023-01-01\nt: 2023-01-01 10:00:00\n", "f") == {"d": "2023-01-01", "t": "2023-01-01 10:00:00"}
     assert load_text("a: &x {k: 1}\nb:\n  <<: *x\n", "f") == {"a": {"k": 1}, "b": {"<<": {"k": 1}}}
@@ -201,6 +217,7 @@ def test_any_mapping_dumped_by_safe_dump_loads_back(doc):
 def test_any_mapping_dumped_as_json_loads_back_equal(doc):
     # json.dumps escapes every non-ASCII character (non-BMP ones as a UTF-16 surrogate pair)
     assert load_text(json.dumps(doc), "doc") == doc
+    assert load_text(json.dumps(doc, indent="\t"), "doc") == doc
     raw = json.dumps(doc, ensure_ascii=False, indent=1)
     if yaml.reader.Reader.NON_PRINTABLE.search(raw):  # json.dumps leaves DEL and C1 controls unescaped
         # a control character unescaped: YAML refuses the stream, in one line
