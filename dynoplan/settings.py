@@ -15,7 +15,8 @@ What the base fixes for all of them:
   Helm chart's ``values.schema.json`` and the CRDs' ``openAPIV3Schema`` are generated from.
 
 Cross-field checks live in the class (``__post_init__`` or a pydantic ``model_validator``) and raise
-:class:`Problems` with every line they find; the formatter passes those lines through unchanged.
+:class:`Problems` with every line they find, spelling values with :func:`spell` (as YAML/JSON writes them:
+``true``, ``null``, ``"text"``); the formatter passes those lines through unchanged.
 """
 
 from __future__ import annotations
@@ -118,12 +119,17 @@ def _expected(err: Mapping[str, Any]) -> str:
     return msg if msg.startswith("expected") else f"expected {msg[:1].lower()}{msg[1:]}"
 
 
-def _fmt_value(v: Any) -> str:
+def spell(v: Any) -> str:
+    """``v`` spelled as the user wrote it in YAML or JSON: ``true``, ``false``, ``null``, strings quoted
+    (``"1e3"`` is text, ``1000.0`` a number), ``.inf``/``-.inf``/``.nan``; a mapping or list longer than 80
+    characters is cut with ``...``."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return repr(v)
-    if isinstance(v, (dict, list)) and len(repr(v)) > 80:
-        return repr(v)[:77] + "..."
-    return repr(v)
+        return ".nan" if math.isnan(v) else (".inf" if v > 0 else "-.inf")
+    try:
+        text = json.dumps(v, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text[:77] + "..." if isinstance(v, (dict, list, tuple)) and len(text) > 80 else text
 
 
 def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str, list[str]] | None = None) -> list[str]:
@@ -133,7 +139,12 @@ def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str,
     for the top level) to the names valid there, for the "did you mean" hint of an unknown key (otherwise
     the hint is left out). Lines raised by a cross-field check (:class:`Problems`) are kept as they are."""
     out: list[str] = []
-    for e in err.errors(include_url=False):
+    errors = err.errors(include_url=False)
+    # a list whose items are invalid is not also "too short": pydantic counts only the valid items
+    bad_items = {tuple(e["loc"][:-1]) for e in errors if len(e["loc"]) > 1 and isinstance(e["loc"][-1], int)}
+    for e in errors:
+        if e["type"] == "too_short" and tuple(e["loc"]) in bad_items:
+            continue
         ctx = e.get("ctx") or {}
         if isinstance(ctx.get("error"), Problems):
             out += [prefix + line for line in ctx["error"].lines]
@@ -152,7 +163,7 @@ def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str,
         elif not loc:  # a model-level check that raised a plain ValueError
             out.append(prefix + _expected(e).removeprefix("expected "))
         else:
-            out.append(f"{path}={_fmt_value(e.get('input'))}: {_expected(e)}")
+            out.append(f"{path}={spell(e.get('input'))}: {_expected(e)}")
     return out
 
 
@@ -184,7 +195,7 @@ def build(cls: type[T], data: Any, *, source: str | None = None, prefix: str = "
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix.rstrip('.') or 'settings'}={_fmt_value(data)}: expected a mapping", source=source)
+        raise ConfigError(f"{prefix.rstrip('.') or 'settings'}={spell(data)}: expected a mapping", source=source)
     try:
         text = json.dumps(data)
     except (TypeError, ValueError) as e:

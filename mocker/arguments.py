@@ -24,10 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
-
-import yaml
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64
@@ -263,41 +260,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (
     )
 
 
-def read_engine_config_text(path: str) -> str:
-    """The text of an ``--engine-config`` file, read once (so a pipe such as ``<(printf ...)`` works too).
-    Raises ConfigError naming the file: not found, unreadable (a directory, no permission), not UTF-8 (the
-    byte and its offset)."""
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError("engine config file not found", source=str(Path(path))) from None
-    except OSError as e:  # a directory, no permission, ...
-        raise ConfigError(f"cannot read engine config: {e.strerror or e}", source=path) from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:  # a binary or Latin-1 file
-        raise ConfigError(
-            f"byte 0x{raw[e.start]:02x} at offset {e.start}: expected a UTF-8 YAML file", source=path
-        ) from None
-
-
-def parse_engine_config_text(text: str, path: str) -> Any:
-    """The YAML document of an ``--engine-config`` file's ``text`` (None when empty). Raises ConfigError
-    naming ``path`` with the parser's message on one line."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:  # YAML parser messages span several lines: keep the CLI error on one
-        raise ConfigError(" ".join(f"not valid YAML: {e}".split()), source=str(Path(path))) from None
-
-
 def engine_config_from_args(args: argparse.Namespace, file_settings: Any = None) -> EngineConfig:
-    """Defaults < ``--engine-config`` YAML < flags. ``file_settings``: the ``--engine-config`` file's parsed
-    document when the caller has read it already (each input is read once), else the file is read here.
-    Raises ConfigError naming the field or file."""
+    """Defaults < ``--engine-config`` YAML < flags. ``file_settings``: the ``--engine-config`` file's mapping
+    when the caller has read it already (each input is read once), else the file is read here by
+    :func:`dynoplan.settings_text.load_file` (the one grammar of every settings file). Raises ConfigError
+    naming the field, or the flag and the file."""
     if args.engine_config:
+        source = f"--engine-config {args.engine_config}"
         if file_settings is None:
-            file_settings = parse_engine_config_text(read_engine_config_text(args.engine_config), args.engine_config)
-        base = EngineConfig.from_mapping(file_settings or {}, source=str(Path(args.engine_config)))
+            from dynoplan.settings_text import load_file
+
+            file_settings = load_file(args.engine_config, source, "engine config file")
+        base = EngineConfig.from_mapping(file_settings, source=source)
     else:
         base = EngineConfig()
     overrides: dict[str, Any] = {

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64
-from dynoplan.settings import Problems, build, check, settings
+from dynoplan.settings import Problems, build, check, settings, spell
 from mocker.timing_spec import is_aic, timing_spec_problems
 
 EngineKind = Literal["vllm", "trtllm", "sglang"]
@@ -87,8 +86,8 @@ class SGLangConfig:
 class EngineConfig:
     """Configuration of one simulated engine (one DP rank); defaults and sources in the module docstring.
 
-    Raises pydantic's ``ValidationError`` when constructed directly with a bad value; :meth:`from_mapping`,
-    :meth:`from_yaml` and :meth:`replace` raise :class:`ConfigError` with every problem.
+    Raises pydantic's ``ValidationError`` when constructed directly with a bad value; :meth:`from_mapping`
+    and :meth:`replace` raise :class:`ConfigError` with every problem.
     """
 
     engine: EngineKind = Field(default="vllm", description="Scheduler family: vllm, trtllm or sglang.")
@@ -203,26 +202,26 @@ class EngineConfig:
     def _kv_tier_problems(self) -> list[str]:
         """G1 backend and KVBM lower-tier combinations (docs/architecture.md "KVBM tiers")."""
         p = tier_problems(self.num_g2_blocks, self.num_g3_blocks, self.g4)
-        lower = [f"{n}={getattr(self, n)!r}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
+        lower = [f"{n}={spell(getattr(self, n))}" for n in ("num_g2_blocks", "num_g3_blocks", "g4") if getattr(self, n)]
         if self.g1_backend == "native" and lower:
             p.append(
-                f"g1_backend='native': lower KV tiers configured ({', '.join(lower)}); "
-                f"expected g1_backend='kvbm' (KVBM owns G2/G3/G4)"
+                f'g1_backend="native": lower KV tiers configured ({", ".join(lower)}); '
+                'expected g1_backend="kvbm" (KVBM owns G2/G3/G4)'
             )
         if self.g1_backend == "kvbm" and self.engine == "sglang":
             p.append(
-                "g1_backend='kvbm': modelled for the vllm and trtllm block pools; "
-                "expected 'native' with engine='sglang'"
+                'g1_backend="kvbm": modelled for the vllm and trtllm block pools; '
+                'expected "native" with engine="sglang"'
             )
         elif self.g1_backend == "kvbm" and self.engine == "trtllm" and lower:
             p.append(
-                f"engine='trtllm' with lower KV tiers ({', '.join(lower)}): onboarding is wired into the vLLM "
+                f'engine="trtllm" with lower KV tiers ({", ".join(lower)}): onboarding is wired into the vLLM '
                 "core only (TensorRT-LLM's no-evict reservations do not cover onboarding blocks); "
-                "expected engine='vllm'"
+                'expected engine="vllm"'
             )
         if self.kv_bytes_per_token is None and self.num_g2_blocks and self.g1_backend == "kvbm":
             p.append(
-                "kv_bytes_per_token=None: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
+                "kv_bytes_per_token=null: KVBM tier transfers move block_size x kv_bytes_per_token bytes per "
                 "block; expected the model's KV bytes per token (--kv-bytes-per-token N or --model-config FILE)"
             )
         return p
@@ -244,41 +243,45 @@ class EngineConfig:
 
         Accepts the reference's nesting ``{"engine": {"backend": ..., ...}}`` as well as a flat mapping;
         ``backend`` is an alias of ``engine``. A key given both inside ``engine:`` and at the top level is
-        ambiguous: ConfigError naming it (neither silently wins).
+        ambiguous: ConfigError naming it (neither silently wins). A problem of a key given under ``engine:``
+        is named ``engine.<key>`` (with the did-you-mean in the same spelling). Settings files are read by
+        :func:`dynoplan.settings_text.load_file`.
         """
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a mapping of engine settings, got {type(data).__name__}", source=source)
         flat: dict[str, Any] = dict(data)
+        inner_keys: set[str] = set()
         if isinstance(flat.get("engine"), Mapping):
             inner = dict(flat.pop("engine"))
             both = sorted(str(k) for k in set(inner) & set(flat))
             if both:
                 raise ConfigError(
                     [
-                        f"{k}: given both under engine: ({inner[k]!r}) and at the top level ({flat[k]!r}), "
+                        f"{k}: given both under engine: ({spell(inner[k])}) and at the top level ({spell(flat[k])}), "
                         "expected it in one place"
                         for k in both
                     ],
                     source=source,
                 )
             flat = {**flat, **inner}
+            inner_keys = {str(k) for k in inner}
         if "backend" in flat:
             flat["engine"] = flat.pop("backend")
-        return build(cls, flat, source=source)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> EngineConfig:
-        """Load from a YAML (or JSON) file. Raises ConfigError naming the file on any problem."""
-        import yaml  # here, not at module level: only a config file needs the YAML parser (~30 ms to import)
-
-        path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError("engine config file not found", source=str(path)) from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"not valid YAML: {e}", source=str(path)) from None
-        return cls.from_mapping(data or {}, source=str(path))
+            return build(cls, flat, source=source)
+        except ConfigError as e:
+            if not inner_keys:
+                raise
+            raise ConfigError([_under_engine(p, inner_keys) for p in e.problems], source=source) from None
+
+
+def _under_engine(problem: str, inner_keys: set[str]) -> str:
+    """``problem`` (``key=...: ...`` / ``key: ...``) spelled ``engine.key`` when ``key`` was given under
+    ``engine:``, its did-you-mean too."""
+    key = problem.split("=", 1)[0].split(":", 1)[0].split(".", 1)[0]
+    if key not in inner_keys:
+        return problem
+    return "engine." + problem.replace("(did you mean ", "(did you mean engine.")
 
 
 def resolve_kv_capacity(cfg: EngineConfig, *, blocks_given: bool) -> EngineConfig:

@@ -74,7 +74,7 @@ class KvTransferConfig:
     def __post_init__(self) -> None:
         if self.bandwidth_gbps > 0 and self.kv_bytes_per_token is None:
             raise Problems(
-                f"kv_bytes_per_token=None: needed when bandwidth_gbps={self.bandwidth_gbps!r} > 0 "
+                f"kv_bytes_per_token=null: needed when bandwidth_gbps={self.bandwidth_gbps!r} > 0 "
                 "(set it directly or from a model config.json)"
             )
 

@@ -21,11 +21,9 @@ import sys
 import tempfile
 import time
 import zipfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
 from dynoplan.errors import ConfigError, DynoplanError, ProfileError, SimulationConfigError
 from dynoplan.settings import check
@@ -37,16 +35,14 @@ from mocker.arguments import (
     kv_transfer_from_args,
     nonneg_float,
     nonneg_int,
-    parse_engine_config_text,
     positive_float,
-    read_engine_config_text,
     use_one_line_errors,
     worker_count,
 )
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
 from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
 from planner.core import PlannerConfig, config_from_mapping, load_profile
-from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, PoolLimits, parse_cli_values
+from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, parse_cli_values
 
 if TYPE_CHECKING:
     from planner.sim.runner import RunContext
@@ -252,76 +248,19 @@ def _attainment(v: float | str | None) -> float | str | None:
     return v
 
 
-def _check_settings_node(flag: str, path: str, root: Any, numeric: dict[str, set[str]] | None = None) -> None:
-    """Refuse what YAML/JSON loaders accept silently in a settings file (``root``: its composed YAML node,
-    None when empty): a key given twice in one mapping (the last would win; named with both lines) and, for
-    the setting names in ``numeric`` (section -> keys, ``""`` = top level), a quoted number
-    (``max_replicas: "3"``, refused as ``2.5`` is). Raises SimulationConfigError."""
-
-    def walk(node: Any, section: str) -> None:
-        if isinstance(node, yaml.SequenceNode):
-            for item in node.value:
-                walk(item, section)
-        if not isinstance(node, yaml.MappingNode):
-            return
-        seen: dict[str, int] = {}
-        lone_planner = section == "" and len(node.value) == 1 and node.value[0][0].value == "planner"
-        for k, v in node.value:
-            key = str(k.value)
-            line = k.start_mark.line + 1
-            if key in seen:
-                where = f"{section}." if section else ""
-                raise SimulationConfigError(
-                    f"{flag} {path}: line {line}: duplicate key {where + key!r} (first at line "
-                    f"{seen[key]}), expected each setting once"
-                )
-            seen[key] = line
-            name = key.replace("-", "_")
-            if (
-                numeric is not None
-                and isinstance(v, yaml.ScalarNode)
-                and v.style in ("'", '"')
-                and name in numeric.get(section, set())
-            ):
-                try:
-                    float(v.value)
-                except ValueError:
-                    pass
-                else:
-                    where = f"{section}." if section else ""
-                    raise SimulationConfigError(
-                        f"{flag} {path}: line {v.start_mark.line + 1}: {where}{name}="
-                        f"{v.value!r}: a quoted string, expected an unquoted number"
-                    )
-            walk(v, "" if lone_planner else (name if not section else f"{section}.{name}"))
-
-    walk(root, "")
-
-
-def _planner_numeric_keys() -> dict[str, set[str]]:
-    """PlannerConfig's numeric settings by section (top level ``""``, pool sections ``agg``/``prefill``/``decode``)."""
-
-    def nums(cls: Any) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls) if str(f.type).split(" | ")[0] in ("int", "float")}
-
-    pool = nums(PoolLimits)
-    top = nums(PlannerConfig) | {f"{p}_{k}" for p in ("agg", "prefill", "decode") for k in pool}
-    return {"": top, "agg": pool, "prefill": pool, "decode": pool}
-
-
-def _check_planner_set(text: str, key: str, value: str) -> None:
-    """One ``--planner-set KEY=VALUE`` on its own (called when the whole config failed): a problem of this
-    key (unknown, wrong type, out of range) is reported naming the whole flag (``--planner-set foo=1: unknown
-    setting ...``); otherwise returns and the caller re-raises the whole config's error. Raises
-    SimulationConfigError."""
+def _planner_set_problems(text: str, key: str, value: str) -> list[str]:
+    """The problems of one ``--planner-set KEY=VALUE`` on its own (asked when the whole config failed), each
+    naming the flag: ``--planner-set foo=1: unknown setting ...``, ``--planner-set ttft_ms="abc": expected a
+    number`` (the value as it was read); ``[]`` when this item is not at fault."""
     try:
         config_from_mapping({key: value}, cli=True)
     except ConfigError as e:
         k = key.replace("-", "_")
         own = [p for p in e.problems if p.startswith((f"{k}:", f"{k}=", f"{k}."))]
-        if own:
-            msgs = [p[len(k) + 1 :].strip() if p.startswith(f"{k}:") else p for p in own]
-            raise SimulationConfigError(f"--planner-set {text}: " + "; ".join(msgs)) from None
+        return [
+            f"--planner-set {text}:{p[len(k) + 1 :]}" if p.startswith(f"{k}:") else f"--planner-set {p}" for p in own
+        ]
+    return []
 
 
 TIMING_PROFILE_ARRAYS = ("decode_active_kv_tokens", "decode_itl")
@@ -352,66 +291,25 @@ def _load_planner_profile(path: str) -> Any:
 
 
 def _read_planner_file(path: str) -> dict[str, Any]:
-    """``--config FILE``: read once (bytes -> UTF-8 text -> YAML, or JSON for ``.json``; a pipe works too),
-    checked by :func:`_check_settings_node`, a lone ``planner:`` mapping looked into. Returns the settings
-    mapping for :func:`planner.core.config_from_mapping`. Raises ConfigError naming the file (unreadable,
-    not UTF-8, unparsable, not a mapping; the messages of :func:`planner.core.load_config`) or
-    SimulationConfigError (a duplicate key, a quoted number)."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file: {e.strerror}", source=path) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:  # a binary or Latin-1 file
-        raise ConfigError(
-            f"cannot read config file: byte 0x{raw[e.start]:02x} at offset {e.start}: expected UTF-8 text", source=path
-        ) from None
-    try:
-        if path.lower().endswith(".json"):
-            data = json.loads(text)
-            try:  # JSON is YAML 1.2 for the checks (line marks kept); what PyYAML cannot compose goes unchecked
-                root = yaml.compose(text)
-            except yaml.YAMLError:
-                root = None
-            _check_settings_node("--config", path, root, _planner_numeric_keys())
-        else:
-            loader = yaml.SafeLoader(text)
-            try:
-                root = loader.get_single_node()
-                _check_settings_node("--config", path, root, _planner_numeric_keys())
-                data = loader.construct_document(root) if root is not None else None
-            finally:
-                loader.dispose()
-    except (ValueError, yaml.YAMLError) as e:  # parser errors of either format
-        if isinstance(e, SimulationConfigError):
-            raise
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(
-            f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of setting: value)", source=path
-        ) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"expected a mapping of settings at the top level, got {type(data).__name__}", source=path)
+    """``--config FILE``: read once (a pipe works too) by :func:`dynoplan.settings_text.load_file` (the one
+    grammar of every settings file: a key given twice, a non-UTF-8 byte, a parser error are one line naming
+    the file), a lone ``planner:`` mapping looked into. Returns the settings mapping for
+    :func:`planner.core.config_from_mapping`. Raises ConfigError naming the flag and the file."""
+    from dynoplan.settings_text import load_file
+
+    data = load_file(path, f"--config {path}", "config file")
     if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
         data = data["planner"]
     return data
 
 
 def _read_engine_file(path: str) -> Any:
-    """``--engine-config FILE``: read once (a pipe works too), checked by :func:`_check_settings_node`, and
-    parsed; the document goes to :func:`mocker.arguments.engine_config_from_args`. Raises ConfigError
-    naming the file or SimulationConfigError (a duplicate key)."""
-    text = read_engine_config_text(path)
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:  # reported with the engine loader's message just below
-        root = None
-    _check_settings_node("--engine-config", path, root)
-    return parse_engine_config_text(text, path)
+    """``--engine-config FILE``: read once (a pipe works too) by :func:`dynoplan.settings_text.load_file`;
+    the mapping goes to :func:`mocker.arguments.engine_config_from_args`. Raises ConfigError naming the flag
+    and the file."""
+    from dynoplan.settings_text import load_file
+
+    return load_file(path, f"--engine-config {path}", "engine config file")
 
 
 def _planner_config(file_settings: dict[str, Any], overrides: dict[str, Any], source: str | None) -> PlannerConfig:
@@ -487,14 +385,18 @@ def _read_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _load_config(args: argparse.Namespace, in_file: dict[str, Any], overrides: dict[str, Any]) -> PlannerConfig:
-    """:func:`_planner_config` of the ``--config`` settings; when it fails, a ``--planner-set`` item at fault
-    is named as the flag."""
+    """:func:`_planner_config` of the ``--config`` settings; when it fails and ``--planner-set`` items are at
+    fault, SimulationConfigError naming each of them as the flag (every problem at once)."""
     try:
-        return _planner_config(in_file, overrides, args.planner_config)
+        source = f"--config {args.planner_config}" if args.planner_config is not None else None
+        return _planner_config(in_file, overrides, source)
     except ConfigError:
-        for item in args.planner_set:
-            key, value = item.split("=", 1)
-            _check_planner_set(item, key.strip(), value.strip())
+        problems: list[str] = []
+        for item in args.planner_set:  # well-formed: checked by dynoplan.settings_text.assignments
+            key, _, value = item.partition("=")
+            problems += _planner_set_problems(item.strip(), key.strip(), value.strip())
+        if problems:
+            raise SimulationConfigError(problems) from None
         raise
 
 
@@ -506,12 +408,9 @@ def _planner_settings(args: argparse.Namespace, in_file: dict[str, Any]) -> tupl
     """The planner overrides (flag > ``--planner-set`` > ``--config`` file > default) and the config they give
     before the engine is known. Sets ``args.mode`` (``--planner-set``'s or the file's mode if they name one,
     else agg) and the SLA targets (the flags, else the config's). Raises SimulationConfigError / ConfigError."""
-    overrides: dict[str, Any] = {}
-    for kv in args.planner_set:
-        if "=" not in kv:
-            raise SimulationConfigError(f"--planner-set {kv!r}: expected KEY=VALUE")
-        k, v = kv.split("=", 1)
-        overrides[k.strip()] = v.strip()
+    from dynoplan.settings_text import assignments
+
+    overrides: dict[str, Any] = dict(assignments(args.planner_set, "--planner-set"))
     if args.mode is None:
         named = overrides.get("mode", in_file.get("mode"))
         args.mode = named if named is not None else "agg"

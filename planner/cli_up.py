@@ -53,6 +53,7 @@ from typing import Any
 import yaml
 
 from dynoplan.errors import ConfigError, ProfileError
+from dynoplan.settings import spell
 from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
 from planner.live.config import load_stack_config, worker_engines
@@ -617,7 +618,7 @@ def _start_initial_workers(
                     e = died[0]
                     log_path = state_dir / "logs" / f"{e['worker']}.log"
                     raise ConfigError(
-                        f"fleet.worker_args.{e['pool']}={list(stack_cfg.worker_args.get(e['pool'], ()))!r}: "
+                        f"fleet.worker_args.{e['pool']}={spell(list(stack_cfg.worker_args.get(e['pool'], ())))}: "
                         f"worker {e['worker']} exited during start-up: {_last_error_line(log_path)}"
                     )
                 pools = await conn.observe()
@@ -766,7 +767,7 @@ def _refuse_or_clean_up(args: argparse.Namespace, cfg_path: Path, stack_cfg: Any
         bad = _port_in_use(host, port or 0)
         if bad and bad[0] == "host":
             raise ConfigError(
-                f"{key.split('.')[0]}.host={host!r}: cannot listen on it ({bad[1]}); expected a local "
+                f"{key.split('.')[0]}.host={spell(host)}: cannot listen on it ({bad[1]}); expected a local "
                 "address such as 127.0.0.1",
                 source=str(cfg_path),
             )

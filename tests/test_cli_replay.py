@@ -75,28 +75,28 @@ def test_bad_synthetic_spec(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     "yaml_text, needles",
     [
-        ("engine: [unclosed\n", ("not valid YAML",)),
+        ("engine: [unclosed\n", ("cannot parse engine config file at line 2, column 1",)),
         ("num_gpu_blocks: -4\n", ("num_gpu_blocks=-4: expected > 0",)),
-        ("num_gpu_blocks: true\n", ("num_gpu_blocks=True: expected an integer",)),  # a bool is not an int
-        ("engine: {backend: tpu}\n", ("engine='tpu': expected one of 'vllm', 'trtllm' or 'sglang'",)),
+        ("num_gpu_blocks: true\n", ("num_gpu_blocks=true: expected an integer",)),  # a bool is not an int
+        ("engine: {backend: tpu}\n", ("engine=\"tpu\": expected one of 'vllm', 'trtllm' or 'sglang'",)),
         ("colour: blue\n", ("colour: unknown setting",)),
         ("num_gpu_blcks: 8\n", ("num_gpu_blcks: unknown setting (did you mean num_gpu_blocks?)",)),
         ("- 1\n- 2\n", ("mapping",)),
         ("engine: {block_size: 16}\nblock_size: 32\n", ("block_size", "both under engine:", "16", "32")),
         ("engine: {backend: vllm, max_num_seqs: 4}\nbackend: sglang\n", ("backend", "both under engine:")),
         # quoted booleans are strings (a non-empty "false" used to read as true)
-        ('enable_prefix_caching: "false"\n', ("enable_prefix_caching='false'", "expected a boolean (true/false)")),
+        ('enable_prefix_caching: "false"\n', ('enable_prefix_caching="false"', "expected a boolean (true/false)")),
         ("enable_chunked_prefill: 0\n", ("enable_chunked_prefill=0", "expected a boolean")),
         # the same finiteness rule as the --speedup-ratio flag
-        ("speedup_ratio: .inf\n", ("speedup_ratio=inf: expected a finite number",)),
-        ("speedup_ratio: .nan\n", ("speedup_ratio=nan: expected a finite number",)),
+        ("speedup_ratio: .inf\n", ("speedup_ratio=.inf: expected a finite number",)),
+        ("speedup_ratio: .nan\n", ("speedup_ratio=.nan: expected a finite number",)),
         ("speedup_ratio: 0\n", ("speedup_ratio=0: expected > 0",)),
-        ("bw_g1_g2_gbps: .inf\n", ("bw_g1_g2_gbps=inf: expected a finite number",)),
-        ("gpu_memory_fraction: .nan\n", ("gpu_memory_fraction=nan: expected a finite number",)),
+        ("bw_g1_g2_gbps: .inf\n", ("bw_g1_g2_gbps=.inf: expected a finite number",)),
+        ("gpu_memory_fraction: .nan\n", ("gpu_memory_fraction=.nan: expected a finite number",)),
         ("gpu_memory_fraction: 1.5\n", ("gpu_memory_fraction=1.5: expected <= 1",)),
         (
             "engine: {backend: sglang, sglang: {init_new_token_ratio: .inf}}\n",
-            ("sglang.init_new_token_ratio=inf: expected a finite number",),
+            ("engine.sglang.init_new_token_ratio=.inf: expected a finite number",),
         ),
         (
             "engine: {backend: sglang, sglang: {schedule_conservativeness: -1}}\n",
@@ -152,7 +152,7 @@ def test_planner_profile_as_timing_is_named(tmp_path: Path, capsys: pytest.Captu
 
 def test_engine_config_missing_or_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(tmp_path / "none.yaml"))
-    assert_one_line_error(rc, err, "none.yaml", "not found")
+    assert_one_line_error(rc, err, "none.yaml", "cannot read engine config file: No such file or directory")
     rc, _, err = cli(capsys, "--trace", SMALL, "--engine-config", str(tmp_path))
     assert_one_line_error(rc, err, str(tmp_path), "cannot read engine config")
 
@@ -366,7 +366,9 @@ def test_engine_config_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.Captu
     y = tmp_path / "latin1.yaml"
     y.write_bytes(b"block_size: 16\n# caf\xe9\n")
     rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--engine-config", str(y))
-    assert_one_line_error(rc, err, str(y), "byte 0xe9 at offset 20: expected a UTF-8 YAML file")  # was a traceback
+    assert_one_line_error(
+        rc, err, str(y), "cannot read engine config file: byte 0xe9 at offset 20: expected UTF-8 text"
+    )  # was a traceback
 
 
 # ---------------------------------------------------------------------------------------------- output paths

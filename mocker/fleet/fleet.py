@@ -490,7 +490,7 @@ def _check_fleet_args(
     if not (isinstance(kv_event_lag_ms, (int, float)) and 0 <= kv_event_lag_ms < inf):
         p.append(f"kv_event_lag_ms={kv_event_lag_ms!r}: expected a finite number of ms >= 0")
     if kv_events and isinstance(engines, dict) and any(c.engine == "sglang" for c in engines.values()):
-        p.append("kv_events=True: needs the vLLM / TensorRT-LLM block manager (not the SGLang radix cache yet)")
+        p.append("kv_events=true: needs the vLLM / TensorRT-LLM block manager (not the SGLang radix cache yet)")
     if transfer is not None and not isinstance(transfer, KvTransferConfig):
         p.append(f"transfer={transfer!r}: expected a KvTransferConfig")
     if p:

@@ -196,7 +196,7 @@ class TierConfig:
         Raises ConfigError when ``kv_bytes_per_token`` is missing or a setting is invalid."""
         kb = cfg.kv_bytes_per_token
         if kb is None:
-            raise ConfigError("kv_bytes_per_token=None: KVBM tier transfers need the model's KV bytes per token")
+            raise ConfigError("kv_bytes_per_token=null: KVBM tier transfers need the model's KV bytes per token")
         names = [f.name for f in fields(cls) if f.name != "bytes_per_block"]
         return check(lambda: cls(bytes_per_block=cfg.effective_block_size * kb, **{n: getattr(cfg, n) for n in names}))
 

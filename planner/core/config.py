@@ -17,7 +17,8 @@ Sources: :func:`config_from_mapping` (a dict, e.g. parsed YAML/JSON; nested ``pr
 ``agg:`` pool sections or flat ``prefill_min_replicas`` keys; ``cli=True`` for ``KEY=VALUE`` text),
 :func:`load_config` (a ``.yaml``/``.yml``/``.json`` file plus overrides), :func:`add_config_arguments` /
 :func:`config_from_args` (CLI flags ``--ttft-ms 300 --prefill-max-replicas 4``; flags win over the file).
-Command-line text is read as a YAML scalar (:func:`parse_cli_values`).
+Files and command-line text are read by one grammar (:mod:`dynoplan.settings_text`, docs/architecture.md
+"Settings text"; :func:`parse_cli_values`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import json
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +36,7 @@ from pydantic.fields import FieldInfo
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64
-from dynoplan.settings import Problems, build, settings
+from dynoplan.settings import Problems, build, settings, spell
 
 MAX_TTFT_MS = 3_600_000.0
 """Largest TTFT target accepted (one hour): beyond it no sizing rule has anything to say, and the tail
@@ -371,7 +371,7 @@ class PlannerConfig:
                 f"adjustment_interval_s={self.adjustment_interval_s!r}"
             )
         if not (self.throughput_enabled or self.load_enabled):
-            p.append("throughput_enabled=False and load_enabled=False: expected at least one loop enabled")
+            p.append("throughput_enabled=false and load_enabled=false: expected at least one loop enabled")
         if self.min_gpu_budget > self.max_gpu_budget:
             p.append(f"min_gpu_budget={self.min_gpu_budget!r}: expected <= max_gpu_budget={self.max_gpu_budget!r}")
         min_gpus = 0
@@ -405,7 +405,7 @@ class PlannerConfig:
         ``decode``, ``agg``) replaced. Raises ConfigError naming a key that is not a pool."""
         unknown = [p for p in limits if p not in _POOL_NAMES]
         if unknown:
-            raise ConfigError(f"pool={unknown[0]!r}: expected one of {', '.join(_POOL_NAMES)}")
+            raise ConfigError(f"pool={spell(unknown[0])}: expected one of {', '.join(_POOL_NAMES)}")
         return dataclasses.replace(
             self,
             prefill=limits.get("prefill", self.prefill),
@@ -451,8 +451,9 @@ REMOVED_SETTINGS: frozenset[str] = frozenset(
 
 
 def _unknown(key: str) -> str:
-    """The problem line of an unknown top-level ``key``: a removed rule's setting, a pool key without its
-    pool, or the closest setting names (difflib ratio >= 0.6)."""
+    """The problem line of an unknown ``key``: a removed rule's setting, a pool key without its pool, or the
+    closest setting names (difflib ratio >= 0.6); a dotted ``<pool>.<key>`` (``--planner-set
+    agg.max_replica=2``) gets the closest pool key, as the same key under an ``agg:`` section does."""
     if key in REMOVED_SETTINGS:
         hint = (
             ' (removed: the sizing by simulation replaced that rule, see docs/planner-core.md "Sizing by simulation"; '
@@ -463,76 +464,34 @@ def _unknown(key: str) -> str:
             f" (pool limits are per pool: {', '.join(f'{p}_{key}' for p in _POOL_NAMES)}, "
             f"or {key} under a prefill:/decode:/agg: section)"
         )
+    elif key.partition(".")[0] in _POOL_NAMES:
+        head, _, tail = key.partition(".")
+        close = difflib.get_close_matches(tail, list(_POOL_KEYS), n=1)
+        hint = f" (did you mean {head}.{close[0]}?)" if close else ""
     else:
         close = difflib.get_close_matches(key, list(_TOP), n=3)
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     return f"{key}: unknown setting{hint}"
 
 
-def field_kinds(cls: Any, prefix: str = "") -> dict[str, tuple[str, bool]]:
-    """Setting name (``prefix`` + field name) -> (base type name of its annotation, optional?) of the
-    settings class ``cls`` (annotations are strings here: ``"float | None"`` -> ``("float", True)``)."""
-    out: dict[str, tuple[str, bool]] = {}
-    for f in dataclasses.fields(cls):
-        parts = [x.strip() for x in str(f.type).split("|")]
-        out[prefix + f.name] = (parts[0].split("[")[0], "None" in parts[1:])
-    return out
+def _field_kinds() -> dict[str, str]:
+    """:func:`dynoplan.settings_text.field_kinds` of PlannerConfig and its pools (``agg.max_replicas``)."""
+    from dynoplan.settings_text import field_kinds
 
-
-def _field_kinds() -> dict[str, tuple[str, bool]]:
-    """:func:`field_kinds` of PlannerConfig and its pools (``agg.max_replicas``)."""
     out = field_kinds(PlannerConfig)
     for p in _POOL_NAMES:
         out.update(field_kinds(PoolLimits, p + "."))
     return out
 
 
-_BOOL_TEXT = {"1": True, "0": False}
-
-
-def text_value(text: str, kind: str, optional: bool = False) -> Any:
-    """Command-line or environment ``text`` as the value of a setting whose annotation's base type is
-    ``kind`` (``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"tuple"``, a Literal alias; ``""`` unknown).
-
-    A text setting (``str`` or a Literal alias such as ``Mode``) keeps the text (``off`` is a word there, not
-    YAML's false); a list setting splits ``a,b`` on commas; an optional setting reads ``none`` as None; a
-    boolean reads ``1``/``0``. Otherwise the text is read as a YAML scalar (``300`` -> 300, ``true``/``yes``/
-    ``on`` -> True, ``null``/``~``/empty -> None); a number setting also reads what YAML 1.1 leaves as text
-    (``1e3``), an integer setting an integral number in exponent form (``1e+06``, as Go's templates write
-    it). What does not parse stays text, for the validation to name."""
-    import yaml
-
-    text = text.strip()
-    if kind not in ("int", "float", "bool", "tuple", ""):
-        return text  # a str or Literal setting: "off" is the word, not YAML's false
-    if kind == "tuple":
-        return [x.strip() for x in text.split(",") if x.strip()]
-    if optional and text.lower() == "none":
-        return None
-    if kind == "bool" and text in _BOOL_TEXT:
-        return _BOOL_TEXT[text]
-    try:
-        value = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return text
-    if value is not None and not isinstance(value, (str, int, float, bool)):
-        return text  # a flow mapping/list or a date: the text itself (the validation names it)
-    if kind in ("int", "float") and isinstance(value, str):  # digits are YAML ints already: "1e3", "1e+06"
-        try:
-            value = float(value)
-        except ValueError:
-            return value
-    if kind == "int" and isinstance(value, float) and value.is_integer():
-        return int(value)  # "1e+06": how Go templates (the Helm chart's env values) write a large integer
-    return value
-
-
 def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
     """``KEY=VALUE`` text (``--planner-set``, ``planner:key=value``, ``--ttft-ms 300``) as typed values: each
-    string value read by :func:`text_value` with its setting's type (flat pool keys ``agg_max_replicas``
-    included; ``<pool>.<key>`` is read as the flat ``<pool>_<key>``). Other keys are kept as given (``-`` or
-    ``_``); values that are not strings, and unknown keys' values
-    (read as YAML scalars), pass on for the validation to judge."""
+    string value read by :func:`dynoplan.settings_text.text_value` with its setting's type (flat pool keys
+    ``agg_max_replicas`` included; ``<pool>.<key>`` is read as the flat ``<pool>_<key>``). Other keys are
+    kept as given (``-`` or ``_``); values that are not strings, and unknown keys' values (read as YAML
+    scalars), pass on for the validation to judge."""
+    from dynoplan.settings_text import text_value
+
     kinds = _field_kinds()
     out: dict[str, Any] = {}
     for key, value in data.items():
@@ -541,8 +500,8 @@ def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
         if dot and head in _POOL_NAMES and tail in _POOL_KEYS:  # agg.max_replicas: the flat agg_max_replicas
             key = k = f"{head}_{tail}"
         pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1 :] in _POOL_KEYS), None)
-        kind, optional = kinds.get(f"{pool}.{k[len(pool) + 1 :]}" if pool else k, ("", False))
-        out[key] = text_value(value, kind, optional) if isinstance(value, str) else value
+        kind = kinds.get(f"{pool}.{k[len(pool) + 1 :]}" if pool else k, "")
+        out[key] = text_value(value, kind) if isinstance(value, str) else value
     return out
 
 
@@ -584,46 +543,19 @@ def config_from_mapping(
 
 
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> PlannerConfig:
-    """Read a YAML (``.yaml``/``.yml``) or JSON file, apply ``overrides`` on top, validate.
+    """Read a YAML or JSON file (:func:`dynoplan.settings_text.load_file`: one grammar for every settings
+    file; a lone ``planner:`` mapping is looked into), apply ``overrides`` on top, validate.
 
     ``overrides`` are command-line values: a string is read as in :func:`parse_cli_values`, other values are
-    taken as they are. Raises ConfigError (naming the file) when it cannot be read or parsed or a value is
-    invalid.
+    taken as they are. Raises ConfigError (naming the file) when it cannot be read or parsed, a key is given
+    twice or a value is invalid.
     """
+    from dynoplan.settings_text import load_file
+
     data: dict[str, Any] = {}
     src = str(path) if path is not None else None
     if path is not None:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise ConfigError(f"cannot read config file: {e.strerror}", source=src) from None
-        except UnicodeDecodeError as e:  # a binary or Latin-1 file
-            raise ConfigError(
-                f"cannot read config file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 text",
-                source=src,
-            ) from None
-        try:
-            if p.suffix.lower() == ".json":
-                loaded = json.loads(text)
-            else:
-                import yaml
-
-                loaded = yaml.safe_load(text)
-        except Exception as e:  # noqa: BLE001 - parser errors of either format
-            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            what = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(
-                f"cannot parse config file{where}: {what} (expected a YAML or JSON mapping of setting: value)",
-                source=src,
-            ) from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"expected a mapping of settings at the top level, got {type(loaded).__name__}", source=src
-            )
+        loaded = load_file(path, src, "config file")
         if "planner" in loaded and isinstance(loaded["planner"], dict) and len(loaded) == 1:
             loaded = loaded["planner"]
         data.update(loaded)

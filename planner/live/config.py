@@ -29,12 +29,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
-import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import HttpUrl
-from dynoplan.settings import build, settings
+from dynoplan.settings import build, settings, spell
 from planner.core import PlannerConfig, config_from_mapping
 from planner.core.config import MODES
 
@@ -283,15 +282,15 @@ def stack_config_from_mapping(data: Mapping[str, Any], base_dir: Path, source: s
     planner, throughput_on, mode_known, unset_note = _planner_section(data, problems)
     profile = _resolve_path(base_dir, f.profile)
     if profile is not None and not profile.exists():
-        problems.append(f"profile={str(profile)!r}: file not found (make it with: {profile_command(profile, f)})")
+        problems.append(f"profile={spell(str(profile))}: file not found (make it with: {profile_command(profile, f)})")
     if throughput_on and profile is None:
-        problems.append("profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true")
+        problems.append("profile=null: expected a performance profile (.npz) when planner.throughput_enabled is true")
     init = _initial_replicas(f.fleet, planner, problems)
     worker_args = dict(f.fleet.worker_args)
     _check_fleet_pools(f.fleet, worker_args, planner, mode_known, unset_note, problems)
     ca = _resolve_path(base_dir, f.prometheus.ca_file)
     if ca is not None and not ca.is_file():
-        problems.append(f"prometheus.ca_file={str(ca)!r}: file not found (expected a PEM CA bundle)")
+        problems.append(f"prometheus.ca_file={spell(str(ca))}: file not found (expected a PEM CA bundle)")
     _check_ports(f, problems)
     _check_load_loop_inputs(f, planner, mode_known, problems)
     if problems:
@@ -460,12 +459,12 @@ def _check_load_loop_inputs(
     virtual connector (only the local one discovers workers) or with ``fpm`` off."""
     if mode_known and planner.load_enabled and f.connector == "virtual":
         problems.append(
-            "planner.load_enabled=True: expected false with connector virtual (the load loop reads the "
+            "planner.load_enabled=true: expected false with connector virtual (the load loop reads the "
             "workers' ForwardPassMetrics, which only the local connector discovers)"
         )
     elif mode_known and planner.load_enabled and f.fpm is False:
         problems.append(
-            "fpm=False: expected true when planner.load_enabled is true (the load loop reads the "
+            "fpm=false: expected true when planner.load_enabled is true (the load loop reads the "
             "workers' ForwardPassMetrics)"
         )
 
@@ -548,7 +547,7 @@ def worker_engines(stack: StackConfig) -> tuple[dict[str, Any], Any, list[str]]:
         try:
             worker = worker_from_argv(argv, WORKER_TYPE[pool])
         except WorkerArgvError as e:
-            problems.append(f"fleet.worker_args.{pool}={list(argv)!r}: flags mocker serve rejects ({e})")
+            problems.append(f"fleet.worker_args.{pool}={spell(list(argv))}: flags mocker serve rejects ({e})")
             continue
         except Exception as e:  # noqa: BLE001 - mocker's ConfigError / OSError of an --engine-config file
             problems.append(f"fleet.worker_args.{pool}: {' '.join(str(e).split())}")
@@ -565,28 +564,10 @@ def worker_engines(stack: StackConfig) -> tuple[dict[str, Any], Any, list[str]]:
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
-    """Read and validate a stack YAML file. Raises ConfigError naming the file."""
+    """Read and validate a stack YAML file (:func:`dynoplan.settings_text.load_file`, the one grammar of every
+    settings file: a key given twice anywhere is refused). Raises ConfigError naming the file."""
+    from dynoplan.settings_text import load_file
+
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read stack file: {e.strerror}", source=str(p)) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"cannot read stack file: byte 0x{e.object[e.start]:02x} at offset {e.start}: expected UTF-8 text",
-            source=str(p),
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
-        if context and cmark is not None and cmark is not mark:
-            context += f" started at line {cmark.line + 1}, column {cmark.column + 1}"
-        raise ConfigError(
-            f"cannot parse stack file{where}: {what}"
-            + (f" ({context})" if context else "")
-            + "; expected YAML (see examples/stack.yaml)",
-            source=str(p),
-        ) from None
+    data = load_file(p, str(p), "stack file", "YAML (see examples/stack.yaml)")
     return stack_config_from_mapping(data or {}, p.resolve().parent, source=str(p))

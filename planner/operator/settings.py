@@ -147,17 +147,17 @@ def effective_peering_priority(settings: OperatorSettings, host: str | None = No
 
 def settings_from_mapping(data: Mapping[str, Any]) -> OperatorSettings:
     """Settings from plain data; keys are field names (``-`` read as ``_``). A string given for a setting that
-    is not text (environment variables, CLI flags) is read by :func:`planner.core.config.text_value`
-    (``"false"`` -> False, ``"16"`` -> 16). Raises SettingsError naming each unknown key (with the closest
-    setting name) and each invalid value, all at once."""
-    from planner.core.config import field_kinds, text_value
+    is not text (environment variables, CLI flags) is read by :func:`dynoplan.settings_text.text_value`, the
+    grammar of every settings file, then validated as strictly (``"false"`` -> False, ``"16"`` -> 16, while
+    ``"yes"``, ``"1"`` for a boolean and ``"1e3"`` for a port are refused as in a file). Raises SettingsError
+    naming each unknown key (with the closest setting name) and each invalid value, all at once."""
+    from dynoplan.settings_text import field_kinds, text_value
 
     kinds = field_kinds(OperatorSettings)
     kw: dict[str, Any] = {}
     for key, raw in data.items():
         k = str(key).replace("-", "_")
-        kind, optional = kinds.get(k, ("", False))
-        kw[k] = text_value(raw, kind, optional) if isinstance(raw, str) else raw
+        kw[k] = text_value(raw, kinds.get(k, "")) if isinstance(raw, str) else raw
     try:
         return build(OperatorSettings, kw)
     except ConfigError as e:
@@ -165,12 +165,19 @@ def settings_from_mapping(data: Mapping[str, Any]) -> OperatorSettings:
 
 
 def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> OperatorSettings:
-    """Settings from ``DYNOPLAN_OPERATOR_<FIELD>`` variables, then ``overrides`` (e.g. CLI flags)."""
+    """Settings from ``DYNOPLAN_OPERATOR_<FIELD>`` variables, then ``overrides`` (e.g. CLI flags). Raises
+    SettingsError: a variable whose bytes are not UTF-8 (naming it), and as :func:`settings_from_mapping`."""
+    from dynoplan.settings_text import check_utf8
+
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     for f in dataclasses.fields(OperatorSettings):
         v = env.get(ENV_PREFIX + f.name.upper())
         if v is not None:
+            try:
+                check_utf8(v, ENV_PREFIX + f.name.upper())
+            except ConfigError as e:
+                raise SettingsError(e.problems) from None
             data[f.name] = v
     data.update({k: v for k, v in overrides.items() if v is not None})
     return settings_from_mapping(data)

@@ -43,6 +43,7 @@ from typing import Any
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import HTTP_URL_EXPECTED, is_http_url
+from dynoplan.settings import spell
 from planner.core import TrafficWindow
 
 HISTOGRAMS: dict[str, str] = {
@@ -89,9 +90,9 @@ class PrometheusSourceSettings:
     def __post_init__(self) -> None:
         problems = []
         if not is_http_url(self.url):
-            problems.append(f"prometheus.url={self.url!r}: {HTTP_URL_EXPECTED}")
+            problems.append(f"prometheus.url={spell(self.url)}: {HTTP_URL_EXPECTED}")
         if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            problems.append(f"prometheus.timeout_s={self.timeout_s!r}: expected seconds > 0")
+            problems.append(f"prometheus.timeout_s={spell(self.timeout_s)}: expected seconds > 0")
         if problems:
             raise ConfigError(problems)
 

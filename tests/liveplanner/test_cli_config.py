@@ -35,12 +35,12 @@ def test_every_problem_is_named_at_once(tmp_path):
     msg = str(e.value)
     for part in (
         "planner.ttft_ms=-1",
-        "connector='k8s'",
+        'connector="k8s"',
         "bogus: unknown setting",
-        "frontend.router='random'",
+        'frontend.router="random"',
         "fleet.initial.decode: pool not planned in mode 'agg'",
-        "prometheus.enabled='maybe'",
-        "profile=None: expected a performance profile",
+        'prometheus.enabled="maybe"',
+        "profile=null: expected a performance profile",
     ):
         assert part in msg, part
 
@@ -107,11 +107,11 @@ def test_values_checked_with_field_value_expectation(tmp_path):
         "service.port=70000: expected <= 65535",
         "service.token=123: expected a string",
         "frontend.port=-1: expected >= 0",
-        "prometheus.url='localhost:9090': expected an http:// or https:// URL",
-        "prometheus.port='x': expected an integer",
-        "profile=None: expected a performance profile (.npz) when planner.throughput_enabled is true",
+        'prometheus.url="localhost:9090": expected an http:// or https:// URL',
+        'prometheus.port="x": expected an integer',
+        "profile=null: expected a performance profile (.npz) when planner.throughput_enabled is true",
         "fleet.initial.agg=9: expected at most planner.agg.max_replicas=3",
-        f"prometheus.ca_file={str(tmp_path / 'missing.pem')!r}: file not found (expected a PEM CA bundle)",
+        f'prometheus.ca_file="{tmp_path / "missing.pem"}": file not found (expected a PEM CA bundle)',
     ], msg
     ok = stack_config_from_mapping(
         {
@@ -134,7 +134,7 @@ def test_unknown_mode_reported_alone(tmp_path):
             },
             tmp_path,
         )
-    assert e.value.problems == ["planner.mode='foo': expected one of 'disagg', 'prefill', 'decode' or 'agg'"]
+    assert e.value.problems == ["planner.mode=\"foo\": expected one of 'disagg', 'prefill', 'decode' or 'agg'"]
 
 
 def test_up_port_in_use_named_before_anything_starts(tmp_path):
@@ -163,7 +163,7 @@ def test_up_bad_worker_flag_reports_the_worker_error(tmp_path):
     )
     r = _run("up", "--config", str(p))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "fleet.worker_args.agg=['--speedup-ratio', '-3']: worker agg-1 exited during start-up: " in r.stderr
+    assert 'fleet.worker_args.agg=["--speedup-ratio", "-3"]: worker agg-1 exited during start-up: ' in r.stderr
     assert "--speedup-ratio: '-3': expected" in r.stderr
     import json
 
@@ -261,7 +261,7 @@ def test_state_dir_host_and_planner_section_mistakes(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert f"state_dir={str(tmp_path / 'profile.npz')!r}: expected a writable directory" in r.stderr
     r = _run("up", "--config", str(stack_file(tmp_path, service={"host": "999.1.1.1", "port": 0})))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "service.host='999.1.1.1': cannot listen" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and 'service.host="999.1.1.1": cannot listen' in r.stderr
 
 
 def test_second_up_on_a_running_stack_is_refused(tmp_path):
@@ -295,12 +295,12 @@ def test_load_loop_needs_fpm_from_a_local_fleet(tmp_path):
     with pytest.raises(ConfigError) as e:
         stack_config_from_mapping({**base, "fpm": False}, tmp_path)
     assert e.value.problems == [
-        "fpm=False: expected true when planner.load_enabled is true (the load loop reads "
+        "fpm=false: expected true when planner.load_enabled is true (the load loop reads "
         "the workers' ForwardPassMetrics)"
     ]
     with pytest.raises(ConfigError) as e:
         stack_config_from_mapping({**base, "connector": "virtual"}, tmp_path)
-    assert e.value.problems[0].startswith("planner.load_enabled=True: expected false with connector virtual")
+    assert e.value.problems[0].startswith("planner.load_enabled=true: expected false with connector virtual")
     assert stack_config_from_mapping(base, tmp_path).planner.load_enabled
 
 
@@ -320,14 +320,14 @@ def test_stack_sections_strict_types_did_you_mean_and_every_problem_at_once(tmp_
             tmp_path,
         )
     assert e.value.problems == [
-        "service.port=True: expected an integer",
+        "service.port=true: expected an integer",
         "service.hots: unknown setting (did you mean service.host?)",
-        "frontend.poll_s='0.5': expected a number",
+        'frontend.poll_s="0.5": expected a number',
         "fleet.initial.agg=1.5: expected an integer",
-        "fleet.worker_args.agg.0=True: expected a string",
-        "prometheus.timeout_s=False: expected a number",
+        "fleet.worker_args.agg.0=true: expected a string",
+        "prometheus.timeout_s=false: expected a number",
         "conector: unknown setting (did you mean connector?)",
-        "planner.max_gpu_budget=True: expected an integer",
+        "planner.max_gpu_budget=true: expected an integer",
     ]
     # numbers in worker_args are their text; YAML's true/false for prometheus.enabled are its words
     ok = stack_config_from_mapping(

@@ -163,7 +163,7 @@ def test_failed_start_removes_the_state_dir_it_created(tmp_path):
     )
     r = _run("up", "--config", str(p))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "fleet.worker_args.agg=['--speedup-ratioo', '1']: worker agg-1 exited during start-up: " in r.stderr
+    assert 'fleet.worker_args.agg=["--speedup-ratioo", "1"]: worker agg-1 exited during start-up: ' in r.stderr
     assert "unrecognized arguments: --speedup-ratioo 1" in r.stderr, r.stderr
     assert "log" not in r.stderr.split("exited during start-up")[1], r.stderr
     assert not (tmp_path / "new").exists()  # the state dir and the parent this run created

@@ -67,7 +67,7 @@ def test_worker_engines_without_flags_is_the_default_engine_and_bad_flags_are_na
     bad = stack_file(tmp_path, fleet={"worker_args": {"agg": ["--num-gpu-blocks", "x"]}})
     engines, _, problems = worker_engines(load_stack_config(bad))
     assert engines == {} and problems == [
-        "fleet.worker_args.agg=['--num-gpu-blocks', 'x']: flags mocker serve rejects "
+        'fleet.worker_args.agg=["--num-gpu-blocks", "x"]: flags mocker serve rejects '
         "(argument --num-gpu-blocks: 'x': expected a positive integer)"
     ]
 
@@ -102,7 +102,7 @@ def test_operator_spec_engine_camel_or_snake_case_per_pool():
     "engine, problem",
     [
         ({"numGpuBlocks": 0}, "spec.engine.num_gpu_blocks=0: expected > 0"),
-        ({"engine": "tgi"}, "spec.engine.engine='tgi': expected one of 'vllm', 'trtllm' or 'sglang'"),
+        ({"engine": "tgi"}, "spec.engine.engine=\"tgi\": expected one of 'vllm', 'trtllm' or 'sglang'"),
         ({"bogus": 1}, "spec.engine.bogus: unknown setting"),
         ({"maxNumSeq": 1}, "spec.engine.max_num_seq: unknown setting (did you mean max_num_seqs?)"),
         ([1], "spec.engine=[1]: expected a mapping of engine settings (EngineConfig fields)"),

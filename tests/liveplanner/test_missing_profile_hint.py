@@ -41,7 +41,7 @@ def test_missing_profile_names_the_docs_profile_command(fresh_clone):
     )
     with pytest.raises(ConfigError) as e:
         load_stack_config("examples/stack.yaml")
-    assert f"profile='{fresh_clone / 'out' / 'stack-profile.npz'}': file not found (make it with: {doc})" in (
+    assert f'profile="{fresh_clone / "out" / "stack-profile.npz"}": file not found (make it with: {doc})' in (
         e.value.problems
     )
 
@@ -71,6 +71,6 @@ def test_command_leaves_out_worker_flags_dynoplan_profile_does_not_take(tmp_path
     with pytest.raises(ConfigError) as e:
         load_stack_config(stack)
     assert (
-        f"profile='{tmp_path / 'p.npz'}': file not found (make it with: dynoplan profile --out p.npz "
+        f'profile="{tmp_path / "p.npz"}": file not found (make it with: dynoplan profile --out p.npz '
         "--speedup-ratio 20 --block-size=16)"
     ) in e.value.problems

@@ -50,7 +50,7 @@ def test_queries_and_selector_shape():
 def test_settings_errors_name_the_field():
     with pytest.raises(ConfigError) as e:
         PrometheusSourceSettings(url="localhost:9090", timeout_s=0)
-    assert "prometheus.url='localhost:9090'" in str(e.value) and "prometheus.timeout_s=0" in str(e.value)
+    assert 'prometheus.url="localhost:9090"' in str(e.value) and "prometheus.timeout_s=0" in str(e.value)
 
 
 def test_unreachable_is_unknown_not_zero():

@@ -49,10 +49,10 @@ def test_transfer_config_errors_name_the_field():
     assert e.value.problems == [
         "bandwidth_gbps=-1: expected >= 0.0",
         "kv_bytes_per_token=0: expected > 0",
-        "timing='x': expected one of 'full_prompt' or 'destination_missing'",
-        "handoff='x': expected one of 'direct' or 'coordinated'",
+        "timing=\"x\": expected one of 'full_prompt' or 'destination_missing'",
+        "handoff=\"x\": expected one of 'direct' or 'coordinated'",
     ]
-    with pytest.raises(ConfigError, match=r"kv_bytes_per_token=None: needed when bandwidth_gbps=10.0 > 0"):
+    with pytest.raises(ConfigError, match=r"kv_bytes_per_token=null: needed when bandwidth_gbps=10.0 > 0"):
         build(KvTransferConfig, {"bandwidth_gbps": 10})
 
 

@@ -75,7 +75,7 @@ def test_determinism_identical_records():
 @pytest.mark.parametrize(
     "kw,field",
     [
-        ({"router": "random"}, "router='random'"),
+        ({"router": "random"}, 'router="random"'),
         ({"num_workers": 0}, "num_workers=0"),
         ({"arrival_speedup": 0}, "arrival_speedup=0"),
         ({"max_time_ms": -1.0}, "max_time_ms=-1.0"),
@@ -91,7 +91,7 @@ def test_fleet_config_collects_every_problem():
         build(FleetConfig, {"num_workers": -1, "router": "x", "kv_event_lag_ms": -2})
     assert e.value.problems == [
         "num_workers=-1: expected > 0",
-        "router='x': expected one of 'round_robin', 'least_loaded' or 'kv'",
+        "router=\"x\": expected one of 'round_robin', 'least_loaded' or 'kv'",
         "kv_event_lag_ms=-2: expected >= 0.0",
     ]
 

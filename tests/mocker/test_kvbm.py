@@ -138,21 +138,21 @@ def test_g1_backend_config_errors_and_engine_pool_choice():
 
     with pytest.raises(
         ConfigError,
-        match=r"g1_backend='native': lower KV tiers configured \(num_g2_blocks=64, g4=True\); "
-        r"expected g1_backend='kvbm'",
+        match=r'g1_backend="native": lower KV tiers configured \(num_g2_blocks=64, g4=true\); '
+        r'expected g1_backend="kvbm"',
     ):
         EngineConfig.from_mapping({"num_g2_blocks": 64, "g4": True})
-    with pytest.raises(ConfigError, match=r"g1_backend='lru': expected one of 'native' or 'kvbm'"):
+    with pytest.raises(ConfigError, match=r"g1_backend=\"lru\": expected one of 'native' or 'kvbm'"):
         EngineConfig.from_mapping({"g1_backend": "lru"})
     with pytest.raises(ConfigError, match=r"num_g2_blocks=0: G3/G4 hits stage through G2"):
         EngineConfig.from_mapping({"g1_backend": "kvbm", "num_g3_blocks": 10})
     with pytest.raises(ConfigError, match=r"bw_g2_g1_gbps=-1: expected >= 0.0"):
         EngineConfig.from_mapping({"g1_backend": "kvbm", "bw_g2_g1_gbps": -1})
-    with pytest.raises(ConfigError, match=r"g1_backend='kvbm': modelled for the vllm and trtllm"):
+    with pytest.raises(ConfigError, match=r'g1_backend="kvbm": modelled for the vllm and trtllm'):
         EngineConfig.from_mapping({"engine": "sglang", "g1_backend": "kvbm"})
     assert type(make_engine(EngineConfig()).kv) is BlockKvManager
     assert type(make_engine(EngineConfig(g1_backend="kvbm", engine="trtllm")).kv) is KvbmBlockManager
-    with pytest.raises(ConfigError, match=r"kv_bytes_per_token=None: KVBM tier transfers move block_size x "):
+    with pytest.raises(ConfigError, match=r"kv_bytes_per_token=null: KVBM tier transfers move block_size x "):
         EngineConfig.from_mapping({"g1_backend": "kvbm", "num_g2_blocks": 8})
     core = make_engine(EngineConfig(g1_backend="kvbm", num_g2_blocks=8, kv_bytes_per_token=2))
     assert core.tiers is not None and core.tiers.cfg.bytes_per_block == 64 * 2 and core.kv.offload_sink == []

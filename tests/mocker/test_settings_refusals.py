@@ -37,8 +37,8 @@ def test_refuses_bool_for_int_string_for_number_and_unknown_key_all_at_once(
         build(cls, {**base, int_field: True, number_field: "5", typo: 1}, source="s.yaml")
     assert sorted(e.value.problems) == sorted(
         [
-            f"{int_field}=True: expected an integer",
-            f"{number_field}='5': expected a number",
+            f"{int_field}=true: expected an integer",
+            f'{number_field}="5": expected a number',
             f"{typo}: unknown setting (did you mean {close}?)",
         ]
     )
@@ -73,10 +73,10 @@ def test_engine_config_yaml_pitfalls_and_cross_field_checks():
             {"num_gpu_blocks": True, "enable_prefix_caching": "false", "speedup_ratio": float("inf"), "engine": "tpu"}
         )
     assert e.value.problems == [
-        "engine='tpu': expected one of 'vllm', 'trtllm' or 'sglang'",
-        "num_gpu_blocks=True: expected an integer",
-        "enable_prefix_caching='false': expected a boolean (true/false)",
-        "speedup_ratio=inf: expected a finite number",
+        "engine=\"tpu\": expected one of 'vllm', 'trtllm' or 'sglang'",
+        "num_gpu_blocks=true: expected an integer",
+        'enable_prefix_caching="false": expected a boolean (true/false)',
+        "speedup_ratio=.inf: expected a finite number",
     ]
     # cross-field checks run once every field is valid, and report every line they find
     with pytest.raises(ConfigError) as e:
@@ -85,8 +85,8 @@ def test_engine_config_yaml_pitfalls_and_cross_field_checks():
         "max_num_batched_tokens=32: smaller than one block (block_size=64); expected >= block_size",
         "gpu_memory_fraction=0.5: sizes the KV cache from an AIConfigurator model; expected timing='aic:...'",
         "num_g2_blocks=0: G3/G4 hits stage through G2; expected num_g2_blocks > 0",
-        "g1_backend='native': lower KV tiers configured (num_g3_blocks=4); "
-        "expected g1_backend='kvbm' (KVBM owns G2/G3/G4)",
+        'g1_backend="native": lower KV tiers configured (num_g3_blocks=4); '
+        'expected g1_backend="kvbm" (KVBM owns G2/G3/G4)',
     ]
     # SGLang pages are one token: no block-size floor on the token budget
     assert EngineConfig.from_mapping({"engine": "sglang", "max_num_batched_tokens": 32}).max_num_batched_tokens == 32

@@ -64,7 +64,7 @@ def test_registered_and_built_by_make_engine():
 
 
 def test_bad_policy_is_a_config_error_naming_the_field():
-    with pytest.raises(ConfigError, match=r"sglang.schedule_policy='sjf': expected one of 'fifo' or 'lpm'"):
+    with pytest.raises(ConfigError, match=r"sglang.schedule_policy=\"sjf\": expected one of 'fifo' or 'lpm'"):
         EngineConfig.from_mapping({"engine": "sglang", "sglang": {"schedule_policy": "sjf"}})
 
 

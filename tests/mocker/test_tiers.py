@@ -188,7 +188,7 @@ def test_cli_kvbm_flags_run_and_errors_are_one_line(tmp_path, capsys):
     ) in (0, None)
     assert len(out.read_text().splitlines()) == 12
     for flags, msg in (
-        (["--num-g2-blocks", "8"], "g1_backend='native': lower KV tiers configured (num_g2_blocks=8)"),
+        (["--num-g2-blocks", "8"], 'g1_backend="native": lower KV tiers configured (num_g2_blocks=8)'),
         (["--g1-backend", "kvbm", "--g4"], "num_g2_blocks=0: G3/G4 hits stage through G2"),
         (["--tier-bandwidth", "g2_g1=-3"], "--tier-bandwidth 'g2_g1=-3': expected LINK=GBPS"),
     ):

@@ -180,8 +180,8 @@ def test_tier_config_defaults_come_from_engine_config():
 @pytest.mark.parametrize(
     "flags, msg",
     [
-        (["--num-g3-blocks", "5"], "g1_backend='native': lower KV tiers configured (num_g3_blocks=5)"),
-        (["--g1-backend", "kvbm", "--num-g2-blocks", "8"], "kv_bytes_per_token=None: KVBM tier transfers"),
+        (["--num-g3-blocks", "5"], 'g1_backend="native": lower KV tiers configured (num_g3_blocks=5)'),
+        (["--g1-backend", "kvbm", "--num-g2-blocks", "8"], "kv_bytes_per_token=null: KVBM tier transfers"),
         (
             ["--g1-backend", "kvbm", "--num-g3-blocks", "8", "--kv-bytes-per-token", "100"],
             "num_g2_blocks=0: G3/G4 hits stage through G2",
@@ -203,11 +203,11 @@ def test_tier_config_defaults_come_from_engine_config():
         ),
         (
             ["--engine", "sglang", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
-            "g1_backend='kvbm': modelled for the vllm and trtllm block pools",
+            'g1_backend="kvbm": modelled for the vllm and trtllm block pools',
         ),
         (
             ["--engine", "trtllm", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
-            "engine='trtllm' with lower KV tiers (num_g2_blocks=8): onboarding is wired into the vLLM core only",
+            'engine="trtllm" with lower KV tiers (num_g2_blocks=8): onboarding is wired into the vLLM core only',
         ),
         (["--kv-bytes-per-token", "100"], "--kv-bytes-per-token: only for a disaggregated fleet"),
         (

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from planner.core import PlannerConfig
-from planner.operator.settings import OperatorSettings
+from planner.operator.settings import OperatorSettings, settings_from_env
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "dynoplan"
@@ -79,6 +79,24 @@ def test_operator_pod_hardened_and_env_from_values(helm_bin):
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("planner-defaults"))
     assert yaml.safe_load(cm["data"]["planner.yaml"]) == PlannerConfig().to_dict()
+
+
+def test_operator_env_writes_whole_numbers_of_a_values_file_in_digits(helm_bin, tmp_path):
+    # a values file's numbers are float64 to helm, which prints 2147483647 as 2.147483647e+09; the operator
+    # reads its environment by the grammar of a settings file (decimal integers only, dynoplan.settings_text)
+    values = tmp_path / "v.yaml"
+    values.write_text("operator:\n  settings:\n    peering_priority: 2147483647\n    shared_gpu_budget: 1000000\n")
+    args = [str(helm_bin), "template", "rel", str(CHART), "--namespace", "demo", "-f", str(values)]
+    docs = [d for d in yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout) if d]
+    dep = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-dynoplan-operator")
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    assert (env["DYNOPLAN_OPERATOR_PEERING_PRIORITY"], env["DYNOPLAN_OPERATOR_SHARED_GPU_BUDGET"]) == (
+        "2147483647",
+        "1000000",
+    )
+    assert env["DYNOPLAN_OPERATOR_PLANNER_MIN_SLEEP_S"] == "0.5"
+    s = settings_from_env(env)
+    assert (s.peering_priority, s.shared_gpu_budget, s.planner_min_sleep_s) == (2147483647, 1000000, 0.5)
 
 
 def test_rbac_is_namespaced_and_shrinks_with_options(helm_bin):

@@ -110,7 +110,7 @@ def with_value(path: tuple[str, ...], value: Any, base: dict[str, Any] | None = 
 
 def same_type(value: Any, default: Any, optional: bool) -> bool:
     """``value`` has the field's own type (the schema is allowed to be stricter only on other types:
-    strings for numbers, 0/1 for booleans, which the code's string parsing accepts)."""
+    strings such as ``"16"`` or ``"true"``, which the code reads as environment text, dynoplan.settings_text)."""
     if value is None:
         return optional
     if isinstance(default, bool) or isinstance(value, bool):
@@ -124,8 +124,8 @@ def same_type(value: Any, default: Any, optional: bool) -> bool:
 
 def rendered(value: Any) -> Any:
     """``value`` as the operator receives it from the chart: helm's values are float64, and an integral one
-    reaches the code as an integer (``toYaml`` writes ``1000000``; the environment's ``1e+06`` is read as one
-    by ``planner.core.config.text_value``)."""
+    reaches the code as an integer (``toYaml`` writes ``1000000``; the operator's environment is written in
+    digits by templates/operator.yaml, tests/operator/test_chart.py checks it)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 

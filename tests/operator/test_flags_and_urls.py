@@ -26,19 +26,19 @@ def _no_operator_env(monkeypatch):
 def test_stack_file_prometheus_url_wording():
     with pytest.raises(ConfigError) as e:
         stack_config_from_mapping({"prometheus": {"url": "ftp://x"}}, Path("."))
-    assert "prometheus.url='ftp://x': expected an http:// or https:// URL" in e.value.problems
+    assert 'prometheus.url="ftp://x": expected an http:// or https:// URL' in e.value.problems
 
 
 def test_operator_settings_prometheus_url_wording():
     with pytest.raises(SettingsError) as e:
         settings_from_mapping({"prometheus_url": "ftp://x"})
-    assert e.value.problems == ["prometheus_url='ftp://x': expected an http:// or https:// URL"]
+    assert e.value.problems == ['prometheus_url="ftp://x": expected an http:// or https:// URL']
 
 
 def test_planner_prometheus_source_url_wording():
     with pytest.raises(ConfigError) as e:
         PrometheusSourceSettings(url="ftp://x")
-    assert e.value.problems == ["prometheus.url='ftp://x': expected an http:// or https:// URL"]
+    assert e.value.problems == ['prometheus.url="ftp://x": expected an http:// or https:// URL']
 
 
 def test_http_url_field_keeps_its_schema_pattern():

@@ -192,7 +192,7 @@ def test_settings_problems_name_spec_settings_and_typed_fields_their_path():
             )
         )
     assert e.value.problems == [
-        "spec.throughput.enabled=False and spec.settings.loadEnabled=False: expected at least one loop enabled",
+        "spec.throughput.enabled=false and spec.settings.loadEnabled=false: expected at least one loop enabled",
         "spec.settings.agg.min_replicas=4: expected <= spec.settings.agg.max_replicas=1",
     ]
 

@@ -88,7 +88,7 @@ def test_planner_spec_invalid_values_all_reported():
     with pytest.raises(SpecError) as e:
         parse_planner(planner_body(settings={"nope": 1, "predictor": "bogus"}))
     msg = str(e.value)
-    assert "nope: unknown setting" in msg and "predictor='bogus'" in msg
+    assert "nope: unknown setting" in msg and 'predictor="bogus"' in msg
 
 
 def test_resolve_pools_by_subcomponent_and_explicit_names():
@@ -237,17 +237,25 @@ def test_operator_settings_strict_types_and_every_problem_at_once():
             }
         )
     assert set(e.value.problems) == {
-        "health_port=True: expected an integer",
-        "dgd_resync_s='fast': expected a number",
+        "health_port=true: expected an integer",
+        'dgd_resync_s="fast": expected a number',
         "helth_port: unknown setting (did you mean health_port?)",
-        "log_format='xml': expected one of 'json' or 'plain'",
-        "prometheus_url='ftp://p': expected an http:// or https:// URL",
+        "log_format=\"xml\": expected one of 'json' or 'plain'",
+        'prometheus_url="ftp://p": expected an http:// or https:// URL',
         "standalone=1: expected a boolean (true/false)",
         "shared_gpu_budget=-1: expected >= 0",
     }
     # environment text is read as the setting's type; a text setting keeps the text
-    s = settings_from_mapping({"dgd_resync_s": "2.5", "standalone": "yes", "peering_name": "true", "health_port": "0"})
+    s = settings_from_mapping({"dgd_resync_s": "2.5", "standalone": "true", "peering_name": "true", "health_port": "0"})
     assert (s.dgd_resync_s, s.standalone, s.peering_name, s.health_port) == (2.5, True, "true", 0)
+    # ... by the grammar of a settings file: what a file refuses, the environment cannot slip in
+    with pytest.raises(SettingsError) as e:
+        settings_from_mapping({"standalone": "yes", "reconcile_dgd": "1", "health_port": "1e3"})
+    assert set(e.value.problems) == {
+        'standalone="yes": expected a boolean (true/false)',
+        "reconcile_dgd=1: expected a boolean (true/false)",
+        "health_port=1000.0: expected an integer",
+    }
     with pytest.raises(SettingsError) as e:
         settings_from_mapping({"planner_min_sleep_s": 9})
     assert e.value.problems == ["planner_min_sleep_s=9.0: expected <= planner_max_sleep_s=5.0"]

@@ -132,8 +132,8 @@ def test_config_file_mode_is_honoured(tmp_path, profile):
 @pytest.mark.parametrize(
     "text, needles",
     [
-        ("ttft_ms: .nan\n", ("ttft_ms=nan", "expected a finite number")),
-        ("planner:\n  itl_ms: .nan\n", ("itl_ms=nan",)),
+        ("ttft_ms: .nan\n", ("ttft_ms=.nan", "expected a finite number")),
+        ("planner:\n  itl_ms: .nan\n", ("itl_ms=.nan",)),
         ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
         ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
         ("max_num_batched_tokens: 1234\n", ("max_num_batched_tokens=1234", "engine's")),
@@ -404,8 +404,13 @@ def test_broken_yaml_names_the_line_and_yaml_booleans_are_true_false(tmp_path, c
         "correction_enabled=0: expected a boolean (true/false)",
         "simulated_sizing=1: expected a boolean (true/false)",
     ]
-    # on the command line 0/1 still read as booleans (planner.core.config.text_value)
-    assert load_config(None, {"correction_enabled": "0", "simulated_sizing": "1"}).correction_enabled is False
+    # ... and on the command line (dynoplan.settings_text: one grammar for files and KEY=VALUE text)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, {"correction_enabled": "0", "simulated_sizing": "1"})
+    assert e.value.problems == [
+        "correction_enabled=0: expected a boolean (true/false)",
+        "simulated_sizing=1: expected a boolean (true/false)",
+    ]
 
 
 def test_policy_names_are_printed_verbatim_not_as_emoji(capsys, profile):

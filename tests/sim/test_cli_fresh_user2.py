@@ -288,10 +288,13 @@ def test_csv_mixing_offsets_and_naive_stamps_is_refused(tmp_path, capsys):
     "text, needles",
     [
         ("ttft_ms: 100\nitl_ms: 20\nttft_ms: 200\n", ["line 3", "duplicate key 'ttft_ms'", "first at line 1"]),
-        ("planner:\n  agg:\n    max_replicas: 3\n    max_replicas: 4\n", ["line 4", "'agg.max_replicas'"]),
-        ('agg:\n  max_replicas: "3"\n', ["line 2", "agg.max_replicas='3'", "unquoted number"]),
-        ("agg_max_replicas: '3'\n", ["agg_max_replicas='3'"]),
-        ("ttft_ms: '100'\n", ["ttft_ms='100'"]),
+        (
+            "planner:\n  agg:\n    max_replicas: 3\n    max_replicas: 4\n",
+            ["line 4", "duplicate key 'planner.agg.max_replicas' (first at line 3)"],
+        ),
+        ('agg:\n  max_replicas: "3"\n', ['agg.max_replicas="3": expected an integer']),
+        ("agg_max_replicas: '3'\n", ['agg.max_replicas="3": expected an integer']),
+        ("ttft_ms: '100'\n", ['ttft_ms="100": expected a number']),
     ],
 )
 def test_config_file_duplicates_and_quoted_numbers_refused(tmp_path, capsys, text, needles):
@@ -386,7 +389,7 @@ def test_profile_grid_errors_name_flag_value_and_the_two_points_needed(tmp_path,
     "argv, needles",
     [
         (["--planner-set", "foo=1"], ["--planner-set foo=1: unknown setting"]),
-        (["--planner-set", "ttft_ms=abc"], ["--planner-set ttft_ms=abc: ttft_ms='abc': expected a number"]),
+        (["--planner-set", "ttft_ms=abc"], ['--planner-set ttft_ms="abc": expected a number']),
         (["--compare", "hpa:running:0"], ["policy 'hpa:running:0':", "target=0.0"]),
     ],
 )
