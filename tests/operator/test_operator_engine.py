@@ -73,9 +73,7 @@ def test_spec_engine_drives_the_sizing_by_simulation(env):
     )
     st = env.planner("sim")["status"]
     assert st["observed"]["requestsPerSecond"] == pytest.approx(7.5)
-    # the operator emits the decision's Events after it writes the status: wait for them
-    env.wait(lambda: any(e.reason == "ScaledDown" for e in env.events("s")), "the ScaledDown Event")
-    downs = [e for e in env.events("s") if e.reason == "ScaledDown"]
+    downs = [e for e in env.events_once("s", "ScaledDown") if e.reason == "ScaledDown"]
     assert len(downs) == 1 and "Prefill 3->1" in downs[0].message and "Decode 3->1" in downs[0].message
     assert "scale_down_throughput" in downs[0].message
     env.co.delete_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], "sim")

@@ -242,7 +242,7 @@ def test_load_loop_scales_on_worker_fpm_found_through_endpointslices(env):
     assert up in (2, 3)  # +ceil(1 x min(est/target, 2)) - 1
     # later ticks hold until the new replicas are ready
     assert env.planner("lp")["status"]["lastDecision"]["reason"] in ("scale_up_ttft", "hold_pending")
-    ups = [e for e in env.events("w") if e.reason == "ScaledUp"]
+    ups = [e for e in env.events_once("w", "ScaledUp") if e.reason == "ScaledUp"]
     assert len(ups) == 1 and f"VllmWorker 1->{up}" in ups[0].message and "scale_up_ttft" in ups[0].message
     env.wait(
         lambda: env.apps.read_namespaced_deployment("w-vllmworker", env.ns).spec.replicas == up, "Deployment follows"
@@ -261,7 +261,7 @@ def test_load_loop_scales_on_worker_fpm_found_through_endpointslices(env):
     )
     # Load gone, both engines idle: consolidate one replica per load interval, down to the minimum.
     env.wait(lambda: env.dgd("w")["spec"]["services"]["VllmWorker"]["replicas"] == up - 1, "load loop scales down", 90)
-    downs = [e for e in env.events("w") if e.reason == "ScaledDown"]
+    downs = [e for e in env.events_once("w", "ScaledDown") if e.reason == "ScaledDown"]
     assert downs and f"VllmWorker {up}->{up - 1}" in downs[0].message and "scale_down_consolidated" in downs[0].message
     assert env.planner("lp")["status"]["load"]["estimatedTtftMs"] == 0.0
 

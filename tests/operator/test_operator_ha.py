@@ -109,7 +109,7 @@ def test_peering_one_active_operator_and_failover(env):
     )
     b_text = requests.get(f"http://127.0.0.1:{b_metrics}/metrics", timeout=5).text
     assert "dynamo_planner_num_decode_replicas{" not in b_text  # the paused operator runs no planner
-    assert [e.reason for e in env.events("g") if e.reason.startswith("Scaled")] == ["ScaledUp"]
+    assert [e.reason for e in env.events_once("g", "ScaledUp") if e.reason.startswith("Scaled")] == ["ScaledUp"]
     # Operator metrics: the reconciler's actions are counted.
     a_text = requests.get(f"http://127.0.0.1:{env.metrics_port}/metrics", timeout=5).text
     applied = re.search(

@@ -234,6 +234,12 @@ class Env:
     def events(self, name: str) -> list:
         return [e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == name]
 
+    def events_once(self, name: str, reason: str, timeout_s: float = 30) -> list:
+        """The Events of ``name`` once one with ``reason`` exists (the operator writes a decision's Events
+        after the DGD patch and the status a test waits on, so reading them at once would race)."""
+        self.wait(lambda: any(e.reason == reason for e in self.events(name)), f"a {reason} Event on {name}", timeout_s)
+        return self.events(name)
+
     def wait(self, check, what: str, timeout_s: float = 30) -> None:
         """``wait_until`` on the operator's process; a timeout also quotes every DynoPlanner's status in the
         namespace (the last decision and its reasons say why the planner held)."""
@@ -493,7 +499,7 @@ def test_planner_scales_dgd_deployments_status_and_events(env):
         "SpecValid": "True",
         "TargetFound": "True",
     }
-    ev = env.events("g")
+    ev = env.events_once("g", "ScaledUp")
     ups = [e for e in ev if e.reason == "ScaledUp"]
     assert len(ups) == 1 and "Prefill 1->2" in ups[0].message and "Decode 1->3" in ups[0].message
     # Until the new Pods are ready the decision is pending: no second scaling action.
@@ -586,7 +592,8 @@ def test_invalid_planner_spec_is_a_condition_not_a_retry_loop(env):
     )
     cond = next(c for c in env.planner("bad")["status"]["conditions"] if c["type"] == "SpecValid")
     assert cond["reason"] == "InvalidSpec" and "has 0 agg services" in cond["message"]
-    time.sleep(3)
+    env.events_once("bad", "InvalidSpec")
+    time.sleep(3)  # later steps re-report the same problem: still one Event
     assert len([e for e in env.events("bad") if e.reason == "InvalidSpec"]) == 1
     env.co.delete_namespaced_custom_object(*DPL[:2], env.ns, DPL[2], "bad")
 

@@ -52,4 +52,4 @@ def test_patch_only_operator_scales_replicas_and_creates_nothing(env):
     env.wait(scaled, "planner scales the DGD to prefill 2, decode 3 (hand-computed, see test_operator_k8s)")
     assert env.apps.list_namespaced_deployment(env.ns, label_selector="dynoplan.dev/dgd").items == []
     assert "status" not in env.dgd("g") or "state" not in env.dgd("g")["status"]
-    assert [e.reason for e in env.events("g") if e.reason.startswith("Scaled")] == ["ScaledUp"]
+    assert [e.reason for e in env.events_once("g", "ScaledUp") if e.reason.startswith("Scaled")] == ["ScaledUp"]
