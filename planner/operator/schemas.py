@@ -14,7 +14,8 @@ Two flavours of one schema:
 * JSON Schema draft-07 for helm: ``$ref`` inlined, ``anyOf [X, null]`` as ``type: [X, "null"]``, every
   default kept;
 * Kubernetes structural OpenAPI v3.0 for the CRD: ``$ref`` inlined, ``anyOf [X, null]`` as
-  ``nullable: true``, numeric exclusive bounds as ``minimum`` + ``exclusiveMinimum: true``, and no defaults
+  ``nullable: true``, numeric exclusive bounds as ``minimum`` + ``exclusiveMinimum: true``, the int64 bound
+  (``maximum: 2**63 - 1``) as ``format: int64``, and no defaults
   (the apiserver would write them into every object, overriding the operator's planner defaults) but
   ``mode``'s, as before.
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from dynoplan.fields import MAX_INT64
 from dynoplan.settings import json_schema
 from planner.core.config import PlannerConfig, PoolLimits
 from planner.operator.settings import OperatorSettings
@@ -120,6 +122,10 @@ def openapi_schema(cls: Any, keep_defaults: tuple[str, ...] = ()) -> dict[str, A
             if k in ("exclusiveMinimum", "exclusiveMaximum"):
                 out["minimum" if k == "exclusiveMinimum" else "maximum"] = v
                 out[k] = True
+            elif k == "maximum" and v == MAX_INT64:
+                # the int64 range itself: the apiserver decodes schema bounds as float64, where 2**63 - 1 is
+                # not an integer (it refuses the object: "Maximum boundary value must be of type integer")
+                out["format"] = "int64"
             elif k == "properties":
                 out[k] = {name: conv(sub, is_top and name in keep_defaults) for name, sub in v.items()}
             else:
