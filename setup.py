@@ -18,12 +18,14 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import sysconfig
 from pathlib import Path
 from typing import ClassVar
 
 from setuptools import Distribution, Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError
 
 ROOT = Path(__file__).resolve().parent
 # The engine cores, the KV managers, the request state and the routers: where a replay spends its time
@@ -66,15 +68,31 @@ def write_manifest(compiled: bool, package_dir: Path) -> None:
     )
 
 
+def cannot_compile() -> str | None:
+    """Why the extensions cannot be built on this machine (None: they can): no C compiler (``$CC``, else the
+    one Python was built with) or no Python headers."""
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        return f"no C compiler ({cc!r} not found; Debian: apt-get install gcc)"
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.exists():
+        return f"no Python headers ({header} not found; Debian: apt-get install python3.11-dev)"
+    return None
+
+
+def pure_build_note(why: str) -> None:
+    """Say on stderr (pip shows it with -v; make's own build_ext prints it) that the sources will run."""
+    print(
+        f"dynoplan build: {why}: the simulator runs from its Python sources (slower; mocker.COMPILED is False)",
+        file=sys.stderr,
+    )
+
+
 PURE = os.environ.get("DYNOPLAN_PURE_PYTHON") == "1"
-if not PURE:
-    _cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(_cc) is None:
-        raise SystemExit(
-            f"dynoplan build: no C compiler ({_cc!r} not found) to compile the simulator's hot modules with mypyc; "
-            "install one (Debian: apt-get install gcc) or build the pure-Python package with DYNOPLAN_PURE_PYTHON=1"
-        )
-else:  # the tree's extensions (an earlier in-place build) are not to be used any more
+if not PURE and (_why := cannot_compile()) is not None:  # as optional C speedups do: fall back, do not fail
+    pure_build_note(_why)
+    PURE = True
+if PURE:  # the tree's extensions (an earlier in-place build) are not to be used any more
     write_manifest(False, ROOT / "mocker")
 
 
@@ -96,9 +114,21 @@ class MypycBuildExt(build_ext):
         self.parallel = self.parallel or max(2, os.cpu_count() or 1)  # the C files two at a time or more
 
     def run(self) -> None:
-        super().run()
+        target = ROOT / "mocker" if self.inplace else Path(self.build_lib) / "mocker"
+        try:
+            super().run()
+        except (CCompilerError, ExecError) as e:  # a compiler that cannot build them: the sources run
+            if PURE:
+                raise
+            pure_build_note(f"compiling the hot modules failed ({e})")
+            self.distribution.ext_modules = []
+            write_manifest(False, ROOT / "mocker")
+            if target != ROOT / "mocker":
+                target.mkdir(parents=True, exist_ok=True)
+                write_manifest(False, target)
+            return
         if not PURE:  # beside the extensions just made: the source tree (editable, --inplace) or the wheel's tree
-            write_manifest(True, ROOT / "mocker" if self.inplace else Path(self.build_lib) / "mocker")
+            write_manifest(True, target)
 
 
 class PlatformDistribution(Distribution):
