@@ -55,12 +55,30 @@ _DROPPED = {
 
 class SettingsLoader(yaml.SafeLoader):
     """PyYAML's safe loader with the YAML 1.2 core scalars of the module docstring (no YAML 1.1 booleans,
-    sexagesimal, hexadecimal, octal or underscore numbers, timestamps or merge keys)."""
+    sexagesimal, hexadecimal, octal or underscore numbers, timestamps or merge keys), and no aliases: a
+    settings file writes its values out (an alias of an alias of ... lets a few hundred bytes expand into
+    gigabytes, the "billion laughs" document)."""
 
     yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag not in _DROPPED]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"found the alias *{event.anchor}: aliases are not accepted in settings files, write the value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+_CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "map", "seq"))
+"""The tags a settings file may carry (YAML 1.2 core schema): an explicit ``!!binary``, ``!!timestamp``,
+``!!set``... builds values no setting takes."""
 
 
 def _construct_str(loader: SettingsLoader, node: yaml.ScalarNode) -> str:
@@ -93,25 +111,38 @@ SettingsLoader.add_implicit_resolver(
 
 
 def _check_duplicates(root: yaml.Node | None, source: str) -> None:
-    """Refuse a key given twice in any mapping under ``root`` (a composed node): ConfigError naming the
-    dotted key and the lines of both."""
+    """Refuse, under ``root`` (a composed node), a key given twice in one mapping (``-`` and ``_`` spell the
+    same key: ``ttft-ms`` after ``ttft_ms`` is the same setting again) and an explicit tag outside the core
+    schema (``!!binary``, ``!!timestamp``): ConfigError naming the dotted key and the line(s)."""
     stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
     while stack:
         node, path = stack.pop()
+        if node.tag not in _CORE_TAGS:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            raise ConfigError(
+                f"line {node.start_mark.line + 1}: {path or 'the document'}: the tag {tag} is not accepted in "
+                "settings files, expected a plain value, list or mapping",
+                source=source,
+            )
         if isinstance(node, yaml.SequenceNode):
             stack += [(item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node.value)]
         elif isinstance(node, yaml.MappingNode):
-            seen: dict[str, int] = {}
+            seen: dict[str, tuple[str, int]] = {}
             for k, v in node.value:
                 key, line = str(k.value), k.start_mark.line + 1
                 dotted = f"{path}.{key}" if path else key
-                if key in seen:
-                    first = seen[key]
+                same = key.replace("-", "_")
+                if same in seen:
+                    first, first_line = seen[same]
+                    as_ = "" if first == key else f" as {first!r}"
                     raise ConfigError(
-                        f"line {line}: duplicate key {dotted!r} (first at line {first}), expected each setting once",
+                        f"line {line}: duplicate key {dotted!r} (first at line {first_line}{as_}), "
+                        "expected each setting once",
                         source=source,
                     )
-                seen[key] = line
+                seen[same] = (key, line)
+                if k.tag not in _CORE_TAGS:
+                    stack.append((k, dotted))
                 stack.append((v, dotted))
 
 

@@ -103,7 +103,43 @@ def test_json_indented_with_tabs_is_read_with_the_same_rules():
 
 def test_no_timestamps_and_no_merge_keys():
     assert load_text("d: 2023-01-01\nt: 2023-01-01 10:00:00\n", "f") == {"d": "2023-01-01", "t": "2023-01-01 10:00:00"}
-    assert load_text("a: &x {k: 1}\nb:\n  <<: *x\n", "f") == {"a": {"k": 1}, "b": {"<<": {"k": 1}}}
+    assert load_text("b:\n  <<: {k: 1}\n", "f") == {"b": {"<<": {"k": 1}}}  # a key like any other
+
+
+def test_aliases_are_refused_so_a_few_bytes_cannot_expand_into_gigabytes():
+    laughs = 'a: &a ["lol", "lol", "lol"]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n'
+    with pytest.raises(ConfigError) as e:
+        load_text(laughs, "f.yaml")
+    assert str(e.value) == (
+        "f.yaml: cannot parse settings file at line 2, column 8: found the alias *a: aliases are not accepted in "
+        "settings files, write the value out; expected a YAML or JSON mapping of setting: value"
+    )
+    assert load_text("a: &a 1\n", "f") == {"a": 1}  # an anchor alone changes nothing
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("ttft_ms: !!binary AAAA\n", "line 1: ttft_ms: the tag !!binary is not accepted"),
+        ("agg:\n  max_replicas: !!timestamp 2023-01-01\n", "line 2: agg.max_replicas: the tag !!timestamp is not"),
+        ("s: !!set {a, b}\n", "line 1: s: the tag !!set is not accepted"),
+        ("!!omap [a: 1]\n", "line 1: the document: the tag !!omap is not accepted"),
+    ],
+)
+def test_tags_outside_the_core_schema_are_refused_naming_the_key(text, line):
+    with pytest.raises(ConfigError) as e:
+        load_text(text, "f.yaml")
+    assert str(e.value).startswith(f"f.yaml: {line}")
+    assert str(e.value).endswith("in settings files, expected a plain value, list or mapping")
+    assert load_text("a: !!str 3\nb: !!int 3\n", "f") == {"a": "3", "b": 3}  # core tags stay
+
+
+def test_a_key_spelled_with_dashes_after_underscores_is_the_same_key_again():
+    with pytest.raises(ConfigError) as e:
+        load_text("ttft_ms: 300\nttft-ms: 400\n", "f.yaml")
+    assert str(e.value) == (
+        "f.yaml: line 2: duplicate key 'ttft-ms' (first at line 1 as 'ttft_ms'), expected each setting once"
+    )
 
 
 def test_a_control_character_is_a_parse_error_not_a_traceback():
