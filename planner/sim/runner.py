@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dynoplan.errors import SimulationConfigError
+from dynoplan.settings_text import check_utf8
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
@@ -278,6 +279,7 @@ def _schedule_steps(
 
 
 def _make_policy(spec: str, ctx: RunContext) -> Policy:
+    check_utf8(spec, "its text")  # argv keeps non-UTF-8 bytes as lone surrogates
     s = spec.strip()
     pools = ctx.pools
     if s == "planner" or s.startswith("planner:"):

@@ -72,3 +72,10 @@ def test_planner_point_count_above_int64_is_refused(capsys):
 def test_regression_buckets_past_the_int64_token_range_are_refused(capsys):
     rc = cli_main(["simulate", "--trace", TINY, "--planner-set", "regression_buckets=65"])
     assert _err(capsys, rc) == ("dynoplan simulate: error: --planner-set regression_buckets=65: expected <= 64")
+
+
+def test_compare_variant_with_non_utf8_bytes_is_one_line(capsys, tmp_path):
+    # argv keeps the byte 0xe9 as the lone surrogate U+DCE9 (what pydantic's JSON parser choked on)
+    spec = "planner:ttft_ms=" + b"\xe9".decode("utf-8", "surrogateescape")
+    rc = cli_main(["simulate", "--trace", TINY, "--out", str(tmp_path / "o"), "--compare", spec])
+    assert _err(capsys, rc).endswith(": its text: byte 0xe9 at offset 16: expected UTF-8 text")
