@@ -467,7 +467,10 @@ def _unknown(key: str) -> str:
     elif key.partition(".")[0] in _POOL_NAMES:
         head, _, tail = key.partition(".")
         close = difflib.get_close_matches(tail, list(_POOL_KEYS), n=1)
-        hint = f" (did you mean {head}.{close[0]}?)" if close else ""
+        if close and close[0] == tail:  # the right key, written dotted where a file nests it
+            hint = f" (in a file, write it under its section: {head}: {{{tail}: ...}})"
+        else:
+            hint = f" (did you mean {head}.{close[0]}?)" if close else ""
     else:
         close = difflib.get_close_matches(key, list(_TOP), n=3)
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""

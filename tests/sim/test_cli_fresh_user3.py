@@ -79,3 +79,13 @@ def test_compare_variant_with_non_utf8_bytes_is_one_line(capsys, tmp_path):
     spec = "planner:ttft_ms=" + b"\xe9".decode("utf-8", "surrogateescape")
     rc = cli_main(["simulate", "--trace", TINY, "--out", str(tmp_path / "o"), "--compare", spec])
     assert _err(capsys, rc).endswith(": its text: byte 0xe9 at offset 16: expected UTF-8 text")
+
+
+def test_a_dotted_pool_key_in_a_file_is_told_to_nest_not_offered_itself(capsys, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("agg.max_replicas: 3\n")
+    rc = cli_main(["simulate", "--trace", TINY, "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    assert _err(capsys, rc) == (
+        f"dynoplan simulate: error: --config {cfg}: agg.max_replicas: unknown setting "
+        "(in a file, write it under its section: agg: {max_replicas: ...})"
+    )
