@@ -122,14 +122,16 @@ def _expected(err: Mapping[str, Any]) -> str:
 def spell(v: Any) -> str:
     """``v`` spelled as the user wrote it in YAML or JSON: ``true``, ``false``, ``null``, strings quoted
     (``"1e3"`` is text, ``1000.0`` a number), ``.inf``/``-.inf``/``.nan``; a mapping or list longer than 80
-    characters is cut with ``...``."""
+    characters is cut with ``...``, a string longer than 1000 (a pasted file, say) likewise."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return ".nan" if math.isnan(v) else (".inf" if v > 0 else "-.inf")
     try:
         text = json.dumps(v, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(v)
-    return text[:77] + "..." if isinstance(v, (dict, list, tuple)) and len(text) > 80 else text
+    if isinstance(v, (dict, list, tuple)) and len(text) > 80:
+        return text[:77] + "..."
+    return text[:997] + '..."' if isinstance(v, str) and len(text) > 1000 else text  # a 5 MB value is not echoed
 
 
 def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str, list[str]] | None = None) -> list[str]:

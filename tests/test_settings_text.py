@@ -203,6 +203,7 @@ def test_assignments():
         ({"k": None}, '{"k": null}'),
         ("é", '"é"'),
         (list(range(40)), "[" + ", ".join(str(i) for i in range(40))[:76] + "..."),
+        ("m" * 5_000_000, '"' + "m" * 996 + '..."'),  # a pasted 5 MB value is not echoed whole
     ],
 )
 def test_spell_writes_values_as_yaml_and_json_do(value, text):
