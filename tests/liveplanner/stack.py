@@ -74,8 +74,16 @@ def stack_file(dir_: Path, planner: dict[str, Any] | None = None, **sections: An
     }
     doc.update(sections)
     p = dir_ / "stack.yaml"
-    p.write_text(yaml.safe_dump(doc))
+    p.write_text(yaml.dump(doc, Dumper=_NoAliasDumper))
     return p
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a list shared by two pools (``FAST_WORKER``) out twice: settings files refuse aliases
+    (docs/architecture.md "Settings text"), and safe_dump would write ``&id001`` / ``*id001``."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def step_trace(path: Path, phases: list[tuple[float, float]], isl: int = 200, osl: int = 20) -> int:
