@@ -621,16 +621,7 @@ def test_a_flooded_agg_engine_with_a_degenerate_fit_still_scales_up_on_its_measu
     from dynoplan.fpm import QueuedRequests, ScheduledRequests
     from planner.core.observations import PassObservation
 
-    cfg = PlannerConfig(
-        mode="agg",
-        throughput_enabled=False,
-        load_enabled=True,
-        regression_min_samples=4,
-        ttft_ms=300.0,
-        itl_ms=10_000.0,
-        max_gpu_budget=8,
-        **REFERENCE_RULES,
-    )
+    cfg = load_config_(mode="agg", ttft_ms=300.0, itl_ms=10_000.0, max_gpu_budget=8)
     pl = Planner(cfg, None)
     fleet = Fleet(agg=1)
     pl.tick(0.0, fleet.obs())
