@@ -19,7 +19,8 @@ reference runs, with their own spread), for (a) the share of requests whose TTFT
 of the reference's (requests paired by arrival time, ISL and OSL), simulated requests per wall-second of both
 and their ratio, and the peak resident memory of each process. Each simulator runs in its own child process
 (wall time = trace parsing + replay + report inside the process, the reference's ``outer_wall_s``; peak RSS
-and process CPU from ``wait4``; our child gets a bytecode cache as the installed reference has,
+and process CPU from ``wait4``, through a small launcher process, :data:`LAUNCHER`; whole-process wall from the
+launcher's clock; the min and the median of the runs; our child gets a bytecode cache as the installed reference has,
 :func:`bytecode_env`). Figures only, no assertions.
 
 Usage:  .venv/bin/python bench/bench_replay.py [--cases a,b,a1] [--repeat N] [--json OUT]
@@ -158,19 +159,50 @@ def bytecode_env(cache_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
-    """Run a child process; returns (wall seconds, peak RSS in MiB, CPU seconds user+system) from wait4."""
+# The launcher: a small Python process, started before this one holds any data, that starts every measured
+# child and returns its wait4 figures. Linux carries a process's peak RSS across fork + exec (the kernel keeps
+# the larger of the old and new address space's high-water mark), so a child started from this process (which
+# grows to hundreds of MiB of reference rows) would report this process's size as its own peak. Started from
+# the launcher (about 10 MiB), a child's peak is its own, floored at the launcher's size.
+LAUNCHER = """
+import json, os, subprocess, sys, tempfile, time
+for line in sys.stdin:
+    job = json.loads(line)
     t = time.perf_counter()
     with tempfile.TemporaryFile() as errf:  # a file, not a pipe: a chatty child must not block on a full pipe
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, env=env)
+        p = subprocess.Popen(job["cmd"], stdout=subprocess.DEVNULL, stderr=errf, env=job["env"])
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
-        p.returncode = os.waitstatus_to_exitcode(status)
         errf.seek(0)
         err = errf.read().decode(errors="replace")
-    if p.returncode != 0:
-        raise SystemExit(f"child failed ({' '.join(cmd[:4])} ...): {err[-2000:]}")
-    return wall, ru.ru_maxrss // 1024, ru.ru_utime + ru.ru_stime
+    print(json.dumps(dict(wall=wall, rc=os.waitstatus_to_exitcode(status), maxrss_kib=ru.ru_maxrss,
+                          cpu=ru.ru_utime + ru.ru_stime, err=err[-2000:])), flush=True)
+"""
+
+
+class Launcher:
+    """The launcher process (:data:`LAUNCHER`); :meth:`run` starts one child through it."""
+
+    def __init__(self) -> None:
+        self._p = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def run(self, cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
+        """Run ``cmd`` to its end; returns (whole-process wall seconds, peak RSS in MiB, CPU seconds
+        user+system), from the launcher's ``wait4``. A failing child ends the benchmark with its stderr."""
+        assert self._p.stdin is not None and self._p.stdout is not None
+        self._p.stdin.write(json.dumps(dict(cmd=cmd, env=dict(os.environ) if env is None else env)) + "\n")
+        self._p.stdin.flush()
+        r = json.loads(self._p.stdout.readline())
+        if r["rc"] != 0:
+            raise SystemExit(f"child failed ({' '.join(cmd[:4])} ...): {r['err']}")
+        return r["wall"], r["maxrss_kib"] // 1024, r["cpu"]
+
+    def close(self) -> None:
+        assert self._p.stdin is not None
+        self._p.stdin.close()
+        self._p.wait()
 
 
 # ------------------------------------------------------------------------------------------ comparison
@@ -215,6 +247,7 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
     if a.child:
         child(a.child, a.out)
         return
+    launcher = Launcher()  # first: before this process holds any data (see LAUNCHER)
     results = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
     env = bytecode_env(tmp / "pycache")
@@ -233,14 +266,17 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
         c = CASES[case]
         best_mine = best_ref = None
         ref_reports: list[dict] = []
-        cpu_mine = cpu_ref = float("inf")
+        # per run: in-process wall s, whole-process wall s, process CPU s, peak RSS MiB
+        runs: dict[str, list[tuple[float, float, float, int]]] = {"mine": [], "ref": []}
         for k in range(max(a.repeat, a.ref_runs_b if case == "b" else 1)):
             mine_out = tmp / f"{case}_mine.json"
-            wall_m, rss_m, cpu_m = run_child([sys.executable, __file__, "--child", case, "--out", str(mine_out)], env)
+            wall_m, rss_m, cpu_m = launcher.run(
+                [sys.executable, __file__, "--child", case, "--out", str(mine_out)], env
+            )
             mine = json.loads(mine_out.read_text())
-            cpu_mine = min(cpu_mine, cpu_m)
-            if best_mine is None or mine["wall_s"] < best_mine[0]["wall_s"]:
-                best_mine = (mine, rss_m)
+            runs["mine"].append((mine["wall_s"], wall_m, cpu_m, rss_m))
+            if best_mine is None or mine["wall_s"] < best_mine["wall_s"]:
+                best_mine = mine
             ref_json, ref_per = tmp / f"{case}_ref.json", tmp / f"{case}_ref.jsonl"
             cmd = [
                 REFERENCE,
@@ -268,14 +304,14 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
                     }
                 )
                 cmd += ["--disagg", "--prefill-workers", str(d["prefill"]), "--decode-workers", str(d["decode"])]
-            _, rss_r, cpu_r = run_child(cmd)
-            cpu_ref = min(cpu_ref, cpu_r)
+            wall_r, rss_r, cpu_r = launcher.run(cmd)
             ref = json.loads(ref_json.read_text())
             ref_reports.append(ref)
+            runs["ref"].append((ref["outer_wall_s"], wall_r, cpu_r, rss_r))
             if best_ref is None or ref["outer_wall_s"] < best_ref[0]["outer_wall_s"]:
-                best_ref = (ref, rss_r, [json.loads(line) for line in ref_per.read_text().splitlines()])
+                best_ref = (ref, [json.loads(line) for line in ref_per.read_text().splitlines()])
         assert best_mine is not None and best_ref is not None
-        (mine, rss_m), (ref, rss_r, ref_rows) = best_mine, best_ref
+        mine, (ref, ref_rows) = best_mine, best_ref
         rep = mine["report"]
         keys = [f"{s}_{m}_ms" for m, s in METRICS]
         ref_mean = {k: float(np.mean([r[k] for r in ref_reports])) for k in keys}
@@ -283,6 +319,14 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
         spread = {k[:-3]: (max(r[k] for r in ref_reports) - min(r[k] for r in ref_reports)) / ref_mean[k] for k in keys}
         share, paired = per_request_share(mine["per"], ref_rows)
         n = mine["n"]
+        fig = {
+            who: {
+                stat: dict(zip(("wall_s", "process_wall_s", "process_cpu_s", "peak_rss_mib"), f(np.array(rs).T)))
+                for stat, f in (("min", lambda a: a.min(axis=1)), ("median", lambda a: np.median(a, axis=1)))
+            }
+            for who, rs in runs.items()
+        }
+        fig = {w: {s: {k: float(v) for k, v in d.items()} for s, d in st.items()} for w, st in fig.items()}
         results[case] = dict(
             rel_diff=diffs,
             max_abs_rel_diff=max(abs(v) for v in diffs.values()),
@@ -291,23 +335,31 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
             reference_spread=spread,
             per_request_within_0p1pct=share,
             paired=paired,
+            n=n,
+            runs=runs,
+            figures=fig,
             dynoplan_req_per_s=n / mine["wall_s"],
             reference_req_per_s=n / ref["outer_wall_s"],
-            speed_ratio=(n / mine["wall_s"]) / (n / ref["outer_wall_s"]),
+            speed_ratio=fig["ref"]["min"]["wall_s"] / fig["mine"]["min"]["wall_s"],
+            process_wall_ratio=fig["ref"]["min"]["process_wall_s"] / fig["mine"]["min"]["process_wall_s"],
+            cpu_ratio=fig["ref"]["min"]["process_cpu_s"] / fig["mine"]["min"]["process_cpu_s"],
+            median_speed_ratio=fig["ref"]["median"]["wall_s"] / fig["mine"]["median"]["wall_s"],
+            median_process_wall_ratio=fig["ref"]["median"]["process_wall_s"] / fig["mine"]["median"]["process_wall_s"],
+            median_cpu_ratio=fig["ref"]["median"]["process_cpu_s"] / fig["mine"]["median"]["process_cpu_s"],
             dynoplan_wall_s=mine["wall_s"],
             dynoplan_parse_s=mine["parse_s"],
             dynoplan_replay_s=mine["replay_s"],
             dynoplan_report_s=mine["report_s"],
             reference_wall_s=ref["outer_wall_s"],
             reference_internal_wall_s=ref.get("wall_time_ms", float("nan")) / 1000.0,
-            dynoplan_peak_rss_mib=rss_m,
-            reference_peak_rss_mib=rss_r,
-            dynoplan_process_cpu_s=cpu_mine,
-            reference_process_cpu_s=cpu_ref,
-            cpu_ratio=cpu_ref / cpu_mine,
+            dynoplan_peak_rss_mib=max(r[3] for r in runs["mine"]),
+            reference_peak_rss_mib=max(r[3] for r in runs["ref"]),
+            dynoplan_process_cpu_s=fig["mine"]["min"]["process_cpu_s"],
+            reference_process_cpu_s=fig["ref"]["min"]["process_cpu_s"],
             prefix_cache_reused_ratio=(rep.get("prefix_cache_reused_ratio"), ref.get("prefix_cache_reused_ratio")),
         )
         print_case(case, c, results[case])
+    launcher.close()
     print_summary(results)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
@@ -357,21 +409,39 @@ def print_case(case: str, c: dict, r: dict) -> None:
         f" + replay {r['dynoplan_replay_s']:.2f} + report {r['dynoplan_report_s']:.2f}), reference "
         f"{r['reference_req_per_s']:.0f} req/s ({r['reference_wall_s']:.2f} s), ratio {r['speed_ratio']:.2f}"
     )
+    f = r["figures"]
+    for label, key in (
+        ("in-process wall", "wall_s"),
+        ("whole-process wall", "process_wall_s"),
+        ("whole-process CPU", "process_cpu_s"),
+    ):
+        m, rf = f["mine"], f["ref"]
+        print(
+            f"{label + ' s':<22} dynoplan min {m['min'][key]:.2f} median {m['median'][key]:.2f}, reference min "
+            f"{rf['min'][key]:.2f} median {rf['median'][key]:.2f}; ratio min {rf['min'][key] / m['min'][key]:.2f} "
+            f"median {rf['median'][key] / m['median'][key]:.2f}"
+        )
     print(
-        f"process CPU (user+sys, whole child incl. start-up): dynoplan {r['dynoplan_process_cpu_s']:.2f} s, "
-        f"reference {r['reference_process_cpu_s']:.2f} s, ratio {r['cpu_ratio']:.2f} "
-        "(less sensitive to other load than wall time)"
+        f"peak RSS (max over {len(r['runs']['mine'])} runs): dynoplan {r['dynoplan_peak_rss_mib']} MiB, "
+        f"reference {r['reference_peak_rss_mib']} MiB"
     )
-    print(f"peak RSS: dynoplan {r['dynoplan_peak_rss_mib']} MiB, reference {r['reference_peak_rss_mib']} MiB")
 
 
 def print_summary(results: dict) -> None:
-    print("\ncase  max|diff|  within-0.1%  dynoplan req/s  reference req/s  ratio  CPU ratio  RSS MiB (ours/ref)")
+    """One line per case: fidelity, then the speed ratios reference / dynoplan (min of the runs; median in
+    parentheses) in-process wall, whole-process wall and whole-process CPU, and peak RSS."""
+    print(
+        "\ncase  max|diff|  within-0.1%  req/s ours/ref   wall ratio    proc-wall ratio  CPU ratio     "
+        "RSS MiB (ours/ref)"
+    )
     for case, r in results.items():
         print(
             f"{case:<5} {r['max_abs_rel_diff'] * 100:>8.3f}%  {r['per_request_within_0p1pct'] * 100:>10.2f}%  "
-            f"{r['dynoplan_req_per_s']:>14.0f}  {r['reference_req_per_s']:>15.0f}  {r['speed_ratio']:>5.2f}  "
-            f"{r['cpu_ratio']:>9.2f}  {r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}"
+            f"{r['dynoplan_req_per_s']:>6.0f}/{r['reference_req_per_s']:<6.0f}  "
+            f"{r['speed_ratio']:>5.2f} ({r['median_speed_ratio']:.2f})  "
+            f"{r['process_wall_ratio']:>5.2f} ({r['median_process_wall_ratio']:.2f})     "
+            f"{r['cpu_ratio']:>5.2f} ({r['median_cpu_ratio']:.2f})  "
+            f"{r['dynoplan_peak_rss_mib']}/{r['reference_peak_rss_mib']}"
         )
 
 
