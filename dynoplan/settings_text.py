@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from dynoplan.errors import ConfigError
+from dynoplan.fields import FLOAT_TEXT, INT_TEXT
 
 MAPPING = "a YAML or JSON mapping of setting: value"
 """What a settings file holds (the default ``expected`` of the readers' parse errors)."""
@@ -100,13 +101,11 @@ SettingsLoader.add_implicit_resolver(
 SettingsLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
-SettingsLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
 SettingsLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+.0123456789"),
+    "tag:yaml.org,2002:int", re.compile(f"^(?:{INT_TEXT.pattern})$"), list("-+0123456789")
+)
+SettingsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(f"^(?:{FLOAT_TEXT.pattern})$"), list("-+.0123456789")
 )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from dynoplan.errors import ConfigError
-from dynoplan.fields import MAX_INT64
+from dynoplan.fields import MAX_INT64, float_text, int_text
 from dynoplan.settings import check
 from mocker.config import ENGINES, EngineConfig, resolve_kv_capacity
 from mocker.kv.tiers import parse_bandwidth_flags
@@ -45,7 +45,7 @@ front with its own KV cache and scheduler, so 100000 workers exhaust memory befo
 def positive_int(text: str) -> int:
     """argparse type: an integer > 0 and at most :data:`dynoplan.fields.MAX_INT64` (the settings' bound)."""
     try:
-        v = int(text)
+        v = int_text(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
     if v <= 0:
@@ -91,7 +91,7 @@ def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[str])
 def nonneg_int(text: str) -> int:
     """argparse type: an integer >= 0 and at most :data:`dynoplan.fields.MAX_INT64` (the settings' bound)."""
     try:
-        v = int(text)
+        v = int_text(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0") from None
     if v < 0:
@@ -104,7 +104,7 @@ def nonneg_int(text: str) -> int:
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:
-        v = float(text)
+        v = float_text(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
     if not (math.isfinite(v) and v > 0):
@@ -115,7 +115,7 @@ def positive_float(text: str) -> float:
 def positive_seconds(text: str) -> float:
     """argparse type: a duration, a finite number of seconds > 0 (the wording of the settings' seconds)."""
     try:
-        v = float(text)
+        v = float_text(text)
     except ValueError:
         v = math.nan
     if not (math.isfinite(v) and v > 0):
@@ -126,7 +126,7 @@ def positive_seconds(text: str) -> float:
 def nonneg_float(text: str) -> float:
     """argparse type: a finite number >= 0."""
     try:
-        v = float(text)
+        v = float_text(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number >= 0") from None
     if not (math.isfinite(v) and v >= 0):

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from dynoplan.errors import SimulationConfigError
+from dynoplan.fields import float_text, int_text
 from mocker.arguments import engine_config_from_args, positive_int, use_one_line_errors
 from planner.arguments import add_engine_arguments, check_out_not_inputs
 from planner.core import save_profile
@@ -20,7 +21,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     """argparse type of a grid flag (--isl, --context): at least 2 positive integers, comma-separated (the
     planner interpolates between grid points)."""
     try:
-        vals = tuple(int(x) for x in text.split(","))
+        vals = tuple(int_text(x.strip()) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
     if any(v <= 0 for v in vals):
@@ -35,7 +36,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _float_list(text: str) -> tuple[float, ...]:
     """argparse type of --kv-usage: at least 2 fractions 0 < F < 1, comma-separated."""
     try:
-        vals = tuple(float(x) for x in text.split(","))
+        vals = tuple(float_text(x.strip()) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
     if any(not 0 < v < 1 for v in vals):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dynoplan.errors import ConfigError, DynoplanError, ProfileError, SimulationConfigError
+from dynoplan.fields import float_text, int_text
 from dynoplan.settings import check
 from mocker.arguments import (
     MAX_WORKERS,
@@ -162,7 +163,7 @@ def _attainment_flag(text: str) -> float | str:
     if text.strip().lower() in ("off", "none"):
         return OFF
     try:
-        v = float(text)
+        v = float_text(text)
     except ValueError:
         v = float("nan")
     if not 0 < v < 1:
@@ -177,7 +178,7 @@ MAX_SAMPLES = 100_000
 def _share(text: str) -> float:
     """argparse type: a share 0 < F <= 1 (an attainment target)."""
     try:
-        v = float(text)
+        v = float_text(text)
     except ValueError:
         v = float("nan")
     if not 0 < v <= 1:
@@ -229,7 +230,7 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
     if text is None or text == "auto":
         return None
     try:
-        nums = [int(x) for x in text.split("+")]
+        nums = [int_text(x) for x in text.split("+")]
     except ValueError:
         nums = []
     if len(nums) != len(pools):  # the range of each count is _check_initial's (the planner's pool limits)

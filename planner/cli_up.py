@@ -53,6 +53,7 @@ from typing import Any
 import yaml
 
 from dynoplan.errors import ConfigError, ProfileError
+from dynoplan.fields import int_text
 from dynoplan.settings import spell
 from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
@@ -74,7 +75,7 @@ PROMETHEUS_STABLE_S = 60.0
 # ============================================================================== dynoplan planner
 def _port_arg(text: str) -> int:
     try:
-        v = int(text)
+        v = int_text(text)
     except ValueError:
         v = -1
     if not 0 <= v <= 65535:
