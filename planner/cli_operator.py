@@ -111,13 +111,15 @@ def run(args: argparse.Namespace) -> int:
     from planner.operator.handlers import build_registry
     from planner.operator.kube import Kube, load_client_configuration
     from planner.operator.loop import BudgetBook, LoopMetrics
-    from planner.operator.settings import effective_peering_priority
+    from planner.operator.settings import effective_peering_priority, ignored_env_variables
 
     s = _settings(args)
     defaults = load_config(s.planner_defaults_file) if s.planner_defaults_file else PlannerConfig()
     api = kubernetes.client.ApiClient(load_client_configuration())  # credentials first: a user error exits 2
     kopf.configure(log_format=kopf.LogFormat.JSON if s.log_format == "json" else kopf.LogFormat.FULL)
     logging.getLogger("dynoplan").setLevel(logging.INFO)
+    for line in ignored_env_variables():
+        logging.getLogger("dynoplan.operator").warning(line)
     registry = CollectorRegistry()
     loop_metrics = LoopMetrics()
     registry.register(loop_metrics)

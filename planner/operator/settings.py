@@ -7,7 +7,9 @@ construction, all problems reported at once (:class:`~dynoplan.errors.SettingsEr
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -181,6 +183,36 @@ def settings_from_env(env: Mapping[str, str] | None = None, **overrides: Any) ->
             data[f.name] = v
     data.update({k: v for k, v in overrides.items() if v is not None})
     return settings_from_mapping(data)
+
+
+# Variables Kubernetes itself puts into every container for each Service of the namespace (the API's
+# enableServiceLinks, on by default): <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT[_<PORT NAME>] and the Docker-link
+# style <NAME>_PORT[_<N>_<PROTO>[_ADDR|_PORT|_PROTO]]. A Service named dynoplan-operator gives
+# DYNOPLAN_OPERATOR_SERVICE_HOST, DYNOPLAN_OPERATOR_PORT_8080_TCP, ...; they are not settings and never
+# misspelled ones.
+_SERVICE_LINK = re.compile(
+    r"(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_ADDR|_PORT|_PROTO)?)?)"
+)
+
+
+def ignored_env_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """One warning line per ``DYNOPLAN_OPERATOR_*`` variable of ``env`` (default ``os.environ``) that names no
+    setting, with the closest setting's variable when there is one (``DYNOPLAN_OPERATOR_NAMESPCE: not a
+    setting, ignored; did you mean DYNOPLAN_OPERATOR_NAMESPACE?``). Not refused, because the prefix is also
+    Kubernetes' own: the service-link variables of a Service named ``dynoplan-operator`` (``_SERVICE_HOST``,
+    ``_PORT_<N>_TCP``, ...) are skipped here, and a variable nobody can tell from them must not stop the
+    operator."""
+    env = os.environ if env is None else env
+    names = {ENV_PREFIX + f.upper() for f in field_names()}
+    lines = []
+    for var in sorted(env):
+        rest = var.removeprefix(ENV_PREFIX)
+        if rest == var or var in names or _SERVICE_LINK.fullmatch(rest):
+            continue
+        close = difflib.get_close_matches(rest, sorted(n.removeprefix(ENV_PREFIX) for n in names), n=1)
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else f" (settings: {ENV_PREFIX}<FIELD>, docs/operator.md)"
+        lines.append(f"{var}: not a setting, ignored{hint}")
+    return lines
 
 
 def field_names() -> list[str]:

@@ -397,3 +397,29 @@ def test_planner_spec_fpm_discovery_fields():
     assert plan.fpm_services == {"agg": "vllm-workers"} and plan.fpm_port_name == "metrics-zmq"
     plan = parse_planner({**body, "spec": {"targetRef": {"name": "g"}}})
     assert plan.fpm_services == {} and plan.fpm_port_name == "fpm"
+
+
+def test_misspelled_operator_variables_are_warned_and_service_links_are_not():
+    from planner.operator.settings import ignored_env_variables
+
+    env = {
+        "DYNOPLAN_OPERATOR_NAMESPCE": "demo",  # misspelled
+        "DYNOPLAN_OPERATOR_NAMESPACE": "demo",  # a setting
+        "DYNOPLAN_OPERATOR_COLOUR": "blue",  # nothing close
+        # what Kubernetes injects for a Service named dynoplan-operator (enableServiceLinks)
+        "DYNOPLAN_OPERATOR_SERVICE_HOST": "10.0.0.1",
+        "DYNOPLAN_OPERATOR_SERVICE_PORT": "8080",
+        "DYNOPLAN_OPERATOR_SERVICE_PORT_METRICS": "8080",
+        "DYNOPLAN_OPERATOR_PORT": "tcp://10.0.0.1:8080",
+        "DYNOPLAN_OPERATOR_PORT_8080_TCP": "tcp://10.0.0.1:8080",
+        "DYNOPLAN_OPERATOR_PORT_8080_TCP_ADDR": "10.0.0.1",
+        "DYNOPLAN_OPERATOR_PORT_8080_TCP_PORT": "8080",
+        "DYNOPLAN_OPERATOR_PORT_8080_TCP_PROTO": "tcp",
+        "HOME": "/root",
+    }
+    assert ignored_env_variables(env) == [
+        "DYNOPLAN_OPERATOR_COLOUR: not a setting, ignored (settings: DYNOPLAN_OPERATOR_<FIELD>, docs/operator.md)",
+        "DYNOPLAN_OPERATOR_NAMESPCE: not a setting, ignored; did you mean DYNOPLAN_OPERATOR_NAMESPACE?",
+    ]
+    s = settings_from_env(env)  # ignored, not refused
+    assert s.namespace == "demo"
