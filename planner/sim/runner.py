@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dynoplan.errors import SimulationConfigError
+from dynoplan.fields import float_text
 from dynoplan.settings_text import check_utf8
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
@@ -285,14 +286,19 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
     if s == "planner" or s.startswith("planner:"):
         cfg = ctx.config
         if ":" in s:
-            kv = {}
+            kv: dict[str, str] = {}
+            last = None  # an item without "=" continues the previous value: a list (auto_candidates=a,b)
             for part in s.split(":", 1)[1].split(","):
                 if "=" not in part:
-                    raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
+                    if last is None:
+                        raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
+                    kv[last] += "," + part.strip()
+                    continue
                 k, v = part.split("=", 1)
-                if k.strip() in kv:
-                    raise SimulationConfigError(f"policy {spec!r}: {k.strip()!r} given twice: expected each key once")
-                kv[k.strip()] = v.strip()
+                last = k.strip()
+                if last in kv:
+                    raise SimulationConfigError(f"policy {spec!r}: {last!r} given twice: expected each key once")
+                kv[last] = v.strip()
             att = kv.pop("attainment_target", None)
             if "mode" in kv and kv["mode"] != cfg.mode:
                 # every policy of a run replays the same fleet (pools, engines, KV transfer), fixed by --mode
@@ -308,7 +314,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
         att_target = None if isinstance(given, str) else given  # the only text is "off"
         if att is not None:
             try:
-                att_target = None if att.lower() in ("none", "off") else float(att)
+                att_target = None if att.lower() in ("none", "off") else float_text(att)
             except ValueError:
                 att_target = -1.0
             if att_target is not None and not 0 < att_target < 1:

@@ -77,6 +77,23 @@ def test_static_at_max_replicas_and_hpa_kv_1_accepted(profile):
     assert make_policy("hpa:running:7", ctx).target == 7.0  # running requests: not a fraction
 
 
+def test_a_planner_variant_gives_a_list_setting_over_the_items_without_equals(capsys, profile):
+    from planner.cli import build_parser
+    from planner.cli_simulate import build_context
+    from planner.sim.runner import make_policy
+
+    ctx = build_context(build_parser().parse_args(["simulate", "--trace", TRACE, "--profile", profile]))
+    cfg = make_policy("planner:auto_candidates=constant,kalman,load_enabled=true", ctx).config
+    assert cfg.auto_candidates == ("constant", "kalman") and cfg.load_enabled is True
+    assert make_policy("planner:auto_candidates=arima", ctx).config.auto_candidates == ("arima",)
+    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "planner:kalman"])
+    _one_line(capsys, rc, "expected planner:key=value,key=value")
+    rc = cli_main(
+        ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "planner:load_enabled=true,x"]
+    )
+    _one_line(capsys, rc, "load_enabled")
+
+
 def test_tiny_sample_interval_rejected(capsys, profile):
     # 20 s of trace / 1e-9 s = 2e10 samples > MAX_SAMPLES (100000)
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--sample-interval-s", "1e-9"])
