@@ -519,10 +519,18 @@ def write_per_request_jsonl(records: Iterable[RequestRecord], path: str | Path) 
     p.parent.mkdir(parents=True, exist_ok=True)
     enc = msgspec.json.Encoder()
     buf = bytearray()
-    for r in sorted(records, key=lambda r: r.request_id):
-        enc.encode_into(per_request_row(r), buf, len(buf))
-        buf += b"\n"
-    p.write_bytes(bytes(buf))
+    with p.open("wb") as f:  # in pieces of ~1 MiB: the whole file (every token time) is never held in memory
+        for r in sorted(records, key=lambda r: r.request_id):
+            enc.encode_into(per_request_row(r), buf, len(buf))
+            buf += b"\n"
+            if len(buf) >= _WRITE_CHUNK:
+                f.write(buf)
+                buf.clear()
+        f.write(buf)
+
+
+_WRITE_CHUNK = 1 << 20
+"""Bytes of JSONL gathered before :func:`write_per_request_jsonl` writes them (1 MiB)."""
 
 
 # ---------------------------------------------------------------------------------------------- table
