@@ -148,6 +148,11 @@ def child(case: str, out: str) -> None:
             dict(report=rep, per=per, wall_s=t3 - t0, parse_s=t1 - t0, replay_s=t2 - t1, report_s=t3 - t2, n=len(reqs))
         )
     )
+    # The process ends as `dynoplan replay` ends, without the interpreter's teardown (the output file is
+    # written and closed; mocker.cli_replay.exit_without_teardown).
+    from mocker.cli_replay import exit_without_teardown
+
+    exit_without_teardown(0)
 
 
 def bytecode_env(cache_dir: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ then the error line, exit 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dynoplan.settings import check
@@ -221,4 +222,23 @@ def run(args: argparse.Namespace) -> int:
         failures[-1] += " (report printed to stdout)"
     for msg in failures:
         print(f"dynoplan replay: error: {msg}", file=sys.stderr)
-    return 2 if failures else 0
+    code = 2 if failures else 0
+    if getattr(args, "_exit_process", False):  # the process's entry point (planner.cli.main from the console)
+        exit_without_teardown(code)
+    return code
+
+
+def exit_without_teardown(code: int) -> None:
+    """End the process now with ``code``, skipping the interpreter's teardown (freeing every object of the
+    replay one by one: millions of token times, about 0.1 s of CPU for the bundled Azure trace, and the
+    modules). Returns, leaving the usual exit to the caller, when stdout or stderr cannot be flushed.
+
+    Safe only once all output is complete, as at the end of :func:`run`: the output files are written and
+    closed (``write_report_json``, ``write_per_request_jsonl``), stdout and stderr are flushed here, and the
+    replay registers no ``atexit`` work, starts no process or thread and leaves no temporary file."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed or broken stream: the normal exit reports it
+        return
+    os._exit(code)

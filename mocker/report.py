@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -118,41 +118,108 @@ def distribution_stats(values: Iterable[float] | np.ndarray, *, sketch: bool = F
     return _stats(np.asarray(values, dtype=np.float64), sketch=sketch)
 
 
-def _stats(a: np.ndarray, *, sketch: bool, scratch: np.ndarray | None = None) -> dict[str, float]:
-    """:func:`distribution_stats` of a float64 array, working in ``scratch`` (a float64 array of at least
-    ``a.size`` elements, overwritten; None = a new one).
+def _stats(a: np.ndarray, *, sketch: bool) -> dict[str, float]:
+    """:func:`distribution_stats` of a float64 array (not modified; the rank selection works in a copy)."""
+    return _stats_in_place(np.array(a, dtype=np.float64), sketch=sketch)
 
-    The report's per-token samples hold millions of values: reusing one buffer for the rank selection and
-    the squared deviations, instead of two fresh arrays per distribution, spares the page faults of
-    fresh memory. The figures are bit-identical to ``np.partition`` and ``a.std()``: the same selected
-    elements, and the population std computed as numpy's ``_var`` does (pairwise sum of the squared
-    deviations from the mean over a contiguous array, divided by n, square root).
-    """
+
+_BLOCK = 8192
+"""Elements per block of :func:`_sum_blocks`: numpy's ``np.add.reduce`` over a long contiguous float64 array
+adds the pairwise sums of consecutive blocks of its buffer size (8192, ``np.getbufsize()``) in order."""
+
+
+def _sum_blocks(a: np.ndarray, f: Callable[[np.ndarray, np.ndarray], None]) -> float:
+    """``np.add.reduce(g(a))`` bit for bit, where ``f(block, out)`` writes ``g`` of a block of ``a`` into ``out``,
+    without an array of ``a.size`` elements: ``g`` is applied one block of :data:`_BLOCK` elements at a time and
+    the block sums are added in order, as numpy's own reduction does (checked in tests/mocker/test_report.py).
+    ``a``: a contiguous 1-D float64 array."""
+    buf = np.empty(min(_BLOCK, a.size))
+    total = 0.0
+    for lo in range(0, a.size, _BLOCK):
+        block = a[lo : lo + _BLOCK]
+        out = buf[: block.size]
+        f(block, out)
+        total += float(np.add.reduce(out))
+    return total
+
+
+_PERCENTILES = (50.0, 75.0, 90.0, 95.0, 99.0)
+"""The percentiles of :data:`STAT_NAMES` (median, p75, p90, p95, p99), in that order."""
+
+
+def _moments(a: np.ndarray, *, recip: bool = False) -> tuple[float, float, float, float]:
+    """(mean, min, max, population std) of the contiguous non-empty float64 array ``a`` (not modified), or
+    with ``recip=True`` of ``1000 / a`` (``a`` all > 0) without materialising it: division is monotone, so
+    its min and max are 1000 / max and 1000 / min.
+
+    Bit-identical to numpy's ``mean()`` and ``std()`` of the same array: the mean as ``np.mean`` (sum / n)
+    and the std as numpy's ``_var`` (sum of the squared deviations from the mean, divided by n, square
+    root), every sum in numpy's order (:func:`_sum_blocks`)."""
+    n = a.size
+    if recip:
+
+        def recip_into(block: np.ndarray, out: np.ndarray) -> None:
+            np.divide(1000.0, block, out=out)
+
+        mean = _sum_blocks(a, recip_into) / n
+        lo, hi = 1000.0 / float(a.max()), 1000.0 / float(a.min())
+    else:
+        mean = float(a.mean())
+        lo, hi = float(a.min()), float(a.max())
+
+    def squared_deviation(block: np.ndarray, out: np.ndarray) -> None:
+        if recip:
+            np.divide(1000.0, block, out=out)
+            np.subtract(out, mean, out=out)
+        else:
+            np.subtract(block, mean, out=out)
+        np.multiply(out, out, out=out)
+
+    return mean, lo, hi, math.sqrt(_sum_blocks(a, squared_deviation) / n)
+
+
+def _stats_dict(moments: tuple[float, float, float, float], pct: list[float]) -> dict[str, float]:
+    """The :data:`STAT_NAMES` dict from :func:`_moments` and the :data:`_PERCENTILES` values."""
+    mean, lo, hi, std = moments
+    return {
+        "mean": mean,
+        "min": lo,
+        "max": hi,
+        "median": pct[0],
+        "p75": pct[1],
+        "p90": pct[2],
+        "p95": pct[3],
+        "p99": pct[4],
+        "std": std,
+    }
+
+
+def _stats_in_place(a: np.ndarray, *, sketch: bool) -> dict[str, float]:
+    """:func:`distribution_stats` of the contiguous float64 array ``a``, which is left partially sorted (the
+    rank selection runs in place, as ``np.partition`` would in a copy: the same selected elements)."""
     n = a.size
     if n == 0:
         return {k: 0.0 for k in STAT_NAMES}
-    buf = np.empty(n) if scratch is None else scratch[:n]
+    moments = _moments(a)
+    ranks = [_rounded_rank(n, p) for p in _PERCENTILES]
+    a.partition(sorted(set(ranks)))  # O(n) selection of the rank elements, in place
     q = sketch_value if sketch else float
-    pcts = (50.0, 75.0, 90.0, 95.0, 99.0)
-    ranks = [_rounded_rank(n, p) for p in pcts]
-    np.copyto(buf, a)
-    buf.partition(sorted(set(ranks)))  # O(n) selection of the rank elements, in place
-    v = [q(float(buf[r])) for r in ranks]
-    mean = a.mean()
-    np.subtract(a, mean, out=buf)
-    np.multiply(buf, buf, out=buf)
-    std = math.sqrt(float(np.add.reduce(buf) / n))
-    return {
-        "mean": float(mean),
-        "min": float(a.min()),
-        "max": float(a.max()),
-        "median": v[0],
-        "p75": v[1],
-        "p90": v[2],
-        "p95": v[3],
-        "p99": v[4],
-        "std": std,
-    }
+    return _stats_dict(moments, [q(float(a[r])) for r in ranks])
+
+
+def _gap_stats_in_place(itl: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
+    """The sketch statistics of the gaps ``itl`` (ms, all > 0, non-empty) and of 1000 / gap (tokens/s), with
+    one rank selection in ``itl`` (left partially sorted) and no second array of its size: the value at rank
+    r of 1000 / gap is 1000 / (the gap at rank n - 1 - r), division being monotone."""
+    n = itl.size
+    gap_moments, user_moments = _moments(itl), _moments(itl, recip=True)  # both before ``itl`` is reordered
+    ranks = [_rounded_rank(n, p) for p in _PERCENTILES]
+    user_at = [n - 1 - r for r in ranks]
+    itl.partition(sorted(set(ranks + user_at)))
+    return (
+        _stats_dict(gap_moments, [sketch_value(float(itl[r])) for r in ranks]),
+        _stats_dict(user_moments, [sketch_value(1000.0 / float(itl[i])) for i in user_at]),
+    )
 
 
 def _is_completed(r: RequestRecord) -> bool:
@@ -182,10 +249,9 @@ class _TokenTimes(NamedTuple):
 
     Per-request arrays have one element per such request, in request_id order: ``n_tok`` (int64, tokens),
     ``ttft``/``e2e`` (float64, ms), ``multi`` (bool, >= 2 tokens). ``ttst``/``tpot`` (float64, ms) have one
-    element per request with ``multi``. ``itl`` (float64, ms) holds every gap between consecutive tokens;
-    ``itl_stats`` its statistics (computed before ``itl`` becomes scratch); ``per_user`` (tokens/s) is
-    1000 / gap for every gap > 0; ``scratch`` is a float64 buffer of at least ``per_user.size`` elements
-    (the ``itl`` buffer: only its size is read after its statistics).
+    element per request with ``multi``. ``n_itl``: the number of gaps between consecutive tokens (the ITL
+    samples); ``itl_stats`` their statistics (ms) and ``per_user_stats`` those of 1000 / gap over every gap
+    > 0 (output token throughput per user, tokens/s).
     """
 
     n_tok: np.ndarray
@@ -194,10 +260,9 @@ class _TokenTimes(NamedTuple):
     multi: np.ndarray
     ttst: np.ndarray
     tpot: np.ndarray
-    itl: np.ndarray
+    n_itl: int
     itl_stats: dict[str, float]
-    per_user: np.ndarray
-    scratch: np.ndarray
+    per_user_stats: dict[str, float]
 
 
 def _check_sla_targets(sla_ttft_ms: float | None, sla_itl_ms: float | None, sla_e2e_ms: float | None) -> None:
@@ -211,8 +276,8 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     """The latency samples of ``with_tokens`` (completed, >= 1 token, request_id order); see _TokenTimes.
 
     Every token time of every request is flattened once (request order) and the per-request figures are
-    read from it by index. The token arrays hold millions of values, and fresh memory is expensive (page
-    faults), so the report makes two such arrays in all: ``flat`` and ``itl``, each reused as scratch.
+    read from it by index. The token times number millions, so that is the report's one array of their
+    size: the gaps overwrite it, and the per-token statistics work in it (:func:`_stats_in_place`).
     """
     n_req = len(with_tokens)
     n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
@@ -230,26 +295,26 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     ttst = np.maximum(second - first[multi], 0.0)
     tpot = np.maximum(last[multi] - first[multi], 0.0) / (n_tok[multi] - 1)
     itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
-    # ITL statistics now, with ``flat`` as scratch (the per-user throughput then overwrites ``flat``)
-    itl_stats = _stats(itl, sketch=True, scratch=flat)
-    positive = itl > 0.0
-    if positive.all():  # the usual case: no zero gap
-        per_user = np.divide(1000.0, itl, out=flat[: itl.size])
+    if itl.size and float(itl.min()) > 0.0:  # the usual case: no zero gap (itl >= 0); 1000 / gap never materialised
+        itl_stats, per_user_stats = _gap_stats_in_place(itl)
     else:
-        per_user = itl[positive]
+        per_user = itl[itl > 0.0]
         np.divide(1000.0, per_user, out=per_user)
-    # ``itl`` is no longer needed: scratch for the per-user throughput statistics
-    return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, itl, itl_stats, per_user, itl)
+        itl_stats = _stats_in_place(itl, sketch=True)
+        per_user_stats = _stats_in_place(per_user, sketch=True)
+    return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, int(itl.size), itl_stats, per_user_stats)
 
 
 def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
-    """Every gap (ms, clamped >= 0) between consecutive tokens of the same request, in request order.
+    """Every gap (ms, clamped >= 0) between consecutive tokens of the same request, in request order: the
+    first ``n_gaps`` elements of ``flat``, overwritten (returned as a view).
 
     ``flat``: all token times (ms); request i's tokens are ``flat[start[i]:stop[i]]`` (int64 index arrays
     of the requests with >= 2 tokens); ``n_gaps`` = total tokens - requests. One subtraction per request
-    straight into its slice of the result (no array of all gaps with the request boundaries to drop).
+    straight into its place, which never lies after its tokens (numpy's ufuncs give overlapping operands
+    the result of non-overlapping ones).
     """
-    itl = np.empty(n_gaps)
+    itl = flat[:n_gaps]
     o = 0
     for a, b in zip(start.tolist(), stop.tolist(), strict=True):
         np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
@@ -326,12 +391,12 @@ def _goodput_keys(
 
 def _distribution_keys(t: _TokenTimes) -> dict[str, float]:
     """``{stat}_{name}_ms`` for every latency distribution, then the per-user output token throughput
-    statistics (tokens/s, ``{stat}_output_token_throughput_per_user``); overwrites ``t.scratch``."""
+    statistics (tokens/s, ``{stat}_output_token_throughput_per_user``)."""
     rep: dict[str, float] = {}
-    for name, values in (("ttft", t.ttft), ("ttst", t.ttst), ("tpot", t.tpot), ("itl", t.itl), ("e2e_latency", t.e2e)):
-        for stat, v in (t.itl_stats if name == "itl" else _stats(values, sketch=False)).items():
+    for name, values in (("ttft", t.ttft), ("ttst", t.ttst), ("tpot", t.tpot), ("itl", None), ("e2e_latency", t.e2e)):
+        for stat, v in (t.itl_stats if values is None else _stats(values, sketch=False)).items():
             rep[f"{stat}_{name}_ms"] = v
-    for stat, v in _stats(t.per_user, sketch=True, scratch=t.scratch).items():
+    for stat, v in t.per_user_stats.items():
         rep[f"{stat}_output_token_throughput_per_user"] = v
     return rep
 
@@ -384,7 +449,7 @@ def build_report(
         "num_ttft_samples": int(t.ttft.size),
         "num_tpot_samples": int(t.tpot.size),
         "num_e2e_latency_samples": int(t.e2e.size),
-        "num_itl_samples": int(t.itl.size),
+        "num_itl_samples": t.n_itl,
     }
     rep |= _distribution_keys(t)
     eng = result.engine
@@ -454,10 +519,18 @@ def write_per_request_jsonl(records: Iterable[RequestRecord], path: str | Path) 
     p.parent.mkdir(parents=True, exist_ok=True)
     enc = msgspec.json.Encoder()
     buf = bytearray()
-    for r in sorted(records, key=lambda r: r.request_id):
-        enc.encode_into(per_request_row(r), buf, len(buf))
-        buf += b"\n"
-    p.write_bytes(bytes(buf))
+    with p.open("wb") as f:  # in pieces of ~1 MiB: the whole file (every token time) is never held in memory
+        for r in sorted(records, key=lambda r: r.request_id):
+            enc.encode_into(per_request_row(r), buf, len(buf))
+            buf += b"\n"
+            if len(buf) >= _WRITE_CHUNK:
+                f.write(buf)
+                buf.clear()
+        f.write(buf)
+
+
+_WRITE_CHUNK = 1 << 20
+"""Bytes of JSONL gathered before :func:`write_per_request_jsonl` writes them (1 MiB)."""
 
 
 # ---------------------------------------------------------------------------------------------- table

@@ -78,9 +78,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    process_entry = argv is None
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    # Called as the process's entry point (the console script): a subcommand may end the process itself once
+    # its output is complete, skipping the interpreter's teardown (mocker.cli_replay.exit_without_teardown).
+    args._exit_process = process_entry
     errors = _user_error_types()
     try:
         return int(importlib.import_module(args._module).run(args) or 0)

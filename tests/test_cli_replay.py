@@ -194,6 +194,37 @@ def test_real_process_error_has_no_traceback(tmp_path: Path) -> None:
     assert f"{p}:3" in proc.stderr and "TIMESTAMP" in proc.stderr
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+def test_real_process_outputs_complete(tmp_path: Path, capsys: pytest.CaptureFixture[str], quiet: bool) -> None:
+    # the console entry point ends the process without the interpreter's teardown (os._exit): every output
+    # is complete and equal to an in-process run's, the table on a pipe included, and the exit code kept
+    out = ["--report-json", str(tmp_path / "p.json"), "--per-request", str(tmp_path / "p.jsonl")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "replay", "--trace", SMALL, "--workers", "2", *out]
+        + (["--quiet"] if quiet else []),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rc, table, _ = cli(capsys, "--trace", SMALL, "--workers", "2", "--report-json", str(tmp_path / "i.json"))
+    assert rc == 0 and (proc.stdout == "" if quiet else proc.stdout == table and "latency (ms)" in table)
+    assert (tmp_path / "p.json").read_bytes() == (tmp_path / "i.json").read_bytes()
+    rows = (tmp_path / "p.jsonl").read_bytes().splitlines()
+    assert len(rows) == 150 and [json.loads(r)["request_id"] for r in rows] == list(range(150))
+    bad = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "replay", "--trace", SMALL, "--quiet"]
+        + ["--per-request", str(tmp_path)],  # a directory: the report goes to stdout, exit 2
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "report printed to stdout" in bad.stderr
+    assert json.loads(bad.stdout)["completed_requests"] == 150
+
+
 def test_flags_override_yaml(tmp_path: Path) -> None:
     from mocker.arguments import engine_config_from_args
     from planner.cli import build_parser

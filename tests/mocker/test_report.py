@@ -195,12 +195,10 @@ def test_distribution_stats_known_sample() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1e7)), min_size=1, max_size=300), st.booleans(), st.integers(0, 3)
-)
-def test_distribution_stats_bit_identical_to_numpy(values: list[float], sketch: bool, spare: int) -> None:
-    # the scratch-buffer statistics (report._stats) equal numpy's own partition / mean / std, bit for bit
-    from mocker.report import _rounded_rank, _stats
+@given(st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1e7)), min_size=1, max_size=300), st.booleans())
+def test_distribution_stats_bit_identical_to_numpy(values: list[float], sketch: bool) -> None:
+    # the in-place statistics (report._stats_in_place) equal numpy's own partition / mean / std, bit for bit
+    from mocker.report import _rounded_rank
 
     a = np.array(values)
     q = sketch_value if sketch else float
@@ -212,9 +210,50 @@ def test_distribution_stats_bit_identical_to_numpy(values: list[float], sketch: 
         *(q(float(part[_rounded_rank(a.size, p)])) for p in (50, 75, 90, 95, 99)),
         float(a.std()),
     ]
-    scratch = np.full(a.size + spare, np.nan)
-    assert list(_stats(a, sketch=sketch, scratch=scratch).values()) == expected
     assert list(distribution_stats(values, sketch=sketch).values()) == expected
+    assert list(distribution_stats(a, sketch=sketch).values()) == expected and a.tolist() == values  # a unchanged
+
+
+@pytest.mark.parametrize("n", [1, 7, 8191, 8192, 8193, 3 * 8192 + 5, 1_000_003])
+def test_block_sums_are_numpys_sum(n: int) -> None:
+    # report._sum_blocks adds block by block what np.add.reduce adds over the whole array, bit for bit
+    from mocker.report import _sum_blocks
+
+    rng = np.random.default_rng(n)
+    a = rng.random(n) * 10.0 ** rng.uniform(-3, 6, n)
+
+    def squared(block: np.ndarray, out: np.ndarray) -> None:
+        np.multiply(block, block, out=out)
+
+    assert _sum_blocks(a, squared) == float(np.add.reduce(a * a))
+    assert _sum_blocks(a[3:], squared) == float(np.add.reduce(a[3:] * a[3:]))  # a view at an offset too
+
+
+@pytest.mark.parametrize("zero_gaps", [False, True])
+def test_per_token_stats_bit_identical_to_numpy_on_long_samples(zero_gaps: bool) -> None:
+    # ITL and per-user throughput over > 8192 gaps (several summation blocks), with and without zero gaps,
+    # equal the statistics of the materialised arrays (numpy's partition / mean / std)
+    from mocker.report import _rounded_rank
+
+    rng = np.random.default_rng(7)
+    recs = []
+    for i in range(80):
+        gaps = rng.exponential(8.0, int(rng.integers(1, 1200)))
+        if zero_gaps:
+            gaps[rng.random(gaps.size) < 0.05] = 0.0
+        tokens = (i * 50.0 + rng.exponential(100.0) + np.concatenate([[0.0], np.cumsum(gaps)])).tolist()
+        recs.append(rec(i, i * 50.0, tokens))
+    rep = build_report(make_result(recs))
+    itl = np.concatenate([np.maximum(np.diff(r.token_times_ms), 0.0) for r in recs])
+    per_user = 1000.0 / itl[itl > 0.0]
+    assert itl.size > 3 * 8192 and (per_user.size < itl.size) == zero_gaps
+    for name, a in (("itl_ms", itl), ("output_token_throughput_per_user", per_user)):
+        ranks = [_rounded_rank(a.size, p) for p in (50, 75, 90, 95, 99)]
+        part = np.partition(a, sorted(set(ranks)))
+        expected = [float(a.mean()), float(a.min()), float(a.max())]
+        expected += [sketch_value(float(part[r])) for r in ranks] + [float(a.std())]
+        keys = ("mean", "min", "max", "median", "p75", "p90", "p95", "p99", "std")
+        assert [rep[f"{k}_{name}"] for k in keys] == expected, name
 
 
 token_lists = st.lists(st.lists(st.floats(0.01, 50.0), min_size=1, max_size=20), min_size=1, max_size=25)
