@@ -57,14 +57,10 @@ from dynoplan.errors import SimulationError
 from dynoplan.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 from mocker.config import EngineConfig
 from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
-from mocker.engine.timeline import PassTimeline
+from mocker.engine.timeline import DecodeTable, PassTimeline, decode_stretch_ends
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import RequestRecord, TraceRequest
 from mocker.request import EngineRequest, State
-from mocker.timing import DECODE_A as _DA
-from mocker.timing import DECODE_B as _DB
-from mocker.timing import DECODE_C as _DC
-from mocker.timing import DECODE_MIN_MS as _DMIN
 from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
 LPM_FALLBACK_THRESHOLD = 128
@@ -137,6 +133,8 @@ class SglangCore(PassTimeline[SglangRequest]):
         self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
         """The timing as the reference polynomial (its decode durations are inlined below), else None."""
         self._monotone_decode = self._poly_timing is not None
+        self._dtable = DecodeTable(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        """The polynomial's decode durations as Python floats (speed-up 1 only), else None."""
         self.lpm = s.schedule_policy == "lpm"
         self.chunk_size = s.chunked_prefill_size
         self.max_prefill = s.max_prefill_tokens
@@ -340,17 +338,7 @@ class SglangCore(PassTimeline[SglangRequest]):
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
-        ends = self.pass_end_times()
-        base = self._ends_base
-        for r in self.all_requests:
-            ranges = r.all_emit_ranges()
-            if not ranges:
-                continue
-            if len(ranges) == 1:
-                a, b = ranges[0]
-                r.record.token_times_ms = ends[a - base : b - base + 1].tolist()
-            else:
-                r.record.token_times_ms = np.concatenate([ends[a - base : b - base + 1] for a, b in ranges]).tolist()
+        self._fill_token_times()
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property
@@ -767,7 +755,7 @@ class SglangCore(PassTimeline[SglangRequest]):
         fpm = self._make_fpm(now, end, items, dec_lens) if self.collect_fpm else None
         if fpm is not None:
             self.fpm.append(fpm)
-        self._ends_py.append(end)
+        self._ends.append(end)
         self.pass_index = p + 1
         self.next_pass_ms = end
         if not want_outcome:
@@ -832,7 +820,7 @@ class SglangCore(PassTimeline[SglangRequest]):
         n = len(running)
         if self.collect_fpm:
             dec_lens.extend(r.seq_len for r in running)
-        end = now + decode_pass_ms(self.timing, min(s, self.total_kv_tokens), n, self.speedup)
+        end = now + self._decode_ms(min(s, self.total_kv_tokens), n)
         finished, emitters = self._decode_tokens(running, end, p)
         if len(emitters) < n:
             # a lone request that outgrew the whole pool can never continue: reject it
@@ -928,15 +916,15 @@ class SglangCore(PassTimeline[SglangRequest]):
         if ends is None:
             return False
         k = len(ends)
+        end = ends[-1]
         self._stretch_apply(k)
         self.new_token_ratio = float(ratios[k])
-        self._stretch_finish(float(ends[-1]))
+        self._stretch_finish(end)
         if self.collect_fpm:
-            self._stretch_fpm(now, ends, running, s0)
-        self._flush_ends()
-        self._ends_chunks.append(ends)
+            self._stretch_fpm(now, np.array(ends), running, s0)
+        self._ends += ends
         self.pass_index += k
-        self.next_pass_ms = float(ends[-1])
+        self.next_pass_ms = end
         return True
 
     def _stretch_bound(self, horizon: float) -> tuple[int, int, int] | None:
@@ -972,7 +960,7 @@ class SglangCore(PassTimeline[SglangRequest]):
         total = self.total_kv_tokens
         if horizon != inf and self._monotone_decode:
             # decode time grows with active tokens, so no pass of the stretch is shorter than the first
-            d0 = decode_pass_ms(self.timing, s0 if s0 < total else total, n, self.speedup)
+            d0 = self._decode_ms(s0 if s0 < total else total, n)
             k_h = int((horizon - self.next_pass_ms) / max(d0, 1e-9)) + 2
             if k_h < k_cap:
                 k_cap = k_h
@@ -1047,46 +1035,43 @@ class SglangCore(PassTimeline[SglangRequest]):
         ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
         return int(np.argmax(ok)) if ok.any() else k
 
-    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> npt.NDArray[np.float64] | None:
+    def _decode_ms(self, s: int, n: int) -> float:
+        """Duration (ms) of a decode pass: ``n`` running requests, ``s`` (<= the pool) active tokens
+        (:func:`decode_pass_ms`; read from the decode table when there is one)."""
+        table = self._dtable
+        if table is not None:
+            return table.upto(s)[s]
+        return decode_pass_ms(self.timing, s, n, self.speedup)
+
+    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> list[float] | None:
         """End times (ms) of up to ``k`` decode passes from ``now`` (``s0`` active tokens in the first, ``n``
         more in each next, capped at the pool), the last being the first to end at or after ``horizon``;
         each end is the previous plus the pass duration, as pass by pass. None when under two passes."""
         total = self.total_kv_tokens
-        if k <= 48:
-            ends_l: list[float] = []
+        table = self._dtable
+        if table is not None:
+            s_last = s0 + n * (k - 1)
+            ends = decode_stretch_ends(table.upto(s_last if s_last < total else total), now, s0, n, k, horizon, total)
+        elif k <= 48:
+            ends = []
             t = now
-            if self._poly_timing is not None and self.speedup == 1.0:
-                tot = self._poly_timing.total_kv_tokens
-                for j in range(k):
-                    if j and t >= horizon:
-                        break
-                    sj = s0 + n * j
-                    p_ = (sj if sj < total else total) / tot
-                    v = _DA * p_ * p_ + _DB * p_ + _DC
-                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)  # decode_pass_ms inlined
-                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
-                    ends_l.append(t)
-            else:
-                for j in range(k):
-                    if j and t >= horizon:
-                        break
-                    sj = s0 + n * j
-                    t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
-                    ends_l.append(t)
-            if len(ends_l) < 2:
-                return None
-            return np.array(ends_l)
-        sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
-        d = decode_pass_ms_array(self.timing, sv, n, self.speedup)
-        acc = np.empty(k + 1)
-        acc[0] = now
-        acc[1:] = d
-        ends = np.cumsum(acc)[1:]
-        if horizon != inf:
-            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left"))
-            if k < 2:
-                return None
-            ends = ends[:k]
+            for j in range(k):
+                sj = s0 + n * j
+                t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
+                ends.append(t)
+                if t >= horizon:
+                    break
+        else:
+            sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
+            acc = np.empty(k + 1)
+            acc[0] = now
+            acc[1:] = decode_pass_ms_array(self.timing, sv, n, self.speedup)
+            ends_a = np.cumsum(acc)[1:]
+            if horizon != inf:
+                ends_a = ends_a[: 1 + int(np.searchsorted(ends_a[:-1], horizon, side="left"))]
+            ends = ends_a.tolist()
+        if len(ends) < 2:
+            return None
         return ends
 
     def _stretch_apply(self, k: int) -> None:
