@@ -897,18 +897,17 @@ class SglangCore(PassTimeline[SglangRequest]):
         (checked pass by pass with the exact float budget), no retraction, no finish, page size 1.
         Bulk LRU eviction frees the same leaves as pass-by-pass eviction would. False if not applicable.
         Steps: :meth:`_stretch_bound` (passes without retraction or finish, before the horizon),
-        :meth:`_stretch_ratios`, :meth:`_stretch_admission_pass` (the first pass that would admit the queue
-        head), :meth:`_stretch_ends`, then :meth:`_stretch_apply` and :meth:`_stretch_finish`."""
+        :meth:`_stretch_admission_pass` (the first pass that would admit the queue head),
+        :meth:`_stretch_ends`, then :meth:`_stretch_apply` and :meth:`_stretch_finish`."""
         bound = self._stretch_bound(horizon)
         if bound is None:
             return False
         k, s0, cap0 = bound
-        ratios = self._stretch_ratios(k)
         waiting = self.waiting
         running = self.running  # the stretch's batch (finished members stay in this list, for the FPM)
         n = len(running)
         if waiting and n < self.max_seqs and not self.hold_waiting:
-            k = self._stretch_admission_pass(k, n, cap0, ratios)
+            k = self._stretch_admission_pass(k, n, cap0)
             if k < 2:
                 return False
         now = self.next_pass_ms
@@ -918,7 +917,12 @@ class SglangCore(PassTimeline[SglangRequest]):
         k = len(ends)
         end = ends[-1]
         self._stretch_apply(k)
-        self.new_token_ratio = float(ratios[k])
+        rt, step, lo = self.new_token_ratio, self.ratio_step, self.min_ratio
+        for _ in range(k):  # one decrement per decode pass, floored (as pass by pass)
+            rt = rt - step
+            if rt < lo:
+                rt = lo
+        self.new_token_ratio = rt
         self._stretch_finish(end)
         if self.collect_fpm:
             self._stretch_fpm(now, np.array(ends), running, s0)
@@ -968,30 +972,18 @@ class SglangCore(PassTimeline[SglangRequest]):
                 return None
         return k_cap, s0, cap0
 
-    def _stretch_ratios(self, k: int) -> list[float] | npt.NDArray[np.float64]:
-        """new_token_ratio before each of the next ``k`` decode passes and after the last (``k + 1`` values):
-        repeated subtraction floored at the minimum, as pass by pass (a list for ``k <= 48``; an array
-        otherwise, whose cumsum adds in the same order)."""
-        if k <= 48:
-            ratios_l = [self.new_token_ratio]
-            rt = self.new_token_ratio
-            step, lo = self.ratio_step, self.min_ratio
-            for _ in range(k):
-                rt = rt - step
-                if rt < lo:
-                    rt = lo
-                ratios_l.append(rt)
-            return ratios_l
-        acc_r = np.full(k + 1, -self.ratio_step)
-        acc_r[0] = self.new_token_ratio
-        ratios_a: npt.NDArray[np.float64] = np.maximum(np.cumsum(acc_r), self.min_ratio)
-        return ratios_a
-
-    def _stretch_admission_pass(self, k: int, n: int, cap0: int, ratios: list[float] | npt.NDArray[np.float64]) -> int:
+    def _stretch_admission_pass(self, k: int, n: int, cap0: int) -> int:
         """The first of the next ``k`` decode passes at whose start :meth:`_admit` would admit the waiting
         head (its budget computed exactly as there, same float order), ``k`` if none; 0 when the head's
         admission cannot be predicted this way (lpm with several waiting, a head that never fits, nothing
-        to extend)."""
+        to extend).
+
+        Pass ``j`` (new_token_ratio ``rt_j``: ``j`` floored decrements) admits when ``need < (cap0 - n j) -
+        res_j`` with ``res_j`` the float sum, in running order, of ``min(rem_i - j, clip) * rt_j``. Its exact
+        value is ``rt_j * S_j`` with the integer ``S_j = sum_i min(rem_i - j, clip)`` (kept from pass to pass:
+        ``S_{j+1} = S_j - #{i: rem_i <= clip + j}``), and the float sum is within far less than ``margin`` of
+        it; only a pass whose test falls inside the margin computes the float sum itself, so the decision is
+        that of the pass-by-pass sum at O(n log n + k) instead of O(n k)."""
         waiting = self.waiting
         if self.lpm and len(waiting) > 1:
             return 0
@@ -1016,24 +1008,34 @@ class SglangCore(PassTimeline[SglangRequest]):
         need_h = charged + reserve
         if charged > self.max_prefill or charged > self.chunk_size:
             return k
-        running = self.running
-        if isinstance(ratios, list):
-            rems = [r.output_len - r.generated for r in running]
-            for j in range(k):
-                rt = ratios[j]
+        rems = [r.output_len - r.generated for r in self.running]  # >= k: no request finishes before pass k
+        srt = sorted(rems)
+        s_j = 0
+        for x in rems:
+            s_j += x if x < clip else clip
+        m = 0  # requests with rem_i <= clip + j (their term drops by one after pass j): srt[:m]
+        rt, step, lo = self.new_token_ratio, self.ratio_step, self.min_ratio
+        for j in range(k):
+            if j:
+                rt = rt - step
+                if rt < lo:
+                    rt = lo
+            while m < n and srt[m] <= clip + j:
+                m += 1
+            budget = float(cap0 - n * j)
+            est = rt * s_j
+            margin = 1e-9 * (abs(budget) + est + 1.0)
+            if need_h < budget - est - margin:
+                return j
+            if need_h < budget - est + margin:  # too close to call: the float sum itself
                 res = 0.0
                 for rem in rems:
                     x = rem - j
                     res += (x if x < clip else clip) * rt
-                if need_h < float(cap0 - n * j) - res:
+                if need_h < budget - res:
                     return j
-            return k
-        rems_a = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
-        js = np.arange(k, dtype=np.int64)
-        m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]
-        reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
-        ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
-        return int(np.argmax(ok)) if ok.any() else k
+            s_j -= m
+        return k
 
     def _decode_ms(self, s: int, n: int) -> float:
         """Duration (ms) of a decode pass: ``n`` running requests, ``s`` (<= the pool) active tokens
