@@ -908,12 +908,10 @@ class SglangCore(PassTimeline[SglangRequest]):
         n = len(running)
         if waiting and n < self.max_seqs and not self.hold_waiting:
             k = self._stretch_admission_pass(k, n, cap0)
-            if k < 2:
+            if k < 1:
                 return False
         now = self.next_pass_ms
         ends = self._stretch_ends(now, s0, n, k, horizon)
-        if ends is None:
-            return False
         k = len(ends)
         end = ends[-1]
         self._stretch_apply(k)
@@ -934,7 +932,7 @@ class SglangCore(PassTimeline[SglangRequest]):
     def _stretch_bound(self, horizon: float) -> tuple[int, int, int] | None:
         """(passes, active tokens in the first, free + evictable tokens) of the longest stretch with no
         retraction and no finish before its last pass, at most :data:`FAST_CHUNK_PASSES` and (monotone
-        decode time) not far beyond ``horizon``; None when under two passes or not applicable (page size
+        decode time) not far beyond ``horizon``; None when not applicable (page size
         not 1, transferred requests waiting, a running request not decoding)."""
         running = self.running
         n = len(running)
@@ -959,7 +957,7 @@ class SglangCore(PassTimeline[SglangRequest]):
             k_cap = k_ret
         if k_cap > FAST_CHUNK_PASSES:
             k_cap = FAST_CHUNK_PASSES
-        if k_cap < 2:
+        if k_cap < 1:
             return None
         total = self.total_kv_tokens
         if horizon != inf and self._monotone_decode:
@@ -968,8 +966,6 @@ class SglangCore(PassTimeline[SglangRequest]):
             k_h = int((horizon - self.next_pass_ms) / max(d0, 1e-9)) + 2
             if k_h < k_cap:
                 k_cap = k_h
-            if k_cap < 2:
-                return None
         return k_cap, s0, cap0
 
     def _stretch_admission_pass(self, k: int, n: int, cap0: int) -> int:
@@ -1045,10 +1041,10 @@ class SglangCore(PassTimeline[SglangRequest]):
             return table.upto(s)[s]
         return decode_pass_ms(self.timing, s, n, self.speedup)
 
-    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> list[float] | None:
+    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> list[float]:
         """End times (ms) of up to ``k`` decode passes from ``now`` (``s0`` active tokens in the first, ``n``
         more in each next, capped at the pool), the last being the first to end at or after ``horizon``;
-        each end is the previous plus the pass duration, as pass by pass. None when under two passes."""
+        each end is the previous plus the pass duration, as pass by pass."""
         total = self.total_kv_tokens
         table = self._dtable
         if table is not None:
@@ -1072,8 +1068,6 @@ class SglangCore(PassTimeline[SglangRequest]):
             if horizon != inf:
                 ends_a = ends_a[: 1 + int(np.searchsorted(ends_a[:-1], horizon, side="left"))]
             ends = ends_a.tolist()
-        if len(ends) < 2:
-            return None
         return ends
 
     def _stretch_apply(self, k: int) -> None:
