@@ -169,6 +169,9 @@ class SglangCore(PassTimeline[SglangRequest]):
         re-admits a decode worker's retracted requests only once its reservation backlog is gone)."""
         self.reserved: dict[int, SglangRequest] = {}
         """Destination reservations (:meth:`reserve_prefilled`) not yet activated, by request id."""
+        self._reserve_retry: tuple[TraceRequest, int, SeqContent] | None = None
+        """The request, index and content of the last :meth:`reserve_prefilled` that did not fit: a driver
+        retries its head reservation at every capacity change, and the content stays the same meanwhile."""
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
@@ -216,11 +219,16 @@ class SglangCore(PassTimeline[SglangRequest]):
             raise SimulationError(f"prompt of {isl} tokens exceeds the KV pool of {self.total_kv_tokens} tokens")
         kv = self.kv
         idx = self._added
-        content = SeqContent.for_request(
-            req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx, self.trace_block_size
-        )
+        retry = self._reserve_retry
+        if retry is not None and retry[0] is req and retry[1] == idx:
+            content = retry[2]
+        else:
+            content = SeqContent.for_request(
+                req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx, self.trace_block_size
+            )
         matched = kv.match_len(content, isl) if self.caching else 0
         if footprint - matched > kv.free + kv.evictable_size:
+            self._reserve_retry = (req, idx, content)
             return None
         if self.caching:
             matched, node = kv.match_and_lock(content, isl)
@@ -229,7 +237,9 @@ class SglangCore(PassTimeline[SglangRequest]):
         need = footprint - matched
         if need > kv.free + kv.evictable_size:  # the matched prefix itself was evictable room
             kv.dec_lock(node)
+            self._reserve_retry = (req, idx, content)
             return None
+        self._reserve_retry = None
         if need > kv.free:
             kv.evict(need - kv.free)
         kv.take(need)
