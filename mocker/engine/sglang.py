@@ -57,7 +57,7 @@ from dynoplan.errors import SimulationError
 from dynoplan.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 from mocker.config import EngineConfig
 from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
-from mocker.engine.timeline import DecodeTable, PassTimeline, decode_stretch_ends
+from mocker.engine.timeline import PassTimeline, decode_stretch_ends, shared_decode_table
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import RequestRecord, TraceRequest
 from mocker.request import EngineRequest, State
@@ -69,6 +69,9 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 """lpm: prefix length (tokens) under which duplicate in-queue prefixes are deprioritised (SGLang)."""
 RETRACT_DECODE_STEPS = 20
 """SGLang ``global_config.retract_decode_steps``: output tokens assumed per kept request after a retraction."""
+_LIST_MAX = 128
+"""Longest decode stretch computed pass by pass from the Python-float decode table; longer ones take the
+numpy path, cheaper from about this length."""
 
 
 class ExtendWork(NamedTuple):
@@ -131,9 +134,11 @@ class SglangCore(PassTimeline[SglangRequest]):
         self.speedup = float(cfg.speedup_ratio)
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
         self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
-        """The timing as the reference polynomial (its decode durations are inlined below), else None."""
+        """The timing as the reference polynomial (its decode durations come from a table), else None."""
         self._monotone_decode = self._poly_timing is not None
-        self._dtable = DecodeTable(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        self._dtable = (
+            shared_decode_table(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        )
         """The polynomial's decode durations as Python floats (speed-up 1 only), else None."""
         self.lpm = s.schedule_policy == "lpm"
         self.chunk_size = s.chunked_prefill_size
@@ -1057,10 +1062,10 @@ class SglangCore(PassTimeline[SglangRequest]):
         each end is the previous plus the pass duration, as pass by pass."""
         total = self.total_kv_tokens
         table = self._dtable
-        if table is not None:
+        if table is not None and k <= _LIST_MAX:
             s_last = s0 + n * (k - 1)
             ends = decode_stretch_ends(table.upto(s_last if s_last < total else total), now, s0, n, k, horizon, total)
-        elif k <= 48:
+        elif table is None and k <= 48:
             ends = []
             t = now
             for j in range(k):

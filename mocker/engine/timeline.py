@@ -106,6 +106,18 @@ class DecodeTable:
         return values
 
 
+_SHARED_TABLES: dict[float, DecodeTable] = {}
+"""One :class:`DecodeTable` per KV capacity (its values depend on nothing else), shared by every core."""
+
+
+def shared_decode_table(timing: PolynomialTiming) -> DecodeTable:
+    """The :class:`DecodeTable` of ``timing``'s KV capacity (made on first use; the cores of a fleet share it)."""
+    table = _SHARED_TABLES.get(timing.total_kv_tokens)
+    if table is None:
+        table = _SHARED_TABLES[timing.total_kv_tokens] = DecodeTable(timing)
+    return table
+
+
 def decode_stretch_ends(
     values: list[float], now: float, s0: int, n: int, k: int, horizon: float, s_cap: int
 ) -> list[float]:

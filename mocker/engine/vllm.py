@@ -62,7 +62,7 @@ from mocker.engine.base import (
     population_variance,
     queued_requests,
 )
-from mocker.engine.timeline import DecodeTable, PassTimeline, decode_stretch_ends
+from mocker.engine.timeline import PassTimeline, decode_stretch_ends, shared_decode_table
 from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
@@ -77,6 +77,9 @@ _SCHEDULED, _BLOCKED, _PREEMPTED_SELF = (
     ScheduleOutcome.PREEMPTED_SELF,
 )
 _SCALAR_MAX = 40
+_LIST_MAX = 128
+"""Longest decode stretch computed pass by pass from the Python-float decode table; longer ones take the
+numpy path (cumulative sum over a strided slice of the timing's table), cheaper from about this length."""
 
 
 class _PassWork:
@@ -132,7 +135,9 @@ class VllmCore(PassTimeline[EngineRequest]):
         self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
         """The timing as the reference polynomial (its decode durations have a table), else None."""
         self._monotone_decode = self._poly_timing is not None
-        self._dtable = DecodeTable(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        self._dtable = (
+            shared_decode_table(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        )
         """The polynomial's decode durations as Python floats (speed-up 1 only), else None."""
         self.collect_fpm = collect_fpm
         self.fpm: list[ForwardPassMetrics] = []
@@ -1086,14 +1091,19 @@ class VllmCore(PassTimeline[EngineRequest]):
         if k_cap > _SCALAR_MAX and horizon != inf and self._monotone_decode:
             # decode time grows with active KV tokens, so no pass is shorter than the first: an upper bound on
             # the passes starting before the horizon (bounds the table's growth; the loop stops at the horizon)
-            d0 = self._decode_ms(s0, n)
+            if table is not None and s0 <= cap:
+                vals = table.values  # the list while it covers s0, else the timing's own table (no growth)
+                d0 = vals[s0] if s0 < len(vals) else float(table.timing.decode_table(s0)[s0])
+            else:
+                d0 = decode_pass_ms(timing, s0, n, speed)
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > FAST_CHUNK_PASSES:
             k_try = FAST_CHUNK_PASSES
         s_last = s0 + n * (k_try - 1)
         if table is not None and s_last <= cap:
-            return decode_stretch_ends(table.upto(s_last), now, s0, n, k_try, horizon, s_last)
-        if k_try <= _SCALAR_MAX:
+            if k_try <= _LIST_MAX:
+                return decode_stretch_ends(table.upto(s_last), now, s0, n, k_try, horizon, s_last)
+        elif k_try <= _SCALAR_MAX:
             ends: list[float] = []
             t = now
             for j in range(k_try):
@@ -1104,7 +1114,10 @@ class VllmCore(PassTimeline[EngineRequest]):
             return ends
         acc = np.empty(k_try + 1)
         acc[0] = now
-        acc[1:] = decode_pass_ms_array(timing, s0 + n * np.arange(k_try, dtype=np.int64), n, speed)
+        if table is not None and s_last <= cap:
+            acc[1:] = table.timing.decode_table(s_last)[s0 : s_last + 1 : n]
+        else:
+            acc[1:] = decode_pass_ms_array(timing, s0 + n * np.arange(k_try, dtype=np.int64), n, speed)
         ends_a = acc.cumsum()[1:]  # array methods, not np.cumsum / np.searchsorted: no Python-level wrapper per call
         k = 1 + int(ends_a[:-1].searchsorted(horizon, side="left")) if horizon != inf else k_try
         out: list[float] = ends_a[:k].tolist()

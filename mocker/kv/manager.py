@@ -236,16 +236,20 @@ class BlockKvManager:
             and active.keys().isdisjoint(keys)
             and inactive.keys().isdisjoint(keys)
         ):
-            fresh = dict.fromkeys(keys, 1)
-            if len(fresh) == n and None not in fresh:
-                # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
-                # them) -> the same evictions (least recently freed first) and registrations as the loop below
+            # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
+            # them) -> the same evictions (least recently freed first) and registrations as the loop below
+            size = len(active)
+            for key in keys:
+                active[key] = 1
+            if len(active) - size == n:
                 take = n if n <= self.free else self.free
                 self.free -= take
+                pop = inactive.popitem  # bound once: no method lookup per eviction
                 for _ in range(n - take):
-                    inactive.popitem(last=False)
-                active.update(fresh)
+                    pop(False)
                 return list(keys)
+            for key in keys:  # a key repeated in ``keys``: undone; the loop below registers its first copy only
+                active.pop(key, None)
         registered: list[int] = []
         for key in keys:
             if self.free > 0:
@@ -278,9 +282,9 @@ class BlockKvManager:
             raise SimulationError(f"KV allocation of {n} blocks exceeds available {self.available()}")
         take = min(n, self.free)
         self.free -= take
-        inactive = self.inactive
+        pop = self.inactive.popitem  # bound once: no method lookup per eviction
         for _ in range(n - take):
-            inactive.popitem(last=False)
+            pop(False)
         self.private_in_use += n
 
     def release(self, keys: list[int], n_private: int) -> None:
