@@ -57,14 +57,10 @@ from dynoplan.errors import SimulationError
 from dynoplan.fpm import ForwardPassMetrics, QueuedRequests, ScheduledRequests
 from mocker.config import EngineConfig
 from mocker.engine.base import FAST_CHUNK_PASSES, CoreCapabilities, PassOutcome, population_variance, queued_requests
-from mocker.engine.timeline import PassTimeline
+from mocker.engine.timeline import PassTimeline, decode_stretch_ends, shared_decode_table
 from mocker.kv.radix import UNIQUE_BASE, RadixCache, RadixNode, SeqContent
 from mocker.records import RequestRecord, TraceRequest
 from mocker.request import EngineRequest, State
-from mocker.timing import DECODE_A as _DA
-from mocker.timing import DECODE_B as _DB
-from mocker.timing import DECODE_C as _DC
-from mocker.timing import DECODE_MIN_MS as _DMIN
 from mocker.timing import PolynomialTiming, TimingModel, decode_pass_ms, decode_pass_ms_array, load_timing, round_ns
 
 LPM_FALLBACK_THRESHOLD = 128
@@ -73,6 +69,9 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 """lpm: prefix length (tokens) under which duplicate in-queue prefixes are deprioritised (SGLang)."""
 RETRACT_DECODE_STEPS = 20
 """SGLang ``global_config.retract_decode_steps``: output tokens assumed per kept request after a retraction."""
+_LIST_MAX = 128
+"""Longest decode stretch computed pass by pass from the Python-float decode table; longer ones take the
+numpy path, cheaper from about this length."""
 
 
 class ExtendWork(NamedTuple):
@@ -135,8 +134,12 @@ class SglangCore(PassTimeline[SglangRequest]):
         self.speedup = float(cfg.speedup_ratio)
         self.timing: TimingModel = timing if timing is not None else load_timing(cfg)
         self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
-        """The timing as the reference polynomial (its decode durations are inlined below), else None."""
+        """The timing as the reference polynomial (its decode durations come from a table), else None."""
         self._monotone_decode = self._poly_timing is not None
+        self._dtable = (
+            shared_decode_table(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        )
+        """The polynomial's decode durations as Python floats (speed-up 1 only), else None."""
         self.lpm = s.schedule_policy == "lpm"
         self.chunk_size = s.chunked_prefill_size
         self.max_prefill = s.max_prefill_tokens
@@ -171,6 +174,9 @@ class SglangCore(PassTimeline[SglangRequest]):
         re-admits a decode worker's retracted requests only once its reservation backlog is gone)."""
         self.reserved: dict[int, SglangRequest] = {}
         """Destination reservations (:meth:`reserve_prefilled`) not yet activated, by request id."""
+        self._reserve_retry: tuple[TraceRequest, int, SeqContent] | None = None
+        """The request, index and content of the last :meth:`reserve_prefilled` that did not fit: a driver
+        retries its head reservation at every capacity change, and the content stays the same meanwhile."""
 
     # ================================================================== public API
     def add_request(self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None) -> RequestRecord:
@@ -218,11 +224,16 @@ class SglangCore(PassTimeline[SglangRequest]):
             raise SimulationError(f"prompt of {isl} tokens exceeds the KV pool of {self.total_kv_tokens} tokens")
         kv = self.kv
         idx = self._added
-        content = SeqContent.for_request(
-            req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx, self.trace_block_size
-        )
+        retry = self._reserve_retry
+        if retry is not None and retry[0] is req and retry[1] == idx:
+            content = retry[2]
+        else:
+            content = SeqContent.for_request(
+                req.hash_ids if self.caching else None, isl, UNIQUE_BASE + idx, self.trace_block_size
+            )
         matched = kv.match_len(content, isl) if self.caching else 0
         if footprint - matched > kv.free + kv.evictable_size:
+            self._reserve_retry = (req, idx, content)
             return None
         if self.caching:
             matched, node = kv.match_and_lock(content, isl)
@@ -231,7 +242,9 @@ class SglangCore(PassTimeline[SglangRequest]):
         need = footprint - matched
         if need > kv.free + kv.evictable_size:  # the matched prefix itself was evictable room
             kv.dec_lock(node)
+            self._reserve_retry = (req, idx, content)
             return None
+        self._reserve_retry = None
         if need > kv.free:
             kv.evict(need - kv.free)
         kv.take(need)
@@ -340,17 +353,7 @@ class SglangCore(PassTimeline[SglangRequest]):
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
-        ends = self.pass_end_times()
-        base = self._ends_base
-        for r in self.all_requests:
-            ranges = r.all_emit_ranges()
-            if not ranges:
-                continue
-            if len(ranges) == 1:
-                a, b = ranges[0]
-                r.record.token_times_ms = ends[a - base : b - base + 1].tolist()
-            else:
-                r.record.token_times_ms = np.concatenate([ends[a - base : b - base + 1] for a, b in ranges]).tolist()
+        self._fill_token_times()
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property
@@ -767,7 +770,7 @@ class SglangCore(PassTimeline[SglangRequest]):
         fpm = self._make_fpm(now, end, items, dec_lens) if self.collect_fpm else None
         if fpm is not None:
             self.fpm.append(fpm)
-        self._ends_py.append(end)
+        self._ends.append(end)
         self.pass_index = p + 1
         self.next_pass_ms = end
         if not want_outcome:
@@ -832,7 +835,7 @@ class SglangCore(PassTimeline[SglangRequest]):
         n = len(running)
         if self.collect_fpm:
             dec_lens.extend(r.seq_len for r in running)
-        end = now + decode_pass_ms(self.timing, min(s, self.total_kv_tokens), n, self.speedup)
+        end = now + self._decode_ms(min(s, self.total_kv_tokens), n)
         finished, emitters = self._decode_tokens(running, end, p)
         if len(emitters) < n:
             # a lone request that outgrew the whole pool can never continue: reject it
@@ -909,40 +912,42 @@ class SglangCore(PassTimeline[SglangRequest]):
         (checked pass by pass with the exact float budget), no retraction, no finish, page size 1.
         Bulk LRU eviction frees the same leaves as pass-by-pass eviction would. False if not applicable.
         Steps: :meth:`_stretch_bound` (passes without retraction or finish, before the horizon),
-        :meth:`_stretch_ratios`, :meth:`_stretch_admission_pass` (the first pass that would admit the queue
-        head), :meth:`_stretch_ends`, then :meth:`_stretch_apply` and :meth:`_stretch_finish`."""
+        :meth:`_stretch_admission_pass` (the first pass that would admit the queue head),
+        :meth:`_stretch_ends`, then :meth:`_stretch_apply` and :meth:`_stretch_finish`."""
         bound = self._stretch_bound(horizon)
         if bound is None:
             return False
         k, s0, cap0 = bound
-        ratios = self._stretch_ratios(k)
         waiting = self.waiting
         running = self.running  # the stretch's batch (finished members stay in this list, for the FPM)
         n = len(running)
         if waiting and n < self.max_seqs and not self.hold_waiting:
-            k = self._stretch_admission_pass(k, n, cap0, ratios)
-            if k < 2:
+            k = self._stretch_admission_pass(k, n, cap0)
+            if k < 1:
                 return False
         now = self.next_pass_ms
         ends = self._stretch_ends(now, s0, n, k, horizon)
-        if ends is None:
-            return False
         k = len(ends)
+        end = ends[-1]
         self._stretch_apply(k)
-        self.new_token_ratio = float(ratios[k])
-        self._stretch_finish(float(ends[-1]))
+        rt, step, lo = self.new_token_ratio, self.ratio_step, self.min_ratio
+        for _ in range(k):  # one decrement per decode pass, floored (as pass by pass)
+            rt = rt - step
+            if rt < lo:
+                rt = lo
+        self.new_token_ratio = rt
+        self._stretch_finish(end)
         if self.collect_fpm:
-            self._stretch_fpm(now, ends, running, s0)
-        self._flush_ends()
-        self._ends_chunks.append(ends)
+            self._stretch_fpm(now, np.array(ends), running, s0)
+        self._ends += ends
         self.pass_index += k
-        self.next_pass_ms = float(ends[-1])
+        self.next_pass_ms = end
         return True
 
     def _stretch_bound(self, horizon: float) -> tuple[int, int, int] | None:
         """(passes, active tokens in the first, free + evictable tokens) of the longest stretch with no
         retraction and no finish before its last pass, at most :data:`FAST_CHUNK_PASSES` and (monotone
-        decode time) not far beyond ``horizon``; None when under two passes or not applicable (page size
+        decode time) not far beyond ``horizon``; None when not applicable (page size
         not 1, transferred requests waiting, a running request not decoding)."""
         running = self.running
         n = len(running)
@@ -967,43 +972,29 @@ class SglangCore(PassTimeline[SglangRequest]):
             k_cap = k_ret
         if k_cap > FAST_CHUNK_PASSES:
             k_cap = FAST_CHUNK_PASSES
-        if k_cap < 2:
+        if k_cap < 1:
             return None
         total = self.total_kv_tokens
         if horizon != inf and self._monotone_decode:
             # decode time grows with active tokens, so no pass of the stretch is shorter than the first
-            d0 = decode_pass_ms(self.timing, s0 if s0 < total else total, n, self.speedup)
+            d0 = self._decode_ms(s0 if s0 < total else total, n)
             k_h = int((horizon - self.next_pass_ms) / max(d0, 1e-9)) + 2
             if k_h < k_cap:
                 k_cap = k_h
-            if k_cap < 2:
-                return None
         return k_cap, s0, cap0
 
-    def _stretch_ratios(self, k: int) -> list[float] | npt.NDArray[np.float64]:
-        """new_token_ratio before each of the next ``k`` decode passes and after the last (``k + 1`` values):
-        repeated subtraction floored at the minimum, as pass by pass (a list for ``k <= 48``; an array
-        otherwise, whose cumsum adds in the same order)."""
-        if k <= 48:
-            ratios_l = [self.new_token_ratio]
-            rt = self.new_token_ratio
-            step, lo = self.ratio_step, self.min_ratio
-            for _ in range(k):
-                rt = rt - step
-                if rt < lo:
-                    rt = lo
-                ratios_l.append(rt)
-            return ratios_l
-        acc_r = np.full(k + 1, -self.ratio_step)
-        acc_r[0] = self.new_token_ratio
-        ratios_a: npt.NDArray[np.float64] = np.maximum(np.cumsum(acc_r), self.min_ratio)
-        return ratios_a
-
-    def _stretch_admission_pass(self, k: int, n: int, cap0: int, ratios: list[float] | npt.NDArray[np.float64]) -> int:
+    def _stretch_admission_pass(self, k: int, n: int, cap0: int) -> int:
         """The first of the next ``k`` decode passes at whose start :meth:`_admit` would admit the waiting
         head (its budget computed exactly as there, same float order), ``k`` if none; 0 when the head's
         admission cannot be predicted this way (lpm with several waiting, a head that never fits, nothing
-        to extend)."""
+        to extend).
+
+        Pass ``j`` (new_token_ratio ``rt_j``: ``j`` floored decrements) admits when ``need < (cap0 - n j) -
+        res_j`` with ``res_j`` the float sum, in running order, of ``min(rem_i - j, clip) * rt_j``. Its exact
+        value is ``rt_j * S_j`` with the integer ``S_j = sum_i min(rem_i - j, clip)`` (kept from pass to pass:
+        ``S_{j+1} = S_j - #{i: rem_i <= clip + j}``), and the float sum is within far less than ``margin`` of
+        it; only a pass whose test falls inside the margin computes the float sum itself, so the decision is
+        that of the pass-by-pass sum at O(n log n + k) instead of O(n k)."""
         waiting = self.waiting
         if self.lpm and len(waiting) > 1:
             return 0
@@ -1028,65 +1019,70 @@ class SglangCore(PassTimeline[SglangRequest]):
         need_h = charged + reserve
         if charged > self.max_prefill or charged > self.chunk_size:
             return k
-        running = self.running
-        if isinstance(ratios, list):
-            rems = [r.output_len - r.generated for r in running]
-            for j in range(k):
-                rt = ratios[j]
+        rems = [r.output_len - r.generated for r in self.running]  # >= k: no request finishes before pass k
+        srt = sorted(rems)
+        s_j = 0
+        for x in rems:
+            s_j += x if x < clip else clip
+        m = 0  # requests with rem_i <= clip + j (their term drops by one after pass j): srt[:m]
+        rt, step, lo = self.new_token_ratio, self.ratio_step, self.min_ratio
+        for j in range(k):
+            if j:
+                rt = rt - step
+                if rt < lo:
+                    rt = lo
+            while m < n and srt[m] <= clip + j:
+                m += 1
+            budget = float(cap0 - n * j)
+            est = rt * s_j
+            margin = 1e-9 * (abs(budget) + est + 1.0)
+            if need_h < budget - est - margin:
+                return j
+            if need_h < budget - est + margin:  # too close to call: the float sum itself
                 res = 0.0
                 for rem in rems:
                     x = rem - j
                     res += (x if x < clip else clip) * rt
-                if need_h < float(cap0 - n * j) - res:
+                if need_h < budget - res:
                     return j
-            return k
-        rems_a = np.fromiter((r.output_len - r.generated for r in running), dtype=np.int64, count=n)
-        js = np.arange(k, dtype=np.int64)
-        m = np.minimum(rems_a[:, None] - js[None, :], clip).astype(np.float64) * ratios[None, :k]
-        reserved = np.cumsum(m, axis=0)[-1] if n > 1 else m[0]
-        ok = need_h < (cap0 - n * js).astype(np.float64) - reserved
-        return int(np.argmax(ok)) if ok.any() else k
+            s_j -= m
+        return k
 
-    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> npt.NDArray[np.float64] | None:
+    def _decode_ms(self, s: int, n: int) -> float:
+        """Duration (ms) of a decode pass: ``n`` running requests, ``s`` (<= the pool) active tokens
+        (:func:`decode_pass_ms`; read from the decode table when there is one)."""
+        table = self._dtable
+        if table is not None:
+            return table.upto(s)[s]
+        return decode_pass_ms(self.timing, s, n, self.speedup)
+
+    def _stretch_ends(self, now: float, s0: int, n: int, k: int, horizon: float) -> list[float]:
         """End times (ms) of up to ``k`` decode passes from ``now`` (``s0`` active tokens in the first, ``n``
         more in each next, capped at the pool), the last being the first to end at or after ``horizon``;
-        each end is the previous plus the pass duration, as pass by pass. None when under two passes."""
+        each end is the previous plus the pass duration, as pass by pass."""
         total = self.total_kv_tokens
-        if k <= 48:
-            ends_l: list[float] = []
+        table = self._dtable
+        if table is not None and k <= _LIST_MAX:
+            s_last = s0 + n * (k - 1)
+            ends = decode_stretch_ends(table.upto(s_last if s_last < total else total), now, s0, n, k, horizon, total)
+        elif table is None and k <= 48:
+            ends = []
             t = now
-            if self._poly_timing is not None and self.speedup == 1.0:
-                tot = self._poly_timing.total_kv_tokens
-                for j in range(k):
-                    if j and t >= horizon:
-                        break
-                    sj = s0 + n * j
-                    p_ = (sj if sj < total else total) / tot
-                    v = _DA * p_ * p_ + _DB * p_ + _DC
-                    ns = round((v if v > _DMIN else _DMIN) / 1000.0 * 1e9)  # decode_pass_ms inlined
-                    t = t + (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
-                    ends_l.append(t)
-            else:
-                for j in range(k):
-                    if j and t >= horizon:
-                        break
-                    sj = s0 + n * j
-                    t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
-                    ends_l.append(t)
-            if len(ends_l) < 2:
-                return None
-            return np.array(ends_l)
-        sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
-        d = decode_pass_ms_array(self.timing, sv, n, self.speedup)
-        acc = np.empty(k + 1)
-        acc[0] = now
-        acc[1:] = d
-        ends = np.cumsum(acc)[1:]
-        if horizon != inf:
-            k = 1 + int(np.searchsorted(ends[:-1], horizon, side="left"))
-            if k < 2:
-                return None
-            ends = ends[:k]
+            for j in range(k):
+                sj = s0 + n * j
+                t = t + decode_pass_ms(self.timing, sj if sj < total else total, n, self.speedup)
+                ends.append(t)
+                if t >= horizon:
+                    break
+        else:
+            sv = np.minimum(s0 + n * np.arange(k, dtype=np.int64), total)
+            acc = np.empty(k + 1)
+            acc[0] = now
+            acc[1:] = decode_pass_ms_array(self.timing, sv, n, self.speedup)
+            ends_a = np.cumsum(acc)[1:]
+            if horizon != inf:
+                ends_a = ends_a[: 1 + int(np.searchsorted(ends_a[:-1], horizon, side="left"))]
+            ends = ends_a.tolist()
         return ends
 
     def _stretch_apply(self, k: int) -> None:

@@ -62,7 +62,7 @@ from mocker.engine.base import (
     population_variance,
     queued_requests,
 )
-from mocker.engine.timeline import PassTimeline
+from mocker.engine.timeline import PassTimeline, decode_stretch_ends, shared_decode_table
 from mocker.kv.kvbm import KvbmBlockManager, make_g1_pool
 from mocker.kv.manager import BlockKvManager, engine_block_keys
 from mocker.kv.tiers import OnboardTicket, TierConfig, TierHierarchy
@@ -77,6 +77,9 @@ _SCHEDULED, _BLOCKED, _PREEMPTED_SELF = (
     ScheduleOutcome.PREEMPTED_SELF,
 )
 _SCALAR_MAX = 40
+_LIST_MAX = 128
+"""Longest decode stretch computed pass by pass from the Python-float decode table; longer ones take the
+numpy path (cumulative sum over a strided slice of the timing's table), cheaper from about this length."""
 
 
 class _PassWork:
@@ -132,6 +135,10 @@ class VllmCore(PassTimeline[EngineRequest]):
         self._poly_timing = self.timing if isinstance(self.timing, PolynomialTiming) else None
         """The timing as the reference polynomial (its decode durations have a table), else None."""
         self._monotone_decode = self._poly_timing is not None
+        self._dtable = (
+            shared_decode_table(self._poly_timing) if self._poly_timing is not None and self.speedup == 1.0 else None
+        )
+        """The polynomial's decode durations as Python floats (speed-up 1 only), else None."""
         self.collect_fpm = collect_fpm
         self.fpm: list[ForwardPassMetrics] = []
         self.waiting: deque[EngineRequest] = deque()
@@ -286,18 +293,7 @@ class VllmCore(PassTimeline[EngineRequest]):
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (call once at the end)."""
         self._co_sync_all()
-        # one float object per pass, shared by the lists of every request that emitted in it
-        ends = self.pass_end_times().tolist()
-        base = self._ends_base
-        for r in self.all_requests:
-            if not r.emit_ranges:  # the usual case: one run of consecutive passes (emit_start .. emit_last)
-                if r.emit_start >= 0:
-                    r.record.token_times_ms = ends[r.emit_start - base : r.emit_last - base + 1]
-                continue
-            tt: list[float] = []
-            for a, b in r.all_emit_ranges():
-                tt += ends[a - base : b - base + 1]
-            r.record.token_times_ms = tt
+        self._fill_token_times()
 
     # ------------------------------------------------------------------ metrics for routers / live worker
     @property
@@ -670,7 +666,7 @@ class VllmCore(PassTimeline[EngineRequest]):
             s_dec, n_dec = self._admit_waiting(w, now, emitters, admitted, rejected, s_dec, n_dec)
         else:
             emitters, s_dec, n_dec = self._emitters_after_preemption(w)
-        dec = decode_pass_ms(self.timing, s_dec, n_dec, self.speedup) if n_dec else 0.0
+        dec = self._decode_ms(s_dec, n_dec) if n_dec else 0.0
         end = (now + self._prefill_ms(w)) + dec
         if (
             not co_n
@@ -695,7 +691,7 @@ class VllmCore(PassTimeline[EngineRequest]):
             self._drop_finished(done)
         if fpm is not None:
             self.fpm.append(fpm)
-        self._ends_py.append(end)
+        self._ends.append(end)
         self.pass_index = p + 1
         self.next_pass_ms = end
         if not want_outcome:
@@ -984,7 +980,7 @@ class VllmCore(PassTimeline[EngineRequest]):
         s0 = self._co_c + n * p
         ends = self._decode_ends(now, s0, n, k_cap, horizon)
         k = len(ends)
-        end = ends[-1] if type(ends) is list else float(ends[-1])
+        end = ends[-1]
         # blocks allocated over passes p .. p+k-1: full phase cycles plus a partial one
         full, part = divmod(k, bs)
         new_blocks = full * n
@@ -1005,11 +1001,7 @@ class VllmCore(PassTimeline[EngineRequest]):
             done.append(r)
         if done:
             self._drop_finished(done)
-        if isinstance(ends, list):  # a short stretch: its end times join the per-pass list (one array at the end)
-            self._ends_py += ends
-        else:
-            self._flush_ends()
-            self._ends_chunks.append(ends)
+        self._ends += ends
         self.pass_index = p_after
         self.next_pass_ms = end
         return True
@@ -1077,59 +1069,59 @@ class VllmCore(PassTimeline[EngineRequest]):
         )
 
     # ================================================================== fast path
-    def _decode_ends(
-        self, now: float, s0: int, n: int, k_cap: int, horizon: float
-    ) -> list[float] | npt.NDArray[np.float64]:
+    def _decode_ms(self, s: int, n: int) -> float:
+        """Duration (ms) of a pass's decode part: ``n`` decoding requests, ``s`` active KV tokens
+        (:func:`decode_pass_ms`; read from the decode table when there is one)."""
+        table = self._dtable
+        if table is not None and s <= 2 * self.total_kv_tokens:
+            return table.upto(s)[s]
+        return decode_pass_ms(self.timing, s, n, self.speedup)
+
+    def _decode_ends(self, now: float, s0: int, n: int, k_cap: int, horizon: float) -> list[float]:
         """End times (ms) of the passes of a decode stretch: ``n`` requests, ``s0`` active KV tokens in the
         first pass starting at ``now``, ``n`` more in each next one; at most ``k_cap`` (>= 1) passes (and at
-        most ``FAST_CHUNK_PASSES``), the last being the first to end at or after ``horizon``. A list for a short
-        stretch (at most ``_SCALAR_MAX`` passes tried), a float64 array otherwise. Each end is the previous end
-        plus the pass duration, so the figures are those of running the passes one by one."""
+        most ``FAST_CHUNK_PASSES``), the last being the first to end at or after ``horizon``. Each end is the
+        previous end plus the pass duration, so the figures are those of running the passes one by one."""
         timing, speed = self.timing, self.speedup
-        # the polynomial's durations come from its table (bit-identical to decode_pass_ms), read as the strided
-        # slice s0, s0 + n, ...; the table is capped at twice the KV capacity (shared prefixes can exceed it)
-        poly = self._poly_timing if speed == 1.0 else None
+        # the polynomial's durations come from its table (bit-identical to decode_pass_ms), read at s0, s0 + n,
+        # ...; the table is capped at twice the KV capacity (shared prefixes can exceed it)
+        table = self._dtable
         cap = 2 * self.total_kv_tokens
         k_try = k_cap
         if k_cap > _SCALAR_MAX and horizon != inf and self._monotone_decode:
             # decode time grows with active KV tokens, so no pass is shorter than the first: an upper bound on
-            # the passes starting before the horizon (a short stretch stops at the horizon by itself)
-            d0 = (
-                float(poly.decode_table(s0)[s0])
-                if poly is not None and s0 <= cap
-                else decode_pass_ms(timing, s0, n, speed)
-            )
+            # the passes starting before the horizon (bounds the table's growth; the loop stops at the horizon)
+            if table is not None and s0 <= cap:
+                vals = table.values  # the list while it covers s0, else the timing's own table (no growth)
+                d0 = vals[s0] if s0 < len(vals) else float(table.timing.decode_table(s0)[s0])
+            else:
+                d0 = decode_pass_ms(timing, s0, n, speed)
             k_try = min(k_cap, int((horizon - now) / max(d0, 1e-9)) + 2)
         if k_try > FAST_CHUNK_PASSES:
             k_try = FAST_CHUNK_PASSES
         s_last = s0 + n * (k_try - 1)
-        table = poly.decode_table(s_last) if poly is not None and s_last <= cap else None
-        if k_try <= _SCALAR_MAX:
+        if table is not None and s_last <= cap:
+            if k_try <= _LIST_MAX:
+                return decode_stretch_ends(table.upto(s_last), now, s0, n, k_try, horizon, s_last)
+        elif k_try <= _SCALAR_MAX:
             ends: list[float] = []
-            append = ends.append
             t = now
-            if table is not None:
-                for d in table[s0 : s_last + 1 : n].tolist():
-                    t = t + d
-                    append(t)
-                    if t >= horizon:
-                        break
-            else:
-                for j in range(k_try):
-                    t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
-                    append(t)
-                    if t >= horizon:
-                        break
+            for j in range(k_try):
+                t = t + decode_pass_ms(timing, s0 + n * j, n, speed)
+                ends.append(t)
+                if t >= horizon:
+                    break
             return ends
         acc = np.empty(k_try + 1)
         acc[0] = now
-        if table is not None:
-            acc[1:] = table[s0 : s_last + 1 : n]
+        if table is not None and s_last <= cap:
+            acc[1:] = table.timing.decode_table(s_last)[s0 : s_last + 1 : n]
         else:
             acc[1:] = decode_pass_ms_array(timing, s0 + n * np.arange(k_try, dtype=np.int64), n, speed)
         ends_a = acc.cumsum()[1:]  # array methods, not np.cumsum / np.searchsorted: no Python-level wrapper per call
         k = 1 + int(ends_a[:-1].searchsorted(horizon, side="left")) if horizon != inf else k_try
-        return ends_a[:k]
+        out: list[float] = ends_a[:k].tolist()
+        return out
 
     def _stretch(self, horizon: float) -> bool:
         """Run a stretch of identical-shape decode-only passes at once. False if not applicable now."""
@@ -1167,11 +1159,10 @@ class VllmCore(PassTimeline[EngineRequest]):
         if k_cap < 2:
             return False
         now = self.next_pass_ms
-        ends_seq = self._decode_ends(now, s0, n, k_cap, horizon)
-        k = len(ends_seq)
+        ends = self._decode_ends(now, s0, n, k_cap, horizon)
+        k = len(ends)
         if k < 2:
             return False
-        ends = np.array(ends_seq) if isinstance(ends_seq, list) else ends_seq
         p = self.pass_index
         # apply: tokens, KV growth, emission ranges
         new_blocks = 0
@@ -1197,16 +1188,15 @@ class VllmCore(PassTimeline[EngineRequest]):
             if g >= r.output_len:
                 done.append(r)
         self.kv.allocate_private(new_blocks)
-        end = float(ends[-1])
+        end = ends[-1]
         if self.collect_fpm:
-            self._stretch_fpm(now, ends, s0 + n * np.arange(k, dtype=np.int64))
+            self._stretch_fpm(now, np.array(ends), s0 + n * np.arange(k, dtype=np.int64))
         if done:
             for r in done:
                 r.transition(State.FINISHED)
                 self._finish(r, end)
             self._drop_finished(done)
-        self._flush_ends()
-        self._ends_chunks.append(ends)
+        self._ends += ends
         self.pass_index = p + k
         self.next_pass_ms = end
         return True

@@ -59,6 +59,24 @@ class BlockRuns:
         return keys
 
 
+class _RunsMemo:
+    """The last :func:`engine_block_runs` computed for a tuple of ids: the router and then the core it picks
+    ask for the same prompt's keys, one after the other (the tuple is immutable and held here, so its
+    identity names its content)."""
+
+    __slots__ = ("hash_ids", "input_length", "block_size", "trace_block_size", "runs")
+
+    def __init__(self) -> None:
+        self.hash_ids: tuple[int, ...] | None = None
+        self.input_length = 0
+        self.block_size = 0
+        self.trace_block_size = 0
+        self.runs: BlockRuns | None = None
+
+
+_MEMO = _RunsMemo()
+
+
 def engine_block_runs(
     hash_ids: Sequence[int] | None, input_length: int, block_size: int, trace_block_size: int = 512
 ) -> BlockRuns | None:
@@ -69,10 +87,31 @@ def engine_block_runs(
         input_length: prompt length (tokens). Only blocks fully inside the prompt get a key.
         block_size: engine block size (tokens).
     Returns: runs of ``input_length // block_size`` keys, or None. Raises ValueError when ``hash_ids`` covers
-    fewer than ``input_length`` tokens.
+    fewer than ``input_length`` tokens. Asked again for the same tuple and sizes as the previous call, the
+    same :class:`BlockRuns` (whose key list is then built once).
     """
     if hash_ids is None:
         return None
+    memo = _MEMO
+    if (
+        hash_ids is memo.hash_ids
+        and input_length == memo.input_length
+        and block_size == memo.block_size
+        and trace_block_size == memo.trace_block_size
+    ):
+        return memo.runs
+    runs = _block_runs(hash_ids, input_length, block_size, trace_block_size)
+    if isinstance(hash_ids, tuple):
+        memo.hash_ids = hash_ids
+        memo.input_length = input_length
+        memo.block_size = block_size
+        memo.trace_block_size = trace_block_size
+        memo.runs = runs
+    return runs
+
+
+def _block_runs(hash_ids: Sequence[int], input_length: int, block_size: int, trace_block_size: int) -> BlockRuns:
+    """:func:`engine_block_runs` computed."""
     if len(hash_ids) * trace_block_size < input_length:
         raise ValueError(
             f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than input_length={input_length}"
@@ -236,16 +275,20 @@ class BlockKvManager:
             and active.keys().isdisjoint(keys)
             and inactive.keys().isdisjoint(keys)
         ):
-            fresh = dict.fromkeys(keys, 1)
-            if len(fresh) == n and None not in fresh:
-                # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
-                # them) -> the same evictions (least recently freed first) and registrations as the loop below
+            # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
+            # them) -> the same evictions (least recently freed first) and registrations as the loop below
+            size = len(active)
+            for key in keys:
+                active[key] = 1
+            if len(active) - size == n:
                 take = n if n <= self.free else self.free
                 self.free -= take
+                pop = inactive.popitem  # bound once: no method lookup per eviction
                 for _ in range(n - take):
-                    inactive.popitem(last=False)
-                active.update(fresh)
+                    pop(False)
                 return list(keys)
+            for key in keys:  # a key repeated in ``keys``: undone; the loop below registers its first copy only
+                active.pop(key, None)
         registered: list[int] = []
         for key in keys:
             if self.free > 0:
@@ -278,9 +321,9 @@ class BlockKvManager:
             raise SimulationError(f"KV allocation of {n} blocks exceeds available {self.available()}")
         take = min(n, self.free)
         self.free -= take
-        inactive = self.inactive
+        pop = self.inactive.popitem  # bound once: no method lookup per eviction
         for _ in range(n - take):
-            inactive.popitem(last=False)
+            pop(False)
         self.private_in_use += n
 
     def release(self, keys: list[int], n_private: int) -> None:
