@@ -1,14 +1,14 @@
 """Disaggregated serving in a :class:`mocker.fleet.Fleet`: a request's flight from the prefill pool to the
-decode pool (:class:`Flight`, :class:`Phase`) and the KV handoff between them (:class:`HandoffMixin`).
+decode pool (:class:`Flight`, :class:`Phase`) and the KV handoff between them (:class:`HandoffLayer`).
 
 Facts of the reference replay (Dynamo Mocker 1.6.1, ``disagg.rs``): the prefill request is the original with
 ``max_output_tokens = 1``; the decode request is the original. At the end of the prefill pass the decode
 router picks the destination, the KV transfer takes :meth:`KvTransferConfig.transfer_ms`
 (:mod:`mocker.transfer`), then the request joins the decode core prefilled (``add_prefilled_request``: no
 recompute). With the coordinated handoff the source holds the prompt's KV and the destination reserves room
-for it until the transfer ends (vLLM: source first, :meth:`HandoffMixin._take_holds`); SGLang pools go
+for it until the transfer ends (vLLM: source first, :meth:`HandoffLayer._take_holds`); SGLang pools go
 destination-first: the destination is chosen at arrival and reserves before the prefill is dispatched
-(:meth:`HandoffMixin._route_decode_first`). Every hold and reservation is released exactly once.
+(:meth:`HandoffLayer._route_decode_first`). Every hold and reservation is released exactly once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from math import inf, nextafter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from dynoplan.errors import SimulationError
 from mocker.engine import CORES
@@ -52,17 +52,16 @@ class Phase(Enum):
     """SGLang destination-first: waiting for its destination's reservation."""
 
 
-# The members as module globals (a global lookup costs a tenth of an enum attribute lookup, Python 3.11)
-(
-    PHASE_QUEUED,
-    PHASE_PREFILL,
-    PHASE_WAIT_DECODE,
-    PHASE_TRANSFER,
-    PHASE_DECODE,
-    PHASE_DONE,
-    PHASE_CANCELLED,
-    PHASE_RESERVING,
-) = Phase
+# The members as Final module globals, compared with ``is`` (interpreted, a global lookup costs a tenth of an enum
+# attribute lookup, Python 3.11; compiled, a Final global is a C static)
+PHASE_QUEUED: Final = Phase.QUEUED
+PHASE_PREFILL: Final = Phase.PREFILL
+PHASE_WAIT_DECODE: Final = Phase.WAIT_DECODE
+PHASE_TRANSFER: Final = Phase.TRANSFER
+PHASE_DECODE: Final = Phase.DECODE
+PHASE_DONE: Final = Phase.DONE
+PHASE_CANCELLED: Final = Phase.CANCELLED
+PHASE_RESERVING: Final = Phase.RESERVING
 
 
 class Flight:
@@ -76,7 +75,9 @@ class Flight:
         self.rec = rec
         self.prec: RequestRecord | None = None
         self.pcore: Any = None
-        self.pkeys: list[int] | None = None  # prefix-cache keys of the prompt's full blocks on the prefill core
+        self.pkeys: list[int] | SeqContent | None = None
+        """The prompt on the prefill core (coordinated handoff): the prefix-cache keys of its full blocks
+        (vLLM), its content (SGLang)."""
         self.dcore: Any = None
         self.phase = PHASE_QUEUED
         self.hold: Hold | None = None  # the source's hold on the prompt's KV
@@ -88,19 +89,35 @@ def sglang_busy(c: Any) -> bool:
     return bool(c.running or c.prefilled or (c.waiting and not c.hold_waiting))
 
 
-class HandoffMixin:
+class HandoffLayer:
     """The disaggregated part of :class:`mocker.fleet.Fleet` (prefill ends, decode routing, KV holds and
-    transfers, the advance strategies that tolerate holds). State set up by :meth:`_init_handoff`."""
+    transfers, the advance strategies that tolerate holds): the first of its base classes
+    (``Fleet`` -> :class:`~mocker.fleet.routing.RoutingLayer` -> ``HandoffLayer``, single inheritance, which
+    mypyc compiles to native classes). State set up by :meth:`_init_handoff`; the fleet's attributes it reads
+    are declared here, set by ``Fleet.__init__``."""
 
     disagg: bool
     transfer: KvTransferConfig
     pools: dict[str, Pool]
     entry: Pool
     _kv_index: dict[str, KvEventIndex]
-    _adv: Callable[[Any, float], None]
-    _push: Callable[[float, FleetEvent, Any], None]
-    _dispatch: Callable[[Any, RequestRecord, int, float], None]
-    _drain_kv_events: Callable[[Pool, float], None]
+
+    # ---------------------------------------------------------------- implemented by the subclasses
+    def _adv(self, c: Any, h: float) -> None:
+        """Advance core ``c`` to ``h`` with the fleet's strategy (``Fleet._adv``)."""
+        raise NotImplementedError
+
+    def _push(self, t: float, kind: FleetEvent, obj: Any) -> None:
+        """Schedule a fleet event (``Fleet._push``)."""
+        raise NotImplementedError
+
+    def _dispatch(self, item: Any, rec: RequestRecord, rid: int, t: float) -> None:
+        """Route a request to the entry pool (:meth:`RoutingLayer._dispatch`)."""
+        raise NotImplementedError
+
+    def _drain_kv_events(self, p: Pool, t: float) -> None:
+        """Feed the pool's KV events to its router's index (:meth:`RoutingLayer._drain_kv_events`)."""
+        raise NotImplementedError
 
     def _init_handoff(self) -> None:
         """Handoff state: hold counters, the SGLang/coordinated/destination-first switches, reservation queues."""
@@ -121,12 +138,11 @@ class HandoffMixin:
     def _collect_prefill(self, t: float) -> None:
         """Advance prefill cores to ``t``; every prefill seen ending becomes a PREFILL_DONE event."""
         self._pf_to = t
-        adv = self._adv
         for w in self.pools["prefill"].workers:
             if w.state == "released" or w.state == "starting":
                 continue
             for c in w.cores:
-                adv(c, t)
+                self._adv(c, t)
             if w.inflight:
                 keep = []
                 for fl in w.inflight:
@@ -139,7 +155,7 @@ class HandoffMixin:
                 w.inflight = keep
 
     def _on_prefill_done(self, fl: Flight, t: float) -> None:
-        if fl.phase != PHASE_PREFILL:
+        if fl.phase is not PHASE_PREFILL:
             return
         rec, prec = fl.rec, fl.prec
         assert prec is not None
@@ -169,9 +185,8 @@ class HandoffMixin:
             p.queue.append(fl)
             return None
         if p.needs_state:
-            adv = self._adv
             for c in cores:
-                adv(c, t)
+                self._adv(c, t)
             if self._kv_index:
                 self._drain_kv_events(p, t)
         return cores[p.router.choose(fl.req, t, cores)]
@@ -258,7 +273,7 @@ class HandoffMixin:
             return
         while pend:
             fl = pend[0]
-            if fl.phase != PHASE_RESERVING:  # cancelled meanwhile
+            if fl.phase is not PHASE_RESERVING:  # cancelled meanwhile
                 pend.popleft()
                 continue
             if not self._grant_reservation(fl, t):
@@ -329,7 +344,7 @@ class HandoffMixin:
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], isl, fl.pkeys)
         fl.reserve = self._take(dst, self.pools["decode"].by_id[dst.worker_id], isl + 1, None)
 
-    def _take(self, core: Any, w: FleetWorker, tokens: int, keys: list[int] | None) -> Hold:
+    def _take(self, core: Any, w: FleetWorker, tokens: int, keys: list[int] | SeqContent | None) -> Hold:
         """Hold ``tokens`` of KV on ``core``: the source pins its prompt's cached blocks (``keys``, just
         released by the finished prefill request, so nothing else is evicted) plus private blocks for the rest;
         a reservation is private blocks. Capped by what is available. SGLang cores: token slots and a tree
@@ -341,6 +356,7 @@ class HandoffMixin:
             n = -(-tokens // core.block_size)
             held = []
             if keys:
+                assert isinstance(keys, list)  # a vLLM core's prompt keys (SGLang's content is the branch above)
                 hits = kv.acquire_prefix(keys)
                 if hits:
                     held = keys[:hits]
@@ -416,7 +432,7 @@ class HandoffMixin:
             fl.hold = None
 
     def _activate(self, fl: Flight, t: float) -> None:
-        if fl.phase != PHASE_TRANSFER:
+        if fl.phase is not PHASE_TRANSFER:
             return
         c = fl.dcore
         self._adv(c, t)
@@ -453,4 +469,4 @@ class HandoffMixin:
             fl.hold = None
 
 
-__all__ = ["Flight", "HandoffMixin", "Hold", "Phase", "sglang_busy"]
+__all__ = ["Flight", "HandoffLayer", "Hold", "Phase", "sglang_busy"]

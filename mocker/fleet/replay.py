@@ -54,9 +54,9 @@ def run_replay(
 
     The cyclic garbage collector is paused while it runs (restored after, also on error): the replay builds
     long-lived objects (records, requests, heaps) but no cyclic garbage, so the collector's repeated scans
-    of them were pure overhead (about 6% of the Azure disaggregated replay). The fleet is closed
-    (:meth:`Fleet.close`) before returning, so reference counting frees it, and what the replay returns goes
-    straight to the collector's oldest generation when the collector is re-enabled.
+    of them were pure overhead (about 6% of the Azure disaggregated replay). The fleet holds no reference cycle
+    (reference counting frees it) and is closed (:meth:`Fleet.close`) before returning; what the replay returns
+    goes straight to the collector's oldest generation when the collector is re-enabled.
     """
     was_enabled = gc.isenabled()
     gc.disable()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from mocker.fleet.handoff import (
@@ -24,33 +23,31 @@ from mocker.fleet.handoff import (
     PHASE_TRANSFER,
     PHASE_WAIT_DECODE,
     Flight,
+    HandoffLayer,
 )
 from mocker.fleet.pools import Pool
-from mocker.kv.events import KvEvent, KvEventIndex
+from mocker.kv.events import KvEvent
 from mocker.records import RequestRecord, TraceRequest
 
 
-class RoutingMixin:
-    """Request entry, dispatch and cancel of :class:`mocker.fleet.Fleet`."""
+class RoutingLayer(HandoffLayer):
+    """Request entry, dispatch and cancel of :class:`mocker.fleet.Fleet` (its base class; the fleet's
+    attributes it reads are declared here, set by ``Fleet.__init__``)."""
 
-    disagg: bool
-    pools: dict[str, Pool]
-    entry: Pool
     records: list[RequestRecord]
-    _kv_index: dict[str, KvEventIndex]
-    _adv: Callable[[Any, float], None]
     _where: list[Any]
     _heap: list[Any]
     _draining: list[Any]
     _clock: float
-    _pf_to: float
-    _sg: bool
-    _coordinated: bool
-    _dst_first: bool
-    _events_to: Callable[[float], None]
-    _check_draining: Callable[[float], None]
-    _route_decode_first: Callable[[Flight, float], None]
-    _release_holds: Callable[[Flight, float], None]
+
+    # ---------------------------------------------------------------- implemented by Fleet
+    def _events_to(self, t: float) -> None:
+        """Process fleet events up to ``t`` (``Fleet._events_to``)."""
+        raise NotImplementedError
+
+    def _check_draining(self, t: float) -> None:
+        """Release the draining workers that hold nothing any more (``Fleet._check_draining``)."""
+        raise NotImplementedError
 
     def submit(self, req: TraceRequest, now_ms: float) -> RequestRecord:
         """Route ``req`` arriving at ``now_ms`` among the ready workers of the entry pool (agg or prefill); with
@@ -102,10 +99,9 @@ class RoutingMixin:
     def _dispatch(self, item: Any, rec: RequestRecord, rid: int, t: float) -> None:
         p = self.entry
         cores = p.cores
-        adv = self._adv
         if p.needs_state:
             for c in cores:
-                adv(c, t)
+                self._adv(c, t)
             if self._kv_index:
                 self._drain_kv_events(p, t)
         if self.disagg:
@@ -114,7 +110,7 @@ class RoutingMixin:
             preq = TraceRequest(q.request_id, q.arrival_ms, q.input_length, 1, q.hash_ids)
             c = cores[p.router.choose(preq, t, cores)]
             if not p.needs_state:
-                adv(c, t)
+                self._adv(c, t)
             prec = RequestRecord(
                 request_id=rid, arrival_ms=rec.arrival_ms, input_length=preq.input_length, output_length=1
             )
@@ -134,7 +130,7 @@ class RoutingMixin:
         else:
             c = cores[p.router.choose(item, t, cores)]
             if not p.needs_state:
-                adv(c, t)
+                self._adv(c, t)
             c.add_request(item, t, rec)
             self._where[rid] = c
             if p.on_routed is not None:
@@ -159,23 +155,23 @@ class RoutingMixin:
             record.finish_ms = now_ms
             return True
         fl: Flight = where
-        if fl.phase == PHASE_QUEUED:
+        if fl.phase is PHASE_QUEUED:
             self.entry.queue = deque(x for x in self.entry.queue if x[2] != rid)
             self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
-        elif fl.phase == PHASE_PREFILL:
+        elif fl.phase is PHASE_PREFILL:
             self._adv(fl.pcore, now_ms)
             fl.pcore.cancel(rid, now_ms)
             w = self.pools["prefill"].by_id[fl.pcore.worker_id]
             if fl in w.inflight:
                 w.inflight.remove(fl)
             self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
-        elif fl.phase == PHASE_RESERVING:
+        elif fl.phase is PHASE_RESERVING:
             pass  # still waiting for its destination's reservation: skipped when its turn comes
-        elif fl.phase == PHASE_WAIT_DECODE:
+        elif fl.phase is PHASE_WAIT_DECODE:
             self.pools["decode"].queue = deque(x for x in self.pools["decode"].queue if x is not fl)
-        elif fl.phase == PHASE_TRANSFER:
+        elif fl.phase is PHASE_TRANSFER:
             self._release_holds(fl, now_ms)
-        elif fl.phase == PHASE_DECODE:
+        elif fl.phase is PHASE_DECODE:
             self._adv(fl.dcore, now_ms)
             if not fl.dcore.cancel(rid, now_ms):
                 return False
@@ -202,4 +198,4 @@ class RoutingMixin:
         index.catch_up(t)
 
 
-__all__ = ["RoutingMixin"]
+__all__ = ["RoutingLayer"]
