@@ -25,6 +25,7 @@ from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.records import RequestRecord, TraceRequest
+from mocker.timing import kv_transfer_ms
 from mocker.transfer import KvTransferConfig
 
 if TYPE_CHECKING:
@@ -134,6 +135,16 @@ class HandoffLayer:
         self._res_event: set[int] = set()  # id(decode core) with a RESERVE event outstanding
         self._stalled: set[Any] = set()
         self._core_holds: dict[int, int] = {}  # id(core) -> live holds / reservations on it
+        tr = self.transfer  # read once (a pydantic settings object): _transfer_ms
+        self._xfer_gbps = float(tr.bandwidth_gbps)
+        self._xfer_bytes = tr.kv_bytes_per_token or 0
+        self._charge_missing = tr.timing == "destination_missing"
+
+    def _transfer_ms(self, prompt_tokens: int, hit_tokens: int) -> float:
+        """KV transfer time (ms) of a prompt whose first ``hit_tokens`` the destination already holds:
+        ``transfer.transfer_ms(transfer.charged_tokens(prompt_tokens, hit_tokens))`` (:mod:`mocker.transfer`)."""
+        charged = prompt_tokens - hit_tokens if self._charge_missing else prompt_tokens
+        return kv_transfer_ms(charged, self._xfer_bytes, self._xfer_gbps)
 
     def _collect_prefill(self, t: float) -> None:
         """Advance prefill cores to ``t``; every prefill seen ending becomes a PREFILL_DONE event."""
@@ -196,18 +207,17 @@ class HandoffLayer:
         c = self._pick_decode(fl, t)
         if c is None:
             return
-        tr = self.transfer
-        coordinated = tr.handoff == "coordinated"
-        if coordinated or tr.timing == "destination_missing":
+        coordinated = self._coordinated
+        if coordinated or self._charge_missing:
             self._adv(c, t)
         fl.dcore = c
         if p.on_routed is not None:
             p.on_routed(fl.rec)
         req = fl.req
         hit = 0
-        if tr.timing == "destination_missing" and req.hash_ids is not None:
+        if self._charge_missing and req.hash_ids is not None:
             hit = self._destination_hit_tokens(c, req)
-        delay = tr.transfer_ms(tr.charged_tokens(req.input_length, hit))
+        delay = self._transfer_ms(req.input_length, hit)
         fl.phase = PHASE_TRANSFER
         if coordinated:
             # the destination reserves at its next pass boundary (now if idle); the transfer starts then
@@ -327,13 +337,12 @@ class HandoffLayer:
     def _transfer_reserved(self, fl: Flight, t: float) -> None:
         """SGLang coordinated handoff, step 2 (prefill done): the source holds the prompt's KV and the transfer
         to the already reserved destination starts at once; step 3 is :meth:`_activate`."""
-        tr = self.transfer
         src = fl.pcore
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], fl.req.input_length, fl.pkeys)
         # destination_missing: what the destination lacked when it reserved (its cached prefix is locked since)
         hit = fl.reserve[2].cached if fl.reserve is not None else 0
         fl.phase = PHASE_TRANSFER
-        self._push(t + tr.transfer_ms(tr.charged_tokens(fl.req.input_length, hit)), EVENT_ACTIVATE, fl)
+        self._push(t + self._transfer_ms(fl.req.input_length, hit), EVENT_ACTIVATE, fl)
 
     def _take_holds(self, fl: Flight, dst: Any) -> None:
         """vLLM coordinated handoff (source-first): the source holds the prompt's KV blocks, then the

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord
+from mocker.routers import KvRouter
 
 if TYPE_CHECKING:
     from mocker.fleet.handoff import Flight
@@ -115,6 +116,7 @@ class Pool:
         "router",
         "needs_state",
         "on_routed",
+        "kv_router",
         "workers",
         "ready",
         "cores",
@@ -129,6 +131,8 @@ class Pool:
         self.router = router
         self.needs_state: bool = router.needs_state
         self.on_routed: Callable[[RequestRecord], None] | None = getattr(router, "on_routed", None)
+        self.kv_router: KvRouter | None = router if isinstance(router, KvRouter) else None
+        """The router when it is the KV router (it computes the prompts' keys: :meth:`KvRouter.prompt_keys`)."""
         self.workers: list[FleetWorker] = []
         self.ready: list[FleetWorker] = []
         self.cores: list[Any] = []  # ranks of ready workers, in readiness order: what the router sees

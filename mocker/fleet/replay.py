@@ -110,13 +110,12 @@ def _run_replay(
             fl.add_worker(name, t0)
     records: list[RequestRecord | None] = [None] * n
     every = max(1, n // 100)
-    submit = fl.submit
     for done, i in enumerate(order):
         req = requests[i]
         t = req.arrival_ms / speed if speed != 1.0 else float(req.arrival_ms)
         if t >= stop:
             break
-        records[i] = submit(req, t)
+        records[i] = fl.submit(req, t)
         if progress is not None and done % every == 0:
             progress(fl.completed, n)
     fl.finish(stop)

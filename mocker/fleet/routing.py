@@ -75,7 +75,11 @@ class RoutingLayer(HandoffLayer):
             else:
                 c = cores[p.router.choose(ireq, now_ms, cores)]
                 self._adv(c, now_ms)
-            c.add_request(ireq, now_ms, rec)
+            keys = self._routed_keys(p, c)
+            if keys is None:
+                c.add_request(ireq, now_ms, rec)
+            else:
+                c.add_request(ireq, now_ms, rec, keys)
             self._where.append(c)
             if p.on_routed is not None:
                 p.on_routed(rec)
@@ -117,7 +121,11 @@ class RoutingLayer(HandoffLayer):
             fl.prec = prec
             fl.pcore = c
             fl.phase = PHASE_PREFILL
-            c.add_request(preq, t, prec)
+            keys = self._routed_keys(p, c)
+            if keys is None:
+                c.add_request(preq, t, prec)
+            else:
+                c.add_request(preq, t, prec, keys)
             er = c.requests.get(rid) if self._coordinated else None
             if er is not None:
                 fl.pkeys = er.content if self._sg else er.block_keys
@@ -131,10 +139,23 @@ class RoutingLayer(HandoffLayer):
             c = cores[p.router.choose(item, t, cores)]
             if not p.needs_state:
                 self._adv(c, t)
-            c.add_request(item, t, rec)
+            keys = self._routed_keys(p, c)
+            if keys is None:
+                c.add_request(item, t, rec)
+            else:
+                c.add_request(item, t, rec, keys)
             self._where[rid] = c
             if p.on_routed is not None:
                 p.on_routed(rec)
+
+    def _routed_keys(self, p: Pool, c: Any) -> list[int] | None:
+        """The prompt's prefix-cache keys as the pool's KV router computed them to choose core ``c`` (what
+        ``c.add_request`` would compute again: :meth:`KvRouter.prompt_keys`); None when the router is another,
+        or ``c`` keeps no keys (SGLang, prefix caching off)."""
+        kr = p.kv_router
+        if kr is None or not c.capabilities.block_keys or not c.kv.caching:
+            return None
+        return kr.prompt_keys()
 
     def cancel(self, record: RequestRecord, now_ms: float) -> bool:
         """Cancel a submitted request wherever it is (fleet queue, prefill, transfer, decode). Every KV hold
