@@ -216,12 +216,16 @@ class _RouterWorkerView:
     def missing_blocks(self, full_bases: list[int], tail_base: int | None, tail_len: int, run: int) -> int:
         """Blocks of a prompt (its whole runs, then its partial last run) not in the book's block set."""
         full, part = self.full, self.part
-        if not part or part.keys().isdisjoint(full_bases):
-            missing = run * (len(full_bases) - sum(map(full.__contains__, full_bases)))
-        else:
-            missing = 0
+        missing = 0
+        if part:
             for base in full_bases:
-                missing += run - self._cover(base, run)
+                if base not in full:
+                    p = part.get(base)
+                    missing += run - (max(p) if p else 0)
+        else:  # one dictionary operation per run (the keys are wide ints: hashing them is most of the cost)
+            for base in full_bases:
+                if base not in full:
+                    missing += run
         if tail_base is not None:
             c = self._cover(tail_base, run)
             if c < tail_len:

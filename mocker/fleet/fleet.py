@@ -38,6 +38,7 @@ from mocker.fleet.pools import (
     EVENT_PREFILL_DONE,
     EVENT_READY,
     POOLS_DISAGG,
+    Core,
     EngineState,
     FleetEvent,
     FleetWorker,
@@ -154,7 +155,7 @@ class Fleet(RoutingLayer):
             return ADV_LAZY
         return ADV_CORE
 
-    def _adv(self, c: Any, h: float) -> None:
+    def _adv(self, c: Core, h: float) -> None:
         """Advance core ``c`` to ``h`` (every pass starting before it) the way :attr:`_adv_mode` says."""
         mode = self._adv_mode
         if mode == ADV_HANDOFF:

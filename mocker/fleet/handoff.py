@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from dynoplan.errors import SimulationError
 from mocker.engine import CORES
-from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, FleetEvent, FleetWorker, Pool
+from mocker.engine.sglang import SglangCore
+from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, Core, FleetEvent, FleetWorker, Pool
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.records import RequestRecord, TraceRequest
@@ -31,7 +32,7 @@ from mocker.transfer import KvTransferConfig
 if TYPE_CHECKING:
     from mocker.kv.events import KvEventIndex
 
-Hold = tuple[Any, FleetWorker, Any, int]
+Hold = tuple[Core, FleetWorker, Any, int]
 """A KV hold or reservation: (core, its worker, pinned block keys / SGLang tree node or reservation, private
 blocks or token slots)."""
 
@@ -104,7 +105,7 @@ class HandoffLayer:
     _kv_index: dict[str, KvEventIndex]
 
     # ---------------------------------------------------------------- implemented by the subclasses
-    def _adv(self, c: Any, h: float) -> None:
+    def _adv(self, c: Core, h: float) -> None:
         """Advance core ``c`` to ``h`` with the fleet's strategy (``Fleet._adv``)."""
         raise NotImplementedError
 
@@ -185,7 +186,7 @@ class HandoffLayer:
         else:
             self._route_decode(fl, t)
 
-    def _pick_decode(self, fl: Flight, t: float) -> Any | None:
+    def _pick_decode(self, fl: Flight, t: float) -> Core | None:
         """The decode core the decode router picks for ``fl`` at ``t`` (cores advanced to ``t`` first when the
         router reads their state, KV events drained for the KV index), or None when the decode pool is empty:
         ``fl`` then waits in the pool's queue for a worker to join."""
@@ -253,6 +254,7 @@ class HandoffLayer:
         c = self._pick_decode(fl, t)
         if c is None:
             return
+        assert isinstance(c, SglangCore)  # destination-first is the SGLang handoff
         self._adv(c, t)
         fl.dcore = c
         if p.on_routed is not None:
@@ -353,19 +355,21 @@ class HandoffLayer:
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], isl, fl.pkeys)
         fl.reserve = self._take(dst, self.pools["decode"].by_id[dst.worker_id], isl + 1, None)
 
-    def _take(self, core: Any, w: FleetWorker, tokens: int, keys: list[int] | SeqContent | None) -> Hold:
+    def _take(self, core: Core, w: FleetWorker, tokens: int, keys: list[int] | SeqContent | None) -> Hold:
         """Hold ``tokens`` of KV on ``core``: the source pins its prompt's cached blocks (``keys``, just
         released by the finished prefill request, so nothing else is evicted) plus private blocks for the rest;
         a reservation is private blocks. Capped by what is available. SGLang cores: token slots and a tree
         lock (:meth:`SglangCore.hold_tokens`; ``keys`` is then the prompt's content)."""
-        if self._sg:
+        held: Any
+        if isinstance(core, SglangCore):  # self._sg (both pools are of one family)
+            assert not isinstance(keys, list)  # an SGLang core's prompt content
             held, n = core.hold_tokens(keys, tokens)
         else:
             kv = core.kv
             n = -(-tokens // core.block_size)
             held = []
             if keys:
-                assert isinstance(keys, list)  # a vLLM core's prompt keys (SGLang's content is the branch above)
+                assert isinstance(keys, list)  # a vLLM core's prompt keys
                 hits = kv.acquire_prefix(keys)
                 if hits:
                     held = keys[:hits]
@@ -383,7 +387,7 @@ class HandoffLayer:
 
     def _give(self, h: Hold, t: float) -> None:
         core, w, pinned, n = h
-        if self._sg:
+        if isinstance(core, SglangCore):  # self._sg (both pools are of one family)
             core.release_hold(pinned, n)
         else:
             core.kv.release(pinned, n)
@@ -398,18 +402,22 @@ class HandoffLayer:
         if self._dst_first:
             self._kick_reservations(core, t)
 
-    def _advance_lazy(self, c: Any, h: float) -> None:
+    def _advance_lazy(self, c: Core, h: float) -> None:
         """``c.advance_until(h)``, skipping the call when no pass of ``c`` starts before ``h`` or it holds no
         request (a no-op then)."""
-        if c.next_pass_ms < h and (c.running or c.waiting or (self._sg and c.prefilled)):
+        if c.next_pass_ms < h and (c.running or c.waiting or (isinstance(c, SglangCore) and c.prefilled)):
             c.advance_until(h)
 
-    def _advance_handoff(self, c: Any, h: float) -> None:
+    def _advance_handoff(self, c: Core, h: float) -> None:
         """:meth:`_advance_guarded` with ``c.advance_until``, skipping the call when it is a no-op (no pass of
         ``c`` starts before ``h``, or it holds no request). The disaggregated fleet advances cores at every
         arrival, prefill end and activation, mostly to where they already are or while they are idle (about
         three in four prefill-core advances on the Azure trace)."""
-        if c.next_pass_ms < h and (c.running or c.waiting or (self._sg and c.prefilled)) and c not in self._stalled:
+        if (
+            c.next_pass_ms < h
+            and (c.running or c.waiting or (isinstance(c, SglangCore) and c.prefilled))
+            and c not in self._stalled
+        ):
             try:
                 c.advance_until(h)
             except SimulationError:
@@ -418,7 +426,7 @@ class HandoffLayer:
                     return
                 raise
 
-    def _advance_guarded(self, c: Any, h: float, advance: Callable[[float], None]) -> None:
+    def _advance_guarded(self, c: Core, h: float, advance: Callable[[float], None]) -> None:
         """Advance ``c``; a core with nothing running whose waiting request does not fit only because of
         handoff holds/reservations idles (stalled) until one is released, instead of failing."""
         if c in self._stalled:

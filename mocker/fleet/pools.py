@@ -12,11 +12,17 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
 from mocker.config import EngineConfig
+from mocker.engine.sglang import SglangCore
+from mocker.engine.vllm import VllmCore
 from mocker.records import RequestRecord
-from mocker.routers import KvRouter
+from mocker.routers import KvRouter, Router
 
 if TYPE_CHECKING:
     from mocker.fleet.handoff import Flight
+
+Core = VllmCore | SglangCore
+"""An engine core of a worker (one DP rank; TrtllmCore is a VllmCore). Compiled, attribute reads and method
+calls on it are native (a type test per class), not Python attribute lookups."""
 
 POOLS_AGG = ("agg",)
 POOLS_DISAGG = ("prefill", "decode")
@@ -93,7 +99,7 @@ class FleetWorker:
         "holds",
     )
 
-    def __init__(self, pool: str, worker_id: int, cores: list[Any], requested_ms: float, ready_ms: float) -> None:
+    def __init__(self, pool: str, worker_id: int, cores: list[Core], requested_ms: float, ready_ms: float) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.cores = cores
@@ -125,7 +131,7 @@ class Pool:
         "by_id",
     )
 
-    def __init__(self, name: str, cfg: EngineConfig, router: Any) -> None:
+    def __init__(self, name: str, cfg: EngineConfig, router: Router) -> None:
         self.name = name
         self.cfg = cfg
         self.router = router
@@ -135,7 +141,7 @@ class Pool:
         """The router when it is the KV router (it computes the prompts' keys: :meth:`KvRouter.prompt_keys`)."""
         self.workers: list[FleetWorker] = []
         self.ready: list[FleetWorker] = []
-        self.cores: list[Any] = []  # ranks of ready workers, in readiness order: what the router sees
+        self.cores: list[Core] = []  # ranks of ready workers, in readiness order: what the router sees
         self.queue: deque[Any] = deque()
         self.next_id = 0
         self.by_id: dict[int, FleetWorker] = {}

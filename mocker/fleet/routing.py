@@ -14,6 +14,8 @@ import dataclasses
 from collections import deque
 from typing import Any
 
+from mocker.engine.sglang import SglangCore
+from mocker.engine.vllm import VllmCore
 from mocker.fleet.handoff import (
     PHASE_CANCELLED,
     PHASE_DECODE,
@@ -25,8 +27,9 @@ from mocker.fleet.handoff import (
     Flight,
     HandoffLayer,
 )
-from mocker.fleet.pools import Pool
-from mocker.kv.events import KvEvent
+from mocker.fleet.pools import Core, Pool
+from mocker.kv.events import EventingKvManager, KvEvent
+from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.records import RequestRecord, TraceRequest
 
 
@@ -75,11 +78,7 @@ class RoutingLayer(HandoffLayer):
             else:
                 c = cores[p.router.choose(ireq, now_ms, cores)]
                 self._adv(c, now_ms)
-            keys = self._routed_keys(p, c)
-            if keys is None:
-                c.add_request(ireq, now_ms, rec)
-            else:
-                c.add_request(ireq, now_ms, rec, keys)
+            self._add_routed(p, c, ireq, now_ms, rec)
             self._where.append(c)
             if p.on_routed is not None:
                 p.on_routed(rec)
@@ -121,14 +120,16 @@ class RoutingLayer(HandoffLayer):
             fl.prec = prec
             fl.pcore = c
             fl.phase = PHASE_PREFILL
-            keys = self._routed_keys(p, c)
-            if keys is None:
-                c.add_request(preq, t, prec)
-            else:
-                c.add_request(preq, t, prec, keys)
-            er = c.requests.get(rid) if self._coordinated else None
-            if er is not None:
-                fl.pkeys = er.content if self._sg else er.block_keys
+            self._add_routed(p, c, preq, t, prec)
+            if self._coordinated:  # the prompt as the prefill core keeps it, for the source's hold (_take)
+                if isinstance(c, SglangCore):
+                    sr = c.requests.get(rid)
+                    if sr is not None:
+                        fl.pkeys = sr.content
+                else:
+                    er = c.requests.get(rid)
+                    if er is not None:
+                        fl.pkeys = er.block_keys
             rec.prefill_worker_id = c.worker_id
             p.by_id[c.worker_id].inflight.append(fl)
             if p.on_routed is not None:
@@ -139,23 +140,21 @@ class RoutingLayer(HandoffLayer):
             c = cores[p.router.choose(item, t, cores)]
             if not p.needs_state:
                 self._adv(c, t)
-            keys = self._routed_keys(p, c)
-            if keys is None:
-                c.add_request(item, t, rec)
-            else:
-                c.add_request(item, t, rec, keys)
+            self._add_routed(p, c, item, t, rec)
             self._where[rid] = c
             if p.on_routed is not None:
                 p.on_routed(rec)
 
-    def _routed_keys(self, p: Pool, c: Any) -> list[int] | None:
-        """The prompt's prefix-cache keys as the pool's KV router computed them to choose core ``c`` (what
-        ``c.add_request`` would compute again: :meth:`KvRouter.prompt_keys`); None when the router is another,
-        or ``c`` keeps no keys (SGLang, prefix caching off)."""
+    def _add_routed(self, p: Pool, c: Core, req: TraceRequest, t: float, rec: RequestRecord) -> None:
+        """``c.add_request(req, t, rec)`` for the core ``c`` the pool's router chose, handing a vLLM core with
+        prefix caching the prompt's keys when the router is the KV router (it computed them to choose:
+        :meth:`KvRouter.prompt_keys`; the pool's one engine config, so they are what ``add_request`` would
+        compute again)."""
         kr = p.kv_router
-        if kr is None or not c.capabilities.block_keys or not c.kv.caching:
-            return None
-        return kr.prompt_keys()
+        if kr is not None and isinstance(c, VllmCore) and c.kv.caching:
+            c.add_request(req, t, rec, kr.prompt_keys())
+        else:
+            c.add_request(req, t, rec)
 
     def cancel(self, record: RequestRecord, now_ms: float) -> bool:
         """Cancel a submitted request wherever it is (fleet queue, prefill, transfer, decode). Every KV hold
@@ -212,7 +211,9 @@ class RoutingLayer(HandoffLayer):
             return
         for w in p.workers:
             for c in w.cores:
-                ev = c.kv.events
+                kv = c.kv
+                assert isinstance(kv, (EventingKvManager, EventingKvbmBlockManager))  # swapped in by add_worker
+                ev = kv.events
                 if ev:
                     index.publish([KvEvent(k, h, par, w.worker_id, c.dp_rank, t) for k, h, par in ev])
                     ev.clear()
