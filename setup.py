@@ -28,15 +28,22 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError
 
 ROOT = Path(__file__).resolve().parent
-# The engine cores, the KV managers, the request state and the routers: where a replay spends its time
-# (bench/bench_trees.py). Left out: mocker/kv/tiers.py and mocker/fleet/ (a pydantic settings class in the
-# module; the fleet's mixins would have to become mypyc traits), see docs/architecture.md "Compiled modules".
+# The engine cores, the KV managers, the request state, the routers, the pass-time models and the fleet (its
+# event loop, routing glue, disaggregated handoff and fixed-fleet replay): where a replay spends its time
+# (bench/bench_trees.py). Left out: the modules holding a pydantic settings class (mocker/kv/tiers.py,
+# mocker/fleet/config.py, mocker/transfer.py: mypyc refuses their Field(...) defaults) and the fleet package's
+# __init__ (re-exports only), see docs/architecture.md "Compiled modules".
 COMPILED = [
     "mocker/engine/__init__.py",
     "mocker/engine/base.py",
     "mocker/engine/sglang.py",
     "mocker/engine/timeline.py",
     "mocker/engine/vllm.py",
+    "mocker/fleet/fleet.py",
+    "mocker/fleet/handoff.py",
+    "mocker/fleet/pools.py",
+    "mocker/fleet/replay.py",
+    "mocker/fleet/routing.py",
     "mocker/kv/__init__.py",
     "mocker/kv/events.py",
     "mocker/kv/kvbm.py",
@@ -44,6 +51,7 @@ COMPILED = [
     "mocker/kv/radix.py",
     "mocker/request.py",
     "mocker/routers.py",
+    "mocker/timing.py",
 ]
 MANIFEST = "_compiled_sources.json"
 

@@ -75,4 +75,5 @@ def _select_compiled() -> bool:
 
 
 COMPILED: bool = _select_compiled()
-"""Whether mocker.engine, mocker.kv (but tiers), mocker.request and mocker.routers are compiled extensions."""
+"""Whether the modules of setup.py COMPILED (mocker.engine, mocker.kv but tiers, mocker.request, mocker.routers,
+mocker.timing, mocker.fleet but config) are compiled extensions."""

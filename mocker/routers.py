@@ -34,7 +34,7 @@ from dynoplan.errors import SimulationError
 from mocker.engine.sglang import SglangCore
 from mocker.engine.vllm import VllmCore
 from mocker.kv.events import KvEventIndex
-from mocker.kv.manager import engine_block_runs
+from mocker.kv.manager import BlockRuns, engine_block_runs
 from mocker.records import RequestRecord, TraceRequest
 from mocker.request import State
 
@@ -216,12 +216,16 @@ class _RouterWorkerView:
     def missing_blocks(self, full_bases: list[int], tail_base: int | None, tail_len: int, run: int) -> int:
         """Blocks of a prompt (its whole runs, then its partial last run) not in the book's block set."""
         full, part = self.full, self.part
-        if not part or part.keys().isdisjoint(full_bases):
-            missing = run * (len(full_bases) - sum(map(full.__contains__, full_bases)))
-        else:
-            missing = 0
+        missing = 0
+        if part:
             for base in full_bases:
-                missing += run - self._cover(base, run)
+                if base not in full:
+                    p = part.get(base)
+                    missing += run - (max(p) if p else 0)
+        else:  # one dictionary operation per run (the keys are wide ints: hashing them is most of the cost)
+            for base in full_bases:
+                if base not in full:
+                    missing += run
         if tail_base is not None:
             c = self._cover(tail_base, run)
             if c < tail_len:
@@ -269,6 +273,8 @@ class KvRouter:
         self._run = 1
         """Blocks per run of the requests booked (:class:`mocker.kv.manager.BlockRuns`; one engine config)."""
         self._pending: tuple[_RouterWorkerView, _Booking] | None = None
+        self._runs: BlockRuns | None = None
+        """The prompt's keys as runs, of the request :meth:`choose` placed last (None: no ``hash_ids``)."""
         self.index: KvEventIndex | None = None
         """A :class:`mocker.kv.events.KvEventIndex`: prefix overlaps come from KV events instead of the cores."""
 
@@ -276,6 +282,7 @@ class KvRouter:
         w0 = workers[0]
         bs = w0.block_size
         runs = engine_block_runs(req.hash_ids, req.input_length, bs, w0.trace_block_size) if req.hash_ids else None
+        self._runs = runs
         tail_base: int | None = None
         tail_len = 0
         if runs is None:
@@ -334,6 +341,14 @@ class KvRouter:
             _Booking(full_bases, tail_base, tail_len, isl - overlaps[choice] * bs, n_unique),
         )
         return choice
+
+    def prompt_keys(self) -> list[int] | None:
+        """The prefix-cache keys of the prompt :meth:`choose` placed last, for the cores' block sizes (all cores
+        of a pool share one engine config): what :func:`mocker.kv.manager.engine_block_keys` gives, handed to
+        the chosen core's ``add_request`` so that it does not compute them again. None without ``hash_ids``.
+        The list is shared (:meth:`BlockRuns.key_list`): not to be mutated."""
+        runs = self._runs
+        return None if runs is None else runs.key_list()
 
     def on_routed(self, record: RequestRecord) -> None:
         """Book the request just placed by :meth:`choose` (its record tells when prefill and decode end)."""

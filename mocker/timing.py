@@ -42,6 +42,15 @@ def round_ns(ms: float) -> float:
     return (ns // 1_000_000_000 + (ns % 1_000_000_000) / 1e9) * 1000.0
 
 
+def kv_transfer_ms(tokens: int, kv_bytes_per_token: int, bandwidth_gbps: float) -> float:
+    """KV transfer time (ms, ns-rounded) of ``tokens`` tokens of ``kv_bytes_per_token`` bytes over a link of
+    ``bandwidth_gbps`` GB/s (1e9 bytes/s); 0.0 when nothing is charged or the bandwidth is 0 (no delay).
+    :meth:`mocker.transfer.KvTransferConfig.transfer_ms`, here to be compiled with the fleet that calls it."""
+    if tokens <= 0 or not bandwidth_gbps > 0:
+        return 0.0
+    return round_ns(tokens * kv_bytes_per_token / (bandwidth_gbps * 1e9) * 1000.0)
+
+
 def round_ns_array(ms: np.ndarray) -> np.ndarray:
     """Vectorised :func:`round_ns` (same arithmetic element by element)."""
     ns = np.rint(ms / 1000.0 * 1e9)

@@ -6,7 +6,7 @@ to a decode worker. The transfer takes (docs/architecture.md "KV transfer"; Dyna
 
     transfer_ms = charged_tokens * kv_bytes_per_token / (bandwidth_gbps * 1e9 B/s) * 1000
 
-rounded to whole nanoseconds like every pass time (:func:`mocker.timing.round_ns`). ``charged_tokens``:
+rounded to whole nanoseconds like every pass time (:func:`mocker.timing.kv_transfer_ms`). ``charged_tokens``:
 
 - ``full_prompt``: the whole prompt (ISL);
 - ``destination_missing``: only the prompt blocks the destination's prefix cache lacks (a full hit costs 0).
@@ -40,7 +40,7 @@ from typing import Literal
 from pydantic import Field
 
 from dynoplan.settings import Problems, settings
-from mocker.timing import round_ns
+from mocker.timing import kv_transfer_ms
 
 TIMING_MODES: tuple[str, ...] = ("full_prompt", "destination_missing")
 HANDOFF_PATHS: tuple[str, ...] = ("direct", "coordinated")
@@ -85,10 +85,10 @@ class KvTransferConfig:
 
     def transfer_ms(self, charged_tokens: int) -> float:
         """Transfer time in ms of ``charged_tokens`` tokens of KV (0.0 when disabled or nothing charged)."""
-        if charged_tokens <= 0 or not self.bandwidth_gbps > 0:
+        if not self.bandwidth_gbps > 0:
             return 0.0
-        assert self.kv_bytes_per_token is not None
-        return round_ns(charged_tokens * self.kv_bytes_per_token / (self.bandwidth_gbps * 1e9) * 1000.0)
+        assert self.kv_bytes_per_token is not None  # required with a bandwidth (__post_init__)
+        return kv_transfer_ms(charged_tokens, self.kv_bytes_per_token, self.bandwidth_gbps)
 
     def charged_tokens(self, prompt_tokens: int, destination_hit_tokens: int) -> int:
         """Tokens charged for a prompt of ``prompt_tokens`` when the destination already holds the first

@@ -24,29 +24,28 @@ stops). Removing a starting worker releases it at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from heapq import heappop, heappush
 from math import inf
-from typing import Any
+from typing import Any, Final
 
 from dynoplan.errors import ConfigError, SimulationError
 from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
 from mocker.engine.vllm import VllmCore
-from mocker.fleet.handoff import HandoffMixin
 from mocker.fleet.pools import (
     EVENT_ACTIVATE,
     EVENT_PREFILL_DONE,
     EVENT_READY,
     POOLS_DISAGG,
+    Core,
     EngineState,
     FleetEvent,
     FleetWorker,
     Pool,
     PoolCounts,
 )
-from mocker.fleet.routing import RoutingMixin
+from mocker.fleet.routing import RoutingLayer
 from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.kv.tiers import TierConfig, TierHierarchy
@@ -54,8 +53,17 @@ from mocker.records import RequestRecord
 from mocker.routers import ROUTERS, KvRouter
 from mocker.transfer import KvTransferConfig
 
+# Advance strategies of Fleet._adv (ints, not callables: a stored bound method or closure over the fleet would
+# make the fleet a reference cycle, left to the cyclic garbage collector)
+ADV_CORE: Final = 0
+ADV_LAZY: Final = 1
+ADV_HANDOFF: Final = 2
+ADV_SINGLE_STEP: Final = 3
+ADV_TIERS: Final = 4
+ADV_CLOSED: Final = 5
 
-class Fleet(RoutingMixin, HandoffMixin):
+
+class Fleet(RoutingLayer):
     """A virtual-time fleet of engine pools. See the module docstring for semantics.
 
     ``engines``: ``{"agg": cfg}`` (aggregated) or ``{"prefill": cfg_p, "decode": cfg_d}`` (disaggregated;
@@ -127,25 +135,41 @@ class Fleet(RoutingMixin, HandoffMixin):
         self._fin_scanned = 0
         self._pending_ids: list[int] = []
         self._init_handoff()
-        self._adv: Callable[[Any, float], None] = self._advance_strategy()
-        """How a core is advanced to a time (``self._adv(core, t_ms)``): see :meth:`_advance_strategy`."""
+        self._adv_mode = self._advance_strategy()
+        """How :meth:`_adv` advances a core (an ``ADV_*`` constant; :meth:`_advance_strategy`)."""
         self._tiers: TierHierarchy | None = None
         """KVBM lower tiers (G2 per core, shared G3/G4), shared by every core of the fleet; None = off."""
         self._tier_cores: list[VllmCore] = []
         if any(c.has_lower_tiers for c in engines.values()):
             self._init_tiers(engines)
 
-    def _advance_strategy(self) -> Callable[[Any, float], None]:
+    def _advance_strategy(self) -> int:
         """The cheapest correct way to advance a core: one pass at a time (``single_step``); tolerating
         handoff holds (coordinated disaggregation, :meth:`_advance_handoff`); skipping no-op calls
         (disaggregated, :meth:`_advance_lazy`); else the core's own ``advance_until``."""
         if self.single_step:
-            return lambda c, h: self._advance_guarded(c, h, c.advance_single_step)
+            return ADV_SINGLE_STEP
         if self._coordinated:
-            return self._advance_handoff
+            return ADV_HANDOFF
         if self.disagg:
-            return self._advance_lazy
-        return lambda c, h: c.advance_until(h)
+            return ADV_LAZY
+        return ADV_CORE
+
+    def _adv(self, c: Core, h: float) -> None:
+        """Advance core ``c`` to ``h`` (every pass starting before it) the way :attr:`_adv_mode` says."""
+        mode = self._adv_mode
+        if mode == ADV_HANDOFF:
+            self._advance_handoff(c, h)
+        elif mode == ADV_LAZY:
+            self._advance_lazy(c, h)
+        elif mode == ADV_CORE:
+            c.advance_until(h)
+        elif mode == ADV_TIERS:
+            self._tier_sync(h)
+        elif mode == ADV_SINGLE_STEP:
+            self._advance_guarded(c, h, c.advance_single_step)
+        else:
+            raise SimulationError(f"advance to {h} ms: the fleet is closed (Fleet.close)")
 
     def _init_tiers(self, engines: dict[str, EngineConfig]) -> None:
         """KVBM lower tiers on (aggregated fleets only; ConfigError otherwise): one hierarchy shared by every
@@ -156,7 +180,7 @@ class Fleet(RoutingMixin, HandoffMixin):
                 "aggregated fleets only; expected no lower tiers with prefill/decode pools"
             )
         self._tiers = TierHierarchy(TierConfig.from_engine(engines["agg"]), 0)
-        self._adv = lambda c, h: self._tier_sync(h)
+        self._adv_mode = ADV_TIERS
 
     # ================================================================== KVBM lower tiers
     def _tier_sync(self, h: float) -> None:
@@ -325,12 +349,12 @@ class Fleet(RoutingMixin, HandoffMixin):
             if not heap or heap[0][0] > t:
                 break
             et, _, kind, obj = heappop(heap)
-            if kind == EVENT_READY:
+            if kind is EVENT_READY:
                 if obj.state == "starting":
                     self._make_ready(obj, et)
-            elif kind == EVENT_PREFILL_DONE:
+            elif kind is EVENT_PREFILL_DONE:
                 self._on_prefill_done(obj, et)
-            elif kind == EVENT_ACTIVATE:
+            elif kind is EVENT_ACTIVATE:
                 self._activate(obj, et)
             else:
                 self._on_reserve(obj, et)
@@ -341,30 +365,25 @@ class Fleet(RoutingMixin, HandoffMixin):
         """Process fleet events (readiness, prefill ends and handoffs, releases) and advance every core of
         every live worker to ``t_ms`` (all passes starting before it), so observations are current."""
         self._events_to(t_ms)
-        adv = self._adv
         for p in self.pools.values():
             for w in p.ready:
                 for c in w.cores:
-                    adv(c, t_ms)
+                    self._adv(c, t_ms)
 
     def close(self) -> None:
-        """Drop the fleet's references to itself (its advance strategy is a bound method or a closure over the
-        fleet), so that a fleet nobody references any more is freed at once by reference counting. Without it
-        the whole fleet (cores, every request's engine state, KV pools: ~200k objects after the Azure trace)
-        is a reference cycle left to the cyclic garbage collector, whose first pass then cost ~0.25 s. The
-        fleet cannot advance after this (records and results stay valid). Raises nothing."""
-        self._adv = _closed_fleet_advance
+        """Mark the fleet closed: it cannot advance after this (records and results stay valid; an advance
+        raises SimulationError). Raises nothing."""
+        self._adv_mode = ADV_CLOSED
 
     def finish(self, until_ms: float = inf) -> None:
         """Run everything submitted to completion (or until ``until_ms``: passes starting later are not run,
         later handoffs not made), then fill every record's token times. Requests still queued at the fleet
         with no worker ever becoming ready stay ``pending``."""
         self._events_to(until_ms)
-        adv = self._adv
         for p in self.pools.values():
             for w in p.workers:
                 for c in w.cores:
-                    adv(c, until_ms)
+                    self._adv(c, until_ms)
         if self._draining:
             self._check_draining(until_ms)
         for p in self.pools.values():
@@ -509,11 +528,6 @@ def _check_fleet_args(
                 "a disaggregated fleet needs the same KV layout on both pools (both sglang, or "
                 "both vllm)"
             )
-
-
-def _closed_fleet_advance(core: Any, t_ms: float) -> None:
-    """The advance strategy of a closed fleet (:meth:`Fleet.close`): a closed fleet cannot advance."""
-    raise SimulationError(f"advance to {t_ms} ms: the fleet is closed (Fleet.close)")
 
 
 def _build_pools(engines: dict[str, EngineConfig], router: str, routers: dict[str, str], seed: int) -> dict[str, Pool]:

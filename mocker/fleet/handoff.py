@@ -1,14 +1,14 @@
 """Disaggregated serving in a :class:`mocker.fleet.Fleet`: a request's flight from the prefill pool to the
-decode pool (:class:`Flight`, :class:`Phase`) and the KV handoff between them (:class:`HandoffMixin`).
+decode pool (:class:`Flight`, :class:`Phase`) and the KV handoff between them (:class:`HandoffLayer`).
 
 Facts of the reference replay (Dynamo Mocker 1.6.1, ``disagg.rs``): the prefill request is the original with
 ``max_output_tokens = 1``; the decode request is the original. At the end of the prefill pass the decode
 router picks the destination, the KV transfer takes :meth:`KvTransferConfig.transfer_ms`
 (:mod:`mocker.transfer`), then the request joins the decode core prefilled (``add_prefilled_request``: no
 recompute). With the coordinated handoff the source holds the prompt's KV and the destination reserves room
-for it until the transfer ends (vLLM: source first, :meth:`HandoffMixin._take_holds`); SGLang pools go
+for it until the transfer ends (vLLM: source first, :meth:`HandoffLayer._take_holds`); SGLang pools go
 destination-first: the destination is chosen at arrival and reserves before the prefill is dispatched
-(:meth:`HandoffMixin._route_decode_first`). Every hold and reservation is released exactly once.
+(:meth:`HandoffLayer._route_decode_first`). Every hold and reservation is released exactly once.
 """
 
 from __future__ import annotations
@@ -17,20 +17,22 @@ from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from math import inf, nextafter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from dynoplan.errors import SimulationError
 from mocker.engine import CORES
-from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, FleetEvent, FleetWorker, Pool
+from mocker.engine.sglang import SglangCore
+from mocker.fleet.pools import EVENT_ACTIVATE, EVENT_PREFILL_DONE, EVENT_RESERVE, Core, FleetEvent, FleetWorker, Pool
 from mocker.kv.manager import engine_block_keys
 from mocker.kv.radix import SeqContent
 from mocker.records import RequestRecord, TraceRequest
+from mocker.timing import kv_transfer_ms
 from mocker.transfer import KvTransferConfig
 
 if TYPE_CHECKING:
     from mocker.kv.events import KvEventIndex
 
-Hold = tuple[Any, FleetWorker, Any, int]
+Hold = tuple[Core, FleetWorker, Any, int]
 """A KV hold or reservation: (core, its worker, pinned block keys / SGLang tree node or reservation, private
 blocks or token slots)."""
 
@@ -52,17 +54,16 @@ class Phase(Enum):
     """SGLang destination-first: waiting for its destination's reservation."""
 
 
-# The members as module globals (a global lookup costs a tenth of an enum attribute lookup, Python 3.11)
-(
-    PHASE_QUEUED,
-    PHASE_PREFILL,
-    PHASE_WAIT_DECODE,
-    PHASE_TRANSFER,
-    PHASE_DECODE,
-    PHASE_DONE,
-    PHASE_CANCELLED,
-    PHASE_RESERVING,
-) = Phase
+# The members as Final module globals, compared with ``is`` (interpreted, a global lookup costs a tenth of an enum
+# attribute lookup, Python 3.11; compiled, a Final global is a C static)
+PHASE_QUEUED: Final = Phase.QUEUED
+PHASE_PREFILL: Final = Phase.PREFILL
+PHASE_WAIT_DECODE: Final = Phase.WAIT_DECODE
+PHASE_TRANSFER: Final = Phase.TRANSFER
+PHASE_DECODE: Final = Phase.DECODE
+PHASE_DONE: Final = Phase.DONE
+PHASE_CANCELLED: Final = Phase.CANCELLED
+PHASE_RESERVING: Final = Phase.RESERVING
 
 
 class Flight:
@@ -76,7 +77,9 @@ class Flight:
         self.rec = rec
         self.prec: RequestRecord | None = None
         self.pcore: Any = None
-        self.pkeys: list[int] | None = None  # prefix-cache keys of the prompt's full blocks on the prefill core
+        self.pkeys: list[int] | SeqContent | None = None
+        """The prompt on the prefill core (coordinated handoff): the prefix-cache keys of its full blocks
+        (vLLM), its content (SGLang)."""
         self.dcore: Any = None
         self.phase = PHASE_QUEUED
         self.hold: Hold | None = None  # the source's hold on the prompt's KV
@@ -88,19 +91,35 @@ def sglang_busy(c: Any) -> bool:
     return bool(c.running or c.prefilled or (c.waiting and not c.hold_waiting))
 
 
-class HandoffMixin:
+class HandoffLayer:
     """The disaggregated part of :class:`mocker.fleet.Fleet` (prefill ends, decode routing, KV holds and
-    transfers, the advance strategies that tolerate holds). State set up by :meth:`_init_handoff`."""
+    transfers, the advance strategies that tolerate holds): the first of its base classes
+    (``Fleet`` -> :class:`~mocker.fleet.routing.RoutingLayer` -> ``HandoffLayer``, single inheritance, which
+    mypyc compiles to native classes). State set up by :meth:`_init_handoff`; the fleet's attributes it reads
+    are declared here, set by ``Fleet.__init__``."""
 
     disagg: bool
     transfer: KvTransferConfig
     pools: dict[str, Pool]
     entry: Pool
     _kv_index: dict[str, KvEventIndex]
-    _adv: Callable[[Any, float], None]
-    _push: Callable[[float, FleetEvent, Any], None]
-    _dispatch: Callable[[Any, RequestRecord, int, float], None]
-    _drain_kv_events: Callable[[Pool, float], None]
+
+    # ---------------------------------------------------------------- implemented by the subclasses
+    def _adv(self, c: Core, h: float) -> None:
+        """Advance core ``c`` to ``h`` with the fleet's strategy (``Fleet._adv``)."""
+        raise NotImplementedError
+
+    def _push(self, t: float, kind: FleetEvent, obj: Any) -> None:
+        """Schedule a fleet event (``Fleet._push``)."""
+        raise NotImplementedError
+
+    def _dispatch(self, item: Any, rec: RequestRecord, rid: int, t: float) -> None:
+        """Route a request to the entry pool (:meth:`RoutingLayer._dispatch`)."""
+        raise NotImplementedError
+
+    def _drain_kv_events(self, p: Pool, t: float) -> None:
+        """Feed the pool's KV events to its router's index (:meth:`RoutingLayer._drain_kv_events`)."""
+        raise NotImplementedError
 
     def _init_handoff(self) -> None:
         """Handoff state: hold counters, the SGLang/coordinated/destination-first switches, reservation queues."""
@@ -117,16 +136,25 @@ class HandoffMixin:
         self._res_event: set[int] = set()  # id(decode core) with a RESERVE event outstanding
         self._stalled: set[Any] = set()
         self._core_holds: dict[int, int] = {}  # id(core) -> live holds / reservations on it
+        tr = self.transfer  # read once (a pydantic settings object): _transfer_ms
+        self._xfer_gbps = float(tr.bandwidth_gbps)
+        self._xfer_bytes = tr.kv_bytes_per_token or 0
+        self._charge_missing = tr.timing == "destination_missing"
+
+    def _transfer_ms(self, prompt_tokens: int, hit_tokens: int) -> float:
+        """KV transfer time (ms) of a prompt whose first ``hit_tokens`` the destination already holds:
+        ``transfer.transfer_ms(transfer.charged_tokens(prompt_tokens, hit_tokens))`` (:mod:`mocker.transfer`)."""
+        charged = prompt_tokens - hit_tokens if self._charge_missing else prompt_tokens
+        return kv_transfer_ms(charged, self._xfer_bytes, self._xfer_gbps)
 
     def _collect_prefill(self, t: float) -> None:
         """Advance prefill cores to ``t``; every prefill seen ending becomes a PREFILL_DONE event."""
         self._pf_to = t
-        adv = self._adv
         for w in self.pools["prefill"].workers:
             if w.state == "released" or w.state == "starting":
                 continue
             for c in w.cores:
-                adv(c, t)
+                self._adv(c, t)
             if w.inflight:
                 keep = []
                 for fl in w.inflight:
@@ -139,7 +167,7 @@ class HandoffMixin:
                 w.inflight = keep
 
     def _on_prefill_done(self, fl: Flight, t: float) -> None:
-        if fl.phase != PHASE_PREFILL:
+        if fl.phase is not PHASE_PREFILL:
             return
         rec, prec = fl.rec, fl.prec
         assert prec is not None
@@ -158,7 +186,7 @@ class HandoffMixin:
         else:
             self._route_decode(fl, t)
 
-    def _pick_decode(self, fl: Flight, t: float) -> Any | None:
+    def _pick_decode(self, fl: Flight, t: float) -> Core | None:
         """The decode core the decode router picks for ``fl`` at ``t`` (cores advanced to ``t`` first when the
         router reads their state, KV events drained for the KV index), or None when the decode pool is empty:
         ``fl`` then waits in the pool's queue for a worker to join."""
@@ -169,9 +197,8 @@ class HandoffMixin:
             p.queue.append(fl)
             return None
         if p.needs_state:
-            adv = self._adv
             for c in cores:
-                adv(c, t)
+                self._adv(c, t)
             if self._kv_index:
                 self._drain_kv_events(p, t)
         return cores[p.router.choose(fl.req, t, cores)]
@@ -181,18 +208,17 @@ class HandoffMixin:
         c = self._pick_decode(fl, t)
         if c is None:
             return
-        tr = self.transfer
-        coordinated = tr.handoff == "coordinated"
-        if coordinated or tr.timing == "destination_missing":
+        coordinated = self._coordinated
+        if coordinated or self._charge_missing:
             self._adv(c, t)
         fl.dcore = c
         if p.on_routed is not None:
             p.on_routed(fl.rec)
         req = fl.req
         hit = 0
-        if tr.timing == "destination_missing" and req.hash_ids is not None:
+        if self._charge_missing and req.hash_ids is not None:
             hit = self._destination_hit_tokens(c, req)
-        delay = tr.transfer_ms(tr.charged_tokens(req.input_length, hit))
+        delay = self._transfer_ms(req.input_length, hit)
         fl.phase = PHASE_TRANSFER
         if coordinated:
             # the destination reserves at its next pass boundary (now if idle); the transfer starts then
@@ -228,6 +254,7 @@ class HandoffMixin:
         c = self._pick_decode(fl, t)
         if c is None:
             return
+        assert isinstance(c, SglangCore)  # destination-first is the SGLang handoff
         self._adv(c, t)
         fl.dcore = c
         if p.on_routed is not None:
@@ -258,7 +285,7 @@ class HandoffMixin:
             return
         while pend:
             fl = pend[0]
-            if fl.phase != PHASE_RESERVING:  # cancelled meanwhile
+            if fl.phase is not PHASE_RESERVING:  # cancelled meanwhile
                 pend.popleft()
                 continue
             if not self._grant_reservation(fl, t):
@@ -312,13 +339,12 @@ class HandoffMixin:
     def _transfer_reserved(self, fl: Flight, t: float) -> None:
         """SGLang coordinated handoff, step 2 (prefill done): the source holds the prompt's KV and the transfer
         to the already reserved destination starts at once; step 3 is :meth:`_activate`."""
-        tr = self.transfer
         src = fl.pcore
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], fl.req.input_length, fl.pkeys)
         # destination_missing: what the destination lacked when it reserved (its cached prefix is locked since)
         hit = fl.reserve[2].cached if fl.reserve is not None else 0
         fl.phase = PHASE_TRANSFER
-        self._push(t + tr.transfer_ms(tr.charged_tokens(fl.req.input_length, hit)), EVENT_ACTIVATE, fl)
+        self._push(t + self._transfer_ms(fl.req.input_length, hit), EVENT_ACTIVATE, fl)
 
     def _take_holds(self, fl: Flight, dst: Any) -> None:
         """vLLM coordinated handoff (source-first): the source holds the prompt's KV blocks, then the
@@ -329,18 +355,21 @@ class HandoffMixin:
         fl.hold = self._take(src, self.pools["prefill"].by_id[src.worker_id], isl, fl.pkeys)
         fl.reserve = self._take(dst, self.pools["decode"].by_id[dst.worker_id], isl + 1, None)
 
-    def _take(self, core: Any, w: FleetWorker, tokens: int, keys: list[int] | None) -> Hold:
+    def _take(self, core: Core, w: FleetWorker, tokens: int, keys: list[int] | SeqContent | None) -> Hold:
         """Hold ``tokens`` of KV on ``core``: the source pins its prompt's cached blocks (``keys``, just
         released by the finished prefill request, so nothing else is evicted) plus private blocks for the rest;
         a reservation is private blocks. Capped by what is available. SGLang cores: token slots and a tree
         lock (:meth:`SglangCore.hold_tokens`; ``keys`` is then the prompt's content)."""
-        if self._sg:
+        held: Any
+        if isinstance(core, SglangCore):  # self._sg (both pools are of one family)
+            assert not isinstance(keys, list)  # an SGLang core's prompt content
             held, n = core.hold_tokens(keys, tokens)
         else:
             kv = core.kv
             n = -(-tokens // core.block_size)
             held = []
             if keys:
+                assert isinstance(keys, list)  # a vLLM core's prompt keys
                 hits = kv.acquire_prefix(keys)
                 if hits:
                     held = keys[:hits]
@@ -358,7 +387,7 @@ class HandoffMixin:
 
     def _give(self, h: Hold, t: float) -> None:
         core, w, pinned, n = h
-        if self._sg:
+        if isinstance(core, SglangCore):  # self._sg (both pools are of one family)
             core.release_hold(pinned, n)
         else:
             core.kv.release(pinned, n)
@@ -373,18 +402,22 @@ class HandoffMixin:
         if self._dst_first:
             self._kick_reservations(core, t)
 
-    def _advance_lazy(self, c: Any, h: float) -> None:
+    def _advance_lazy(self, c: Core, h: float) -> None:
         """``c.advance_until(h)``, skipping the call when no pass of ``c`` starts before ``h`` or it holds no
         request (a no-op then)."""
-        if c.next_pass_ms < h and (c.running or c.waiting or (self._sg and c.prefilled)):
+        if c.next_pass_ms < h and (c.running or c.waiting or (isinstance(c, SglangCore) and c.prefilled)):
             c.advance_until(h)
 
-    def _advance_handoff(self, c: Any, h: float) -> None:
+    def _advance_handoff(self, c: Core, h: float) -> None:
         """:meth:`_advance_guarded` with ``c.advance_until``, skipping the call when it is a no-op (no pass of
         ``c`` starts before ``h``, or it holds no request). The disaggregated fleet advances cores at every
         arrival, prefill end and activation, mostly to where they already are or while they are idle (about
         three in four prefill-core advances on the Azure trace)."""
-        if c.next_pass_ms < h and (c.running or c.waiting or (self._sg and c.prefilled)) and c not in self._stalled:
+        if (
+            c.next_pass_ms < h
+            and (c.running or c.waiting or (isinstance(c, SglangCore) and c.prefilled))
+            and c not in self._stalled
+        ):
             try:
                 c.advance_until(h)
             except SimulationError:
@@ -393,7 +426,7 @@ class HandoffMixin:
                     return
                 raise
 
-    def _advance_guarded(self, c: Any, h: float, advance: Callable[[float], None]) -> None:
+    def _advance_guarded(self, c: Core, h: float, advance: Callable[[float], None]) -> None:
         """Advance ``c``; a core with nothing running whose waiting request does not fit only because of
         handoff holds/reservations idles (stalled) until one is released, instead of failing."""
         if c in self._stalled:
@@ -416,7 +449,7 @@ class HandoffMixin:
             fl.hold = None
 
     def _activate(self, fl: Flight, t: float) -> None:
-        if fl.phase != PHASE_TRANSFER:
+        if fl.phase is not PHASE_TRANSFER:
             return
         c = fl.dcore
         self._adv(c, t)
@@ -453,4 +486,4 @@ class HandoffMixin:
             fl.hold = None
 
 
-__all__ = ["Flight", "HandoffMixin", "Hold", "Phase", "sglang_busy"]
+__all__ = ["Flight", "HandoffLayer", "Hold", "Phase", "sglang_busy"]

@@ -9,13 +9,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from mocker.config import EngineConfig
+from mocker.engine.sglang import SglangCore
+from mocker.engine.vllm import VllmCore
 from mocker.records import RequestRecord
+from mocker.routers import KvRouter, Router
 
 if TYPE_CHECKING:
     from mocker.fleet.handoff import Flight
+
+Core = VllmCore | SglangCore
+"""An engine core of a worker (one DP rank; TrtllmCore is a VllmCore). Compiled, attribute reads and method
+calls on it are native (a type test per class), not Python attribute lookups."""
 
 POOLS_AGG = ("agg",)
 POOLS_DISAGG = ("prefill", "decode")
@@ -34,14 +41,13 @@ class FleetEvent(Enum):
     """SGLang destination-first handoff: retry a decode core's pending reservations."""
 
 
-# The members as module globals, which the event loop reads: a global lookup costs a tenth of an enum
-# attribute lookup (Python 3.11: ~0.01 vs ~0.12 us), several per request.
-EVENT_READY, EVENT_PREFILL_DONE, EVENT_ACTIVATE, EVENT_RESERVE = (
-    FleetEvent.READY,
-    FleetEvent.PREFILL_DONE,
-    FleetEvent.ACTIVATE,
-    FleetEvent.RESERVE,
-)
+# The members as Final module globals, which the event loop reads (and compares with ``is``): interpreted, a
+# global lookup costs a tenth of an enum attribute lookup (Python 3.11: ~0.01 vs ~0.12 us), several per request;
+# compiled (docs/architecture.md "Compiled modules"), a Final global is a C static.
+EVENT_READY: Final = FleetEvent.READY
+EVENT_PREFILL_DONE: Final = FleetEvent.PREFILL_DONE
+EVENT_ACTIVATE: Final = FleetEvent.ACTIVATE
+EVENT_RESERVE: Final = FleetEvent.RESERVE
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class FleetWorker:
         "holds",
     )
 
-    def __init__(self, pool: str, worker_id: int, cores: list[Any], requested_ms: float, ready_ms: float) -> None:
+    def __init__(self, pool: str, worker_id: int, cores: list[Core], requested_ms: float, ready_ms: float) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.cores = cores
@@ -116,6 +122,7 @@ class Pool:
         "router",
         "needs_state",
         "on_routed",
+        "kv_router",
         "workers",
         "ready",
         "cores",
@@ -124,15 +131,17 @@ class Pool:
         "by_id",
     )
 
-    def __init__(self, name: str, cfg: EngineConfig, router: Any) -> None:
+    def __init__(self, name: str, cfg: EngineConfig, router: Router) -> None:
         self.name = name
         self.cfg = cfg
         self.router = router
         self.needs_state: bool = router.needs_state
         self.on_routed: Callable[[RequestRecord], None] | None = getattr(router, "on_routed", None)
+        self.kv_router: KvRouter | None = router if isinstance(router, KvRouter) else None
+        """The router when it is the KV router (it computes the prompts' keys: :meth:`KvRouter.prompt_keys`)."""
         self.workers: list[FleetWorker] = []
         self.ready: list[FleetWorker] = []
-        self.cores: list[Any] = []  # ranks of ready workers, in readiness order: what the router sees
+        self.cores: list[Core] = []  # ranks of ready workers, in readiness order: what the router sees
         self.queue: deque[Any] = deque()
         self.next_id = 0
         self.by_id: dict[int, FleetWorker] = {}

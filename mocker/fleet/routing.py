@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
+from mocker.engine.sglang import SglangCore
+from mocker.engine.vllm import VllmCore
 from mocker.fleet.handoff import (
     PHASE_CANCELLED,
     PHASE_DECODE,
@@ -24,33 +25,32 @@ from mocker.fleet.handoff import (
     PHASE_TRANSFER,
     PHASE_WAIT_DECODE,
     Flight,
+    HandoffLayer,
 )
-from mocker.fleet.pools import Pool
-from mocker.kv.events import KvEvent, KvEventIndex
+from mocker.fleet.pools import Core, Pool
+from mocker.kv.events import EventingKvManager, KvEvent
+from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.records import RequestRecord, TraceRequest
 
 
-class RoutingMixin:
-    """Request entry, dispatch and cancel of :class:`mocker.fleet.Fleet`."""
+class RoutingLayer(HandoffLayer):
+    """Request entry, dispatch and cancel of :class:`mocker.fleet.Fleet` (its base class; the fleet's
+    attributes it reads are declared here, set by ``Fleet.__init__``)."""
 
-    disagg: bool
-    pools: dict[str, Pool]
-    entry: Pool
     records: list[RequestRecord]
-    _kv_index: dict[str, KvEventIndex]
-    _adv: Callable[[Any, float], None]
     _where: list[Any]
     _heap: list[Any]
     _draining: list[Any]
     _clock: float
-    _pf_to: float
-    _sg: bool
-    _coordinated: bool
-    _dst_first: bool
-    _events_to: Callable[[float], None]
-    _check_draining: Callable[[float], None]
-    _route_decode_first: Callable[[Flight, float], None]
-    _release_holds: Callable[[Flight, float], None]
+
+    # ---------------------------------------------------------------- implemented by Fleet
+    def _events_to(self, t: float) -> None:
+        """Process fleet events up to ``t`` (``Fleet._events_to``)."""
+        raise NotImplementedError
+
+    def _check_draining(self, t: float) -> None:
+        """Release the draining workers that hold nothing any more (``Fleet._check_draining``)."""
+        raise NotImplementedError
 
     def submit(self, req: TraceRequest, now_ms: float) -> RequestRecord:
         """Route ``req`` arriving at ``now_ms`` among the ready workers of the entry pool (agg or prefill); with
@@ -78,7 +78,7 @@ class RoutingMixin:
             else:
                 c = cores[p.router.choose(ireq, now_ms, cores)]
                 self._adv(c, now_ms)
-            c.add_request(ireq, now_ms, rec)
+            self._add_routed(p, c, ireq, now_ms, rec)
             self._where.append(c)
             if p.on_routed is not None:
                 p.on_routed(rec)
@@ -102,10 +102,9 @@ class RoutingMixin:
     def _dispatch(self, item: Any, rec: RequestRecord, rid: int, t: float) -> None:
         p = self.entry
         cores = p.cores
-        adv = self._adv
         if p.needs_state:
             for c in cores:
-                adv(c, t)
+                self._adv(c, t)
             if self._kv_index:
                 self._drain_kv_events(p, t)
         if self.disagg:
@@ -114,17 +113,23 @@ class RoutingMixin:
             preq = TraceRequest(q.request_id, q.arrival_ms, q.input_length, 1, q.hash_ids)
             c = cores[p.router.choose(preq, t, cores)]
             if not p.needs_state:
-                adv(c, t)
+                self._adv(c, t)
             prec = RequestRecord(
                 request_id=rid, arrival_ms=rec.arrival_ms, input_length=preq.input_length, output_length=1
             )
             fl.prec = prec
             fl.pcore = c
             fl.phase = PHASE_PREFILL
-            c.add_request(preq, t, prec)
-            er = c.requests.get(rid) if self._coordinated else None
-            if er is not None:
-                fl.pkeys = er.content if self._sg else er.block_keys
+            self._add_routed(p, c, preq, t, prec)
+            if self._coordinated:  # the prompt as the prefill core keeps it, for the source's hold (_take)
+                if isinstance(c, SglangCore):
+                    sr = c.requests.get(rid)
+                    if sr is not None:
+                        fl.pkeys = sr.content
+                else:
+                    er = c.requests.get(rid)
+                    if er is not None:
+                        fl.pkeys = er.block_keys
             rec.prefill_worker_id = c.worker_id
             p.by_id[c.worker_id].inflight.append(fl)
             if p.on_routed is not None:
@@ -134,11 +139,22 @@ class RoutingMixin:
         else:
             c = cores[p.router.choose(item, t, cores)]
             if not p.needs_state:
-                adv(c, t)
-            c.add_request(item, t, rec)
+                self._adv(c, t)
+            self._add_routed(p, c, item, t, rec)
             self._where[rid] = c
             if p.on_routed is not None:
                 p.on_routed(rec)
+
+    def _add_routed(self, p: Pool, c: Core, req: TraceRequest, t: float, rec: RequestRecord) -> None:
+        """``c.add_request(req, t, rec)`` for the core ``c`` the pool's router chose, handing a vLLM core with
+        prefix caching the prompt's keys when the router is the KV router (it computed them to choose:
+        :meth:`KvRouter.prompt_keys`; the pool's one engine config, so they are what ``add_request`` would
+        compute again)."""
+        kr = p.kv_router
+        if kr is not None and isinstance(c, VllmCore) and c.kv.caching:
+            c.add_request(req, t, rec, kr.prompt_keys())
+        else:
+            c.add_request(req, t, rec)
 
     def cancel(self, record: RequestRecord, now_ms: float) -> bool:
         """Cancel a submitted request wherever it is (fleet queue, prefill, transfer, decode). Every KV hold
@@ -159,23 +175,23 @@ class RoutingMixin:
             record.finish_ms = now_ms
             return True
         fl: Flight = where
-        if fl.phase == PHASE_QUEUED:
+        if fl.phase is PHASE_QUEUED:
             self.entry.queue = deque(x for x in self.entry.queue if x[2] != rid)
             self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
-        elif fl.phase == PHASE_PREFILL:
+        elif fl.phase is PHASE_PREFILL:
             self._adv(fl.pcore, now_ms)
             fl.pcore.cancel(rid, now_ms)
             w = self.pools["prefill"].by_id[fl.pcore.worker_id]
             if fl in w.inflight:
                 w.inflight.remove(fl)
             self._release_holds(fl, now_ms)  # SGLang: the destination's reservation
-        elif fl.phase == PHASE_RESERVING:
+        elif fl.phase is PHASE_RESERVING:
             pass  # still waiting for its destination's reservation: skipped when its turn comes
-        elif fl.phase == PHASE_WAIT_DECODE:
+        elif fl.phase is PHASE_WAIT_DECODE:
             self.pools["decode"].queue = deque(x for x in self.pools["decode"].queue if x is not fl)
-        elif fl.phase == PHASE_TRANSFER:
+        elif fl.phase is PHASE_TRANSFER:
             self._release_holds(fl, now_ms)
-        elif fl.phase == PHASE_DECODE:
+        elif fl.phase is PHASE_DECODE:
             self._adv(fl.dcore, now_ms)
             if not fl.dcore.cancel(rid, now_ms):
                 return False
@@ -195,11 +211,13 @@ class RoutingMixin:
             return
         for w in p.workers:
             for c in w.cores:
-                ev = c.kv.events
+                kv = c.kv
+                assert isinstance(kv, (EventingKvManager, EventingKvbmBlockManager))  # swapped in by add_worker
+                ev = kv.events
                 if ev:
                     index.publish([KvEvent(k, h, par, w.worker_id, c.dp_rank, t) for k, h, par in ev])
                     ev.clear()
         index.catch_up(t)
 
 
-__all__ = ["RoutingMixin"]
+__all__ = ["RoutingLayer"]

@@ -40,15 +40,15 @@ def test_gc_restored_after_error():
     "fleet",
     [
         FleetConfig(num_workers=2),
-        FleetConfig(num_prefill_workers=1, num_decode_workers=1),  # coordinated handoff: the fleet's bound-method cycle
-        FleetConfig(num_workers=2, single_step=True),  # a closure over the fleet
+        FleetConfig(num_prefill_workers=1, num_decode_workers=1),  # coordinated handoff
+        FleetConfig(num_workers=2, single_step=True),
     ],
     ids=["agg", "disagg", "single_step"],
 )
 def test_replay_leaves_no_cyclic_garbage(fleet):
-    """run_replay closes its fleet (Fleet.close), so reference counting frees the fleet, its cores and every
-    request's engine state: nothing is left for the cyclic collector (which used to find ~200k objects
-    after the Azure trace)."""
+    """The fleet holds no reference cycle (its advance strategy is an int, not a bound method or a closure over
+    itself), so reference counting frees the fleet, its cores and every request's engine state: nothing is
+    left for the cyclic collector (which used to find ~200k objects after the Azure trace)."""
     gc.collect()
     try:
         gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collector finds, to name it in a failure
