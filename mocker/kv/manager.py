@@ -59,24 +59,6 @@ class BlockRuns:
         return keys
 
 
-class _RunsMemo:
-    """The last :func:`engine_block_runs` computed for a tuple of ids: the router and then the core it picks
-    ask for the same prompt's keys, one after the other (the tuple is immutable and held here, so its
-    identity names its content)."""
-
-    __slots__ = ("hash_ids", "input_length", "block_size", "trace_block_size", "runs")
-
-    def __init__(self) -> None:
-        self.hash_ids: tuple[int, ...] | None = None
-        self.input_length = 0
-        self.block_size = 0
-        self.trace_block_size = 0
-        self.runs: BlockRuns | None = None
-
-
-_MEMO = _RunsMemo()
-
-
 def engine_block_runs(
     hash_ids: Sequence[int] | None, input_length: int, block_size: int, trace_block_size: int = 512
 ) -> BlockRuns | None:
@@ -87,31 +69,10 @@ def engine_block_runs(
         input_length: prompt length (tokens). Only blocks fully inside the prompt get a key.
         block_size: engine block size (tokens).
     Returns: runs of ``input_length // block_size`` keys, or None. Raises ValueError when ``hash_ids`` covers
-    fewer than ``input_length`` tokens. Asked again for the same tuple and sizes as the previous call, the
-    same :class:`BlockRuns` (whose key list is then built once).
+    fewer than ``input_length`` tokens.
     """
     if hash_ids is None:
         return None
-    memo = _MEMO
-    if (
-        hash_ids is memo.hash_ids
-        and input_length == memo.input_length
-        and block_size == memo.block_size
-        and trace_block_size == memo.trace_block_size
-    ):
-        return memo.runs
-    runs = _block_runs(hash_ids, input_length, block_size, trace_block_size)
-    if isinstance(hash_ids, tuple):
-        memo.hash_ids = hash_ids
-        memo.input_length = input_length
-        memo.block_size = block_size
-        memo.trace_block_size = trace_block_size
-        memo.runs = runs
-    return runs
-
-
-def _block_runs(hash_ids: Sequence[int], input_length: int, block_size: int, trace_block_size: int) -> BlockRuns:
-    """:func:`engine_block_runs` computed."""
     if len(hash_ids) * trace_block_size < input_length:
         raise ValueError(
             f"hash_ids covers {len(hash_ids) * trace_block_size} tokens, less than input_length={input_length}"
