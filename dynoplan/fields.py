@@ -23,7 +23,8 @@ count no run reaches, silently disables what it gates."""
 INT_TEXT = re.compile(r"[-+]?[0-9]+")
 """An integer as text (full match): ASCII digits with an optional sign, the YAML 1.2 core schema's decimal
 integer (docs/architecture.md "Settings text"). Python's ``int()`` also takes ``1_000``, newlines and
-other Unicode white space around it, and non-ASCII digits (``int("١٢") == 12``); a setting or a flag takes none of them."""
+other Unicode white space around it, and non-ASCII digits (``int("١٢") == 12``); a setting or a flag takes
+none of them."""
 FLOAT_TEXT = re.compile(
     r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
 )

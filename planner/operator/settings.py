@@ -210,7 +210,11 @@ def ignored_env_variables(env: Mapping[str, str] | None = None) -> list[str]:
         if rest == var or var in names or _SERVICE_LINK.fullmatch(rest):
             continue
         close = difflib.get_close_matches(rest, sorted(n.removeprefix(ENV_PREFIX) for n in names), n=1)
-        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else f" (settings: {ENV_PREFIX}<FIELD>, docs/operator.md)"
+        hint = (
+            f"; did you mean {ENV_PREFIX}{close[0]}?"
+            if close
+            else f" (settings: {ENV_PREFIX}<FIELD>, docs/operator.md)"
+        )
         lines.append(f"{var}: not a setting, ignored{hint}")
     return lines
 
