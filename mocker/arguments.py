@@ -106,7 +106,7 @@ def positive_float(text: str) -> float:
     try:
         v = float_text(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0") from None
     if not (math.isfinite(v) and v > 0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
     return v
@@ -128,7 +128,7 @@ def nonneg_float(text: str) -> float:
     try:
         v = float_text(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number >= 0") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0") from None
     if not (math.isfinite(v) and v >= 0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
     return v

@@ -681,6 +681,17 @@ def up(timeout_s: float = 180.0) -> None:
         raise
 
 
+def start_containerd() -> None:
+    """Start containerd and wait until ``ctr`` reaches it (30 s)."""
+    start("containerd", ["containerd", "--config", str(containerd_config())])
+    wait(
+        lambda: run(["ctr", "--address", str(CONTAINERD_SOCK), "version"], check=False).returncode == 0,
+        30,
+        "containerd",
+        LOGS / "containerd.log",
+    )
+
+
 def _start(timeout_s: float) -> None:
     t0 = time.monotonic()
     for d in (STATE / "etcd", PKI, LOGS, RUN):
@@ -702,14 +713,25 @@ def _start(timeout_s: float) -> None:
         link.unlink(missing_ok=True)
         link.symlink_to(binary(b))
 
-    start("containerd", ["containerd", "--config", str(containerd_config())])
-    wait(
-        lambda: run(["ctr", "--address", str(CONTAINERD_SOCK), "version"], check=False).returncode == 0,
-        30,
-        "containerd",
-        LOGS / "containerd.log",
-    )
-    refs = import_images()
+    start_containerd()
+    try:
+        refs = import_images()
+    except ClusterError as e:
+        # The image store is a cache that down keeps; one that can no longer take the images (its metadata
+        # names a layer snapshot that is gone: "parent snapshot ... does not exist") is rebuilt from the tars.
+        root = STATE / "containerd" / "root"
+        stop("containerd")
+        held = mounts_under(root)
+        if held:
+            raise ClusterError(f"{e}\nand the image store {root} cannot be rebuilt: still mounted: {held}") from None
+        print(
+            f"cluster up: containerd's image store could not take the images ({str(e).splitlines()[0][:300]}); "
+            f"deleting {root} and importing again",
+            file=sys.stderr,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+        start_containerd()
+        refs = import_images()
 
     etcd_url = f"http://{NODE_IP}:2379"
     start(
