@@ -222,10 +222,6 @@ def _gap_stats_in_place(itl: np.ndarray) -> tuple[dict[str, float], dict[str, fl
     )
 
 
-def _is_completed(r: RequestRecord) -> bool:
-    return r.status == "finished" and r.admit_ms is not None and r.finish_ms is not None
-
-
 # ---------------------------------------------------------------------------------------------- report
 class ReportSource(Protocol):
     """What :func:`build_report` reads: a :class:`mocker.fleet.ReplayResult`, or the live load generator's
@@ -418,13 +414,26 @@ def build_report(
     _check_sla_targets(sla_ttft_ms, sla_itl_ms, sla_e2e_ms)
     # request_id order makes every float sum independent of the order the fleet returned records in
     records: Sequence[RequestRecord] = sorted(result.records, key=lambda r: r.request_id)
-    done = [r for r in records if _is_completed(r)]
-    t = _token_times([r for r in done if r.token_times_ms])
-
-    total_in = sum(r.input_length for r in done)
-    total_out = sum(len(r.token_times_ms) for r in done)
-    cached = sum(r.cached_tokens for r in done)
-    duration_ms = max((r.finish_ms for r in done if r.finish_ms is not None), default=0.0)  # done: all finished
+    # one pass over the records (they number tens of thousands): the completed ones and their totals
+    done: list[RequestRecord] = []
+    with_tokens: list[RequestRecord] = []
+    total_in = total_out = cached = preemptions = 0
+    latest = -math.inf
+    for r in records:
+        preemptions += r.num_preemptions
+        finish = r.finish_ms
+        if r.status == "finished" and r.admit_ms is not None and finish is not None:
+            done.append(r)
+            total_in += r.input_length
+            cached += r.cached_tokens
+            n = len(r.token_times_ms)
+            if n:
+                total_out += n
+                with_tokens.append(r)
+            if finish > latest:  # the first of equal maxima, as max() keeps
+                latest = finish
+    t = _token_times(with_tokens)
+    duration_ms = latest if done else 0.0
     duration_s = max(duration_ms / 1000.0, 1e-9)
     rep: dict[str, Any] = {
         "num_requests": len(records),
@@ -445,7 +454,7 @@ def build_report(
         "processed_tokens": total_in + total_out,
         "prefix_cache_reused_ratio": ratio,
         "first_admission_prefix_cache_reused_ratio": ratio,
-        "num_preemptions": sum(r.num_preemptions for r in records),
+        "num_preemptions": preemptions,
         "num_ttft_samples": int(t.ttft.size),
         "num_tpot_samples": int(t.tpot.size),
         "num_e2e_latency_samples": int(t.e2e.size),
