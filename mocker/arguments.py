@@ -63,22 +63,27 @@ def worker_count(text: str) -> int:
     return v
 
 
-def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[str]) -> None:
-    """Refuse output paths before any work: each ``(flag, path)`` must have an existing parent directory
-    (one rule for every command, as ``profile --out``) and must not be one of the ``inputs`` files (a
-    ``--per-request`` onto the trace would overwrite it). Raises ConfigError naming the flag and path."""
+def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[tuple[str, str | None]]) -> None:
+    """Refuse output paths before any work: each ``(flag, path)`` (``path`` None = not given) must be a
+    non-empty path with an existing parent directory (one rule for every command, as ``profile --out``) and
+    must not be one of the ``(flag, path)`` input files (a ``--per-request`` onto the trace would overwrite
+    it). Raises ConfigError naming the flag and path, and for a clash the flag that reads the file."""
     for flag, path in outputs:
-        if not path:
+        if path is None:
             continue
+        if not path.strip():
+            raise ConfigError(f"{flag} {path!r}: empty, expected a file path (omit {flag} to write none)")
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise ConfigError(
                 f"{flag} {path}: parent directory {parent} does not exist or is not a directory; "
                 "expected an existing directory"
             )
-        for src in inputs:
-            if os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
-                raise ConfigError(f"{flag} {path}: is the input trace {src}; expected a different output file")
+        for src_flag, src in inputs:
+            if src and os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
+                raise ConfigError(
+                    f"{flag} {path}: is the {src_flag} file {src} (an input); expected a different output file"
+                )
     seen: dict[str, str] = {}
     for flag, path in outputs:
         if path:

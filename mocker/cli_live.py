@@ -221,7 +221,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from mocker.report import render_table, report_to_json, write_per_request_jsonl
     from mocker.traces import load_trace
 
-    trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
+    trace_file = [] if args.trace.startswith("synthetic:") else [("--trace", args.trace)]
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
     s = check(
         lambda: LoadgenSettings(

@@ -139,10 +139,10 @@ def run(args: argparse.Namespace) -> int:
     from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
     from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
 
-    trace_file = [] if args.trace.startswith("synthetic:") else [args.trace]
-    trace_file += [args.engine_config] if args.engine_config else []
-    trace_file += [args.rate_envelope] if args.rate_envelope else []
-    check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], trace_file)
+    inputs = [("--engine-config", args.engine_config), ("--rate-envelope", args.rate_envelope)]
+    if not args.trace.startswith("synthetic:"):
+        inputs.insert(0, ("--trace", args.trace))
+    check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], inputs)
     engine = engine_config_from_args(args)
     n_prefill, n_decode, transfer = transfer_config_from_args(args)
     envelope = None

@@ -408,12 +408,35 @@ def test_per_request_onto_the_trace_is_refused(tmp_path: Path, capsys: pytest.Ca
     before = trace.read_bytes()
     for flag in ("--per-request", "--report-json"):
         rc, _, err = cli(capsys, "--trace", str(trace), "--quiet", flag, str(trace))
-        assert_one_line_error(rc, err, flag, str(trace), "input trace", "expected a different output file")
+        assert_one_line_error(rc, err, flag, str(trace), "is the --trace file", "expected a different output file")
     link = tmp_path / "link.csv"  # another name of the same file
     link.symlink_to(trace)
     rc, _, err = cli(capsys, "--trace", str(trace), "--quiet", "--per-request", str(link))
-    assert_one_line_error(rc, err, "--per-request", "input trace")
+    assert_one_line_error(rc, err, "--per-request", "is the --trace file")
     assert trace.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_empty_output_path_is_refused(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    # was exit 0 with nothing written (simulate --out '' is refused the same way)
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", flag, "")
+    assert_one_line_error(rc, err, f"{flag} '': empty, expected a file path")
+    assert out == ""
+
+
+@pytest.mark.parametrize("input_flag", ["--rate-envelope", "--engine-config"])
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_output_onto_another_input_names_that_input_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, input_flag: str
+) -> None:
+    # was "is the input trace env.csv" for the envelope and the engine config alike
+    src = tmp_path / "in.file"
+    src.write_text("time_s,multiplier\n0,1\n" if input_flag == "--rate-envelope" else "block_size: 16\n")
+    before = src.read_bytes()
+    rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", input_flag, str(src), flag, str(src))
+    assert_one_line_error(rc, err, f"{flag} {src}: is the {input_flag} file {src}", "expected a different output")
+    assert "trace" not in err
+    assert src.read_bytes() == before
 
 
 def test_report_and_per_request_on_one_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

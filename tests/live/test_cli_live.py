@@ -81,7 +81,7 @@ def test_loadgen_per_request_onto_the_trace_is_refused(tmp_path):
         text=True,
         timeout=60,
     )
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "input trace" in p.stderr, p.stderr
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "is the --trace file" in p.stderr, p.stderr
     assert trace.read_bytes() == before
 
 

@@ -471,3 +471,79 @@ def test_azure_epoch_millisecond_timestamps_are_refused_naming_the_row(tmp_path)
         TraceError, match=r"epoch.csv:2: field 'TIMESTAMP' '1700158546680': unparsable timestamp \(a bare"
     ):
         load_trace(str(f))
+
+
+# ---------------------------------------------------------------------------------------------- fresh-user findings
+def test_gamma_arrivals_beyond_the_request_bound_are_refused_while_drawn() -> None:
+    # shape 1e-10: almost every gap is 0, so the draw never reached duration_s (it ran out of memory)
+    with pytest.raises(TraceError) as ei:
+        load_trace("synthetic:gamma?rate=2&duration_s=60&shape=1e-10")
+    msg = str(ei.value)
+    assert ei.value.field == "shape"
+    assert "rate=2, duration_s=60, shape=1e-10" in msg and "expected at most 10,000,000" in msg
+    # a small shape that stays under the bound still gives its (bursty, larger than rate x duration) count
+    assert len(load_trace("synthetic:gamma?rate=2&duration_s=60&shape=0.01&seed=1")) > 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ("synthetic:poisson?rate=２&duration_s=60", "rate"),
+        ("synthetic:poisson?rate=2&duration_s=6_0", "duration_s"),
+        ("synthetic:poisson?rate=2&duration_s=60&isl=1_00", "isl"),
+        ("synthetic:poisson?rate=2&duration_s=60&osl=uniform:1:1_0", "osl"),
+        ("synthetic:poisson?rate=2&duration_s=60&isl=lognormal:１00:0.5", "isl"),
+        ("synthetic:poisson?rate=2&num_requests=1_0", "num_requests"),
+        ("synthetic:poisson?rate=2&num_requests=10&seed=٣", "seed"),
+        ("synthetic:poisson?rate=2&num_requests=10&prefix_groups=1_0&prefix_len=512", "prefix_groups"),
+    ],
+)
+def test_synthetic_numbers_take_the_settings_grammar_only(spec: str, field: str) -> None:
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec)
+    assert ei.value.field == field, str(ei.value)
+
+
+def test_synthetic_numbers_in_the_grammar_still_read() -> None:
+    w = parse_synthetic_spec("synthetic:poisson?rate=2e0&duration_s=.5e2&isl=uniform:1e1:20&osl=lognormal:200:0.5")
+    assert (w.rate_rps, w.duration_s, w.isl.a, w.isl.b, w.osl.a) == (2.0, 50.0, 10.0, 20.0, 200.0)
+
+
+def test_lognormal_sigma_beyond_the_bound_is_refused() -> None:
+    from mocker.traces import MAX_LOGNORMAL_SIGMA
+
+    # sigma 100: mu = ln(1000) - 5000, every draw rounded to 1 token, not a mean of 1000
+    with pytest.raises(TraceError, match=r"field 'isl' 'lognormal:1000:100': .*SIGMA from 0 to 3\)"):
+        load_trace("synthetic:poisson?rate=2&num_requests=2&isl=lognormal:1000:100")
+    with pytest.raises(TraceError, match="field 'osl'"):
+        load_trace("synthetic:poisson?rate=2&num_requests=2&osl=lognormal:1000:3.01")
+    # at the bound the mean still holds roughly (0.85 MEAN over 1,000 draws), below it closely
+    reqs = load_trace(f"synthetic:constant?rate=1&num_requests=4000&isl=lognormal:1000:{MAX_LOGNORMAL_SIGMA}&seed=2")
+    assert 500 < np.mean([r.input_length for r in reqs]) < 1500
+    reqs = load_trace("synthetic:constant?rate=1&num_requests=4000&isl=lognormal:1000:1.5&seed=2")
+    assert 900 < np.mean([r.input_length for r in reqs]) < 1100
+
+
+@pytest.mark.parametrize("bad", ["1_000", "１００", "\u0661\u0662", "1\x0b", "1.0", " 1_0 "])
+@pytest.mark.parametrize("column", ["ContextTokens", "GeneratedTokens"])
+def test_azure_token_columns_take_the_settings_grammar_only(tmp_path: Path, bad: str, column: str) -> None:
+    # numpy's astype(np.int64) (Python's int()) took 1_000 and non-ASCII digits
+    row = {"ContextTokens": "374", "GeneratedTokens": "44", column: bad}
+    f = write(
+        tmp_path,
+        "t.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,5,6\n"
+        f'2023-11-16 18:15:47.0,"{row["ContextTokens"]}","{row["GeneratedTokens"]}"\n',
+    )
+    with pytest.raises(TraceError) as ei:
+        load_azure_csv(f)
+    assert (ei.value.line, ei.value.field) == (3, column) and repr(bad) in str(ei.value)
+
+
+def test_azure_token_columns_still_take_signs_and_spaces(tmp_path: Path) -> None:
+    f = write(
+        tmp_path,
+        "t.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0, +374 ,\t44\n2023-11-16 18:15:47.0,0012,7\n",
+    )
+    assert [(r.input_length, r.output_length) for r in load_azure_csv(f)] == [(374, 44), (12, 7)]

@@ -16,7 +16,13 @@ from scipy.integrate import quad
 
 from dynoplan.errors import TraceError
 from mocker.records import TraceRequest
-from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
+from mocker.traces import (
+    MIN_RATE_MULTIPLIER,
+    apply_rate_envelope,
+    load_trace,
+    parse_rate_envelope,
+    scale_arrivals,
+)
 from planner.cli import main
 
 
@@ -109,9 +115,9 @@ def test_periodic_inverse_inverts_the_integral(
     period: float, low: float, span: float, phase: float, x: list[float]
 ) -> None:
     high = low + span
-    if high < 1e-6:
-        # a peak multiplier below 1e-6 stretches an hour of trace past 10^9 s: x / m overflows for denormal m
-        # (hypothesis found low = high = 1.4e-304); such a trace ends in the CLI's own time limits instead
+    if high < 1e-6 or 0 < low < MIN_RATE_MULTIPLIER:
+        # a peak multiplier below 1e-6 stretches an hour of trace past 10^9 s (x / m overflowed for denormal m:
+        # hypothesis found low = high = 1.4e-304, now refused below MIN_RATE_MULTIPLIER, as a low of 5e-225 is)
         return
     env = parse_rate_envelope(f"periodic:period_s={period!r},low={low!r},high={high!r},phase_s={phase!r}")
     t = env.inverse_integral(np.asarray(x))
@@ -369,3 +375,58 @@ def test_simulate_runs_the_warped_trace(tmp_path: Path, capsys: pytest.CaptureFi
     details = json.loads((out / "details.json").read_text())
     assert details["policies"]["static:1"]["num_requests"] == 360
     assert json.dumps(details).count("periodic:period_s=30,low=2,high=2,duration_s=90") >= 1
+
+
+# ---------------------------------------------------------------------------------------------- fresh-user findings
+@pytest.mark.parametrize(
+    ("rows", "line", "needles"),
+    [
+        ("0,1e300\n", 2, ("'multiplier'", "'1e300'", "from 1e-09 to 1e+09")),  # was an overflow RuntimeWarning
+        ("0,1\n5,2e9\n10,1\n", 3, ("'multiplier'", "'2e9'")),
+        ("0,1e-300\n", 2, ("'multiplier'", "'1e-300'")),
+        ("0,1\n1e300,1\n", 3, ("'time_s'", "'1e300'", "<= 4.5036e+06")),
+        ("6_0,1\n", 2, ("'time_s'", "'6_0'")),
+        ("0,1\n６0,1\n", 3, ("'time_s'", "'６0'")),
+        ("0,1\n60,1_0\n", 3, ("'multiplier'", "'1_0'")),
+    ],
+)
+def test_csv_multipliers_and_times_that_overflow_or_break_the_grammar_are_refused(
+    tmp_path: Path, rows: str, line: int, needles: tuple[str, ...]
+) -> None:
+    p = envelope_csv(tmp_path, rows)
+    with pytest.raises(TraceError) as ei:
+        parse_rate_envelope(str(p))
+    assert ei.value.line == line and str(p) in str(ei.value)
+    for n in needles:
+        assert n in str(ei.value), str(ei.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ("periodic:period_s=1_0,low=1,high=2", "period_s"),
+        ("periodic:period_s=６0,low=1,high=2", "period_s"),
+        ("periodic:period_s=10,low=1,high=2,duration_s=6_0", "duration_s"),
+        ("periodic:period_s=1e300,low=1,high=2", "period_s"),
+        ("periodic:period_s=10,low=1,high=1e300", "high"),
+        ("periodic:period_s=10,low=1e-300,high=1", "low"),
+    ],
+)
+def test_periodic_numbers_that_overflow_or_break_the_grammar_are_refused(spec: str, field: str) -> None:
+    with pytest.raises(TraceError) as ei:
+        parse_rate_envelope(spec)
+    assert ei.value.field == field, str(ei.value)
+
+
+def test_a_warp_past_the_trace_time_bound_is_refused() -> None:
+    # a peak of 1e-9 stretches 10 s of trace to 1e10 s, past the 4.5e9 ms bound of trace times
+    with pytest.raises(TraceError, match=r"--rate-envelope: the warp moves the trace's last arrival to .* at most"):
+        apply_rate_envelope(reqs([0.0, 10.0]), parse_rate_envelope("periodic:period_s=10,low=0,high=1e-9"))
+
+
+def test_overflowing_envelope_on_the_cli_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = envelope_csv(tmp_path, "0,1e300\n")
+    rc = main(["replay", "--trace", "synthetic:poisson?rate=2&num_requests=5", "--quiet", "--rate-envelope", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"{p}:2: field 'multiplier' '1e300'" in err, err
+    assert "Warning" not in err
