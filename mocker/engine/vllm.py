@@ -196,7 +196,9 @@ class VllmCore(PassTimeline[EngineRequest]):
         record.worker_id = self.worker_id
         record.dp_rank = self.dp_rank
         keys = None
-        if self.kv.caching and req.hash_ids is not None:
+        # a prompt that can never fit is rejected at its first admission look, before any key is read: none
+        # are built (or kept), so an ISL of 2**31 - 1 does not build 134M keys (GBs) only to be refused
+        if self.kv.caching and req.hash_ids is not None and self.prompt_fits(req.input_length):
             keys = block_keys
             if keys is None:
                 keys = engine_block_keys(req.hash_ids, req.input_length, self.block_size, self.trace_block_size)
@@ -211,6 +213,12 @@ class VllmCore(PassTimeline[EngineRequest]):
         self.all_requests.append(r)
         self.waiting.append(r)
         return record
+
+    def prompt_fits(self, prompt_len: int) -> bool:
+        """Whether a prompt of ``prompt_len`` tokens can ever fit this core's KV cache: one that needs more
+        blocks than the cache holds is rejected at admission (:meth:`_admission`; TensorRT-LLM's reserves even
+        more) without its block keys being looked at, so :meth:`add_request` builds none for it."""
+        return -(-prompt_len // self.block_size) <= self.num_blocks
 
     def add_prefilled_request(
         self, req: TraceRequest, now_ms: float, record: RequestRecord | None = None, block_keys: list[int] | None = None

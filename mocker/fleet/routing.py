@@ -149,9 +149,9 @@ class RoutingLayer(HandoffLayer):
         """``c.add_request(req, t, rec)`` for the core ``c`` the pool's router chose, handing a vLLM core with
         prefix caching the prompt's keys when the router is the KV router (it computed them to choose:
         :meth:`KvRouter.prompt_keys`; the pool's one engine config, so they are what ``add_request`` would
-        compute again)."""
+        compute again), unless the prompt can never fit the core (rejected without keys: none are built)."""
         kr = p.kv_router
-        if kr is not None and isinstance(c, VllmCore) and c.kv.caching:
+        if kr is not None and isinstance(c, VllmCore) and c.kv.caching and c.prompt_fits(req.input_length):
             c.add_request(req, t, rec, kr.prompt_keys())
         else:
             c.add_request(req, t, rec)

@@ -98,6 +98,23 @@ def test_non_chunked_prompt_larger_than_budget_is_rejected():
     assert recs[0].status == "failed" and recs[1].status == "finished"
 
 
+@pytest.mark.parametrize("core_type", [VllmCore, TrtllmCore])
+def test_prompt_that_can_never_fit_builds_no_block_keys(core_type):
+    # ISL 2**31 - 1 built 134M engine block keys (GBs) before admission refused the prompt; now none
+    cfg = EngineConfig(num_gpu_blocks=10, block_size=16)
+    core = core_type(cfg)
+    big = req(0, 0, 161, 2)  # 11 blocks > 10: can never fit
+    fits = req(1, 0, 100, 2)
+    core.add_request(big, 0.0, block_keys=list(range(10)))  # given keys are not kept either
+    core.add_request(fits, 0.0)
+    assert core.requests[0].block_keys is None and core.requests[1].block_keys is not None
+    assert not core.prompt_fits(161) and core.prompt_fits(160)
+    core.advance_until(float("inf"))
+    core.finalize()
+    recs = {r.request_id: r.record for r in core.all_requests}
+    assert recs[0].status == "failed" and recs[1].status == "finished"
+
+
 def test_max_num_seqs_limits_admission():
     cfg = EngineConfig(max_num_seqs=2)
     recs = run(VllmCore(cfg), [req(0, 0, 100, 5), req(1, 0, 100, 50), req(2, 0, 100, 5)])
