@@ -17,7 +17,6 @@ import numpy as np
 
 from dynoplan.errors import SimulationConfigError
 from dynoplan.fields import float_text
-from dynoplan.settings_text import scalar
 from mocker import arguments as mocker_arguments
 from mocker.arguments import positive_int
 from mocker.traces import DEFAULT_TRACE_BLOCK_SIZE, load_trace
@@ -94,6 +93,8 @@ def attainment_text(text: str) -> float | None:
     """The text of an attainment target (``--attainment-target``, ``planner:attainment_target=``): a share
     0 < F < 1, or ``off`` or a YAML null (``null``, ``~``, empty; docs/architecture.md "Settings text") for
     none (None: closed-form sizing). Raises ValueError for any other text."""
+    from dynoplan.settings_text import scalar  # the YAML reader only when a value is read
+
     t = text.strip(" \t")
     if t.lower() == "off" or scalar(t) is None:
         return None

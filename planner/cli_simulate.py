@@ -130,8 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N|P+D|auto",
         help="fleet at t=0 for dynamic policies (default auto: the planner's own sizing by simulation of the "
         "trace's first adjustment interval, as an operator would have deployed it); each pool "
-        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
-        "(else exit 2, no clamping)",
+        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget, "
+        "for the run's settings and each planner:k=v variant's (else exit 2, no clamping)",
     )
     s.add_argument(
         "--auto-attainment",
@@ -402,7 +402,8 @@ def _load_config(args: argparse.Namespace, in_file: dict[str, Any], overrides: d
 
 
 SIMULATE_DEFAULTS: dict[str, Any] = {"max_gpu_budget": 64}
-"""simulate's planner defaults where the ``--config`` file does not set them (a simulated fleet may use 64 GPUs)."""
+"""simulate's planner defaults where the ``--config`` file does not set them (a simulated fleet may use 64 GPUs;
+the planner core's default is 8: docs/offline.md "Settings precedence")."""
 
 
 def _planner_settings(args: argparse.Namespace, in_file: dict[str, Any]) -> tuple[dict[str, Any], PlannerConfig]:

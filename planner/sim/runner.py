@@ -25,8 +25,8 @@ from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
 from planner.arguments import attainment_text
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
-from planner.core.config import setting_name
 from planner.core.budget import apply_limits
+from planner.core.config import setting_name
 from planner.core.loops import ThroughputLoop, pool_bounds
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
