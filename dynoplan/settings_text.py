@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -259,11 +259,12 @@ def text_value(text: str, kind: str) -> Any:
     """Command-line or environment ``text`` as the value of a setting whose annotation's base type is
     ``kind`` (``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"tuple"``, a Literal alias such as
     ``"Mode"``; ``""`` unknown): the text itself for a text setting, a list of :func:`scalar` items for a
-    list setting (``a,b``), else :func:`scalar`."""
+    list setting (``a,b``; an empty item, ``a,,b`` or ``a,b,``, stays the empty text ``""`` for the
+    validation to refuse; empty text is the empty list), else :func:`scalar`."""
     if kind not in ("int", "float", "bool", "tuple", ""):
         return text
     if kind == "tuple":
-        return [scalar(x.strip()) for x in text.split(",") if x.strip()]
+        return [scalar(x.strip()) if x.strip() else "" for x in text.split(",")] if text.strip() else []
     return scalar(text.strip())
 
 
@@ -278,10 +279,13 @@ def check_utf8(text: str, what: str) -> None:
         raise ConfigError(f"{what}: {byte} at offset {e.start}: expected UTF-8 text") from None
 
 
-def assignments(items: Iterable[str], flag: str) -> dict[str, str]:
+def assignments(items: Iterable[str], flag: str, name: Callable[[str], str] | None = None) -> dict[str, str]:
     """Repeated ``flag KEY=VALUE`` items as ``{KEY: VALUE}`` text (both stripped; ``-`` in a key read as
-    ``_``). Raises ConfigError: an item without ``=`` or with an empty key (``expected KEY=VALUE``), bytes
-    that are not UTF-8 (naming the key), a key given twice."""
+    ``_``, or each key spelled by ``name``: one spelling per setting, e.g.
+    :func:`planner.core.config.setting_name`). Raises ConfigError: an item without ``=`` or with an empty
+    key (``expected KEY=VALUE``), bytes that are not UTF-8 (naming the key), a key given twice in any
+    spelling."""
+    spell_key = name or (lambda k: k.replace("-", "_"))
     out: dict[str, str] = {}
     given: dict[str, str] = {}
     for item in items:
@@ -292,8 +296,10 @@ def assignments(items: Iterable[str], flag: str) -> dict[str, str]:
             raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
         check_utf8(key, flag)
         check_utf8(value, f"{flag} {key}")
-        name = key.replace("-", "_")
-        if name in out:
-            raise ConfigError(f"{flag} {item}: {key} given twice (first {given[name]}), expected each setting once")
-        out[name], given[name] = value.strip(), item
+        k = spell_key(key)
+        if k in out:
+            raise ConfigError(
+                f"{flag} {item.strip()}: {key} given twice (first {given[k]}), expected each setting once"
+            )
+        out[k], given[k] = value.strip(), item.strip()
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dynoplan.errors import SimulationConfigError
+from dynoplan.fields import float_text
 from mocker import arguments as mocker_arguments
 from mocker.arguments import positive_int
 from mocker.traces import DEFAULT_TRACE_BLOCK_SIZE, load_trace
@@ -86,3 +87,18 @@ def warm_start_windows(
     isl = np.fromiter((r.input_length for r in reqs), dtype=np.float64, count=len(reqs))
     osl = np.fromiter((r.output_length for r in reqs), dtype=np.float64, count=len(reqs))
     return bucket_intervals((arrival_ms - arrival_ms[0]) / 1000.0, isl, osl, interval_s)
+
+
+def attainment_text(text: str) -> float | None:
+    """The text of an attainment target (``--attainment-target``, ``planner:attainment_target=``): a share
+    0 < F < 1, or ``off`` or a YAML null (``null``, ``~``, empty; docs/architecture.md "Settings text") for
+    none (None: closed-form sizing). Raises ValueError for any other text."""
+    from dynoplan.settings_text import scalar  # the YAML reader only when a value is read
+
+    t = text.strip(" \t")
+    if t.lower() == "off" or scalar(t) is None:
+        return None
+    v = float_text(t)
+    if not 0 < v < 1:
+        raise ValueError(f"{text!r} is not a share 0 < F < 1")
+    return v

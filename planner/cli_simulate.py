@@ -41,9 +41,15 @@ from mocker.arguments import (
     worker_count,
 )
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
-from planner.arguments import add_engine_arguments, add_transfer_arguments, check_out_not_inputs, warm_start_windows
+from planner.arguments import (
+    add_engine_arguments,
+    add_transfer_arguments,
+    attainment_text,
+    check_out_not_inputs,
+    warm_start_windows,
+)
 from planner.core import PlannerConfig, config_from_mapping, load_profile
-from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, parse_cli_values
+from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, parse_cli_values, setting_name
 
 if TYPE_CHECKING:
     from planner.sim.runner import RunContext
@@ -85,7 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("agg", "disagg"),
         help="aggregated or prefill+decode pools (default: the --config file's mode, else agg)",
     )
-    s.add_argument("--compare", nargs="+", default=["planner"], metavar="POLICY", help=POLICY_HELP)
+    s.add_argument(
+        "--compare",
+        nargs="+",
+        action="extend",
+        metavar="POLICY",
+        help=POLICY_HELP + " (repeatable: every --compare adds its policies; default planner)",
+    )
     s.add_argument(
         "--startup-delay-s", type=nonneg_float, default=60.0, metavar="S", help="worker start-up delay (default 60)"
     )
@@ -108,15 +120,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="routing among ready workers (default round_robin)",
     )
     s.add_argument(
-        "--sample-interval-s", type=positive_float, default=10.0, metavar="S", help="timeline sampling (default 10)"
+        "--sample-interval-s",
+        type=positive_float,
+        metavar="S",
+        help=f"timeline sampling (default {DEFAULT_SAMPLE_INTERVAL_S:g})",
     )
     s.add_argument(
         "--initial-replicas",
         metavar="N|P+D|auto",
         help="fleet at t=0 for dynamic policies (default auto: the planner's own sizing by simulation of the "
         "trace's first adjustment interval, as an operator would have deployed it); each pool "
-        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget "
-        "(else exit 2, no clamping)",
+        "within the planner's [min_replicas, max_replicas] and the total within max_gpu_budget, "
+        "for the run's settings and each planner:k=v variant's (else exit 2, no clamping)",
     )
     s.add_argument(
         "--auto-attainment",
@@ -159,20 +174,19 @@ OFF = "off"
 
 
 def _attainment_flag(text: str) -> float | str:
-    """argparse type of --attainment-target: ``off`` (feedback disabled) or a share 0 < F < 1."""
-    if text.strip().lower() in ("off", "none"):
-        return OFF
+    """argparse type of --attainment-target: ``off`` or a YAML null (feedback disabled) or a share 0 < F < 1
+    (:func:`planner.arguments.attainment_text`, the grammar of ``planner:attainment_target=``)."""
     try:
-        v = float_text(text)
+        v = attainment_text(text)
     except ValueError:
-        v = float("nan")
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a share 0 < F < 1 or off")
-    return v
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a share 0 < F < 1 or off") from None
+    return OFF if v is None else v
 
 
 MAX_SAMPLES = 100_000
 """Upper bound on timeline samples per policy (trace span / --sample-interval-s): keeps memory and time bounded."""
+DEFAULT_SAMPLE_INTERVAL_S = 10.0
+"""``--sample-interval-s`` when not given."""
 
 
 def _share(text: str) -> float:
@@ -205,25 +219,10 @@ OUTPUT_FILES: tuple[str, ...] = ("summary.json", "details.json", "timeline.csv",
 
 
 def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
-    """Each pool of ``--initial-replicas`` within the planner's [min_replicas, max_replicas] (max: the pool's
-    ``max_replicas``, else ``max_gpu_budget // gpus_per_engine``) and the fleet's GPUs within
-    ``max_gpu_budget``. Rejects rather than clamps. Raises SimulationConfigError."""
-    if not initial:
-        return
-    gpus = 0
-    for pool, n in initial.items():
-        lim = cfg.limits(pool)
-        hi = cfg.max_gpu_budget // lim.gpus_per_engine
-        if lim.max_replicas is not None:
-            hi = min(hi, lim.max_replicas)
-        if not lim.min_replicas <= n <= hi:
-            raise SimulationConfigError(
-                f"--initial-replicas {pool}={n}: expected {lim.min_replicas} <= N <= {hi} "
-                f"(planner {pool}.min_replicas / max_replicas, max_gpu_budget={cfg.max_gpu_budget})"
-            )
-        gpus += n * lim.gpus_per_engine
-    if gpus > cfg.max_gpu_budget:
-        raise SimulationConfigError(f"--initial-replicas: {gpus} GPUs, expected <= max_gpu_budget={cfg.max_gpu_budget}")
+    """:func:`planner.sim.runner.check_initial` (each planner variant is checked again when it is built)."""
+    from planner.sim.runner import check_initial
+
+    check_initial(initial, cfg)
 
 
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
@@ -374,6 +373,7 @@ def build_context(args: argparse.Namespace) -> RunContext:
         initial,
         args.max_replicas,
         _attainment(args.attainment_target),
+        args.trace_span_note,
     )
 
 
@@ -402,7 +402,8 @@ def _load_config(args: argparse.Namespace, in_file: dict[str, Any], overrides: d
 
 
 SIMULATE_DEFAULTS: dict[str, Any] = {"max_gpu_budget": 64}
-"""simulate's planner defaults where the ``--config`` file does not set them (a simulated fleet may use 64 GPUs)."""
+"""simulate's planner defaults where the ``--config`` file does not set them (a simulated fleet may use 64 GPUs;
+the planner core's default is 8: docs/offline.md "Settings precedence")."""
 
 
 def _planner_settings(args: argparse.Namespace, in_file: dict[str, Any]) -> tuple[dict[str, Any], PlannerConfig]:
@@ -411,7 +412,8 @@ def _planner_settings(args: argparse.Namespace, in_file: dict[str, Any]) -> tupl
     else agg) and the SLA targets (the flags, else the config's). Raises SimulationConfigError / ConfigError."""
     from dynoplan.settings_text import assignments
 
-    overrides: dict[str, Any] = dict(assignments(args.planner_set, "--planner-set"))
+    # a key given twice in any spelling (ttft-ms / ttft_ms, agg.gpus_per_engine / agg_gpus_per_engine) is refused
+    overrides: dict[str, Any] = dict(assignments(args.planner_set, "--planner-set", name=setting_name))
     if args.mode is None:
         named = overrides.get("mode", in_file.get("mode"))
         args.mode = named if named is not None else "agg"
@@ -464,19 +466,39 @@ def _requests(args: argparse.Namespace, trace_block_size: int) -> list[Any]:
     the envelope is checked before the trace is read). Raises SimulationConfigError when the trace span
     would give more than :data:`MAX_SAMPLES` timeline samples."""
     envelope = parse_rate_envelope(args.rate_envelope) if getattr(args, "rate_envelope", None) is not None else None
+    from planner.sim.runner import trace_span_s
+
     reqs = load_trace(args.trace, trace_block_size=trace_block_size, seed=args.seed)
+    read_s = trace_span_s(reqs)
     if args.arrival_speedup != 1.0:
         reqs = scale_arrivals(reqs, args.arrival_speedup)
     if envelope is not None:
         reqs = apply_rate_envelope(reqs, envelope)
-    span_s = max((r.arrival_ms for r in reqs), default=0.0) / 1000.0
-    if span_s / args.sample_interval_s > MAX_SAMPLES:
+    span_s = trace_span_s(reqs)
+    args.trace_span_note = _span_note(args, span_s, read_s)
+    given = args.sample_interval_s is not None
+    if not given:
+        args.sample_interval_s = DEFAULT_SAMPLE_INTERVAL_S
+    interval = args.sample_interval_s
+    if span_s / interval > MAX_SAMPLES:
         raise SimulationConfigError(
-            f"--sample-interval-s={args.sample_interval_s:g}: {span_s:g} s of trace would give "
-            f"{span_s / args.sample_interval_s:.3g} samples, expected >= "
-            f"{span_s / MAX_SAMPLES:g} s (at most {MAX_SAMPLES} samples per policy)"
+            f"{args.trace_span_note}; at --sample-interval-s={interval:g}{'' if given else ' (default)'} that is "
+            f"{span_s / interval:.3g} timeline samples, more than the cap of {MAX_SAMPLES} per policy; expected "
+            f"a trace of at most {MAX_SAMPLES * interval:g} s or --sample-interval-s >= {span_s / MAX_SAMPLES:.3g}"
         )
     return reqs
+
+
+def _span_note(args: argparse.Namespace, span_s: float, read_s: float) -> str:
+    """``the trace spans X s`` and what made it so: ``--trace SPEC`` itself, or ``--arrival-speedup`` /
+    ``--rate-envelope`` (with the span as read) when given -- the start of a cap's message, which blames
+    only what the user set."""
+    shaped = [f"--arrival-speedup={args.arrival_speedup:g}"] if args.arrival_speedup != 1.0 else []
+    if getattr(args, "rate_envelope", None) is not None:
+        shaped.append(f"--rate-envelope {args.rate_envelope}")
+    if shaped:
+        return f"the trace spans {span_s:g} s after {' and '.join(shaped)} (--trace {args.trace}: {read_s:g} s as read)"
+    return f"--trace {args.trace}: the trace spans {span_s:g} s"
 
 
 def _pools(
@@ -561,13 +583,18 @@ def run(args: argparse.Namespace) -> int:
     ctx = build_context(args)
 
     policies, failed = [], None
-    dups = [spec for spec, n in collections.Counter(args.compare).items() if n > 1]
-    if dups:  # one run and one row per policy name: say so once
+    # every --compare adds its policies (action="extend"); none given: the planner alone. A policy is named
+    # by its spec without the spaces around it (" planner" is planner): one run and one row per name
+    specs: dict[str, str] = {}
+    for spec in args.compare or ["planner"]:
+        specs.setdefault(spec.strip(), spec)
+    dups = [name for name, n in collections.Counter(spec.strip() for spec in args.compare or ()).items() if n > 1]
+    if dups:  # say so once
         print(
             f"dynoplan simulate: warning: --compare {' '.join(dups)}: given more than once, each runs once",
             file=sys.stderr,
         )
-    for spec in dict.fromkeys(args.compare):
+    for spec in specs.values():
         try:
             policies.append(make_policy(spec, ctx))
         except AutoStaticUnreachable as e:  # the other policies still run and are reported; exit 2 after

@@ -70,6 +70,13 @@ def test_text_value_keeps_text_for_text_settings_and_splits_lists():
     assert text_value("1", "bool") == 1
 
 
+def test_an_empty_list_item_is_kept_for_the_validation_to_refuse():
+    # dropped before: auto_candidates=constant,,kalman or a trailing comma passed as a shorter list
+    assert text_value("constant,,kalman", "tuple") == ["constant", "", "kalman"]
+    assert text_value("constant,", "tuple") == ["constant", ""]
+    assert text_value("", "tuple") == [] and text_value(" ", "tuple") == []
+
+
 def test_duplicate_keys_name_the_dotted_key_and_both_lines():
     text = "service:\n  host: x\n  port: 0\n  port: 1\n"
     with pytest.raises(ConfigError) as e:
@@ -184,6 +191,18 @@ def test_assignments():
         with pytest.raises(ConfigError) as e:
             assignments(items, "--set")
         assert str(e.value) == line
+
+
+def test_assignments_find_a_key_given_twice_in_any_spelling_of_name():
+    from planner.core.config import setting_name
+
+    assert assignments(["agg.max_replicas=2"], "--set", name=setting_name) == {"agg_max_replicas": "2"}
+    with pytest.raises(ConfigError) as e:
+        assignments(["agg_gpus_per_engine=2", "agg.gpus-per-engine=4"], "--set", name=setting_name)
+    assert str(e.value) == (
+        "--set agg.gpus-per-engine=4: agg.gpus-per-engine given twice (first agg_gpus_per_engine=2), "
+        "expected each setting once"
+    )
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,15 @@ def lines() -> list[str]:
     out, t0_ms = [], 0.0
     for rate, dur in PHASES:
         for i in range(int(round(rate * dur))):
-            out.append(json.dumps({"timestamp": round(t0_ms + i * 1000.0 / rate, 3), "input_length": ISL_TOKENS,
-                                   "output_length": OSL_TOKENS}))
+            out.append(
+                json.dumps(
+                    {
+                        "timestamp": round(t0_ms + i * 1000.0 / rate, 3),
+                        "input_length": ISL_TOKENS,
+                        "output_length": OSL_TOKENS,
+                    }
+                )
+            )
         t0_ms += dur * 1000.0
     return out
 

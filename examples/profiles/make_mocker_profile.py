@@ -31,9 +31,16 @@ def arrays() -> dict[str, np.ndarray]:
     uu, cc = np.meshgrid(usage, ctx, indexing="ij")
     itl = timing.decode_ms_array((uu * KV_TOKENS).ravel(), cc.ravel()).reshape(uu.shape)
     conc = np.minimum(uu * KV_TOKENS / cc, MAX_NUM_SEQS)
-    return {"prefill_isl": isl, "prefill_ttft_ms": ttft, "prefill_thpt_per_gpu": isl / ttft * 1000.0,
-            "decode_kv_usage": usage, "decode_context_length": ctx, "decode_itl_ms": itl,
-            "decode_thpt_per_gpu": conc / itl * 1000.0, "decode_max_kv_tokens": np.array([float(KV_TOKENS)])}
+    return {
+        "prefill_isl": isl,
+        "prefill_ttft_ms": ttft,
+        "prefill_thpt_per_gpu": isl / ttft * 1000.0,
+        "decode_kv_usage": usage,
+        "decode_context_length": ctx,
+        "decode_itl_ms": itl,
+        "decode_thpt_per_gpu": conc / itl * 1000.0,
+        "decode_max_kv_tokens": np.array([float(KV_TOKENS)]),
+    }
 
 
 if __name__ == "__main__":

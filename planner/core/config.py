@@ -487,6 +487,16 @@ def _field_kinds() -> dict[str, str]:
     return out
 
 
+def setting_name(key: str) -> str:
+    """The one spelling of a planner setting's key as command-line text writes it: ``-`` read as ``_`` and a
+    dotted pool key (``agg.gpus_per_engine``) as the flat one (``agg_gpus_per_engine``), as
+    :func:`parse_cli_values` and :func:`config_from_mapping` read them; so ``--planner-set`` and
+    ``planner:k=v`` find a setting given twice in two spellings (:func:`dynoplan.settings_text.assignments`)."""
+    k = str(key).replace("-", "_")
+    head, dot, tail = k.partition(".")
+    return f"{head}_{tail}" if dot and head in _POOL_NAMES and tail in _POOL_KEYS else k
+
+
 def parse_cli_values(data: Mapping[str, Any]) -> dict[str, Any]:
     """``KEY=VALUE`` text (``--planner-set``, ``planner:key=value``, ``--ttft-ms 300``) as typed values: each
     string value read by :func:`dynoplan.settings_text.text_value` with its setting's type (flat pool keys

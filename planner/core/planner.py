@@ -42,6 +42,26 @@ from planner.core.sizing import FleetEvaluator
 
 _EPS = 1e-9
 
+_CATCH_UP_STEPS = 1024
+"""A loop's clock more than this many intervals behind is moved to its next due time by one multiplication
+(a tiny interval stepped one addition at a time would take ages, and below the clock's resolution forever)."""
+
+
+def _next_due(due_s: float, now_s: float, interval_s: float) -> float:
+    """The first time after ``now_s`` (+ the tick tolerance) on the grid ``due_s + k * interval_s``: one
+    addition per interval passed (the planner's clock as it always was), or when far behind
+    (:data:`_CATCH_UP_STEPS`) one step there, never a time at or before ``now_s``."""
+    until = now_s + _EPS
+    if until - due_s > _CATCH_UP_STEPS * interval_s:
+        k = math.floor((until - due_s) / interval_s) + 1
+        return max(due_s + k * interval_s, math.nextafter(until, math.inf))
+    while due_s <= until:
+        nxt = due_s + interval_s
+        if nxt == due_s:  # the interval is below the clock's resolution here
+            return math.nextafter(until, math.inf)
+        due_s = nxt
+    return due_s
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -225,10 +245,10 @@ class Planner:
         assert self._next_thpt_s is not None and self._next_load_s is not None
         thpt = cfg.throughput_enabled and not first and now_s + _EPS >= self._next_thpt_s
         load = cfg.load_enabled and not first and now_s + _EPS >= self._next_load_s
-        while self._next_thpt_s <= now_s + _EPS:
-            self._next_thpt_s += cfg.adjustment_interval_s
-        while self._next_load_s <= now_s + _EPS:
-            self._next_load_s += cfg.load_adjustment_interval_s
+        if cfg.throughput_enabled:  # a disabled loop's clock is never read: not stepped either
+            self._next_thpt_s = _next_due(self._next_thpt_s, now_s, cfg.adjustment_interval_s)
+        if cfg.load_enabled:
+            self._next_load_s = _next_due(self._next_load_s, now_s, cfg.load_adjustment_interval_s)
         early = self._early_s is not None and not first and not thpt and now_s + _EPS >= self._early_s
         if early or thpt:
             self._early_s = None

@@ -20,11 +20,13 @@ from dataclasses import dataclass, replace
 
 from dynoplan.errors import SimulationConfigError
 from dynoplan.fields import float_text
-from dynoplan.settings_text import check_utf8
+from dynoplan.settings_text import assignments, check_utf8
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
+from planner.arguments import attainment_text
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
 from planner.core.budget import apply_limits
+from planner.core.config import setting_name
 from planner.core.loops import ThroughputLoop, pool_bounds
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
@@ -49,6 +51,8 @@ class RunContext:
     max_replicas: int = 64
     attainment_target: float | str | None = None
     """--attainment-target: a share, ``"off"`` (feedback disabled) or None (the planner config's)."""
+    span_note: str = ""
+    """``the trace spans X s`` and the inputs that made it so (the start of the tick caps' message)."""
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -202,6 +206,83 @@ def _kv_target_from_sla(ctx: RunContext) -> float:
     return max(0.01, float(pt.kv_usage))
 
 
+MAX_THROUGHPUT_TICKS = 10_000
+"""Most throughput-loop ticks per planner policy (trace span / ``adjustment_interval_s``): each sizes the
+fleet by simulation (about 0.1 s); at the default 180 s that is a 20-day trace, longer than the timeline
+cap (``MAX_SAMPLES`` of :mod:`planner.cli_simulate` at the default 10 s) allows anyway."""
+MAX_LOAD_TICKS = 200_000
+"""Most load-loop ticks per planner policy with ``load_enabled`` (trace span / ``load_adjustment_interval_s``):
+about 1 ms each; at the default 5 s the span the timeline cap allows at its default 10 s."""
+
+
+def trace_span_s(requests: Sequence[TraceRequest]) -> float:
+    """Seconds from t = 0 to the trace's last arrival (after ``--arrival-speedup`` / ``--rate-envelope``)."""
+    return max((r.arrival_ms for r in requests), default=0.0) / 1000.0
+
+
+def check_ticks(cfg: PlannerConfig, span_s: float, span_note: str = "") -> None:
+    """Refuse a planner config whose loops would tick more than :data:`MAX_THROUGHPUT_TICKS` /
+    :data:`MAX_LOAD_TICKS` times over a trace of ``span_s`` seconds (a tiny interval would run for hours),
+    before anything runs. ``span_note``: how the trace got its span (``the trace spans X s after
+    --arrival-speedup=...``). Raises SimulationConfigError naming the setting and its value."""
+    loops = (
+        (
+            "adjustment_interval_s",
+            cfg.adjustment_interval_s,
+            "throughput-loop",
+            cfg.throughput_enabled,
+            MAX_THROUGHPUT_TICKS,
+        ),
+        ("load_adjustment_interval_s", cfg.load_adjustment_interval_s, "load-loop", cfg.load_enabled, MAX_LOAD_TICKS),
+    )
+    for key, interval, what, on, cap in loops:
+        if on and span_s / interval > cap:
+            raise SimulationConfigError(
+                f"{key}={interval:g}: {span_note or f'the trace spans {span_s:g} s'}; that is "
+                f"{span_s / interval:.3g} {what} ticks, more than the cap of {cap} per policy; expected "
+                f"{key} >= {span_s / cap:.3g} s"
+            )
+
+
+def check_initial(initial: Mapping[str, int] | None, cfg: PlannerConfig) -> None:
+    """Each pool of ``--initial-replicas`` within the planner config's [min_replicas, max_replicas] (max: the
+    pool's ``max_replicas``, else ``max_gpu_budget // gpus_per_engine``) and the fleet's GPUs within
+    ``max_gpu_budget``: the run's config and each ``planner:k=v`` variant's. Rejects rather than clamps.
+    Raises SimulationConfigError."""
+    if not initial:
+        return
+    gpus = 0
+    for pool, n in initial.items():
+        lim = cfg.limits(pool)
+        hi = cfg.max_gpu_budget // lim.gpus_per_engine
+        if lim.max_replicas is not None:
+            hi = min(hi, lim.max_replicas)
+        if not lim.min_replicas <= n <= hi:
+            raise SimulationConfigError(
+                f"--initial-replicas {pool}={n}: expected {lim.min_replicas} <= N <= {hi} "
+                f"(planner {pool}.min_replicas / max_replicas, max_gpu_budget={cfg.max_gpu_budget})"
+            )
+        gpus += n * lim.gpus_per_engine
+    if gpus > cfg.max_gpu_budget:
+        raise SimulationConfigError(f"--initial-replicas: {gpus} GPUs, expected <= max_gpu_budget={cfg.max_gpu_budget}")
+
+
+def _variant_settings(spec: str, s: str) -> dict[str, str]:
+    """The ``key=value`` items of ``planner:key=value,...`` (an item without ``=`` continues the previous
+    value: a list, ``auto_candidates=a,b``) as :func:`dynoplan.settings_text.assignments` reads
+    ``--planner-set``: a key given twice in any spelling (``ttft_ms`` / ``ttft-ms``, ``agg.gpus_per_engine`` /
+    ``agg_gpus_per_engine``: :func:`planner.core.config.setting_name`) is refused."""
+    items: list[str] = []
+    for part in s.split(":", 1)[1].split(","):
+        if "=" not in part:
+            if not items:
+                raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
+            items[-1] += "," + part.strip()
+        else:
+            items.append(part)
+    return assignments(items, f"policy {spec!r}:", name=setting_name)
+
+
 def make_policy(spec: str, ctx: RunContext) -> Policy:
     """Build the policy named by ``spec`` (see :mod:`planner.sim.policies`). Raises SimulationConfigError
     (its message starts with ``policy 'SPEC':``; AutoStaticUnreachable as it is)."""
@@ -285,20 +366,9 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
     pools = ctx.pools
     if s == "planner" or s.startswith("planner:"):
         cfg = ctx.config
+        att: str | None = None
         if ":" in s:
-            kv: dict[str, str] = {}
-            last = None  # an item without "=" continues the previous value: a list (auto_candidates=a,b)
-            for part in s.split(":", 1)[1].split(","):
-                if "=" not in part:
-                    if last is None:
-                        raise SimulationConfigError(f"policy {spec!r}: expected planner:key=value,key=value")
-                    kv[last] += "," + part.strip()
-                    continue
-                k, v = part.split("=", 1)
-                last = k.strip()
-                if last in kv:
-                    raise SimulationConfigError(f"policy {spec!r}: {last!r} given twice: expected each key once")
-                kv[last] = v.strip()
+            kv = _variant_settings(spec, s)
             att = kv.pop("attainment_target", None)
             if "mode" in kv and kv["mode"] != cfg.mode:
                 # every policy of a run replays the same fleet (pools, engines, KV transfer), fixed by --mode
@@ -307,22 +377,28 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                     f"expected mode={cfg.mode} (the run's --mode {cfg.mode}) or no mode"
                 )
             cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}", cli=True)
-        else:
-            att = None
+            for p in ctx.pools:  # the fleet's GPUs per worker are the run's (one GPU-hour scale for every row)
+                n, run_n = cfg.limits(p).gpus_per_engine, ctx.config.limits(p).gpus_per_engine
+                if n != run_n:
+                    raise SimulationConfigError(
+                        f"policy {spec!r}: {p}.gpus_per_engine={n}: a --compare variant cannot change the "
+                        f"fleet's GPUs per worker, expected {p}.gpus_per_engine={run_n} (the run's: --planner-set, "
+                        f"--config, at least --dp-size) or none"
+                    )
         given = ctx.attainment_target
         explicit = given is not None  # "off" (--attainment-target off) disables the feedback
         att_target = None if isinstance(given, str) else given  # the only text is "off"
         if att is not None:
             try:
-                att_target = None if att.lower() in ("none", "off") else float_text(att)
+                att_target = attainment_text(att)
             except ValueError:
-                att_target = -1.0
-            if att_target is not None and not 0 < att_target < 1:
                 raise SimulationConfigError(
                     f"policy {spec!r}: attainment_target={att!r}: expected 0 < value < 1 or off"
-                )
+                ) from None
         if att_target is not None or att is not None or explicit:
             cfg = replace(cfg, sla_attainment_target=att_target)
+        check_ticks(cfg, trace_span_s(ctx.requests), ctx.span_note)
+        check_initial(ctx.initial, cfg)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg), evaluator=what_if(ctx, cfg))
     if s == "throughput-only":
         # the reference throughput loop: closed-form sizing (no engine model), constant predictor, no early
@@ -339,6 +415,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             sla_attainment_target=None,
             load_max_scale_up_factor=1.0,
         )
+        check_ticks(cfg, trace_span_s(ctx.requests), ctx.span_note)
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx))
     if s.startswith("static:"):
         arg = s.split(":", 1)[1]
@@ -360,7 +437,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
         target: float | None = None
         if len(parts) > 2:
             try:
-                target = float(parts[2])
+                target = float_text(parts[2])
             except ValueError:
                 raise SimulationConfigError(f"policy {spec!r}: target {parts[2]!r}: expected a number") from None
         if metric == "kv" and target is not None and not 0 < target <= 1:

@@ -654,3 +654,27 @@ def test_a_flooded_agg_engine_with_a_degenerate_fit_still_scales_up_on_its_measu
     assert est.estimated_ttft_ms > 300.0 * 2
     # the step is proportional, at most x2 (load_max_scale_up_factor 1 in REFERENCE_RULES: +1)
     assert r.decision.reason == Reason.SCALE_UP_TTFT and r.decision.targets == {"agg": 2}
+
+
+# ------------------------------------------------------------------ loop clocks
+def test_loop_clock_far_behind_catches_up_in_one_step():
+    from planner.core.planner import _next_due
+
+    assert _next_due(5.0, 12.0, 5.0) == 15.0  # a few intervals: added one at a time, as always
+    assert _next_due(0.0, 1e6, 1e-9) > 1e6  # 1e15 intervals behind: one step, not 1e15 additions
+    assert 1.0 < _next_due(1.0, 1.0, 1e-20) < 1.0 + 1e-6  # below the clock's resolution: still ahead of now
+
+
+def test_tiny_load_interval_does_not_stall_a_tick():
+    import time
+
+    pl = Planner(thpt_config(load_adjustment_interval_s=1e-12), profile())  # the load loop off: its clock idle
+    fleet = Fleet(prefill=1, decode=1)
+    pl.tick(0.0, fleet.obs())
+    t0 = time.perf_counter()
+    r = pl.tick(180.0, fleet.obs(traffic(3600)))
+    assert r.decision.targets == {"prefill": 5, "decode": 2}
+    assert time.perf_counter() - t0 < 10.0
+    on = Planner(load_config_(load_adjustment_interval_s=1e-20), profile())  # the load loop on, interval < ulp
+    on.tick(0.0, Fleet(decode=1).obs())
+    assert on.tick(1.0, Fleet(decode=1).obs()).next_tick_s > 1.0
