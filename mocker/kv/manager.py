@@ -16,8 +16,7 @@ and its offset, so equal keys mean equal content and equal prefix.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, KeysView, Sequence
 
 from dynoplan.errors import SimulationError
 
@@ -114,6 +113,173 @@ def engine_block_keys(
     return None if runs is None else runs.key_list()
 
 
+class FreedOrder:
+    """The inactive pool's keys, least recently freed first: what an ``OrderedDict[int, None]`` used as a FIFO
+    gives (add newest, remove any, pop oldest), for less work per key (no linked node per key; popping the
+    oldest is one dict deletion).
+
+    ``live`` holds the keys; ``fifo`` holds them in the order they were added, from index ``head`` on (the
+    entries before ``head`` are consumed). Removing the newest key pops it off ``fifo``; removing any other
+    key leaves its entry behind, *stale* (lazy deletion). A key's stale entries all precede its live one
+    (the live one is the key's last entry), so ``ghosts`` counts, per key, its stale entries still in
+    ``fifo``: an entry met at the head whose key has a ghost count is stale. The consumed head is cut off
+    once it is half of ``fifo``; stale entries are dropped once they outnumber the keys.
+    """
+
+    __slots__ = ("live", "fifo", "head", "ghosts", "n_ghosts")
+
+    def __init__(self) -> None:
+        self.live: dict[int, None] = {}
+        """the keys; ``k in self.live`` is ``k in self`` (for hot loops)"""
+        self.fifo: list[int] = []
+        """keys in the order they were added (live and stale entries)"""
+        self.head = 0
+        """index in ``fifo`` of the first entry not consumed"""
+        self.ghosts: dict[int, int] = {}
+        """key -> number of its stale entries in ``fifo[head:]`` (>= 1)"""
+        self.n_ghosts = 0
+        """sum of ``ghosts`` (entries)"""
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.live
+
+    def __iter__(self) -> Iterator[int]:
+        """The keys, oldest first (a snapshot: the pool may change during the iteration)."""
+        return iter(self.oldest(len(self.live)))
+
+    def keys(self) -> KeysView[int]:
+        """The keys as a set-like view (no order)."""
+        return self.live.keys()
+
+    def add(self, key: int) -> None:
+        """Add ``key`` (not in the pool) as the newest."""
+        self.live[key] = None
+        self.fifo.append(key)
+
+    def remove(self, key: int) -> None:
+        """Remove ``key``; KeyError if absent."""
+        del self.live[key]
+        fifo = self.fifo
+        if fifo[-1] == key:  # its live entry is its last one: the newest (a block freed, then taken again)
+            fifo.pop()
+            return
+        ghosts = self.ghosts
+        ghosts[key] = ghosts.get(key, 0) + 1
+        self.n_ghosts += 1
+        if self.n_ghosts > len(self.live) + 64:
+            self._compact()
+
+    def move_to_newest(self, key: int) -> None:
+        """Make ``key`` (in the pool) the newest, as if removed and added again."""
+        self.remove(key)
+        self.add(key)
+
+    def _skip_stale(self) -> int:
+        """Consume the stale entries at the head; returns ``head`` (then the oldest key's entry)."""
+        fifo, ghosts = self.fifo, self.ghosts
+        i = self.head
+        k = fifo[i]
+        while k in ghosts:
+            c = ghosts[k] - 1
+            if c:
+                ghosts[k] = c
+            else:
+                del ghosts[k]
+            self.n_ghosts -= 1
+            i += 1
+            k = fifo[i]
+        self.head = i
+        return i
+
+    def first(self) -> int:
+        """The oldest key (IndexError if the pool is empty)."""
+        if not self.live:
+            raise IndexError("first() of an empty FreedOrder")
+        return self.fifo[self._skip_stale() if self.n_ghosts else self.head]
+
+    def oldest(self, n: int) -> list[int]:
+        """The ``min(n, len(self))`` oldest keys, oldest first (the pool is not changed)."""
+        if n <= 0:
+            return []
+        h = self.head
+        if not self.n_ghosts:
+            return self.fifo[h : h + n]
+        out: list[int] = []
+        seen = dict(self.ghosts)  # stale entries left to meet, per key
+        for i in range(h, len(self.fifo)):
+            k = self.fifo[i]
+            c = seen.get(k, 0)
+            if c:
+                seen[k] = c - 1
+            else:
+                out.append(k)
+                if len(out) == n:
+                    break
+        return out
+
+    def pop_oldest(self) -> int:
+        """Remove and return the oldest key (IndexError if the pool is empty)."""
+        if not self.live:
+            raise IndexError("pop_oldest() of an empty FreedOrder")
+        i = self._skip_stale() if self.n_ghosts else self.head
+        k = self.fifo[i]
+        del self.live[k]
+        self.head = i + 1
+        if 2 * self.head >= len(self.fifo) and self.head >= 64:
+            self._trim()
+        return k
+
+    def evict(self, n: int) -> None:
+        """Remove the ``n`` oldest keys (IndexError if fewer are in the pool)."""
+        if n <= 0:
+            return
+        if n > len(self.live):
+            raise IndexError(f"evict({n}) of a FreedOrder holding {len(self.live)}")
+        fifo, live = self.fifo, self.live
+        if self.n_ghosts:
+            for _ in range(n):
+                i = self._skip_stale()
+                del live[fifo[i]]
+                self.head = i + 1
+        else:
+            i = self.head
+            for j in range(i, i + n):
+                del live[fifo[j]]
+            self.head = i + n
+        if 2 * self.head >= len(fifo) and self.head >= 64:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Cut off the consumed head."""
+        del self.fifo[: self.head]
+        self.head = 0
+
+    def _compact(self) -> None:
+        """Drop every consumed or stale entry (order kept)."""
+        self.fifo = self.oldest(len(self.live))
+        self.head = 0
+        self.ghosts = {}
+        self.n_ghosts = 0
+
+    def check(self) -> None:
+        """Raise :class:`SimulationError` if ``fifo``, ``ghosts`` and ``live`` disagree: every key of ``live``
+        has exactly one entry in ``fifo[head:]`` beyond its ghost count, every other key none."""
+        counts: dict[int, int] = {}
+        for i in range(self.head, len(self.fifo)):
+            k = self.fifo[i]
+            counts[k] = counts.get(k, 0) + 1
+        for k, c in counts.items():
+            if c != self.ghosts.get(k, 0) + (k in self.live):
+                raise SimulationError(f"inactive pool: key {k} has {c} FIFO entries, ghosts {self.ghosts.get(k)}")
+        if any(k not in counts for k in self.live) or any(k not in counts for k in self.ghosts):
+            raise SimulationError("inactive pool: a key without a FIFO entry")
+        if self.n_ghosts != sum(self.ghosts.values()) or any(c <= 0 for c in self.ghosts.values()):
+            raise SimulationError(f"inactive pool: n_ghosts {self.n_ghosts} != {sum(self.ghosts.values())}")
+
+
 class BlockKvManager:
     """Block pool of ``num_blocks`` blocks with optional prefix caching.
 
@@ -129,14 +295,14 @@ class BlockKvManager:
         self.free = num_blocks
         self.active: dict[int, int] = {}
         """cached key -> reference count (>= 1)"""
-        self.inactive: OrderedDict[int, None] = OrderedDict()
-        """cached keys with no reference, oldest first (next to evict)"""
+        self.inactive = FreedOrder()
+        """cached keys with no reference, least recently freed first (next to evict)"""
         self.private_in_use = 0
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
         """Blocks obtainable for new content now: free + evictable inactive (blocks)."""
-        return self.free + len(self.inactive)
+        return self.free + len(self.inactive.live)
 
     def num_active_blocks(self) -> int:
         """Blocks referenced by running requests (cached-active + private)."""
@@ -151,7 +317,7 @@ class BlockKvManager:
         if not keys or not self.caching:
             return 0, 0
         hits = act = 0
-        active, inactive = self.active, self.inactive
+        active, inactive = self.active, self.inactive.live
         for k in keys:
             if k in active:
                 act += 1
@@ -166,7 +332,7 @@ class BlockKvManager:
         and not at all while no core holds the first block, key ``bases[0]``)."""
         if not self.caching or not runs.n:
             return 0
-        active, inactive = self.active, self.inactive
+        active, inactive = self.active, self.inactive.live
         first = runs.bases[0]
         if first not in active and first not in inactive:
             return 0
@@ -181,8 +347,8 @@ class BlockKvManager:
     def _take_fresh(self) -> None:
         if self.free > 0:
             self.free -= 1
-        elif self.inactive:
-            self.inactive.popitem(last=False)
+        elif len(self.inactive.live):
+            self.inactive.pop_oldest()
         else:
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
 
@@ -192,7 +358,7 @@ class BlockKvManager:
         if key in active:
             active[key] += 1
         else:
-            del self.inactive[key]
+            self.inactive.remove(key)
             active[key] = 1
 
     def acquire_prefix(self, keys: Sequence[int]) -> int:
@@ -203,11 +369,12 @@ class BlockKvManager:
             return 0
         hits = 0
         active, inactive = self.active, self.inactive
+        cached = inactive.live
         for k in keys:
             if k in active:
                 active[k] += 1
-            elif k in inactive:
-                del inactive[k]
+            elif k in cached:
+                inactive.remove(k)
                 active[k] = 1
             else:
                 break
@@ -218,7 +385,7 @@ class BlockKvManager:
         """Allocate a fresh block for completed content ``key``. Returns True if it was registered in the
         cache (caller then holds a reference on ``key``), False if it is private (duplicate or uncached)."""
         self._take_fresh()
-        if key is not None and self.caching and key not in self.active and key not in self.inactive:
+        if key is not None and self.caching and key not in self.active and key not in self.inactive.live:
             self.active[key] = 1
             return True
         self.private_in_use += 1
@@ -227,14 +394,15 @@ class BlockKvManager:
     def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
         """:meth:`allocate_full` for several blocks; returns the keys registered (the rest are private)."""
         active, inactive = self.active, self.inactive
+        cached = inactive.live
         caching = self.caching
         n = len(keys)
         if (
             caching
             and n > 1
-            and n <= self.free + len(inactive)
+            and n <= self.free + len(cached)
             and active.keys().isdisjoint(keys)
-            and inactive.keys().isdisjoint(keys)
+            and cached.keys().isdisjoint(keys)
         ):
             # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
             # them) -> the same evictions (least recently freed first) and registrations as the loop below
@@ -244,9 +412,7 @@ class BlockKvManager:
             if len(active) - size == n:
                 take = n if n <= self.free else self.free
                 self.free -= take
-                pop = inactive.popitem  # bound once: no method lookup per eviction
-                for _ in range(n - take):
-                    pop(False)
+                inactive.evict(n - take)
                 return list(keys)
             for key in keys:  # a key repeated in ``keys``: undone; the loop below registers its first copy only
                 active.pop(key, None)
@@ -254,11 +420,11 @@ class BlockKvManager:
         for key in keys:
             if self.free > 0:
                 self.free -= 1
-            elif inactive:
-                inactive.popitem(last=False)
+            elif len(cached):
+                inactive.pop_oldest()
             else:
                 raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
-            if caching and key not in active and key not in inactive:
+            if caching and key not in active and key not in cached:
                 active[key] = 1
                 registered.append(key)
             else:
@@ -268,7 +434,7 @@ class BlockKvManager:
     def promote_private(self, key: int | None) -> bool:
         """A private block held by a request became full with content ``key``: register it in the cache if
         that content is not cached yet. Returns True if registered (private count decreases by one)."""
-        if key is not None and self.caching and key not in self.active and key not in self.inactive:
+        if key is not None and self.caching and key not in self.active and key not in self.inactive.live:
             self.private_in_use -= 1
             self.active[key] = 1
             return True
@@ -278,13 +444,11 @@ class BlockKvManager:
         """Allocate ``n`` private blocks (evicting inactive cached blocks LRU-first when nothing is free)."""
         if n <= 0:
             return
-        if n > self.free + len(self.inactive):
+        if n > self.free + len(self.inactive.live):
             raise SimulationError(f"KV allocation of {n} blocks exceeds available {self.available()}")
         take = min(n, self.free)
         self.free -= take
-        pop = self.inactive.popitem  # bound once: no method lookup per eviction
-        for _ in range(n - take):
-            pop(False)
+        self.inactive.evict(n - take)
         self.private_in_use += n
 
     def release(self, keys: list[int], n_private: int) -> None:
@@ -297,21 +461,22 @@ class BlockKvManager:
                 active[k] = c
             else:
                 del active[k]
-                inactive[k] = None
+                inactive.add(k)
         self.private_in_use -= n_private
         self.free += n_private
 
     def check_invariants(self) -> None:
         """Raise :class:`SimulationError` if blocks are not conserved or counts are inconsistent."""
-        total = self.free + len(self.active) + len(self.inactive) + self.private_in_use
+        total = self.free + len(self.active) + len(self.inactive.live) + self.private_in_use
         if total != self.num_blocks:
             raise SimulationError(
                 f"KV blocks not conserved: free {self.free} + active {len(self.active)} + inactive "
-                f"{len(self.inactive)} + private {self.private_in_use} = {total} != {self.num_blocks}"
+                f"{len(self.inactive.live)} + private {self.private_in_use} = {total} != {self.num_blocks}"
             )
         if self.free < 0 or self.private_in_use < 0:
             raise SimulationError(f"negative KV counts: free {self.free}, private {self.private_in_use}")
         if any(c <= 0 for c in self.active.values()):
             raise SimulationError("active cached block with non-positive reference count")
-        if not set(self.active).isdisjoint(self.inactive):
+        if not self.active.keys().isdisjoint(self.inactive.keys()):
             raise SimulationError("a cached block is both active and inactive")
+        self.inactive.check()
