@@ -397,25 +397,22 @@ class BlockKvManager:
         cached = inactive.live
         caching = self.caching
         n = len(keys)
-        if (
-            caching
-            and n > 1
-            and n <= self.free + len(cached)
-            and active.keys().isdisjoint(keys)
-            and cached.keys().isdisjoint(keys)
-        ):
+        if caching and n > 1 and n <= self.free + len(cached):
             # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
             # them) -> the same evictions (least recently freed first) and registrations as the loop below
-            size = len(active)
+            j = 0
             for key in keys:
+                if key in active or key in cached:  # cached, or repeated in ``keys``
+                    break
                 active[key] = 1
-            if len(active) - size == n:
+                j += 1
+            if j == n:
                 take = n if n <= self.free else self.free
                 self.free -= take
                 inactive.evict(n - take)
                 return list(keys)
-            for key in keys:  # a key repeated in ``keys``: undone; the loop below registers its first copy only
-                active.pop(key, None)
+            for i in range(j):  # undone: the loop below registers them
+                del active[keys[i]]
         registered: list[int] = []
         for key in keys:
             if self.free > 0:
@@ -454,14 +451,16 @@ class BlockKvManager:
     def release(self, keys: list[int], n_private: int) -> None:
         """Drop a request's references: cached keys (in block order; the tail is freed first so that it is
         evicted first) and ``n_private`` private blocks."""
-        active, inactive = self.active, self.inactive
+        active = self.active
+        live, fifo = self.inactive.live, self.inactive.fifo
         for k in reversed(keys):
             c = active[k] - 1
             if c:
                 active[k] = c
             else:
                 del active[k]
-                inactive.add(k)
+                live[k] = None  # self.inactive.add(k), inlined (the hot loop of unique content)
+                fifo.append(k)
         self.private_in_use -= n_private
         self.free += n_private
 
