@@ -118,27 +118,27 @@ class FreedOrder:
     gives (add newest, remove any, pop oldest), for less work per key (no linked node per key; popping the
     oldest is one dict deletion).
 
-    ``live`` holds the keys; ``fifo`` holds them in the order they were added, from index ``head`` on (the
-    entries before ``head`` are consumed). Removing the newest key pops it off ``fifo``; removing any other
-    key leaves its entry behind, *stale* (lazy deletion). A key's stale entries all precede its live one
-    (the live one is the key's last entry), so ``ghosts`` counts, per key, its stale entries still in
-    ``fifo``: an entry met at the head whose key has a ghost count is stale. The consumed head is cut off
-    once it is half of ``fifo``; stale entries are dropped once they outnumber the keys.
+    ``fifo`` holds the keys in the order they were added, from index ``head`` on (the entries before ``head``
+    are consumed); ``live`` maps each key to its *stamp*, the absolute position of its entry (``fifo[i]`` is
+    at ``base + i``, so cutting off the consumed head, once it is half of ``fifo``, keeps the stamps).
+    Removing the newest key pops it off ``fifo``; removing any other key blanks its entry to None (lazy
+    deletion: consumption skips it), and once the blanks outnumber the keys the blanks and the consumed head
+    are dropped and the keys restamped.
     """
 
-    __slots__ = ("live", "fifo", "head", "ghosts", "n_ghosts")
+    __slots__ = ("live", "fifo", "head", "base", "n_stale")
 
     def __init__(self) -> None:
-        self.live: dict[int, None] = {}
-        """the keys; ``k in self.live`` is ``k in self`` (for hot loops)"""
-        self.fifo: list[int] = []
-        """keys in the order they were added (live and stale entries)"""
+        self.live: dict[int, int] = {}
+        """key -> stamp; ``k in self.live`` is ``k in self`` (for hot loops)"""
+        self.fifo: list[int | None] = []
+        """keys in the order they were added (None: removed)"""
         self.head = 0
         """index in ``fifo`` of the first entry not consumed"""
-        self.ghosts: dict[int, int] = {}
-        """key -> number of its stale entries in ``fifo[head:]`` (>= 1)"""
-        self.n_ghosts = 0
-        """sum of ``ghosts`` (entries)"""
+        self.base = 0
+        """stamp of ``fifo[0]``"""
+        self.n_stale = 0
+        """None entries in ``fifo[head:]``"""
 
     def __len__(self) -> int:
         return len(self.live)
@@ -156,20 +156,24 @@ class FreedOrder:
 
     def add(self, key: int) -> None:
         """Add ``key`` (not in the pool) as the newest."""
-        self.live[key] = None
-        self.fifo.append(key)
+        fifo = self.fifo
+        self.live[key] = self.base + len(fifo)
+        fifo.append(key)
 
     def remove(self, key: int) -> None:
         """Remove ``key``; KeyError if absent."""
-        del self.live[key]
-        fifo = self.fifo
-        if fifo[-1] == key:  # its live entry is its last one: the newest (a block freed, then taken again)
+        live, fifo = self.live, self.fifo
+        i = live[key] - self.base
+        del live[key]
+        if i == len(fifo) - 1:  # the newest (a block freed, then taken again): no blank left behind
             fifo.pop()
+            while len(fifo) > self.head and fifo[-1] is None:
+                fifo.pop()
+                self.n_stale -= 1
             return
-        ghosts = self.ghosts
-        ghosts[key] = ghosts.get(key, 0) + 1
-        self.n_ghosts += 1
-        if self.n_ghosts > len(self.live) + 64:
+        fifo[i] = None
+        self.n_stale += 1
+        if self.n_stale > len(live) + 64:
             self._compact()
 
     def move_to_newest(self, key: int) -> None:
@@ -177,44 +181,29 @@ class FreedOrder:
         self.remove(key)
         self.add(key)
 
-    def _skip_stale(self) -> int:
-        """Consume the stale entries at the head; returns ``head`` (then the oldest key's entry)."""
-        fifo, ghosts = self.fifo, self.ghosts
-        i = self.head
-        k = fifo[i]
-        while k in ghosts:
-            c = ghosts[k] - 1
-            if c:
-                ghosts[k] = c
-            else:
-                del ghosts[k]
-            self.n_ghosts -= 1
-            i += 1
-            k = fifo[i]
-        self.head = i
-        return i
-
     def first(self) -> int:
         """The oldest key (IndexError if the pool is empty)."""
         if not self.live:
             raise IndexError("first() of an empty FreedOrder")
-        return self.fifo[self._skip_stale() if self.n_ghosts else self.head]
+        fifo = self.fifo
+        i = self.head
+        k = fifo[i]
+        while k is None:  # consumed: the blanks at the head
+            self.n_stale -= 1
+            i += 1
+            k = fifo[i]
+        self.head = i
+        return k
 
     def oldest(self, n: int) -> list[int]:
         """The ``min(n, len(self))`` oldest keys, oldest first (the pool is not changed)."""
-        if n <= 0:
-            return []
-        h = self.head
-        if not self.n_ghosts:
-            return self.fifo[h : h + n]
         out: list[int] = []
-        seen = dict(self.ghosts)  # stale entries left to meet, per key
-        for i in range(h, len(self.fifo)):
-            k = self.fifo[i]
-            c = seen.get(k, 0)
-            if c:
-                seen[k] = c - 1
-            else:
+        if n <= 0:
+            return out
+        fifo = self.fifo
+        for i in range(self.head, len(fifo)):
+            k = fifo[i]
+            if k is not None:
                 out.append(k)
                 if len(out) == n:
                     break
@@ -222,12 +211,9 @@ class FreedOrder:
 
     def pop_oldest(self) -> int:
         """Remove and return the oldest key (IndexError if the pool is empty)."""
-        if not self.live:
-            raise IndexError("pop_oldest() of an empty FreedOrder")
-        i = self._skip_stale() if self.n_ghosts else self.head
-        k = self.fifo[i]
+        k = self.first()
         del self.live[k]
-        self.head = i + 1
+        self.head += 1
         if 2 * self.head >= len(self.fifo) and self.head >= 64:
             self._trim()
         return k
@@ -236,48 +222,48 @@ class FreedOrder:
         """Remove the ``n`` oldest keys (IndexError if fewer are in the pool)."""
         if n <= 0:
             return
-        if n > len(self.live):
-            raise IndexError(f"evict({n}) of a FreedOrder holding {len(self.live)}")
-        fifo, live = self.fifo, self.live
-        if self.n_ghosts:
-            for _ in range(n):
-                i = self._skip_stale()
-                del live[fifo[i]]
-                self.head = i + 1
-        else:
-            i = self.head
-            for j in range(i, i + n):
-                del live[fifo[j]]
-            self.head = i + n
-        if 2 * self.head >= len(fifo) and self.head >= 64:
+        live, fifo = self.live, self.fifo
+        if n > len(live):
+            raise IndexError(f"evict({n}) of a FreedOrder holding {len(live)}")
+        i = self.head
+        while n:
+            k = fifo[i]
+            i += 1
+            if k is None:
+                self.n_stale -= 1
+            else:
+                del live[k]
+                n -= 1
+        self.head = i
+        if 2 * i >= len(fifo) and i >= 64:
             self._trim()
 
     def _trim(self) -> None:
-        """Cut off the consumed head."""
+        """Cut off the consumed head (the stamps stay)."""
         del self.fifo[: self.head]
+        self.base += self.head
         self.head = 0
 
     def _compact(self) -> None:
-        """Drop every consumed or stale entry (order kept)."""
-        self.fifo = self.oldest(len(self.live))
-        self.head = 0
-        self.ghosts = {}
-        self.n_ghosts = 0
+        """Drop the consumed head and the blanks; restamp the keys from 0 (order kept)."""
+        keys = self.oldest(len(self.live))
+        live = self.live
+        for i, k in enumerate(keys):
+            live[k] = i
+        fifo: list[int | None] = list(keys)
+        self.fifo = fifo
+        self.head = self.base = self.n_stale = 0
 
     def check(self) -> None:
-        """Raise :class:`SimulationError` if ``fifo``, ``ghosts`` and ``live`` disagree: every key of ``live``
-        has exactly one entry in ``fifo[head:]`` beyond its ghost count, every other key none."""
-        counts: dict[int, int] = {}
-        for i in range(self.head, len(self.fifo)):
-            k = self.fifo[i]
-            counts[k] = counts.get(k, 0) + 1
-        for k, c in counts.items():
-            if c != self.ghosts.get(k, 0) + (k in self.live):
-                raise SimulationError(f"inactive pool: key {k} has {c} FIFO entries, ghosts {self.ghosts.get(k)}")
-        if any(k not in counts for k in self.live) or any(k not in counts for k in self.ghosts):
-            raise SimulationError("inactive pool: a key without a FIFO entry")
-        if self.n_ghosts != sum(self.ghosts.values()) or any(c <= 0 for c in self.ghosts.values()):
-            raise SimulationError(f"inactive pool: n_ghosts {self.n_ghosts} != {sum(self.ghosts.values())}")
+        """Raise :class:`SimulationError` if ``fifo`` and ``live`` disagree: each key's stamp points at its own
+        entry in ``fifo[head:]``, whose other entries are the ``n_stale`` blanks."""
+        fifo, base, head = self.fifo, self.base, self.head
+        for k, s in self.live.items():
+            if not head <= s - base < len(fifo) or fifo[s - base] != k:
+                raise SimulationError(f"inactive pool: key {k} stamp {s} is not its FIFO entry")
+        blanks = sum(1 for i in range(head, len(fifo)) if fifo[i] is None)
+        if blanks != self.n_stale or len(fifo) - head != len(self.live) + blanks:
+            raise SimulationError(f"inactive pool: {blanks} blanks, n_stale {self.n_stale}, {len(self.live)} keys")
 
 
 class BlockKvManager:
@@ -452,14 +438,15 @@ class BlockKvManager:
         """Drop a request's references: cached keys (in block order; the tail is freed first so that it is
         evicted first) and ``n_private`` private blocks."""
         active = self.active
-        live, fifo = self.inactive.live, self.inactive.fifo
+        inactive = self.inactive
+        live, fifo, base = inactive.live, inactive.fifo, inactive.base
         for k in reversed(keys):
             c = active[k] - 1
             if c:
                 active[k] = c
             else:
                 del active[k]
-                live[k] = None  # self.inactive.add(k), inlined (the hot loop of unique content)
+                live[k] = base + len(fifo)  # inactive.add(k), inlined (the hot loop of unique content)
                 fifo.append(k)
         self.private_in_use -= n_private
         self.free += n_private

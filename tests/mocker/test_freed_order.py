@@ -29,7 +29,7 @@ def test_pop_oldest_in_freed_order():
 
 def test_removed_then_freed_again_is_newest():
     p = _pool([1, 2, 3, 4])
-    p.remove(2)  # a stale entry stays behind 1
+    p.remove(2)  # a blank stays behind 1
     p.add(2)  # freed again: newest
     p.remove(3)
     assert list(p) == [1, 4, 2] and p.oldest(2) == [1, 4]
@@ -45,7 +45,7 @@ def test_remove_newest_leaves_no_stale_entry():
     p = _pool([1, 2, 3])
     p.remove(3)
     p.remove(2)
-    assert p.fifo == [1] and p.n_ghosts == 0
+    assert p.fifo == [1] and p.n_stale == 0
     p.add(3)
     assert list(p) == [1, 3]
 
@@ -64,13 +64,13 @@ def test_move_to_newest_and_evict():
 
 def test_compaction_keeps_order():
     p = _pool(list(range(300)))
-    for k in range(0, 298, 2):  # 149 stale entries, 151 keys: not yet compacted
+    for k in range(0, 298, 2):  # 149 blanks, 151 keys: not yet compacted
         p.remove(k)
     assert len(p.fifo) == 300
-    for k in range(1, 200, 2):  # compacted at the 34th (183 stale > 117 keys + 64), then 66 stale again
+    for k in range(1, 200, 2):  # compacted at the 34th (183 blanks > 117 keys + 64), then 66 blanks again
         p.remove(k)
     p.check()
-    assert len(p.fifo) == 117 and p.n_ghosts == 66
+    assert len(p.fifo) == 117 and p.n_stale == 66
     assert list(p) == list(range(201, 298, 2)) + [298, 299]
 
 
