@@ -163,8 +163,7 @@ class FreedOrder:
     def remove(self, key: int) -> None:
         """Remove ``key``; KeyError if absent."""
         live, fifo = self.live, self.fifo
-        i = live[key] - self.base
-        del live[key]
+        i = live.pop(key) - self.base
         if i == len(fifo) - 1:  # the newest (a block freed, then taken again): no blank left behind
             fifo.pop()
             while len(fifo) > self.head and fifo[-1] is None:
