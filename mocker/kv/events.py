@@ -135,7 +135,7 @@ def tier_listener_adapter(logs: Callable[[str, int], KvEventLog]) -> Callable[[s
 class ListeningBlockKvManager(BlockKvManager):
     """The native pool (:class:`BlockKvManager`, unchanged policy: least recently freed first) reporting its
     cache changes to ``listener``. Evicted keys are read before the allocation that evicts them (the
-    native order is the inactive dict's order), registered keys are the methods' return values."""
+    native order is the inactive pool's order), registered keys are the methods' return values."""
 
     __slots__ = ("listener",)
 
@@ -145,8 +145,7 @@ class ListeningBlockKvManager(BlockKvManager):
 
     def _about_to_evict(self, n: int) -> None:
         if n > 0 and self.listener is not None:
-            it = iter(self.inactive)
-            self.listener.on_removed([next(it) for _ in range(min(n, len(self.inactive)))])
+            self.listener.on_removed(self.inactive.oldest(n))
 
     def allocate_full(self, key: int | None) -> bool:
         self._about_to_evict(0 if self.free > 0 else 1)
@@ -173,7 +172,7 @@ class ListeningBlockKvManager(BlockKvManager):
 
     def allocate_private(self, n: int) -> None:
         if n > self.free:
-            self._about_to_evict(min(n - self.free, len(self.inactive)))
+            self._about_to_evict(min(n - self.free, len(self.inactive.live)))
         super().allocate_private(n)
 
 

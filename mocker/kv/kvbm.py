@@ -22,7 +22,6 @@ The engine core uses this class exactly like the native pool (same methods, same
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeGuard
 
@@ -43,8 +42,6 @@ class KvbmBlockManager(BlockKvManager):
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True, listener: KvListener | None = None) -> None:
         super().__init__(num_blocks, enable_prefix_caching)
-        self.inactive: OrderedDict[int, None] = OrderedDict()
-        """inactive keys, least recently freed first"""
         self.parent: dict[int, int] = {}
         """cached key -> cached parent key (absent = root or unknown)"""
         self.children: dict[int, set[int]] = {}
@@ -60,7 +57,7 @@ class KvbmBlockManager(BlockKvManager):
     def _link(self, key: int, parent: int | None) -> None:
         if parent is None or key in self.parent or parent == key:
             return
-        if parent in self.active or parent in self.inactive:
+        if parent in self.active or parent in self.inactive.live:
             self.parent[key] = parent
             self.children.setdefault(parent, set()).add(key)
 
@@ -74,17 +71,16 @@ class KvbmBlockManager(BlockKvManager):
 
     def _evict_one(self) -> int:
         inactive, children = self.inactive, self.children
-        for _ in range(len(inactive)):
-            k = next(iter(inactive))
+        for _ in range(len(inactive.live)):
+            k = inactive.first()
             if k not in children:  # a leaf (children holds only non-empty sets)
-                del inactive[k]
+                inactive.remove(k)
                 break
-            inactive.move_to_end(k)  # an ancestor of cached blocks outlives them
+            inactive.move_to_newest(k)  # an ancestor of cached blocks outlives them
         else:
-            if not inactive:
+            if not len(inactive.live):
                 raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
-            k = next(iter(inactive))  # no inactive leaf: oldest inactive, children orphaned
-            del inactive[k]
+            k = inactive.pop_oldest()  # no inactive leaf: oldest inactive, children orphaned
             for c in children.pop(k):
                 del self.parent[c]
         p = self.parent.pop(k, None)
@@ -109,15 +105,15 @@ class KvbmBlockManager(BlockKvManager):
     def _take_many(self, n: int) -> None:
         take = min(n, self.free)
         self.free -= take
-        if n - take > self.free + len(self.inactive):
-            raise SimulationError(f"KV allocation of {n} blocks exceeds available {take + len(self.inactive)}")
+        if n - take > self.free + len(self.inactive.live):
+            raise SimulationError(f"KV allocation of {n} blocks exceeds available {take + len(self.inactive.live)}")
         removed = [self._evict_one() for _ in range(n - take)]
         if removed and self.listener is not None:
             self.listener.on_removed(removed)
 
     # ------------------------------------------------------------------ BlockKvManager API
     def _is_new(self, key: int | None) -> TypeGuard[int]:
-        return key is not None and self.caching and key not in self.active and key not in self.inactive
+        return key is not None and self.caching and key not in self.active and key not in self.inactive.live
 
     def allocate_full(self, key: int | None) -> bool:
         self._take_fresh()
@@ -132,7 +128,7 @@ class KvbmBlockManager(BlockKvManager):
         if len(keys) > self.available():
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
         registered: list[int] = []
-        active, inactive, caching = self.active, self.inactive, self.caching
+        active, inactive, caching = self.active, self.inactive.live, self.caching
         parent, children = self.parent, self.children
         removed: list[int] | None = [] if self.listener is not None else None
         prev: int | None = None

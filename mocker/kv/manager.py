@@ -16,8 +16,7 @@ and its offset, so equal keys mean equal content and equal prefix.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, KeysView, Sequence
 
 from dynoplan.errors import SimulationError
 
@@ -114,6 +113,158 @@ def engine_block_keys(
     return None if runs is None else runs.key_list()
 
 
+class FreedOrder:
+    """The inactive pool's keys, least recently freed first: what an ``OrderedDict[int, None]`` used as a FIFO
+    gives (add newest, remove any, pop oldest), for less work per key (no linked node per key; popping the
+    oldest is one dict deletion).
+
+    ``fifo`` holds the keys in the order they were added, from index ``head`` on (the entries before ``head``
+    are consumed); ``live`` maps each key to its *stamp*, the absolute position of its entry (``fifo[i]`` is
+    at ``base + i``, so cutting off the consumed head, once it is half of ``fifo``, keeps the stamps).
+    Removing the newest key pops it off ``fifo``; removing any other key blanks its entry to None (lazy
+    deletion: consumption skips it), and once the blanks outnumber the keys the blanks and the consumed head
+    are dropped and the keys restamped.
+    """
+
+    __slots__ = ("live", "fifo", "head", "base", "n_stale")
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        """key -> stamp; ``k in self.live`` is ``k in self`` (for hot loops)"""
+        self.fifo: list[int | None] = []
+        """keys in the order they were added (None: removed)"""
+        self.head = 0
+        """index in ``fifo`` of the first entry not consumed"""
+        self.base = 0
+        """stamp of ``fifo[0]``"""
+        self.n_stale = 0
+        """None entries in ``fifo[head:]``"""
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.live
+
+    def __iter__(self) -> Iterator[int]:
+        """The keys, oldest first (a snapshot: the pool may change during the iteration)."""
+        return iter(self.oldest(len(self.live)))
+
+    def keys(self) -> KeysView[int]:
+        """The keys as a set-like view (no order)."""
+        return self.live.keys()
+
+    def add(self, key: int) -> None:
+        """Add ``key`` (not in the pool) as the newest."""
+        fifo = self.fifo
+        self.live[key] = self.base + len(fifo)
+        fifo.append(key)
+
+    def remove(self, key: int) -> None:
+        """Remove ``key``; KeyError if absent."""
+        live, fifo = self.live, self.fifo
+        i = live.pop(key) - self.base
+        if i == len(fifo) - 1:  # the newest (a block freed, then taken again): no blank left behind
+            fifo.pop()
+            while len(fifo) > self.head and fifo[-1] is None:
+                fifo.pop()
+                self.n_stale -= 1
+            return
+        fifo[i] = None
+        self.n_stale += 1
+        if self.n_stale > len(live) + 64:
+            self._compact()
+
+    def move_to_newest(self, key: int) -> None:
+        """Make ``key`` (in the pool) the newest, as if removed and added again."""
+        self.remove(key)
+        self.add(key)
+
+    def first(self) -> int:
+        """The oldest key (IndexError if the pool is empty)."""
+        if not self.live:
+            raise IndexError("first() of an empty FreedOrder")
+        fifo = self.fifo
+        i = self.head
+        k = fifo[i]
+        while k is None:  # consumed: the blanks at the head
+            self.n_stale -= 1
+            i += 1
+            k = fifo[i]
+        self.head = i
+        return k
+
+    def oldest(self, n: int) -> list[int]:
+        """The ``min(n, len(self))`` oldest keys, oldest first (the pool is not changed)."""
+        out: list[int] = []
+        if n <= 0:
+            return out
+        fifo = self.fifo
+        for i in range(self.head, len(fifo)):
+            k = fifo[i]
+            if k is not None:
+                out.append(k)
+                if len(out) == n:
+                    break
+        return out
+
+    def pop_oldest(self) -> int:
+        """Remove and return the oldest key (IndexError if the pool is empty)."""
+        k = self.first()
+        del self.live[k]
+        self.head += 1
+        if 2 * self.head >= len(self.fifo) and self.head >= 64:
+            self._trim()
+        return k
+
+    def evict(self, n: int) -> None:
+        """Remove the ``n`` oldest keys (IndexError if fewer are in the pool)."""
+        if n <= 0:
+            return
+        live, fifo = self.live, self.fifo
+        if n > len(live):
+            raise IndexError(f"evict({n}) of a FreedOrder holding {len(live)}")
+        i = self.head
+        while n:
+            k = fifo[i]
+            i += 1
+            if k is None:
+                self.n_stale -= 1
+            else:
+                del live[k]
+                n -= 1
+        self.head = i
+        if 2 * i >= len(fifo) and i >= 64:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Cut off the consumed head (the stamps stay)."""
+        del self.fifo[: self.head]
+        self.base += self.head
+        self.head = 0
+
+    def _compact(self) -> None:
+        """Drop the consumed head and the blanks; restamp the keys from 0 (order kept)."""
+        keys = self.oldest(len(self.live))
+        live = self.live
+        for i, k in enumerate(keys):
+            live[k] = i
+        fifo: list[int | None] = list(keys)
+        self.fifo = fifo
+        self.head = self.base = self.n_stale = 0
+
+    def check(self) -> None:
+        """Raise :class:`SimulationError` if ``fifo`` and ``live`` disagree: each key's stamp points at its own
+        entry in ``fifo[head:]``, whose other entries are the ``n_stale`` blanks."""
+        fifo, base, head = self.fifo, self.base, self.head
+        for k, s in self.live.items():
+            if not head <= s - base < len(fifo) or fifo[s - base] != k:
+                raise SimulationError(f"inactive pool: key {k} stamp {s} is not its FIFO entry")
+        blanks = sum(1 for i in range(head, len(fifo)) if fifo[i] is None)
+        if blanks != self.n_stale or len(fifo) - head != len(self.live) + blanks:
+            raise SimulationError(f"inactive pool: {blanks} blanks, n_stale {self.n_stale}, {len(self.live)} keys")
+
+
 class BlockKvManager:
     """Block pool of ``num_blocks`` blocks with optional prefix caching.
 
@@ -129,14 +280,14 @@ class BlockKvManager:
         self.free = num_blocks
         self.active: dict[int, int] = {}
         """cached key -> reference count (>= 1)"""
-        self.inactive: OrderedDict[int, None] = OrderedDict()
-        """cached keys with no reference, oldest first (next to evict)"""
+        self.inactive = FreedOrder()
+        """cached keys with no reference, least recently freed first (next to evict)"""
         self.private_in_use = 0
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
         """Blocks obtainable for new content now: free + evictable inactive (blocks)."""
-        return self.free + len(self.inactive)
+        return self.free + len(self.inactive.live)
 
     def num_active_blocks(self) -> int:
         """Blocks referenced by running requests (cached-active + private)."""
@@ -151,7 +302,7 @@ class BlockKvManager:
         if not keys or not self.caching:
             return 0, 0
         hits = act = 0
-        active, inactive = self.active, self.inactive
+        active, inactive = self.active, self.inactive.live
         for k in keys:
             if k in active:
                 act += 1
@@ -166,7 +317,7 @@ class BlockKvManager:
         and not at all while no core holds the first block, key ``bases[0]``)."""
         if not self.caching or not runs.n:
             return 0
-        active, inactive = self.active, self.inactive
+        active, inactive = self.active, self.inactive.live
         first = runs.bases[0]
         if first not in active and first not in inactive:
             return 0
@@ -181,8 +332,8 @@ class BlockKvManager:
     def _take_fresh(self) -> None:
         if self.free > 0:
             self.free -= 1
-        elif self.inactive:
-            self.inactive.popitem(last=False)
+        elif len(self.inactive.live):
+            self.inactive.pop_oldest()
         else:
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
 
@@ -192,7 +343,7 @@ class BlockKvManager:
         if key in active:
             active[key] += 1
         else:
-            del self.inactive[key]
+            self.inactive.remove(key)
             active[key] = 1
 
     def acquire_prefix(self, keys: Sequence[int]) -> int:
@@ -203,11 +354,12 @@ class BlockKvManager:
             return 0
         hits = 0
         active, inactive = self.active, self.inactive
+        cached = inactive.live
         for k in keys:
             if k in active:
                 active[k] += 1
-            elif k in inactive:
-                del inactive[k]
+            elif k in cached:
+                inactive.remove(k)
                 active[k] = 1
             else:
                 break
@@ -218,7 +370,7 @@ class BlockKvManager:
         """Allocate a fresh block for completed content ``key``. Returns True if it was registered in the
         cache (caller then holds a reference on ``key``), False if it is private (duplicate or uncached)."""
         self._take_fresh()
-        if key is not None and self.caching and key not in self.active and key not in self.inactive:
+        if key is not None and self.caching and key not in self.active and key not in self.inactive.live:
             self.active[key] = 1
             return True
         self.private_in_use += 1
@@ -227,38 +379,34 @@ class BlockKvManager:
     def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
         """:meth:`allocate_full` for several blocks; returns the keys registered (the rest are private)."""
         active, inactive = self.active, self.inactive
+        cached = inactive.live
         caching = self.caching
         n = len(keys)
-        if (
-            caching
-            and n > 1
-            and n <= self.free + len(inactive)
-            and active.keys().isdisjoint(keys)
-            and inactive.keys().isdisjoint(keys)
-        ):
+        if caching and n > 1 and n <= self.free + len(cached):
             # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
             # them) -> the same evictions (least recently freed first) and registrations as the loop below
-            size = len(active)
+            j = 0
             for key in keys:
+                if key in active or key in cached:  # cached, or repeated in ``keys``
+                    break
                 active[key] = 1
-            if len(active) - size == n:
+                j += 1
+            if j == n:
                 take = n if n <= self.free else self.free
                 self.free -= take
-                pop = inactive.popitem  # bound once: no method lookup per eviction
-                for _ in range(n - take):
-                    pop(False)
+                inactive.evict(n - take)
                 return list(keys)
-            for key in keys:  # a key repeated in ``keys``: undone; the loop below registers its first copy only
-                active.pop(key, None)
+            for i in range(j):  # undone: the loop below registers them
+                del active[keys[i]]
         registered: list[int] = []
         for key in keys:
             if self.free > 0:
                 self.free -= 1
-            elif inactive:
-                inactive.popitem(last=False)
+            elif len(cached):
+                inactive.pop_oldest()
             else:
                 raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
-            if caching and key not in active and key not in inactive:
+            if caching and key not in active and key not in cached:
                 active[key] = 1
                 registered.append(key)
             else:
@@ -268,7 +416,7 @@ class BlockKvManager:
     def promote_private(self, key: int | None) -> bool:
         """A private block held by a request became full with content ``key``: register it in the cache if
         that content is not cached yet. Returns True if registered (private count decreases by one)."""
-        if key is not None and self.caching and key not in self.active and key not in self.inactive:
+        if key is not None and self.caching and key not in self.active and key not in self.inactive.live:
             self.private_in_use -= 1
             self.active[key] = 1
             return True
@@ -278,40 +426,42 @@ class BlockKvManager:
         """Allocate ``n`` private blocks (evicting inactive cached blocks LRU-first when nothing is free)."""
         if n <= 0:
             return
-        if n > self.free + len(self.inactive):
+        if n > self.free + len(self.inactive.live):
             raise SimulationError(f"KV allocation of {n} blocks exceeds available {self.available()}")
         take = min(n, self.free)
         self.free -= take
-        pop = self.inactive.popitem  # bound once: no method lookup per eviction
-        for _ in range(n - take):
-            pop(False)
+        self.inactive.evict(n - take)
         self.private_in_use += n
 
     def release(self, keys: list[int], n_private: int) -> None:
         """Drop a request's references: cached keys (in block order; the tail is freed first so that it is
         evicted first) and ``n_private`` private blocks."""
-        active, inactive = self.active, self.inactive
+        active = self.active
+        inactive = self.inactive
+        live, fifo, base = inactive.live, inactive.fifo, inactive.base
         for k in reversed(keys):
             c = active[k] - 1
             if c:
                 active[k] = c
             else:
                 del active[k]
-                inactive[k] = None
+                live[k] = base + len(fifo)  # inactive.add(k), inlined (the hot loop of unique content)
+                fifo.append(k)
         self.private_in_use -= n_private
         self.free += n_private
 
     def check_invariants(self) -> None:
         """Raise :class:`SimulationError` if blocks are not conserved or counts are inconsistent."""
-        total = self.free + len(self.active) + len(self.inactive) + self.private_in_use
+        total = self.free + len(self.active) + len(self.inactive.live) + self.private_in_use
         if total != self.num_blocks:
             raise SimulationError(
                 f"KV blocks not conserved: free {self.free} + active {len(self.active)} + inactive "
-                f"{len(self.inactive)} + private {self.private_in_use} = {total} != {self.num_blocks}"
+                f"{len(self.inactive.live)} + private {self.private_in_use} = {total} != {self.num_blocks}"
             )
         if self.free < 0 or self.private_in_use < 0:
             raise SimulationError(f"negative KV counts: free {self.free}, private {self.private_in_use}")
         if any(c <= 0 for c in self.active.values()):
             raise SimulationError("active cached block with non-positive reference count")
-        if not set(self.active).isdisjoint(self.inactive):
+        if not self.active.keys().isdisjoint(self.inactive.keys()):
             raise SimulationError("a cached block is both active and inactive")
+        self.inactive.check()

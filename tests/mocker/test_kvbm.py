@@ -118,7 +118,7 @@ def test_kvbm_random_requests_never_strand_a_child_while_a_leaf_is_evictable(ops
             continue
         for k in keys[:hits]:
             kv.acquire_cached(k)
-        inactive_before = dict(kv.inactive)
+        inactive_before = list(kv.inactive)
         leaves = {k for k in inactive_before if not kv.children.get(k)}
         reg = kv.allocate_full_many(keys[hits:])
         evicted = set(inactive_before) - set(kv.inactive) - set(keys)
