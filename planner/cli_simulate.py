@@ -270,10 +270,10 @@ TIMING_PROFILE_ARRAYS = ("decode_active_kv_tokens", "decode_itl")
 def _load_planner_profile(path: str) -> Any:
     """``--profile FILE``: the planner's performance profile. An engine timing profile given here (the
     other kind of .npz) gets the swapped-file message ``dynoplan profile --timing`` gives the other way
-    round. Raises SimulationConfigError / ProfileError naming the file."""
+    round. Raises SimulationConfigError naming the flag and the file."""
     try:
         return load_profile(path)
-    except ProfileError:
+    except ProfileError as e:
         if os.path.isfile(path):
             try:
                 with np.load(path) as z:
@@ -287,7 +287,7 @@ def _load_planner_profile(path: str) -> Any:
                     f"prefill_thpt_per_gpu, decode_kv_usage, decode_context_length, decode_itl_ms, decode_thpt_per_gpu "
                     f"(write one with dynoplan profile; engine timing profiles go to --timing)"
                 ) from None
-        raise
+        raise SimulationConfigError(f"--profile {e}") from None
 
 
 def _read_planner_file(path: str) -> dict[str, Any]:

@@ -214,7 +214,13 @@ def _load_npz(path: Path) -> dict[str, FloatArray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated or non-zip file too
+    except ValueError as e:
+        if "pickled" in str(e):  # numpy's word for a file that is neither .npz nor .npy (it would unpickle it)
+            raise ProfileError(
+                str(path), "not an .npz archive (expected a profile written by dynoplan profile)"
+            ) from None
+        raise ProfileError(str(path), f"cannot read .npz: {e}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:  # a truncated or non-zip file too
         raise ProfileError(str(path), f"cannot read .npz: {e}") from None
 
 

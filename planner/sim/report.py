@@ -20,7 +20,8 @@ import csv
 import html
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -198,35 +199,51 @@ def write_outputs(runs: Sequence[SimRun], out_dir: str | Path, meta: Mapping[str
     """Write into ``out_dir`` (created): ``summary.json`` (the issue's schema), ``details.json`` (every
     summary column, the run's settings ``meta`` and each policy's applied decisions), ``timeline.csv``,
     ``requests.jsonl`` (one line per request and policy, a ``policy`` field; token times left out to keep
-    it small) and ``report.html``. Returns the full summary document."""
+    it small) and ``report.html``. Returns the full summary document. Raises OSError; its ``filename`` is the
+    file being written (also when the failing call was a write, which names none: a full disk)."""
     from mocker.report import per_request_row
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = summary_document(runs)
-    (out / "summary.json").write_text(json.dumps(schema_summary(doc), indent=2) + "\n")
+    with _naming(out / "summary.json") as f:
+        f.write_text(json.dumps(schema_summary(doc), indent=2) + "\n")
     details = {**doc, "run": dict(meta or {}), "decisions": {r.policy: r.decisions for r in runs}}
-    (out / "details.json").write_text(json.dumps(_clean(details), indent=2) + "\n")
+    with _naming(out / "details.json") as f:
+        f.write_text(json.dumps(_clean(details), indent=2) + "\n")
     cols: list[str] = ["policy"]
     for r in runs:
         for row in r.timeline:
             for k in row:
                 if k not in cols:
                     cols.append(k)
-    with (out / "timeline.csv").open("w", newline="") as fh:
+    with _naming(out / "timeline.csv") as f, f.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, restval="", lineterminator="\n")
         w.writeheader()
         for r in runs:
             for row in r.timeline:
                 w.writerow({"policy": r.policy, **{k: _csv(v) for k, v in row.items()}})
-    with (out / "requests.jsonl").open("w") as fh:
+    with _naming(out / "requests.jsonl") as f, f.open("w") as fh:
         for r in runs:
             for rec in r.records:
                 row = per_request_row(rec)
                 row.pop("token_times_ms", None)
                 fh.write(json.dumps({"policy": r.policy, **_clean(row)}, separators=(",", ":")) + "\n")
-    (out / "report.html").write_text(render_html(runs, doc))
+    with _naming(out / "report.html") as f:
+        f.write_text(render_html(runs, doc))
     return doc
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[Path]:
+    """Yield ``path``; an OSError raised inside (closing the file included) that names no file gets ``path`` as
+    its ``filename``, so the caller's message says which output failed."""
+    try:
+        yield path
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
 
 
 def _csv(v: Any) -> Any:

@@ -138,3 +138,20 @@ def test_profile_bad_out_rejected_before_the_sweep(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(prof, "profile_engine", lambda *a, **k: (_ for _ in ()).throw(AssertionError("profiled")))
     rc = cli_main(["profile", "--out", str(make(tmp_path)), *PROFILE_GRID])
     _one_line(capsys, rc, "--out", needle)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
+def test_a_full_disk_under_out_names_the_file_and_keeps_the_results(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "timeline.csv").symlink_to("/dev/full")  # every write to timeline.csv fails with ENOSPC
+    rc = cli_main(["simulate", "--trace", TRACE, "--compare", "static:1", "--quiet", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 2
+    err = cap.err.strip().splitlines()
+    assert err == [
+        f"dynoplan simulate: error: --out {out}: cannot write {out / 'timeline.csv'}: No space left on device "
+        "(results printed to stdout above), expected a writable directory"
+    ]
+    assert '"static:1"' in cap.out  # the summary JSON on stdout: nothing recorded is lost
+    assert (out / "summary.json").exists()  # written before the failing file
