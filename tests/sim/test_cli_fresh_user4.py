@@ -147,7 +147,9 @@ def test_sample_cap_after_arrival_speedup_names_the_speedup_and_the_default_inte
 
 def test_sample_cap_after_a_rate_envelope_names_the_envelope(profile, tmp_path, capsys):
     env = tmp_path / "env.csv"
-    env.write_text("time_s,multiplier\n0,1\n10,1e-9\n")
+    # 9 s of trace at 5e-6 of the rate span 1.8e6 s: past the sample cap (1e6 s at 10 s per sample), inside the
+    # trace time bound (4.5e6 s), which a multiplier near 0 such as 1e-9 crosses first (its own message)
+    env.write_text("time_s,multiplier\n0,1\n10,5e-6\n")
     rc = _sim(profile, "--rate-envelope", str(env))
     err = _err(capsys, rc)
     assert f"after --rate-envelope {env} (--trace {TINY}: 19 s as read)" in err
