@@ -218,13 +218,6 @@ def _check_out_dir(path: str) -> None:
 OUTPUT_FILES: tuple[str, ...] = ("summary.json", "details.json", "timeline.csv", "requests.jsonl", "report.html")
 
 
-def _check_initial(initial: dict[str, int] | None, cfg: Any) -> None:
-    """:func:`planner.sim.runner.check_initial` (each planner variant is checked again when it is built)."""
-    from planner.sim.runner import check_initial
-
-    check_initial(initial, cfg)
-
-
 def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] | None:
     if text is None or text == "auto":
         return None
@@ -232,7 +225,7 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
         nums = [int_text(x) for x in text.split("+")]
     except ValueError:
         nums = []
-    if len(nums) != len(pools):  # the range of each count is _check_initial's (the planner's pool limits)
+    if len(nums) != len(pools):  # the range of each count is check_initial's (the planner's pool limits)
         raise SimulationConfigError(
             f"--initial-replicas={text!r}: expected {'N' if len(pools) == 1 else 'P+D'} "
             f"(whole numbers within the planner's min_replicas..max_replicas) or auto"
@@ -338,7 +331,7 @@ def build_context(args: argparse.Namespace) -> RunContext:
     # the flags, and the simulation is a fifth of its start-up.
     from planner.sim.loop import SimSettings
     from planner.sim.profile import profile_engine
-    from planner.sim.runner import RunContext
+    from planner.sim.runner import RunContext, check_initial
 
     in_file, engine_file = _read_inputs(args)
     overrides, cfg0 = _planner_settings(args, in_file)
@@ -346,7 +339,7 @@ def build_context(args: argparse.Namespace) -> RunContext:
     reqs = _requests(args, engine.trace_block_size)
     engines, cfg = _pools(args, in_file, overrides, cfg0, engine)
     initial = _parse_initial(args.initial_replicas, tuple(engines))
-    _check_initial(initial, cfg)
+    check_initial(initial, cfg)  # the run's settings; each planner:k=v variant's when it is built (make_policy)
     profile = _load_planner_profile(args.profile) if args.profile else profile_engine(engine)
     warm = _warm_start(args.warm_start, cfg.adjustment_interval_s, engine.trace_block_size) if args.warm_start else ()
     # GPUs per worker: the planner's gpus_per_engine for the pool (what its budget counts), at least one per

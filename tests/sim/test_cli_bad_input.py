@@ -96,12 +96,12 @@ def test_initial_replicas_out_of_planner_bounds_rejected(capsys, monkeypatch, ar
 
 
 def test_initial_replicas_check_accepts_the_bounds():
-    from planner.cli_simulate import _check_initial
     from planner.core import PlannerConfig
+    from planner.sim.runner import check_initial
 
     cfg = PlannerConfig(mode="disagg", max_gpu_budget=8)
-    _check_initial({"prefill": 1, "decode": 7}, cfg)  # 8 GPUs == budget
-    _check_initial(None, cfg)
+    check_initial({"prefill": 1, "decode": 7}, cfg)  # 8 GPUs == budget
+    check_initial(None, cfg)
 
 
 PROFILE_GRID = ["--isl", "128,512", "--kv-usage", "0.01,0.1", "--context", "256,1024"]

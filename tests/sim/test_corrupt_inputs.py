@@ -23,29 +23,29 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
     return err[0]
 
 
+def _profile_error(capsys: pytest.CaptureFixture[str], profile: str) -> str:
+    """The one error line of ``simulate --profile PROFILE`` (exit 2)."""
+    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "planner", "--profile", profile, "--quiet"])
+    assert rc == 2
+    return _one_error_line(capsys)
+
+
 def test_a_corrupt_planner_profile_is_one_line(tmp_path, capsys):
     f = _not_a_zip(tmp_path)
-    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "planner", "--profile", f, "--quiet"])
-    assert rc == 2
-    line = _one_error_line(capsys)
+    line = _profile_error(capsys, f)
     assert line == f"dynoplan simulate: error: --profile {f}: cannot read .npz: File is not a zip file"
 
 
 def test_a_missing_planner_profile_names_the_flag(tmp_path, capsys):
     f = str(tmp_path / "missing.npz")
-    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "planner", "--profile", f, "--quiet"])
-    assert rc == 2
-    assert _one_error_line(capsys) == f"dynoplan simulate: error: --profile {f}: no such file or directory"
+    assert _profile_error(capsys, f) == f"dynoplan simulate: error: --profile {f}: no such file or directory"
 
 
 def test_a_text_file_as_planner_profile_is_not_an_npz(tmp_path, capsys):
     # numpy reads a file that is neither .npz nor .npy as a pickle, and refuses it in pickle's words
     f = tmp_path / "notes.npz"
     f.write_text("hello\n")
-    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "planner", "--profile", str(f), "--quiet"])
-    assert rc == 2
-    line = _one_error_line(capsys)
-    assert line == (
+    assert _profile_error(capsys, str(f)) == (
         f"dynoplan simulate: error: --profile {f}: not an .npz archive (expected a profile written by dynoplan profile)"
     )
 
