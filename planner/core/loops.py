@@ -97,17 +97,6 @@ class _Seen:
     osl_buckets: tuple[tuple[float, float], ...]
     isl_total: tuple[float, float]
     osl_total: tuple[float, float]
-    gap_buckets: tuple[tuple[float, float], ...] = ()
-    profile: tuple[float, ...] = ()
-    """The window's arrival counts per bin divided by their mean (empty for a silent window)."""
-
-
-def _relative(counts: Sequence[float]) -> tuple[float, ...]:
-    """``counts`` divided by their mean; empty when they are empty, not finite or all zero."""
-    c = np.asarray(counts, dtype=float)
-    if c.size == 0 or not np.isfinite(c).all() or not c.sum() > 0:
-        return ()
-    return tuple(float(x) for x in c / c.mean())
 
 
 class ThroughputLoop:
@@ -142,7 +131,6 @@ class ThroughputLoop:
         self._seen: deque[_Seen] = deque()
         self._gap_buckets: tuple[tuple[float, float], ...] = ()
         self._profile: tuple[float, ...] = ()
-        self._profile_kept = False
         self._inflight = 0.0
         self._duration_s = 0.0
         self._osl_buckets: tuple[tuple[float, float], ...] = ()
@@ -181,8 +169,7 @@ class ThroughputLoop:
             self._osl_buckets = w.osl_buckets
         if w.isl_buckets:
             self._isl_buckets = w.isl_buckets
-        self._profile = _relative(w.arrival_counts)
-        self._profile_kept = keep
+        self._profile = w.arrival_counts
         self._inflight = w.num_inflight if math.isfinite(w.num_inflight) else 0.0
         d = w.mean_request_duration_s
         if not math.isfinite(d):
@@ -199,23 +186,10 @@ class ThroughputLoop:
                     w.osl_buckets,
                     _total(w.mean_isl_tokens, w.num_requests),
                     _total(w.mean_osl_tokens, w.num_finished),
-                    w.gap_buckets,
-                    self._profile,
                 )
             )
             while self._seen and now_s - self._seen[0].t_s >= SIZE_HISTORY_S:
                 self._seen.popleft()
-
-    def _pooled_profile(self, seen: Sequence[_Seen]) -> tuple[float, ...]:
-        """The sample's rate profile: the relative profiles of the windows of the last hour, newest first (the
-        latest window's, when it was an early one and not kept, before them). The first look of a verdict sees
-        the latest window's swings; the longer looks see the hour's, not the latest window's repeated: one
-        window's bursts, repeated over a 36-minute sample, swung the verdict of a boundary fleet from window to
-        window (Mooncake 1x disagg: prefill 5 <-> 7 at a steady forecast), as one window's sizes did before the
-        sizes were pooled (:data:`~planner.core.sizing.SIZE_HISTORY_S`)."""
-        parts = [] if self._profile_kept else [self._profile]
-        parts += [s.profile for s in reversed(seen)]
-        return tuple(x for part in parts for x in part)
 
     def _burst_factor(self) -> float:
         """``max(1, quantile_q(ratios))`` of the last ``demand_error_window`` one-step ratios ``observed count /
@@ -352,10 +326,10 @@ class ThroughputLoop:
             min_requests=looks[-1],
             isl_buckets=pool_buckets([s.isl_buckets for s in seen]) or demand.isl_buckets,
             osl_buckets=pool_buckets([s.osl_buckets for s in seen]) or demand.osl_buckets,
-            gap_buckets=pool_buckets([s.gap_buckets for s in seen]) or self._gap_buckets,
+            gap_buckets=self._gap_buckets,
             num_inflight=int(self._inflight),
             warmup_s=self._duration_s,
-            rate_profile=self._pooled_profile(seen),
+            rate_profile=self._profile,
             profile_bin_s=ARRIVAL_BIN_S,
             seed=(self._sizings,),
         )

@@ -11,9 +11,8 @@ The sample (all from :class:`~planner.core.observations.TrafficWindow`, never fr
 
 - arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram
   (``gap_buckets``; log-uniform inside a bucket; arrivals that share a timestamp, the histogram's ``le=0``
-  bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at a rate
-  profile (arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed; the planner's loop passes the last hour's windows'
-  ``arrival_counts``, each over its own mean, newest first, and their gap histograms pooled) scaled so that the mean
+  bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own
+  rate profile (``arrival_counts``, arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean
   rate is the forecast (predicted count x demand-error factor / interval): the renewal process is laid out in the
   profile's operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
   both scales: the gaps' spread within seconds, the rate's swings over tens of seconds. Without a gap

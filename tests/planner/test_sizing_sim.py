@@ -13,9 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.core.config import PlannerConfig
-from planner.core.loops import ThroughputLoop
-from planner.core.observations import TrafficWindow
 from planner.core.reasons import Reason
 from planner.core.sizing import (
     FAIL,
@@ -27,7 +24,6 @@ from planner.core.sizing import (
     TrafficSample,
     build_sample,
     miss_bounds,
-    pool_buckets,
     sample_size,
     verdict,
 )
@@ -110,6 +106,7 @@ def test_same_seed_same_sample_and_a_higher_rate_compresses_the_same_requests():
 
 
 def test_pooled_histograms_add_bucket_by_bucket():
+    from planner.core.sizing import pool_buckets
 
     a = ((1.0, 2.0), (2.0, 0.0), (math.inf, 1.0))
     b = ((1.0, 1.0), (2.0, 4.0), (math.inf, 0.0))
@@ -518,46 +515,3 @@ def test_the_engine_fleet_at_ten_times_its_capacity_goes_to_the_limit():
     assert one.misses == four.misses == one.num_requests and one.unfinished > four.unfinished
     plan = sz.plan({"agg": 1})["agg"]
     assert (plan.goal, plan.reason) == (4, Reason.SCALE_UP_THROUGHPUT)
-
-
-# ------------------------------------------------------------------------------------------ the loop's sample
-def test_the_samples_rate_profile_and_gaps_are_the_last_hours_windows_newest_first(monkeypatch):
-    # two full windows of 30 s (3 bins of 10 s): the first with a burst at its end, the second flat; the sample's
-    # profile is each window's counts over their own mean, the newest window first, and its gap histogram their
-    # bucket-wise sum. An early window (not kept) comes before the kept ones and is not pooled
-    import planner.core.loops as loops
-
-    built: list[dict] = []
-
-    def capture(*args, **kw):
-        built.append(kw)
-        return build_sample(*args, **kw)
-
-    monkeypatch.setattr(loops, "build_sample", capture)
-    ev = Threshold({"agg": 1})
-    cfg = PlannerConfig(predictor="constant", adjustment_interval_s=30.0, itl_ms=30.0, first_sizing_s=None)
-    loop = ThroughputLoop(cfg, None, ev)
-    gaps_a = ((0.0, 0.0), (0.5, 4.0), (math.inf, 2.0))
-    gaps_b = ((0.0, 1.0), (0.5, 8.0), (math.inf, 0.0))
-
-    def window(counts, gaps):
-        return TrafficWindow(
-            duration_s=30.0,
-            num_requests=float(sum(counts)),
-            mean_isl_tokens=100.0,
-            mean_osl_tokens=10.0,
-            num_finished=float(sum(counts)),
-            gap_buckets=gaps,
-            arrival_counts=counts,
-        )
-
-    assert loop.learn(30.0, window((1.0, 1.0, 4.0), gaps_a), None, {"agg": 1})
-    assert loop.learn(60.0, window((3.0, 3.0, 3.0), gaps_b), None, {"agg": 1})
-    assert built[-1]["rate_profile"] == (1.0, 1.0, 1.0, 0.5, 0.5, 2.0)
-    assert built[-1]["gap_buckets"] == ((0.0, 1.0), (0.5, 12.0), (math.inf, 2.0))
-    assert loop.learn_early(75.0, window((0.0, 6.0, 0.0), gaps_a), {"agg": 1})
-    assert built[-1]["rate_profile"] == (0.0, 3.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.5, 2.0)
-    assert built[-1]["gap_buckets"] == ((0.0, 1.0), (0.5, 12.0), (math.inf, 2.0))  # the early window's: not pooled
-    # a silent window has no profile of its own: the hour's windows make the sample's
-    loop.learn(90.0, window((0.0, 0.0, 0.0), ()), None, {"agg": 1})
-    assert loop._pooled_profile(list(loop._seen)) == (1.0, 1.0, 1.0, 0.5, 0.5, 2.0)
