@@ -172,7 +172,7 @@ class ListeningBlockKvManager(BlockKvManager):
 
     def allocate_private(self, n: int) -> None:
         if n > self.free:
-            self._about_to_evict(min(n - self.free, len(self.inactive.live)))
+            self._about_to_evict(min(n - self.free, self.inactive.n))
         super().allocate_private(n)
 
 

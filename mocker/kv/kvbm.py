@@ -57,7 +57,7 @@ class KvbmBlockManager(BlockKvManager):
     def _link(self, key: int, parent: int | None) -> None:
         if parent is None or key in self.parent or parent == key:
             return
-        if parent in self.active or parent in self.inactive.live:
+        if parent in self.cached:
             self.parent[key] = parent
             self.children.setdefault(parent, set()).add(key)
 
@@ -71,14 +71,14 @@ class KvbmBlockManager(BlockKvManager):
 
     def _evict_one(self) -> int:
         inactive, children = self.inactive, self.children
-        for _ in range(len(inactive.live)):
+        for _ in range(inactive.n):
             k = inactive.first()
             if k not in children:  # a leaf (children holds only non-empty sets)
                 inactive.remove(k)
                 break
             inactive.move_to_newest(k)  # an ancestor of cached blocks outlives them
         else:
-            if not len(inactive.live):
+            if not inactive.n:
                 raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
             k = inactive.pop_oldest()  # no inactive leaf: oldest inactive, children orphaned
             for c in children.pop(k):
@@ -105,20 +105,20 @@ class KvbmBlockManager(BlockKvManager):
     def _take_many(self, n: int) -> None:
         take = min(n, self.free)
         self.free -= take
-        if n - take > self.free + len(self.inactive.live):
-            raise SimulationError(f"KV allocation of {n} blocks exceeds available {take + len(self.inactive.live)}")
+        if n - take > self.free + self.inactive.n:
+            raise SimulationError(f"KV allocation of {n} blocks exceeds available {take + self.inactive.n}")
         removed = [self._evict_one() for _ in range(n - take)]
         if removed and self.listener is not None:
             self.listener.on_removed(removed)
 
     # ------------------------------------------------------------------ BlockKvManager API
     def _is_new(self, key: int | None) -> TypeGuard[int]:
-        return key is not None and self.caching and key not in self.active and key not in self.inactive.live
+        return key is not None and self.caching and key not in self.cached
 
     def allocate_full(self, key: int | None) -> bool:
         self._take_fresh()
         if self._is_new(key):
-            self.active[key] = 1
+            self.cached[key] = 1
             self._register([key], None)
             return True
         self.private_in_use += 1
@@ -128,7 +128,7 @@ class KvbmBlockManager(BlockKvManager):
         if len(keys) > self.available():
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
         registered: list[int] = []
-        active, inactive, caching = self.active, self.inactive.live, self.caching
+        cached, caching = self.cached, self.caching
         parent, children = self.parent, self.children
         removed: list[int] | None = [] if self.listener is not None else None
         prev: int | None = None
@@ -139,11 +139,11 @@ class KvbmBlockManager(BlockKvManager):
                 ev = self._evict_one()
                 if removed is not None:
                     removed.append(ev)
-            if caching and key not in active and key not in inactive:
-                active[key] = 1
+            if caching and key not in cached:
+                cached[key] = 1
                 registered.append(key)
                 # parent: the previous key of the same call when still cached (a new key has no lineage yet)
-                if prev is not None and prev != key and (prev in active or prev in inactive):
+                if prev is not None and prev != key and prev in cached:
                     parent[key] = prev
                     ch = children.get(prev)
                     if ch is None:
@@ -162,7 +162,7 @@ class KvbmBlockManager(BlockKvManager):
     def promote_private(self, key: int | None) -> bool:
         if self._is_new(key):
             self.private_in_use -= 1
-            self.active[key] = 1
+            self.cached[key] = 1
             self._register([key], None)
             return True
         return False
@@ -184,7 +184,7 @@ class KvbmBlockManager(BlockKvManager):
     def check_invariants(self) -> None:
         """Base conservation check, plus: lineage only between cached blocks, children map == parent map."""
         super().check_invariants()
-        cached = self.active.keys() | self.inactive.keys()
+        cached = self.cached
         for k, p in self.parent.items():
             if k not in cached or p not in cached or k not in self.children.get(p, ()):
                 raise SimulationError(f"kvbm lineage broken: block {k} parent {p}")

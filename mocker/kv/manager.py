@@ -16,7 +16,7 @@ and its offset, so equal keys mean equal content and equal prefix.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, KeysView, Sequence
+from collections.abc import Iterator, Sequence
 
 from dynoplan.errors import SimulationError
 
@@ -119,18 +119,22 @@ class FreedOrder:
     oldest is one dict deletion).
 
     ``fifo`` holds the keys in the order they were added, from index ``head`` on (the entries before ``head``
-    are consumed); ``live`` maps each key to its *stamp*, the absolute position of its entry (``fifo[i]`` is
-    at ``base + i``, so cutting off the consumed head, once it is half of ``fifo``, keeps the stamps).
-    Removing the newest key pops it off ``fifo``; removing any other key blanks its entry to None (lazy
-    deletion: consumption skips it), and once the blanks outnumber the keys the blanks and the consumed head
-    are dropped and the keys restamped.
+    are consumed). The keys live in ``cached``, a dict this pool may share with its owner
+    (:class:`BlockKvManager` keeps its referenced keys there too, as positive reference counts, so that a
+    prefix lookup is one dict probe): a key of the pool maps to minus its *stamp*, the absolute position of
+    its entry (``fifo[i]`` is at ``base + i``, so cutting off the consumed head, once it is half of ``fifo``,
+    keeps the stamps); every value <= 0 in ``cached`` is a key of the pool. Removing the newest key pops it off
+    ``fifo``; removing any other key blanks its entry to None (lazy deletion: consumption skips it), and once
+    the blanks outnumber the keys the blanks and the consumed head are dropped and the keys restamped.
     """
 
-    __slots__ = ("live", "fifo", "head", "base", "n_stale")
+    __slots__ = ("cached", "n", "fifo", "head", "base", "n_stale")
 
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        """key -> stamp; ``k in self.live`` is ``k in self`` (for hot loops)"""
+    def __init__(self, cached: dict[int, int] | None = None) -> None:
+        self.cached: dict[int, int] = {} if cached is None else cached
+        """key -> minus its stamp (<= 0) for the keys of this pool; any other entry (> 0) is the owner's"""
+        self.n = 0
+        """keys in the pool"""
         self.fifo: list[int | None] = []
         """keys in the order they were added (None: removed)"""
         self.head = 0
@@ -141,29 +145,34 @@ class FreedOrder:
         """None entries in ``fifo[head:]``"""
 
     def __len__(self) -> int:
-        return len(self.live)
+        return self.n
 
     def __contains__(self, key: object) -> bool:
-        return key in self.live
+        if not isinstance(key, int):
+            return False
+        v = self.cached.get(key)
+        return v is not None and v <= 0
 
     def __iter__(self) -> Iterator[int]:
         """The keys, oldest first (a snapshot: the pool may change during the iteration)."""
-        return iter(self.oldest(len(self.live)))
+        return iter(self.oldest(self.n))
 
-    def keys(self) -> KeysView[int]:
-        """The keys as a set-like view (no order)."""
-        return self.live.keys()
+    def keys(self) -> set[int]:
+        """The keys as a set (no order)."""
+        return {k for k, v in self.cached.items() if v <= 0}
 
     def add(self, key: int) -> None:
-        """Add ``key`` (not in the pool) as the newest."""
+        """Add ``key`` (not in ``cached``) as the newest."""
         fifo = self.fifo
-        self.live[key] = self.base + len(fifo)
+        self.cached[key] = -(self.base + len(fifo))
         fifo.append(key)
+        self.n += 1
 
-    def remove(self, key: int) -> None:
-        """Remove ``key``; KeyError if absent."""
-        live, fifo = self.live, self.fifo
-        i = live.pop(key) - self.base
+    def _unlink(self, key: int) -> None:
+        """Take ``key``'s entry out of ``fifo`` (the key's value in ``cached`` is the caller's to change)."""
+        fifo = self.fifo
+        i = -self.cached[key] - self.base
+        self.n -= 1
         if i == len(fifo) - 1:  # the newest (a block freed, then taken again): no blank left behind
             fifo.pop()
             while len(fifo) > self.head and fifo[-1] is None:
@@ -172,8 +181,18 @@ class FreedOrder:
             return
         fifo[i] = None
         self.n_stale += 1
-        if self.n_stale > len(live) + 64:
+        if self.n_stale > self.n + 64:
             self._compact()
+
+    def remove(self, key: int) -> None:
+        """Remove ``key`` (in the pool) from the pool and from ``cached``."""
+        self._unlink(key)
+        del self.cached[key]
+
+    def take(self, key: int) -> None:
+        """Remove ``key`` (in the pool) from the pool, leaving it in ``cached`` with one reference (value 1)."""
+        self._unlink(key)
+        self.cached[key] = 1
 
     def move_to_newest(self, key: int) -> None:
         """Make ``key`` (in the pool) the newest, as if removed and added again."""
@@ -182,7 +201,7 @@ class FreedOrder:
 
     def first(self) -> int:
         """The oldest key (IndexError if the pool is empty)."""
-        if not self.live:
+        if not self.n:
             raise IndexError("first() of an empty FreedOrder")
         fifo = self.fifo
         i = self.head
@@ -211,7 +230,8 @@ class FreedOrder:
     def pop_oldest(self) -> int:
         """Remove and return the oldest key (IndexError if the pool is empty)."""
         k = self.first()
-        del self.live[k]
+        del self.cached[k]
+        self.n -= 1
         self.head += 1
         if 2 * self.head >= len(self.fifo) and self.head >= 64:
             self._trim()
@@ -221,9 +241,10 @@ class FreedOrder:
         """Remove the ``n`` oldest keys (IndexError if fewer are in the pool)."""
         if n <= 0:
             return
-        live, fifo = self.live, self.fifo
-        if n > len(live):
-            raise IndexError(f"evict({n}) of a FreedOrder holding {len(live)}")
+        cached, fifo = self.cached, self.fifo
+        if n > self.n:
+            raise IndexError(f"evict({n}) of a FreedOrder holding {self.n}")
+        self.n -= n
         i = self.head
         while n:
             k = fifo[i]
@@ -231,7 +252,7 @@ class FreedOrder:
             if k is None:
                 self.n_stale -= 1
             else:
-                del live[k]
+                del cached[k]
                 n -= 1
         self.head = i
         if 2 * i >= len(fifo) and i >= 64:
@@ -245,24 +266,29 @@ class FreedOrder:
 
     def _compact(self) -> None:
         """Drop the consumed head and the blanks; restamp the keys from 0 (order kept)."""
-        keys = self.oldest(len(self.live))
-        live = self.live
+        keys = self.oldest(self.n)
+        cached = self.cached
         for i, k in enumerate(keys):
-            live[k] = i
+            cached[k] = -i
         fifo: list[int | None] = list(keys)
         self.fifo = fifo
         self.head = self.base = self.n_stale = 0
 
     def check(self) -> None:
-        """Raise :class:`SimulationError` if ``fifo`` and ``live`` disagree: each key's stamp points at its own
+        """Raise :class:`SimulationError` if ``fifo`` and ``cached`` disagree: each key's stamp points at its own
         entry in ``fifo[head:]``, whose other entries are the ``n_stale`` blanks."""
         fifo, base, head = self.fifo, self.base, self.head
-        for k, s in self.live.items():
+        n = 0
+        for k, v in self.cached.items():
+            if v > 0:
+                continue
+            n += 1
+            s = -v
             if not head <= s - base < len(fifo) or fifo[s - base] != k:
                 raise SimulationError(f"inactive pool: key {k} stamp {s} is not its FIFO entry")
         blanks = sum(1 for i in range(head, len(fifo)) if fifo[i] is None)
-        if blanks != self.n_stale or len(fifo) - head != len(self.live) + blanks:
-            raise SimulationError(f"inactive pool: {blanks} blanks, n_stale {self.n_stale}, {len(self.live)} keys")
+        if n != self.n or blanks != self.n_stale or len(fifo) - head != n + blanks:
+            raise SimulationError(f"inactive pool: {blanks} blanks, n_stale {self.n_stale}, {n} keys, n {self.n}")
 
 
 class BlockKvManager:
@@ -272,26 +298,32 @@ class BlockKvManager:
     :meth:`available` first (a scheduler bug).
     """
 
-    __slots__ = ("num_blocks", "caching", "free", "active", "inactive", "private_in_use")
+    __slots__ = ("num_blocks", "caching", "free", "cached", "inactive", "private_in_use")
 
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.caching = enable_prefix_caching
         self.free = num_blocks
-        self.active: dict[int, int] = {}
-        """cached key -> reference count (>= 1)"""
-        self.inactive = FreedOrder()
+        self.cached: dict[int, int] = {}
+        """cached key -> its reference count (>= 1: active) or minus its stamp in ``inactive`` (<= 0: inactive);
+        one dict for both, so that a prefix lookup or a registration check is one probe"""
+        self.inactive = FreedOrder(self.cached)
         """cached keys with no reference, least recently freed first (next to evict)"""
         self.private_in_use = 0
+
+    @property
+    def active(self) -> dict[int, int]:
+        """The active cached keys and their reference counts (a new dict: for inspection, not for hot loops)."""
+        return {k: v for k, v in self.cached.items() if v > 0}
 
     # ------------------------------------------------------------------ queries
     def available(self) -> int:
         """Blocks obtainable for new content now: free + evictable inactive (blocks)."""
-        return self.free + len(self.inactive.live)
+        return self.free + self.inactive.n
 
     def num_active_blocks(self) -> int:
         """Blocks referenced by running requests (cached-active + private)."""
-        return len(self.active) + self.private_in_use
+        return len(self.cached) - self.inactive.n + self.private_in_use
 
     def usage(self) -> float:
         """Active share of the pool (0..1), like ``vllm:kv_cache_usage_perc``."""
@@ -302,12 +334,13 @@ class BlockKvManager:
         if not keys or not self.caching:
             return 0, 0
         hits = act = 0
-        active, inactive = self.active, self.inactive.live
+        cached = self.cached
         for k in keys:
-            if k in active:
-                act += 1
-            elif k not in inactive:
+            v = cached.get(k)
+            if v is None:
                 break
+            if v > 0:
+                act += 1
             hits += 1
         return hits, act
 
@@ -317,13 +350,12 @@ class BlockKvManager:
         and not at all while no core holds the first block, key ``bases[0]``)."""
         if not self.caching or not runs.n:
             return 0
-        active, inactive = self.active, self.inactive.live
-        first = runs.bases[0]
-        if first not in active and first not in inactive:
+        cached = self.cached
+        if runs.bases[0] not in cached:
             return 0
         hits = 0
         for k in runs.key_list():
-            if k not in active and k not in inactive:
+            if k not in cached:
                 break
             hits += 1
         return hits
@@ -332,37 +364,34 @@ class BlockKvManager:
     def _take_fresh(self) -> None:
         if self.free > 0:
             self.free -= 1
-        elif len(self.inactive.live):
+        elif self.inactive.n:
             self.inactive.pop_oldest()
         else:
             raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
 
     def acquire_cached(self, key: int) -> None:
         """Take a reference on a cached block found by :meth:`match_prefix`."""
-        active = self.active
-        if key in active:
-            active[key] += 1
+        v = self.cached[key]
+        if v > 0:
+            self.cached[key] = v + 1
         else:
-            self.inactive.remove(key)
-            active[key] = 1
+            self.inactive.take(key)
 
     def acquire_prefix(self, keys: Sequence[int]) -> int:
-        """:meth:`match_prefix` then :meth:`acquire_cached` on each hit, in one pass over ``keys`` (the same
-        dict operations in the same order). Returns the number of leading blocks now referenced (0 without
-        prefix caching)."""
+        """:meth:`match_prefix` then :meth:`acquire_cached` on each hit, in one pass over ``keys``. Returns the
+        number of leading blocks now referenced (0 without prefix caching)."""
         if not self.caching:
             return 0
         hits = 0
-        active, inactive = self.active, self.inactive
-        cached = inactive.live
+        cached, inactive = self.cached, self.inactive
         for k in keys:
-            if k in active:
-                active[k] += 1
-            elif k in cached:
-                inactive.remove(k)
-                active[k] = 1
-            else:
+            v = cached.get(k)
+            if v is None:
                 break
+            if v > 0:
+                cached[k] = v + 1
+            else:
+                inactive.take(k)
             hits += 1
         return hits
 
@@ -370,26 +399,25 @@ class BlockKvManager:
         """Allocate a fresh block for completed content ``key``. Returns True if it was registered in the
         cache (caller then holds a reference on ``key``), False if it is private (duplicate or uncached)."""
         self._take_fresh()
-        if key is not None and self.caching and key not in self.active and key not in self.inactive.live:
-            self.active[key] = 1
+        if key is not None and self.caching and key not in self.cached:
+            self.cached[key] = 1
             return True
         self.private_in_use += 1
         return False
 
     def allocate_full_many(self, keys: Sequence[int]) -> list[int]:
         """:meth:`allocate_full` for several blocks; returns the keys registered (the rest are private)."""
-        active, inactive = self.active, self.inactive
-        cached = inactive.live
+        cached, inactive = self.cached, self.inactive
         caching = self.caching
         n = len(keys)
-        if caching and n > 1 and n <= self.free + len(cached):
+        if caching and n > 1 and n <= self.free + inactive.n:
             # the common case, in bulk: distinct keys cached nowhere (so no eviction below can touch one of
             # them) -> the same evictions (least recently freed first) and registrations as the loop below
             j = 0
             for key in keys:
-                if key in active or key in cached:  # cached, or repeated in ``keys``
+                if key in cached:  # cached, or repeated in ``keys``
                     break
-                active[key] = 1
+                cached[key] = 1
                 j += 1
             if j == n:
                 take = n if n <= self.free else self.free
@@ -397,17 +425,17 @@ class BlockKvManager:
                 inactive.evict(n - take)
                 return list(keys)
             for i in range(j):  # undone: the loop below registers them
-                del active[keys[i]]
+                del cached[keys[i]]
         registered: list[int] = []
         for key in keys:
             if self.free > 0:
                 self.free -= 1
-            elif len(cached):
+            elif inactive.n:
                 inactive.pop_oldest()
             else:
                 raise SimulationError("KV block allocation without capacity (scheduler did not check available())")
-            if caching and key not in active and key not in cached:
-                active[key] = 1
+            if caching and key not in cached:
+                cached[key] = 1
                 registered.append(key)
             else:
                 self.private_in_use += 1
@@ -416,9 +444,9 @@ class BlockKvManager:
     def promote_private(self, key: int | None) -> bool:
         """A private block held by a request became full with content ``key``: register it in the cache if
         that content is not cached yet. Returns True if registered (private count decreases by one)."""
-        if key is not None and self.caching and key not in self.active and key not in self.inactive.live:
+        if key is not None and self.caching and key not in self.cached:
             self.private_in_use -= 1
-            self.active[key] = 1
+            self.cached[key] = 1
             return True
         return False
 
@@ -426,7 +454,7 @@ class BlockKvManager:
         """Allocate ``n`` private blocks (evicting inactive cached blocks LRU-first when nothing is free)."""
         if n <= 0:
             return
-        if n > self.free + len(self.inactive.live):
+        if n > self.free + self.inactive.n:
             raise SimulationError(f"KV allocation of {n} blocks exceeds available {self.available()}")
         take = min(n, self.free)
         self.free -= take
@@ -436,32 +464,32 @@ class BlockKvManager:
     def release(self, keys: list[int], n_private: int) -> None:
         """Drop a request's references: cached keys (in block order; the tail is freed first so that it is
         evicted first) and ``n_private`` private blocks."""
-        active = self.active
+        cached = self.cached
         inactive = self.inactive
-        live, fifo, base = inactive.live, inactive.fifo, inactive.base
+        fifo, base = inactive.fifo, inactive.base
+        freed = 0
         for k in reversed(keys):
-            c = active[k] - 1
+            c = cached[k] - 1
             if c:
-                active[k] = c
+                cached[k] = c
             else:
-                del active[k]
-                live[k] = base + len(fifo)  # inactive.add(k), inlined (the hot loop of unique content)
+                cached[k] = -(base + len(fifo))  # inactive.add(k), inlined (the hot loop of unique content)
                 fifo.append(k)
+                freed += 1
+        inactive.n += freed
         self.private_in_use -= n_private
         self.free += n_private
 
     def check_invariants(self) -> None:
         """Raise :class:`SimulationError` if blocks are not conserved or counts are inconsistent."""
-        total = self.free + len(self.active) + len(self.inactive.live) + self.private_in_use
+        n_inactive = self.inactive.n
+        n_active = len(self.cached) - n_inactive
+        total = self.free + n_active + n_inactive + self.private_in_use
         if total != self.num_blocks:
             raise SimulationError(
-                f"KV blocks not conserved: free {self.free} + active {len(self.active)} + inactive "
-                f"{len(self.inactive.live)} + private {self.private_in_use} = {total} != {self.num_blocks}"
+                f"KV blocks not conserved: free {self.free} + active {n_active} + inactive "
+                f"{n_inactive} + private {self.private_in_use} = {total} != {self.num_blocks}"
             )
         if self.free < 0 or self.private_in_use < 0:
             raise SimulationError(f"negative KV counts: free {self.free}, private {self.private_in_use}")
-        if any(c <= 0 for c in self.active.values()):
-            raise SimulationError("active cached block with non-positive reference count")
-        if not self.active.keys().isdisjoint(self.inactive.keys()):
-            raise SimulationError("a cached block is both active and inactive")
         self.inactive.check()

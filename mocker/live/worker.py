@@ -253,7 +253,7 @@ class Worker:
                 )
             if isinstance(kv, (EventingKvManager, EventingKvbmBlockManager)):
                 events = kv.events
-                snap = lambda kv=kv: [*kv.active, *kv.inactive]  # noqa: E731
+                snap = lambda kv=kv: list(kv.cached)  # noqa: E731 (every cached key, active or inactive)
             elif type(kv) is RadixCache:
                 events = []
                 ad = RadixEventAdapter(kv.page, self.cfg.trace_block_size, TupleSink(events))

@@ -124,3 +124,88 @@ def test_matches_ordered_dict(ops):
     assert set(p.keys()) == set(model)
     if model:
         assert p.first() == next(iter(model))
+
+
+class _TwoDictPool:
+    """The pool as two structures, as it was written before the one-dict layout: referenced keys with their counts,
+    and the unreferenced keys in an OrderedDict FIFO (least recently freed first)."""
+
+    def __init__(self, n: int) -> None:
+        self.free, self.private = n, 0
+        self.active: dict[int, int] = {}
+        self.inactive = OrderedDict[int, None]()
+
+    def _take(self) -> None:
+        if self.free:
+            self.free -= 1
+        else:
+            self.inactive.popitem(last=False)
+
+    def available(self) -> int:
+        return self.free + len(self.inactive)
+
+    def acquire_prefix(self, keys: list[int]) -> int:
+        hits = 0
+        for k in keys:
+            if k in self.active:
+                self.active[k] += 1
+            elif k in self.inactive:
+                del self.inactive[k]
+                self.active[k] = 1
+            else:
+                break
+            hits += 1
+        return hits
+
+    def allocate_full_many(self, keys: list[int]) -> list[int]:
+        reg = []
+        for k in keys:
+            self._take()
+            if k in self.active or k in self.inactive:
+                self.private += 1
+            else:
+                self.active[k] = 1
+                reg.append(k)
+        return reg
+
+    def release(self, keys: list[int], n_private: int) -> None:
+        for k in reversed(keys):
+            self.active[k] -= 1
+            if not self.active[k]:
+                del self.active[k]
+                self.inactive[k] = None
+        self.private -= n_private
+        self.free += n_private
+
+
+# requests over 12 contents: (0, i, n) admit request i with a prompt of n blocks of contents i..i+n-1 (prefix hits
+# first, then the rest allocated), (1, i, _) release request i
+_reqs = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 7), st.integers(1, 5)), max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_reqs, st.integers(4, 16))
+def test_one_dict_pool_matches_the_two_structure_model(ops, num_blocks):
+    """``cached`` (counts > 0, minus stamps <= 0) behaves as a refcount dict beside an LRU of freed keys: the same
+    hits, registrations, evictions and inactive order on any sequence of admissions and releases."""
+    kv, model = BlockKvManager(num_blocks), _TwoDictPool(num_blocks)
+    held: dict[int, tuple[list[int], int]] = {}
+    for op, i, n in ops:
+        if op == 0 and i not in held:
+            keys = list(range(i, i + n))
+            if kv.available() < n:
+                assert model.available() < n
+                continue
+            hits = kv.acquire_prefix(keys)
+            assert hits == model.acquire_prefix(keys) and kv.match_prefix(keys)[0] >= hits
+            reg = kv.allocate_full_many(keys[hits:])
+            assert reg == model.allocate_full_many(keys[hits:])
+            held[i] = (keys[:hits] + reg, n - hits - len(reg))
+        elif op == 1 and i in held:
+            keys, n_private = held.pop(i)
+            kv.release(keys, n_private)
+            model.release(keys, n_private)
+        kv.check_invariants()
+        assert kv.active == model.active and list(kv.inactive) == list(model.inactive)
+        assert kv.free == model.free and kv.private_in_use == model.private
+        assert kv.num_active_blocks() == len(model.active) + model.private
