@@ -11,9 +11,8 @@ Plotly.js comes from the installed ``plotly`` Python package (``package_data/plo
 ``config.poll_ms`` (default 1000 ms) and redraws with ``Plotly.react``:
 
 - ``#replicas``: replicas per pool over time (spec solid, ready dotted);
-- ``#load``: observed requests/s (frontend, last interval), the predictor's forecast and the planned demand
-  (forecast x the demand-error factor, the ``demand_error_quantile`` of past observed/forecast ratios) the
-  throughput loop sized for, at its ticks;
+- ``#load``: observed requests/s (frontend, last interval) and the predictor's forecast of the next interval, the
+  rate the throughput loop sized for, at its ticks;
 - ``#latency``: TTFT (top axis) and ITL (bottom axis), each on its own log scale (a 1 ms ITL and its 50 ms
   target both readable): frontend interval means, the load loop's estimates when it runs, and the SLA
   targets as dashed lines; every tick label is a full value in ms (1-2-5 per decade, decades only over more
@@ -90,7 +89,6 @@ class DashboardHistory:
         thpt = "throughput" in diag.loops_run
         unknown = thpt and obs_t is None  # the traffic read failed: the plan is stale, nothing is plotted
         planned = None if unknown else _f(diag.predicted_requests_per_second)
-        factor = _f(float(getattr(diag, "demand_factor", 1.0)))
         self.ticks.append(
             {
                 "t": t,
@@ -101,8 +99,6 @@ class DashboardHistory:
                 "observed_ttft_ms": _f(obs_t.mean_ttft_ms) if obs_t is not None else None,
                 "observed_itl_ms": _f(obs_t.mean_itl_ms) if obs_t is not None else None,
                 "predicted_rps": planned,
-                "forecast_rps": planned / factor if planned is not None and factor else None,
-                "demand_factor": None if unknown else factor,
                 "predictor": getattr(diag, "predictor", None),
                 "estimated_ttft_ms": _f(diag.estimated_ttft_ms),
                 "estimated_itl_ms": _f(diag.estimated_itl_ms),
@@ -181,7 +177,6 @@ class DashboardHistory:
                 "load_enabled": cfg.load_enabled,
                 "pending_timeout_s": cfg.pending_timeout_s,
                 "poll_ms": poll_ms,
-                "demand_error_quantile": cfg.demand_error_quantile,
             },
             "marks": self.marks(now_s, extra.get("fleet_events")),
             "pools": self.last_pools,
@@ -298,7 +293,6 @@ function logTicks(values, unit) {
   return Object.assign(full, {tickmode: "array", tickvals: vals,
                               ticktext: vals.map(x => String(+x.toPrecision(3)) + " " + unit)});
 }
-function fmt(x, d) { return x === null || x === undefined ? "-" : Number(x).toFixed(d); }
 function marks(st, withText) {  // events on the time axis: decisions, worker deaths, metric outages
   const m = st.marks || {decisions: [], deaths: [], outages: []}, shapes = [], notes = [];
   m.outages.forEach(o => {
@@ -340,17 +334,12 @@ function render(st) {
   Plotly.react("replicas", rep, layout("Replicas per pool", "replicas",
     Object.assign({yaxis: {title: {text: "replicas"}, rangemode: "tozero", dtick: 1}}, mk)));
   const tk = st.ticks.filter(t => t.loops.indexOf("throughput") >= 0), tx = tk.map(t => ts(t.t));
-  const last = tk.filter(t => t.demand_factor !== null && t.demand_factor !== undefined).slice(-1)[0];
-  const q = cfg.demand_error_quantile, pred = last && last.predictor ? last.predictor : "predictor";
-  const planned = q === null || q === undefined ? "planned req/s (= forecast; demand-error factor off)"
-    : "planned req/s = forecast \u00d7 demand-error factor (q" + q + " of observed/forecast ratios; now \u00d7" +
-      fmt(last ? last.demand_factor : null, 2) + ")";
+  const last = tk.filter(t => t.predictor).slice(-1)[0], pred = last ? last.predictor : "predictor";
   Plotly.react("load", present([
     {x: tx, y: tk.map(t => t.observed_rps), name: "observed req/s (frontend, last interval)", mode: "lines+markers"},
-    {x: tx, y: tk.map(t => t.forecast_rps === undefined ? null : t.forecast_rps), name: "forecast req/s, next interval (" + pred + ")",
-     mode: "lines", line: {dash: "dot"}},
-    {x: tx, y: tk.map(t => t.predicted_rps), name: planned, mode: "lines+markers", line: {dash: "dash"}}
-  ]), layout("Load: observed, forecast and planned", "requests/s", mk));
+    {x: tx, y: tk.map(t => t.predicted_rps), name: "forecast req/s, next interval (" + pred + "): what the throughput loop sized for",
+     mode: "lines+markers", line: {dash: "dash"}}
+  ]), layout("Load: observed and forecast", "requests/s", mk));
   const all = st.ticks, x0 = st.samples.length ? ts(st.samples[0].t) : ts(st.now_s), x1 = ts(st.now_s);
   const lat = present([
     {x: tx, y: tk.map(t => t.observed_ttft_ms), name: "TTFT observed (frontend interval mean)", mode: "lines+markers", line: {color: COLORS[0]}},

@@ -321,26 +321,6 @@ class PlannerConfig:
             "sizing. null = off (reference: first sizing at start + interval)."
         ),
     )
-    demand_error_quantile: float | None = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description=(
-            "Burst-aware demand: the predicted request count is multiplied by this quantile (0 < value <= 1, default "
-            "0.9) of the recent one-step ratios observed / predicted (floored at 1, so it never shrinks demand), the "
-            "load the fleet must expect given how far the predictor has been short; null = off (size for the point "
-            "prediction, reference)."
-        ),
-    )
-    demand_error_window: int = Field(
-        default=20, ge=1, le=MAX_INT64, description="Burst-aware demand: most recent ratios kept, >= 1 (default 20)."
-    )
-    demand_error_min_points: int = Field(
-        default=3,
-        ge=1,
-        le=MAX_INT64,
-        description="Burst-aware demand: ratios needed before the factor is applied (1 before), >= 1 (default 3).",
-    )
     simulated_sizing: bool = Field(
         default=True,
         description=(

@@ -23,8 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import PerformanceProfile
 from planner.core.load import (
@@ -120,14 +118,11 @@ class ThroughputLoop:
         self.p_correction = 1.0
         self.d_correction = 1.0
         self.demand = Demand(math.nan, math.nan, math.nan)
-        self.demand_factor = 1.0
         self.exact: dict[str, float] = {}
         """Fractional requirement per pool (simulation: the least passing count)."""
         self.required: dict[str, int] = {}
         self.sized_full = False
         """A full-interval sizing has happened (not only the early one)."""
-        self._last_pred = math.nan
-        self._ratios: deque[float] = deque(maxlen=config.demand_error_window)
         self._seen: deque[_Seen] = deque()
         self._gap_buckets: tuple[tuple[float, float], ...] = ()
         self._profile: tuple[float, ...] = ()
@@ -191,15 +186,6 @@ class ThroughputLoop:
             while self._seen and now_s - self._seen[0].t_s >= SIZE_HISTORY_S:
                 self._seen.popleft()
 
-    def _burst_factor(self) -> float:
-        """``max(1, quantile_q(ratios))`` of the last ``demand_error_window`` one-step ratios ``observed count /
-        predicted count`` once ``demand_error_min_points`` exist, else 1 (``PlannerConfig.demand_error_quantile``:
-        size for what the predictor's own record says the next interval may bring). numpy's linear quantile."""
-        q = self.config.demand_error_quantile
-        if q is None or len(self._ratios) < self.config.demand_error_min_points:
-            return 1.0
-        return max(1.0, float(np.quantile(np.fromiter(self._ratios, dtype=float), q)))
-
     def _correct(self, w: TrafficWindow, decode_replicas: int | None) -> None:
         """Reference correction factors (closed-form sizing only; a simulation needs none)."""
         cfg, prof = self.config, self.profile
@@ -232,25 +218,14 @@ class ThroughputLoop:
         self, now_s: float, traffic: TrafficWindow | None, decode_replicas: int | None, ready: Mapping[str, int] | None
     ) -> bool:
         """A full interval: feed the predictors, predict and size. False when the traffic is unknown."""
-        cfg = self.config
         if traffic is None:
             return False
-        if (
-            cfg.demand_error_quantile is not None
-            and math.isfinite(self._last_pred)
-            and self._last_pred > 0
-            and math.isfinite(traffic.num_requests)
-        ):
-            self._ratios.append(traffic.num_requests * cfg.adjustment_interval_s / traffic.duration_s / self._last_pred)
         self._feed(traffic)
         self._note(now_s, traffic, keep=True)
         if not self.simulating:
             self._correct(traffic, decode_replicas)
-        predicted = self._pred_req.predict_next()
-        self.demand_factor = self._burst_factor()
-        self._last_pred = predicted
         demand = Demand(
-            predicted * self.demand_factor,
+            self._pred_req.predict_next(),
             self._pred_isl.predict_next(),
             self._pred_osl.predict_next(),
             self._osl_buckets,

@@ -113,8 +113,6 @@ class Diagnostics:
     """Miss share the sizing by simulation allowed this interval (``1 - sla_attainment_target``; NaN in closed form)."""
     evaluations: int = 0
     """Candidate fleets the sizing by simulation replayed for the current sample (0: closed-form sizing)."""
-    demand_factor: float = 1.0
-    """Burst-aware factor applied to the predicted request count (``predicted_num_requests`` includes it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data (NaN/inf -> None, enums -> their names)."""
@@ -416,7 +414,6 @@ class Planner:
             d_correction=thr.d_correction,
             allowed_miss=thr.allowed_miss() if thr.simulating else math.nan,
             evaluations=thr.evaluations,
-            demand_factor=thr.demand_factor,
             throughput_replicas_exact=dict(thr.exact),
             throughput_replicas=dict(thr.required),
             engines=tuple(ests),

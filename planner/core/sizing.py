@@ -13,7 +13,7 @@ The sample (all from :class:`~planner.core.observations.TrafficWindow`, never fr
   (``gap_buckets``; log-uniform inside a bucket; arrivals that share a timestamp, the histogram's ``le=0``
   bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own
   rate profile (``arrival_counts``, arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean
-  rate is the forecast (predicted count x demand-error factor / interval): the renewal process is laid out in the
+  rate is the forecast (predicted count / interval): the renewal process is laid out in the
   profile's operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
   both scales: the gaps' spread within seconds, the rate's swings over tens of seconds. Without a gap
   histogram the gaps are exponential (the maximum-entropy law of a positive gap of known mean); without a

@@ -185,9 +185,7 @@ def _initial_by_simulation(ctx: RunContext, cfg: PlannerConfig) -> dict[str, int
     w = first_window(ctx.requests, cfg.adjustment_interval_s, cfg.ttft_ms, cfg.itl_ms)
     if w is None:
         return None
-    loop = ThroughputLoop(
-        replace(cfg, predictor="constant", demand_error_quantile=None), ctx.profile, what_if(ctx, cfg)
-    )
+    loop = ThroughputLoop(replace(cfg, predictor="constant"), ctx.profile, what_if(ctx, cfg))
     if not loop.learn(0.0, w, None, None):
         return None
     loop.propose({p: pool_bounds(cfg)[p][0] for p in cfg.pools})
@@ -402,7 +400,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
         return PlannerPolicy(s, cfg, ctx.profile, ctx.warm_start, _initial(ctx, cfg), evaluator=what_if(ctx, cfg))
     if s == "throughput-only":
         # the reference throughput loop: closed-form sizing (no engine model), constant predictor, no early
-        # sizing, no burst factor, +1 load steps
+        # sizing, +1 load steps
         cfg = replace(
             ctx.config,
             throughput_enabled=True,
@@ -410,7 +408,6 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             predictor="constant",
             scale_down_cooldown_s=0.0,
             simulated_sizing=False,
-            demand_error_quantile=None,
             first_sizing_s=None,
             sla_attainment_target=None,
             load_max_scale_up_factor=1.0,

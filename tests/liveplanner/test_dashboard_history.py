@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 from planner.dashboard import DashboardHistory
 
 
-def _result(loops, observed_rps, planned_rps=6.0, factor=1.5, targets=None, from_=None, decision_id=None):
+def _result(loops, observed_rps, planned_rps=6.0, targets=None, from_=None, decision_id=None):
     obs = None if observed_rps is None else NS(requests_per_second=observed_rps, mean_ttft_ms=100.0, mean_itl_ms=2.0)
     d = NS(
         targets=targets,
@@ -20,7 +20,6 @@ def _result(loops, observed_rps, planned_rps=6.0, factor=1.5, targets=None, from
         loops_run=tuple(loops),
         observed=obs,
         predicted_requests_per_second=planned_rps,
-        demand_factor=factor,
         predictor="constant",
         estimated_ttft_ms=float("nan"),
         estimated_itl_ms=float("nan"),
@@ -36,13 +35,11 @@ def test_unknown_traffic_ticks_plot_nothing_and_become_one_outage():
     h.record_tick(11.0, _result(["load"], None))  # a load tick in between: not a throughput read
     h.record_tick(12.0, _result(["throughput"], None))  # Prometheus down: the planner holds on a stale plan
     h.record_tick(14.0, _result(["throughput"], None))
-    h.record_tick(16.0, _result(["throughput"], 5.0, planned_rps=9.0, factor=1.2))
+    h.record_tick(16.0, _result(["throughput"], 5.0, planned_rps=9.0))
     h.record_tick(18.0, _result(["throughput"], None))  # down again, still down at now = 19
     t = h.ticks
     assert [x["metrics_unknown"] for x in t] == [False, False, True, True, False, True]
     assert [x["predicted_rps"] for x in t] == [6.0, 6.0, None, None, 9.0, None]
-    assert t[0]["forecast_rps"] == 4.0 and t[4]["forecast_rps"] == 7.5  # planned / factor: 6 / 1.5, 9 / 1.2
-    assert t[2]["demand_factor"] is None and t[4]["demand_factor"] == 1.2
     assert h.outages(19.0) == [
         {"start_s": 12.0, "end_s": 16.0, "ongoing": False},
         {"start_s": 18.0, "end_s": 19.0, "ongoing": True},

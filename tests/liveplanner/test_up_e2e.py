@@ -105,14 +105,11 @@ def test_up_scales_up_then_down_through_local_connector(tmp_path, chromium):
             # the decisions marked on the time axis
             page.wait_for(f"window.dashboardState.decisions.length === {len(st['decisions'])}", timeout_s=10)
             load = page.evaluate(f"{TRACES}('load')")
-            assert [n for n, _, _ in load][:2] == [
+            assert [n for n, _, _ in load] == [
                 "observed req/s (frontend, last interval)",
-                "forecast req/s, next interval (constant)",
+                "forecast req/s, next interval (constant): what the throughput loop sized for",
             ], load
-            assert load[2][0].startswith(
-                "planned req/s = forecast \u00d7 demand-error factor (q0.9 of observed/forecast ratios; now \u00d7"
-            ), load
-            assert len(load) == 3 and all(k > 0 for _, _, k in load), load
+            assert all(k > 0 for _, _, k in load), load
             lat = page.evaluate(f"{TRACES}('latency')")
             # the load loop is off: its estimates have no data and are not listed
             assert [(n, ax) for n, ax, _ in lat] == [

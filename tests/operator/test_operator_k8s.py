@@ -178,11 +178,10 @@ class Env:
         )
         defaults = self.tmp / "planner.yaml"
         planner_values = yaml.safe_load(cm["data"]["planner.yaml"])
-        # The expected replica counts are the reference throughput formula, hand-computed. The core's optional
-        # demand headroom (burst quantile of observed/predicted demand) and early first sizing change them, so
-        # they are off here (null, which helm --set cannot express: it deletes the key).
+        # The expected replica counts are the reference throughput formula, hand-computed. The core's early
+        # first sizing changes them, so it is off here (null, which helm --set cannot express: it deletes the key).
         fields = {f.name for f in dataclasses.fields(PlannerConfig)}
-        planner_values.update({k: None for k in ("first_sizing_s", "demand_error_quantile") if k in fields})
+        planner_values.update({k: None for k in ("first_sizing_s",) if k in fields})
         # ... and so is the sizing by simulation (tests/operator/test_operator_engine.py runs it)
         planner_values["simulated_sizing"] = False
         defaults.write_text(yaml.safe_dump(planner_values))

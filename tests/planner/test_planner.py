@@ -13,7 +13,7 @@ from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffi
 
 # The reference planner's rules (docs/architecture.md "Planner facts"): no evaluator is given, so sizing is the
 # closed-form reference.
-REFERENCE_RULES = dict(load_max_scale_up_factor=1.0, demand_error_quantile=None, first_sizing_s=None)
+REFERENCE_RULES = dict(load_max_scale_up_factor=1.0, first_sizing_s=None)
 
 
 def thpt_config(**kw):
