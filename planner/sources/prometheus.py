@@ -12,8 +12,12 @@ For the traffic sample of the sizing by simulation (:mod:`planner.core.sizing`) 
 histograms as non-cumulative ``(le, count)`` pairs -- ``sum by (le) (increase(X_bucket{sel}[w]))`` of the
 input and output length histograms (``isl_buckets``, ``osl_buckets``) and of the frontend's inter-arrival
 histogram ``dynoplan_frontend_request_interarrival_seconds`` (``gap_buckets``), differenced between
-consecutive bounds -- and ``num_inflight``, ``sum(dynamo_frontend_inflight_requests{sel})`` at the query
-instant (summed over frontends). These are optional: a frontend that does not export them (an empty result), or
+consecutive bounds -- ``num_inflight``, ``sum(dynamo_frontend_inflight_requests{sel})`` at the query
+instant (summed over frontends), and ``arrival_counts``, the requests started per
+:data:`~planner.core.sizing.ARRIVAL_BIN_S` bin of the window (the sample's rate profile): a range query of
+``sum(dynamo_frontend_requests_started_total{sel})`` at that step over the window, differenced between
+consecutive points (a counter reset, a frontend restart, counts 0; a missing point leaves the profile out). These
+are optional: a frontend that does not export them (an empty result), or
 an error answer to those queries (``optional_error``), gives an empty histogram / NaN in an otherwise known
 window. ``increase`` extrapolates every bucket of one histogram by
 the same factor (they are scraped together), so the buckets' *shares* are exact and their sum is
@@ -27,7 +31,7 @@ series do not exist) give ``None``. A window with no requests gives ``num_reques
 installed: it scrapes the frontend's ``/metrics`` every ``scrape_interval_s`` and takes differences of
 the cumulative ``_sum``/``_count``/``_total``/``_bucket`` values between the newest sample and the sample
 closest to ``w`` seconds before it (no extrapolation, unlike PromQL's ``increase``); the in-flight gauge is
-the newest sample's.
+the newest sample's; its ``arrival_counts`` difference the samples nearest each bin edge.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from dynoplan.errors import ConfigError
 from dynoplan.fields import HTTP_URL_EXPECTED, is_http_url
 from dynoplan.settings import spell
 from planner.core import TrafficWindow
+from planner.core.sizing import ARRIVAL_BIN_S
 
 HISTOGRAMS: dict[str, str] = {
     "ttft": "dynamo_frontend_time_to_first_token_seconds",
@@ -138,6 +143,28 @@ def inflight_query(selector: str = "") -> str:
     return f"sum({INFLIGHT}{selector})"
 
 
+def arrival_profile_query(selector: str = "") -> str:
+    """``sum(dynamo_frontend_requests_started_total{sel})``: the started-requests counter over every frontend, queried
+    as a range at the profile's step (:func:`profile_from_counter` differences it)."""
+    return f"sum({REQUESTS_STARTED}{selector})"
+
+
+def profile_from_counter(
+    points: Iterable[tuple[float, float]], start_s: float, bin_s: float, n_bins: int
+) -> tuple[float, ...]:
+    """Requests started per bin from a counter's values at ``start_s + k * bin_s`` (``k = 0 .. n_bins``, seconds):
+    ``n_bins`` differences of consecutive points, a negative one (a counter reset) as 0. Empty when a point is
+    missing or not finite (the profile is then unknown, not flat). ``points``: (time s, value) pairs, any order."""
+    by_k: dict[int, float] = {}
+    for t, v in points:
+        k = round((float(t) - start_s) / bin_s)
+        if 0 <= k <= n_bins and abs(float(t) - (start_s + k * bin_s)) < 1e-3 * bin_s:
+            by_k[k] = float(v)
+    if n_bins <= 0 or len(by_k) != n_bins + 1 or not all(math.isfinite(v) for v in by_k.values()):
+        return ()
+    return tuple(max(0.0, by_k[k + 1] - by_k[k]) for k in range(n_bins))
+
+
 def non_cumulative(cumulative: Iterable[tuple[float | str, float]]) -> tuple[tuple[float, float], ...]:
     """Prometheus ``le`` buckets (cumulative counts, any order, +Inf included) -> ``(le, count)`` pairs in
     increasing ``le`` with the count of each bucket alone (differences of consecutive bounds; a negative
@@ -160,12 +187,16 @@ def window_from_values(
     v: dict[str, float],
     buckets: Mapping[str, tuple[tuple[float, float], ...]] | None = None,
     num_inflight: float = math.nan,
+    arrival_counts: tuple[float, ...] = (),
 ) -> TrafficWindow:
     """A TrafficWindow from figures in Prometheus units (seconds, tokens); ms conversion here. ``buckets``:
     ``{isl_buckets|osl_buckets|gap_buckets: non-cumulative pairs}``; ``num_inflight``: the in-flight gauge
-    (NaN = not reported; a negative value, which a gauge cannot hold, is clamped to 0)."""
+    (NaN = not reported; a negative value, which a gauge cannot hold, is clamped to 0); ``arrival_counts``: requests
+    started per profile bin, oldest first (empty = unknown)."""
     n = v["num_requests"]
     extra: dict[str, Any] = {k: tuple(b) for k, b in (buckets or {}).items() if b}
+    if arrival_counts:
+        extra["arrival_counts"] = tuple(arrival_counts)
     if math.isfinite(num_inflight):
         extra["num_inflight"] = max(0.0, float(num_inflight))
     if n <= 0:
@@ -227,8 +258,36 @@ class PrometheusTrafficSource:
         res = self._prom.custom_query(promql, timeout=self.settings.timeout_s)
         return non_cumulative((r["metric"]["le"], r["value"][1]) for r in res if "le" in r.get("metric", {}))
 
+    def query_profile(self, end_s: float, window_s: float, bin_s: float = ARRIVAL_BIN_S) -> tuple[float, ...]:
+        """Requests started per ``bin_s`` bin (whole seconds) of the ``window_s`` seconds before ``end_s`` (epoch
+        seconds, rounded to a whole second as the client sends it), oldest first: :func:`profile_from_counter` of a
+        range query (empty when the window holds no whole bin or a point is missing). Raises whatever the client
+        raises on a transport/HTTP error."""
+        import datetime
+
+        n_bins = int(window_s // bin_s)
+        if n_bins <= 0:
+            return ()
+        end_s = float(round(end_s))
+        start_s = end_s - n_bins * bin_s
+
+        def at(t: float) -> datetime.datetime:
+            return datetime.datetime.fromtimestamp(t, tz=datetime.UTC)
+
+        res = self._prom.custom_query_range(
+            arrival_profile_query(self.selector),
+            start_time=at(start_s),
+            end_time=at(end_s),
+            step=f"{bin_s:g}s",
+            timeout=self.settings.timeout_s,
+        )
+        if len(res) != 1:
+            return ()
+        return profile_from_counter(((float(t), float(v)) for t, v in res[0]["values"]), start_s, bin_s, n_bins)
+
     def read(self, window_s: float) -> TrafficWindow | None:
         """The last ``window_s`` seconds of frontend traffic, or None when unknown (see module doc)."""
+        end_s = time.time()
         values: dict[str, float] = {}
         try:
             for key, q in interval_queries(window_s, self.selector).items():
@@ -243,14 +302,16 @@ class PrometheusTrafficSource:
         self.last_error = None
         buckets: dict[str, tuple[tuple[float, float], ...]] = {}
         inflight: float | None = None
+        profile: tuple[float, ...] = ()
         self.optional_error = None
         try:  # the sample's extras: a failure leaves them out of a window that is otherwise known
             for k, q in bucket_queries(window_s, self.selector).items():
                 buckets[k] = self.query_buckets(q)
             inflight = self.query(inflight_query(self.selector))
+            profile = self.query_profile(end_s, window_s)
         except Exception as e:  # noqa: BLE001
             self.optional_error = self._reason(e)
-        return window_from_values(window_s, values, buckets, math.nan if inflight is None else inflight)
+        return window_from_values(window_s, values, buckets, math.nan if inflight is None else inflight, profile)
 
     def _reason(self, e: BaseException) -> str:
         """One line on why a read failed; a TLS verification failure says which option fixes it."""
@@ -388,4 +449,25 @@ class DirectScrapeTrafficSource:
             prefix = m + "_bucket|"
             les = [key[len(prefix) :] for key in new if key.startswith(prefix)]
             buckets[k] = non_cumulative((le, d(prefix + le)) for le in les)
-        return window_from_values(window_s, v, buckets, new.get(INFLIGHT, math.nan))
+        return window_from_values(
+            window_s, v, buckets, new.get(INFLIGHT, math.nan), self.profile(samples, t1, window_s)
+        )
+
+    def profile(
+        self, samples: list[tuple[float, dict[str, float]]], end_s: float, window_s: float, bin_s: float = ARRIVAL_BIN_S
+    ) -> tuple[float, ...]:
+        """Requests started per ``bin_s`` bin of the ``window_s`` seconds before ``end_s``, oldest first: the counter
+        of the sample nearest each bin edge, differenced (empty when a bin edge has no sample within one scrape
+        interval, or the window holds no whole bin)."""
+        n_bins = int(window_s // bin_s)
+        if n_bins <= 0:
+            return ()
+        start_s = end_s - n_bins * bin_s
+        points = []
+        for k in range(n_bins + 1):
+            edge = start_s + k * bin_s
+            t, vals = min(samples, key=lambda s: abs(s[0] - edge))
+            if abs(t - edge) > self.scrape_interval_s or REQUESTS_STARTED not in vals:
+                return ()
+            points.append((edge, vals[REQUESTS_STARTED]))
+        return profile_from_counter(points, start_s, bin_s, n_bins)

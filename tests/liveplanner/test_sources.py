@@ -369,3 +369,66 @@ async def _refusing_proxy(target: str, refuse: str) -> tuple[web.AppRunner, str]
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner, f"http://127.0.0.1:{port}"
+
+
+def _runs(counts):
+    """Sums of the maximal runs of non-zero bins, in order."""
+    out, cur = [], 0.0
+    for c in (*counts, 0.0):
+        if c:
+            cur += c
+        elif cur:
+            out.append(cur)
+            cur = 0.0
+    return out
+
+
+def test_the_rate_profile_reads_back_bin_by_bin_from_prometheus_and_the_direct_scrape(prometheus_factory):
+    """``arrival_counts`` (the sample's rate profile): 5 requests started, then, two bins or more later, 3; each
+    burst lands in one bin of either source (a counter jumps between two scrapes); a window reaching back before
+    Prometheus's first sample gives no profile (unknown), not a flat one."""
+    from mocker.live.metrics import FrontendMetrics
+    from planner.sources.prometheus import profile_from_counter
+
+    # the differencing by hand: a reset counts 0, a missing point leaves the profile out
+    assert profile_from_counter([(30, 6), (0, 1), (10, 4), (20, 2)], 0, 10, 3) == (3.0, 0.0, 4.0)
+    assert profile_from_counter([(0, 1), (20, 2), (30, 6)], 0, 10, 3) == ()
+    a = FrontendMetrics("mocker")
+    ta, sa = _serve_registry(a.registry)
+    direct = None
+    try:
+        prom = prometheus_factory({"frontend": [ta]}, scrape_interval_s=0.25)
+        prom.wait_for_scrapes(3)
+        t_first = time.time()
+        direct = DirectScrapeTrafficSource("http://" + ta, model="mocker", scrape_interval_s=0.25).start()
+        wait_until(lambda: len(direct.samples) >= 2, 10, "direct scrapes at 0")
+        src = PrometheusTrafficSource(PrometheusSourceSettings(url=prom.url, model="mocker"))
+        sel = '{model="mocker"}'
+        time.sleep(1.5)
+        a.started.labels("mocker").inc(5)
+        wait_until(lambda: prom.query_scalar(f"sum({REQUESTS_STARTED}{sel})") == 5, 10, "first burst scraped")
+        time.sleep(2.5)  # two whole 1 s bins or more between the bursts
+        a.started.labels("mocker").inc(3)
+        wait_until(lambda: prom.query_scalar(f"sum({REQUESTS_STARTED}{sel})") == 8, 10, "second burst scraped")
+        time.sleep(1.5)
+        end = time.time()
+        window = end - t_first - 0.5  # inside what Prometheus sampled
+        got = src.query_profile(end, window, bin_s=1.0)
+        assert len(got) == int(window) and _runs(got) == [5.0, 3.0], got
+        with direct._lock:
+            samples = list(direct.samples)
+        dwindow = samples[-1][0] - samples[0][0] - 0.3  # bins end at the newest sample; all inside the samples
+        dgot = direct.profile(samples, samples[-1][0], dwindow, bin_s=1.0)
+        assert len(dgot) == int(dwindow) and _runs(dgot) == [5.0, 3.0], dgot
+        assert src.query_profile(end, end - t_first + 30.0, bin_s=1.0) == ()  # before the first sample: unknown
+        assert direct.profile(samples, samples[-1][0], 60.0, bin_s=1.0) == ()
+        # read() carries the profile at the planner's 10 s bins once the window holds one
+        wait_until(lambda: time.time() - t_first >= 11.0, 20, "eleven seconds of samples")
+        tw = src.read(10.5)
+        assert tw is not None and len(tw.arrival_counts) == 1 and tw.arrival_counts[0] in (0.0, 3.0, 5.0, 8.0), tw
+        dw = direct.read(10.5)
+        assert dw is not None and len(dw.arrival_counts) == 1 and dw.arrival_counts[0] in (0.0, 3.0, 5.0, 8.0), dw
+    finally:
+        if direct is not None:
+            direct.close()
+        sa.shutdown()  # type: ignore[attr-defined]
