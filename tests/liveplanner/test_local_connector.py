@@ -50,6 +50,12 @@ def test_disagg_fleet_ready_drain_adopt_stop(tmp_path):
             await conn.apply({"prefill": 2, "decode": 1}, 1, "test")
             assert (await conn.observe())["prefill"] == PoolState(2, 1)
             await _until(lambda: ready(2, 1), 60, "2+1 ready")
+            # the file is rewritten after the ready state is recorded: wait on the file itself
+            await _until(
+                lambda: asyncio.sleep(0, result=len((tmp_path / "workers.txt").read_text().split()) == 3),
+                30,
+                "workers.txt lists the 3 ready workers",
+            )
             listed = (tmp_path / "workers.txt").read_text().split()
             roles = {requests.get(u + "/info", timeout=5).json()["worker_type"] for u in listed}
             assert len(listed) == 3 and roles == {"prefill", "decode"}
