@@ -470,12 +470,15 @@ class BlockKvManager:
         freed = 0
         for k in reversed(keys):
             c = cached[k] - 1
-            if c:
+            if c > 0:
                 cached[k] = c
-            else:
+            elif c == 0:
                 cached[k] = -(base + len(fifo))  # inactive.add(k), inlined (the hot loop of unique content)
                 fifo.append(k)
                 freed += 1
+            else:  # an inactive key (value <= 0): released twice, a scheduler bug
+                inactive.n += freed
+                raise SimulationError(f"KV release of block {k}, which no request references")
         inactive.n += freed
         self.private_in_use -= n_private
         self.free += n_private

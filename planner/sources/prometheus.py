@@ -36,6 +36,7 @@ the newest sample's; its ``arrival_counts`` difference the samples nearest each 
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import re
@@ -463,10 +464,13 @@ class DirectScrapeTrafficSource:
         if n_bins <= 0:
             return ()
         start_s = end_s - n_bins * bin_s
+        times = [t for t, _ in samples]  # in scrape order, increasing
         points = []
         for k in range(n_bins + 1):
             edge = start_s + k * bin_s
-            t, vals = min(samples, key=lambda s: abs(s[0] - edge))
+            i = bisect.bisect_left(times, edge)
+            j = min((x for x in (i - 1, i) if 0 <= x < len(times)), key=lambda x: abs(times[x] - edge))
+            t, vals = samples[j]
             if abs(t - edge) > self.scrape_interval_s or REQUESTS_STARTED not in vals:
                 return ()
             points.append((edge, vals[REQUESTS_STARTED]))

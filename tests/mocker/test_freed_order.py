@@ -209,3 +209,16 @@ def test_one_dict_pool_matches_the_two_structure_model(ops, num_blocks):
         assert kv.active == model.active and list(kv.inactive) == list(model.inactive)
         assert kv.free == model.free and kv.private_in_use == model.private
         assert kv.num_active_blocks() == len(model.active) + model.private
+
+
+def test_releasing_a_block_no_request_references_is_a_scheduler_bug():
+    # the one dict holds inactive keys as stamps <= 0: a second release must not count one down into a false stamp
+    from dynoplan.errors import SimulationError
+
+    kv = BlockKvManager(4)
+    kv.allocate_full_many([1, 2])
+    kv.release([1, 2], 0)
+    with pytest.raises(SimulationError, match="block 2, which no request references"):
+        kv.release([1, 2], 0)
+    kv.check_invariants()
+    assert list(kv.inactive) == [2, 1]
