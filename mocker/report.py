@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
     from mocker.config import EngineConfig
+    from mocker.engine.timeline import TokenSpans
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -268,29 +269,26 @@ def _check_sla_targets(sla_ttft_ms: float | None, sla_itl_ms: float | None, sla_
             raise ValueError(f"{name}={v!r}: expected a finite number of milliseconds >= 0")
 
 
-def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
+def _token_times(with_tokens: Sequence[RequestRecord], spans: TokenSpans | None = None) -> _TokenTimes:
     """The latency samples of ``with_tokens`` (completed, >= 1 token, request_id order); see _TokenTimes.
 
-    Every token time of every request is flattened once (request order) and the per-request figures are
-    read from it by index. The token times number millions, so that is the report's one array of their
-    size: the gaps overwrite it, and the per-token statistics work in it (:func:`_stats_in_place`).
+    With ``spans`` (a replay's :class:`~mocker.engine.timeline.TokenSpans`) the token times are read where
+    the engine cores keep them, as pass end times (:func:`_samples_from_spans`); otherwise every token time
+    of every request is flattened once, in request order (:func:`_samples_from_records`). Both give the same
+    floats in the same order, so the same report bit for bit (tests/mocker/test_report.py).
     """
     n_req = len(with_tokens)
-    n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
     arrival = np.fromiter((r.arrival_ms for r in with_tokens), dtype=np.float64, count=n_req)
-    total_tok = int(n_tok.sum())
-    flat = np.fromiter(chain.from_iterable(r.token_times_ms for r in with_tokens), dtype=np.float64, count=total_tok)
-    stop = np.cumsum(n_tok)  # request i's tokens are flat[stop[i] - n_tok[i]:stop[i]]
-    start = stop - n_tok
-    first = flat[start]
-    last = flat[stop - 1]
+    samples = _samples_from_spans(with_tokens, spans) if spans is not None else None
+    if samples is None:
+        samples = _samples_from_records(with_tokens)
+    n_tok, first, last, second, itl = samples
     ttft = np.maximum(first - arrival, 0.0)
     e2e = np.maximum(last - arrival, 0.0)
     multi = n_tok >= 2
-    second = flat[start[multi] + 1]
     ttst = np.maximum(second - first[multi], 0.0)
     tpot = np.maximum(last[multi] - first[multi], 0.0) / (n_tok[multi] - 1)
-    itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
+    np.maximum(itl, 0.0, out=itl)
     if itl.size and float(itl.min()) > 0.0:  # the usual case: no zero gap (itl >= 0); 1000 / gap never materialised
         itl_stats, per_user_stats = _gap_stats_in_place(itl)
     else:
@@ -301,8 +299,113 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, int(itl.size), itl_stats, per_user_stats)
 
 
+_Samples = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""(tokens per request (int64), first token, last token, second token of the requests with >= 2 tokens,
+every gap between consecutive tokens in request order, not yet clamped at 0), times in ms (float64)."""
+
+
+def _samples_from_records(with_tokens: Sequence[RequestRecord]) -> _Samples:
+    """:data:`_Samples` from every record's ``token_times_ms``: all token times flattened once (request order;
+    the report's one array of their size: the gaps overwrite it)."""
+    n_req = len(with_tokens)
+    n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
+    total_tok = int(n_tok.sum())
+    flat = np.fromiter(chain.from_iterable(r.token_times_ms for r in with_tokens), dtype=np.float64, count=total_tok)
+    stop = np.cumsum(n_tok)  # request i's tokens are flat[stop[i] - n_tok[i]:stop[i]]
+    start = stop - n_tok
+    first = flat[start]
+    last = flat[stop - 1]
+    multi = n_tok >= 2
+    second = flat[start[multi] + 1]
+    itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
+    return n_tok, first, last, second, itl
+
+
+def _samples_from_spans(with_tokens: Sequence[RequestRecord], spans: TokenSpans) -> _Samples | None:
+    """:data:`_Samples` from the cores' pass end times; None when a record is not (or no longer) what
+    ``spans`` says (not in it, another length, or its first or last token time is another float object).
+
+    A gap inside one emission range ``(a, b)`` of core ``k`` is ``ends[k][j + 1] - ends[k][j]``, a pass duration:
+    the durations of every core are one array (their end lists concatenated, differenced once), and the gaps
+    are gathered from it by index, request by request, in request order. The gap across two ranges of one
+    request (it was preempted) is computed here and appended to that array. The same float subtractions as
+    :func:`_token_gaps`, so the same gaps; no per-token Python object is read.
+    """
+    ends = spans.ends
+    offsets = [0]
+    for e in ends:
+        offsets.append(offsets[-1] + len(e))
+    n_ends = offsets[-1]
+    first_i: list[int] = []
+    last_i: list[int] = []
+    n_tok: list[int] = []
+    second_i: list[int] = []
+    seg_start: list[int] = []  # gap runs: start index into the durations (+ cross-range gaps), length
+    seg_len: list[int] = []
+    cross: list[float] = []  # gaps across two emission ranges, at index n_ends - 1 + position
+    get = spans.spans.get
+    for r in with_tokens:
+        entry = get(id(r))
+        if entry is None:
+            return None
+        k, ranges = entry
+        e = ends[k]
+        o = offsets[k]
+        tt = r.token_times_ms
+        if len(ranges) == 1:  # the usual case: one run of consecutive passes
+            a, b = ranges[0]
+            if b - a + 1 != len(tt) or tt[0] is not e[a] or tt[-1] is not e[b]:
+                return None
+            first_i.append(o + a)
+            last_i.append(o + b)
+            n_tok.append(b - a + 1)
+            if b > a:
+                second_i.append(o + a + 1)
+                seg_start.append(o + a)
+                seg_len.append(b - a)
+            continue
+        n = 0
+        for a, b in ranges:
+            n += b - a + 1
+        a0 = ranges[0][0]
+        b_last = ranges[-1][1]
+        if n != len(tt) or tt[0] is not e[a0] or tt[-1] is not e[b_last]:
+            return None
+        first_i.append(o + a0)
+        last_i.append(o + b_last)
+        n_tok.append(n)
+        a, b = ranges[0]
+        second_i.append(o + a + 1 if b > a else o + ranges[1][0])  # n >= 2: two ranges hold >= 2 tokens
+        prev = -1
+        for a, b in ranges:
+            if prev >= 0:
+                seg_start.append(n_ends - 1 + len(cross))
+                seg_len.append(1)
+                cross.append(e[a] - e[prev])
+            if b > a:
+                seg_start.append(o + a)
+                seg_len.append(b - a)
+            prev = b
+    all_ends = np.fromiter(chain.from_iterable(ends), dtype=np.float64, count=n_ends)
+    durations = np.empty(max(n_ends - 1, 0) + len(cross))
+    np.subtract(all_ends[1:], all_ends[:-1], out=durations[: max(n_ends - 1, 0)])
+    durations[max(n_ends - 1, 0) :] = cross
+    starts = np.array(seg_start, dtype=np.int64)
+    lens = np.array(seg_len, dtype=np.int64)
+    n_gaps = int(lens.sum())
+    index_type: type[np.signedinteger[Any]] = np.int32 if durations.size < 2**31 else np.int64
+    index: np.ndarray = np.repeat((starts - (np.cumsum(lens) - lens)).astype(index_type), lens)
+    index += np.arange(n_gaps, dtype=index_type)  # gap g of run s sits at starts[s] + (g - runs before s)
+    itl = durations[index]
+    del index
+    first = all_ends[np.array(first_i, dtype=np.int64)]
+    last = all_ends[np.array(last_i, dtype=np.int64)]
+    second = all_ends[np.array(second_i, dtype=np.int64)]
+    return np.array(n_tok, dtype=np.int64), first, last, second, itl
+
+
 def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
-    """Every gap (ms, clamped >= 0) between consecutive tokens of the same request, in request order: the
+    """Every gap (ms, not clamped) between consecutive tokens of the same request, in request order: the
     first ``n_gaps`` elements of ``flat``, overwritten (returned as a view).
 
     ``flat``: all token times (ms); request i's tokens are ``flat[start[i]:stop[i]]`` (int64 index arrays
@@ -315,7 +418,6 @@ def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: i
     for a, b in zip(start.tolist(), stop.tolist(), strict=True):
         np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
         o += b - a - 1
-    np.maximum(itl, 0.0, out=itl)
     return itl
 
 
@@ -432,7 +534,7 @@ def build_report(
                 with_tokens.append(r)
             if finish > latest:  # the first of equal maxima, as max() keeps
                 latest = finish
-    t = _token_times(with_tokens)
+    t = _token_times(with_tokens, getattr(result, "token_spans", None))
     duration_ms = latest if done else 0.0
     duration_s = max(duration_ms / 1000.0, 1e-9)
     rep: dict[str, Any] = {

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 from dynoplan.fpm import ForwardPassMetrics, QueuedRequests
 from mocker.records import RequestRecord, TraceRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mocker.engine.timeline import TokenSpans
 
 FAST_CHUNK_PASSES = 4096
 """Most passes a decode stretch computes at once (bounds the numpy arrays of one fast-forward)."""
@@ -129,6 +132,11 @@ class EngineCore(Protocol):
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (once, at the end)."""
+        ...
+
+    def add_token_spans(self, spans: TokenSpans) -> None:
+        """After :meth:`finalize`: add where the records' token times lie
+        (:class:`~mocker.engine.timeline.TokenSpans`)."""
         ...
 
     @property

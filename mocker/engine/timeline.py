@@ -10,7 +10,7 @@ per-pass cost to one list append and the per-token cost to one pointer copy.
 
 from __future__ import annotations
 
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +63,21 @@ class PassTimeline(Generic[RequestT]):
                 tt += ends[a - base : b - base + 1]
             r.record.token_times_ms = tt
 
+    def add_token_spans(self, spans: TokenSpans) -> None:
+        """Add this core's pass end times and its records' emission ranges to ``spans`` (call right after
+        :meth:`_fill_token_times`, in the same order over the cores: a record filled by two cores keeps the
+        later one's ranges, as its ``token_times_ms`` keeps the later fill)."""
+        k = len(spans.ends)
+        spans.ends.append(self._ends)
+        base = self._ends_base
+        table = spans.spans
+        for r in self.all_requests:
+            if not r.emit_ranges:
+                if r.emit_start >= 0:
+                    table[id(r.record)] = (k, [(r.emit_start - base, r.emit_last - base)])
+                continue
+            table[id(r.record)] = (k, [(a - base, b - base) for a, b in r.all_emit_ranges()])
+
     def release_finished(self) -> list[ForwardPassMetrics]:
         """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
 
@@ -83,6 +98,26 @@ class PassTimeline(Generic[RequestT]):
             self._ends_base = keep
         out, self.fpm = self.fpm, []
         return out
+
+
+class TokenSpans(NamedTuple):
+    """Where finalized records' token times lie in their cores' pass end lists, for the report
+    (:func:`mocker.report.build_report` reads the gaps between tokens as differences of pass end times without
+    reading millions of float objects back, one per token).
+
+    ``ends[k]``: core ``k``'s pass end list (ms), the list its records' ``token_times_ms`` are slices of.
+    ``spans[id(record)]``: ``(k, ranges)``, the record's tokens being ``ends[k][a:b + 1]`` for each inclusive
+    ``(a, b)`` of ``ranges`` in order. A record changed after the fill, or filled by another writer, is
+    detected by the report (length and the identity of the first and last float) and read the slow way.
+    """
+
+    ends: list[list[float]]
+    spans: dict[int, tuple[int, list[tuple[int, int]]]]
+
+
+def new_token_spans() -> TokenSpans:
+    """An empty :class:`TokenSpans`."""
+    return TokenSpans([], {})
 
 
 class DecodeTable:

@@ -32,6 +32,7 @@ from dynoplan.errors import ConfigError, SimulationError
 from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
+from mocker.engine.timeline import TokenSpans, new_token_spans
 from mocker.engine.vllm import VllmCore
 from mocker.fleet.pools import (
     EVENT_ACTIVATE,
@@ -134,6 +135,9 @@ class Fleet(RoutingLayer):
         self._fpm_taken: dict[int, int] = {}
         self._fin_scanned = 0
         self._pending_ids: list[int] = []
+        self.token_spans: TokenSpans = new_token_spans()
+        """Where the records' token times lie in the cores' pass end lists, filled by :meth:`finish`
+        (:class:`mocker.engine.timeline.TokenSpans`; the report's fast path)."""
         self._init_handoff()
         self._adv_mode = self._advance_strategy()
         """How :meth:`_adv` advances a core (an ``ADV_*`` constant; :meth:`_advance_strategy`)."""
@@ -386,10 +390,12 @@ class Fleet(RoutingLayer):
                     self._adv(c, until_ms)
         if self._draining:
             self._check_draining(until_ms)
+        self.token_spans = new_token_spans()
         for p in self.pools.values():
             for w in p.workers:
                 for c in w.cores:
                     c.finalize()
+                    c.add_token_spans(self.token_spans)
 
     # ================================================================== observations
     @property

@@ -336,3 +336,38 @@ def test_table_renders() -> None:
     text = con.export_text()
     for needle in ("TTFT", "ITL", "E2E", "17.50", "2 / 3", "SLA attainment", "33.33%", "TTFT <= 20 ms"):
         assert needle in text
+
+
+def test_samples_from_pass_ends_hand_computed() -> None:
+    """Two records on one core's pass ends [1, 3, 6, 10]: one over passes 0-2 (gaps 2, 3), one preempted
+    between passes 0 and 2 (emission ranges (0, 0) and (2, 3): gaps 6 - 1 = 5 across the ranges, then 4).
+    A record whose list is no longer the fill's (another float object first) sends the report the slow way."""
+    from mocker.engine.timeline import TokenSpans
+    from mocker.report import _samples_from_spans
+
+    ends = [1.0, 3.0, 6.0, 10.0]
+    a = rec(0, 0.0, ends[0:3])
+    b = rec(1, 0.5, [ends[0], *ends[2:4]])
+    a.token_times_ms = ends[0:3]  # the fill's slices share the pass end floats
+    b.token_times_ms = [ends[0], *ends[2:4]]
+    spans = TokenSpans([ends], {id(a): (0, [(0, 2)]), id(b): (0, [(0, 0), (2, 3)])})
+    out = _samples_from_spans([a, b], spans)
+    assert out is not None
+    n_tok, first, last, second, itl = out
+    assert n_tok.tolist() == [3, 3]
+    assert first.tolist() == [1.0, 1.0] and last.tolist() == [6.0, 10.0] and second.tolist() == [3.0, 6.0]
+    assert itl.tolist() == [2.0, 3.0, 5.0, 4.0]
+    b.token_times_ms = [float(v) for v in ("1", "6", "10")]  # equal values, other objects: not the fill's list
+    assert _samples_from_spans([a, b], spans) is None
+    assert _samples_from_spans([a, rec(2, 0.0, [1.0])], spans) is None  # a record the spans do not know
+
+
+def test_report_takes_the_records_when_spans_disagree() -> None:
+    """build_report with TokenSpans that do not describe the records gives the records' report."""
+    import dataclasses
+
+    from mocker.engine.timeline import TokenSpans
+
+    res = make_result(three())
+    stale = dataclasses.replace(res, token_spans=TokenSpans([[10.0, 15.0]], {id(res.records[0]): (0, [(0, 1)])}))
+    assert report_to_json(build_report(stale)) == report_to_json(build_report(res))
