@@ -348,12 +348,12 @@ def _samples_from_spans(with_tokens: Sequence[RequestRecord], spans: TokenSpans)
         entry = get(id(r))
         if entry is None:
             return None
-        k, ranges = entry
+        k = entry[0]
         e = ends[k]
         o = offsets[k]
         tt = r.token_times_ms
-        if len(ranges) == 1:  # the usual case: one run of consecutive passes
-            a, b = ranges[0]
+        if len(entry) == 3:  # the usual case: one run of consecutive passes
+            a, b = entry[1], entry[2]
             if b - a + 1 != len(tt) or tt[0] is not e[a] or tt[-1] is not e[b]:
                 return None
             first_i.append(o + a)
@@ -364,6 +364,7 @@ def _samples_from_spans(with_tokens: Sequence[RequestRecord], spans: TokenSpans)
                 seg_start.append(o + a)
                 seg_len.append(b - a)
             continue
+        ranges = [(entry[j], entry[j + 1]) for j in range(1, len(entry), 2)]
         n = 0
         for a, b in ranges:
             n += b - a + 1
@@ -387,21 +388,40 @@ def _samples_from_spans(with_tokens: Sequence[RequestRecord], spans: TokenSpans)
                 seg_len.append(b - a)
             prev = b
     all_ends = np.fromiter(chain.from_iterable(ends), dtype=np.float64, count=n_ends)
-    durations = np.empty(max(n_ends - 1, 0) + len(cross))
-    np.subtract(all_ends[1:], all_ends[:-1], out=durations[: max(n_ends - 1, 0)])
-    durations[max(n_ends - 1, 0) :] = cross
-    starts = np.array(seg_start, dtype=np.int64)
-    lens = np.array(seg_len, dtype=np.int64)
-    n_gaps = int(lens.sum())
-    index_type: type[np.signedinteger[Any]] = np.int32 if durations.size < 2**31 else np.int64
-    index: np.ndarray = np.repeat((starts - (np.cumsum(lens) - lens)).astype(index_type), lens)
-    index += np.arange(n_gaps, dtype=index_type)  # gap g of run s sits at starts[s] + (g - runs before s)
-    itl = durations[index]
-    del index
     first = all_ends[np.array(first_i, dtype=np.int64)]
     last = all_ends[np.array(last_i, dtype=np.int64)]
     second = all_ends[np.array(second_i, dtype=np.int64)]
+    n_dur = max(n_ends - 1, 0)
+    durations = np.empty(n_dur + len(cross))
+    np.subtract(all_ends[1:], all_ends[:-1], out=durations[:n_dur])
+    durations[n_dur:] = cross
+    del all_ends  # the peak is the gaps (one float64 each) and the durations (one per pass), not three such arrays
+    itl = _gather_runs(durations, np.array(seg_start, dtype=np.int64), np.array(seg_len, dtype=np.int64))
     return np.array(n_tok, dtype=np.int64), first, last, second, itl
+
+
+_GATHER_BLOCK = 1 << 18
+"""Gaps per block of :func:`_gather_runs` (its index arrays are of about this size, not of every gap's)."""
+
+
+def _gather_runs(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``values[starts[0]:starts[0] + lens[0]]``, then the next run, ... concatenated (float64), built a block of
+    runs at a time so that the index arrays stay near :data:`_GATHER_BLOCK` elements. ``starts``/``lens``:
+    int64, lens >= 1."""
+    stop = np.cumsum(lens)  # run r fills out[stop[r] - lens[r]:stop[r]]
+    n = int(stop[-1]) if stop.size else 0
+    out = np.empty(n)
+    r0 = 0
+    while r0 < stop.size:
+        g0 = int(stop[r0] - lens[r0])
+        r1 = max(int(np.searchsorted(stop, g0 + _GATHER_BLOCK, side="right")), r0 + 1)
+        g1 = int(stop[r1 - 1])
+        shift = starts[r0:r1] - (stop[r0:r1] - lens[r0:r1] - g0)  # run r's gap j (block-relative) -> values index
+        index = np.repeat(shift, lens[r0:r1])
+        index += np.arange(g1 - g0, dtype=np.int64)
+        np.take(values, index, out=out[g0:g1])
+        r0 = r1
+    return out
 
 
 def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:

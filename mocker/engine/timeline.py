@@ -74,9 +74,13 @@ class PassTimeline(Generic[RequestT]):
         for r in self.all_requests:
             if not r.emit_ranges:
                 if r.emit_start >= 0:
-                    table[id(r.record)] = (k, [(r.emit_start - base, r.emit_last - base)])
+                    table[id(r.record)] = (k, r.emit_start - base, r.emit_last - base)
                 continue
-            table[id(r.record)] = (k, [(a - base, b - base) for a, b in r.all_emit_ranges()])
+            entry = [k]
+            for a, b in r.all_emit_ranges():
+                entry.append(a - base)
+                entry.append(b - base)
+            table[id(r.record)] = tuple(entry)
 
     def release_finished(self) -> list[ForwardPassMetrics]:
         """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.
@@ -106,13 +110,13 @@ class TokenSpans(NamedTuple):
     reading millions of float objects back, one per token).
 
     ``ends[k]``: core ``k``'s pass end list (ms), the list its records' ``token_times_ms`` are slices of.
-    ``spans[id(record)]``: ``(k, ranges)``, the record's tokens being ``ends[k][a:b + 1]`` for each inclusive
-    ``(a, b)`` of ``ranges`` in order. A record changed after the fill, or filled by another writer, is
+    ``spans[id(record)]``: ``(k, a0, b0, a1, b1, ...)``, the record's tokens being ``ends[k][a:b + 1]`` for each
+    inclusive range ``(a, b)`` in order (one range unless the request was preempted and re-admitted). A record changed after the fill, or filled by another writer, is
     detected by the report (length and the identity of the first and last float) and read the slow way.
     """
 
     ends: list[list[float]]
-    spans: dict[int, tuple[int, list[tuple[int, int]]]]
+    spans: dict[int, tuple[int, ...]]
 
 
 def new_token_spans() -> TokenSpans:

@@ -350,7 +350,7 @@ def test_samples_from_pass_ends_hand_computed() -> None:
     b = rec(1, 0.5, [ends[0], *ends[2:4]])
     a.token_times_ms = ends[0:3]  # the fill's slices share the pass end floats
     b.token_times_ms = [ends[0], *ends[2:4]]
-    spans = TokenSpans([ends], {id(a): (0, [(0, 2)]), id(b): (0, [(0, 0), (2, 3)])})
+    spans = TokenSpans([ends], {id(a): (0, 0, 2), id(b): (0, 0, 0, 2, 3)})
     out = _samples_from_spans([a, b], spans)
     assert out is not None
     n_tok, first, last, second, itl = out
@@ -369,5 +369,17 @@ def test_report_takes_the_records_when_spans_disagree() -> None:
     from mocker.engine.timeline import TokenSpans
 
     res = make_result(three())
-    stale = dataclasses.replace(res, token_spans=TokenSpans([[10.0, 15.0]], {id(res.records[0]): (0, [(0, 1)])}))
+    stale = dataclasses.replace(res, token_spans=TokenSpans([[10.0, 15.0]], {id(res.records[0]): (0, 0, 1)}))
     assert report_to_json(build_report(stale)) == report_to_json(build_report(res))
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 1 << 20])
+def test_gather_runs_concatenates_the_runs_in_any_block_size(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs (start 4, 2 long), (0, 3), (7, 1) of 0, 10, ..., 90: 40 50 | 0 10 20 | 70, whatever the block."""
+    import mocker.report as report
+
+    monkeypatch.setattr(report, "_GATHER_BLOCK", block)
+    values = np.arange(10, dtype=np.float64) * 10
+    out = report._gather_runs(values, np.array([4, 0, 7]), np.array([2, 3, 1]))
+    assert out.tolist() == [40.0, 50.0, 0.0, 10.0, 20.0, 70.0]
+    assert report._gather_runs(values, np.array([], dtype=np.int64), np.array([], dtype=np.int64)).size == 0
