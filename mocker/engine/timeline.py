@@ -111,8 +111,9 @@ class TokenSpans(NamedTuple):
 
     ``ends[k]``: core ``k``'s pass end list (ms), the list its records' ``token_times_ms`` are slices of.
     ``spans[id(record)]``: ``(k, a0, b0, a1, b1, ...)``, the record's tokens being ``ends[k][a:b + 1]`` for each
-    inclusive range ``(a, b)`` in order (one range unless the request was preempted and re-admitted). A record changed after the fill, or filled by another writer, is
-    detected by the report (length and the identity of the first and last float) and read the slow way.
+    inclusive range ``(a, b)`` in order (one range unless the request was preempted and re-admitted). A record
+    changed after the fill, or filled by another writer, is detected by the report (length and the identity of
+    the first and last float) and read the slow way.
     """
 
     ends: list[list[float]]
