@@ -124,12 +124,14 @@ class EngineFleetEvaluator:
             recs = []
             n_counted = len(arr_ms) - num_warm
             stop_at = fail_count(n_counted, stop_allowed, stop_confidence) if stop_allowed is not None else None
+            certain = _CertainMisses(self.ttft_ms, self.itl_ms)
             for i in range(len(arr_ms)):
                 t = float(arr_ms[i])
                 fleet.advance_until(t)
                 recs.append(fleet.submit(TraceRequest(i, t, int(isl[i]), int(osl[i])), t))
                 if stop_at is not None and i > num_warm and (i - num_warm) % CHECK_EVERY == 0:
-                    o = self._certain(recs[num_warm:], t, n_counted)
+                    certain.add(recs[num_warm + certain.seen :])
+                    o = certain.at(t, n_counted)
                     if o.misses_of(stop_kind) >= stop_at:
                         return o
             last = float(arr_ms[-1]) if len(arr_ms) else 0.0
@@ -138,23 +140,6 @@ class EngineFleetEvaluator:
         finally:
             fleet.close()
         return self._count(recs[num_warm:], end)
-
-    def _certain(self, recs: list[Any], now_ms: float, n_counted: int) -> SampleOutcome:
-        """Misses already certain at ``now_ms`` among ``recs`` (of ``n_counted``), as an incomplete outcome."""
-        t_miss = i_miss = both = 0
-        for r in recs:
-            ft = r.first_token_ms
-            tm = (ft - r.arrival_ms > self.ttft_ms) if ft is not None else (now_ms - r.arrival_ms > self.ttft_ms)
-            im = (
-                ft is not None
-                and r.finish_ms is not None
-                and r.output_length > 1
-                and (r.finish_ms - ft) / (r.output_length - 1) > self.itl_ms
-            )
-            t_miss += tm
-            i_miss += im
-            both += tm or im
-        return SampleOutcome(n_counted, t_miss, i_miss, both, complete=False)
 
     def _count(self, recs: list[Any], end_ms: float) -> SampleOutcome:
         n = len(recs)
@@ -170,6 +155,63 @@ class EngineFleetEvaluator:
         i_miss = itl > self.itl_ms
         return SampleOutcome(
             n, int(t_miss.sum()), int(i_miss.sum()), int((t_miss | i_miss).sum()), unfinished=int(np.isinf(itl).sum())
+        )
+
+
+class _CertainMisses:
+    """The misses already certain at a time among the counted records replayed so far, kept incrementally: a
+    record that reached a terminal status (finished, failed, cancelled) no longer changes, so its misses are
+    counted once and it leaves the open list (one that ended without a first token only once its TTFT miss is
+    certain, which then depends on the time alone); only the open ones (queued or running) are looked at again at
+    each check. The counts equal a fresh scan of every record at every check (the rule below), at a cost that
+    grows with the requests in flight, not with the requests replayed.
+
+    Certain at ``now_ms``: a TTFT miss when the first token came more than ``ttft_ms`` after arrival, or has not
+    come and ``now_ms`` is already past that; an ITL miss when the request finished with a mean ITL
+    ``(finish - first token) / (tokens - 1)`` over ``itl_ms``."""
+
+    __slots__ = ("ttft_ms", "itl_ms", "open", "seen", "done_ttft", "done_itl", "done_both")
+
+    def __init__(self, ttft_ms: float, itl_ms: float) -> None:
+        self.ttft_ms = ttft_ms
+        self.itl_ms = itl_ms
+        self.open: list[Any] = []
+        self.seen = 0
+        """Records added so far."""
+        self.done_ttft = self.done_itl = self.done_both = 0
+        """Misses of the records that left the open list."""
+
+    def add(self, recs: list[Any]) -> None:
+        """Add newly replayed records (in order; each once)."""
+        self.open.extend(recs)
+        self.seen += len(recs)
+
+    def at(self, now_ms: float, n_counted: int) -> SampleOutcome:
+        """The certain misses at ``now_ms`` as an incomplete outcome of ``n_counted`` requests."""
+        ttft_ms, itl_ms = self.ttft_ms, self.itl_ms
+        t_miss = i_miss = both = 0
+        still: list[Any] = []
+        for r in self.open:
+            ft = r.first_token_ms
+            tm = (ft - r.arrival_ms > ttft_ms) if ft is not None else (now_ms - r.arrival_ms > ttft_ms)
+            im = (
+                ft is not None
+                and r.finish_ms is not None
+                and r.output_length > 1
+                and (r.finish_ms - ft) / (r.output_length - 1) > itl_ms
+            )
+            if r.status == "pending" or (ft is None and not tm):  # may still change (a token-less end: with time)
+                still.append(r)
+                t_miss += tm
+                i_miss += im
+                both += tm or im
+            else:
+                self.done_ttft += tm
+                self.done_itl += im
+                self.done_both += tm or im
+        self.open = still
+        return SampleOutcome(
+            n_counted, self.done_ttft + t_miss, self.done_itl + i_miss, self.done_both + both, complete=False
         )
 
 

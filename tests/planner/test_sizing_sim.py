@@ -515,3 +515,67 @@ def test_the_engine_fleet_at_ten_times_its_capacity_goes_to_the_limit():
     assert one.misses == four.misses == one.num_requests and one.unfinished > four.unfinished
     plan = sz.plan({"agg": 1})["agg"]
     assert (plan.goal, plan.reason) == (4, Reason.SCALE_UP_THROUGHPUT)
+
+
+def _fresh_certain(recs, now_ms, ttft_ms, itl_ms):
+    """The certain misses at ``now_ms`` by a scan of every record (the rule of planner.whatif._CertainMisses)."""
+    t = i = b = 0
+    for r in recs:
+        ft = r.first_token_ms
+        tm = (ft - r.arrival_ms > ttft_ms) if ft is not None else (now_ms - r.arrival_ms > ttft_ms)
+        im = (
+            ft is not None
+            and r.finish_ms is not None
+            and r.output_length > 1
+            and (r.finish_ms - ft) / (r.output_length - 1) > itl_ms
+        )
+        t, i, b = t + tm, i + im, b + (tm or im)
+    return t, i, b
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 50.0),  # time to the first token (ms after arrival)
+            st.floats(0.0, 200.0),  # then to the finish
+            st.integers(1, 20),  # tokens
+            st.sampled_from(["finished", "finished", "failed", "failed-early", "never"]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 7),
+)
+def test_incremental_certain_misses_equal_a_fresh_scan_at_every_check(plan, every):
+    """Records arrive every 5 ms and evolve (first token, finish, a failure with or without a first token, or
+    nothing); at every check the incremental count equals a scan of all records (TTFT 20 ms, ITL 6 ms)."""
+    from mocker.records import RequestRecord
+    from planner.whatif import _CertainMisses
+
+    recs = [RequestRecord(k, 5.0 * k, 100, n) for k, (_, _, n, _) in enumerate(plan)]
+    certain = _CertainMisses(20.0, 6.0)
+    end = 5.0 * len(plan) + 300.0
+    step = 0
+    now = 0.0
+    while now <= end:
+        for r, (to_first, to_finish, _, fate) in zip(recs, plan, strict=True):
+            first, finish = r.arrival_ms + to_first, r.arrival_ms + to_first + to_finish
+            if now < r.arrival_ms or fate == "never":
+                continue
+            if fate == "failed-early" and now >= first:
+                r.status = "failed"
+                continue
+            if now >= first and r.first_token_ms is None:
+                r.first_token_ms = first
+            if now >= finish and r.status == "pending":
+                r.status = "finished" if fate == "finished" else "failed"
+                r.finish_ms = finish if fate == "finished" else None
+        arrived = [r for r in recs if r.arrival_ms <= now]
+        step += 1
+        if step % every == 0:
+            certain.add(arrived[certain.seen :])
+            o = certain.at(now, len(recs))
+            assert (o.ttft_misses, o.itl_misses, o.misses) == _fresh_certain(arrived, now, 20.0, 6.0)
+            assert not o.complete and o.num_requests == len(recs)
+        now += 3.5
