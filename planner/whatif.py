@@ -37,7 +37,14 @@ from mocker.records import TraceRequest
 from planner.core.sizing import CONFIDENCE, SampleOutcome, TrafficSample, fail_count
 
 CHECK_EVERY = 128
-"""Arrivals between two early-stop checks of a replay (each check scans the records so far)."""
+"""Arrivals between two early-stop checks of a replay (each check rescans the requests still in flight)."""
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself when it owns it)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 class EngineFleetEvaluator:
@@ -70,6 +77,11 @@ class EngineFleetEvaluator:
         """Candidate fleets simulated so far (one :meth:`evaluate` call each)."""
         self.replayed_requests = 0
         """Sampled requests replayed through them so far (warm start state included)."""
+        self._memo: tuple[tuple[np.ndarray, ...], dict[tuple[Any, ...], SampleOutcome]] = ((), {})
+        """Outcomes of the replays of the latest sample (its arrays, by the arrays that own them): two calls that
+        would replay the same requests on the same engines with the same stop rule get one replay. A decision's
+        looks are nested prefixes of one sample; looks that keep the same requests and the same engine share
+        (the sample's interval holds more than the look needs) are one replay, not one per look."""
         Fleet(self.engines, router=router, transfer=transfer, seed=seed).close()  # fail early on bad settings
 
     def _share(self, sample: TrafficSample, replicas: Mapping[str, int]) -> tuple[dict[str, int], np.ndarray | None]:
@@ -108,6 +120,35 @@ class EngineFleetEvaluator:
         ``ttft_ms`` after arrival; a finished request over the ITL target) make the verdict FAIL at
         ``stop_confidence``, and stops."""
         counts, idx = self._share(sample, replicas)
+        roots = (_root(sample.arrival_s), _root(sample.isl_tokens), _root(sample.osl_tokens))
+        if len(roots) != len(self._memo[0]) or any(a is not b for a, b in zip(roots, self._memo[0], strict=True)):
+            self._memo = (roots, {})  # another sample: forget the last one's (its arrays are then free)
+        key = (
+            tuple(a.ctypes.data for a in (sample.arrival_s, sample.isl_tokens, sample.osl_tokens)),  # where they start
+            len(sample.arrival_s),
+            sample.num_warm,
+            tuple(sorted(replicas.items())),
+            tuple(sorted(counts.items())),
+            sample.share_pool,
+            stop_allowed,
+            stop_kind,
+            stop_confidence,
+        )
+        memo = self._memo[1]
+        if key not in memo:
+            memo[key] = self._replay(sample, counts, idx, stop_allowed, stop_kind, stop_confidence)
+        return memo[key]
+
+    def _replay(
+        self,
+        sample: TrafficSample,
+        counts: dict[str, int],
+        idx: np.ndarray | None,
+        stop_allowed: float | None,
+        stop_kind: str,
+        stop_confidence: float,
+    ) -> SampleOutcome:
+        """:meth:`evaluate` on the engines ``counts`` and the requests ``idx`` of :meth:`_share`, replayed."""
         num_warm = sample.num_warm if idx is None else int(np.count_nonzero(idx < sample.num_warm))
         self.evaluations += 1
         self.replayed_requests += len(sample.arrival_s) if idx is None else len(idx)
@@ -125,10 +166,11 @@ class EngineFleetEvaluator:
             n_counted = len(arr_ms) - num_warm
             stop_at = fail_count(n_counted, stop_allowed, stop_confidence) if stop_allowed is not None else None
             certain = _CertainMisses(self.ttft_ms, self.itl_ms)
-            for i in range(len(arr_ms)):
-                t = float(arr_ms[i])
+            arr_list, isl_list, osl_list = arr_ms.tolist(), isl.tolist(), osl.tolist()  # Python numbers, once
+            for i in range(len(arr_list)):
+                t = arr_list[i]
                 fleet.advance_until(t)
-                recs.append(fleet.submit(TraceRequest(i, t, int(isl[i]), int(osl[i])), t))
+                recs.append(fleet.submit(TraceRequest(i, t, isl_list[i], osl_list[i]), t))
                 if stop_at is not None and i > num_warm and (i - num_warm) % CHECK_EVERY == 0:
                     certain.add(recs[num_warm + certain.seen :])
                     o = certain.at(t, n_counted)

@@ -579,3 +579,28 @@ def test_incremental_certain_misses_equal_a_fresh_scan_at_every_check(plan, ever
             assert (o.ttft_misses, o.itl_misses, o.misses) == _fresh_certain(arrived, now, 20.0, 6.0)
             assert not o.complete and o.num_requests == len(recs)
         now += 3.5
+
+
+def test_evaluator_replays_a_repeated_request_set_once_and_a_new_sample_anew():
+    """Two looks whose heads keep the same requests (the sample's interval holds more than either look needs)
+    and the same engine share are one replay; another fleet, another stop rule or another sample are replays
+    of their own, and a memo hit is the outcome a fresh evaluator computes."""
+    from mocker.config import EngineConfig
+    from planner.whatif import EngineFleetEvaluator
+
+    ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
+    s = build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=100, seed=(0,))
+    look1, look2 = s.head(10), s.head(20)  # both span the 60 s interval: the same requests
+    assert len(look1.arrival_s) == len(look2.arrival_s) == len(s.arrival_s)
+    a = ev.evaluate(look1, {"agg": 2}, stop_allowed=0.01)
+    b = ev.evaluate(look2, {"agg": 2}, stop_allowed=0.01)
+    assert ev.evaluations == 1 and a == b
+    ev.evaluate(look1, {"agg": 3}, stop_allowed=0.01)
+    ev.evaluate(look1, {"agg": 2})
+    assert ev.evaluations == 3
+    other = build_sample(20.0, 1000.0, 200.0, min_horizon_s=60.0, min_requests=100, seed=(1,))
+    c = ev.evaluate(other, {"agg": 2}, stop_allowed=0.01)
+    assert ev.evaluations == 4
+    fresh = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
+    assert fresh.evaluate(look2, {"agg": 2}, stop_allowed=0.01) == b
+    assert fresh.evaluate(other, {"agg": 2}, stop_allowed=0.01) == c
