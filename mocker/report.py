@@ -46,13 +46,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import msgspec
 import numpy as np
 
-from mocker.records import RequestRecord
+from mocker.records import RequestRecord, TokenSpans
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
 
     from mocker.config import EngineConfig
-    from mocker.engine.timeline import TokenSpans
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -272,7 +271,7 @@ def _check_sla_targets(sla_ttft_ms: float | None, sla_itl_ms: float | None, sla_
 def _token_times(with_tokens: Sequence[RequestRecord], spans: TokenSpans | None = None) -> _TokenTimes:
     """The latency samples of ``with_tokens`` (completed, >= 1 token, request_id order); see _TokenTimes.
 
-    With ``spans`` (a replay's :class:`~mocker.engine.timeline.TokenSpans`) the token times are read where
+    With ``spans`` (a replay's :class:`~mocker.records.TokenSpans`) the token times are read where
     the engine cores keep them, as pass end times (:func:`_samples_from_spans`); otherwise every token time
     of every request is flattened once, in request order (:func:`_samples_from_records`). Both give the same
     floats in the same order, so the same report bit for bit (tests/mocker/test_report.py).

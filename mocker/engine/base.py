@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from dynoplan.fpm import ForwardPassMetrics, QueuedRequests
-from mocker.records import RequestRecord, TraceRequest
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mocker.engine.timeline import TokenSpans
+from mocker.records import RequestRecord, TokenSpans, TraceRequest
 
 FAST_CHUNK_PASSES = 4096
 """Most passes a decode stretch computes at once (bounds the numpy arrays of one fast-forward)."""
@@ -136,7 +133,7 @@ class EngineCore(Protocol):
 
     def add_token_spans(self, spans: TokenSpans) -> None:
         """After :meth:`finalize`: add where the records' token times lie
-        (:class:`~mocker.engine.timeline.TokenSpans`)."""
+        (:class:`~mocker.records.TokenSpans`)."""
         ...
 
     @property

@@ -10,12 +10,13 @@ per-pass cost to one list append and the per-token cost to one pointer copy.
 
 from __future__ import annotations
 
-from typing import Final, Generic, NamedTuple, TypeVar
+from typing import Final, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from dynoplan.fpm import ForwardPassMetrics
+from mocker.records import TokenSpans
 from mocker.request import TERMINAL, EngineRequest
 from mocker.timing import PolynomialTiming
 
@@ -102,27 +103,6 @@ class PassTimeline(Generic[RequestT]):
             self._ends_base = keep
         out, self.fpm = self.fpm, []
         return out
-
-
-class TokenSpans(NamedTuple):
-    """Where finalized records' token times lie in their cores' pass end lists, for the report
-    (:func:`mocker.report.build_report` reads the gaps between tokens as differences of pass end times without
-    reading millions of float objects back, one per token).
-
-    ``ends[k]``: core ``k``'s pass end list (ms), the list its records' ``token_times_ms`` are slices of.
-    ``spans[id(record)]``: ``(k, a0, b0, a1, b1, ...)``, the record's tokens being ``ends[k][a:b + 1]`` for each
-    inclusive range ``(a, b)`` in order (one range unless the request was preempted and re-admitted). A record
-    changed after the fill, or filled by another writer, is detected by the report (length and the identity of
-    the first and last float) and read the slow way.
-    """
-
-    ends: list[list[float]]
-    spans: dict[int, tuple[int, ...]]
-
-
-def new_token_spans() -> TokenSpans:
-    """An empty :class:`TokenSpans`."""
-    return TokenSpans([], {})
 
 
 class DecodeTable:

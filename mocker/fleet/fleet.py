@@ -32,7 +32,6 @@ from dynoplan.errors import ConfigError, SimulationError
 from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.engine import make_engine
-from mocker.engine.timeline import TokenSpans, new_token_spans
 from mocker.engine.vllm import VllmCore
 from mocker.fleet.pools import (
     EVENT_ACTIVATE,
@@ -50,7 +49,7 @@ from mocker.fleet.routing import RoutingLayer
 from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.kv.tiers import TierConfig, TierHierarchy
-from mocker.records import RequestRecord
+from mocker.records import RequestRecord, TokenSpans, new_token_spans
 from mocker.routers import ROUTERS, KvRouter
 from mocker.transfer import KvTransferConfig
 
@@ -137,7 +136,7 @@ class Fleet(RoutingLayer):
         self._pending_ids: list[int] = []
         self.token_spans: TokenSpans = new_token_spans()
         """Where the records' token times lie in the cores' pass end lists, filled by :meth:`finish`
-        (:class:`mocker.engine.timeline.TokenSpans`; the report's fast path)."""
+        (:class:`mocker.records.TokenSpans`; the report's fast path)."""
         self._init_handoff()
         self._adv_mode = self._advance_strategy()
         """How :meth:`_adv` advances a core (an ``ADV_*`` constant; :meth:`_advance_strategy`)."""

@@ -10,10 +10,9 @@ from math import inf
 
 from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
-from mocker.engine.timeline import TokenSpans
 from mocker.fleet.config import FleetConfig
 from mocker.fleet.fleet import Fleet
-from mocker.records import RequestRecord, TraceRequest
+from mocker.records import RequestRecord, TokenSpans, TraceRequest
 
 
 @dataclass

@@ -112,7 +112,7 @@ def test_deterministic(reqs, eng):
     st.sampled_from(["agg1", "agg2", "disagg", "sglang", "sglang-disagg"]),
 )
 def test_report_from_pass_ends_equals_report_from_token_lists(reqs, eng, shape):
-    """The report's fast path (token gaps read as pass durations, mocker.engine.timeline.TokenSpans) gives the
+    """The report's fast path (token gaps read as pass durations, mocker.records.TokenSpans) gives the
     report of the records' own token lists, byte for byte, and is taken (no fallback) on a plain replay:
     preempted requests (several emission ranges), a disaggregated fleet (records filled by a prefill core,
     then by a decode core) and the SGLang core included."""

@@ -342,7 +342,7 @@ def test_samples_from_pass_ends_hand_computed() -> None:
     """Two records on one core's pass ends [1, 3, 6, 10]: one over passes 0-2 (gaps 2, 3), one preempted
     between passes 0 and 2 (emission ranges (0, 0) and (2, 3): gaps 6 - 1 = 5 across the ranges, then 4).
     A record whose list is no longer the fill's (another float object first) sends the report the slow way."""
-    from mocker.engine.timeline import TokenSpans
+    from mocker.records import TokenSpans
     from mocker.report import _samples_from_spans
 
     ends = [1.0, 3.0, 6.0, 10.0]
@@ -366,7 +366,7 @@ def test_report_takes_the_records_when_spans_disagree() -> None:
     """build_report with TokenSpans that do not describe the records gives the records' report."""
     import dataclasses
 
-    from mocker.engine.timeline import TokenSpans
+    from mocker.records import TokenSpans
 
     res = make_result(three())
     stale = dataclasses.replace(res, token_spans=TokenSpans([[10.0, 15.0]], {id(res.records[0]): (0, 0, 1)}))
