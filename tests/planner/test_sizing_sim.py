@@ -604,3 +604,15 @@ def test_evaluator_replays_a_repeated_request_set_once_and_a_new_sample_anew():
     fresh = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=200.0, itl_ms=10.0)
     assert fresh.evaluate(look2, {"agg": 2}, stop_allowed=0.01) == b
     assert fresh.evaluate(other, {"agg": 2}, stop_allowed=0.01) == c
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 200_000), st.data(), st.sampled_from([0.95, 0.972, 0.99, 0.999]))
+def test_miss_bounds_are_the_clopper_pearson_quantiles_of_scipy_stats(n, data, confidence):
+    """miss_bounds equals scipy.stats.beta.ppf at both ends, bit for bit."""
+    from scipy.stats import beta
+
+    k = data.draw(st.integers(0, n))
+    lo, hi = miss_bounds(k, n, confidence)
+    assert lo == (0.0 if k == 0 else float(beta.ppf(1.0 - confidence, k, n - k + 1)))
+    assert hi == (1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k)))
