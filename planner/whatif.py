@@ -124,7 +124,7 @@ class EngineFleetEvaluator:
         if len(roots) != len(self._memo[0]) or any(a is not b for a, b in zip(roots, self._memo[0], strict=True)):
             self._memo = (roots, {})  # another sample: forget the last one's (its arrays are then free)
         key = (
-            tuple(a.ctypes.data for a in (sample.arrival_s, sample.isl_tokens, sample.osl_tokens)),  # where they start
+            tuple(a.__array_interface__["data"][0] for a in (sample.arrival_s, sample.isl_tokens, sample.osl_tokens)),
             len(sample.arrival_s),
             sample.num_warm,
             tuple(sorted(replicas.items())),
