@@ -2,7 +2,6 @@
 
 - :class:`TraceRequest` — one request of a workload (input).
 - :class:`RequestRecord` — what happened to one request (output; times in ms of the driving clock).
-- :class:`TokenSpans` — where a replay's records' token times lie in the engine cores' pass end lists.
 
 The per-pass record the engines emit, ForwardPassMetrics, is the project's wire record: :mod:`dynoplan.fpm`.
 """
@@ -10,7 +9,6 @@ The per-pass record the engines emit, ForwardPassMetrics, is the project's wire 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +57,3 @@ class RequestRecord:
     @property
     def e2e_ms(self) -> float | None:
         return None if self.finish_ms is None else self.finish_ms - self.arrival_ms
-
-
-class TokenSpans(NamedTuple):
-    """Where finalized records' token times lie in their cores' pass end lists, for the report
-    (:func:`mocker.report.build_report` reads the gaps between tokens as differences of pass end times without
-    reading millions of float objects back, one per token).
-
-    ``ends[k]``: core ``k``'s pass end list (ms, :class:`mocker.engine.timeline.PassTimeline`), the list its
-    records' ``token_times_ms`` are slices of.
-    ``spans[id(record)]``: ``(k, a0, b0, a1, b1, ...)``, the record's tokens being ``ends[k][a:b + 1]`` for each
-    inclusive range ``(a, b)`` in order (one range unless the request was preempted and re-admitted). A record
-    changed after the fill, or filled by another writer, is detected by the report (length and the identity of
-    the first and last float) and read the slow way.
-    """
-
-    ends: list[list[float]]
-    spans: dict[int, tuple[int, ...]]
-
-
-def new_token_spans() -> TokenSpans:
-    """An empty :class:`TokenSpans`."""
-    return TokenSpans([], {})

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import msgspec
 import numpy as np
 
-from mocker.records import RequestRecord, TokenSpans
+from mocker.records import RequestRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -268,26 +268,29 @@ def _check_sla_targets(sla_ttft_ms: float | None, sla_itl_ms: float | None, sla_
             raise ValueError(f"{name}={v!r}: expected a finite number of milliseconds >= 0")
 
 
-def _token_times(with_tokens: Sequence[RequestRecord], spans: TokenSpans | None = None) -> _TokenTimes:
+def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     """The latency samples of ``with_tokens`` (completed, >= 1 token, request_id order); see _TokenTimes.
 
-    With ``spans`` (a replay's :class:`~mocker.records.TokenSpans`) the token times are read where
-    the engine cores keep them, as pass end times (:func:`_samples_from_spans`); otherwise every token time
-    of every request is flattened once, in request order (:func:`_samples_from_records`). Both give the same
-    floats in the same order, so the same report bit for bit (tests/mocker/test_report.py).
+    Every token time of every request is flattened once (request order) and the per-request figures are
+    read from it by index. The token times number millions, so that is the report's one array of their
+    size: the gaps overwrite it, and the per-token statistics work in it (:func:`_stats_in_place`).
     """
     n_req = len(with_tokens)
+    n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
     arrival = np.fromiter((r.arrival_ms for r in with_tokens), dtype=np.float64, count=n_req)
-    samples = _samples_from_spans(with_tokens, spans) if spans is not None else None
-    if samples is None:
-        samples = _samples_from_records(with_tokens)
-    n_tok, first, last, second, itl = samples
+    total_tok = int(n_tok.sum())
+    flat = np.fromiter(chain.from_iterable(r.token_times_ms for r in with_tokens), dtype=np.float64, count=total_tok)
+    stop = np.cumsum(n_tok)  # request i's tokens are flat[stop[i] - n_tok[i]:stop[i]]
+    start = stop - n_tok
+    first = flat[start]
+    last = flat[stop - 1]
     ttft = np.maximum(first - arrival, 0.0)
     e2e = np.maximum(last - arrival, 0.0)
     multi = n_tok >= 2
+    second = flat[start[multi] + 1]
     ttst = np.maximum(second - first[multi], 0.0)
     tpot = np.maximum(last[multi] - first[multi], 0.0) / (n_tok[multi] - 1)
-    np.maximum(itl, 0.0, out=itl)
+    itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
     if itl.size and float(itl.min()) > 0.0:  # the usual case: no zero gap (itl >= 0); 1000 / gap never materialised
         itl_stats, per_user_stats = _gap_stats_in_place(itl)
     else:
@@ -298,133 +301,8 @@ def _token_times(with_tokens: Sequence[RequestRecord], spans: TokenSpans | None 
     return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, int(itl.size), itl_stats, per_user_stats)
 
 
-_Samples = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""(tokens per request (int64), first token, last token, second token of the requests with >= 2 tokens,
-every gap between consecutive tokens in request order, not yet clamped at 0), times in ms (float64)."""
-
-
-def _samples_from_records(with_tokens: Sequence[RequestRecord]) -> _Samples:
-    """:data:`_Samples` from every record's ``token_times_ms``: all token times flattened once (request order;
-    the report's one array of their size: the gaps overwrite it)."""
-    n_req = len(with_tokens)
-    n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
-    total_tok = int(n_tok.sum())
-    flat = np.fromiter(chain.from_iterable(r.token_times_ms for r in with_tokens), dtype=np.float64, count=total_tok)
-    stop = np.cumsum(n_tok)  # request i's tokens are flat[stop[i] - n_tok[i]:stop[i]]
-    start = stop - n_tok
-    first = flat[start]
-    last = flat[stop - 1]
-    multi = n_tok >= 2
-    second = flat[start[multi] + 1]
-    itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
-    return n_tok, first, last, second, itl
-
-
-def _samples_from_spans(with_tokens: Sequence[RequestRecord], spans: TokenSpans) -> _Samples | None:
-    """:data:`_Samples` from the cores' pass end times; None when a record is not (or no longer) what
-    ``spans`` says (not in it, another length, or its first or last token time is another float object).
-
-    A gap inside one emission range ``(a, b)`` of core ``k`` is ``ends[k][j + 1] - ends[k][j]``, a pass duration:
-    the durations of every core are one array (their end lists concatenated, differenced once), and the gaps
-    are gathered from it by index, request by request, in request order. The gap across two ranges of one
-    request (it was preempted) is computed here and appended to that array. The same float subtractions as
-    :func:`_token_gaps`, so the same gaps; no per-token Python object is read.
-    """
-    ends = spans.ends
-    offsets = [0]
-    for e in ends:
-        offsets.append(offsets[-1] + len(e))
-    n_ends = offsets[-1]
-    first_i: list[int] = []
-    last_i: list[int] = []
-    n_tok: list[int] = []
-    second_i: list[int] = []
-    seg_start: list[int] = []  # gap runs: start index into the durations (+ cross-range gaps), length
-    seg_len: list[int] = []
-    cross: list[float] = []  # gaps across two emission ranges, at index n_ends - 1 + position
-    get = spans.spans.get
-    for r in with_tokens:
-        entry = get(id(r))
-        if entry is None:
-            return None
-        k = entry[0]
-        e = ends[k]
-        o = offsets[k]
-        tt = r.token_times_ms
-        if len(entry) == 3:  # the usual case: one run of consecutive passes
-            a, b = entry[1], entry[2]
-            if b - a + 1 != len(tt) or tt[0] is not e[a] or tt[-1] is not e[b]:
-                return None
-            first_i.append(o + a)
-            last_i.append(o + b)
-            n_tok.append(b - a + 1)
-            if b > a:
-                second_i.append(o + a + 1)
-                seg_start.append(o + a)
-                seg_len.append(b - a)
-            continue
-        ranges = [(entry[j], entry[j + 1]) for j in range(1, len(entry), 2)]
-        n = 0
-        for a, b in ranges:
-            n += b - a + 1
-        a0 = ranges[0][0]
-        b_last = ranges[-1][1]
-        if n != len(tt) or tt[0] is not e[a0] or tt[-1] is not e[b_last]:
-            return None
-        first_i.append(o + a0)
-        last_i.append(o + b_last)
-        n_tok.append(n)
-        a, b = ranges[0]
-        second_i.append(o + a + 1 if b > a else o + ranges[1][0])  # n >= 2: two ranges hold >= 2 tokens
-        prev = -1
-        for a, b in ranges:
-            if prev >= 0:
-                seg_start.append(n_ends - 1 + len(cross))
-                seg_len.append(1)
-                cross.append(e[a] - e[prev])
-            if b > a:
-                seg_start.append(o + a)
-                seg_len.append(b - a)
-            prev = b
-    all_ends = np.fromiter(chain.from_iterable(ends), dtype=np.float64, count=n_ends)
-    first = all_ends[np.array(first_i, dtype=np.int64)]
-    last = all_ends[np.array(last_i, dtype=np.int64)]
-    second = all_ends[np.array(second_i, dtype=np.int64)]
-    n_dur = max(n_ends - 1, 0)
-    durations = np.empty(n_dur + len(cross))
-    np.subtract(all_ends[1:], all_ends[:-1], out=durations[:n_dur])
-    durations[n_dur:] = cross
-    del all_ends  # the peak is the gaps (one float64 each) and the durations (one per pass), not three such arrays
-    itl = _gather_runs(durations, np.array(seg_start, dtype=np.int64), np.array(seg_len, dtype=np.int64))
-    return np.array(n_tok, dtype=np.int64), first, last, second, itl
-
-
-_GATHER_BLOCK = 1 << 18
-"""Gaps per block of :func:`_gather_runs` (its index arrays are of about this size, not of every gap's)."""
-
-
-def _gather_runs(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """``values[starts[0]:starts[0] + lens[0]]``, then the next run, ... concatenated (float64), built a block of
-    runs at a time so that the index arrays stay near :data:`_GATHER_BLOCK` elements. ``starts``/``lens``:
-    int64, lens >= 1."""
-    stop = np.cumsum(lens)  # run r fills out[stop[r] - lens[r]:stop[r]]
-    n = int(stop[-1]) if stop.size else 0
-    out = np.empty(n)
-    r0 = 0
-    while r0 < stop.size:
-        g0 = int(stop[r0] - lens[r0])
-        r1 = max(int(np.searchsorted(stop, g0 + _GATHER_BLOCK, side="right")), r0 + 1)
-        g1 = int(stop[r1 - 1])
-        shift = starts[r0:r1] - (stop[r0:r1] - lens[r0:r1] - g0)  # run r's gap j (block-relative) -> values index
-        index = np.repeat(shift, lens[r0:r1])
-        index += np.arange(g1 - g0, dtype=np.int64)
-        np.take(values, index, out=out[g0:g1])
-        r0 = r1
-    return out
-
-
 def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
-    """Every gap (ms, not clamped) between consecutive tokens of the same request, in request order: the
+    """Every gap (ms, clamped >= 0) between consecutive tokens of the same request, in request order: the
     first ``n_gaps`` elements of ``flat``, overwritten (returned as a view).
 
     ``flat``: all token times (ms); request i's tokens are ``flat[start[i]:stop[i]]`` (int64 index arrays
@@ -437,6 +315,7 @@ def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: i
     for a, b in zip(start.tolist(), stop.tolist(), strict=True):
         np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
         o += b - a - 1
+    np.maximum(itl, 0.0, out=itl)
     return itl
 
 
@@ -553,7 +432,7 @@ def build_report(
                 with_tokens.append(r)
             if finish > latest:  # the first of equal maxima, as max() keeps
                 latest = finish
-    t = _token_times(with_tokens, getattr(result, "token_spans", None))
+    t = _token_times(with_tokens)
     duration_ms = latest if done else 0.0
     duration_s = max(duration_ms / 1000.0, 1e-9)
     rep: dict[str, Any] = {

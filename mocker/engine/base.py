@@ -17,7 +17,7 @@ from enum import Enum
 from typing import ClassVar, NamedTuple, Protocol
 
 from dynoplan.fpm import ForwardPassMetrics, QueuedRequests
-from mocker.records import RequestRecord, TokenSpans, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 
 FAST_CHUNK_PASSES = 4096
 """Most passes a decode stretch computes at once (bounds the numpy arrays of one fast-forward)."""
@@ -129,11 +129,6 @@ class EngineCore(Protocol):
 
     def finalize(self) -> None:
         """Fill ``token_times_ms`` of every record from the pass timeline (once, at the end)."""
-        ...
-
-    def add_token_spans(self, spans: TokenSpans) -> None:
-        """After :meth:`finalize`: add where the records' token times lie
-        (:class:`~mocker.records.TokenSpans`)."""
         ...
 
     @property

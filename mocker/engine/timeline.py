@@ -16,7 +16,6 @@ import numpy as np
 import numpy.typing as npt
 
 from dynoplan.fpm import ForwardPassMetrics
-from mocker.records import TokenSpans
 from mocker.request import TERMINAL, EngineRequest
 from mocker.timing import PolynomialTiming
 
@@ -63,25 +62,6 @@ class PassTimeline(Generic[RequestT]):
             for a, b in r.all_emit_ranges():
                 tt += ends[a - base : b - base + 1]
             r.record.token_times_ms = tt
-
-    def add_token_spans(self, spans: TokenSpans) -> None:
-        """Add this core's pass end times and its records' emission ranges to ``spans`` (call right after
-        :meth:`_fill_token_times`, in the same order over the cores: a record filled by two cores keeps the
-        later one's ranges, as its ``token_times_ms`` keeps the later fill)."""
-        k = len(spans.ends)
-        spans.ends.append(self._ends)
-        base = self._ends_base
-        table = spans.spans
-        for r in self.all_requests:
-            if not r.emit_ranges:
-                if r.emit_start >= 0:
-                    table[id(r.record)] = (k, r.emit_start - base, r.emit_last - base)
-                continue
-            entry = [k]
-            for a, b in r.all_emit_ranges():
-                entry.append(a - base)
-                entry.append(b - base)
-            table[id(r.record)] = tuple(entry)
 
     def release_finished(self) -> list[ForwardPassMetrics]:
         """Forget terminal requests and pass end times no live request needs; return and clear the FPMs.

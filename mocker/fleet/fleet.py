@@ -49,7 +49,7 @@ from mocker.fleet.routing import RoutingLayer
 from mocker.kv.events import EventingKvManager, KvEventIndex
 from mocker.kv.kvbm import EventingKvbmBlockManager
 from mocker.kv.tiers import TierConfig, TierHierarchy
-from mocker.records import RequestRecord, TokenSpans, new_token_spans
+from mocker.records import RequestRecord
 from mocker.routers import ROUTERS, KvRouter
 from mocker.transfer import KvTransferConfig
 
@@ -134,9 +134,6 @@ class Fleet(RoutingLayer):
         self._fpm_taken: dict[int, int] = {}
         self._fin_scanned = 0
         self._pending_ids: list[int] = []
-        self.token_spans: TokenSpans = new_token_spans()
-        """Where the records' token times lie in the cores' pass end lists, filled by :meth:`finish`
-        (:class:`mocker.records.TokenSpans`; the report's fast path)."""
         self._init_handoff()
         self._adv_mode = self._advance_strategy()
         """How :meth:`_adv` advances a core (an ``ADV_*`` constant; :meth:`_advance_strategy`)."""
@@ -389,12 +386,10 @@ class Fleet(RoutingLayer):
                     self._adv(c, until_ms)
         if self._draining:
             self._check_draining(until_ms)
-        self.token_spans = new_token_spans()
         for p in self.pools.values():
             for w in p.workers:
                 for c in w.cores:
                     c.finalize()
-                    c.add_token_spans(self.token_spans)
 
     # ================================================================== observations
     @property

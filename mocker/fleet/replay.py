@@ -12,7 +12,7 @@ from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
 from mocker.fleet.config import FleetConfig
 from mocker.fleet.fleet import Fleet
-from mocker.records import RequestRecord, TokenSpans, TraceRequest
+from mocker.records import RequestRecord, TraceRequest
 
 
 @dataclass
@@ -36,9 +36,6 @@ class ReplayResult:
     num_decode_workers: int = 0
     kvbm: dict[str, int] | None = None
     """KVBM lower-tier counters (:meth:`Fleet.tier_stats`; extra report keys), None without lower tiers."""
-    token_spans: TokenSpans | None = None
-    """Where the records' token times lie in the cores' pass end lists (:attr:`Fleet.token_spans`): lets the
-    report read token gaps as pass durations; None = read every record's ``token_times_ms``."""
 
 
 def run_replay(
@@ -157,7 +154,6 @@ def _run_replay(
         num_prefill_workers=counts.get("prefill", 0),
         num_decode_workers=counts.get("decode", 0),
         kvbm=kvbm,
-        token_spans=fl.token_spans,
     )
 
 

@@ -103,37 +103,3 @@ def test_deterministic(reqs, eng):
     a = run_replay(reqs, eng, FleetConfig(num_workers=2, router="kv", seed=5))
     b = run_replay(reqs, eng, FleetConfig(num_workers=2, router="kv", seed=5))
     assert [dataclasses.asdict(r) for r in a.records] == [dataclasses.asdict(r) for r in b.records]
-
-
-@SETTINGS
-@given(
-    workloads(),
-    engines(),
-    st.sampled_from(["agg1", "agg2", "disagg", "sglang", "sglang-disagg"]),
-)
-def test_report_from_pass_ends_equals_report_from_token_lists(reqs, eng, shape):
-    """The report's fast path (token gaps read as pass durations, mocker.records.TokenSpans) gives the
-    report of the records' own token lists, byte for byte, and is taken (no fallback) on a plain replay:
-    preempted requests (several emission ranges), a disaggregated fleet (records filled by a prefill core,
-    then by a decode core) and the SGLang core included."""
-    from mocker.report import _samples_from_spans, build_report, report_to_json
-    from mocker.transfer import KvTransferConfig
-
-    if shape.startswith("sglang"):
-        eng = EngineConfig(engine="sglang", num_gpu_blocks=eng.num_gpu_blocks * eng.block_size)
-    if shape.endswith("disagg"):
-        if eng.engine == "trtllm":  # no disaggregated TensorRT-LLM (as in the reference)
-            eng = eng.replace(engine="vllm")
-        fc = FleetConfig(num_prefill_workers=1, num_decode_workers=2, transfer=KvTransferConfig(64, 131072))
-    else:
-        fc = FleetConfig(num_workers=2 if shape == "agg2" else 1)
-    res = run_replay(reqs, eng, fc)
-    assert res.token_spans is not None
-    with_tokens = sorted(
-        (r for r in res.records if r.status == "finished" and r.admit_ms is not None and r.token_times_ms),
-        key=lambda r: r.request_id,
-    )
-    assert _samples_from_spans(with_tokens, res.token_spans) is not None
-    fast = report_to_json(build_report(res, sla_ttft_ms=50.0, sla_itl_ms=8.0))
-    slow = report_to_json(build_report(dataclasses.replace(res, token_spans=None), sla_ttft_ms=50.0, sla_itl_ms=8.0))
-    assert fast == slow
