@@ -518,19 +518,17 @@ def test_the_engine_fleet_at_ten_times_its_capacity_goes_to_the_limit():
 
 
 def _fresh_certain(recs, now_ms, ttft_ms, itl_ms):
-    """The certain misses at ``now_ms`` by a scan of every record (the rule of planner.whatif._CertainMisses)."""
-    t = i = b = 0
-    for r in recs:
-        ft = r.first_token_ms
-        tm = (ft - r.arrival_ms > ttft_ms) if ft is not None else (now_ms - r.arrival_ms > ttft_ms)
-        im = (
-            ft is not None
-            and r.finish_ms is not None
-            and r.output_length > 1
-            and (r.finish_ms - ft) / (r.output_length - 1) > itl_ms
-        )
-        t, i, b = t + tm, i + im, b + (tm or im)
-    return t, i, b
+    """The certain misses at ``now_ms`` by a scan of every record: a TTFT miss when the first token (or, before
+    it, the present) is past arrival + ``ttft_ms``; an ITL miss when a finished multi-token request's mean gap
+    exceeds ``itl_ms``."""
+    late = [((r.first_token_ms if r.first_token_ms is not None else now_ms) - r.arrival_ms) > ttft_ms for r in recs]
+    slow = [
+        None not in (r.first_token_ms, r.finish_ms)
+        and r.output_length > 1
+        and (r.finish_ms - r.first_token_ms) / (r.output_length - 1) > itl_ms
+        for r in recs
+    ]
+    return sum(late), sum(slow), sum(a or b for a, b in zip(late, slow, strict=True))
 
 
 @settings(max_examples=200, deadline=None)
