@@ -6,7 +6,7 @@ conversation trace's gap, ISL and OSL histograms (its first 180 s window), and a
 ``n x --rate-per-engine``. The planner core runs one full throughput tick on that window
 (``Planner.tick``: predictors, sample, candidate search on :class:`planner.whatif.EngineFleetEvaluator`) from a
 fleet of ``n // 2`` (so the search has to move), ``--repeat`` times with different seeds (tick times). The one-time
-import of scipy.stats by a process's first verdict is made before the timing.
+import of scipy.stats by a process's first sample size is made before the timing.
 
 Prints per fleet size and mode: the decision's wall time (p50 / p99 / max over repeats), the candidate fleets
 replayed, the requests replayed, the goal, and the ratio of the p99 to the 1 s target (issue: a decision within
@@ -65,7 +65,7 @@ def _window(rate_per_s: float, ttft_ms: float, itl_ms: float):
 
 
 def run(mode: str, n: int, rate_per_engine: float, ttft_ms: float, itl_ms: float, repeat: int) -> dict:
-    # scipy.stats is imported by the first verdict of a process (planner.core.sizing imports it there, not at
+    # scipy.stats is imported by a process's first sample size (planner.core.sizing imports it there, not at
     # start-up): a one-time cost of 0.5-1.5 s, paid before the timing so that every figure is a decision's own
     sequential_looks(0.005)
     eng = EngineConfig()

@@ -77,7 +77,9 @@ class EngineFleetEvaluator:
         """Candidate fleets simulated so far (one :meth:`evaluate` call each)."""
         self.replayed_requests = 0
         """Sampled requests replayed through them so far (warm start state included)."""
-        self._memo: tuple[tuple[np.ndarray, ...], dict[tuple[Any, ...], SampleOutcome]] = ((), {})
+        self._memo_arrays: tuple[np.ndarray | None, ...] = (None, None, None)
+        """The arrays that own the latest sample's arrival, ISL and OSL memory (:attr:`_memo` is for them)."""
+        self._memo: dict[tuple[Any, ...], SampleOutcome] = {}
         """Outcomes of the replays of the latest sample (its arrays, by the arrays that own them): two calls that
         would replay the same requests on the same engines with the same stop rule get one replay. A decision's
         looks are nested prefixes of one sample; looks that keep the same requests and the same engine share
@@ -121,8 +123,8 @@ class EngineFleetEvaluator:
         ``stop_confidence``, and stops."""
         counts, idx = self._share(sample, replicas)
         roots = (_root(sample.arrival_s), _root(sample.isl_tokens), _root(sample.osl_tokens))
-        if len(roots) != len(self._memo[0]) or any(a is not b for a, b in zip(roots, self._memo[0], strict=True)):
-            self._memo = (roots, {})  # another sample: forget the last one's (its arrays are then free)
+        if any(a is not b for a, b in zip(roots, self._memo_arrays, strict=True)):
+            self._memo_arrays, self._memo = roots, {}  # another sample: forget the last one's (its arrays then free)
         key = (
             tuple(a.__array_interface__["data"][0] for a in (sample.arrival_s, sample.isl_tokens, sample.osl_tokens)),
             len(sample.arrival_s),
@@ -134,7 +136,7 @@ class EngineFleetEvaluator:
             stop_kind,
             stop_confidence,
         )
-        memo = self._memo[1]
+        memo = self._memo
         if key not in memo:
             memo[key] = self._replay(sample, counts, idx, stop_allowed, stop_kind, stop_confidence)
         return memo[key]

@@ -185,9 +185,9 @@ def miss_bounds(misses: int, n: int, confidence: float = CONFIDENCE) -> tuple[fl
         return 0.0, 1.0
     from scipy.special import betaincinv  # here, not at module level: scipy costs start-up time
 
-    # the q-quantile of Beta(a, b) is the inverse regularized incomplete beta function at q: the values of
-    # scipy.stats.beta.ppf (the same Boost routine, tests/planner/test_sizing_sim.py), without its argument
-    # handling, ~0.2 ms a call: the per-look confidence's calibration makes thousands of calls
+    # the q-quantile of Beta(a, b) is the inverse regularized incomplete beta function at q; scipy.stats.beta.ppf
+    # gives the same floats (tests/planner/test_sizing_sim.py checks it bit for bit) but spends ~0.2 ms a call on
+    # argument handling, and the per-look confidence's calibration makes thousands of calls
     alpha = 1.0 - confidence
     lo = 0.0 if misses == 0 else float(betaincinv(misses, n - misses + 1, alpha))
     hi = 1.0 if misses >= n else float(betaincinv(misses + 1, n - misses, confidence))
