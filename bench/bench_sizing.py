@@ -80,7 +80,7 @@ def run(mode: str, n: int, rate_per_engine: float, ttft_ms: float, itl_ms: float
         itl_ms=itl_ms,
         predictor="constant",
         max_gpu_budget=128,
-        first_sizing_s=None,
+        early_sizing_s=None,
         **limits,
     )
     rate = n * rate_per_engine

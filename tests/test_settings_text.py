@@ -291,7 +291,7 @@ def test_field_kinds_are_the_base_types_of_the_annotations():
     from planner.core import PlannerConfig
 
     kinds = field_kinds(PlannerConfig)
-    assert (kinds["ttft_ms"], kinds["first_sizing_s"], kinds["auto_candidates"], kinds["mode"]) == (
+    assert (kinds["ttft_ms"], kinds["early_sizing_s"], kinds["auto_candidates"], kinds["mode"]) == (
         "float",
         "float",
         "tuple",

@@ -309,16 +309,18 @@ class PlannerConfig:
             "replicas (at least +1), >= 1 (default 2; 1.0 = the reference's +1 per interval)."
         ),
     )
-    first_sizing_s: float | None = Field(
+    early_sizing_s: float | None = Field(
         default=30.0,
         gt=0,
         description=(
-            "Early sizing: at start + this (seconds > 0), size every pool from the traffic seen since the start (its "
-            "count scaled to a full interval; lengths and histograms as observed) and scale up only, instead of "
-            "waiting a whole adjustment_interval_s with whatever fleet was deployed; the predictors are not fed. "
-            "Default 30: it holds a few hundred requests at a few requests per second (the count is within ~10 %) and "
-            "leaves a 60 s start-up well inside the first interval. A value >= adjustment_interval_s means no early "
-            "sizing. null = off (reference: first sizing at start + interval)."
+            "Early sizing, scale-up only, every this-many seconds (> 0) between the throughput loop's intervals, "
+            "instead of holding a whole adjustment_interval_s with what the last sizing chose. The first, at start + "
+            "this, sizes every pool from the traffic seen since the start (its count scaled to a full interval); each "
+            "later one tests the latest forecast on the arrivals since that sizing and, when they exceed it (Poisson, "
+            "1 % level: planner.core.loops.forecast_exceeded), sizes again at the least rate they support. The "
+            "predictors are not fed. Default 30: a few hundred requests at a few requests per second, and a 60 s "
+            "start-up well inside an interval. A value >= adjustment_interval_s means no early sizing. null = off "
+            "(reference: sizing only every interval, first at start + interval)."
         ),
     )
     simulated_sizing: bool = Field(

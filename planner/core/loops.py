@@ -1,6 +1,6 @@
 """The planner's three loop objects; :class:`planner.core.planner.Planner` combines them in one short rule.
 
-- :class:`ThroughputLoop` (every ``adjustment_interval_s``, and once early at ``first_sizing_s``): predicts the
+- :class:`ThroughputLoop` (every ``adjustment_interval_s``, early checks every ``early_sizing_s``): predicts the
   next interval's demand from the frontend's traffic windows and sizes every pool for it -- by simulation when
   the driver gave an engine model (:mod:`planner.core.sizing`), else by the reference formulas
   (:mod:`planner.core.throughput`). ``propose(current)`` gives per-pool goals with reasons; its goal is the
@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from scipy.special import gammainc, gammaincinv
 
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import PerformanceProfile
@@ -86,6 +88,27 @@ def _mean(totals: Sequence[tuple[float, float]], fallback: float) -> float:
     return s / n if n > 0 else fallback
 
 
+FORECAST_TEST_LEVEL = 0.01
+"""Significance of one early check of the forecast (:func:`forecast_exceeded`): the chance that arrivals at the
+forecast rate (Poisson) trigger a re-sizing at one check. At checks every 30 s, about one needless re-sizing an
+hour at a steady load; a needless one sizes at a rate just above the forecast, so it rarely changes a count."""
+
+
+def forecast_exceeded(count: float, span_s: float, rate: float) -> float | None:
+    """The least arrival rate (requests/s) that ``count`` arrivals in ``span_s`` seconds support at level
+    :data:`FORECAST_TEST_LEVEL` -- the one-sided Poisson lower confidence bound ``gammaincinv(count, level) /
+    span_s`` -- when it exceeds the forecast ``rate``; None when it does not (the forecast stands) or nothing
+    arrived. Exact Poisson tail: ``P(N >= count | rate x span_s) = gammainc(count, rate x span_s)``, which is
+    below the level exactly when the bound is above ``rate`` (Johnson, Kemp and Kotz, *Univariate Discrete
+    Distributions*, 3rd ed., 4.7.3)."""
+    n = int(count)
+    if n <= 0 or not span_s > 0:
+        return None
+    if gammainc(n, max(rate, 0.0) * span_s) >= FORECAST_TEST_LEVEL:
+        return None
+    return float(gammaincinv(n, FORECAST_TEST_LEVEL)) / span_s
+
+
 @dataclass
 class _Seen:
     """What one traffic window contributes to the sample (module :mod:`planner.core.sizing`)."""
@@ -132,6 +155,8 @@ class ThroughputLoop:
         self._isl_buckets: tuple[tuple[float, float], ...] = ()
         self.last_isl_tokens = math.nan
         self._sizings = 0
+        self._forecast: tuple[float, float] | None = None
+        """(time of the latest full sizing, s; its forecast rate, requests/s): what the early checks test."""
         self._search: SimulatedSizing | None = None
         self._plans: dict[tuple[int, ...], Goals] = {}
 
@@ -236,15 +261,34 @@ class ThroughputLoop:
             return False
         self._size(demand, ready)
         self.sized_full = True
+        self._forecast = (now_s, demand.num_requests / self.config.adjustment_interval_s)
         return True
 
     def learn_early(self, now_s: float, traffic: TrafficWindow | None, ready: Mapping[str, int] | None) -> bool:
-        """Early sizing (``first_sizing_s``): the traffic seen since the start, its count scaled to a full interval,
-        at its observed lengths (OSL from the predictor when nothing finished yet); predictors and corrections
-        are not fed (a short window is too noisy to learn from). False when nothing usable was observed."""
+        """Early sizing (``early_sizing_s``), scale-up only; predictors and corrections are not fed (a short window
+        is too noisy to learn from). False when it does not size.
+
+        The first time: the traffic seen since the start, its count scaled to a full interval, at its observed
+        lengths (OSL from the predictor when nothing finished yet). After it: a test of the latest (early or full)
+        forecast (:func:`forecast_exceeded`) on the arrivals since that sizing; only when they exceed the forecast
+        at level :data:`FORECAST_TEST_LEVEL` is the pool sized again, at the least rate they support."""
         cfg = self.config
         if traffic is None or not (traffic.num_requests > 0) or not math.isfinite(traffic.mean_isl_tokens):
             return False
+        if self._forecast is not None:
+            t0, rate = self._forecast
+            m = int(round((now_s - t0) / ARRIVAL_BIN_S))
+            counts = traffic.arrival_counts[-m:] if m > 0 else ()
+            lo = forecast_exceeded(sum(counts), len(counts) * ARRIVAL_BIN_S, rate) if counts else None
+            if lo is None:
+                return False
+            self._note(now_s, traffic, keep=False)
+            d = self.demand
+            self.demand = Demand(
+                lo * cfg.adjustment_interval_s, d.isl_tokens, d.osl_tokens, d.osl_buckets, d.isl_buckets
+            )
+            self._size(self.demand, ready)
+            return True
         osl = traffic.mean_osl_tokens if math.isfinite(traffic.mean_osl_tokens) else self._pred_osl.predict_next()
         if not math.isfinite(osl):
             return False
@@ -257,6 +301,7 @@ class ThroughputLoop:
             traffic.isl_buckets or self._isl_buckets,
         )
         self._size(self.demand, ready)
+        self._forecast = (now_s, self.demand.num_requests / cfg.adjustment_interval_s)
         return True
 
     # ------------------------------------------------------------------ sizing

@@ -3,8 +3,8 @@
 A tick (all times are the caller's clock, seconds; the planner never reads a clock):
 
 1. the load loop ingests ForwardPassMetrics (:class:`~planner.core.loops.LoadLoop`);
-2. the throughput loop, when due (every ``adjustment_interval_s``, first at start + interval, and once early
-   at ``first_sizing_s``), learns from the traffic window and sizes every pool
+2. the throughput loop, when due (every ``adjustment_interval_s``, first at start + interval, and early
+   checks every ``early_sizing_s`` in between), learns from the traffic window and sizes every pool
    (:class:`~planner.core.loops.ThroughputLoop`; ``None`` traffic = unknown: nothing learned,
    ``hold_metrics_unknown``);
 3. the pools: ``None`` = unknown -> ``hold_metrics_unknown`` (never "zero demand");
@@ -237,7 +237,7 @@ class Planner:
         if first:
             self._next_thpt_s = now_s + cfg.adjustment_interval_s
             self._next_load_s = now_s + cfg.load_adjustment_interval_s
-            first_s = cfg.first_sizing_s
+            first_s = cfg.early_sizing_s
             if cfg.throughput_enabled and first_s is not None and first_s < cfg.adjustment_interval_s:
                 self._early_s = now_s + first_s
         assert self._next_thpt_s is not None and self._next_load_s is not None
@@ -248,8 +248,13 @@ class Planner:
         if cfg.load_enabled:
             self._next_load_s = _next_due(self._next_load_s, now_s, cfg.load_adjustment_interval_s)
         early = self._early_s is not None and not first and not thpt and now_s + _EPS >= self._early_s
-        if early or thpt:
-            self._early_s = None
+        first_s = cfg.early_sizing_s
+        if thpt:  # the early checks of the new interval: every early_sizing_s until the next full sizing
+            self._early_s = now_s + first_s if first_s is not None and first_s < cfg.adjustment_interval_s else None
+        elif early:
+            assert self._early_s is not None and first_s is not None
+            nxt = _next_due(self._early_s, now_s, first_s)
+            self._early_s = nxt if nxt + _EPS < self._next_thpt_s else None
         return first, tuple(n for n, d in (("early_throughput", early), ("throughput", thpt), ("load", load)) if d)
 
     def _tick(self, now_s: float, obs: Observations) -> TickResult:

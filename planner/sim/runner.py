@@ -408,7 +408,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
             predictor="constant",
             scale_down_cooldown_s=0.0,
             simulated_sizing=False,
-            first_sizing_s=None,
+            early_sizing_s=None,
             sla_attainment_target=None,
             load_max_scale_up_factor=1.0,
         )

@@ -181,7 +181,7 @@ class Env:
         # The expected replica counts are the reference throughput formula, hand-computed. The core's early
         # first sizing changes them, so it is off here (null, which helm --set cannot express: it deletes the key).
         fields = {f.name for f in dataclasses.fields(PlannerConfig)}
-        planner_values.update({k: None for k in ("first_sizing_s",) if k in fields})
+        planner_values.update({k: None for k in ("early_sizing_s",) if k in fields})
         # ... and so is the sizing by simulation (tests/operator/test_operator_engine.py runs it)
         planner_values["simulated_sizing"] = False
         defaults.write_text(yaml.safe_dump(planner_values))

@@ -47,7 +47,7 @@ def test_generated_parts_follow_the_models():
         "maximum": 3600000.0,
         "type": "number",
     }
-    assert planner["properties"]["first_sizing_s"]["type"] == ["number", "null"]
+    assert planner["properties"]["early_sizing_s"]["type"] == ["number", "null"]
     assert planner["properties"]["agg"]["properties"]["max_replicas"]["type"] == ["integer", "null"]
     settings = values["properties"]["operator"]["properties"]["settings"]["properties"]
     assert "namespace" not in settings and "planner_defaults_file" not in settings  # the chart sets them

@@ -121,7 +121,7 @@ def test_bounds_named_with_the_bound():
                 "sla_attainment_target": 1,
                 "regression_min_samples": 1,
                 "auto_candidates": [],
-                "first_sizing_s": 0,
+                "early_sizing_s": 0,
             }
         )
     assert set(ei.value.problems) == {
@@ -131,7 +131,7 @@ def test_bounds_named_with_the_bound():
         "sla_attainment_target=1: expected < 1.0",
         "regression_min_samples=1: expected >= 2",
         "auto_candidates=[]: expected at least 1 items",
-        "first_sizing_s=0: expected > 0.0",
+        "early_sizing_s=0: expected > 0.0",
     }
     with pytest.raises(ConfigError, match=r"auto_candidates.0=\"auto\": expected one of 'constant', 'arima'"):
         config_from_mapping({"auto_candidates": ["auto"]})
@@ -142,7 +142,7 @@ def test_cli_text_is_read_as_yaml_1_2_scalars_then_validated_as_a_file_value():
         {
             "ttft_ms": "300",
             "load_enabled": "true",
-            "first_sizing_s": "null",
+            "early_sizing_s": "null",
             "agg-max-replicas": "3",
             "auto_candidates": "constant, kalman",
             "itl_ms": "1e2",
@@ -155,7 +155,7 @@ def test_cli_text_is_read_as_yaml_1_2_scalars_then_validated_as_a_file_value():
     assert (
         c.ttft_ms,
         c.load_enabled,
-        c.first_sizing_s,
+        c.early_sizing_s,
         c.agg.max_replicas,
         c.auto_candidates,
         c.itl_ms,
@@ -172,7 +172,7 @@ def test_cli_text_is_read_as_yaml_1_2_scalars_then_validated_as_a_file_value():
                 "throughput_enabled": "yes",
                 "predictor_min_points": "1e3",
                 "prophet_window": "0x10",
-                "first_sizing_s": "none",
+                "early_sizing_s": "none",
             },
             cli=True,
         )
@@ -186,7 +186,7 @@ def test_cli_text_is_read_as_yaml_1_2_scalars_then_validated_as_a_file_value():
         'throughput_enabled="yes": expected a boolean (true/false)',
         "predictor_min_points=1000.0: expected an integer",
         'prophet_window="0x10": expected an integer',
-        'first_sizing_s="none": expected a number',
+        'early_sizing_s="none": expected a number',
     }
 
 

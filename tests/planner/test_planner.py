@@ -4,6 +4,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.core.config import PlannerConfig, PoolLimits
 from planner.core.observations import Observations, PoolState, TrafficWindow
@@ -13,7 +15,7 @@ from tests.planner.helpers import Fleet, decode_pass, idle_pass, profile, traffi
 
 # The reference planner's rules (docs/architecture.md "Planner facts"): no evaluator is given, so sizing is the
 # closed-form reference.
-REFERENCE_RULES = dict(load_max_scale_up_factor=1.0, first_sizing_s=None)
+REFERENCE_RULES = dict(load_max_scale_up_factor=1.0, early_sizing_s=None)
 
 
 def thpt_config(**kw):
@@ -678,3 +680,75 @@ def test_tiny_load_interval_does_not_stall_a_tick():
     on = Planner(load_config_(load_adjustment_interval_s=1e-20), profile())  # the load loop on, interval < ulp
     on.tick(0.0, Fleet(decode=1).obs())
     assert on.tick(1.0, Fleet(decode=1).obs()).next_tick_s > 1.0
+
+
+# ------------------------------------------------------------------ early checks of the forecast
+
+
+def test_the_forecast_test_is_the_poisson_lower_bound_hand_computed():
+    from scipy.stats import chi2
+
+    from planner.core.loops import forecast_exceeded
+
+    # 50 arrivals in 30 s against a forecast of 1/s (30 expected): P(N >= 50 | 30) = 5.2e-4 < 0.01, and the least
+    # rate they support is the 1 % Poisson lower bound chi2.ppf(0.01, 2 x 50) / 2 / 30 s = 1.1677 requests/s
+    assert forecast_exceeded(50, 30.0, 1.0) == pytest.approx(chi2.ppf(0.01, 100) / 2 / 30.0, rel=1e-12)
+    assert forecast_exceeded(50, 30.0, 1.0) == pytest.approx(1.167748, abs=1e-6)
+    assert forecast_exceeded(42, 30.0, 1.0) is None  # P(N >= 42 | 30) = 0.022: the forecast stands
+    assert forecast_exceeded(0, 30.0, 0.0) is None  # nothing arrived
+    assert forecast_exceeded(1, 30.0, 0.0) == pytest.approx(-math.log(0.99) / 30.0)  # forecast 0: any arrival
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 5000),
+    span_s=st.sampled_from([10.0, 30.0, 60.0, 150.0]),
+    rate=st.floats(0.0, 100.0, allow_nan=False),
+)
+def test_the_forecast_test_agrees_with_the_poisson_tail(n, span_s, rate):
+    from scipy.stats import poisson
+
+    from planner.core.loops import FORECAST_TEST_LEVEL, forecast_exceeded
+
+    lo = forecast_exceeded(n, span_s, rate)
+    tail = poisson.sf(n - 1, rate * span_s) if n > 0 else 1.0  # P(N >= n)
+    if lo is None:
+        assert n == 0 or tail >= FORECAST_TEST_LEVEL * (1 - 1e-9)
+    else:
+        assert tail < FORECAST_TEST_LEVEL * (1 + 1e-9)
+        assert lo >= rate * (1 - 1e-9)  # the bound is above the forecast exactly when the test rejects it
+        assert poisson.sf(n - 1, lo * span_s) == pytest.approx(FORECAST_TEST_LEVEL, rel=1e-6)
+
+
+def _window(per_bin: list[float]) -> TrafficWindow:
+    """A 180 s window with ``per_bin`` arrivals per 10 s bin (18 bins), ISL 2000 / OSL 150."""
+    n = float(sum(per_bin))
+    return TrafficWindow(180.0, n, 2000.0, 150.0, arrival_counts=tuple(per_bin))
+
+
+def test_early_checks_resize_on_a_surge_after_the_full_sizing_and_hold_at_the_forecast():
+    pl = Planner(thpt_config(early_sizing_s=30.0), profile())
+    fleet = Fleet(prefill=5, decode=2)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(30.0, fleet.obs(_window([0.0] * 15 + [200.0] * 3)))  # the first early sizing: 600 in 30 s
+    assert r.diagnostics.loops_run == ("early_throughput",) and r.next_tick_s == 60.0
+    r = pl.tick(180.0, fleet.obs(_window([200.0] * 18)))  # full: 3600 / 180 s = 20 /s -> 5 prefill, 2 decode
+    assert r.decision.targets is None and r.next_tick_s == 210.0
+    # arrivals at the forecast rate: checks at 210 ... 330, none sizes again; the next full sizing at 360
+    for t in (210.0, 240.0, 270.0, 300.0, 330.0):
+        r = pl.tick(t, fleet.obs(_window([200.0] * 18)))
+        assert r.diagnostics.loops_run == ("early_throughput",) and r.decision.targets is None
+    assert r.next_tick_s == 360.0
+    r = pl.tick(360.0, fleet.obs(_window([200.0] * 18)))
+    assert r.diagnostics.loops_run == ("throughput",) and r.decision.targets is None
+    # twice the forecast in the 30 s since that sizing: 1200 arrivals, the 1 % lower bound chi2.ppf(0.01, 2400) / 2 /
+    # 30 s = 37.363 /s -> 6725 requests an interval -> 6725 x 2000 / 180 / 8000 = 9.34 -> 10 prefill,
+    # 6725 x 150 / 180 / 1500 = 3.74 -> 4 decode
+    r = pl.tick(390.0, fleet.obs(_window([200.0] * 15 + [400.0] * 3)))
+    assert r.decision.targets == {"prefill": 10, "decode": 4}
+    assert r.decision.reason == Reason.SCALE_UP_THROUGHPUT
+    assert r.diagnostics.predicted_requests_per_second == pytest.approx(37.363, abs=1e-3)
+    fleet.apply(r.decision)
+    # half the forecast: the checks only scale up, so nothing is removed before the next full sizing
+    r = pl.tick(420.0, fleet.obs(_window([100.0] * 18)))
+    assert r.decision.targets is None
