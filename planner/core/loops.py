@@ -23,8 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy.special import gammainc, gammaincinv
-
 from planner.core.config import PlannerConfig
 from planner.core.interpolation import PerformanceProfile
 from planner.core.load import (
@@ -90,23 +88,48 @@ def _mean(totals: Sequence[tuple[float, float]], fallback: float) -> float:
 
 FORECAST_TEST_LEVEL = 0.01
 """Significance of one early check of the forecast (:func:`forecast_exceeded`): the chance that arrivals at the
-forecast rate (Poisson) trigger a re-sizing at one check. At checks every 30 s, about one needless re-sizing an
-hour at a steady load; a needless one sizes at a rate just above the forecast, so it rarely changes a count."""
+forecast rate trigger a re-sizing at one check. At checks every 30 s, about one needless re-sizing an hour at a
+steady load; a needless one sizes at a rate just above the forecast, so it rarely changes a count."""
 
 
-def forecast_exceeded(count: float, span_s: float, rate: float) -> float | None:
+def dispersion_index(counts: Sequence[float]) -> float:
+    """Index of dispersion (variance / mean, >= 1) of arrivals per bin, from consecutive bin counts.
+
+    ``counts``: requests started per :data:`~planner.core.sizing.ARRIVAL_BIN_S` bin, oldest first. The variance
+    is the mean square successive difference over two, ``sum((c[i] - c[i-1])**2) / (2 (k - 1))`` (von Neumann et
+    al., *Ann. Math. Statist.* 12, 1941), which a slow trend (a ramp) barely moves, unlike the plain variance.
+    1.0 (Poisson) with fewer than 3 bins or no arrivals, and never below 1: a test is never made sharper than the
+    Poisson one. Poisson arrivals give about 1; bursty ones more (a renewal process with gap coefficient of
+    variation ``cv`` tends to ``cv**2`` for bins much longer than a gap; Cox and Lewis, *The Statistical Analysis of
+    Series of Events*, 1966, ch. 4)."""
+    k = len(counts)
+    total = float(sum(counts))
+    if k < 3 or not total > 0:
+        return 1.0
+    mssd = sum((b - a) ** 2 for a, b in zip(counts, counts[1:], strict=False)) / (2.0 * (k - 1))
+    return max(1.0, mssd / (total / k))
+
+
+def forecast_exceeded(count: float, span_s: float, rate: float, dispersion: float = 1.0) -> float | None:
     """The least arrival rate (requests/s) that ``count`` arrivals in ``span_s`` seconds support at level
-    :data:`FORECAST_TEST_LEVEL` -- the one-sided Poisson lower confidence bound ``gammaincinv(count, level) /
-    span_s`` -- when it exceeds the forecast ``rate``; None when it does not (the forecast stands) or nothing
-    arrived. Exact Poisson tail: ``P(N >= count | rate x span_s) = gammainc(count, rate x span_s)``, which is
-    below the level exactly when the bound is above ``rate`` (Johnson, Kemp and Kotz, *Univariate Discrete
-    Distributions*, 3rd ed., 4.7.3)."""
-    n = int(count)
-    if n <= 0 or not span_s > 0:
+    :data:`FORECAST_TEST_LEVEL` when it exceeds the forecast ``rate``; None when it does not (the forecast stands)
+    or nothing arrived.
+
+    Arrivals are taken as Poisson scaled by ``dispersion`` (:func:`dispersion_index`, >= 1): ``count / dispersion``
+    is Poisson with mean ``rate x span_s / dispersion`` (the quasi-Poisson model for over-dispersed counts;
+    McCullagh and Nelder, *Generalized Linear Models*, 2nd ed., 1989, ch. 6). With ``n = count / dispersion`` the
+    tail is ``P(N >= n) = gammainc(n, rate x span_s / dispersion)``, below the level exactly when the one-sided
+    lower confidence bound ``gammaincinv(n, level) x dispersion / span_s`` is above ``rate`` (Johnson, Kemp and
+    Kotz, *Univariate Discrete Distributions*, 3rd ed., 4.7.3). ``dispersion`` 1 is the exact Poisson test."""
+    from scipy.special import gammainc, gammaincinv  # here, not at module level: scipy costs start-up time
+
+    d = max(1.0, dispersion) if math.isfinite(dispersion) else 1.0
+    n = float(count) / d
+    if not n > 0 or not span_s > 0:
         return None
-    if gammainc(n, max(rate, 0.0) * span_s) >= FORECAST_TEST_LEVEL:
+    if gammainc(n, max(rate, 0.0) * span_s / d) >= FORECAST_TEST_LEVEL:
         return None
-    return float(gammaincinv(n, FORECAST_TEST_LEVEL)) / span_s
+    return float(gammaincinv(n, FORECAST_TEST_LEVEL)) * d / span_s
 
 
 @dataclass
@@ -155,7 +178,7 @@ class ThroughputLoop:
         self._isl_buckets: tuple[tuple[float, float], ...] = ()
         self.last_isl_tokens = math.nan
         self._sizings = 0
-        self._forecast: tuple[float, float] | None = None
+        self._forecast: tuple[float, float, float] | None = None
         """(time of the latest full sizing, s; its forecast rate, requests/s): what the early checks test."""
         self._search: SimulatedSizing | None = None
         self._plans: dict[tuple[int, ...], Goals] = {}
@@ -261,7 +284,11 @@ class ThroughputLoop:
             return False
         self._size(demand, ready)
         self.sized_full = True
-        self._forecast = (now_s, demand.num_requests / self.config.adjustment_interval_s)
+        self._forecast = (
+            now_s,
+            demand.num_requests / self.config.adjustment_interval_s,
+            dispersion_index(traffic.arrival_counts),
+        )
         return True
 
     def learn_early(self, now_s: float, traffic: TrafficWindow | None, ready: Mapping[str, int] | None) -> bool:
@@ -270,16 +297,17 @@ class ThroughputLoop:
 
         The first time: the traffic seen since the start, its count scaled to a full interval, at its observed
         lengths (OSL from the predictor when nothing finished yet). After it: a test of the latest (early or full)
-        forecast (:func:`forecast_exceeded`) on the arrivals since that sizing; only when they exceed the forecast
-        at level :data:`FORECAST_TEST_LEVEL` is the pool sized again, at the least rate they support."""
+        forecast (:func:`forecast_exceeded`) on the arrivals since that sizing, at the dispersion of the arrivals that
+        sizing saw (:func:`dispersion_index`); only when they exceed the forecast at level
+        :data:`FORECAST_TEST_LEVEL` is the pool sized again, at the least rate they support."""
         cfg = self.config
         if traffic is None or not (traffic.num_requests > 0) or not math.isfinite(traffic.mean_isl_tokens):
             return False
         if self._forecast is not None:
-            t0, rate = self._forecast
+            t0, rate, disp = self._forecast
             m = int(round((now_s - t0) / ARRIVAL_BIN_S))
             counts = traffic.arrival_counts[-m:] if m > 0 else ()
-            lo = forecast_exceeded(sum(counts), len(counts) * ARRIVAL_BIN_S, rate) if counts else None
+            lo = forecast_exceeded(sum(counts), len(counts) * ARRIVAL_BIN_S, rate, disp) if counts else None
             if lo is None:
                 return False
             self._note(now_s, traffic, keep=False)
@@ -301,7 +329,11 @@ class ThroughputLoop:
             traffic.isl_buckets or self._isl_buckets,
         )
         self._size(self.demand, ready)
-        self._forecast = (now_s, self.demand.num_requests / cfg.adjustment_interval_s)
+        self._forecast = (
+            now_s,
+            self.demand.num_requests / cfg.adjustment_interval_s,
+            dispersion_index(traffic.arrival_counts),
+        )
         return True
 
     # ------------------------------------------------------------------ sizing

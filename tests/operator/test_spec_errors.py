@@ -324,7 +324,7 @@ def test_observed_rps_is_kept_between_throughput_ticks_and_a_hand_edit_is_an_eve
         mode="agg",
         throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
         load={"enabled": True, "intervalS": 5},
-        settings={"simulatedSizing": False, "firstSizingS": None},
+        settings={"simulatedSizing": False, "earlySizingS": None},
         replicas={"minWorker": 1, "maxWorker": 1},
     )
     loop = loop_for(body, kube, traffic=traffic, clock=lambda: now[0])
@@ -416,7 +416,7 @@ def test_a_scale_refused_with_409_is_replanned_not_left_pending(tmp_path):
     body = planner_body(
         mode="agg",
         throughput={"profile": str(prof), "adjustmentIntervalS": 30, "predictor": "constant"},
-        settings={"simulatedSizing": False, "firstSizingS": None},
+        settings={"simulatedSizing": False, "earlySizingS": None},
         replicas={"minWorker": 1, "maxWorker": 8},
     )
     loop = loop_for(body, kube, traffic=Traffic(), clock=lambda: now[0])

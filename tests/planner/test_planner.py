@@ -752,3 +752,69 @@ def test_early_checks_resize_on_a_surge_after_the_full_sizing_and_hold_at_the_fo
     # half the forecast: the checks only scale up, so nothing is removed before the next full sizing
     r = pl.tick(420.0, fleet.obs(_window([100.0] * 18)))
     assert r.decision.targets is None
+
+
+def test_the_dispersion_index_hand_computed():
+    from planner.core.loops import dispersion_index
+
+    # [0, 20, 0, 20]: successive differences 20, 20, 20 -> 3 x 400 / (2 x 3) = 200 over a mean of 10 -> 20
+    assert dispersion_index([0.0, 20.0, 0.0, 20.0]) == pytest.approx(20.0)
+    # a ramp 10 ... 50: differences 10 -> 4 x 100 / (2 x 4) = 50 over a mean of 30 -> 5/3; the plain sample
+    # variance (250) would give 8.3 and read the trend as burstiness
+    assert dispersion_index([10.0, 20.0, 30.0, 40.0, 50.0]) == pytest.approx(5.0 / 3.0)
+    assert dispersion_index([10.0, 10.0, 10.0]) == 1.0  # under-dispersed: never sharper than Poisson
+    assert dispersion_index([0.0, 0.0, 0.0, 0.0]) == 1.0  # nothing arrived
+    assert dispersion_index([5.0, 50.0]) == 1.0  # fewer than 3 bins
+
+
+def test_the_forecast_test_scales_the_poisson_count_by_the_dispersion_hand_computed():
+    from scipy.stats import poisson
+
+    from planner.core.loops import forecast_exceeded
+
+    # 50 arrivals in 30 s at a forecast of 1/s rejects it for Poisson arrivals (P = 5.2e-4, above); at dispersion 2
+    # the count is 25 against a mean of 15: P(N >= 25 | 15) = 0.0112 >= 0.01, the forecast stands
+    assert poisson.sf(24, 15.0) == pytest.approx(0.011165, abs=1e-6)
+    assert forecast_exceeded(50, 30.0, 1.0, dispersion=2.0) is None
+    # 80 at dispersion 2: 40 against 15 rejects; the bound gammaincinv(40, 0.01) x 2 / 30 s
+    assert forecast_exceeded(80, 30.0, 1.0, dispersion=2.0) == pytest.approx(1.784669, abs=1e-6)
+    # dispersion below 1 (or not finite) is the Poisson test
+    assert forecast_exceeded(50, 30.0, 1.0, dispersion=0.5) == forecast_exceeded(50, 30.0, 1.0)
+    assert forecast_exceeded(50, 30.0, 1.0, dispersion=math.nan) == forecast_exceeded(50, 30.0, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    rate=st.floats(0.0, 50.0, allow_nan=False),
+    disp=st.floats(1.0, 20.0, allow_nan=False),
+)
+def test_the_dispersed_forecast_test_agrees_with_the_gamma_tail(n, rate, disp):
+    from scipy.stats import gamma
+
+    from planner.core.loops import FORECAST_TEST_LEVEL, forecast_exceeded
+
+    span_s = 30.0
+    lo = forecast_exceeded(n, span_s, rate, dispersion=disp)
+    tail = gamma.cdf(rate * span_s / disp, n / disp)  # P(N >= n / d) for the scaled Poisson count, continuous in n
+    if lo is None:
+        assert tail >= FORECAST_TEST_LEVEL * (1 - 1e-9)
+    else:
+        assert tail < FORECAST_TEST_LEVEL * (1 + 1e-9)
+        assert lo >= rate * (1 - 1e-9)
+        assert gamma.cdf(lo * span_s / disp, n / disp) == pytest.approx(FORECAST_TEST_LEVEL, rel=1e-6)
+
+
+def test_early_checks_hold_a_surge_that_bursty_traffic_explains():
+    pl = Planner(thpt_config(early_sizing_s=30.0), profile())
+    fleet = Fleet(prefill=5, decode=2)
+    pl.tick(0.0, fleet.obs())
+    pl.tick(30.0, fleet.obs(_window([0.0] * 15 + [200.0] * 3)))
+    # the full sizing sees 3600 arrivals as bursts, 0 and 400 per bin alternating: forecast 20 /s at dispersion
+    # 400^2 / 2 / 200 = 400
+    r = pl.tick(180.0, fleet.obs(_window([0.0, 400.0] * 9)))
+    assert r.diagnostics.loops_run == ("throughput",) and r.decision.targets is None
+    # twice the forecast in the next 30 s (1200 against 600) re-sizes smooth traffic (the test above); for this
+    # traffic it is 3 against 1.5 bursts: P(N >= 3 | 1.5) = 0.19, the forecast stands
+    r = pl.tick(210.0, fleet.obs(_window([0.0, 400.0] * 7 + [0.0] + [400.0] * 3)))
+    assert r.diagnostics.loops_run == ("early_throughput",) and r.decision.targets is None
