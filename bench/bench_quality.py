@@ -432,8 +432,9 @@ def main() -> None:
         out_root.mkdir(parents=True, exist_ok=True)
         import planner
 
+        at = git_describe()  # once, before any output file is written (those would read as local changes)
         print(
-            f"bench_quality: planner from {Path(planner.__file__).parent} at {git_describe()}; "
+            f"bench_quality: planner from {Path(planner.__file__).parent} at {at}; "
             f"load average {os.getloadavg()[0]:.1f}; --jobs {args.jobs}; {len(cases)} runs"
         )
         t0 = time.perf_counter()
@@ -450,8 +451,7 @@ def main() -> None:
             + ", ".join(f"{c.name}={results[c.name]['wall_s']:.0f}" for c in cases)
         )
         header = (
-            f"Quality suite (`bench/bench_quality.py`), planner at {git_describe()}, --jobs {args.jobs}, "
-            f"suite wall {total:.0f} s"
+            f"Quality suite (`bench/bench_quality.py`), planner at {at}, --jobs {args.jobs}, suite wall {total:.0f} s"
         )
         md = markdown(cases, results, header)
         print("\n" + md)
@@ -459,7 +459,7 @@ def main() -> None:
             Path(args.markdown).write_text(md)
         if args.json:
             doc = {
-                "planner_at": git_describe(),
+                "planner_at": at,
                 "wall_s": round(total, 1),
                 "jobs": args.jobs,
                 "runs": {

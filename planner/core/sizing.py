@@ -555,9 +555,27 @@ class SimulatedSizing:
         n = self._search(pool, others, kind, start, lo, hi, self.allowed_miss)
         if n < hi or self._verdict({**others, pool: hi}, kind, pool) == PASS:
             return n
-        o = self.outcome({**others, pool: hi}, kind, decide=False, pool=pool)
-        bar = max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1])
-        return self._search(pool, others, kind, start, lo, hi, bar, miss_bounds(o.unfinished, o.num_requests)[1])
+        return self._search(pool, others, kind, start, lo, hi, *self._limit_bars({**others, pool: hi}, kind, pool))
+
+    def _limit_bars(self, limit: Mapping[str, int], kind: str, pool: str | None = None) -> tuple[float, float]:
+        """The bars of a target out of reach, from the fleet at the limit: (the upper Clopper-Pearson bound of its
+        ``kind`` miss share, at least ``allowed_miss``; that of its unfinished share)."""
+        o = self.outcome(limit, kind, decide=False, pool=pool)
+        return (
+            max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1]),
+            miss_bounds(o.unfinished, o.num_requests)[1],
+        )
+
+    def _as_good_as_limit(
+        self, counts: Mapping[str, int], kind: str, bars: tuple[float, float], pool: str | None = None
+    ) -> bool:
+        """Whether fleet ``counts`` is not significantly worse than the limit whose :meth:`_limit_bars` are
+        ``bars``: the lower bounds of its miss and unfinished shares within them."""
+        o = self.outcome(counts, kind, decide=False, pool=pool)
+        return (
+            miss_bounds(o.misses_of(kind), o.num_requests)[0] <= bars[0]
+            and miss_bounds(o.unfinished, o.num_requests)[0] <= bars[1]
+        )
 
     def _search(
         self,
@@ -581,13 +599,7 @@ class SimulatedSizing:
                 return self._verdict({**others, pool: n}, kind, pool) == PASS
             # the target is out of reach: n is good enough when its misses are not significantly above what the
             # limit achieves (its lower bound within the limit's upper bound)
-            if n >= hi:
-                return True
-            o = self.outcome({**others, pool: n}, kind, decide=False, pool=pool)
-            return (
-                miss_bounds(o.misses_of(kind), o.num_requests)[0] <= allowed
-                and miss_bounds(o.unfinished, o.num_requests)[0] <= unfinished_bar
-            )
+            return n >= hi or self._as_good_as_limit({**others, pool: n}, kind, (allowed, unfinished_bar), pool)
 
         if ok(start):
             good, step = start, 1
@@ -615,7 +627,8 @@ class SimulatedSizing:
         """Goals per pool against ``current`` replicas (module docstring; disaggregated: each pool sized with
         the other at its upper limit on the misses it causes -- TTFT for prefill, any for decode, since a full
         decode cache delays first tokens too -- then the pair is checked and the pool whose SLA it misses
-        more grows while the pair fails)."""
+        more grows while the pair fails and, when not even both limits pass, while it is significantly worse
+        than the limits' pair (the bar of :meth:`least_passing`))."""
         cur = {p: min(max(int(current[p]), self.limits[p][0]), self.limits[p][1]) for p in self.pools}
         if self.pools == ("agg",):
             req = {"agg": self.least_passing("agg", {}, "any", cur["agg"])}
@@ -642,10 +655,20 @@ class SimulatedSizing:
             else:
                 goal[p], reasons[p] = cur[p], Reason.HOLD_STEADY
         if len(self.pools) == 2:
-            # the pair: grow the pool whose SLA it misses more while it fails (each pool alone passed)
+            # the pair: grow the pool whose SLA it misses more while it fails (each pool alone passed). When not
+            # even both pools at their limits pass, the bar is what that pair achieves, as in least_passing: growth
+            # stops once the pair is not significantly worse than the limits (else a target out of reach would buy
+            # every replica the limits allow)
+            bars: tuple[float, float] | None = None
             while True:
                 v, o = self.decide(goal, "any")
                 if v != FAIL:
+                    break
+                if bars is None:
+                    top = {p: self.limits[p][1] for p in self.pools}
+                    reachable = self._verdict(top, "any") == PASS
+                    bars = (self.allowed_miss, 1.0) if reachable else self._limit_bars(top, "any")
+                if bars[0] > self.allowed_miss and self._as_good_as_limit(goal, "any", bars):
                     break
                 p = "prefill" if o.ttft_misses >= o.itl_misses else "decode"
                 if goal[p] >= self.limits[p][1]:

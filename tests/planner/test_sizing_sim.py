@@ -474,6 +474,36 @@ def test_disaggregated_share_replays_the_sized_pools_engines_and_a_proportional_
         assert part.ttft_misses == whole.ttft_misses == 0
 
 
+def test_a_pair_target_no_fleet_reaches_stops_growing_once_as_good_as_the_limits():
+    class SteepFloor(Threshold):
+        """100 of 1000 miss below ``need`` of a pool, 20 at any larger size (the limits' 8 + 8 included)."""
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            o = super().evaluate(sample, replicas)
+            t, i = (100 if o.ttft_misses else 20), (100 if o.itl_misses else 20)
+            return SampleOutcome(1000, t, i, max(t, i))
+
+    # each pool alone: 20 of 1000 at the limit (upper bound 2.9 %), 100 below need (lower bound 8.5 %), so 3 and 2;
+    # the pair (3, 2) still fails the 0.5 % target, but its 20 misses are the limits' 20: nothing bought beyond it
+    ev = SteepFloor({"prefill": 3, "decode": 2})
+    plan = _sizing(ev, pools=("prefill", "decode"), hi=8).plan({"prefill": 1, "decode": 1})
+    assert (plan["prefill"].goal, plan["decode"].goal) == (3, 2)
+    assert (plan["prefill"].reason, plan["decode"].reason) == (Reason.SCALE_UP_THROUGHPUT, Reason.SCALE_UP_THROUGHPUT)
+
+    class PairOnly(Threshold):
+        """30 of 1000 miss while prefill + decode < 7 engines, none from 7 up: each pool alone (the other at its
+        limit of 8) passes from 1 engine, only the pair needs more."""
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            m = 30 if sum(replicas.values()) < 7 else 0
+            return SampleOutcome(1000, m, m, m)
+
+    # the limits pass, so the pair grows while it fails: ties of TTFT and ITL misses grow prefill, 1 + 1 -> 6 + 1
+    plan = _sizing(PairOnly({}), pools=("prefill", "decode"), hi=8).plan({"prefill": 1, "decode": 1})
+    assert (plan["prefill"].goal, plan["decode"].goal) == (6, 1)
+    assert (plan["prefill"].required, plan["decode"].reason) == (6, Reason.HOLD_STEADY)
+
+
 def test_a_load_beyond_the_limits_capacity_scales_to_the_limit_not_to_the_minimum():
     class Overload:
         """Every fleet misses all 1000 requests; n replicas leave 1000 - 200 n of them unfinished (>= 0)."""
