@@ -10,7 +10,7 @@ import pytest
 
 from planner.cli import main as cli_main
 from planner.core.config import setting_name
-from planner.sim.runner import MAX_LOAD_TICKS, MAX_THROUGHPUT_TICKS
+from planner.sim.runner import MAX_EARLY_TICKS, MAX_LOAD_TICKS, MAX_THROUGHPUT_TICKS
 
 TINY = "synthetic:constant?rate=1&num_requests=20&isl=100&osl=10"  # arrivals 0..19 s
 
@@ -43,6 +43,17 @@ def test_tiny_load_interval_with_the_load_loop_is_refused(profile, capsys):
     err = _err(capsys, rc)
     assert "load_adjustment_interval_s=1e-06: " in err
     assert f"1.9e+07 load-loop ticks, more than the cap of {MAX_LOAD_TICKS} per policy" in err
+
+
+def test_tiny_early_sizing_interval_is_refused_and_off_or_without_the_throughput_loop_runs(profile, capsys):
+    # 19 s / 1e-6 s = 1.9e7 early checks, over the cap (each advances the simulation: a tiny value ran for hours)
+    rc = _sim(profile, "--compare", "planner:early_sizing_s=1e-6")
+    err = _err(capsys, rc)
+    assert "early_sizing_s=1e-06: " in err
+    assert f"1.9e+07 early-check ticks, more than the cap of {MAX_EARLY_TICKS} per policy" in err
+    assert err.endswith("expected early_sizing_s >= 0.00019 s")
+    assert _sim(profile, "--compare", "planner:early_sizing_s=null") == 0, capsys.readouterr().err
+    assert _sim(profile, "--compare", "planner:early_sizing_s=1e-6,throughput_enabled=false,load_enabled=true") == 0
 
 
 def test_tiny_interval_of_the_run_config_is_refused_for_the_planner_policy(profile, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -378,6 +379,17 @@ def test_attainment_target_is_the_core_setting_and_windows_carry_sla_buckets():
     assert make_policy("planner", ctx).config.sla_attainment_target == ctx.config.sla_attainment_target  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="attainment_target"):
         make_policy("planner:attainment_target=2", ctx)
+    # sla_attainment_target is the same setting under its long name: the same text (off), one of the two names,
+    # and a variant's value wins over --attainment-target (ctx.attainment_target)
+    assert make_policy("planner:sla_attainment_target=off", ctx).config.sla_attainment_target is None  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="one setting given twice"):
+        make_policy("planner:attainment_target=0.99,sla_attainment_target=0.999", ctx)
+    flagged = dataclasses.replace(ctx, attainment_target=0.9)
+    for key in ("attainment_target", "sla_attainment_target"):
+        assert make_policy(f"planner:{key}=0.999", flagged).config.sla_attainment_target == 0.999  # type: ignore[attr-defined]
+    assert make_policy("planner", flagged).config.sla_attainment_target == 0.9  # type: ignore[attr-defined]
+    off = dataclasses.replace(ctx, attainment_target="off")
+    assert make_policy("planner:sla_attainment_target=0.99", off).config.sla_attainment_target == 0.99  # type: ignore[attr-defined]
     # the frontend window carries the SLA-bucket counts the planner's feedback reads
     old = CounterSnapshot(0.0)
     new = CounterSnapshot(10.0, started=4, ttft_count=4, finished=3, ttft_within_sla=3, itl_within_sla=2)
