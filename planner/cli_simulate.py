@@ -646,8 +646,7 @@ def run(args: argparse.Namespace) -> int:
         # the results must not be lost: table and summary JSON on stdout, then the one-line error (exit 2)
 
         doc = summary_document(runs)
-        out = Console(width=max(Console().width, 180), emoji=False)
-        out.print(render_table(doc, title=title))
+        _print_whole(render_table(doc, title=title), Console(emoji=False))
         sys.stdout.write(json.dumps(schema_summary(doc), indent=2) + "\n")
         sys.stdout.flush()
         where = e.filename or args.out
@@ -656,14 +655,27 @@ def run(args: argparse.Namespace) -> int:
             f"to stdout above), expected a writable directory"
         ) from None
     if not args.quiet:
+        table = render_table(doc, title=title)
         out = Console(emoji=False)
-        if not out.is_terminal:
-            out = Console(width=max(out.width, 180), emoji=False)
-        out.print(render_table(doc, title=title))
+        if out.is_terminal:
+            out.print(table)
+        else:
+            _print_whole(table, out)
         err.print("wall time per policy (s): " + ", ".join(f"{k}={v}" for k, v in walls.items()))
     if failed is not None:
         raise failed
     return 0
+
+
+def _print_whole(table: Any, console: Any) -> None:
+    """Print a rich table at its natural width, however wide (a file or pipe has no width to fit: a cropped
+    column would lose figures), at least the console's."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    wide = Console(width=100_000, emoji=False, file=console.file)
+    natural = Measurement.get(wide, wide.options, table).maximum
+    Console(width=max(console.width, natural), emoji=False, file=console.file).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenience

@@ -230,3 +230,21 @@ def test_a_spec_with_spaces_is_the_same_policy_and_warned_once(profile, tmp_path
     err = capsys.readouterr().err
     assert "warning: --compare static:1: given more than once, each runs once" in err
     assert list(json.loads((out / "summary.json").read_text())["policies"]) == ["static:1", "static:2"]
+
+
+def test_the_table_printed_to_a_file_is_whole_however_long_the_policy_names(profile, capsys):
+    # a pipe or file has no width to fit: the table used to be cut at 180 columns (scale events and the right
+    # border lost) and long policy names wrapped mid-word
+    names = [
+        "planner:early_sizing_s=null,simulated_sizing=false",
+        "planner:adjustment_interval_s=90,predictor=constant",
+    ]
+    rc = cli_main(["simulate", "--trace", TINY, "--profile", profile, "--compare", *names, "static:1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = [ln for ln in out.splitlines() if ln[:1] in "┏┃┡│└"]
+    assert len(rows) == 7  # top border, header, rule, 3 policies, bottom border
+    assert all(ln[-1] in "┓┃┩│┘" for ln in rows), out
+    assert len({len(ln) for ln in rows}) == 1, out  # every line of the table as wide as the others
+    for name in names:
+        assert any(f"│ {name} " in ln for ln in rows), out
