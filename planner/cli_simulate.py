@@ -623,6 +623,7 @@ def run(args: argparse.Namespace) -> int:
             runs.append(simulate(ctx.requests, ctx.engines, pol, ctx.settings))
         walls[pol.name] = round(time.perf_counter() - t0, 3)
         _warn_failed(pol.name, runs[-1].records, next(iter(ctx.engines.values())))
+    base_config = ctx.config.to_dict()
     meta = {
         "trace": args.trace,
         "mode": args.mode,
@@ -632,9 +633,16 @@ def run(args: argparse.Namespace) -> int:
         "sla_itl_ms": args.sla_itl_ms,
         "router": args.router,
         "seed": args.seed,
-        "planner_config": ctx.config.to_dict(),
+        "planner_config": base_config,
         **({"rate_envelope": args.rate_envelope} if args.rate_envelope else {}),
         "policies": {p.name: getattr(p, "replicas", None) for p in policies},
+        # what each planner-driven row ran with where it differs from planner_config (a planner:k=v variant, the
+        # reference settings of throughput-only, a variant's attainment target): {} for the plain planner
+        "policy_settings": {
+            p.name: {k: v for k, v in cfg.to_dict().items() if base_config.get(k) != v}
+            for p in policies
+            if isinstance(cfg := getattr(p, "config", None), PlannerConfig)
+        },
     }
     title = (
         f"dynoplan simulate — {args.trace} ({args.mode}, x{args.arrival_speedup:g}, "

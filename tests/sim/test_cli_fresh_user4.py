@@ -248,3 +248,17 @@ def test_the_table_printed_to_a_file_is_whole_however_long_the_policy_names(prof
     assert len({len(ln) for ln in rows}) == 1, out  # every line of the table as wide as the others
     for name in names:
         assert any(f"│ {name} " in ln for ln in rows), out
+
+
+def test_details_record_what_each_planner_row_ran_with_beyond_the_runs_config(profile, tmp_path):
+    out = tmp_path / "o"
+    variant = "planner:early_sizing_s=null,attainment_target=0.99"
+    argv = ["simulate", "--trace", TINY, "--profile", profile, "--quiet", "--out", str(out)]
+    assert cli_main([*argv, "--attainment-target", "0.9", "--compare", "planner", variant, "static:1"]) == 0
+    run = json.loads((out / "details.json").read_text())["run"]
+    assert run["planner_config"]["sla_attainment_target"] == 0.9 and run["planner_config"]["early_sizing_s"] == 30.0
+    # the plain planner ran the run's config; the variant its two settings; a static row has no planner settings
+    assert run["policy_settings"] == {
+        "planner": {},
+        variant: {"early_sizing_s": None, "sla_attainment_target": 0.99},
+    }
