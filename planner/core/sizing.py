@@ -467,6 +467,18 @@ class PoolPlan:
     current_verdict: str
 
 
+@dataclass(frozen=True)
+class _LimitBar:
+    """What the fleet at the limits achieves, when it does not pass (:meth:`SimulatedSizing._limit_bar`)."""
+
+    look: int
+    """The look it was measured on (the one its sequential verdict ended at)."""
+    miss_share: float
+    """Upper Clopper-Pearson bound of its miss share, at least ``allowed_miss``."""
+    unfinished_share: float
+    """Upper Clopper-Pearson bound of its share of requests unfinished at the sample's end."""
+
+
 @dataclass
 class SimulatedSizing:
     """Candidate search over fleets for one sample (a decision); evaluations are cached per fleet and look.
@@ -544,37 +556,47 @@ class SimulatedSizing:
         """Least count of ``pool`` (others fixed) whose ``kind`` misses pass.
 
         When not even the pool's upper limit passes (prompts no fleet serves in time, a target beyond the
-        engine), the bar becomes what the limit achieves: the least count whose misses are not significantly
-        above the limit's (its lower Clopper-Pearson bound within the limit's upper bound), and whose unfinished
-        requests are not significantly more than the limit's (the same test), is returned, so replicas that do
-        not reduce misses measurably are not bought. The second test is for a load beyond the limit's capacity:
-        there every fleet misses every request of the sample, and only the requests still queued at the end
-        tell that a larger fleet serves more."""
+        engine), the bar becomes what the limit achieves (:meth:`_limit_bar`): the least count whose misses are not
+        significantly above the limit's (its lower Clopper-Pearson bound within the limit's upper bound), and whose
+        unfinished requests are not significantly more than the limit's (the same test), is returned, so replicas
+        that do not reduce misses measurably are not bought. The second test is for a load beyond the limit's
+        capacity: there every fleet misses every request of the sample, and only the requests still queued at the
+        end tell that a larger fleet serves more."""
         lo, hi = self.limits[pool]
         start = min(max(start, lo), hi)
-        n = self._search(pool, others, kind, start, lo, hi, self.allowed_miss)
+        n = self._search(pool, others, kind, start, lo, hi)
         if n < hi or self._verdict({**others, pool: hi}, kind, pool) == PASS:
             return n
-        return self._search(pool, others, kind, start, lo, hi, *self._limit_bars({**others, pool: hi}, kind, pool))
+        return self._search(pool, others, kind, start, lo, hi, self._limit_bar({**others, pool: hi}, kind, pool))
 
-    def _limit_bars(self, limit: Mapping[str, int], kind: str, pool: str | None = None) -> tuple[float, float]:
-        """The bars of a target out of reach, from the fleet at the limit: (the upper Clopper-Pearson bound of its
-        ``kind`` miss share, at least ``allowed_miss``; that of its unfinished share)."""
-        o = self.outcome(limit, kind, decide=False, pool=pool)
-        return (
+    def _limit_bar(self, limit: Mapping[str, int], kind: str, pool: str | None = None) -> _LimitBar:
+        """The bar of a target out of reach, from the fleet at the limit, on the look its sequential verdict ended
+        at (the most requests it was judged on; an earlier look may show it within the target by chance): the
+        upper Clopper-Pearson bounds of its ``kind`` miss share (at least ``allowed_miss``) and of its unfinished
+        share."""
+        look = self._last_look(limit, kind, pool)
+        o = self.outcome(limit, kind, decide=False, look=look, pool=pool)
+        return _LimitBar(
+            look,
             max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1]),
             miss_bounds(o.unfinished, o.num_requests)[1],
         )
 
-    def _as_good_as_limit(
-        self, counts: Mapping[str, int], kind: str, bars: tuple[float, float], pool: str | None = None
-    ) -> bool:
-        """Whether fleet ``counts`` is not significantly worse than the limit whose :meth:`_limit_bars` are
-        ``bars``: the lower bounds of its miss and unfinished shares within them."""
-        o = self.outcome(counts, kind, decide=False, pool=pool)
+    def _last_look(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> int:
+        """Index of the look at which fleet ``counts``' sequential verdict (:meth:`decide`) ended."""
+        for look in range(len(self.looks)):
+            o = self.outcome(counts, kind, look=look, pool=pool)
+            if verdict(o.misses_of(kind), o.num_requests, self.allowed_miss, self.confidence) != UNDECIDED:
+                return look
+        return len(self.looks) - 1
+
+    def _as_good_as_limit(self, counts: Mapping[str, int], kind: str, bar: _LimitBar, pool: str | None = None) -> bool:
+        """Whether fleet ``counts`` is not significantly worse than the limit whose :meth:`_limit_bar` is ``bar``:
+        on the bar's look, the lower bounds of its miss and unfinished shares within the bar's."""
+        o = self.outcome(counts, kind, decide=False, look=bar.look, pool=pool)
         return (
-            miss_bounds(o.misses_of(kind), o.num_requests)[0] <= bars[0]
-            and miss_bounds(o.unfinished, o.num_requests)[0] <= bars[1]
+            miss_bounds(o.misses_of(kind), o.num_requests)[0] <= bar.miss_share
+            and miss_bounds(o.unfinished, o.num_requests)[0] <= bar.unfinished_share
         )
 
     def _search(
@@ -585,21 +607,16 @@ class SimulatedSizing:
         start: int,
         lo: int,
         hi: int,
-        allowed: float,
-        unfinished_bar: float = 1.0,
+        bar: _LimitBar | None = None,
     ) -> int:
-        """Least ``n`` in ``[lo, hi]`` passing at ``allowed`` (``hi`` when none does): doubling steps from
-        ``start``, then bisection. Above the target's share, ``allowed`` and ``unfinished_bar`` are the limit's
-        bars (:meth:`least_passing`)."""
-
-        bar = allowed > self.allowed_miss
+        """Least ``n`` in ``[lo, hi]`` passing (``hi`` when none does): doubling steps from ``start``, then
+        bisection. With ``bar`` (the target out of reach: :meth:`least_passing`), the least ``n`` as good as the
+        limit instead."""
 
         def ok(n: int) -> bool:
-            if not bar:
+            if bar is None:
                 return self._verdict({**others, pool: n}, kind, pool) == PASS
-            # the target is out of reach: n is good enough when its misses are not significantly above what the
-            # limit achieves (its lower bound within the limit's upper bound)
-            return n >= hi or self._as_good_as_limit({**others, pool: n}, kind, (allowed, unfinished_bar), pool)
+            return n >= hi or self._as_good_as_limit({**others, pool: n}, kind, bar, pool)
 
         if ok(start):
             good, step = start, 1
@@ -659,16 +676,17 @@ class SimulatedSizing:
             # even both pools at their limits pass, the bar is what that pair achieves, as in least_passing: growth
             # stops once the pair is not significantly worse than the limits (else a target out of reach would buy
             # every replica the limits allow)
-            bars: tuple[float, float] | None = None
+            bar: _LimitBar | None = None
+            reachable: bool | None = None
             while True:
                 v, o = self.decide(goal, "any")
                 if v != FAIL:
                     break
-                if bars is None:
+                if reachable is None:
                     top = {p: self.limits[p][1] for p in self.pools}
                     reachable = self._verdict(top, "any") == PASS
-                    bars = (self.allowed_miss, 1.0) if reachable else self._limit_bars(top, "any")
-                if bars[0] > self.allowed_miss and self._as_good_as_limit(goal, "any", bars):
+                    bar = None if reachable else self._limit_bar(top, "any")
+                if bar is not None and self._as_good_as_limit(goal, "any", bar):
                     break
                 p = "prefill" if o.ttft_misses >= o.itl_misses else "decode"
                 if goal[p] >= self.limits[p][1]:

@@ -474,6 +474,28 @@ def test_disaggregated_share_replays_the_sized_pools_engines_and_a_proportional_
         assert part.ttft_misses == whole.ttft_misses == 0
 
 
+def test_the_bar_of_a_target_out_of_reach_is_measured_on_the_look_the_limits_verdict_ended_at():
+    from planner.core.sizing import miss_bounds
+
+    class AtTheTarget:
+        """From 3 replicas on: 1 of 1000 at the first look, then 0.5 % (10 of 2000, 20 of 4000, 40 of 8000), so
+        every such fleet, the limit of 8 included, stays undecided; below 3 every request misses."""
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            m = sample.min_counted
+            k = [1, 10, 20, 40][[1000, 2000, 4000, 8000].index(m)] if replicas["agg"] >= 3 else m
+            return SampleOutcome(m, k, k, k)
+
+    sz = _seq_sizing(AtTheTarget())
+    assert sz._verdict({"agg": 8}, "any") == UNDECIDED
+    # on the first look alone the limit looks within the target (upper bound of 1 / 1000 below 0.5 %), which made
+    # the search look for a passing fleet, find none and return the limit; on the last look (40 / 8000, upper
+    # bound 0.66 %) 3 replicas are as good as 8: 3 are planned, not 8
+    assert miss_bounds(1, 1000)[1] < 0.005 < miss_bounds(40, 8000)[1]
+    plan = sz.plan({"agg": 1})["agg"]
+    assert (plan.goal, plan.required, plan.reason) == (3, 3, Reason.SCALE_UP_THROUGHPUT)
+
+
 def test_a_pair_target_no_fleet_reaches_stops_growing_once_as_good_as_the_limits():
     class SteepFloor(Threshold):
         """100 of 1000 miss below ``need`` of a pool, 20 at any larger size (the limits' 8 + 8 included)."""
