@@ -87,9 +87,10 @@ def _mean(totals: Sequence[tuple[float, float]], fallback: float) -> float:
 
 
 FORECAST_TEST_LEVEL = 0.01
-"""Significance of one early check of the forecast (:func:`forecast_exceeded`): the chance that arrivals at the
-forecast rate trigger a re-sizing at one check. At checks every 30 s, about one needless re-sizing an hour at a
-steady load; a needless one sizes at a rate just above the forecast, so it rarely changes a count."""
+"""Significance of one check of the forecast (:func:`forecast_exceeded`), over all the stretches it tests: the
+chance that arrivals at the forecast rate trigger a re-sizing at one check. At checks every 30 s, about one
+needless re-sizing an hour at a steady load; a needless one sizes at a rate just above the forecast, so it rarely
+changes a count."""
 
 
 def dispersion_index(counts: Sequence[float]) -> float:
@@ -110,26 +111,61 @@ def dispersion_index(counts: Sequence[float]) -> float:
     return max(1.0, mssd / (total / k))
 
 
-def forecast_exceeded(count: float, span_s: float, rate: float, dispersion: float = 1.0) -> float | None:
-    """The least arrival rate (requests/s) that ``count`` arrivals in ``span_s`` seconds support at level
-    :data:`FORECAST_TEST_LEVEL` when it exceeds the forecast ``rate``; None when it does not (the forecast stands)
-    or nothing arrived.
+def rate_lower_bound(count: float, span_s: float, level: float, dispersion: float = 1.0) -> float:
+    """One-sided lower confidence bound (requests/s) at ``level`` on the arrival rate of ``count`` arrivals in
+    ``span_s`` seconds; 0.0 when nothing arrived.
 
-    Arrivals are taken as Poisson scaled by ``dispersion`` (:func:`dispersion_index`, >= 1): ``count / dispersion``
-    is Poisson with mean ``rate x span_s / dispersion`` (the quasi-Poisson model for over-dispersed counts;
-    McCullagh and Nelder, *Generalized Linear Models*, 2nd ed., 1989, ch. 6). With ``n = count / dispersion`` the
-    tail is ``P(N >= n) = gammainc(n, rate x span_s / dispersion)``, below the level exactly when the one-sided
-    lower confidence bound ``gammaincinv(n, level) x dispersion / span_s`` is above ``rate`` (Johnson, Kemp and
-    Kotz, *Univariate Discrete Distributions*, 3rd ed., 4.7.3). ``dispersion`` 1 is the exact Poisson test."""
-    from scipy.special import gammainc, gammaincinv  # here, not at module level: scipy costs start-up time
+    Arrivals are taken as Poisson scaled by ``dispersion`` (:func:`dispersion_index`, >= 1; below 1 or not finite
+    means 1): ``count / dispersion`` is Poisson with mean ``rate x span_s / dispersion`` (the quasi-Poisson model
+    for over-dispersed counts; McCullagh and Nelder, *Generalized Linear Models*, 2nd ed., 1989, ch. 6). With
+    ``n = count / dispersion`` the bound is ``gammaincinv(n, level) x dispersion / span_s`` (Johnson, Kemp and
+    Kotz, *Univariate Discrete Distributions*, 3rd ed., 4.7.3): a rate ``r`` is below it exactly when
+    ``P(N >= n | r x span_s / dispersion) = gammainc(n, r x span_s / dispersion) < level``, so ``bound > r`` is
+    the level-``level`` test of the rate ``r``. ``dispersion`` 1 is the exact Poisson bound."""
+    from scipy.special import gammaincinv  # here, not at module level: scipy costs start-up time
 
     d = max(1.0, dispersion) if math.isfinite(dispersion) else 1.0
     n = float(count) / d
     if not n > 0 or not span_s > 0:
+        return 0.0
+    return float(gammaincinv(n, level)) * d / span_s
+
+
+def trailing_stretches(num_bins: int) -> tuple[int, ...]:
+    """Lengths (in bins) of the stretches a check tests, latest bins first: 1, 2, 4, ... below ``num_bins``, and
+    ``num_bins`` itself; () for none. Doubling lengths (a dyadic scan) see a surge of any duration at a resolution
+    within 2x of it with only ``log2`` many tests, each at its share of the level (Bonferroni)."""
+    out: list[int] = []
+    k = 1
+    while k < num_bins:
+        out.append(k)
+        k *= 2
+    if num_bins > 0:
+        out.append(num_bins)
+    return tuple(out)
+
+
+def forecast_exceeded(counts: Sequence[float], bin_s: float, rate: float, dispersion: float = 1.0) -> float | None:
+    """The least arrival rate (requests/s) that the latest arrivals support when they exceed the forecast
+    ``rate``; None when they do not (the forecast stands) or nothing arrived.
+
+    ``counts``: arrivals per ``bin_s`` bin, oldest first, over the span the forecast is tested on. The tested
+    stretches are the latest 1, 2, 4, ... bins and the whole span (:func:`trailing_stretches`), each at level
+    ``FORECAST_TEST_LEVEL / J`` for ``J`` stretches (Bonferroni: the check as a whole keeps
+    :data:`FORECAST_TEST_LEVEL`). A stretch rejects the forecast when its lower bound
+    (:func:`rate_lower_bound`, at ``dispersion``) is above ``rate``; the result is the largest such bound, the
+    highest rate that some recent stretch supports. The whole span alone sees a persistent excess; the short
+    stretches see a surge that began late in the span, which the span's mean dilutes."""
+    lengths = trailing_stretches(len(counts))
+    if not lengths or not bin_s > 0:
         return None
-    if gammainc(n, max(rate, 0.0) * span_s / d) >= FORECAST_TEST_LEVEL:
-        return None
-    return float(gammaincinv(n, FORECAST_TEST_LEVEL)) * d / span_s
+    level = FORECAST_TEST_LEVEL / len(lengths)
+    best: float | None = None
+    for k in lengths:
+        lo = rate_lower_bound(sum(counts[-k:]), k * bin_s, level, dispersion)
+        if lo > max(rate, 0.0) and (best is None or lo > best):
+            best = lo
+    return best
 
 
 @dataclass
@@ -178,8 +214,11 @@ class ThroughputLoop:
         self._isl_buckets: tuple[tuple[float, float], ...] = ()
         self.last_isl_tokens = math.nan
         self._sizings = 0
-        self._forecast: tuple[float, float, float] | None = None
-        """(time of the latest full sizing, s; its forecast rate, requests/s): what the early checks test."""
+        self._forecast: tuple[float, float] | None = None
+        """(time of the latest full sizing or the first early one, s; the rate it sized at, requests/s): what the
+        early checks test."""
+        self._checked_s: float | None = None
+        """Time (s) of the latest check of the forecast (early or full sizing)."""
         self._search: SimulatedSizing | None = None
         self._plans: dict[tuple[int, ...], Goals] = {}
 
@@ -279,16 +318,31 @@ class ThroughputLoop:
             self._osl_buckets,
             self._isl_buckets,
         )
-        self.demand = demand
+        checked_s, self._checked_s = self._checked_s, now_s
         if not demand.known:
+            self.demand = demand
             return False
+        cfg = self.config
+        early_s = cfg.early_sizing_s
+        if early_s is not None and early_s < cfg.adjustment_interval_s:
+            # the check this sizing falls on: the latest check span against the new forecast
+            span_s = min(early_s, now_s - checked_s) if checked_s is not None else early_s
+            m = int(round(span_s / ARRIVAL_BIN_S))
+            counts = traffic.arrival_counts[-m:] if m > 0 else ()
+            rate = demand.num_requests / cfg.adjustment_interval_s
+            lo = forecast_exceeded(counts, ARRIVAL_BIN_S, rate, dispersion_index(traffic.arrival_counts))
+            if lo is not None:
+                demand = Demand(
+                    lo * cfg.adjustment_interval_s,
+                    demand.isl_tokens,
+                    demand.osl_tokens,
+                    demand.osl_buckets,
+                    demand.isl_buckets,
+                )
+        self.demand = demand
         self._size(demand, ready)
         self.sized_full = True
-        self._forecast = (
-            now_s,
-            demand.num_requests / self.config.adjustment_interval_s,
-            dispersion_index(traffic.arrival_counts),
-        )
+        self._forecast = (now_s, demand.num_requests / cfg.adjustment_interval_s)
         return True
 
     def learn_early(self, now_s: float, traffic: TrafficWindow | None, ready: Mapping[str, int] | None) -> bool:
@@ -301,13 +355,14 @@ class ThroughputLoop:
         sizing saw (:func:`dispersion_index`); only when they exceed the forecast at level
         :data:`FORECAST_TEST_LEVEL` is the pool sized again, at the least rate they support."""
         cfg = self.config
+        self._checked_s = now_s
         if traffic is None or not (traffic.num_requests > 0) or not math.isfinite(traffic.mean_isl_tokens):
             return False
         if self._forecast is not None:
-            t0, rate, disp = self._forecast
+            t0, rate = self._forecast
             m = int(round((now_s - t0) / ARRIVAL_BIN_S))
             counts = traffic.arrival_counts[-m:] if m > 0 else ()
-            lo = forecast_exceeded(sum(counts), len(counts) * ARRIVAL_BIN_S, rate, disp) if counts else None
+            lo = forecast_exceeded(counts, ARRIVAL_BIN_S, rate, dispersion_index(traffic.arrival_counts))
             if lo is None:
                 return False
             self._note(now_s, traffic, keep=False)
@@ -329,11 +384,7 @@ class ThroughputLoop:
             traffic.isl_buckets or self._isl_buckets,
         )
         self._size(self.demand, ready)
-        self._forecast = (
-            now_s,
-            self.demand.num_requests / cfg.adjustment_interval_s,
-            dispersion_index(traffic.arrival_counts),
-        )
+        self._forecast = (now_s, self.demand.num_requests / cfg.adjustment_interval_s)
         return True
 
     # ------------------------------------------------------------------ sizing

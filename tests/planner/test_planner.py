@@ -692,11 +692,11 @@ def test_the_forecast_test_is_the_poisson_lower_bound_hand_computed():
 
     # 50 arrivals in 30 s against a forecast of 1/s (30 expected): P(N >= 50 | 30) = 5.2e-4 < 0.01, and the least
     # rate they support is the 1 % Poisson lower bound chi2.ppf(0.01, 2 x 50) / 2 / 30 s = 1.1677 requests/s
-    assert forecast_exceeded(50, 30.0, 1.0) == pytest.approx(chi2.ppf(0.01, 100) / 2 / 30.0, rel=1e-12)
-    assert forecast_exceeded(50, 30.0, 1.0) == pytest.approx(1.167748, abs=1e-6)
-    assert forecast_exceeded(42, 30.0, 1.0) is None  # P(N >= 42 | 30) = 0.022: the forecast stands
-    assert forecast_exceeded(0, 30.0, 0.0) is None  # nothing arrived
-    assert forecast_exceeded(1, 30.0, 0.0) == pytest.approx(-math.log(0.99) / 30.0)  # forecast 0: any arrival
+    assert forecast_exceeded([50], 30.0, 1.0) == pytest.approx(chi2.ppf(0.01, 100) / 2 / 30.0, rel=1e-12)
+    assert forecast_exceeded([50], 30.0, 1.0) == pytest.approx(1.167748, abs=1e-6)
+    assert forecast_exceeded([42], 30.0, 1.0) is None  # P(N >= 42 | 30) = 0.022: the forecast stands
+    assert forecast_exceeded([0], 30.0, 0.0) is None  # nothing arrived
+    assert forecast_exceeded([1], 30.0, 0.0) == pytest.approx(-math.log(0.99) / 30.0)  # forecast 0: any arrival
 
 
 @settings(max_examples=300, deadline=None)
@@ -710,7 +710,7 @@ def test_the_forecast_test_agrees_with_the_poisson_tail(n, span_s, rate):
 
     from planner.core.loops import FORECAST_TEST_LEVEL, forecast_exceeded
 
-    lo = forecast_exceeded(n, span_s, rate)
+    lo = forecast_exceeded([n], span_s, rate)
     tail = poisson.sf(n - 1, rate * span_s) if n > 0 else 1.0  # P(N >= n)
     if lo is None:
         assert n == 0 or tail >= FORECAST_TEST_LEVEL * (1 - 1e-9)
@@ -718,6 +718,64 @@ def test_the_forecast_test_agrees_with_the_poisson_tail(n, span_s, rate):
         assert tail < FORECAST_TEST_LEVEL * (1 + 1e-9)
         assert lo >= rate * (1 - 1e-9)  # the bound is above the forecast exactly when the test rejects it
         assert poisson.sf(n - 1, lo * span_s) == pytest.approx(FORECAST_TEST_LEVEL, rel=1e-6)
+
+
+def test_the_stretches_a_check_tests_hand_computed():
+    from planner.core.loops import trailing_stretches
+
+    assert trailing_stretches(0) == ()
+    assert trailing_stretches(1) == (1,)
+    assert trailing_stretches(3) == (1, 2, 3)  # an early check 30 s after its sizing (10 s bins)
+    assert trailing_stretches(4) == (1, 2, 4)
+    assert trailing_stretches(18) == (1, 2, 4, 8, 16, 18)  # the last check of a 180 s interval
+
+
+def test_the_forecast_test_scans_the_latest_stretches_hand_computed():
+    from scipy.special import gammaincinv
+
+    from planner.core.loops import forecast_exceeded, rate_lower_bound
+
+    # 8 arrivals per 10 s bin for 50 s, then 30 in the last bin, against a forecast of 1/s. The whole 60 s (70
+    # against 60) does not reject it: its bound at 0.01 / 4 is 0.813 /s. The last bin (30 against 10) does: four
+    # stretches (1, 2, 4, 6 bins) at 0.0025 each, and the largest bound is the last bin's,
+    # gammaincinv(30, 0.0025) / 10 s = 1.6896 /s (last 2 bins: 38 in 20 s -> 1.1485; last 4: 54 in 40 s -> 0.8913)
+    counts = [8.0] * 5 + [30.0]
+    assert rate_lower_bound(70, 60.0, 0.0025) == pytest.approx(0.813256, abs=1e-6)
+    assert rate_lower_bound(38, 20.0, 0.0025) == pytest.approx(1.148513, abs=1e-6)
+    assert forecast_exceeded(counts, 10.0, 1.0) == pytest.approx(gammaincinv(30, 0.0025) / 10.0, rel=1e-12)
+    assert forecast_exceeded(counts, 10.0, 1.0) == pytest.approx(1.689557, abs=1e-6)
+    assert forecast_exceeded(counts, 10.0, 1.7) is None  # above every stretch's bound: the forecast stands
+    # the same 70 arrivals spread evenly: no stretch rejects
+    assert forecast_exceeded([70.0 / 6] * 6, 10.0, 1.0) is None
+    assert forecast_exceeded([], 10.0, 1.0) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 200), min_size=1, max_size=18),
+    rate=st.floats(0.0, 20.0, allow_nan=False),
+    disp=st.floats(1.0, 10.0, allow_nan=False),
+)
+def test_the_scan_rejects_exactly_when_a_stretch_rejects_at_its_share_of_the_level(counts, rate, disp):
+    from scipy.stats import gamma
+
+    from planner.core.loops import FORECAST_TEST_LEVEL, forecast_exceeded, rate_lower_bound, trailing_stretches
+
+    lengths = trailing_stretches(len(counts))
+    level = FORECAST_TEST_LEVEL / len(lengths)
+    lo = forecast_exceeded([float(c) for c in counts], 10.0, rate, dispersion=disp)
+    tails = [
+        gamma.cdf(rate * k * 10.0 / disp, sum(counts[-k:]) / disp) if sum(counts[-k:]) > 0 else 1.0 for k in lengths
+    ]
+    if lo is None:
+        assert all(t >= level * (1 - 1e-9) for t in tails)
+    else:
+        assert any(t < level * (1 + 1e-9) for t in tails)
+        assert lo >= rate * (1 - 1e-9)
+        assert lo == max(rate_lower_bound(sum(counts[-k:]), k * 10.0, level, disp) for k in lengths)
+    # more arrivals in the latest bin never lower the result (a larger count's bound is larger)
+    more = forecast_exceeded([float(c) for c in counts[:-1]] + [counts[-1] + 50.0], 10.0, rate, dispersion=disp)
+    assert lo is None or (more is not None and more >= lo * (1 - 1e-12))
 
 
 def _window(per_bin: list[float]) -> TrafficWindow:
@@ -741,17 +799,44 @@ def test_early_checks_resize_on_a_surge_after_the_full_sizing_and_hold_at_the_fo
     assert r.next_tick_s == 360.0
     r = pl.tick(360.0, fleet.obs(_window([200.0] * 18)))
     assert r.diagnostics.loops_run == ("throughput",) and r.decision.targets is None
-    # twice the forecast in the 30 s since that sizing: 1200 arrivals, the 1 % lower bound chi2.ppf(0.01, 2400) / 2 /
-    # 30 s = 37.363 /s -> 6725 requests an interval -> 6725 x 2000 / 180 / 8000 = 9.34 -> 10 prefill,
-    # 6725 x 150 / 180 / 1500 = 3.74 -> 4 decode
+    # twice the forecast in the 30 s since that sizing: 400 arrivals in each of its 3 bins. The window's dispersion
+    # reads the step as variance: 200^2 / (2 x 17) = 1176.5 over a mean of 233.3 = 5.042. The stretches of 1, 2, 3
+    # bins at 0.01 / 3 each bound the rate at 28.88, 31.92 and 33.32 /s (gammaincinv(1200 / 5.042, 0.01 / 3) x
+    # 5.042 / 30 s): the largest, 33.321 /s -> 5998 requests an interval -> 5998 x 2000 / 180 / 8000 = 8.33 -> 9
+    # prefill, 5998 x 150 / 180 / 1500 = 3.33 -> 4 decode
     r = pl.tick(390.0, fleet.obs(_window([200.0] * 15 + [400.0] * 3)))
-    assert r.decision.targets == {"prefill": 10, "decode": 4}
+    assert r.decision.targets == {"prefill": 9, "decode": 4}
     assert r.decision.reason == Reason.SCALE_UP_THROUGHPUT
-    assert r.diagnostics.predicted_requests_per_second == pytest.approx(37.363, abs=1e-3)
+    assert r.diagnostics.predicted_requests_per_second == pytest.approx(33.321, abs=1e-3)
     fleet.apply(r.decision)
     # half the forecast: the checks only scale up, so nothing is removed before the next full sizing
     r = pl.tick(420.0, fleet.obs(_window([100.0] * 18)))
     assert r.decision.targets is None
+
+
+def test_a_full_sizing_makes_the_check_it_falls_on_against_its_new_forecast():
+    def run(early_sizing_s):
+        pl = Planner(thpt_config(early_sizing_s=early_sizing_s), profile())
+        fleet = Fleet(prefill=5, decode=2)
+        pl.tick(0.0, fleet.obs())
+        if early_sizing_s is not None:
+            pl.tick(30.0, fleet.obs(_window([0.0] * 15 + [200.0] * 3)))
+            for t in (60.0, 90.0, 120.0, 150.0):
+                pl.tick(t, fleet.obs(_window([200.0] * 18)))
+        # the interval ends in a surge: 4200 arrivals, the constant forecast 4200 / 180 s = 23.3 /s
+        return pl.tick(180.0, fleet.obs(_window([200.0] * 15 + [400.0] * 3)))
+
+    # checks every 30 s: the latest 30 s (1200 arrivals) reject 23.3 /s; the stretches' largest bound is 33.321 /s,
+    # as at the early check above -> 5998 an interval -> 9 prefill, 4 decode
+    r = run(30.0)
+    assert r.diagnostics.loops_run == ("throughput",)
+    assert r.diagnostics.predicted_requests_per_second == pytest.approx(33.321, abs=1e-3)
+    assert r.decision.targets == {"prefill": 9, "decode": 4}
+    # without early checks the forecast stands: 4200 x 2000 / 180 / 8000 = 5.83 -> 6 prefill, 4200 x 150 / 180 /
+    # 1500 = 2.33 -> 3 decode
+    r = run(None)
+    assert r.diagnostics.predicted_requests_per_second == pytest.approx(4200.0 / 180.0)
+    assert r.decision.targets == {"prefill": 6, "decode": 3}
 
 
 def test_the_dispersion_index_hand_computed():
@@ -775,12 +860,12 @@ def test_the_forecast_test_scales_the_poisson_count_by_the_dispersion_hand_compu
     # 50 arrivals in 30 s at a forecast of 1/s rejects it for Poisson arrivals (P = 5.2e-4, above); at dispersion 2
     # the count is 25 against a mean of 15: P(N >= 25 | 15) = 0.0112 >= 0.01, the forecast stands
     assert poisson.sf(24, 15.0) == pytest.approx(0.011165, abs=1e-6)
-    assert forecast_exceeded(50, 30.0, 1.0, dispersion=2.0) is None
+    assert forecast_exceeded([50], 30.0, 1.0, dispersion=2.0) is None
     # 80 at dispersion 2: 40 against 15 rejects; the bound gammaincinv(40, 0.01) x 2 / 30 s
-    assert forecast_exceeded(80, 30.0, 1.0, dispersion=2.0) == pytest.approx(1.784669, abs=1e-6)
+    assert forecast_exceeded([80], 30.0, 1.0, dispersion=2.0) == pytest.approx(1.784669, abs=1e-6)
     # dispersion below 1 (or not finite) is the Poisson test
-    assert forecast_exceeded(50, 30.0, 1.0, dispersion=0.5) == forecast_exceeded(50, 30.0, 1.0)
-    assert forecast_exceeded(50, 30.0, 1.0, dispersion=math.nan) == forecast_exceeded(50, 30.0, 1.0)
+    assert forecast_exceeded([50], 30.0, 1.0, dispersion=0.5) == forecast_exceeded([50], 30.0, 1.0)
+    assert forecast_exceeded([50], 30.0, 1.0, dispersion=math.nan) == forecast_exceeded([50], 30.0, 1.0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -795,7 +880,7 @@ def test_the_dispersed_forecast_test_agrees_with_the_gamma_tail(n, rate, disp):
     from planner.core.loops import FORECAST_TEST_LEVEL, forecast_exceeded
 
     span_s = 30.0
-    lo = forecast_exceeded(n, span_s, rate, dispersion=disp)
+    lo = forecast_exceeded([n], span_s, rate, dispersion=disp)
     tail = gamma.cdf(rate * span_s / disp, n / disp)  # P(N >= n / d) for the scaled Poisson count, continuous in n
     if lo is None:
         assert tail >= FORECAST_TEST_LEVEL * (1 - 1e-9)
