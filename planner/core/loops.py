@@ -304,7 +304,13 @@ class ThroughputLoop:
     def learn(
         self, now_s: float, traffic: TrafficWindow | None, decode_replicas: int | None, ready: Mapping[str, int] | None
     ) -> bool:
-        """A full interval: feed the predictors, predict and size. False when the traffic is unknown."""
+        """A full interval: feed the predictors, predict and size. False when the traffic is unknown.
+
+        With early checks on (``early_sizing_s`` below the interval), the sizing also makes the check it falls on:
+        the latest check span (``early_sizing_s``, or the time since the previous check when shorter) tested
+        against the new forecast (:func:`forecast_exceeded`); when exceeded, the interval is sized at the bound.
+        The predictors see one count per interval, and an interval that ends in a surge would otherwise be sized
+        at its mean."""
         if traffic is None:
             return False
         self._feed(traffic)
@@ -350,10 +356,10 @@ class ThroughputLoop:
         is too noisy to learn from). False when it does not size.
 
         The first time: the traffic seen since the start, its count scaled to a full interval, at its observed
-        lengths (OSL from the predictor when nothing finished yet). After it: a test of the latest (early or full)
-        forecast (:func:`forecast_exceeded`) on the arrivals since that sizing, at the dispersion of the arrivals that
-        sizing saw (:func:`dispersion_index`); only when they exceed the forecast at level
-        :data:`FORECAST_TEST_LEVEL` is the pool sized again, at the least rate they support."""
+        lengths (OSL from the predictor when nothing finished yet). After it: a test of the latest full (or first
+        early) sizing's rate (:func:`forecast_exceeded`) on the arrivals since that sizing, at the dispersion of the
+        window this check reads (:func:`dispersion_index`); only when a stretch of them exceeds it at its share of
+        :data:`FORECAST_TEST_LEVEL` is the pool sized again, at the highest rate a stretch supports."""
         cfg = self.config
         self._checked_s = now_s
         if traffic is None or not (traffic.num_requests > 0) or not math.isfinite(traffic.mean_isl_tokens):
