@@ -146,8 +146,9 @@ def trailing_stretches(num_bins: int) -> tuple[int, ...]:
 
 
 def forecast_exceeded(counts: Sequence[float], bin_s: float, rate: float, dispersion: float = 1.0) -> float | None:
-    """The least arrival rate (requests/s) that the latest arrivals support when they exceed the forecast
-    ``rate``; None when they do not (the forecast stands) or nothing arrived.
+    """The highest arrival rate (requests/s) that some stretch of the latest arrivals supports (the largest of
+    their lower bounds) when it exceeds the forecast ``rate``; None when none does (the forecast stands) or nothing
+    arrived.
 
     ``counts``: arrivals per ``bin_s`` bin, oldest first, over the span the forecast is tested on. The tested
     stretches are the latest 1, 2, 4, ... bins and the whole span (:func:`trailing_stretches`), each at level
