@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.core.config import PlannerConfig
@@ -167,6 +167,14 @@ def forecast_exceeded(counts: Sequence[float], bin_s: float, rate: float, disper
         if lo > max(rate, 0.0) and (best is None or lo > best):
             best = lo
     return best
+
+
+def _check(traffic: TrafficWindow, span_s: float, rate: float) -> float | None:
+    """:func:`forecast_exceeded` on the window's last ``span_s`` seconds of bins, at the whole window's
+    dispersion."""
+    m = int(round(span_s / ARRIVAL_BIN_S))
+    counts = traffic.arrival_counts[-m:] if m > 0 else ()
+    return forecast_exceeded(counts, ARRIVAL_BIN_S, rate, dispersion_index(traffic.arrival_counts))
 
 
 @dataclass
@@ -334,18 +342,9 @@ class ThroughputLoop:
         if early_s is not None and early_s < cfg.adjustment_interval_s:
             # the check this sizing falls on: the latest check span against the new forecast
             span_s = min(early_s, now_s - checked_s) if checked_s is not None else early_s
-            m = int(round(span_s / ARRIVAL_BIN_S))
-            counts = traffic.arrival_counts[-m:] if m > 0 else ()
-            rate = demand.num_requests / cfg.adjustment_interval_s
-            lo = forecast_exceeded(counts, ARRIVAL_BIN_S, rate, dispersion_index(traffic.arrival_counts))
+            lo = _check(traffic, span_s, demand.num_requests / cfg.adjustment_interval_s)
             if lo is not None:
-                demand = Demand(
-                    lo * cfg.adjustment_interval_s,
-                    demand.isl_tokens,
-                    demand.osl_tokens,
-                    demand.osl_buckets,
-                    demand.isl_buckets,
-                )
+                demand = replace(demand, num_requests=lo * cfg.adjustment_interval_s)
         self.demand = demand
         self._size(demand, ready)
         self.sized_full = True
@@ -367,16 +366,11 @@ class ThroughputLoop:
             return False
         if self._forecast is not None:
             t0, rate = self._forecast
-            m = int(round((now_s - t0) / ARRIVAL_BIN_S))
-            counts = traffic.arrival_counts[-m:] if m > 0 else ()
-            lo = forecast_exceeded(counts, ARRIVAL_BIN_S, rate, dispersion_index(traffic.arrival_counts))
+            lo = _check(traffic, now_s - t0, rate)
             if lo is None:
                 return False
             self._note(now_s, traffic, keep=False)
-            d = self.demand
-            self.demand = Demand(
-                lo * cfg.adjustment_interval_s, d.isl_tokens, d.osl_tokens, d.osl_buckets, d.isl_buckets
-            )
+            self.demand = replace(self.demand, num_requests=lo * cfg.adjustment_interval_s)
             self._size(self.demand, ready)
             return True
         osl = traffic.mean_osl_tokens if math.isfinite(traffic.mean_osl_tokens) else self._pred_osl.predict_next()

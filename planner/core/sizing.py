@@ -542,12 +542,17 @@ class SimulatedSizing:
     def decide(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> tuple[str, SampleOutcome]:
         """The sequential verdict of fleet ``counts`` on its ``kind`` misses, with the outcome of the deciding (or
         last) look (``pool`` as for :meth:`outcome`)."""
+        v, o, _ = self._decide(counts, kind, pool)
+        return v, o
+
+    def _decide(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> tuple[str, SampleOutcome, int]:
+        """:meth:`decide` with the index of the look its verdict ended at."""
         for look in range(len(self.looks)):
             o = self.outcome(counts, kind, look=look, pool=pool)
             v = verdict(o.misses_of(kind), o.num_requests, self.allowed_miss, self.confidence)
             if v != UNDECIDED:
                 break
-        return v, o
+        return v, o, look
 
     def _verdict(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> str:
         return self.decide(counts, kind, pool)[0]
@@ -574,21 +579,13 @@ class SimulatedSizing:
         at (the most requests it was judged on; an earlier look may show it within the target by chance): the
         upper Clopper-Pearson bounds of its ``kind`` miss share (at least ``allowed_miss``) and of its unfinished
         share."""
-        look = self._last_look(limit, kind, pool)
+        look = self._decide(limit, kind, pool)[2]
         o = self.outcome(limit, kind, decide=False, look=look, pool=pool)
         return _LimitBar(
             look,
             max(self.allowed_miss, miss_bounds(o.misses_of(kind), o.num_requests)[1]),
             miss_bounds(o.unfinished, o.num_requests)[1],
         )
-
-    def _last_look(self, counts: Mapping[str, int], kind: str, pool: str | None = None) -> int:
-        """Index of the look at which fleet ``counts``' sequential verdict (:meth:`decide`) ended."""
-        for look in range(len(self.looks)):
-            o = self.outcome(counts, kind, look=look, pool=pool)
-            if verdict(o.misses_of(kind), o.num_requests, self.allowed_miss, self.confidence) != UNDECIDED:
-                return look
-        return len(self.looks) - 1
 
     def _as_good_as_limit(self, counts: Mapping[str, int], kind: str, bar: _LimitBar, pool: str | None = None) -> bool:
         """Whether fleet ``counts`` is not significantly worse than the limit whose :meth:`_limit_bar` is ``bar``:
