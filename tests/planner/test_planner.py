@@ -839,6 +839,36 @@ def test_a_full_sizing_makes_the_check_it_falls_on_against_its_new_forecast():
     assert r.decision.targets == {"prefill": 6, "decode": 3}
 
 
+def test_a_full_sizing_with_no_check_before_it_tests_the_latest_early_sizing_span():
+    # early checks on, but no early tick ran before the full sizing (a driver that ticks only at the interval):
+    # the span tested is early_sizing_s itself, the latest 3 bins, at the window's dispersion -- the same test,
+    # bound (33.321 /s) and fleet (9 + 4) as after a run of early checks (the test above)
+    pl = Planner(thpt_config(early_sizing_s=30.0), profile())
+    fleet = Fleet(prefill=5, decode=2)
+    pl.tick(0.0, fleet.obs())
+    r = pl.tick(180.0, fleet.obs(_window([200.0] * 15 + [400.0] * 3)))
+    assert r.diagnostics.loops_run == ("throughput",)
+    assert r.diagnostics.predicted_requests_per_second == pytest.approx(33.321, abs=1e-3)
+    assert r.decision.targets == {"prefill": 9, "decode": 4}
+
+
+def test_a_check_span_longer_than_the_window_tests_the_bins_the_window_has():
+    from scipy.special import gammaincinv
+
+    from planner.core.loops import _check
+
+    # 30 s asked of a 20 s window (2 bins, 100 then 400): the stretches are the latest bin and both, at 0.01 / 2
+    # each, dispersion 1 (fewer than 3 bins). Latest bin: gammaincinv(400, 0.005) / 10 s = 35.036 /s; both:
+    # gammaincinv(500, 0.005) / 20 s = 22.214 /s. Against 10 /s both reject and the larger is the result; against
+    # 30 /s only the latest bin does
+    w = TrafficWindow(20.0, 500.0, 2000.0, 150.0, arrival_counts=(100.0, 400.0))
+    assert float(gammaincinv(400, 0.005)) / 10.0 == pytest.approx(35.03625, abs=1e-5)
+    assert float(gammaincinv(500, 0.005)) / 20.0 == pytest.approx(22.21409, abs=1e-5)
+    assert _check(w, 30.0, 10.0) == pytest.approx(35.03625, abs=1e-5)
+    assert _check(w, 30.0, 30.0) == pytest.approx(35.03625, abs=1e-5)
+    assert _check(w, 30.0, 36.0) is None
+
+
 def test_the_dispersion_index_hand_computed():
     from planner.core.loops import dispersion_index
 
