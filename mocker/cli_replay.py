@@ -64,9 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument(
         "--workers",
         type=worker_count,
-        default=1,
         metavar="N",
-        help=f"aggregated workers (default 1, at most {MAX_WORKERS})",
+        help=f"aggregated workers (default 1, at most {MAX_WORKERS}; not with --prefill-workers/--decode-workers)",
     )
     f.add_argument("--router", choices=ROUTERS, default="round_robin", help="request router (default round_robin)")
     f.add_argument("--max-time-s", type=positive_float, metavar="S", help="stop the simulation at S simulated seconds")
@@ -135,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the replay. Returns the exit code (0 ok, 2 output not written); raises DynoplanError on bad input."""
     # Imported here, not at module level: `dynoplan replay --help` needs only the flags (the engine, the fleet
     # and the trace readers are ~0.1 s of its start-up).
+    from dynoplan.errors import ConfigError
     from mocker.fleet import FleetConfig, run_replay
     from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
     from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
@@ -145,6 +145,11 @@ def run(args: argparse.Namespace) -> int:
     check_output_paths([("--report-json", args.report_json), ("--per-request", args.per_request)], inputs)
     engine = engine_config_from_args(args)
     n_prefill, n_decode, transfer = transfer_config_from_args(args)
+    if n_prefill and args.workers is not None:
+        raise ConfigError(
+            f"--workers={args.workers} with --prefill-workers/--decode-workers: give the aggregated or the "
+            "disaggregated fleet, not both"
+        )
     envelope = None
     if args.rate_envelope is not None:  # checked before the trace is read: a bad spec fails fast
         envelope = parse_rate_envelope(args.rate_envelope)
@@ -156,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
     fleet = check(
         lambda: FleetConfig(
-            num_workers=args.workers,
+            num_workers=1 if args.workers is None else args.workers,
             router=args.router,
             arrival_speedup=arrival_speedup,
             max_time_ms=None if args.max_time_s is None else args.max_time_s * 1000.0,

@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("mocker.cli_replay", "replay a request trace through a simulated fleet (virtual time)"),
     "mocker": ("mocker.cli_live", "live mocker worker on the wall clock (dynoplan mocker serve ...)"),
     "frontend": ("mocker.live.cli_frontend", "OpenAI frontend: worker discovery, routing, dynamo_frontend_* metrics"),
-    "loadgen": ("mocker.live.cli_loadgen", "replay a trace against an OpenAI endpoint and measure client-side"),
+    "loadgen": ("mocker.live.cli_loadgen", "replay a trace against an OpenAI endpoint and measure client-side latency"),
     "simulate": (
         "planner.cli_simulate",
         "closed loop: a trace through a fleet sized by the planner or a baseline policy",

@@ -214,6 +214,10 @@ def test_tier_config_defaults_come_from_engine_config():
             ["--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100", "--model-config", "x.json"],
             "--kv-bytes-per-token and --model-config: give one of them, not both",
         ),
+        (
+            ["--workers", "3", "--prefill-workers", "2", "--decode-workers", "2"],
+            "--workers=3 with --prefill-workers/--decode-workers: give the aggregated or the disaggregated fleet",
+        ),
     ],
 )
 def test_cli_tier_errors_are_one_line(tmp_path, capsys, flags, msg):
