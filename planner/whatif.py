@@ -19,14 +19,22 @@ order; decode routing in order of prefill completion, so a decode share sees the
 distribution), and the ample pool keeps its per-engine load (``ceil(m k / n)`` of its ``m`` engines, so it stays
 ample). The pair check, other routers and DP-ranked engines are replayed whole.
 
-A sample's requests carry no prefix hash ids (the frontend exports lengths, not content), so the what-if
-fleet sees no prefix-cache hits: where the real traffic shares prefixes, the sizing errs on the safe side.
+Prefix-cache hits: the frontend exports lengths, not content, so a sample's requests carry no prompt of their own;
+the sample's ``cached_tokens`` (the mean length of a prefix all its requests share, from the share of prompt tokens
+the live fleet served from its prefix cache: :mod:`planner.core.sizing`) becomes prompt block ids
+(``TraceRequest.hash_ids``, one per ``trace_block_size`` tokens of the engines): request ``i`` starts with the
+shared ids ``0 .. m_i - 1`` and the rest of its ids are its own. ``m_i = floor((i + 1) x) - floor(i x)`` with
+``x = cached_tokens / trace_block_size`` (whole blocks whose mean over the requests is ``x`` exactly, with no random
+draw: a 300-token prefix in 512-token blocks is one block for 59 % of the requests), capped at the request's own
+whole blocks. Without a shared prefix (``cached_tokens`` 0, a deployment whose frontend does not report cached
+tokens) the requests carry no ids and the what-if fleet has no hits: where the real traffic shares prefixes, the
+sizing then errs on the safe side.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +43,28 @@ from mocker.config import EngineConfig
 from mocker.fleet import Fleet
 from mocker.records import TraceRequest
 from planner.core.sizing import CONFIDENCE, SampleOutcome, TrafficSample, fail_count
+
+UNIQUE_ID_BASE = 1 << 40
+"""First prompt block id of the requests' own (unshared) blocks; the shared prefix's ids count up from 0."""
+
+
+def prefix_hash_ids(isl_tokens: Sequence[int], cached_tokens: float, block_tokens: int) -> list[tuple[int, ...] | None]:
+    """Prompt block ids of a sample's requests (module docstring, "Prefix-cache hits"): one tuple of
+    ``ceil(isl / block_tokens)`` ids per request, the first ``m_i`` shared; all None when ``cached_tokens`` <= 0.
+    ``isl_tokens``: prompt lengths (tokens, >= 1); ``cached_tokens``: mean shared prefix, tokens;
+    ``block_tokens``: tokens per id (the engines' ``trace_block_size``)."""
+    x = cached_tokens / block_tokens if block_tokens > 0 else 0.0
+    if not x > 0:
+        return [None] * len(isl_tokens)
+    out: list[tuple[int, ...] | None] = []
+    nxt = UNIQUE_ID_BASE
+    for i, isl in enumerate(isl_tokens):
+        n = -(-int(isl) // block_tokens)
+        m = min(math.floor((i + 1) * x) - math.floor(i * x), int(isl) // block_tokens)
+        out.append(tuple(range(m)) + tuple(range(nxt, nxt + n - m)))
+        nxt += n - m
+    return out
+
 
 CHECK_EVERY = 128
 """Arrivals between two early-stop checks of a replay (each check rescans the requests still in flight)."""
@@ -84,6 +114,10 @@ class EngineFleetEvaluator:
         would replay the same requests on the same engines with the same stop rule get one replay. A decision's
         looks are nested prefixes of one sample; looks that keep the same requests and the same engine share
         (the sample's interval holds more than the look needs) are one replay, not one per look."""
+        self._ids_root: np.ndarray | None = None
+        self._ids_cached = 0.0
+        self._ids: list[tuple[int, ...] | None] = []
+        """Prompt block ids of the latest sample's requests (:meth:`_hash_ids`)."""
         Fleet(self.engines, router=router, transfer=transfer, seed=seed).close()  # fail early on bad settings
 
     def _share(self, sample: TrafficSample, replicas: Mapping[str, int]) -> tuple[dict[str, int], np.ndarray | None]:
@@ -132,6 +166,7 @@ class EngineFleetEvaluator:
             tuple(sorted(replicas.items())),
             tuple(sorted(counts.items())),
             sample.share_pool,
+            sample.cached_tokens,
             stop_allowed,
             stop_kind,
             stop_confidence,
@@ -169,10 +204,13 @@ class EngineFleetEvaluator:
             stop_at = fail_count(n_counted, stop_allowed, stop_confidence) if stop_allowed is not None else None
             certain = _CertainMisses(self.ttft_ms, self.itl_ms)
             arr_list, isl_list, osl_list = arr_ms.tolist(), isl.tolist(), osl.tolist()  # Python numbers, once
+            ids = self._hash_ids(sample)
+            if idx is not None:
+                ids = [ids[j] for j in idx.tolist()]
             for i in range(len(arr_list)):
                 t = arr_list[i]
                 fleet.advance_until(t)
-                recs.append(fleet.submit(TraceRequest(i, t, isl_list[i], osl_list[i]), t))
+                recs.append(fleet.submit(TraceRequest(i, t, isl_list[i], osl_list[i], ids[i]), t))
                 if stop_at is not None and i > num_warm and (i - num_warm) % CHECK_EVERY == 0:
                     certain.add(recs[num_warm + certain.seen :])
                     o = certain.at(t, n_counted)
@@ -184,6 +222,20 @@ class EngineFleetEvaluator:
         finally:
             fleet.close()
         return self._count(recs[num_warm:], end)
+
+    def _hash_ids(self, sample: TrafficSample) -> list[tuple[int, ...] | None]:
+        """:func:`prefix_hash_ids` of the sample's requests (before any share is taken: request ``i`` keeps its ids).
+        A look of a sequential verdict is a head of one sample (its arrays views of the same memory, from the
+        start): the ids are built once for the whole array and the looks take their first part."""
+        isl = sample.isl_tokens
+        root = _root(isl)
+        block = next(iter(self.engines.values())).trace_block_size
+        if root.ndim != 1 or root.__array_interface__["data"][0] != isl.__array_interface__["data"][0]:
+            return prefix_hash_ids(isl.tolist(), sample.cached_tokens, block)  # not a head: built for itself
+        if self._ids_root is not root or self._ids_cached != sample.cached_tokens:
+            self._ids = prefix_hash_ids(root.tolist(), sample.cached_tokens, block)
+            self._ids_root, self._ids_cached = root, sample.cached_tokens
+        return self._ids[: len(isl)]
 
     def _count(self, recs: list[Any], end_ms: float) -> SampleOutcome:
         n = len(recs)

@@ -186,6 +186,8 @@ class _Seen:
     osl_buckets: tuple[tuple[float, float], ...]
     isl_total: tuple[float, float]
     osl_total: tuple[float, float]
+    cached_total: tuple[float, float]
+    """(prompt tokens served from the prefix cache, prompt tokens) of the window; (0, 0) when not reported."""
 
 
 class ThroughputLoop:
@@ -277,6 +279,7 @@ class ThroughputLoop:
                     w.osl_buckets,
                     _total(w.mean_isl_tokens, w.num_requests),
                     _total(w.mean_osl_tokens, w.num_finished),
+                    _total(w.cached_prompt_share, _total(w.mean_isl_tokens, w.num_requests)[0]),
                 )
             )
             while self._seen and now_s - self._seen[0].t_s >= SIZE_HISTORY_S:
@@ -435,6 +438,7 @@ class ThroughputLoop:
             warmup_s=self._duration_s,
             rate_profile=self._profile,
             profile_bin_s=ARRIVAL_BIN_S,
+            cached_prompt_share=_mean([s.cached_total for s in seen], 0.0),
             seed=(self._sizings,),
         )
         self._search = SimulatedSizing(self.evaluator, sample, cfg.pools, bounds, allowed, looks)

@@ -88,6 +88,12 @@ class TrafficWindow:
     simulation (:mod:`planner.core.sizing`). ``arrival_counts`` (optional): requests started per consecutive
     :data:`planner.core.sizing.ARRIVAL_BIN_S` bin of the window, oldest first (the request counter's increase
     per scrape step), the window's rate profile.
+
+    ``cached_prompt_share`` (optional, NaN = not reported): the share of the window's prompt tokens served from
+    the prefix cache, ``increase(dynamo_frontend_cached_tokens_sum) / increase(dynamo_frontend_input_sequence_
+    tokens_sum)`` (the frontend's per-request cached-token histogram, from the responses' ``usage.prompt_tokens_
+    details.cached_tokens``), in [0, 1]. The traffic sample gives each request a shared prefix of this share of the
+    mean prompt (:mod:`planner.core.sizing`), so that the what-if fleet sees the prefix-cache hits the live one has.
     """
 
     duration_s: float
@@ -106,12 +112,17 @@ class TrafficWindow:
     gap_buckets: tuple[tuple[float, float], ...] = ()
     num_inflight: float = math.nan
     arrival_counts: tuple[float, ...] = ()
+    cached_prompt_share: float = math.nan
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
             raise ObservationError(f"TrafficWindow.duration_s={self.duration_s!r}: expected seconds > 0")
         if not (math.isnan(self.num_inflight) or self.num_inflight >= 0):
             raise ObservationError(f"TrafficWindow.num_inflight={self.num_inflight!r}: expected a count >= 0 or NaN")
+        if not (math.isnan(self.cached_prompt_share) or 0.0 <= self.cached_prompt_share <= 1.0):
+            raise ObservationError(
+                f"TrafficWindow.cached_prompt_share={self.cached_prompt_share!r}: expected a share in [0, 1] or NaN"
+            )
         for name in ("osl_buckets", "isl_buckets", "gap_buckets"):
             prev = -1.0 if name == "gap_buckets" else 0.0  # gaps have an le=0 bucket (shared timestamps)
             for le, n in getattr(self, name):

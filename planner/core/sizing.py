@@ -23,6 +23,14 @@ The sample (all from :class:`~planner.core.observations.TrafficWindow`, never fr
   length density falling inside a power-of-2 bucket is closer to ``1/x`` than flat), then
   scaled to the pooled windows' exact mean length (their ``_sum / _count``); without a histogram, every
   request at the mean.
+- prefix-cache hits: every request's prompt starts with a prefix shared by all of them, of
+  ``cached_prompt_share`` x the mean ISL tokens on average (the share of prompt tokens the live fleet served from
+  its prefix cache over the same pooled windows, ``TrafficWindow.cached_prompt_share``), so that the what-if
+  engines hit their prefix caches as often as the live ones (the evaluator turns it into prompt block ids). One
+  prefix of the mean length for every request, not a share of each prompt: the windows report a total only, and
+  a share of each prompt would put most hits on the longest prompts, the ones whose prefill makes the misses; a
+  request shorter than the prefix is capped at its own length, so the sample never has more hits than observed.
+  Without a report, no hits (the safe side).
 - length: at least ``adjustment_interval_s``, and long enough to hold :func:`sample_size` requests, the
   number the binomial bound below needs to tell a fleet that meets the target from one that does not.
 - start state: the ``num_inflight`` requests the frontend had in flight at the tick arrive evenly spread over
@@ -102,6 +110,9 @@ class TrafficSample:
     share_pool: str = ""
     """The pool whose round-robin engine share an evaluator may replay instead of the whole fleet (the pool being
     sized; "" = replay the whole fleet): see :class:`planner.whatif.EngineFleetEvaluator`."""
+    cached_tokens: float = 0.0
+    """Mean length (tokens) of the prompt prefix that all requests share (module docstring, "prefix-cache hits");
+    each request's is at most its ISL. 0 = no shared prefix."""
 
     @property
     def num_counted(self) -> int:
@@ -126,6 +137,7 @@ class TrafficSample:
             self.interval_s,
             self.warmup_s,
             self.share_pool,
+            self.cached_tokens,
         )
 
 
@@ -394,6 +406,7 @@ def build_sample(
     warmup_s: float = 0.0,
     rate_profile: Sequence[float] = (),
     profile_bin_s: float = ARRIVAL_BIN_S,
+    cached_prompt_share: float = 0.0,
     seed: Sequence[int] = (0,),
 ) -> TrafficSample:
     """The traffic sample of the module docstring.
@@ -402,10 +415,12 @@ def build_sample(
     ``min_requests`` >= 1 set the length (``max(min_horizon_s, min_requests / rate)``), buckets as
     ``TrafficWindow`` carries them, ``num_inflight`` requests spread evenly over the first ``warmup_s`` seconds
     (the start state; not counted; the counted requests start at ``warmup_s``), ``rate_profile`` arrivals per
-    ``profile_bin_s`` bin (relative rates; any scale), ``seed`` for :class:`numpy.random.SeedSequence`. Gaps, ISLs and
-    OSLs come from three independent streams and are rescaled by the laws' means, not the draws': the same seed at a
-    higher rate gives the same requests, compressed in time, plus more of them (common random numbers, so
-    that sizing at two loads compares like with like). Raises ValueError on a rate or mean that is not a
+    ``profile_bin_s`` bin (relative rates; any scale), ``cached_prompt_share`` in [0, 1] (the shared prefix's
+    mean length is this share of ``mean_isl_tokens``; NaN or out of range counts as 0), ``seed`` for
+    :class:`numpy.random.SeedSequence`. Gaps, ISLs and OSLs come from three independent streams and are
+    rescaled by the laws' means, not the draws': the same seed at a higher rate gives the same requests,
+    compressed in time, plus more of them (common random numbers, so that sizing at two loads compares like
+    with like). Raises ValueError on a rate or mean that is not a
     positive finite number."""
     for name, v in (
         ("rate_per_s", rate_per_s),
@@ -451,8 +466,17 @@ def build_sample(
     isl = np.concatenate([isl[len(arrivals) :], isl[: len(arrivals)]])
     osl = np.concatenate([osl[len(arrivals) :], osl[: len(arrivals)]])
     arr = np.concatenate([np.arange(warm) * (warmup_s / warm) if warm else np.zeros(0), warmup_s + arrivals])
+    share = cached_prompt_share if 0.0 <= cached_prompt_share <= 1.0 else 0.0  # NaN fails both comparisons
     return TrafficSample(
-        arr, isl, osl, warm, float(horizon + warmup_s), int(min_requests), float(min_horizon_s), warmup_s
+        arr,
+        isl,
+        osl,
+        warm,
+        float(horizon + warmup_s),
+        int(min_requests),
+        float(min_horizon_s),
+        warmup_s,
+        cached_tokens=float(share * mean_isl_tokens),
     )
 
 

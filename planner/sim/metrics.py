@@ -8,7 +8,8 @@ keeps the same cumulative ``_sum``/``_count`` pairs, observed at the virtual tim
 
 - requests started and ISL: at arrival;
 - TTFT: when the first token is emitted (``first_token_ms``), also counted in an SLA bucket
-  (``le=`` the TTFT target) as a Prometheus histogram with a bucket boundary at the target gives;
+  (``le=`` the TTFT target) as a Prometheus histogram with a bucket boundary at the target gives; the request's
+  cached prompt tokens (``dynamo_frontend_cached_tokens``, ``RequestRecord.cached_tokens``) at the same time;
 - inter-arrival gap (histogram ``dynoplan_frontend_request_interarrival_seconds``): at arrival, from the
   previous arrival; in-flight requests (gauge): started minus terminal at the scrape;
 - ITL, OSL, request duration: when the request finishes (plus an SLA bucket of per-request mean ITL). A live
@@ -58,6 +59,9 @@ class CounterSnapshot:
     """Gaps between consecutive arrivals per bucket (:data:`planner.core.sizing.GAP_BUCKETS_S`, non-cumulative)."""
     inflight: int = 0
     """Requests started and not yet terminal at ``t_s`` (the frontend's in-flight gauge)."""
+    cached_sum_tokens: float = 0.0
+    """Prompt tokens served from the prefix cache, of the requests whose first token came (the
+    ``dynamo_frontend_cached_tokens`` histogram's ``_sum``)."""
 
 
 OSL_BUCKETS_TOKENS: tuple[float, ...] = tuple(float(2**k) for k in range(17)) + (math.inf,)
@@ -85,6 +89,7 @@ class FrontendCounters:
         self._osl = 0.0
         self._fin = 0
         self._dur = 0.0
+        self._cached = 0.0
         self.terminal = 0
         """Requests finished, failed or cancelled at or before the last scrape."""
         self._osl_counts = [0] * len(OSL_BUCKETS_TOKENS)
@@ -125,6 +130,7 @@ class FrontendCounters:
             if ft is not None and ft <= t_ms:
                 self._ttft_sum += ft - r.arrival_ms
                 self._ttft_n += 1
+                self._cached += r.cached_tokens
                 if ft - r.arrival_ms <= self.sla_ttft_ms:
                     self._ttft_ok += 1
             elif r.status in ("failed", "cancelled") and r.finish_ms is not None and r.finish_ms <= t_ms:
@@ -169,11 +175,18 @@ class FrontendCounters:
             tuple(self._isl_counts),
             tuple(self._gap_counts),
             self._started - self.terminal,
+            self._cached,
         )
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan
+
+
+def _share(part: float, whole: float) -> float:
+    """``part / whole`` clamped to [0, 1] (the two counters are observed at different moments of a request: a
+    window can hold the first tokens of requests that started before it); NaN when ``whole`` is 0."""
+    return min(1.0, max(0.0, part / whole)) if whole > 0 else math.nan
 
 
 def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
@@ -196,6 +209,9 @@ def window(new: CounterSnapshot, old: CounterSnapshot) -> TrafficWindow:
         isl_buckets=_bucket_increase(ISL_BUCKETS_TOKENS, new.isl_bucket_counts, old.isl_bucket_counts),
         gap_buckets=_bucket_increase(GAP_BUCKETS_S, new.gap_bucket_counts, old.gap_bucket_counts),
         num_inflight=float(new.inflight),
+        cached_prompt_share=_share(
+            new.cached_sum_tokens - old.cached_sum_tokens, new.isl_sum_tokens - old.isl_sum_tokens
+        ),
     )
 
 

@@ -666,3 +666,88 @@ def test_miss_bounds_are_the_clopper_pearson_quantiles_of_scipy_stats(n, data, c
     lo, hi = miss_bounds(k, n, confidence)
     assert lo == (0.0 if k == 0 else float(beta.ppf(1.0 - confidence, k, n - k + 1)))
     assert hi == (1.0 if k >= n else float(beta.ppf(confidence, k + 1, n - k)))
+
+
+def test_prefix_hash_ids_share_whole_blocks_whose_mean_is_the_cached_tokens():
+    from planner.whatif import UNIQUE_ID_BASE, prefix_hash_ids
+
+    u = UNIQUE_ID_BASE
+    # x = 300 / 512 = 0.5859: m_i = floor((i + 1) x) - floor(i x) = 0, 1, 0 (capped: 100 tokens hold no whole
+    # block; uncapped it would be 1), 1; every id covers 512 tokens, ceil(isl / 512) ids per request
+    assert prefix_hash_ids([1000, 600, 100, 2000], 300.0, 512) == [
+        (u, u + 1),
+        (0, u + 2),
+        (u + 3,),
+        (0, u + 4, u + 5, u + 6),
+    ]
+    # 1024 tokens = 2 blocks each: every request starts with ids 0, 1
+    assert prefix_hash_ids([2048, 1536], 1024.0, 512) == [(0, 1, u, u + 1), (0, 1, u + 2)]
+    assert prefix_hash_ids([2048, 1536], 0.0, 512) == [None, None]
+    # over many requests the shared blocks' mean is x exactly (floor telescopes): 1000 requests, 0.5859 x 1000
+    ids = prefix_hash_ids([4096] * 1000, 300.0, 512)
+    assert sum(sum(1 for b in t if b < u) for t in ids if t) == math.floor(1000 * 300 / 512)
+
+
+def test_the_samples_shared_prefix_is_the_cached_share_of_the_mean_prompt_and_keeps_the_draws():
+    base = build_sample(5.0, 2000.0, 100.0, min_horizon_s=60.0, min_requests=10, seed=(3,))
+    s = build_sample(5.0, 2000.0, 100.0, min_horizon_s=60.0, min_requests=10, cached_prompt_share=0.25, seed=(3,))
+    assert s.cached_tokens == 500.0 and base.cached_tokens == 0.0
+    for a, b in ((s.arrival_s, base.arrival_s), (s.isl_tokens, base.isl_tokens), (s.osl_tokens, base.osl_tokens)):
+        assert np.array_equal(a, b)
+    assert s.head(20).cached_tokens == 500.0
+    for bad in (math.nan, -0.1, 1.5):
+        s = build_sample(5.0, 2000.0, 100.0, min_horizon_s=60.0, min_requests=10, cached_prompt_share=bad)
+        assert s.cached_tokens == 0.0
+
+
+def test_the_what_if_fleet_hits_the_shared_prefix_and_misses_less():
+    from mocker.config import EngineConfig
+    from mocker.fleet import Fleet
+    from mocker.records import TraceRequest
+    from planner.whatif import EngineFleetEvaluator, prefix_hash_ids
+
+    # the ids mean what they claim: on one engine every request after the first finds the 1024 shared tokens
+    ids = prefix_hash_ids([4096] * 4, 1024.0, EngineConfig().trace_block_size)
+    fleet = Fleet({"agg": EngineConfig()})
+    fleet.add_worker("agg", 0.0)
+    recs = [fleet.submit(TraceRequest(i, 1000.0 * i, 4096, 2, ids[i]), 1000.0 * i) for i in range(4)]
+    fleet.finish(10_000.0)
+    fleet.close()
+    assert [r.cached_tokens for r in recs] == [0, 1024, 1024, 1024]
+    # a prefill-bound load: 4096-token prompts at 6 req/s on one engine, TTFT target 300 ms. A prefill of 4096
+    # tokens takes 4.209989e-07 * 4096**2 + 1.518344e-02 * 4096 + 16.50142 = 85.76 ms (docs/architecture.md
+    # "Polynomial timing baseline"), of the 2048 tokens left when half the prompt is cached 49.36 ms: the prefill
+    # busy share falls from 0.51 to 0.30 (measured: 61 of 361 miss without the prefix, none with it)
+    ev = EngineFleetEvaluator({"agg": EngineConfig()}, ttft_ms=300.0, itl_ms=1000.0)
+    plain = build_sample(6.0, 4096.0, 2.0, min_horizon_s=60.0, min_requests=10, seed=(1,))
+    hit = dataclasses.replace(plain, cached_tokens=2048.0)
+    a, b = ev.evaluate(plain, {"agg": 1}), ev.evaluate(hit, {"agg": 1})
+    assert a.num_requests == b.num_requests == plain.num_counted == 361
+    assert a.ttft_misses > 30 and b.ttft_misses < a.ttft_misses / 4
+
+
+def test_the_loop_pools_the_windows_cached_share_over_their_prompt_tokens():
+    from planner.core import PlannerConfig, TrafficWindow
+    from planner.core.loops import ThroughputLoop
+
+    class Capture:
+        def __init__(self):
+            self.samples = []
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            self.samples.append(sample)
+            return SampleOutcome(sample.num_counted, 0, 0, 0)
+
+    ev = Capture()
+    cfg = PlannerConfig(mode="agg", predictor="constant", sla_attainment_target=0.99, load_enabled=False)
+    loop = ThroughputLoop(cfg, None, ev)
+    # 100 requests of mean ISL 1000, half the prompt tokens cached: 500 shared tokens
+    loop.learn(180.0, TrafficWindow(180.0, 100.0, 1000.0, 50.0, cached_prompt_share=0.5), None, {"agg": 1})
+    assert ev.samples[-1].cached_tokens == pytest.approx(500.0)
+    # then 100 of mean ISL 3000, none cached: 50,000 of 400,000 prompt tokens (0.125) x the pooled mean 2000
+    loop.learn(360.0, TrafficWindow(180.0, 100.0, 3000.0, 50.0, cached_prompt_share=0.0), None, {"agg": 1})
+    assert ev.samples[-1].cached_tokens == pytest.approx(250.0)
+    # a window that does not report the share leaves the share as it was (0.125), but its prompts count for the
+    # mean ISL: (100 k + 300 k + 600 k) / 400 requests = 2500 tokens
+    loop.learn(540.0, TrafficWindow(180.0, 200.0, 3000.0, 50.0), None, {"agg": 1})
+    assert ev.samples[-1].cached_tokens == pytest.approx(0.125 * 2500.0)

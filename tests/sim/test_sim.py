@@ -123,6 +123,28 @@ def test_frontend_counters_window_is_increase_ratio():
     assert dict(window(c.scrape(6.0), s1).osl_buckets)[math.inf] == 1.0
 
 
+def test_cached_prompt_share_is_the_cached_tokens_increase_over_the_prompt_tokens_increase():
+    c = FrontendCounters()
+    s0 = c.scrape(0.0)
+    a = RequestRecord(0, 100.0, 2048, 4, cached_tokens=512)
+    b = RequestRecord(1, 200.0, 2048, 4)
+    for r in (a, b):
+        c.on_arrival(r)
+    a.first_token_ms = b.first_token_ms = 300.0
+    s1 = c.scrape(1.0)
+    assert s1.cached_sum_tokens == 512.0
+    assert window(s1, s0).cached_prompt_share == 512 / 4096  # 0.125
+    # a window of first tokens only (the requests started earlier) is clamped to 1; no prompt tokens: unknown
+    late = RequestRecord(2, 1100.0, 1024, 4, cached_tokens=1000)
+    c.on_arrival(late)
+    s2 = c.scrape(1.5)
+    late.first_token_ms = 1600.0
+    s3 = c.scrape(2.0)
+    assert window(s2, s1).cached_prompt_share == 0.0
+    assert window(s3, s2).num_requests == 0 and math.isnan(window(s3, s2).cached_prompt_share)
+    assert window(s3, s1).cached_prompt_share == 1000 / 1024
+
+
 def test_counters_ignore_events_after_the_scrape_time():
     c = FrontendCounters()
     a = RequestRecord(0, 0.0, 100, 5)
