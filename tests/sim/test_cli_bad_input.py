@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from planner.cli import main as cli_main
 
+AZURE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "azure_llm_conv_2023.csv"
 TRACE = "synthetic:poisson?rate=2&duration_s=20&isl=256&osl=16&seed=1"
 
 
@@ -143,9 +145,13 @@ def test_profile_bad_out_rejected_before_the_sweep(tmp_path, capsys, monkeypatch
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
 def test_a_full_disk_under_out_names_the_file_and_keeps_the_results(tmp_path, capsys):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "timeline.csv").symlink_to("/dev/full")  # every write to timeline.csv fails with ENOSPC
     rc = cli_main(["simulate", "--trace", TRACE, "--compare", "static:1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    first = {n: (out / n).read_bytes() for n in ("summary.json", "details.json", "timeline.csv", "report.html")}
+    capsys.readouterr()
+    # the outputs are written beside their names first: every write of the hidden timeline.csv fails with ENOSPC
+    (out / ".timeline.csv.partial").symlink_to("/dev/full")
+    rc = cli_main(["simulate", "--trace", TRACE, "--compare", "static:2", "--quiet", "--out", str(out)])
     cap = capsys.readouterr()
     assert rc == 2
     err = cap.err.strip().splitlines()
@@ -153,5 +159,49 @@ def test_a_full_disk_under_out_names_the_file_and_keeps_the_results(tmp_path, ca
         f"dynoplan simulate: error: --out {out}: cannot write {out / 'timeline.csv'}: No space left on device "
         "(results printed to stdout above), expected a writable directory"
     ]
-    assert '"static:1"' in cap.out  # the summary JSON on stdout: nothing recorded is lost
-    assert (out / "summary.json").exists()  # written before the failing file
+    assert '"static:2"' in cap.out  # the summary JSON on stdout: nothing recorded is lost
+    # all or none: the first run's outputs are whole (summary.json was written before the failing file, but
+    # only beside its name), and no hidden file is left
+    assert {n: (out / n).read_bytes() for n in first} == first
+    assert sorted(p.name for p in out.iterdir()) == [
+        "details.json",
+        "report.html",
+        "requests.jsonl",
+        "summary.json",
+        "timeline.csv",
+    ]
+
+
+def test_an_output_name_taken_by_a_directory_fails_before_any_output_is_replaced(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli_main(["simulate", "--trace", TRACE, "--compare", "static:1", "--quiet", "--out", str(out)])
+    assert rc == 0
+    summary = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    (out / "report.html").unlink()
+    (out / "report.html").mkdir()  # the last output's name is a directory: its rename would fail
+    rc = cli_main(["simulate", "--trace", TRACE, "--compare", "static:2", "--quiet", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 2 and len(cap.err.strip().splitlines()) == 1
+    assert f"cannot write {out / 'report.html'}: Is a directory" in cap.err
+    assert (out / "summary.json").read_bytes() == summary  # not replaced by the second run's
+    assert not [p for p in out.iterdir() if p.name.endswith(".partial")]
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        # a slow synthetic rate: the time limit holds whatever --sample-interval-s keeps the samples under their cap
+        (
+            ["--trace", "synthetic:poisson?rate=1e-9&num_requests=3&seed=1", "--sample-interval-s", "70000"],
+            "--trace synthetic:poisson?rate=1e-9&num_requests=3&seed=1: the trace spans",
+        ),
+        (
+            ["--trace", str(AZURE), "--arrival-speedup", "1e-4"],
+            "the trace spans 3.50172e+07 s after --arrival-speedup=0.0001",
+        ),
+    ],
+)
+def test_a_workload_past_the_time_limit_is_refused_before_simulating(capsys, argv, needle):
+    rc = cli_main(["simulate", *argv, "--quiet"])
+    _one_line(capsys, rc, needle, "past the simulator's limit of 4.504e+06 s")
