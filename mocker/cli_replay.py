@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from dynoplan.errors import ConfigError
     from mocker.fleet import FleetConfig, run_replay
     from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
-    from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
+    from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals, time_limit_problem
 
     inputs = [("--engine-config", args.engine_config), ("--rate-envelope", args.rate_envelope)]
     if not args.trace.startswith("synthetic:"):
@@ -158,6 +158,16 @@ def run(args: argparse.Namespace) -> int:
     if envelope is not None:  # --arrival-speedup first, then the envelope's warp (the fleet then replays as-is)
         requests = apply_rate_envelope(scale_arrivals(requests, arrival_speedup), envelope)
         arrival_speedup = 1.0
+    last_ms = max((r.arrival_ms for r in requests), default=0.0) / arrival_speedup
+    too_long = time_limit_problem(last_ms)
+    if too_long is not None:
+        shaped = [f"--arrival-speedup={args.arrival_speedup:g}"] if args.arrival_speedup != 1.0 else []
+        if envelope is not None:
+            shaped.append(f"--rate-envelope {args.rate_envelope}")
+        raise ConfigError(
+            f"--trace {args.trace}{' after ' + ' and '.join(shaped) if shaped else ''}: the last arrival is at "
+            f"{last_ms / 1000.0:g} s, {too_long}"
+        )
 
     fleet = check(
         lambda: FleetConfig(

@@ -102,6 +102,21 @@ milliseconds and pass durations are rounded to whole nanoseconds (:func:`mocker.
 ms. Later timestamps would silently merge the engine's pass times (a 1e308 ms trace reports every latency
 as 0.00)."""
 
+
+def time_limit_problem(last_arrival_ms: float) -> str | None:
+    """Why a workload whose last arrival (after any speed-up or envelope) is at ``last_arrival_ms`` cannot be
+    simulated -- the end of a one-line message after the span and what made it -- or None when it
+    can (at most :data:`MAX_TRACE_TIMESTAMP_MS`). A file's timestamps are refused as they are read; this is the
+    check of the span a slow synthetic rate or an ``--arrival-speedup`` below 1 gives."""
+    if last_arrival_ms <= MAX_TRACE_TIMESTAMP_MS:
+        return None
+    lim = MAX_TRACE_TIMESTAMP_MS / 1000.0
+    return (
+        f"past the simulator's limit of {lim:.4g} s (about 52 days: float64 ms resolve the engine's nanosecond "
+        f"pass times only up to there); expected at most {lim:.4g} s"
+    )
+
+
 EPOCH_MS_THRESHOLD = 1e12
 """A timestamp at or above this many ms reads as Unix epoch milliseconds (1e12 ms after 1970-01-01 is
 2001-09-09T01:46:40Z), not milliseconds since the trace start: refused with that diagnosis."""

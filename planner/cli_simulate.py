@@ -40,7 +40,7 @@ from mocker.arguments import (
     use_one_line_errors,
     worker_count,
 )
-from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals
+from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals, time_limit_problem
 from planner.arguments import (
     add_engine_arguments,
     add_transfer_arguments,
@@ -469,6 +469,9 @@ def _requests(args: argparse.Namespace, trace_block_size: int) -> list[Any]:
         reqs = apply_rate_envelope(reqs, envelope)
     span_s = trace_span_s(reqs)
     args.trace_span_note = _span_note(args, span_s, read_s)
+    too_long = time_limit_problem(span_s * 1000.0)
+    if too_long is not None:
+        raise SimulationConfigError(f"{args.trace_span_note}, {too_long}")
     given = args.sample_interval_s is not None
     if not given:
         args.sample_interval_s = DEFAULT_SAMPLE_INTERVAL_S

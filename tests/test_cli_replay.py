@@ -472,3 +472,22 @@ def test_flag_abbreviations_are_unrecognized(capsys: pytest.CaptureFixture[str])
     assert rc == 2 and "unrecognized arguments: --mode disagg" in err and "Traceback" not in err
     rc, _, err = cli(capsys, "--trace", SMALL, "--work", "2")
     assert rc == 2 and "unrecognized arguments: --work" in err
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        # 3 requests at 1e-9 req/s: the last arrival about 1.7e9 s after the start (the seed fixes it)
+        (["--trace", "synthetic:poisson?rate=1e-9&num_requests=3&seed=1"], ["--trace synthetic:poisson"]),
+        # the bundled Azure trace spans 3501.72 s; at 1e-4 times its rate, 3.50172e+07 s
+        (
+            ["--trace", str(ROOT / "examples/traces/azure_llm_conv_2023.csv"), "--arrival-speedup", "1e-4"],
+            ["after --arrival-speedup=0.0001", "the last arrival is at 3.50172e+07 s"],
+        ),
+    ],
+)
+def test_a_workload_past_the_time_limit_is_refused_before_replaying(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]
+) -> None:
+    rc, _, err = cli(capsys, *argv, "--quiet")
+    assert_one_line_error(rc, err, *needles, "past the simulator's limit of 4.504e+06 s", "expected at most")
