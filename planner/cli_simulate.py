@@ -340,7 +340,12 @@ def build_context(args: argparse.Namespace) -> RunContext:
     engines, cfg = _pools(args, in_file, overrides, cfg0, engine)
     initial = _parse_initial(args.initial_replicas, tuple(engines))
     check_initial(initial, cfg)  # the run's settings; each planner:k=v variant's when it is built (make_policy)
-    profile = _load_planner_profile(args.profile) if args.profile else profile_engine(engine)
+    fix = "a larger KV cache: --num-gpu-blocks or --block-size; or --profile FILE from dynoplan profile {}"
+    profile = (
+        _load_planner_profile(args.profile)
+        if args.profile
+        else profile_engine(engine, remedy=(fix.format("--isl"), fix.format("--context")))
+    )
     warm = _warm_start(args.warm_start, cfg.adjustment_interval_s, engine.trace_block_size) if args.warm_start else ()
     # GPUs per worker: the planner's gpus_per_engine for the pool (what its budget counts), at least one per
     # DP rank (a worker of dp_size ranks holds dp_size GPUs at minimum)

@@ -121,14 +121,18 @@ def _decode_point(cfg: EngineConfig, n: int, context: int, osl: int) -> float:
     return float(np.mean(np.concatenate(gaps)))
 
 
-def profile_engine(cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep()) -> PerformanceProfile:
-    """Sweep ``cfg`` (module docstring) and return the profile. Raises SimulationConfigError when no grid point fits."""
+def profile_engine(
+    cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep(), remedy: tuple[str, str] = ("--isl", "--context")
+) -> PerformanceProfile:
+    """Sweep ``cfg`` (module docstring) and return the profile. Raises SimulationConfigError when fewer than two
+    points of a grid fit the KV cache, ending with ``remedy`` (what to change, for the ISL grid and the context
+    grid: the flags of ``dynoplan profile`` by default; a caller without them names its own)."""
     cap_tokens = cfg.total_kv_tokens
     isl = [x for x in sweep.isl_tokens if x + 2 <= cap_tokens * 0.95]
     if len(isl) < 2:
         raise SimulationConfigError(
             f"profile: ISL grid {list(sweep.isl_tokens)}: {len(isl)} point(s) fit the KV cache of "
-            f"{cap_tokens} tokens (ISL + 2 <= 95 %), expected at least 2 (--isl)"
+            f"{cap_tokens} tokens (ISL + 2 <= 95 %), expected at least 2 ({remedy[0]})"
         )
     ttft = np.array([_prefill_ttft_ms(cfg, x) for x in isl])
     isl_a = np.array(isl, dtype=float)
@@ -137,7 +141,7 @@ def profile_engine(cfg: EngineConfig, sweep: ProfileSweep = ProfileSweep()) -> P
         raise SimulationConfigError(
             f"profile: context grid {list(sweep.context_tokens)}: {len(ctx)} length(s) fit the KV "
             f"cache of {cap_tokens} tokens (context + {sweep.decode_tokens} <= 90 %), expected "
-            f"at least 2 (--context)"
+            f"at least 2 ({remedy[1]})"
         )
     usage = list(sweep.kv_usage)
     itl = np.zeros((len(usage), len(ctx)))

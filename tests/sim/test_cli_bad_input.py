@@ -205,3 +205,11 @@ def test_an_output_name_taken_by_a_directory_fails_before_any_output_is_replaced
 def test_a_workload_past_the_time_limit_is_refused_before_simulating(capsys, argv, needle):
     rc = cli_main(["simulate", *argv, "--quiet"])
     _one_line(capsys, rc, needle, "past the simulator's limit of 4.504e+06 s")
+
+
+def test_a_kv_cache_too_small_to_profile_names_the_flags_simulate_has(capsys):
+    # 2 blocks of vLLM's default 64 tokens hold 128 tokens: no context of the default grid (128 ... 16384) fits
+    # with 16 decode tokens in 90 % of it; simulate has no --context flag to change the grid
+    rc = cli_main(["simulate", "--trace", TRACE, "--num-gpu-blocks", "2", "--quiet"])
+    err = _one_line(capsys, rc, "0 length(s) fit the KV cache of 128 tokens", "--num-gpu-blocks or --block-size")
+    assert "--profile FILE from dynoplan profile --context" in err
