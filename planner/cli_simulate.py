@@ -289,11 +289,9 @@ def _read_planner_file(path: str) -> dict[str, Any]:
     the file), a lone ``planner:`` mapping looked into. Returns the settings mapping for
     :func:`planner.core.config_from_mapping`. Raises ConfigError naming the flag and the file."""
     from dynoplan.settings_text import load_file
+    from planner.core.config import planner_section
 
-    data = load_file(path, f"--config {path}", "config file")
-    if "planner" in data and isinstance(data["planner"], dict) and len(data) == 1:
-        data = data["planner"]
-    return data
+    return planner_section(load_file(path, f"--config {path}", "config file"), f"--config {path}")
 
 
 def _read_engine_file(path: str) -> Any:

@@ -539,6 +539,23 @@ def config_from_mapping(
     return cfg
 
 
+def planner_section(loaded: Mapping[str, Any], source: str | None = None) -> dict[str, Any]:
+    """A settings file's planner settings: the file itself, or the mapping under its ``planner:`` key when that is
+    the file's only key. Raises ConfigError (naming ``source``) for a ``planner:`` mapping beside other keys: the
+    settings are either flat or all under ``planner:``, and one half would otherwise be read as an unknown
+    setting named ``planner``."""
+    if "planner" in loaded and isinstance(loaded["planner"], Mapping):
+        if len(loaded) == 1:
+            return dict(loaded["planner"])
+        others = ", ".join(str(k) for k in loaded if k != "planner")
+        raise ConfigError(
+            f"planner: a section beside other keys ({others}); expected the settings either all under planner: "
+            "or all at the top level",
+            source=source,
+        )
+    return dict(loaded)
+
+
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> PlannerConfig:
     """Read a YAML or JSON file (:func:`dynoplan.settings_text.load_file`: one grammar for every settings
     file; a lone ``planner:`` mapping is looked into), apply ``overrides`` on top, validate.
@@ -552,10 +569,7 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
     data: dict[str, Any] = {}
     src = str(path) if path is not None else None
     if path is not None:
-        loaded = load_file(path, src, "config file")
-        if "planner" in loaded and isinstance(loaded["planner"], dict) and len(loaded) == 1:
-            loaded = loaded["planner"]
-        data.update(loaded)
+        data.update(planner_section(load_file(path, src, "config file"), src))
     for k, v in parse_cli_values(overrides or {}).items():
         k = k.replace("-", "_")
         if k in _POOL_NAMES and isinstance(v, Mapping) and isinstance(data.get(k), Mapping):

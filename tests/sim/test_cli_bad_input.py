@@ -213,3 +213,14 @@ def test_a_kv_cache_too_small_to_profile_names_the_flags_simulate_has(capsys):
     rc = cli_main(["simulate", "--trace", TRACE, "--num-gpu-blocks", "2", "--quiet"])
     err = _one_line(capsys, rc, "0 length(s) fit the KV cache of 128 tokens", "--num-gpu-blocks or --block-size")
     assert "--profile FILE from dynoplan profile --context" in err
+
+
+def test_a_planner_section_beside_other_settings_is_refused_naming_them(tmp_path, capsys):
+    alone = tmp_path / "alone.yaml"
+    alone.write_text("planner:\n  ttft_ms: 300\n")
+    assert cli_main(["simulate", "--trace", TRACE, "--config", str(alone), "--compare", "static:1", "--quiet"]) == 0
+    capsys.readouterr()
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("planner:\n  ttft_ms: 300\nitl_ms: 20\n")
+    rc = cli_main(["simulate", "--trace", TRACE, "--config", str(mixed), "--compare", "static:1", "--quiet"])
+    _one_line(capsys, rc, f"--config {mixed}: planner: a section beside other keys (itl_ms)", "either all under")
