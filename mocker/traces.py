@@ -508,6 +508,12 @@ def _mooncake_check_duplicates(raw: bytes, p: str, lineno: int) -> None:
             raise TraceError(p, lineno, name, f"given {seen[name]} times in the object, expected each field once")
 
 
+def _cut(v: Any) -> str:
+    """``repr(v)``, cut to 80 characters (a pasted list can be long)."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
     """Slow path: decode one row generically and raise a TraceError naming the bad field."""
     _mooncake_check_duplicates(raw, p, lineno)
@@ -526,10 +532,13 @@ def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
             raise TraceError(p, lineno, name, f"{v!r}: expected a positive integer <= {MAX_TRACE_TOKENS}")
     hids = row.get("hash_ids")
     if hids is not None:
-        if not isinstance(hids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hids
-        ):
-            raise TraceError(p, lineno, "hash_ids", "expected a list of non-negative integers")
+        if not isinstance(hids, list):
+            raise TraceError(p, lineno, "hash_ids", f"{_cut(hids)}: expected a list of non-negative integers")
+        for k, h in enumerate(hids):
+            if not (isinstance(h, int) and not isinstance(h, bool) and h >= 0):
+                raise TraceError(
+                    p, lineno, f"hash_ids[{k}]", f"{_cut(h)}: expected a non-negative integer (a prompt block id)"
+                )
         if not hids:
             raise TraceError(p, lineno, "hash_ids", "empty list: expected one id per trace block of the prompt")
     raise TraceError(p, lineno, None, "malformed row")

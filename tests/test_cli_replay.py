@@ -67,6 +67,24 @@ def test_malformed_jsonl_row(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert_one_line_error(rc, err, f"{p}:2", "input_length", "missing")
 
 
+@pytest.mark.parametrize(
+    "ids, field, value",
+    [
+        ('[1, "a"]', "'hash_ids[1]'", "'a'"),
+        ("[0, 1.5]", "'hash_ids[1]'", "1.5"),
+        ("[-1]", "'hash_ids[0]'", "-1"),
+        ('"x"', "'hash_ids'", "'x'"),
+    ],
+)
+def test_a_bad_hash_id_is_named_with_its_index_and_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ids: str, field: str, value: str
+) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text(f'{{"timestamp": 0, "input_length": 1000, "output_length": 2, "hash_ids": {ids}}}\n')
+    rc, _, err = cli(capsys, "--trace", str(p), "--quiet")
+    assert_one_line_error(rc, err, f"{p}:1", f"field {field} {value}: expected a")
+
+
 def test_bad_synthetic_spec(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = cli(capsys, "--trace", "synthetic:poisson?rate=0&num_requests=5")
     assert_one_line_error(rc, err, "rate")
