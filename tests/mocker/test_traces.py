@@ -217,8 +217,8 @@ def test_mooncake_bundled_trace() -> None:
         (
             '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, -2]}\n',
             1,
-            "hash_ids",
-            "non-negative",
+            "hash_ids[1]",
+            "-2: expected a non-negative integer",
         ),
         ("[1, 2, 3]\n", 1, None, "JSON object"),
         (
