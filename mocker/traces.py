@@ -643,6 +643,7 @@ class LengthDist:
     @classmethod
     def parse(cls, text: str, field: str, spec: str) -> LengthDist:
         parts = text.split(":")
+        swapped = ""
         try:
             if len(parts) == 1:
                 v = int_text(parts[0])
@@ -658,6 +659,8 @@ class LengthDist:
                 and all(x == int(x) for x in nums)
             ):
                 return cls("uniform", nums[0], nums[1])
+            if kind == "uniform" and len(nums) == 2 and MAX_TRACE_TOKENS >= nums[0] > nums[1] >= 1:
+                swapped = f"MIN {nums[0]:g} above MAX {nums[1]:g}, expected MIN <= MAX"
             if (
                 kind == "lognormal"
                 and len(nums) == 2
@@ -668,6 +671,8 @@ class LengthDist:
                 return cls("lognormal", nums[0], nums[1])
         except ValueError:
             pass
+        if swapped:
+            raise TraceError(spec, None, field, f"{text!r}: {swapped}")
         raise TraceError(
             spec,
             None,

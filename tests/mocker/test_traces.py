@@ -547,3 +547,12 @@ def test_azure_token_columns_still_take_signs_and_spaces(tmp_path: Path) -> None
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0, +374 ,\t44\n2023-11-16 18:15:47.0,0012,7\n",
     )
     assert [(r.input_length, r.output_length) for r in load_azure_csv(f)] == [(374, 44), (12, 7)]
+
+
+def test_a_uniform_length_with_min_above_max_says_so() -> None:
+    with pytest.raises(TraceError, match=r"'uniform:10:5': MIN 10 above MAX 5, expected MIN <= MAX") as ei:
+        load_trace("synthetic:poisson?rate=1&duration_s=10&isl=uniform:10:5")
+    assert ei.value.field == "isl"
+    # a bound out of range is still the general message
+    with pytest.raises(TraceError, match=r"expected a positive integer, 'uniform:MIN:MAX'"):
+        load_trace("synthetic:poisson?rate=1&duration_s=10&osl=uniform:0:5")
