@@ -71,7 +71,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name, help=help_text, description=help_text, allow_abbrev=False
         )  # --mode is not --model-config
-        p.set_defaults(_module=mod)
+        p.set_defaults(_module=mod, _parser=p)
         if argv is None or name == chosen:
             importlib.import_module(mod).add_arguments(p)
     return parser
@@ -81,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     process_entry = argv is None
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand that was given them (its name and --help), not by the top level
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # Called as the process's entry point (the console script): a subcommand may end the process itself once
     # its output is complete, skipping the interpreter's teardown (mocker.cli_replay.exit_without_teardown).
     args._exit_process = process_entry

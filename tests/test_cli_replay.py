@@ -492,6 +492,17 @@ def test_flag_abbreviations_are_unrecognized(capsys: pytest.CaptureFixture[str])
     assert rc == 2 and "unrecognized arguments: --work" in err
 
 
+@pytest.mark.parametrize("command", ["replay", "simulate"])
+def test_a_mistyped_flag_is_reported_by_the_subcommand_given_it(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main([command, "--trace", SMALL, "--sla-tfft-ms", "3"])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2
+    assert err == f"dynoplan {command}: error: unrecognized arguments: --sla-tfft-ms 3 (see --help)\n"
+
+
 @pytest.mark.parametrize(
     "argv, needles",
     [
