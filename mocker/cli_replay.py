@@ -123,9 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o = parser.add_argument_group("output")
     o.add_argument("--report-json", metavar="FILE", help="write the summary report (reference key names)")
     o.add_argument("--per-request", metavar="FILE", help="write one JSON line per request")
-    o.add_argument("--sla-ttft-ms", type=nonneg_float, metavar="MS", help="goodput target: TTFT <= MS")
-    o.add_argument("--sla-itl-ms", type=nonneg_float, metavar="MS", help="goodput target: the request's mean ITL <= MS")
-    o.add_argument("--sla-e2e-ms", type=nonneg_float, metavar="MS", help="goodput target: E2E latency <= MS")
+    o.add_argument("--sla-ttft-ms", type=positive_float, metavar="MS", help="goodput target: TTFT <= MS")
+    o.add_argument(
+        "--sla-itl-ms", type=positive_float, metavar="MS", help="goodput target: the request's mean ITL <= MS"
+    )
+    o.add_argument("--sla-e2e-ms", type=positive_float, metavar="MS", help="goodput target: E2E latency <= MS")
     o.add_argument("--quiet", action="store_true", help="no progress bar and no table")
 
 

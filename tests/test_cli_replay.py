@@ -186,7 +186,7 @@ def test_engine_config_missing_or_directory(tmp_path: Path, capsys: pytest.Captu
         (["--block-size", "0"], ("--block-size",)),
         (["--arrival-speedup", "0"], ("--arrival-speedup", "> 0")),
         (["--arrival-speedup", "nan"], ("--arrival-speedup",)),
-        (["--sla-ttft-ms", "-1"], ("--sla-ttft-ms", ">= 0")),
+        (["--sla-ttft-ms", "-1"], ("--sla-ttft-ms", "> 0")),
         (["--preemption-mode", "random"], ("--preemption-mode",)),
         (["--max-num-batched-tokens", "16"], ("max_num_batched_tokens=16", "block_size=64")),
         (["--timing", "missing.npz"], ("timing='missing.npz'", "not found")),
