@@ -514,13 +514,33 @@ def _cut(v: Any) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
+def _json_error_field(raw: bytes, message: str) -> tuple[str | None, str]:
+    """(the key whose value a JSON decode error is at, the message): msgspec's ``(byte N)`` at the start of a
+    value after ``"key":`` names that key, and a ``NaN`` / ``Infinity`` there (not JSON) is said to be one;
+    (None, the decoder's message) elsewhere."""
+    plain = f"not valid JSON: {message}"
+    m = re.search(r"\(byte (\d+)\)", message)
+    if m is None:
+        return None, plain
+    pos = int(m.group(1))
+    key = re.search(rb'"([^"\\]{1,64})"\s*:\s*(-?)$', raw[:pos])  # the decoder stops after a minus sign
+    if key is None:
+        return None, plain
+    word = re.match(rb"-?(NaN|Infinity|inf|nan)", raw[pos - len(key.group(2)) :])
+    if word is not None:
+        return key.group(1).decode(
+            "utf-8", "replace"
+        ), f"{word.group(0).decode()}: not a JSON number, expected a finite number"
+    return key.group(1).decode("utf-8", "replace"), plain
+
+
 def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
     """Slow path: decode one row generically and raise a TraceError naming the bad field."""
     _mooncake_check_duplicates(raw, p, lineno)
     try:
         row = msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
-        raise TraceError(p, lineno, None, f"not valid JSON: {e}") from None
+        raise TraceError(p, lineno, *_json_error_field(raw, str(e))) from None
     if not isinstance(row, dict):
         raise TraceError(p, lineno, None, f"expected a JSON object, got {type(row).__name__}")
     ts = _mooncake_field(row, "timestamp", p, lineno)

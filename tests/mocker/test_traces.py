@@ -556,3 +556,19 @@ def test_a_uniform_length_with_min_above_max_says_so() -> None:
     # a bound out of range is still the general message
     with pytest.raises(TraceError, match=r"expected a positive integer, 'uniform:MIN:MAX'"):
         load_trace("synthetic:poisson?rate=1&duration_s=10&osl=uniform:0:5")
+
+
+@pytest.mark.parametrize(
+    "row, field, msg",
+    [
+        ('{"timestamp": NaN, "input_length": 10, "output_length": 5}', "timestamp", "NaN: not a JSON number"),
+        ('{"timestamp": 0, "input_length": -Infinity, "output_length": 5}', "input_length", "-Infinity: not a JSON"),
+        # an error between values names no field: the decoder's own message
+        ('{"timestamp": 0, "input_length": 10 "output_length": 5}', None, r"not valid JSON: .*\(byte 36\)"),
+    ],
+)
+def test_a_non_json_number_names_its_field(tmp_path: Path, row: str, field: str | None, msg: str) -> None:
+    p = write(tmp_path, "bad.jsonl", row + "\n")
+    with pytest.raises(TraceError, match=msg) as ei:
+        load_trace(p)
+    assert (ei.value.line, ei.value.field) == (1, field)
