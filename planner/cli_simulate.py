@@ -416,6 +416,11 @@ def _planner_settings(args: argparse.Namespace, in_file: dict[str, Any]) -> tupl
     # the run's mode before validation: the file's settings (GPU budget, pools) are checked against it
     overrides["mode"] = args.mode
     cfg0 = _load_config(args, in_file, {**_defaults_not_in(in_file), **overrides})
+    from planner.core.config import absent_pool_problems
+
+    absent = absent_pool_problems(dict(assignments(args.planner_set, "--planner-set", name=setting_name)), cfg0)
+    if absent:
+        raise SimulationConfigError(f"--planner-set {absent[0]}")
     if args.mode not in ("agg", "disagg"):
         raise SimulationConfigError(f"planner mode={args.mode!r}: simulate runs a whole fleet, expected agg or disagg")
     args.sla_ttft_ms = cfg0.ttft_ms if args.sla_ttft_ms is None else args.sla_ttft_ms

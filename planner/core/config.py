@@ -539,6 +539,28 @@ def config_from_mapping(
     return cfg
 
 
+def absent_pool_problems(data: Mapping[str, Any], cfg: PlannerConfig) -> list[str]:
+    """Command-line settings of a pool the config's mode does not have (``prefill.min_replicas=2`` with mode
+    agg): refused, since nothing would read them. Files may carry every pool's section (one file for several
+    modes); a flag names one setting on purpose."""
+    out = []
+    for key, value in data.items():
+        k = str(key).replace("-", "_")
+        head, dot, tail = k.partition(".")
+        pool = head if dot and head in _POOL_NAMES else None
+        if pool is None and k in _POOL_NAMES and isinstance(value, Mapping):
+            pool = k
+        if pool is None:
+            pool = next((p for p in _POOL_NAMES if k.startswith(p + "_") and k[len(p) + 1 :] in _POOL_KEYS), None)
+        if pool is not None and pool not in cfg.pools:
+            out.append(
+                f"{key}={value if isinstance(value, str) else spell(value)}: mode {cfg.mode} has no {pool} pool, "
+                f"expected a setting of "
+                f"{' or '.join(cfg.pools)}"
+            )
+    return out
+
+
 def planner_section(loaded: Mapping[str, Any], source: str | None = None) -> dict[str, Any]:
     """A settings file's planner settings: the file itself, or the mapping under its ``planner:`` key when that is
     the file's only key. Raises ConfigError (naming ``source``) for a ``planner:`` mapping beside other keys: the

@@ -26,7 +26,7 @@ from mocker.records import RequestRecord, TraceRequest
 from planner.arguments import attainment_text
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
 from planner.core.budget import apply_limits
-from planner.core.config import setting_name
+from planner.core.config import absent_pool_problems, setting_name
 from planner.core.loops import ThroughputLoop, pool_bounds
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
@@ -397,6 +397,9 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                     f"expected mode={cfg.mode} (the run's --mode {cfg.mode}) or no mode"
                 )
             cfg = config_from_mapping(kv, base=cfg, source=f"policy {spec!r}", cli=True)
+            absent = absent_pool_problems(kv, cfg)
+            if absent:
+                raise SimulationConfigError(f"policy {spec!r}: {absent[0]}")
             for p in ctx.pools:  # the fleet's GPUs per worker are the run's (one GPU-hour scale for every row)
                 n, run_n = cfg.limits(p).gpus_per_engine, ctx.config.limits(p).gpus_per_engine
                 if n != run_n:

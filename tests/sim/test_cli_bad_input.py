@@ -224,3 +224,22 @@ def test_a_planner_section_beside_other_settings_is_refused_naming_them(tmp_path
     mixed.write_text("planner:\n  ttft_ms: 300\nitl_ms: 20\n")
     rc = cli_main(["simulate", "--trace", TRACE, "--config", str(mixed), "--compare", "static:1", "--quiet"])
     _one_line(capsys, rc, f"--config {mixed}: planner: a section beside other keys (itl_ms)", "either all under")
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--planner-set", "prefill.min_replicas=2"], "--planner-set prefill_min_replicas=2: mode agg has no prefill"),
+        (
+            ["--compare", "planner:prefill.min_replicas=2"],
+            "policy 'planner:prefill.min_replicas=2': prefill_min_replicas=2: mode agg has no prefill pool",
+        ),
+        (
+            ["--mode", "disagg", "--compare", "planner:agg_max_replicas=3"],
+            "agg_max_replicas=3: mode disagg has no agg pool, expected a setting of prefill or decode",
+        ),
+    ],
+)
+def test_a_pool_setting_of_a_pool_the_mode_lacks_is_refused(capsys, argv, needle):
+    rc = cli_main(["simulate", "--trace", TRACE, *argv, "--quiet"])
+    _one_line(capsys, rc, needle)

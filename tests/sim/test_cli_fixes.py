@@ -152,7 +152,7 @@ def test_config_file_mode_is_honoured(tmp_path, profile):
         ("ttft_ms: .nan\n", ("ttft_ms=.nan", "expected a finite number")),
         ("planner:\n  itl_ms: .nan\n", ("itl_ms=.nan",)),
         ("bogus_key: 1\n", ("bogus_key", "unknown setting")),
-        ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "unknown setting")),
+        ("bogus_key: 1\nplanner:\n  ttft_ms: 100\n", ("bogus_key", "a section beside other keys")),
         ("max_num_batched_tokens: 1234\n", ("max_num_batched_tokens=1234", "engine's")),
         ("mode: prefill\n", ("mode='prefill'", "expected agg or disagg")),
     ],

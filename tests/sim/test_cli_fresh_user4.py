@@ -148,11 +148,13 @@ def test_variant_key_in_two_spellings_is_refused(profile, capsys, spec, tail):
 
 # ------------------------------------------------------------------ 6. the sample cap blames what was set
 def test_sample_cap_after_arrival_speedup_names_the_speedup_and_the_default_interval(profile, capsys):
-    rc = _sim(profile, "--arrival-speedup", "1e-300")
+    # 19 s at 1e-5 of the rate: 1.9e6 s, past the sample cap (1e6 s at 10 s per sample), inside the trace time
+    # bound (4.5e6 s), which 1e-300 crosses first (its own message: test_cli_bad_input)
+    rc = _sim(profile, "--arrival-speedup", "1e-5")
     assert _err(capsys, rc) == (
-        "dynoplan simulate: error: the trace spans 1.9e+301 s after --arrival-speedup=1e-300 (--trace "
-        f"{TINY}: 19 s as read); at --sample-interval-s=10 (default) that is 1.9e+300 timeline samples, more than "
-        "the cap of 100000 per policy; expected a trace of at most 1e+06 s or --sample-interval-s >= 1.9e+296"
+        "dynoplan simulate: error: the trace spans 1.9e+06 s after --arrival-speedup=1e-05 (--trace "
+        f"{TINY}: 19 s as read); at --sample-interval-s=10 (default) that is 1.9e+05 timeline samples, more than "
+        "the cap of 100000 per policy; expected a trace of at most 1e+06 s or --sample-interval-s >= 19"
     )
 
 
@@ -169,11 +171,12 @@ def test_sample_cap_after_a_rate_envelope_names_the_envelope(profile, tmp_path, 
 
 def test_sample_cap_of_a_long_trace_names_the_trace(profile, capsys):
     rc = cli_main(
-        ["simulate", "--trace", "synthetic:poisson?rate=1e-300&num_requests=3", "--profile", profile, "--quiet"]
+        ["simulate", "--trace", "synthetic:constant?rate=1e-6&num_requests=3", "--profile", profile, "--quiet"]
     )
     err = _err(capsys, rc)
+    # 3 arrivals 1e6 s apart from t = 0: the last at 2e6 s, inside the time bound (4.5e6 s), past the sample cap
     assert err.startswith(
-        "dynoplan simulate: error: --trace synthetic:poisson?rate=1e-300&num_requests=3: the trace spans "
+        "dynoplan simulate: error: --trace synthetic:constant?rate=1e-6&num_requests=3: the trace spans 2e+06 s; "
     )
     assert "at --sample-interval-s=10 (default) that is" in err
 
