@@ -50,6 +50,16 @@ of the client's request (its head read from the socket) to the first token the f
 consecutive tokens it receives; request duration to the last token; the inter-arrival gap
 (``dynoplan_frontend_request_interarrival_seconds``) from one accepted request's arrival to the next;
 ``dynamo_frontend_inflight_requests`` counts requests accepted and not yet answered.
+
+Cached prompt tokens: the frontend's response ``usage`` carries ``prompt_tokens_details.cached_tokens`` and
+``dynamo_frontend_cached_tokens`` (Dynamo's histogram, tokens) observes it once per successful request, next to
+the input and output lengths. The count is what the worker leg that ran the prefill reported in its own usage
+(``usage.prompt_tokens_details.cached_tokens``; the frontend asks that leg for the usage chunk with
+``stream_options.include_usage``): the only leg when aggregated, the prefill leg when disaggregated (either
+``pd_mode``; after a failed prefill or decode hand-off, the prefill leg the served decode followed), and
+never a continuation after a mid-stream failure (its prompt is the extended one). A leg re-sent whole after a
+failure before the first token replaces the failed one. A worker that does not report the field, or a leg that
+failed mid-stream before its usage chunk, counts 0 cached tokens; a count above the prompt is cut to the prompt.
 """
 
 from __future__ import annotations
@@ -84,6 +94,7 @@ from mocker.live.protocol import (
     full_body,
     now_s,
     parse_request,
+    reported_cached_tokens,
     request_received_monotonic,
     response_id,
     serve_app,
@@ -166,6 +177,14 @@ class WorkerHandle:
 
 class WorkerFailed(Exception):
     pass
+
+
+@dataclass
+class _PrefillUsage:
+    """What the leg that ran a request's prefill reported (see the module docstring, "Cached prompt tokens")."""
+
+    cached_tokens: int = 0
+    """``usage.prompt_tokens_details.cached_tokens`` of that leg (tokens; 0 = not reported)."""
 
 
 class Frontend:
@@ -467,11 +486,12 @@ class Frontend:
         resp: web.StreamResponse | None = None
         times: list[float] = []
         texts: list[str] = []
+        prefill = _PrefillUsage()
         status = "error"
         try:
             if p.stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            async for piece in self._generate(p):
+            async for piece in self._generate(p, prefill):
                 times.append(time.monotonic())
                 if resp is not None:
                     if not resp.prepared:
@@ -481,7 +501,7 @@ class Frontend:
                 else:
                     texts.append(piece)
             status = "success"
-            u = usage(p.input_length, len(times))
+            u = usage(p.input_length, len(times), prefill.cached_tokens)
             if resp is not None:
                 if not resp.prepared:
                     await resp.prepare(request)
@@ -536,6 +556,7 @@ class Frontend:
                 m.duration.labels(model).observe(times[-1] - t0)
                 m.isl.labels(model).observe(p.input_length)
                 m.osl.labels(model).observe(len(times))
+                m.cached_tokens.labels(model).observe(prefill.cached_tokens)
 
     def _block_tokens(self) -> int:
         for h in self.handles.values():
@@ -543,16 +564,19 @@ class Frontend:
                 return h.trace_block_size
         return 512
 
-    async def _generate(self, p: ParsedRequest) -> AsyncIterator[str]:
-        """Yield the text of each output token, in order, surviving worker failures (see module doc)."""
+    async def _generate(self, p: ParsedRequest, prefill: _PrefillUsage) -> AsyncIterator[str]:
+        """Yield the text of each output token, in order, surviving worker failures (see module doc). Every leg
+        that starts the request (aggregated, or the prefill leg) asks for the usage chunk and writes its cached
+        prompt tokens into ``prefill``; continuation and decode legs do not."""
         first_role, decode_role = self._pool_roles()
         produced = 0
         prefilled = False  # disaggregated: the prefill leg finished (its token is not the client's, see module doc)
         failed: set[str] = set()
         retries = 0
         while produced < p.output_length:
-            disagg = decode_role is not None and produced == 0 and not prefilled
-            role = first_role if ((produced == 0 and not prefilled) or decode_role is None) else decode_role
+            first = produced == 0 and not prefilled  # this leg runs the prompt's prefill
+            disagg = decode_role is not None and first
+            role = first_role if (first or decode_role is None) else decode_role
             picked = self._pick(role, p, failed)
             if picked is None:
                 if produced == 0 and not failed:
@@ -571,6 +595,9 @@ class Frontend:
             h, rank = picked
             body = dict(p.raw)
             body.pop("stream_options", None)
+            if first:  # its usage chunk reports the prompt's prefix-cache hits (a failed first leg's count is void)
+                body["stream_options"] = {"include_usage": True}
+                prefill.cached_tokens = 0
             body["stream"] = True
             remaining = p.output_length - produced
             if produced or prefilled:
@@ -601,7 +628,7 @@ class Frontend:
                 d = self._pick("decode", p, failed)
                 if d is not None:
                     try:
-                        async for piece in self._bootstrap_legs(h, d[0], p, body, d[1]):
+                        async for piece in self._bootstrap_legs(h, d[0], p, body, d[1], prefill):
                             produced += 1
                             yield piece
                         return
@@ -620,7 +647,7 @@ class Frontend:
             if produced:
                 self.metrics.continuations.labels(self.s.model_name).inc()
             try:
-                async for piece in self._stream_from(h, p, body, want):
+                async for piece in self._stream_from(h, p, body, want, prefill if first else None):
                     if disagg:  # the prefill leg's token: the decode worker emits all the client's tokens
                         prefilled = True
                         continue
@@ -647,9 +674,11 @@ class Frontend:
         p: ParsedRequest,
         p_body: dict[str, Any],
         d_rank: int | None = None,
+        prefill: _PrefillUsage | None = None,
     ) -> AsyncIterator[str]:
         """Send the prefill and the decode leg at once; drain the prefill's token, yield the decode's (all
-        ``output_length`` of them: the decode worker admits the handed-off prompt and emits every token)."""
+        ``output_length`` of them: the decode worker admits the handed-off prompt and emits every token). The
+        prefill leg's reported cached prompt tokens go to ``prefill``."""
         self._room += 1
         room = self._room
         p_body = dict(p_body, bootstrap_room=room)
@@ -684,7 +713,7 @@ class Frontend:
 
         task = asyncio.get_running_loop().create_task(decode_leg())
         try:
-            async for _ in self._stream_from(ph, p, p_body, 1):
+            async for _ in self._stream_from(ph, p, p_body, 1, prefill):
                 pass
             while True:
                 item = await queue.get()
@@ -698,8 +727,11 @@ class Frontend:
                 task.cancel()
 
     async def _stream_from(
-        self, h: WorkerHandle, p: ParsedRequest, body: dict[str, Any], want: int
+        self, h: WorkerHandle, p: ParsedRequest, body: dict[str, Any], want: int, prefill: _PrefillUsage | None = None
     ) -> AsyncIterator[str]:
+        """Yield the text of each token one leg streams from ``h``; WorkerFailed when it fails or ends short of
+        ``want`` tokens. ``prefill``: where the leg's usage chunk, if any, writes its cached prompt tokens
+        (:func:`mocker.live.protocol.reported_cached_tokens`, at most the prompt's ``input_length``)."""
         assert self._session is not None
         url = h.url + ("/v1/completions" if p.kind == "completion" else "/v1/chat/completions")
         tokens = p.input_length + want
@@ -732,6 +764,8 @@ class Frontend:
                     d = json.loads(data)
                     if "error" in d:
                         raise WorkerFailed(d["error"].get("message", "worker error"))
+                    if prefill is not None and d.get("usage") is not None:
+                        prefill.cached_tokens = min(reported_cached_tokens(d["usage"]), p.input_length)
                     ch = d.get("choices") or []
                     if not ch or ch[0].get("finish_reason") is not None:
                         continue

@@ -10,7 +10,9 @@ Bucket bounds start at 0.1 ms (vLLM's start at 1 ms) because high speedup ratios
 the planner reads the latency histograms' ``_sum`` / ``_count`` only, which buckets do not affect. It reads
 the *buckets* of the frontend's input/output length histograms and of its inter-arrival histogram
 ``dynoplan_frontend_request_interarrival_seconds`` (bounds :data:`GAP_BUCKETS_S`): they shape the traffic
-sample of the planner's sizing by simulation (``planner.core.sizing``).
+sample of the planner's sizing by simulation (``planner.core.sizing``). Of the cached-token histogram
+``dynamo_frontend_cached_tokens`` (prompt tokens served from the prefix cache per request, Dynamo's metric) it
+reads ``_sum`` against the input-length histogram's ``_sum``: the share of prompt tokens that hit the cache.
 """
 
 from __future__ import annotations
@@ -193,6 +195,16 @@ class FrontendMetrics:
         self.osl = Histogram(
             p + "output_sequence_tokens", "Output sequence length.", ["model"], buckets=TOKEN_BUCKETS, registry=r
         )
+        self.cached_tokens = Histogram(
+            p + "cached_tokens",
+            "Cached prompt tokens (prefix-cache hits) per request.",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        """Prompt tokens served from the prefix cache per successful request (tokens; Dynamo's
+        ``dynamo_frontend_cached_tokens``): the ``usage.prompt_tokens_details.cached_tokens`` of the worker leg
+        that ran the prefill (0 when that worker does not report it). Same bounds as the input-length histogram."""
         self.started = Counter(p + "requests_started", "Requests started.", ["model"], registry=r)
         self.requests = Counter(
             p + "requests", "Requests finished, by status.", ["model", "endpoint", "request_type", "status"], registry=r
@@ -234,6 +246,7 @@ class FrontendMetrics:
             self.duration,
             self.isl,
             self.osl,
+            self.cached_tokens,
             self.started,
             self.inflight,
             self.retries,

@@ -10,6 +10,9 @@ Extension fields (not OpenAI, used by ``dynoplan loadgen`` to replay traces fait
 ``input_length`` (int >= 1, the prompt length in tokens; the prompt text may then be omitted) and
 ``hash_ids`` (list of ints, one per ``trace_block_size`` prompt tokens, as in Mooncake traces).
 
+Responses' ``usage`` carries ``prompt_tokens_details.cached_tokens`` (OpenAI's field for prefix-cache hits,
+in tokens) next to the prompt, completion and total token counts (:func:`usage`).
+
 Errors follow the OpenAI shape ``{"error": {"message", "type", "param", "code"}}`` with HTTP 400
 (``invalid_request_error``) or 404 for an unknown model (as vLLM does).
 """
@@ -286,12 +289,25 @@ def _output_length(body: dict[str, Any], kind: Kind, input_length: int, max_mode
 
 
 # ---------------------------------------------------------------------------------------------- bodies
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """An OpenAI ``usage`` object (all counts in tokens). ``cached_tokens``: the prompt tokens served from the
+    prefix cache, reported as ``prompt_tokens_details.cached_tokens`` (OpenAI's field, which vLLM fills too);
+    the live frontend reads it from the worker leg that ran the prefill (:mod:`mocker.live.frontend`)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def reported_cached_tokens(u: Any) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` of a decoded ``usage`` object ``u`` (tokens); 0 when the
+    field is absent, null or not a non-negative integer (a worker that does not report it has no cache hits
+    as far as the frontend can tell)."""
+    details = u.get("prompt_tokens_details") if isinstance(u, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
 
 
 def chunk_body(
@@ -320,13 +336,13 @@ def chunk_body(
     }
 
 
-def usage_chunk(kind: Kind, rid: str, model: str, created: int, u: dict[str, int]) -> dict[str, Any]:
+def usage_chunk(kind: Kind, rid: str, model: str, created: int, u: dict[str, Any]) -> dict[str, Any]:
     obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": u}
 
 
 def full_body(
-    kind: Kind, rid: str, model: str, created: int, text: str, finish_reason: str, u: dict[str, int]
+    kind: Kind, rid: str, model: str, created: int, text: str, finish_reason: str, u: dict[str, Any]
 ) -> dict[str, Any]:
     """A non-streaming response body."""
     if kind == "completion":

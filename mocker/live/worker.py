@@ -37,6 +37,11 @@ worker answers one JSON line ``{"room": R, "status": "ready"|"failed", "input_le
 prompt of room R has its first token (at once if that already happened). The decode worker then applies
 the transfer delay and admits the request. Rooms are kept for ``BOOTSTRAP_ROOM_TTL_S`` seconds.
 
+Usage: a response's ``usage`` (the unary body; the streamed usage chunk when ``stream_options.include_usage``)
+reports ``prompt_tokens_details.cached_tokens`` (the OpenAI field, as vLLM fills it): the request record's
+``cached_tokens``, the prompt tokens served from the prefix cache at its first admission (0 for an engine
+without prefix caching; on a decode worker, whatever its core counted when it admitted the transferred prompt).
+
 Client disconnect cancels the request in the core, which frees its KV blocks (aiohttp handler
 cancellation is enabled for this server).
 """
@@ -541,7 +546,8 @@ class Worker:
             if n == 0:
                 return self._refused(p)
             text = "".join(output_piece(i) for i in range(n))
-            return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", usage(p.input_length, n)))
+            u = usage(p.input_length, n, st.record.cached_tokens)
+            return web.json_response(full_body(p.kind, oid, p.model, created, text, "length", u))
         finally:
             room_left = self._room_of.pop(rid, None)
             if room_left is not None:
@@ -637,8 +643,9 @@ class Worker:
         self, request: web.Request, p: ParsedRequest, st: StreamState, oid: str, created: int
     ) -> web.StreamResponse | None:
         """Stream ``st``'s tokens as server-sent events (one write per batch of queued tokens), then the
-        finish chunk, the usage chunk (``include_usage``) and ``[DONE]``; None when the engine finished the
-        request without a token (nothing was sent: the caller answers 400)."""
+        finish chunk, the usage chunk (``include_usage``; its ``prompt_tokens_details.cached_tokens`` is the
+        record's ``cached_tokens``) and ``[DONE]``; None when the engine finished the request without a token
+        (nothing was sent: the caller answers 400)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         n = 0
         finished = False
@@ -666,7 +673,9 @@ class Worker:
         if p.include_usage:
             tail += (
                 b"data: "
-                + msgspec.json.encode(usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n)))
+                + msgspec.json.encode(
+                    usage_chunk(p.kind, oid, p.model, created, usage(p.input_length, n, st.record.cached_tokens))
+                )
                 + b"\n\n"
             )
         await resp.write(tail + b"data: [DONE]\n\n")

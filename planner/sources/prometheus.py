@@ -16,7 +16,12 @@ consecutive bounds -- ``num_inflight``, ``sum(dynamo_frontend_inflight_requests{
 instant (summed over frontends), and ``arrival_counts``, the requests started per
 :data:`~planner.core.sizing.ARRIVAL_BIN_S` bin of the window (the sample's rate profile): a range query of
 ``sum(dynamo_frontend_requests_started_total{sel})`` at that step over the window, differenced between
-consecutive points (a counter reset, a frontend restart, counts 0; a missing point leaves the profile out). These
+consecutive points (a counter reset, a frontend restart, counts 0; a missing point leaves the profile out), and
+``cached_prompt_share``, the share of the window's prompt tokens served from the prefix cache,
+``sum(increase(dynamo_frontend_cached_tokens_sum{sel}[w])) / sum(increase(dynamo_frontend_input_sequence_tokens_
+sum{sel}[w]))`` (tokens over tokens; Dynamo's per-request cached-token histogram, which the frontend fills from
+the workers' ``usage.prompt_tokens_details.cached_tokens``), clamped to [0, 1] (``increase`` extrapolates each
+series by its own samples) and NaN when the window has no prompt tokens. These
 are optional: a frontend that does not export them (an empty result), or
 an error answer to those queries (``optional_error``), gives an empty histogram / NaN in an otherwise known
 window. ``increase`` extrapolates every bucket of one histogram by
@@ -31,7 +36,9 @@ series do not exist) give ``None``. A window with no requests gives ``num_reques
 installed: it scrapes the frontend's ``/metrics`` every ``scrape_interval_s`` and takes differences of
 the cumulative ``_sum``/``_count``/``_total``/``_bucket`` values between the newest sample and the sample
 closest to ``w`` seconds before it (no extrapolation, unlike PromQL's ``increase``); the in-flight gauge is
-the newest sample's; its ``arrival_counts`` difference the samples nearest each bin edge.
+the newest sample's; its ``arrival_counts`` difference the samples nearest each bin edge; its
+``cached_prompt_share`` is the difference of ``dynamo_frontend_cached_tokens_sum`` over that of
+``dynamo_frontend_input_sequence_tokens_sum`` (NaN when either sample lacks the cached-token series).
 """
 
 from __future__ import annotations
@@ -68,6 +75,9 @@ BUCKETED: dict[str, str] = {
 """``TrafficWindow`` field -> frontend histogram whose buckets it carries (non-cumulative)."""
 INFLIGHT = "dynamo_frontend_inflight_requests"
 """The frontend's in-flight gauge (``TrafficWindow.num_inflight``)."""
+CACHED_TOKENS = "dynamo_frontend_cached_tokens"
+"""The frontend's histogram of cached prompt tokens per request (tokens; ``TrafficWindow.cached_prompt_share`` is
+its ``_sum`` over the input-length histogram's ``_sum``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +149,27 @@ def bucket_queries(window_s: float, selector: str = "") -> dict[str, str]:
     return {k: f"sum by (le) (increase({m}_bucket{selector}[{w}]))" for k, m in BUCKETED.items()}
 
 
+def cached_share_query(window_s: float, selector: str = "") -> str:
+    """``sum(increase(dynamo_frontend_cached_tokens_sum{sel}[w])) / sum(increase(dynamo_frontend_input_sequence_
+    tokens_sum{sel}[w]))``: the share of the window's prompt tokens served from the prefix cache (tokens over
+    tokens; the definition of ``TrafficWindow.cached_prompt_share``). Both ``_sum`` series of one frontend are
+    sampled at the same scrapes, so ``increase`` extrapolates them alike and the ratio keeps the exact share."""
+    w = _duration(window_s)
+    cached, prompt = CACHED_TOKENS + "_sum", HISTOGRAMS["isl"] + "_sum"
+    return f"sum(increase({cached}{selector}[{w}])) / sum(increase({prompt}{selector}[{w}]))"
+
+
+def cached_share(share: float | None) -> float:
+    """``TrafficWindow.cached_prompt_share`` from a cached / prompt token ratio: NaN when unknown (None: no such
+    series) or not finite (0 / 0 or x / 0: no prompt tokens in the window), else clamped to [0, 1] (``increase``
+    extrapolates each series over its own samples, and a frontend may observe a request's cached and prompt
+    tokens at different moments, so a window can hold one of them and not the other: the ratio can overshoot 1
+    a little)."""
+    if share is None or not math.isfinite(share):
+        return math.nan
+    return min(1.0, max(0.0, float(share)))
+
+
 def inflight_query(selector: str = "") -> str:
     """``sum(dynamo_frontend_inflight_requests{sel})``: requests in flight now, over every frontend."""
     return f"sum({INFLIGHT}{selector})"
@@ -189,17 +220,22 @@ def window_from_values(
     buckets: Mapping[str, tuple[tuple[float, float], ...]] | None = None,
     num_inflight: float = math.nan,
     arrival_counts: tuple[float, ...] = (),
+    cached_prompt_share: float = math.nan,
 ) -> TrafficWindow:
     """A TrafficWindow from figures in Prometheus units (seconds, tokens); ms conversion here. ``buckets``:
     ``{isl_buckets|osl_buckets|gap_buckets: non-cumulative pairs}``; ``num_inflight``: the in-flight gauge
     (NaN = not reported; a negative value, which a gauge cannot hold, is clamped to 0); ``arrival_counts``: requests
-    started per profile bin, oldest first (empty = unknown)."""
+    started per profile bin, oldest first (empty = unknown); ``cached_prompt_share``: cached over prompt tokens
+    (NaN = unknown; clamped to [0, 1] by :func:`cached_share`)."""
     n = v["num_requests"]
     extra: dict[str, Any] = {k: tuple(b) for k, b in (buckets or {}).items() if b}
     if arrival_counts:
         extra["arrival_counts"] = tuple(arrival_counts)
     if math.isfinite(num_inflight):
         extra["num_inflight"] = max(0.0, float(num_inflight))
+    share = cached_share(cached_prompt_share)
+    if not math.isnan(share):
+        extra["cached_prompt_share"] = share
     if n <= 0:
         return TrafficWindow(window_s, max(0.0, n), **extra)
     return TrafficWindow(
@@ -304,15 +340,19 @@ class PrometheusTrafficSource:
         buckets: dict[str, tuple[tuple[float, float], ...]] = {}
         inflight: float | None = None
         profile: tuple[float, ...] = ()
+        share: float | None = None
         self.optional_error = None
         try:  # the sample's extras: a failure leaves them out of a window that is otherwise known
             for k, q in bucket_queries(window_s, self.selector).items():
                 buckets[k] = self.query_buckets(q)
             inflight = self.query(inflight_query(self.selector))
             profile = self.query_profile(end_s, window_s)
+            share = self.query(cached_share_query(window_s, self.selector))
         except Exception as e:  # noqa: BLE001
             self.optional_error = self._reason(e)
-        return window_from_values(window_s, values, buckets, math.nan if inflight is None else inflight, profile)
+        return window_from_values(
+            window_s, values, buckets, math.nan if inflight is None else inflight, profile, cached_share(share)
+        )
 
     def _reason(self, e: BaseException) -> str:
         """One line on why a read failed; a TLS verification failure says which option fixes it."""
@@ -344,12 +384,17 @@ class PrometheusTrafficSource:
 
 
 def parse_cumulative(text: str, model: str | None) -> dict[str, float]:
-    """Sum of every ``<histogram>_sum``/``_count``, ``requests_started_total`` and in-flight gauge sample of
-    the frontend exposition ``text`` (matching ``model`` when given), and of every bucket of the
-    :data:`BUCKETED` histograms. Keys are metric sample names, ``<histogram>_bucket|<le>`` for buckets."""
+    """Sum of every ``<histogram>_sum``/``_count``, ``requests_started_total``, in-flight gauge and
+    ``dynamo_frontend_cached_tokens_sum`` sample of the frontend exposition ``text`` (matching ``model`` when
+    given), and of every bucket of the :data:`BUCKETED` histograms. Keys are metric sample names,
+    ``<histogram>_bucket|<le>`` for buckets."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {m + s for m in HISTOGRAMS.values() for s in ("_sum", "_count")} | {REQUESTS_STARTED, INFLIGHT}
+    wanted = {m + s for m in HISTOGRAMS.values() for s in ("_sum", "_count")} | {
+        REQUESTS_STARTED,
+        INFLIGHT,
+        CACHED_TOKENS + "_sum",
+    }
     bucketed = {m + "_bucket" for m in BUCKETED.values()}
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
@@ -450,8 +495,12 @@ class DirectScrapeTrafficSource:
             prefix = m + "_bucket|"
             les = [key[len(prefix) :] for key in new if key.startswith(prefix)]
             buckets[k] = non_cumulative((le, d(prefix + le)) for le in les)
+        share: float | None = None
+        cached, prompt = CACHED_TOKENS + "_sum", HISTOGRAMS["isl"] + "_sum"
+        if cached in new and cached in old and d(prompt) > 0:  # absent series / no prompt tokens: unknown
+            share = d(cached) / d(prompt)
         return window_from_values(
-            window_s, v, buckets, new.get(INFLIGHT, math.nan), self.profile(samples, t1, window_s)
+            window_s, v, buckets, new.get(INFLIGHT, math.nan), self.profile(samples, t1, window_s), cached_share(share)
         )
 
     def profile(

@@ -40,7 +40,12 @@ def test_completion_non_streaming_counts_tokens():
         assert r.status == 200
         d = await r.json()
         # "hello world" -> "hell", "o", " worl", "d" = 4 pieces
-        assert d["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+        assert d["usage"] == {
+            "prompt_tokens": 4,
+            "completion_tokens": 5,
+            "total_tokens": 9,
+            "prompt_tokens_details": {"cached_tokens": 0},  # an empty prefix cache
+        }
         assert d["choices"][0]["finish_reason"] == "length"
         assert d["object"] == "text_completion"
 
