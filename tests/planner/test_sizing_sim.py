@@ -79,6 +79,36 @@ def test_sample_lengths_follow_the_histogram_scaled_to_the_forecast_mean():
     assert s.isl_tokens.mean() == pytest.approx(1536.0, rel=0.03)
 
 
+def test_bucket_slopes_and_the_power_law_draw_hand_computed():
+    from planner.core.sizing import _bucket_edges, _draw, bucket_slopes
+
+    # densities 100/1024, 50/2048, 25/4096 per token in (1024, 2048], (2048, 4096], (4096, 8192]: each a quarter of
+    # the last over a doubled midpoint -> log-log slope log(1/4) / log(2) = -2 in every non-empty bucket (central
+    # differences inside, one-sided at the ends); the empty buckets -1 (log-uniform)
+    buckets = ((1024.0, 0.0), (2048.0, 100.0), (4096.0, 50.0), (8192.0, 25.0), (math.inf, 0.0))
+    edges = _bucket_edges(buckets)
+    assert edges is not None
+    assert np.allclose(bucket_slopes(edges), [-1.0, -2.0, -2.0, -2.0, -1.0])
+    # the mean of x^-2 on (a, 2a] is ln 2 / (1/a - 1/(2a)) = 2 a ln 2; weights 4/7, 2/7, 1/7 of a = 1024, 2048, 4096
+    # -> 2 ln 2 x 3 x 102400 / 175 = 2433.39 (log-uniform would give 2 ln 2 / ... = a / ln 2 each: 1755.4 / ln 2)
+    x, m = _draw(np.random.default_rng(0), edges, 200_000)
+    assert m == pytest.approx(2.0 * math.log(2.0) * 3 * 102400.0 / 175.0)
+    assert x.mean() == pytest.approx(m, rel=0.01)
+    # inside (1024, 2048] the inverse CDF of x^-2: the median (1/1024 - (1/1024 - 1/2048) / 2)^-1 = 4096 / 3
+    first = x[(x > 1024.0) & (x <= 2048.0)]
+    assert first.size == pytest.approx(200_000 * 4 / 7, rel=0.01)
+    assert np.median(first) == pytest.approx(4096.0 / 3.0, rel=0.01)
+    assert x.min() > 1024.0 and x.max() <= 8192.0
+
+
+def test_a_lone_bucket_is_log_uniform():
+    from planner.core.sizing import _bucket_edges, bucket_slopes
+
+    edges = _bucket_edges(((512.0, 0.0), (1024.0, 10.0), (math.inf, 0.0)))
+    assert edges is not None
+    assert np.allclose(bucket_slopes(edges), [-1.0, -1.0, -1.0])
+
+
 def test_sample_gaps_keep_the_histograms_burstiness():
     # half the gaps in (1 ms, 2 ms], half in (4.096 s, 8.192 s]: a very bursty stream, CV >> 1
     counts = [0.0] * len(GAP_BUCKETS_S)
