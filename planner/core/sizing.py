@@ -9,18 +9,19 @@ simulation".
 
 The sample (all from :class:`~planner.core.observations.TrafficWindow`, never from a trace file):
 
-- arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram
-  (``gap_buckets``; log-uniform inside a bucket; arrivals that share a timestamp, the histogram's ``le=0``
-  bucket, come as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own
-  rate profile (``arrival_counts``, arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean
-  rate is the forecast (predicted count / interval): the renewal process is laid out in the
-  profile's operational time, as a time-varying Poisson process is from a homogeneous one. Burstiness is kept at
-  both scales: the gaps' spread within seconds, the rate's swings over tens of seconds. Without a gap
-  histogram the gaps are exponential (the maximum-entropy law of a positive gap of known mean); without a
-  profile the rate is flat.
+- arrivals: a renewal process whose gaps are drawn from the window's inter-arrival histogram (``gap_buckets``; a power
+  law inside a bucket, :func:`bucket_slopes`; arrivals that share a timestamp, the histogram's ``le=0`` bucket, come
+  as batches of mean size ``1 / (1 - share of zero gaps)`` and Poisson spread), run at the window's own rate profile
+  (``arrival_counts``, arrivals per :data:`ARRIVAL_BIN_S`, repeated as needed) scaled so that the mean rate is the
+  forecast (predicted count / interval): the renewal process is laid out in the profile's operational time, as a
+  time-varying Poisson process is from a homogeneous one. Burstiness is kept at both scales: the gaps' spread within
+  seconds, the rate's swings over tens of seconds. Without a gap histogram the gaps are exponential (the
+  maximum-entropy law of a positive gap of known mean); without a profile the rate is flat.
 - sizes: ISL and OSL drawn independently from the histograms of the windows of the last
-  :data:`SIZE_HISTORY_S` pooled (:func:`pool_buckets`; log-uniform inside a bucket, as for gaps: a
-  length density falling inside a power-of-2 bucket is closer to ``1/x`` than flat), then
+  :data:`SIZE_HISTORY_S` pooled (:func:`pool_buckets`; inside a bucket, as for gaps, a power law ``x^s`` whose
+  slope ``s`` is the log-log slope of the histogram's density between the neighbouring buckets: the piecewise
+  Pareto interpolation of a binned density, which keeps each bucket's weight and follows how fast the density
+  falls across buckets; flat in ``log x`` (``s = -1``) where no neighbour says more), then
   scaled to the pooled windows' exact mean length (their ``_sum / _count``); without a histogram, every
   request at the mean.
 - prefix-cache hits: every request's prompt starts with a prefix shared by all of them, of
@@ -335,8 +336,8 @@ def bucket_slopes(edges: tuple[FloatArray, FloatArray, FloatArray]) -> FloatArra
     A power law ``x^s`` inside a bucket is the piecewise Pareto interpolation of a binned density; ``s = -1`` is
     log-uniform (flat in ``log x``). Heavy-tailed prompt lengths fall faster than ``1/x`` inside their top buckets
     (the bundled Mooncake trace: ``s`` = -2.1 to -2.5 above 16k tokens), and a log-uniform draw there puts too
-    many prompts near the bucket's upper bound, the ones that miss the TTFT target (docs/planner-core.md, "The
-    sample's lengths")."""
+    many prompts near the bucket's upper bound, the ones that miss the TTFT target (docs/planner-core.md, "Sizing
+    by simulation")."""
     lo, hi, w = edges
     lo = np.where(lo > 0, lo, hi / 2.0)
     dens = w / (hi - lo)
@@ -367,7 +368,9 @@ def _power_mean(lo: FloatArray, hi: FloatArray, s: FloatArray) -> FloatArray:
     return out
 
 
-def _draw(rng: np.random.Generator, edges: tuple[FloatArray, FloatArray, FloatArray], n: int) -> tuple[FloatArray, float]:
+def _draw(
+    rng: np.random.Generator, edges: tuple[FloatArray, FloatArray, FloatArray], n: int
+) -> tuple[FloatArray, float]:
     """``n`` values from a histogram's ``edges``: a bucket by its weight, then inside it the power law of
     :func:`bucket_slopes` (inverse CDF; the first bucket from ``le / 2``, since a zero bound has no logarithm),
     and the histogram's mean under the same law (so that rescaling does not depend on ``n``)."""
