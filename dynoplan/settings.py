@@ -134,12 +134,20 @@ def spell(v: Any) -> str:
     return text[:997] + '..."' if isinstance(v, str) and len(text) > 1000 else text  # a 5 MB value is not echoed
 
 
-def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str, list[str]] | None = None) -> list[str]:
+def problem_lines(
+    err: ValidationError,
+    *,
+    prefix: str = "",
+    known: Mapping[str, list[str]] | None = None,
+    nullable: frozenset[str] = frozenset(),
+) -> list[str]:
     """One ``field=value: expected ...`` line per problem of ``err``, in the order pydantic found them.
 
     ``prefix`` is prepended to every field path (``"sglang."``); ``known`` maps a dotted parent path (``""``
     for the top level) to the names valid there, for the "did you mean" hint of an unknown key (otherwise
-    the hint is left out). Lines raised by a cross-field check (:class:`Problems`) are kept as they are."""
+    the hint is left out); ``nullable``: the dotted paths (without ``prefix``) of fields that also take ``null``
+    (:func:`nullable_fields`), whose type errors say so (``expected a number or null``). Lines raised by a
+    cross-field check (:class:`Problems`) are kept as they are."""
     out: list[str] = []
     errors = err.errors(include_url=False)
     # a list whose items are invalid is not also "too short": pydantic counts only the valid items
@@ -165,8 +173,40 @@ def problem_lines(err: ValidationError, *, prefix: str = "", known: Mapping[str,
         elif not loc:  # a model-level check that raised a plain ValueError
             out.append(prefix + _expected(e).removeprefix("expected "))
         else:
-            out.append(f"{path}={spell(e.get('input'))}: {_expected(e)}")
+            also = " or null" if e["type"] in _TYPE_ERRORS and ".".join(loc) in nullable else ""
+            out.append(f"{path}={spell(e.get('input'))}: {_expected(e)}{also}")
     return out
+
+
+_TYPE_ERRORS = frozenset(
+    ("int_type", "int_from_float", "int_parsing", "float_type", "float_parsing", "bool_type", "bool_parsing")
+)
+"""Pydantic error types of a value of the wrong kind (not out of its bounds): the ones a ``null`` would mend."""
+
+
+def nullable_fields(cls: Any) -> frozenset[str]:
+    """Dotted paths of the fields of ``cls`` (and of its nested settings classes) whose type admits ``None``
+    (``float | None``: ``null`` in a file, off)."""
+    import dataclasses
+    import types
+    import typing
+
+    out: set[str] = set()
+
+    def walk(c: Any, path: str) -> None:
+        if not dataclasses.is_dataclass(c):
+            return
+        hints = typing.get_type_hints(c)
+        for f in dataclasses.fields(c):
+            tp = hints.get(f.name)
+            name = f"{path}.{f.name}" if path else f.name
+            if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp):
+                out.add(name)
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+                walk(tp, name)
+
+    walk(cls, "")
+    return frozenset(out)
 
 
 def field_names(cls: Any) -> dict[str, list[str]]:
@@ -210,7 +250,9 @@ def build(cls: type[T], data: Any, *, source: str | None = None, prefix: str = "
         # mappings become nested settings and lists become tuples, as a YAML or JSON file writes them.
         return _adapter(cls).validate_json(text)
     except ValidationError as e:
-        raise ConfigError(problem_lines(e, prefix=prefix, known=field_names(cls)), source=source) from None
+        raise ConfigError(
+            problem_lines(e, prefix=prefix, known=field_names(cls), nullable=nullable_fields(cls)), source=source
+        ) from None
 
 
 def check(make: Callable[[], T], *, source: str | None = None, prefix: str = "") -> T:

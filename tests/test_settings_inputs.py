@@ -162,6 +162,22 @@ def test_every_entry_point_refuses_the_same_value_with_the_same_line(
     assert run(field, value) == prefix + field + problem
 
 
+NULLABLE = {"simulate --config": "sla_attainment_target", "simulate --planner-set": "sla_attainment_target"}
+NULLABLE |= {"operator planner defaults file": "sla_attainment_target", "replay --engine-config": "gpu_memory_fraction"}
+NULLABLE |= {"simulate --engine-config": "gpu_memory_fraction", "profile --engine-config": "gpu_memory_fraction"}
+"""A setting of type ``float | None`` at each entry point that has one (null = off, or derived)."""
+
+
+@pytest.mark.parametrize("entry", sorted(NULLABLE))
+def test_a_number_that_may_be_null_says_so(tmp_path, capsys, monkeypatch, entry):
+    # `off` is YAML 1.2 text, not false: refused as a number, and the line names null as the other way
+    name, _, run, prefix = next(x for x in _entry_points(tmp_path, capsys, monkeypatch) if x[0] == entry)
+    assert run(NULLABLE[entry], "off") == prefix + NULLABLE[entry] + '="off": expected a number or null'
+    # out of bounds is not a type error: the bound alone
+    bound = "<= 1.0" if NULLABLE[entry] == "gpu_memory_fraction" else "< 1.0"
+    assert run(NULLABLE[entry], "2") == prefix + NULLABLE[entry] + f"=2: expected {bound}"
+
+
 @pytest.mark.parametrize(
     "entry", [e for e in ENTRY_POINTS if e not in ("simulate --planner-set", "operator environment")]
 )

@@ -104,7 +104,7 @@ def test_strict_types_a_bool_is_not_an_int_and_text_is_not_a_number():
     assert set(ei.value.problems) == {
         "max_gpu_budget=true: expected an integer",
         'ttft_ms="300": expected a number',
-        "agg.max_replicas=false: expected an integer",
+        "agg.max_replicas=false: expected an integer or null",
         "simulated_sizing=1: expected a boolean (true/false)",
     }
     # an integer is a number: 300 is 300.0 (a YAML or JSON file writes 300)
@@ -186,7 +186,7 @@ def test_cli_text_is_read_as_yaml_1_2_scalars_then_validated_as_a_file_value():
         'throughput_enabled="yes": expected a boolean (true/false)',
         "predictor_min_points=1000.0: expected an integer",
         'prophet_window="0x10": expected an integer',
-        'early_sizing_s="none": expected a number',
+        'early_sizing_s="none": expected a number or null',
     }
 
 

@@ -292,8 +292,8 @@ def test_csv_mixing_offsets_and_naive_stamps_is_refused(tmp_path, capsys):
             "planner:\n  agg:\n    max_replicas: 3\n    max_replicas: 4\n",
             ["line 4", "duplicate key 'planner.agg.max_replicas' (first at line 3)"],
         ),
-        ('agg:\n  max_replicas: "3"\n', ['agg.max_replicas="3": expected an integer']),
-        ("agg_max_replicas: '3'\n", ['agg.max_replicas="3": expected an integer']),
+        ('agg:\n  max_replicas: "3"\n', ['agg.max_replicas="3": expected an integer or null']),
+        ("agg_max_replicas: '3'\n", ['agg.max_replicas="3": expected an integer or null']),
         ("ttft_ms: '100'\n", ['ttft_ms="100": expected a number']),
     ],
 )
