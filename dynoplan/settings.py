@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, dataclass_transform, overload
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
@@ -184,50 +184,40 @@ _TYPE_ERRORS = frozenset(
 """Pydantic error types of a value of the wrong kind (not out of its bounds): the ones a ``null`` would mend."""
 
 
+def _fields(cls: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
+    """``(parent path, field name, type hint)`` for every field of ``cls`` and, depth first, of the settings
+    classes nested in it (the parent path is dotted, ``""`` at the top level)."""
+    import dataclasses
+    import typing
+
+    if not dataclasses.is_dataclass(cls):
+        return
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name)
+        yield path, f.name, tp
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            yield from _fields(tp, f"{path}.{f.name}" if path else f.name)
+
+
 def nullable_fields(cls: Any) -> frozenset[str]:
     """Dotted paths of the fields of ``cls`` (and of its nested settings classes) whose type admits ``None``
     (``float | None``: ``null`` in a file, off)."""
-    import dataclasses
     import types
     import typing
 
-    out: set[str] = set()
-
-    def walk(c: Any, path: str) -> None:
-        if not dataclasses.is_dataclass(c):
-            return
-        hints = typing.get_type_hints(c)
-        for f in dataclasses.fields(c):
-            tp = hints.get(f.name)
-            name = f"{path}.{f.name}" if path else f.name
-            if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp):
-                out.add(name)
-            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-                walk(tp, name)
-
-    walk(cls, "")
-    return frozenset(out)
+    return frozenset(
+        f"{parent}.{name}" if parent else name
+        for parent, name, tp in _fields(cls)
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+    )
 
 
 def field_names(cls: Any) -> dict[str, list[str]]:
     """Dotted parent path -> field names valid there, for every nested settings class of ``cls``."""
-    import dataclasses
-    import typing
-
     out: dict[str, list[str]] = {}
-
-    def walk(c: Any, path: str) -> None:
-        if not dataclasses.is_dataclass(c):
-            return
-        fs = dataclasses.fields(c)
-        out[path] = [f.name for f in fs]
-        hints = typing.get_type_hints(c)
-        for f in fs:
-            tp = hints.get(f.name)
-            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-                walk(tp, f"{path}.{f.name}" if path else f.name)
-
-    walk(cls, "")
+    for parent, name, _ in _fields(cls):
+        out.setdefault(parent, []).append(name)
     return out
 
 

@@ -268,3 +268,19 @@ def test_engine_section_problems_carry_the_section_prefix(tmp_path, capsys):
         f"dynoplan replay: error: --engine-config {path}: engine.bogus: unknown setting; "
         "engine.num_gpu_block: unknown setting (did you mean engine.num_gpu_blocks?)"
     )
+
+
+def test_nullable_fields_are_the_fields_typed_with_none_nested_ones_by_their_dotted_path():
+    from dynoplan.settings import nullable_fields
+    from mocker.config import EngineConfig
+    from planner.core.config import PlannerConfig
+
+    assert nullable_fields(PlannerConfig) == {
+        "sla_attainment_target",
+        "early_sizing_s",
+        "agg.max_replicas",
+        "prefill.max_replicas",
+        "decode.max_replicas",
+    }
+    assert nullable_fields(EngineConfig) == {"block_size", "gpu_memory_fraction", "kv_bytes_per_token"}
+    assert nullable_fields(int) == frozenset()  # not a settings class: none
