@@ -16,7 +16,7 @@ BUILT := $(VENV)/.compiled
 
 $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip "setuptools>=77" wheel
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[all]'
 	touch $(STAMP)
 

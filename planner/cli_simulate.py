@@ -121,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--sample-interval-s",
-        type=positive_float,
+        type=_sample_interval_s,
         metavar="S",
         help=f"timeline sampling (default {DEFAULT_SAMPLE_INTERVAL_S:g})",
     )
@@ -183,10 +183,20 @@ def _attainment_flag(text: str) -> float | str:
     return OFF if v is None else v
 
 
-MAX_SAMPLES = 100_000
-"""Upper bound on timeline samples per policy (trace span / --sample-interval-s): keeps memory and time bounded."""
 DEFAULT_SAMPLE_INTERVAL_S = 10.0
 """``--sample-interval-s`` when not given."""
+
+
+def _sample_interval_s(text: str) -> float:
+    """argparse type of ``--sample-interval-s``: seconds >= :data:`planner.sim.loop.MIN_STEP_S`."""
+    from planner.sim.loop import MIN_STEP_S
+
+    v = positive_float(text)
+    if v < MIN_STEP_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected seconds >= {MIN_STEP_S:g} (the loop's smallest clock step)"
+        )
+    return v
 
 
 def _share(text: str) -> float:
@@ -465,8 +475,9 @@ def _engine_and_transfer(args: argparse.Namespace, engine_file: Any) -> tuple[An
 def _requests(args: argparse.Namespace, trace_block_size: int) -> list[Any]:
     """The trace's requests after ``--arrival-speedup`` and then ``--rate-envelope`` (as in dynoplan replay;
     the envelope is checked before the trace is read). Raises SimulationConfigError when the trace span
-    would give more than :data:`MAX_SAMPLES` timeline samples."""
+    would give more than :data:`MAX_TIMELINE_SAMPLES` timeline samples."""
     envelope = parse_rate_envelope(args.rate_envelope) if getattr(args, "rate_envelope", None) is not None else None
+    from planner.sim.loop import MAX_TIMELINE_SAMPLES
     from planner.sim.runner import trace_span_s
 
     reqs = load_trace(args.trace, trace_block_size=trace_block_size, seed=args.seed)
@@ -484,11 +495,12 @@ def _requests(args: argparse.Namespace, trace_block_size: int) -> list[Any]:
     if not given:
         args.sample_interval_s = DEFAULT_SAMPLE_INTERVAL_S
     interval = args.sample_interval_s
-    if span_s / interval > MAX_SAMPLES:
+    cap = MAX_TIMELINE_SAMPLES
+    if span_s / interval > cap:
         raise SimulationConfigError(
             f"{args.trace_span_note}; at --sample-interval-s={interval:g}{'' if given else ' (default)'} that is "
-            f"{span_s / interval:.3g} timeline samples, more than the cap of {MAX_SAMPLES} per policy; expected "
-            f"a trace of at most {MAX_SAMPLES * interval:g} s or --sample-interval-s >= {span_s / MAX_SAMPLES:.3g}"
+            f"{span_s / interval:.3g} timeline samples, more than the cap of {cap} per policy; expected "
+            f"a trace of at most {cap * interval:g} s or --sample-interval-s >= {span_s / cap:.3g}"
         )
     return reqs
 

@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import inf
 
+from dynoplan.errors import ConfigError
 from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
-from mocker.fleet.config import FleetConfig
+from mocker.fleet.config import FleetConfig, run_end_problem
 from mocker.fleet.fleet import Fleet
 from mocker.records import RequestRecord, TraceRequest
 
@@ -50,7 +51,9 @@ def run_replay(
     ``engine``, or ``num_prefill_workers`` + ``num_decode_workers`` (``engine`` with ``worker_type``
     prefill / decode). Uses :class:`Fleet`'s lazy fast path (cores advanced only when an event concerns them).
 
-    Raises ConfigError on an invalid configuration (e.g. an engine without a core).
+    Raises ConfigError on an invalid configuration (e.g. an engine without a core), and after the run when its
+    last request finished past the simulator's time limit (:func:`mocker.fleet.config.run_end_problem`: a tiny
+    ``speedup_ratio`` or KV transfer bandwidth), instead of returning times float64 cannot resolve.
 
     The cyclic garbage collector is paused while it runs (restored after, also on error): the replay builds
     long-lived objects (records, requests, heaps) but no cyclic garbage, so the collector's repeated scans
@@ -131,6 +134,11 @@ def _run_replay(
             )
         out.append(rec)
     finishes = [r.finish_ms for r in out if r.finish_ms is not None and r.status == "finished"]
+    if finishes:
+        too_long = run_end_problem(max(finishes), pools.values(), fleet.transfer)
+        if too_long is not None:
+            fl.close()
+            raise ConfigError(too_long)
     first = min((r.arrival_ms for r in out), default=0.0)
     duration = (max(finishes) - first) if finishes else 0.0
     fpm: list[ForwardPassMetrics] = []

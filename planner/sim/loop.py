@@ -28,12 +28,25 @@ from typing import Any
 from dynoplan.errors import SimulationConfigError
 from dynoplan.fpm import ForwardPassMetrics
 from mocker.config import EngineConfig
+from mocker.fleet.config import run_end_problem
 from mocker.records import RequestRecord, TraceRequest
 from planner.core import PassObservation, TrafficWindow
 from planner.core.sizing import ARRIVAL_BIN_S
 from planner.sim.fleet import make_fleet
 from planner.sim.metrics import CounterSnapshot, FrontendCounters, sla_miss_shares, window
 from planner.sim.policies import Policy, View
+
+MAX_TIMELINE_SAMPLES = 100_000
+"""Most timeline samples one run may take (``SimSettings.sample_interval_s`` apart): keeps a run's memory and
+time bounded. ``dynoplan simulate`` refuses a trace span that needs more before it runs; the loop refuses a run
+that reaches it anyway (requests still running long after the last arrival, or all arriving at once)."""
+
+
+MIN_STEP_S = 1e-3
+"""The loop's smallest clock step, s: a policy's next tick is at least this much later (:meth:`_SimLoop.tick`)
+and the timeline sampling period is at least this. It keeps ``t + step > t`` in float64 seconds over the
+simulator's whole time range (resolution ~1e-9 s at :data:`mocker.traces.MAX_TRACE_TIMESTAMP_MS`); a 1e-300 s
+period would stop the clock."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,7 @@ class SimSettings:
     sla_itl_ms: float = 50.0
     """Per-request mean ITL target, ms (planner default 50)."""
     sample_interval_s: float = 10.0
-    """Timeline sampling period, seconds."""
+    """Timeline sampling period, seconds; at least :data:`MIN_STEP_S`."""
     router: str = "round_robin"
     """Routing among ready workers: round_robin | least_loaded."""
     seed: int = 0
@@ -67,6 +80,9 @@ class SimSettings:
             v = getattr(self, n)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 p.append(f"{n}={v!r}: expected seconds >= 0")
+        v = self.sample_interval_s
+        if isinstance(v, (int, float)) and math.isfinite(v) and 0 < v < MIN_STEP_S:
+            p.append(f"sample_interval_s={v!r}: expected seconds >= {MIN_STEP_S:g} (the loop's smallest clock step)")
         for n in ("sla_ttft_ms", "sla_itl_ms", "sample_interval_s", "max_tail_s"):
             v = getattr(self, n)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -98,14 +114,18 @@ def simulate(
     settings: SimSettings,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimRun:
-    """Run ``policy`` on ``requests`` (arrival times already scaled). Deterministic for equal inputs."""
+    """Run ``policy`` on ``requests`` (arrival times already scaled). Deterministic for equal inputs.
+
+    Raises SimulationConfigError when the policy's pools differ from ``engines``, when the run reaches
+    :data:`MAX_TIMELINE_SAMPLES`, or when its last request finishes past the simulator's time limit
+    (:func:`mocker.fleet.config.run_end_problem`)."""
     if set(policy.pools) != set(engines):
         raise SimulationConfigError(
             f"policy {policy.name!r} plans pools {list(policy.pools)}: expected the fleet's {list(engines)}"
         )
     run = _SimLoop(requests, engines, policy, settings, progress)
     end_s = run.run()
-    return run.result(end_s)
+    return run.result(end_s, engines)
 
 
 class _SimLoop:
@@ -230,8 +250,17 @@ class _SimLoop:
         return sla_miss_shares(self.snaps[-1], self.snaps[k])
 
     def sample(self, t: float) -> None:
-        """Append the timeline row at ``t`` (s) and schedule the next one ``sample_interval_s`` later."""
+        """Append the timeline row at ``t`` (s) and schedule the next one ``sample_interval_s`` later.
+        Raises SimulationConfigError when the timeline already holds :data:`MAX_TIMELINE_SAMPLES` rows."""
         interval_s = self.settings.sample_interval_s
+        if len(self.timeline) >= MAX_TIMELINE_SAMPLES:
+            running = self.i - self.counters.terminal
+            raise SimulationConfigError(
+                f"sample_interval_s={interval_s:g}: policy {self.policy.name} reached the cap of "
+                f"{MAX_TIMELINE_SAMPLES} timeline samples at t={t:g} s of simulated time with {running} of "
+                f"{self.n} requests still running (the last arrives at {self.last_arrival_s:g} s); expected "
+                f"sample_interval_s > {interval_s:g}: the run lasts longer than {t:g} s"
+            )
         self.timeline.append(
             _sample(
                 t,
@@ -250,7 +279,7 @@ class _SimLoop:
 
     def tick(self, t: float) -> None:
         """Show the policy its :class:`View` at ``t`` (s), scale the pools to its targets and schedule its
-        next tick (at least 1 ms later; never again when it answers an infinite time)."""
+        next tick (at least :data:`MIN_STEP_S` later; never again when it answers an infinite time)."""
         pools = self.pools
         passes: tuple[PassObservation, ...] = ()
         if self.policy.needs_fpm:
@@ -274,7 +303,7 @@ class _SimLoop:
         self.reasons_since_sample.append(step.reason)
         if step.targets is not None:
             self.scale(t, {p: view.counts[p].requested for p in pools}, step.targets, step.reason)
-        self.next_tick = max(step.next_tick_s, t + 1e-3) if math.isfinite(step.next_tick_s) else math.inf
+        self.next_tick = max(step.next_tick_s, t + MIN_STEP_S) if math.isfinite(step.next_tick_s) else math.inf
 
     def scale(self, t: float, prev: dict[str, int], targets: Mapping[str, int], reason: str) -> None:
         """Add or remove workers so each pool's requested count goes from ``prev`` to ``targets`` at ``t``
@@ -292,11 +321,12 @@ class _SimLoop:
             {"t_s": t, "targets": {p: int(targets[p]) for p in pools}, "previous": prev, "reason": reason}
         )
 
-    def result(self, end_s: float) -> SimRun:
+    def result(self, end_s: float, engines: Mapping[str, EngineConfig]) -> SimRun:
         """Finish the fleet and assemble the :class:`SimRun`; never-submitted requests get an empty record.
 
         The run ends (ms) at the latest finish, or at ``end_s`` when nothing finished, and never before the
-        last arrival; the timeline is closed and GPU-seconds are counted up to that end.
+        last arrival; the timeline is closed and GPU-seconds are counted up to that end. Raises
+        SimulationConfigError when that end is past the simulator's time limit (``engines``' settings named).
         """
         fleet, pools, requests = self.fleet, self.pools, self.requests
         fleet.finish()
@@ -308,6 +338,9 @@ class _SimLoop:
             recs.append(r)
         finishes = [r.finish_ms for r in recs if r.finish_ms is not None]
         end_ms = max([end_s * 1000.0 if not finishes else max(finishes), self.last_arrival_s * 1000.0])
+        too_long = run_end_problem(end_ms, engines.values(), self.settings.transfer)
+        if too_long is not None:
+            raise SimulationConfigError(f"policy {self.policy.name}: {too_long}")
         _end_timeline(
             self.timeline,
             end_ms / 1000.0,

@@ -207,7 +207,7 @@ def _kv_target_from_sla(ctx: RunContext) -> float:
 MAX_THROUGHPUT_TICKS = 10_000
 """Most throughput-loop ticks per planner policy (trace span / ``adjustment_interval_s``): each sizes the
 fleet by simulation (about 0.1 s); at the default 180 s that is a 20-day trace, longer than the timeline
-cap (``MAX_SAMPLES`` of :mod:`planner.cli_simulate` at the default 10 s) allows anyway."""
+cap (:data:`planner.sim.loop.MAX_TIMELINE_SAMPLES` at the default 10 s) allows anyway."""
 MAX_LOAD_TICKS = 200_000
 """Most load-loop ticks per planner policy with ``load_enabled`` (trace span / ``load_adjustment_interval_s``):
 about 1 ms each; at the default 5 s the span the timeline cap allows at its default 10 s."""

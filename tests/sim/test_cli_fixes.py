@@ -95,9 +95,14 @@ def test_a_planner_variant_gives_a_list_setting_over_the_items_without_equals(ca
 
 
 def test_tiny_sample_interval_rejected(capsys, profile):
-    # 20 s of trace / 1e-9 s = 2e10 samples > MAX_SAMPLES (100000)
-    rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--sample-interval-s", "1e-9"])
-    _one_line(capsys, rc, "at --sample-interval-s=1e-09 that is", "more than the cap of 100000 per policy")
+    # below the loop's 1 ms clock step: refused as the flag is read
+    with pytest.raises(SystemExit) as e:
+        cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--sample-interval-s", "1e-9"])
+    _one_line(capsys, e.value.code, "--sample-interval-s: '1e-9': expected seconds >= 0.001 (the loop's smallest clock")
+    # 20 arrivals 10 s apart span 190 s; / 1e-3 s = 190000 samples > MAX_TIMELINE_SAMPLES (100000)
+    trace = "synthetic:constant?rate=0.1&num_requests=20"
+    rc = cli_main(["simulate", "--trace", trace, "--profile", profile, "--quiet", "--sample-interval-s", "0.001"])
+    _one_line(capsys, rc, "at --sample-interval-s=0.001 that is 1.9e+05", "more than the cap of 100000 per policy")
 
 
 def test_attainment_target_off_accepted_and_disables_the_feedback(profile):

@@ -182,9 +182,12 @@ def test_sample_cap_of_a_long_trace_names_the_trace(profile, capsys):
 
 
 def test_sample_cap_with_the_interval_given_does_not_say_default(profile, capsys):
-    rc = _sim(profile, "--sample-interval-s", "1e-9")
-    err = _err(capsys, rc)
-    assert "at --sample-interval-s=1e-09 that is" in err and "(default)" not in err
+    rc = cli_main(
+        ["simulate", "--trace", "synthetic:constant?rate=1e-3&num_requests=3", "--profile", profile, "--quiet"]
+        + ["--sample-interval-s", "0.01"]
+    )
+    err = _err(capsys, rc)  # 2000 s / 0.01 s = 2e5 samples
+    assert "at --sample-interval-s=0.01 that is 2e+05" in err and "(default)" not in err
 
 
 # ------------------------------------------------------------------ 7. smaller grammar points
