@@ -22,6 +22,7 @@ fast-forward paths, which keeps them bit-identical.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -154,7 +155,8 @@ def _interp1_extrap(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
 class NpzTiming:
     """Profile interpolation (arrays as documented in the module docstring).
 
-    Raises :class:`ConfigError` naming the file and the array on a missing array or a shape mismatch.
+    Raises :class:`ConfigError` naming the file and the array on a missing array, a value that is not a
+    finite real number of its range (:func:`_profile_array`), a shape mismatch or a grid point given twice.
     """
 
     REQUIRED = ("prefill_isl", "prefill_ttft_ms", "decode_active_kv_tokens", "decode_context_length", "decode_itl")
@@ -178,12 +180,14 @@ class NpzTiming:
             raise ConfigError(
                 f"timing={path!r}: missing arrays {', '.join(missing)}; expected {', '.join(self.REQUIRED)}"
             )
-        px = np.asarray(data["prefill_isl"], dtype=np.float64)
-        py = np.asarray(data["prefill_ttft_ms"], dtype=np.float64)
-        dx = np.asarray(data["decode_active_kv_tokens"], dtype=np.float64)
-        dy = np.asarray(data["decode_context_length"], dtype=np.float64)
-        dz = np.asarray(data["decode_itl"], dtype=np.float64)
-        problems = []
+        problems: list[str] = []
+        px = _profile_array(data, "prefill_isl", problems)
+        py = _profile_array(data, "prefill_ttft_ms", problems, time=True)
+        dx = _profile_array(data, "decode_active_kv_tokens", problems)
+        dy = _profile_array(data, "decode_context_length", problems)
+        dz = _profile_array(data, "decode_itl", problems, time=True)
+        if problems:
+            raise ConfigError([f"timing={path!r}: {p}" for p in problems])
         if px.ndim != 1 or py.shape != px.shape or len(px) == 0:
             problems.append(
                 f"prefill_isl/prefill_ttft_ms: expected equal-length 1-D arrays, got {px.shape} and {py.shape}"
@@ -193,6 +197,10 @@ class NpzTiming:
                 f"decode_itl: expected shape (len(decode_active_kv_tokens), len(decode_context_length)) = "
                 f"({len(dx)}, {len(dy)}), got {dz.shape}"
             )
+        for name, axis in (("prefill_isl", px), ("decode_active_kv_tokens", dx), ("decode_context_length", dy)):
+            twice = np.unique(axis.ravel(), return_counts=True)
+            if (twice[1] > 1).any():  # two points at one x: the interpolation's slope there is 0/0
+                problems.append(f"{name}: {twice[0][twice[1] > 1][0]:g} appears twice; expected distinct values")
         if problems:
             raise ConfigError([f"timing={path!r}: {p}" for p in problems])
         po = np.argsort(px, kind="stable")
@@ -210,6 +218,29 @@ class NpzTiming:
         x = np.asarray(active_kv_tokens, dtype=np.float64)
         y = np.broadcast_to(np.asarray(context_length, dtype=np.float64), x.shape)
         return np.maximum(DECODE_MIN_MS, _bilinear_extrap(x, y, self.decode_x, self.decode_y, self.decode_z))
+
+
+def _profile_array(data: Mapping[str, np.ndarray], name: str, problems: list[str], time: bool = False) -> np.ndarray:
+    """``data[name]`` as float64, or an empty array after appending why not to ``problems`` (one line naming the
+    array, and for a bad value its index and value): real numbers only (numpy's float conversion fails on
+    strings and drops the imaginary part of complex numbers), finite, and not negative -- grid axes are token
+    counts (>= 0), times are > 0 ms (a pass takes time; the model clamps what it extrapolates below, not what
+    the file states)."""
+    try:
+        raw = np.asarray(data[name])
+    except ValueError:  # an object array: np.load does not unpickle (allow_pickle=False)
+        raw = np.asarray([], dtype=object)
+    if raw.dtype.kind not in "iuf":
+        problems.append(f"{name} has dtype {raw.dtype}: expected real numbers")
+        return np.zeros(0)
+    x = raw.astype(np.float64)
+    bad = ~np.isfinite(x) | ((x <= 0) if time else (x < 0))
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        at = ", ".join(map(str, i))
+        problems.append(f"{name}[{at}] = {x[i]:g}: expected {'ms > 0' if time else 'tokens >= 0'}, finite")
+        return np.zeros(0)
+    return x
 
 
 def _seg(v: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

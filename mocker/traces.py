@@ -820,10 +820,19 @@ def synthesize(w: SyntheticWorkload, *, trace_block_size: int = DEFAULT_TRACE_BL
     Draw order is fixed (gaps, ISL, OSL, prefix groups) from one ``numpy.random.default_rng(w.seed)``, so
     the result is a pure function of ``w`` and ``trace_block_size``. Hash ids: the first
     ``prefix_len // trace_block_size`` blocks of a request in group g are the group's ids (shared by the
-    whole group); every other block gets a fresh id. Raises :class:`TraceError` if it would produce
+    whole group; a prompt shorter than the prefix is all prefix); every other block gets a fresh id. Raises
+    :class:`TraceError` for a ``prefix_len`` shorter than one block, or if it would produce
     no request, or more than :data:`MAX_SYNTHETIC_REQUESTS` (checked while the gaps are drawn: a gamma
     ``shape`` far below 1 puts many times rate x duration_s arrivals before ``duration_s``).
     """
+    if 0 < w.prefix_len < trace_block_size:  # the shared prefix would round down to no block: no sharing at all
+        raise TraceError(
+            "synthetic",
+            None,
+            "prefix_len",
+            f"prefix_len={w.prefix_len}: shorter than one trace block (trace_block_size={trace_block_size} tokens), "
+            f"so nothing would be shared; expected at least {trace_block_size}",
+        )
     rng = np.random.default_rng(w.seed)
     mean_gap_ms = 1000.0 / w.rate_rps
     limit_n = w.num_requests

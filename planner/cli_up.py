@@ -55,6 +55,7 @@ import yaml
 from dynoplan.errors import ConfigError, ProfileError
 from dynoplan.fields import int_text
 from dynoplan.settings import spell
+from mocker.arguments import nonneg_int
 from planner.arguments import warm_start_windows
 from planner.core import Planner, load_profile
 from planner.live.config import load_stack_config, worker_engines
@@ -322,7 +323,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
     parser.add_argument(
         "--max-planner-restarts",
-        type=int,
+        type=nonneg_int,
         default=20,
         help="restart the planner at most this many times when it exits on its own (default 20)",
     )

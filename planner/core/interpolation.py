@@ -46,12 +46,28 @@ from dynoplan.errors import ProfileError
 FloatArray = npt.NDArray[np.float64]
 
 
-def _arr(name: str, a: Any, ndim: int, src: str) -> FloatArray:
-    x = np.asarray(a, dtype=float)
+def _arr(name: str, a: Any, ndim: int, src: str, *, zero_ok: bool = False) -> FloatArray:
+    """``a`` as a float64 array of ``ndim`` dimensions, every value finite and > 0 (>= 0 with ``zero_ok``).
+
+    Every profile quantity is a length, a time, a rate or a share: none is negative, and a zero ISL, TTFT, ITL
+    or prefill throughput would make an engine infinitely fast (a KV usage of 0 is an idle engine, whose
+    decode throughput is 0). Raises
+    ProfileError naming the array -- and for a value out of range its index and value -- for an array of
+    strings or complex numbers (numpy's float conversion would fail on the first and drop the imaginary part
+    of the second), a wrong shape, an empty array, a NaN or infinity, or a value out of range."""
+    raw = np.asarray(a)
+    if raw.dtype.kind not in "iuf":
+        raise ProfileError(src, f"array {name!r} has dtype {raw.dtype}: expected real numbers")
+    x = raw.astype(np.float64)
     if x.ndim != ndim:
         raise ProfileError(src, f"array {name!r} has shape {x.shape}: expected {ndim}-D")
     if x.size == 0 or not np.all(np.isfinite(x)):
         raise ProfileError(src, f"array {name!r}: expected finite values, non-empty")
+    bad = x < 0 if zero_ok else x <= 0
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        at = str(i[0]) if len(i) == 1 else ", ".join(map(str, i))
+        raise ProfileError(src, f"array {name!r}[{at}] = {x[i]:g}: expected values {'>=' if zero_ok else '>'} 0")
     return x
 
 
@@ -76,8 +92,6 @@ class PrefillProfile:
         _increasing("prefill_isl", self.isl, s)
         if not (self.isl.shape == self.ttft_ms.shape == self.thpt_per_gpu.shape):
             raise ProfileError(s, "prefill_isl, prefill_ttft_ms, prefill_thpt_per_gpu: expected equal lengths")
-        if np.any(self.thpt_per_gpu <= 0):
-            raise ProfileError(s, "prefill_thpt_per_gpu: expected values > 0")
 
     @property
     def pass_overhead_ms(self) -> float:
@@ -146,10 +160,10 @@ class DecodeProfile:
         from scipy.interpolate import RegularGridInterpolator
 
         s = self.source
-        kv = _arr("decode_kv_usage", self.kv_usage, 1, s)
+        kv = _arr("decode_kv_usage", self.kv_usage, 1, s, zero_ok=True)
         ctx = _arr("decode_context_length", self.context_length, 1, s)
         itl = _arr("decode_itl_ms", self.itl_ms, 2, s)
-        thpt = _arr("decode_thpt_per_gpu", self.thpt_per_gpu, 2, s)
+        thpt = _arr("decode_thpt_per_gpu", self.thpt_per_gpu, 2, s, zero_ok=True)  # 0 at KV usage 0
         _increasing("decode_kv_usage", kv, s)
         _increasing("decode_context_length", ctx, s)
         if itl.shape != (kv.size, ctx.size) or thpt.shape != (kv.size, ctx.size):
@@ -241,13 +255,13 @@ def profile_from_arrays(data: dict[str, Any], source: str = "<memory>") -> Perfo
             source=source,
         )
     if any(k.startswith("decode_") for k in data):
-        mk = np.asarray(_need(data, "decode_max_kv_tokens", source), dtype=float).ravel()
+        mk = _arr("decode_max_kv_tokens", np.ravel(_need(data, "decode_max_kv_tokens", source)), 1, source)
         decode = DecodeProfile(
             _need(data, "decode_kv_usage", source),
             _need(data, "decode_context_length", source),
             _need(data, "decode_itl_ms", source),
             _need(data, "decode_thpt_per_gpu", source),
-            float(mk[0]) if mk.size else math.nan,
+            float(mk[0]),
             source=source,
         )
     if prefill is None and decode is None:
@@ -300,22 +314,24 @@ def load_profiler_results_dir(path: str | Path, resolution: int = 50) -> Perform
     df = root / "selected_decode_interpolation" / "raw_data.npz"
     prefill = decode = None
     if pf.exists():
-        d = _load_npz(pf)
-        isl = np.asarray(_need(d, "prefill_isl", str(pf)), dtype=float)
+        d, src = _load_npz(pf), str(pf)
+        isl = _arr("prefill_isl", _need(d, "prefill_isl", src), 1, src)
         order = np.argsort(isl)
         prefill = PrefillProfile(
             isl[order],
-            np.asarray(_need(d, "prefill_ttft", str(pf)), dtype=float)[order],
-            np.asarray(_need(d, "prefill_thpt_per_gpu", str(pf)), dtype=float)[order],
-            source=str(pf),
+            _arr("prefill_ttft", _need(d, "prefill_ttft", src), 1, src)[order],
+            _arr("prefill_thpt_per_gpu", _need(d, "prefill_thpt_per_gpu", src), 1, src)[order],
+            source=src,
         )
     if df.exists():
-        d = _load_npz(df)
-        x = np.asarray(_need(d, "x_kv_usage", str(df)), dtype=float).ravel()
-        y = np.asarray(_need(d, "y_context_length", str(df)), dtype=float).ravel()
-        zi = np.asarray(_need(d, "z_itl", str(df)), dtype=float).ravel()
-        zt = np.asarray(_need(d, "z_thpt_per_gpu", str(df)), dtype=float).ravel()
-        mk = float(np.asarray(_need(d, "max_kv_tokens", str(df))).ravel()[0])
+        d, src = _load_npz(df), str(df)
+
+        def flat(name: str, zero_ok: bool = False) -> FloatArray:
+            return _arr(name, np.ravel(_need(d, name, src)), 1, src, zero_ok=zero_ok)
+
+        x, y = flat("x_kv_usage", zero_ok=True), flat("y_context_length")
+        zi, zt = flat("z_itl"), flat("z_thpt_per_gpu", zero_ok=True)
+        mk = float(flat("max_kv_tokens")[0])
         if not (x.size == y.size == zi.size == zt.size) or x.size == 0:
             raise ProfileError(
                 str(df), "x_kv_usage, y_context_length, z_itl, z_thpt_per_gpu: expected equal, non-zero lengths"

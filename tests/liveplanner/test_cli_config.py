@@ -213,6 +213,14 @@ def test_planner_port_flag_range(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "'70000': expected a TCP port" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["-1", "abc", "1.5"])
+def test_up_max_planner_restarts_is_a_count(tmp_path, value):
+    r = _run("up", "--config", str(stack_file(tmp_path)), "--max-planner-restarts", value)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"argument --max-planner-restarts: {value!r}: expected an integer >= 0" in r.stderr
+    assert not (tmp_path / "state").exists()  # refused as the flag is read: nothing started, nothing written
+
+
 def test_up_stops_promptly_when_interrupted_during_start_up(tmp_path):
     """SIGTERM while ``up`` still waits for a child to become ready (here a stand-in Prometheus that never
     answers): up stops what it started and exits instead of finishing the start-up first."""

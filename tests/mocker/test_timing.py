@@ -144,3 +144,43 @@ def test_npz_drives_an_engine(npz):
     # second token: active KV = 151 tokens, context 151 -> bilinear on the grid
     expect = 5 + (9 - 5) * 0.151 + (7 - 5) * 0.51 + (11 - 9 - 7 + 5) * 0.151 * 0.51
     assert rec.token_times_ms[1] - rec.token_times_ms[0] == pytest.approx(expect, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("prefill_isl", np.array(["a", "b", "c"]), "prefill_isl has dtype <U1: expected real numbers"),
+        (
+            "prefill_isl",
+            np.array([100.0, None, 400.0], dtype=object),
+            "prefill_isl has dtype object: expected real numbers",
+        ),
+        ("decode_itl", np.array([[5.0, 7.0], [9.0, 11j]]), "decode_itl has dtype complex128: expected real numbers"),
+        ("prefill_ttft_ms", np.array([10.0, -30.0, 50.0]), "prefill_ttft_ms[1] = -30: expected ms > 0, finite"),
+        ("prefill_ttft_ms", np.array([10.0, 30.0, np.nan]), "prefill_ttft_ms[2] = nan: expected ms > 0, finite"),
+        ("decode_itl", np.array([[5.0, 7.0], [0.0, 11.0]]), "decode_itl[1, 0] = 0: expected ms > 0, finite"),
+        (
+            "decode_active_kv_tokens",
+            np.array([-1.0, 1000.0]),
+            "decode_active_kv_tokens[0] = -1: expected tokens >= 0, finite",
+        ),
+        ("prefill_isl", np.array([100.0, 400.0, 100.0]), "prefill_isl: 100 appears twice; expected distinct values"),
+    ],
+)
+def test_npz_values_name_the_array_index_and_value(tmp_path, npz, name, value, message):
+    arrays = dict(np.load(npz))
+    arrays[name] = value
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(ConfigError) as exc:
+        NpzTiming(bad)
+    assert str(exc.value) == f"timing={str(bad)!r}: {message}"
+
+
+def test_npz_unsorted_axes_are_sorted_not_refused(tmp_path, npz):
+    # the reference's grid need not be sorted: NpzTiming sorts each axis with its values
+    arrays = dict(np.load(npz))
+    arrays["prefill_isl"], arrays["prefill_ttft_ms"] = arrays["prefill_isl"][::-1], arrays["prefill_ttft_ms"][::-1]
+    path = tmp_path / "unsorted.npz"
+    np.savez(path, **arrays)
+    assert NpzTiming(path).prefill_ms(1, 150, 0) == pytest.approx(20.0)  # as test_npz_prefill_linear_and_extrapolated

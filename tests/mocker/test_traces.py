@@ -436,6 +436,22 @@ def test_synthetic_zero_prefix_groups_or_len_says_at_least_one() -> None:
     assert ei.value.field == "prefix_len" and "prefix_len=0: expected an integer >= 1" in str(ei.value)
 
 
+def test_synthetic_prefix_shorter_than_a_block_is_refused() -> None:
+    # 100 tokens // 512-token blocks = 0 shared blocks: the prefix groups would share nothing
+    spec = "synthetic:constant?rate=2&num_requests=4&prefix_groups=2&prefix_len="
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec + "100")
+    assert ei.value.field == "prefix_len"
+    assert "prefix_len=100: shorter than one trace block (trace_block_size=512 tokens)" in str(ei.value)
+    assert str(ei.value).endswith("expected at least 512")
+    # one block exactly: accepted, and the requests of a group share their first hash id
+    reqs = load_trace(spec + "16", trace_block_size=16)
+    by_group: dict[int, set[int]] = {}
+    for r in reqs:
+        by_group.setdefault(r.hash_ids[0], set()).add(r.request_id)
+    assert sum(len(v) for v in by_group.values()) == 4 and len(by_group) <= 2
+
+
 def test_mooncake_timestamps_are_bounded_and_epoch_ms_is_diagnosed(tmp_path: Path) -> None:
     from mocker.traces import EPOCH_MS_THRESHOLD, MAX_TRACE_TIMESTAMP_MS
 

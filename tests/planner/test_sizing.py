@@ -159,3 +159,50 @@ def test_profile_errors_name_file_and_array(tmp_path):
         load_profile(tmp_path / "nope.npz")
     with pytest.raises(ProfileError, match="not a profiler results directory"):
         load_profile(tmp_path)
+
+
+GOOD_PREFILL = {"prefill_isl": [100.0, 200.0], "prefill_ttft_ms": [10.0, 20.0], "prefill_thpt_per_gpu": [1e4, 1e4]}
+GOOD_DECODE = {
+    "decode_kv_usage": [0.0, 1.0],
+    "decode_context_length": [100.0, 200.0],
+    "decode_itl_ms": [[5.0, 6.0], [7.0, 8.0]],
+    "decode_thpt_per_gpu": [[10.0, 20.0], [30.0, 40.0]],
+    "decode_max_kv_tokens": [1000],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("prefill_isl", np.array(["a", "b"]), "array 'prefill_isl' has dtype <U1: expected real numbers"),
+        ("prefill_isl", np.array([1 + 1j, 2.0]), "array 'prefill_isl' has dtype complex128: expected real numbers"),
+        ("prefill_isl", [0.0, 200.0], "array 'prefill_isl'[0] = 0: expected values > 0"),
+        ("prefill_ttft_ms", [10.0, -2.0], "array 'prefill_ttft_ms'[1] = -2: expected values > 0"),
+        ("prefill_thpt_per_gpu", [1e4, 0.0], "array 'prefill_thpt_per_gpu'[1] = 0: expected values > 0"),
+        ("decode_kv_usage", [-0.5, 1.0], "array 'decode_kv_usage'[0] = -0.5: expected values >= 0"),
+        ("decode_itl_ms", [[5.0, 6.0], [0.0, 8.0]], "array 'decode_itl_ms'[1, 0] = 0: expected values > 0"),
+        (
+            "decode_thpt_per_gpu",
+            [[1.0, -1.0], [1.0, 1.0]],
+            "array 'decode_thpt_per_gpu'[0, 1] = -1: expected values >= 0",
+        ),
+        ("decode_max_kv_tokens", np.array(["x"]), "array 'decode_max_kv_tokens' has dtype <U1: expected real"),
+        ("decode_max_kv_tokens", [0], "array 'decode_max_kv_tokens'[0] = 0: expected values > 0"),
+        ("decode_max_kv_tokens", np.zeros(0), "array 'decode_max_kv_tokens': expected finite values, non-empty"),
+    ],
+)
+def test_profile_values_out_of_range_name_the_array_index_and_value(name, value, message):
+    arrays = {**GOOD_PREFILL, **GOOD_DECODE, name: value}
+    with pytest.raises(ProfileError) as exc:
+        profile_from_arrays(arrays, source="p.npz")
+    assert str(exc.value).startswith(f"p.npz: {message}")
+    good = profile_from_arrays({**GOOD_PREFILL, **GOOD_DECODE})  # the unmodified arrays load
+    assert good.decode is not None and good.decode.max_kv_tokens == 1000.0  # an integer array is real too
+
+
+def test_profiler_results_dir_values_are_checked_too(tmp_path):
+    d = tmp_path / "selected_prefill_interpolation"
+    d.mkdir()
+    np.savez(d / "raw_data.npz", prefill_isl=[100.0, 200.0], prefill_ttft=[10.0, np.nan], prefill_thpt_per_gpu=[1, 2])
+    with pytest.raises(ProfileError, match=r"raw_data.npz: array 'prefill_ttft': expected finite values"):
+        load_profile(tmp_path)
