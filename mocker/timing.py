@@ -28,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from dynoplan.arrays import first_out_of_range, real_float64
 from dynoplan.errors import ConfigError
 from mocker.timing_spec import POLYNOMIAL, is_aic
 
@@ -230,15 +231,13 @@ def _profile_array(data: Mapping[str, np.ndarray], name: str, problems: list[str
         raw = np.asarray(data[name])
     except ValueError:  # an object array: np.load does not unpickle (allow_pickle=False)
         raw = np.asarray([], dtype=object)
-    if raw.dtype.kind not in "iuf":
+    x = real_float64(raw)
+    if x is None:
         problems.append(f"{name} has dtype {raw.dtype}: expected real numbers")
         return np.zeros(0)
-    x = raw.astype(np.float64)
-    bad = ~np.isfinite(x) | ((x <= 0) if time else (x < 0))
-    if bad.any():
-        i = tuple(int(k) for k in np.argwhere(bad)[0])
-        at = ", ".join(map(str, i))
-        problems.append(f"{name}[{at}] = {x[i]:g}: expected {'ms > 0' if time else 'tokens >= 0'}, finite")
+    bad = first_out_of_range(x, zero_ok=not time)
+    if bad is not None:
+        problems.append(f"{name}{bad}: expected {'ms > 0' if time else 'tokens >= 0'}, finite")
         return np.zeros(0)
     return x
 

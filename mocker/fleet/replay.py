@@ -134,13 +134,13 @@ def _run_replay(
             )
         out.append(rec)
     finishes = [r.finish_ms for r in out if r.finish_ms is not None and r.status == "finished"]
-    if finishes:
-        too_long = run_end_problem(max(finishes), pools.values(), fleet.transfer)
-        if too_long is not None:
-            fl.close()
-            raise ConfigError(too_long)
+    last = max(finishes, default=None)
+    too_long = None if last is None else run_end_problem(last, pools.values(), fleet.transfer)
+    if too_long is not None:
+        fl.close()
+        raise ConfigError(too_long)
     first = min((r.arrival_ms for r in out), default=0.0)
-    duration = (max(finishes) - first) if finishes else 0.0
+    duration = (last - first) if last is not None else 0.0
     fpm: list[ForwardPassMetrics] = []
     if collect_fpm:
         for name in pools:

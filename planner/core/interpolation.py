@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dynoplan.arrays import first_out_of_range, real_float64
 from dynoplan.errors import ProfileError
 
 FloatArray = npt.NDArray[np.float64]
@@ -55,19 +56,16 @@ def _arr(name: str, a: Any, ndim: int, src: str, *, zero_ok: bool = False) -> Fl
     ProfileError naming the array -- and for a value out of range its index and value -- for an array of
     strings or complex numbers (numpy's float conversion would fail on the first and drop the imaginary part
     of the second), a wrong shape, an empty array, a NaN or infinity, or a value out of range."""
-    raw = np.asarray(a)
-    if raw.dtype.kind not in "iuf":
-        raise ProfileError(src, f"array {name!r} has dtype {raw.dtype}: expected real numbers")
-    x = raw.astype(np.float64)
+    x = real_float64(a)
+    if x is None:
+        raise ProfileError(src, f"array {name!r} has dtype {np.asarray(a).dtype}: expected real numbers")
     if x.ndim != ndim:
         raise ProfileError(src, f"array {name!r} has shape {x.shape}: expected {ndim}-D")
     if x.size == 0 or not np.all(np.isfinite(x)):
         raise ProfileError(src, f"array {name!r}: expected finite values, non-empty")
-    bad = x < 0 if zero_ok else x <= 0
-    if bad.any():
-        i = tuple(int(k) for k in np.argwhere(bad)[0])
-        at = str(i[0]) if len(i) == 1 else ", ".join(map(str, i))
-        raise ProfileError(src, f"array {name!r}[{at}] = {x[i]:g}: expected values {'>=' if zero_ok else '>'} 0")
+    bad = first_out_of_range(x, zero_ok=zero_ok)
+    if bad is not None:
+        raise ProfileError(src, f"array {name!r}{bad}: expected values {'>=' if zero_ok else '>'} 0")
     return x
 
 
