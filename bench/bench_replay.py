@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,8 +38,6 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = os.environ.get("REFERENCE_REPLAY", "/work/shared/tools/reference-replay")
@@ -223,7 +222,7 @@ def per_request_share(mine: dict, ref_rows: list[dict]) -> tuple[float, int]:
         )
     mine_groups: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for a, i, o, t, e in zip(mine["arrival"], mine["isl"], mine["osl"], mine["ttft"], mine["e2e"]):
-        mine_groups[(round(a, 3), i, o)].append((e if e is not None else np.nan, t if t is not None else np.nan))
+        mine_groups[(round(a, 3), i, o)].append((e if e is not None else math.nan, t if t is not None else math.nan))
     ok = total = 0
     for key, refs in groups.items():
         ms = sorted(mine_groups.get(key, []))
@@ -252,6 +251,10 @@ def main(default_cases: str = "a,b,a1", description: str | None = None) -> None:
     if a.child:
         child(a.child, a.out)
         return
+    # numpy only here, in the parent: the child's first import is mocker's, as in `dynoplan replay`, so that its
+    # process defaults (dynoplan/__init__.py) apply before numpy is loaded
+    import numpy as np
+
     launcher = Launcher()  # first: before this process holds any data (see LAUNCHER)
     results = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))

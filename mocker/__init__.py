@@ -22,6 +22,8 @@ from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
+import dynoplan  # noqa: F401  (first: its process defaults precede any numpy import, dynoplan/__init__.py)
+
 __all__ = ["COMPILED", "__version__"]
 __version__ = "0.1.0"
 

@@ -4,4 +4,6 @@
 Drivers around it (closed-loop simulation, local stack, Kubernetes operator) own time and effects.
 """
 
+import dynoplan  # noqa: F401  (first: its process defaults precede any numpy import, dynoplan/__init__.py)
+
 __version__ = "0.1.0"

@@ -64,7 +64,9 @@ def single_thread_blas() -> Callable[[], contextlib.AbstractContextManager[Any]]
 
     Model fits are tiny matrix problems: multi-threaded OpenBLAS only spins, and on a shared 2-core machine
     it made ``auto_arima`` ~8x slower (measured 2.3 s vs 0.28 s for a 15-point fit). The controller is
-    built once per predictor (library introspection ~3 ms); each limit then costs ~0.03 ms.
+    built once per predictor (library introspection ~3 ms); each limit then costs ~0.03 ms. The process default
+    is one thread already (``dynoplan/__init__.py``); this keeps the fits at one where the environment asks for more
+    (``OPENBLAS_NUM_THREADS``, OpenMP).
     """
     try:
         from threadpoolctl import ThreadpoolController
