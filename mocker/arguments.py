@@ -201,22 +201,22 @@ def add_transfer_arguments(group: Any) -> None:
         metavar="config.json",
         help="Hugging Face config.json: kv bytes/token = layers x 2 x kv_heads x head_dim x dtype bytes",
     )
+    # No argparse defaults for the three choices (None = not given): a flag given where it has no effect (a
+    # dtype without --model-config, a handoff without a disaggregated fleet) is refused, not ignored, even
+    # when its value is the default (kv_transfer_from_args, transfer_config_from_args).
     group.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
-        default="auto",
         help="KV cache dtype for --model-config (default auto = the model's torch_dtype)",
     )
     group.add_argument(
         "--kv-transfer-timing",
         choices=TIMING_MODES,
-        default="full_prompt",
         help="tokens charged: whole prompt, or only blocks the decode worker lacks (default full_prompt)",
     )
     group.add_argument(
         "--handoff",
         choices=HANDOFF_PATHS,
-        default="coordinated",
         help="prefill->decode handoff path (default coordinated, the reference's timeline)",
     )
 
@@ -304,7 +304,7 @@ def engine_config_from_args(args: argparse.Namespace, file_settings: Any = None)
         if kb is not None and mc is not None:
             raise ConfigError("--kv-bytes-per-token and --model-config: give one of them, not both")
         if mc is not None:  # then kb is None
-            kb = kv_bytes_per_token_from_file(mc, args.kv_cache_dtype)
+            kb = kv_bytes_per_token_from_file(mc, args.kv_cache_dtype or "auto")
         overrides["kv_bytes_per_token"] = kb
     overrides.update(parse_bandwidth_flags(getattr(args, "tier_bandwidth", [])))
     return resolve_kv_capacity(base.replace(**overrides), blocks_given=args.num_gpu_blocks is not None)
@@ -313,48 +313,68 @@ def engine_config_from_args(args: argparse.Namespace, file_settings: Any = None)
 def transfer_config_from_args(args: argparse.Namespace) -> tuple[int, int, KvTransferConfig | None]:
     """(num_prefill_workers, num_decode_workers, KvTransferConfig | None) from the disaggregation flags
     (``--prefill-workers`` / ``--decode-workers`` and :func:`add_transfer_arguments`'s). Raises ConfigError
-    naming the flag on an inconsistent combination."""
+    naming the flag on an inconsistent combination, and naming each flag and its value when a flag would have
+    no effect: a KV-transfer flag without a disaggregated fleet (``--kv-bytes-per-token`` / ``--model-config``
+    also size the KVBM lower tiers, so ``--num-g2-blocks`` takes them), ``--kv-cache-dtype`` without
+    ``--model-config``."""
     p, d = args.prefill_workers, args.decode_workers
     if (p is None) != (d is None):
         raise ConfigError("--prefill-workers and --decode-workers: give both for a disaggregated fleet (or neither)")
     if p is None:
-        given = [
-            f
-            for f, v in (
-                ("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
-                ("--kv-bytes-per-token", args.kv_bytes_per_token),
-                ("--model-config", args.model_config),
-            )
-            if v is not None
-        ]
+        transfer_only = given_flags(args, ("--kv-transfer-bandwidth", "--kv-transfer-timing", "--handoff"))
+        kv_size = given_flags(args, ("--kv-bytes-per-token", "--model-config", "--kv-cache-dtype"))
         if getattr(args, "num_g2_blocks", None):  # KVBM lower tiers use the KV size too (engine_config_from_args)
-            given = [f for f in given if f == "--kv-transfer-bandwidth"]
-        if given:
+            kv_size = []
+        if transfer_only or kv_size:
+            tiers = "" if transfer_only else " or KVBM lower tiers"
             raise ConfigError(
-                f"{', '.join(given)}: only for a disaggregated fleet (give --prefill-workers and "
-                "--decode-workers) or KVBM lower tiers (--num-g2-blocks)"
+                f"{', '.join(transfer_only + kv_size)}: only for a disaggregated fleet{tiers}; expected "
+                f"--prefill-workers and --decode-workers{', or --num-g2-blocks' if tiers else ''}, or none of "
+                "these flags"
             )
+        _check_kv_cache_dtype(args)
         return 0, 0, None
     return p, d, kv_transfer_from_args(args)
 
 
+def given_flags(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:
+    """``FLAG VALUE`` for each of ``flags`` given on the command line (its parsed value is not None: for flags
+    without an argparse default, as :func:`add_transfer_arguments`'s), for a message refusing them; numbers
+    as ``%g``."""
+    out = []
+    for flag in flags:
+        v = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if v is not None:
+            out.append(f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}")
+    return out
+
+
+def _check_kv_cache_dtype(args: argparse.Namespace) -> None:
+    """Refuse ``--kv-cache-dtype`` without ``--model-config``: the dtype only turns a model's config.json into
+    KV bytes per token (``--kv-bytes-per-token`` is already a byte count). Raises ConfigError naming both."""
+    if args.kv_cache_dtype is not None and args.model_config is None:
+        raise ConfigError(
+            f"--kv-cache-dtype {args.kv_cache_dtype}: only with --model-config (it sets the bytes per KV value of "
+            "the model's config.json); expected --model-config or no --kv-cache-dtype"
+        )
+
+
 def kv_transfer_from_args(args: argparse.Namespace) -> KvTransferConfig:
-    """The prefill->decode KV transfer of a disaggregated fleet from :func:`add_transfer_arguments`'s flags.
-    Raises ConfigError naming the flag (both ``--kv-bytes-per-token`` and ``--model-config``, or a bandwidth
-    without a KV size)."""
+    """The prefill->decode KV transfer of a disaggregated fleet from :func:`add_transfer_arguments`'s flags
+    (a flag not given: :class:`mocker.transfer.KvTransferConfig`'s default). Raises ConfigError naming the
+    flag (both ``--kv-bytes-per-token`` and ``--model-config``, a bandwidth without a KV size,
+    ``--kv-cache-dtype`` without ``--model-config``)."""
     if args.kv_bytes_per_token is not None and args.model_config is not None:
         raise ConfigError("--kv-bytes-per-token and --model-config: give one of them, not both")
+    _check_kv_cache_dtype(args)
     kv_bytes = args.kv_bytes_per_token
     if args.model_config is not None:
-        kv_bytes = kv_bytes_per_token_from_file(args.model_config, args.kv_cache_dtype)
+        kv_bytes = kv_bytes_per_token_from_file(args.model_config, args.kv_cache_dtype or "auto")
     bw = args.kv_transfer_bandwidth or 0.0
     if bw > 0 and kv_bytes is None:
         raise ConfigError(f"--kv-transfer-bandwidth {bw:g}: needs --kv-bytes-per-token or --model-config")
-    return check(
-        lambda: KvTransferConfig(
-            bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes, timing=args.kv_transfer_timing, handoff=args.handoff
-        )
-    )
+    chosen = {k: v for k, v in (("timing", args.kv_transfer_timing), ("handoff", args.handoff)) if v is not None}
+    return check(lambda: KvTransferConfig(bandwidth_gbps=bw, kv_bytes_per_token=kv_bytes, **chosen))
 
 
 # ---------------------------------------------------------------------------------------------- a live worker

@@ -73,7 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument(
         "--kv-event-lag-ms",
         type=nonneg_float,
-        default=0.0,
         metavar="MS",
         help="delay before the router sees a KV event (with --kv-events; default 0)",
     )
@@ -152,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             f"--workers={args.workers} with --prefill-workers/--decode-workers: give the aggregated or the "
             "disaggregated fleet, not both"
         )
+    _check_kv_event_flags(args)
     envelope = None
     if args.rate_envelope is not None:  # checked before the trace is read: a bad spec fails fast
         envelope = parse_rate_envelope(args.rate_envelope)
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             single_step=args.single_step,
             seed=args.seed,
             kv_events=args.kv_events,
-            kv_event_lag_ms=args.kv_event_lag_ms,
+            kv_event_lag_ms=0.0 if args.kv_event_lag_ms is None else args.kv_event_lag_ms,
             num_prefill_workers=n_prefill,
             num_decode_workers=n_decode,
             transfer=transfer,
@@ -243,6 +243,25 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "_exit_process", False):  # the process's entry point (planner.cli.main from the console)
         exit_without_teardown(code)
     return code
+
+
+def _check_kv_event_flags(args: argparse.Namespace) -> None:
+    """Refuse a KV-event flag that would have no effect: ``--kv-event-lag-ms`` (no argparse default: any value
+    given counts) without ``--kv-events``, and ``--kv-events`` with a router other than ``kv`` (only the kv
+    router reads the workers' KV events, :mod:`mocker.kv.events`). Raises ConfigError naming the flag, its
+    value and the missing prerequisite."""
+    from dynoplan.errors import ConfigError
+
+    if args.kv_event_lag_ms is not None and not args.kv_events:
+        raise ConfigError(
+            f"--kv-event-lag-ms {args.kv_event_lag_ms:g}: only with --kv-events (the delay before the kv router "
+            "sees a KV event); expected --kv-events or no --kv-event-lag-ms"
+        )
+    if args.kv_events and args.router != "kv":
+        raise ConfigError(
+            f"--kv-events with --router {args.router}: only the kv router reads the workers' KV events; "
+            "expected --router kv or no --kv-events"
+        )
 
 
 def exit_without_teardown(code: int) -> None:

@@ -33,6 +33,7 @@ from mocker.arguments import (
     RATE_ENVELOPE_HELP,
     engine_config_from_args,
     failed_requests_note,
+    given_flags,
     kv_transfer_from_args,
     nonneg_float,
     nonneg_int,
@@ -452,18 +453,18 @@ def _engine_and_transfer(args: argparse.Namespace, engine_file: Any) -> tuple[An
     engine = engine_config_from_args(args, engine_file)
     if args.mode == "disagg":
         return engine, kv_transfer_from_args(args)
-    given = [
-        f
-        for f, v in (
-            ("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
-            ("--kv-bytes-per-token", args.kv_bytes_per_token),
-            ("--model-config", args.model_config),
-            ("--kv-cache-dtype", None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype),
-            ("--kv-transfer-timing", None if args.kv_transfer_timing == "full_prompt" else 1),
-            ("--handoff", None if args.handoff == "coordinated" else 1),
-        )
-        if v is not None
-    ]
+    # each flag given, at any value (none of them has an argparse default): with --mode agg it would be ignored
+    given = given_flags(
+        args,
+        (
+            "--kv-transfer-bandwidth",
+            "--kv-bytes-per-token",
+            "--model-config",
+            "--kv-cache-dtype",
+            "--kv-transfer-timing",
+            "--handoff",
+        ),
+    )
     if given:
         raise SimulationConfigError(
             f"{', '.join(given)}: only with --mode disagg (KV transfer between pools), "

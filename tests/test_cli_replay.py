@@ -520,3 +520,82 @@ def test_a_workload_past_the_time_limit_is_refused_before_replaying(
 ) -> None:
     rc, _, err = cli(capsys, *argv, "--quiet")
     assert_one_line_error(rc, err, *needles, "past the simulator's limit of 4.504e+06 s", "expected at most")
+
+
+# ---------------------------------------------------------------------------------------------- flags without effect
+DISAGG_ONLY = "only for a disaggregated fleet; expected --prefill-workers and --decode-workers, or none of these flags"
+KV_SIZE_ONLY = (
+    "only for a disaggregated fleet or KVBM lower tiers; expected --prefill-workers and --decode-workers, "
+    "or --num-g2-blocks, or none of these flags"
+)
+KVBM = ["--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # each was exit 0 with the flag ignored
+        (
+            ["--kv-event-lag-ms", "5"],
+            "--kv-event-lag-ms 5: only with --kv-events (the delay before the kv router sees a KV event); "
+            "expected --kv-events or no --kv-event-lag-ms",
+        ),
+        (  # the default value given counts: the flag is refused, whatever its value
+            ["--router", "kv", "--kv-event-lag-ms", "0"],
+            "--kv-event-lag-ms 0: only with --kv-events (the delay before the kv router sees a KV event); "
+            "expected --kv-events or no --kv-event-lag-ms",
+        ),
+        (
+            ["--kv-events"],
+            "--kv-events with --router round_robin: only the kv router reads the workers' KV events; "
+            "expected --router kv or no --kv-events",
+        ),
+        (
+            ["--kv-events", "--router", "least_loaded", "--kv-event-lag-ms", "2.5"],
+            "--kv-events with --router least_loaded: only the kv router reads the workers' KV events; "
+            "expected --router kv or no --kv-events",
+        ),
+        (["--handoff", "coordinated"], f"--handoff coordinated: {DISAGG_ONLY}"),
+        (["--kv-transfer-timing", "full_prompt"], f"--kv-transfer-timing full_prompt: {DISAGG_ONLY}"),
+        (
+            ["--handoff", "direct", "--kv-transfer-timing", "destination_missing"],
+            f"--kv-transfer-timing destination_missing, --handoff direct: {DISAGG_ONLY}",
+        ),
+        (["--kv-transfer-bandwidth", "0"], f"--kv-transfer-bandwidth 0: {DISAGG_ONLY}"),
+        # the KVBM lower tiers take a KV size, not a handoff
+        ([*KVBM, "--handoff", "direct"], f"--handoff direct: {DISAGG_ONLY}"),
+        (["--kv-cache-dtype", "fp8"], f"--kv-cache-dtype fp8: {KV_SIZE_ONLY}"),
+        (["--kv-bytes-per-token", "100"], f"--kv-bytes-per-token 100: {KV_SIZE_ONLY}"),
+        # a dtype only reads a config.json; a byte count has none
+        (
+            [*KVBM, "--kv-cache-dtype", "auto"],
+            "--kv-cache-dtype auto: only with --model-config (it sets the bytes per KV value of the model's "
+            "config.json); expected --model-config or no --kv-cache-dtype",
+        ),
+        (
+            ["--prefill-workers", "1", "--decode-workers", "1", "--kv-bytes-per-token", "5", "--kv-cache-dtype", "fp8"],
+            "--kv-cache-dtype fp8: only with --model-config (it sets the bytes per KV value of the model's "
+            "config.json); expected --model-config or no --kv-cache-dtype",
+        ),
+    ],
+)
+def test_a_flag_without_its_prerequisite_is_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert cli(capsys, "--trace", SMALL, "--quiet", *argv) == (2, "", f"dynoplan replay: error: {message}\n")
+
+
+def test_the_transfer_flags_at_their_defaults_change_nothing_in_a_disaggregated_fleet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the flags lost their argparse defaults (to tell given from not given); not given = the same defaults
+    disagg = ["--prefill-workers", "1", "--decode-workers", "2", "--kv-transfer-bandwidth", "8"]
+    disagg += ["--kv-bytes-per-token", "4096", "--quiet"]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert cli(capsys, "--trace", SMALL, *disagg, "--per-request", str(a))[0] == 0
+    defaults = ["--kv-transfer-timing", "full_prompt", "--handoff", "coordinated"]
+    assert cli(capsys, "--trace", SMALL, *disagg, *defaults, "--per-request", str(b))[0] == 0
+    assert a.read_bytes() == b.read_bytes()
+    direct = tmp_path / "c.jsonl"
+    assert cli(capsys, "--trace", SMALL, *disagg, "--handoff", "direct", "--per-request", str(direct))[0] == 0
+    assert direct.read_bytes() != a.read_bytes()  # the flag is read: the other handoff path changes the timeline

@@ -209,7 +209,7 @@ def test_tier_config_defaults_come_from_engine_config():
             ["--engine", "trtllm", "--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100"],
             'engine="trtllm" with lower KV tiers (num_g2_blocks=8): onboarding is wired into the vLLM core only',
         ),
-        (["--kv-bytes-per-token", "100"], "--kv-bytes-per-token: only for a disaggregated fleet"),
+        (["--kv-bytes-per-token", "100"], "--kv-bytes-per-token 100: only for a disaggregated fleet or KVBM"),
         (
             ["--g1-backend", "kvbm", "--num-g2-blocks", "8", "--kv-bytes-per-token", "100", "--model-config", "x.json"],
             "--kv-bytes-per-token and --model-config: give one of them, not both",

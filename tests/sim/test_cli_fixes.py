@@ -443,3 +443,29 @@ def test_policy_names_are_printed_verbatim_not_as_emoji(capsys, profile):
     rc = cli_main(["simulate", "--trace", TRACE, "--profile", profile, "--compare", "hpa:running:2"])
     cap = capsys.readouterr()
     assert rc == 0 and "hpa:running:2" in cap.out and "hpa:running:2" in cap.err
+
+
+DISAGG_ONLY = "only with --mode disagg (KV transfer between pools), expected --mode disagg or none of them"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # given at their default values, these were ignored (exit 0); other values were refused without the value
+        (["--handoff", "coordinated"], f"--handoff coordinated: {DISAGG_ONLY}"),
+        (["--kv-transfer-timing", "full_prompt"], f"--kv-transfer-timing full_prompt: {DISAGG_ONLY}"),
+        (
+            ["--handoff", "direct", "--kv-cache-dtype", "auto", "--kv-transfer-bandwidth", "2.5"],
+            f"--kv-transfer-bandwidth 2.5, --kv-cache-dtype auto, --handoff direct: {DISAGG_ONLY}",
+        ),
+        (
+            ["--mode", "disagg", "--kv-bytes-per-token", "5", "--kv-cache-dtype", "fp8"],
+            "--kv-cache-dtype fp8: only with --model-config (it sets the bytes per KV value of the model's "
+            "config.json); expected --model-config or no --kv-cache-dtype",
+        ),
+    ],
+)
+def test_a_transfer_flag_without_its_prerequisite_is_refused_with_its_value(capsys, argv, message):
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--compare", "static:1", *argv])
+    cap = capsys.readouterr()
+    assert (rc, cap.out, cap.err) == (2, "", f"dynoplan simulate: error: {message}\n")
