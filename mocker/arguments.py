@@ -139,6 +139,25 @@ def nonneg_float(text: str) -> float:
     return v
 
 
+class GivenOnce(argparse.Action):
+    """argparse action of a flag that takes one value and may be given once (``--trace``): a second occurrence
+    is argparse's error ``argument --trace: given twice ('A' and 'B'), expected it once`` (one line through
+    :func:`use_one_line_errors`, exit 2) where argparse's default ``store`` keeps the last value silently.
+    The flag's default must be None (an earlier occurrence is a value that is not None)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        previous = getattr(namespace, self.dest, None)
+        if previous is not None:
+            raise argparse.ArgumentError(self, f"given twice ({previous!r} and {values!r}), expected it once")
+        setattr(namespace, self.dest, values)
+
+
 def use_one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
     """Replace ``parser.error``: ``PROG: error: MESSAGE (see --help)`` on stderr, exit code 2."""
 

@@ -22,6 +22,7 @@ from mocker.arguments import (
     MAX_WORKERS,
     RATE_ENVELOPE_HELP,
     ROUTERS,
+    GivenOnce,
     add_engine_arguments,
     add_transfer_arguments,
     check_output_paths,
@@ -46,7 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Engine settings: defaults < --engine-config YAML < flags."
     )
     w = parser.add_argument_group("workload")
-    w.add_argument("--trace", required=True, metavar="TRACE", help="trace file or synthetic:KIND?key=value&... spec")
+    w.add_argument(
+        "--trace",
+        required=True,
+        action=GivenOnce,
+        metavar="TRACE",
+        help="trace file or synthetic:KIND?key=value&... spec",
+    )
     w.add_argument("--trace-block-size", type=positive_int, metavar="N", help="tokens per trace hash id (default 512)")
     w.add_argument(
         "--arrival-speedup",

@@ -31,6 +31,7 @@ from dynoplan.settings import check
 from mocker.arguments import (
     MAX_WORKERS,
     RATE_ENVELOPE_HELP,
+    GivenOnce,
     engine_config_from_args,
     failed_requests_note,
     given_flags,
@@ -78,7 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``simulate`` flags on ``parser`` (argparse errors become one stderr line, exit 2)."""
     use_one_line_errors(parser, "dynoplan simulate")
     w = parser.add_argument_group("workload")
-    w.add_argument("--trace", required=True, metavar="TRACE", help="Azure CSV, Mooncake JSONL or synthetic:... spec")
+    w.add_argument(
+        "--trace",
+        required=True,
+        action=GivenOnce,
+        metavar="TRACE",
+        help="Azure CSV, Mooncake JSONL or synthetic:... spec",
+    )
     w.add_argument(
         "--arrival-speedup", type=positive_float, default=1.0, metavar="R", help="divide arrival times by R (default 1)"
     )

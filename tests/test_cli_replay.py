@@ -599,3 +599,14 @@ def test_the_transfer_flags_at_their_defaults_change_nothing_in_a_disaggregated_
     direct = tmp_path / "c.jsonl"
     assert cli(capsys, "--trace", SMALL, *disagg, "--handoff", "direct", "--per-request", str(direct))[0] == 0
     assert direct.read_bytes() != a.read_bytes()  # the flag is read: the other handoff path changes the timeline
+
+
+@pytest.mark.parametrize("second", [SMALL, "other.csv"])
+def test_trace_given_twice_is_refused_naming_both(capsys: pytest.CaptureFixture[str], second: str) -> None:
+    # was: the last --trace replayed, the first silently dropped
+    assert cli(capsys, "--trace", SMALL, "--quiet", f"--trace={second}") == (
+        2,
+        "",
+        f"dynoplan replay: error: argument --trace: given twice ({SMALL!r} and {second!r}), expected it once "
+        "(see --help)\n",
+    )

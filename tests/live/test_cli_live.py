@@ -40,6 +40,10 @@ CMD = [sys.executable, "-m", "planner.cli"]
         (["mocker", "serve", "--port", "0", "--speedup", "2"], "unrecognized arguments: --speedup"),  # no abbreviations
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "/nonexistent.csv"], "/nonexistent.csv"),
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=-1&num_requests=3"], "rate"),
+        (  # was: the last --trace sent, the first silently dropped
+            ["loadgen", "--url", "http://127.0.0.1:9", "--trace", "a.csv", "--trace", "b.csv"],
+            "dynoplan loadgen: error: argument --trace: given twice ('a.csv' and 'b.csv'), expected it once (see --help)",
+        ),
     ],
 )
 def test_user_mistakes_are_one_line_exit_2(argv, needle):

@@ -469,3 +469,15 @@ def test_a_transfer_flag_without_its_prerequisite_is_refused_with_its_value(caps
     rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--compare", "static:1", *argv])
     cap = capsys.readouterr()
     assert (rc, cap.out, cap.err) == (2, "", f"dynoplan simulate: error: {message}\n")
+
+
+def test_trace_given_twice_is_refused_naming_both(capsys):
+    # was: the last --trace simulated, the first silently dropped
+    with pytest.raises(SystemExit) as e:
+        cli_main(["simulate", "--trace", TRACE, "--quiet", "--trace", "b.jsonl"])
+    cap = capsys.readouterr()
+    assert (e.value.code, cap.out) == (2, "")
+    assert cap.err == (
+        f"dynoplan simulate: error: argument --trace: given twice ({TRACE!r} and 'b.jsonl'), expected it once "
+        "(see --help)\n"
+    )
