@@ -42,7 +42,8 @@ CMD = [sys.executable, "-m", "planner.cli"]
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=-1&num_requests=3"], "rate"),
         (  # was: the last --trace sent, the first silently dropped
             ["loadgen", "--url", "http://127.0.0.1:9", "--trace", "a.csv", "--trace", "b.csv"],
-            "dynoplan loadgen: error: argument --trace: given twice ('a.csv' and 'b.csv'), expected it once (see --help)",
+            "dynoplan loadgen: error: argument --trace: given twice ('a.csv' and 'b.csv'), expected it once "
+            "(see --help)",
         ),
     ],
 )
