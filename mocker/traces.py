@@ -739,7 +739,8 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
     ``uniform:MIN:MAX`` or ``lognormal:MEAN:SIGMA``; defaults 1000 / 200), ``prefix_groups`` and
     ``prefix_len`` (shared prefixes), ``seed`` (default: ``default_seed``, else 0).
     Example: ``synthetic:poisson?rate=5&duration_s=600&isl=lognormal:1000:0.5&osl=200&seed=1``.
-    Raises :class:`TraceError` naming the bad key.
+    Raises :class:`TraceError` naming the bad key, or the item that is empty or has no key (``rate=1&&seed=2``,
+    a trailing ``&``, ``&=5``).
     """
     body = spec[len("synthetic:") :] if spec.startswith("synthetic:") else spec
     kind, _, query = body.partition("?")
@@ -747,6 +748,15 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
         raise TraceError(
             spec, None, "arrival", f"{kind!r}: unknown arrival process, expected constant, poisson or gamma"
         )
+    if query:  # parse_qsl skips an empty item: a doubled '&' or one at either end would pass unnoticed
+        for i, item in enumerate(query.split("&"), start=1):
+            if not item.partition("=")[0].strip():
+                what = (
+                    "without a key" if item.strip() else "blank" if item else "empty (a doubled '&', or one at an end)"
+                )
+                raise TraceError(
+                    spec, None, None, f"item {i} {item!r} is {what}; expected key=value items joined by '&'"
+                )
     params: dict[str, str] = {}
     for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if k not in _SYN_KEYS:

@@ -610,3 +610,14 @@ def test_trace_given_twice_is_refused_naming_both(capsys: pytest.CaptureFixture[
         f"dynoplan replay: error: argument --trace: given twice ({SMALL!r} and {second!r}), expected it once "
         "(see --help)\n",
     )
+
+
+def test_a_synthetic_spec_with_an_empty_item_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # was: replayed as rate=1&duration_s=10, the stray '&' dropped
+    spec = "synthetic:poisson?rate=1&&duration_s=10"
+    assert cli(capsys, "--trace", spec, "--quiet") == (
+        2,
+        "",
+        f"dynoplan replay: error: {spec}: item 2 '' is empty (a doubled '&', or one at an end); expected "
+        "key=value items joined by '&'\n",
+    )

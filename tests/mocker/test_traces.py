@@ -588,3 +588,33 @@ def test_a_non_json_number_names_its_field(tmp_path: Path, row: str, field: str 
     with pytest.raises(TraceError, match=msg) as ei:
         load_trace(p)
     assert (ei.value.line, ei.value.field) == (1, field)
+
+
+EMPTY = "empty (a doubled '&', or one at an end)"
+
+
+@pytest.mark.parametrize(
+    "query, item",
+    [
+        # each was accepted: parse_qsl drops an empty item, so a mistyped spec ran as if it were well formed
+        ("rate=1&&duration_s=10", f"item 2 '' is {EMPTY}"),
+        ("rate=1&duration_s=10&", f"item 3 '' is {EMPTY}"),
+        ("&rate=1&duration_s=10", f"item 1 '' is {EMPTY}"),
+        ("rate=1& &duration_s=10", "item 2 ' ' is blank"),
+        ("rate=1&=5&duration_s=10", "item 2 '=5' is without a key"),  # was "field '' unknown parameter"
+    ],
+)
+def test_synthetic_empty_items_are_refused(query: str, item: str) -> None:
+    spec = f"synthetic:poisson?{query}"
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec)
+    assert str(ei.value) == f"{spec}: {item}; expected key=value items joined by '&'"
+    assert ei.value.field is None and ei.value.line is None
+
+
+def test_synthetic_spec_without_a_query_still_names_the_missing_rate() -> None:
+    # an empty query has no items to refuse: the first missing key is named as before
+    for spec in ("synthetic:poisson", "synthetic:poisson?"):
+        with pytest.raises(TraceError) as ei:
+            load_trace(spec)
+        assert ei.value.field == "rate"
