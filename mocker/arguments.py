@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64, float_text, int_text
 from dynoplan.settings import check
-from mocker.config import ENGINES, EngineConfig, resolve_kv_capacity
+from mocker.config import ENGINES, MAX_DP_SIZE, EngineConfig, resolve_kv_capacity
 from mocker.kv.tiers import parse_bandwidth_flags
 from mocker.modelcfg import KV_CACHE_DTYPES, kv_bytes_per_token_from_file
 from mocker.transfer import HANDOFF_PATHS, TIMING_MODES, KvTransferConfig
@@ -39,6 +39,15 @@ MAX_WORKERS = 4096
 """Upper bound of ``--workers`` / ``--prefill-workers`` / ``--decode-workers``: every worker is built up
 front with its own KV cache and scheduler, so 100000 workers exhaust memory before the first request
 (far above any fleet the planner scales to)."""
+MAX_POOL_ENGINE_CORES = 65536
+"""Upper bound of one pool's engine cores, workers x ``dp_size`` (``--workers`` / ``--prefill-workers`` /
+``--decode-workers`` in ``replay``, ``--max-replicas`` in ``simulate``, times ``--dp-size``). Each DP rank is
+an engine core built up front with its own scheduler and KV cache (about 2.8 KB at the default settings:
+65536 cores take about 0.24 GB before the first request, 0.5 s as 64 x 1024 and 1.3 s as 4096 x 16; 4096 x
+144 took 1.7 GB and 27 s) and holds at least one GPU. 65536 = :data:`MAX_WORKERS` workers of 16 ranks (two
+8-GPU nodes each) = 64 workers of :data:`mocker.config.MAX_DP_SIZE` ranks; 65536 GPUs is about 30 times the
+largest inference fleet published (DeepSeek's at its daily peak: 278 nodes of 8 GPUs). Without it
+``--workers 4096 --dp-size 1000`` ended in a MemoryError traceback after two minutes."""
 
 
 # ---------------------------------------------------------------------------------------------- arg types
@@ -61,6 +70,34 @@ def worker_count(text: str) -> int:
     if v > MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a worker count between 1 and {MAX_WORKERS}")
     return v
+
+
+def dp_size_count(text: str) -> int:
+    """argparse type of ``--dp-size``: data-parallel ranks per worker, 1..:data:`mocker.config.MAX_DP_SIZE`."""
+    v = positive_int(text)
+    if v > MAX_DP_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a DP size between 1 and {MAX_DP_SIZE} (ranks per worker, each at least one GPU)"
+        )
+    return v
+
+
+def check_pool_engine_cores(flag: str, workers: int, engine: EngineConfig, args: argparse.Namespace) -> None:
+    """Refuse a pool of ``workers`` workers (the count ``flag`` gave) of ``engine.dp_size`` ranks each when it
+    holds more than :data:`MAX_POOL_ENGINE_CORES` engine cores. Raises ConfigError naming ``flag``, the DP size's
+    source (``--dp-size``, else the ``--engine-config`` file) and both values."""
+    dp = engine.dp_size
+    if workers * dp <= MAX_POOL_ENGINE_CORES:
+        return
+    if getattr(args, "dp_size", None) is not None:
+        source = f"--dp-size={dp}"
+    else:
+        source = f"dp_size={dp} (--engine-config {getattr(args, 'engine_config', None)})"
+    raise ConfigError(
+        f"{flag}={workers} x {source} = {workers * dp} engine cores in one pool (each DP rank is a scheduler and "
+        f"KV cache built up front, and at least one GPU); expected at most {MAX_POOL_ENGINE_CORES}: fewer workers "
+        "or a smaller DP size"
+    )
 
 
 def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[tuple[str, str | None]]) -> None:
@@ -445,9 +482,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--worker-type", choices=WORKER_TYPES, help="role in a disaggregated pool (default aggregated)")
     e.add_argument(
         "--dp-size",
-        type=positive_int,
+        type=dp_size_count,
         metavar="N",
-        help="data-parallel ranks, each its own scheduler and KV cache (default 1)",
+        help=f"data-parallel ranks, each its own scheduler and KV cache (default 1, at most {MAX_DP_SIZE})",
     )
 
 

@@ -19,6 +19,7 @@ import sys
 
 from dynoplan.settings import check
 from mocker.arguments import (
+    MAX_POOL_ENGINE_CORES,
     MAX_WORKERS,
     RATE_ENVELOPE_HELP,
     ROUTERS,
@@ -26,6 +27,8 @@ from mocker.arguments import (
     add_engine_arguments,
     add_transfer_arguments,
     check_output_paths,
+    check_pool_engine_cores,
+    dp_size_count,
     engine_config_from_args,
     failed_requests_note,
     nonneg_float,
@@ -36,6 +39,7 @@ from mocker.arguments import (
     use_one_line_errors,
     worker_count,
 )
+from mocker.config import MAX_DP_SIZE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--decode-workers", type=worker_count, metavar="N", help="decode workers (with --prefill-workers)")
     add_transfer_arguments(d)
-    d.add_argument("--dp-size", type=positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
+    d.add_argument(
+        "--dp-size",
+        type=dp_size_count,
+        metavar="N",
+        help=f"data-parallel ranks per worker, each at least one GPU (default 1, at most {MAX_DP_SIZE}; "
+        f"workers x ranks at most {MAX_POOL_ENGINE_CORES} per pool)",
+    )
 
     add_engine_arguments(parser)
     k = parser.add_argument_group("KV tiers (KVBM)")
@@ -159,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
             "disaggregated fleet, not both"
         )
     _check_kv_event_flags(args)
+    pools = {"--prefill-workers": n_prefill, "--decode-workers": n_decode} if n_prefill else {}
+    for flag, n in (pools or {"--workers": 1 if args.workers is None else args.workers}).items():
+        check_pool_engine_cores(flag, n, engine, args)
     envelope = None
     if args.rate_envelope is not None:  # checked before the trace is read: a bad spec fails fast
         envelope = parse_rate_envelope(args.rate_envelope)

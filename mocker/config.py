@@ -32,6 +32,16 @@ EngineKind = Literal["vllm", "trtllm", "sglang"]
 ENGINES: tuple[str, ...] = ("vllm", "trtllm", "sglang")
 DEFAULT_BLOCK_SIZE: dict[str, int] = {"vllm": 64, "trtllm": 32, "sglang": 1}
 
+MAX_DP_SIZE = 1024
+"""Upper bound of ``dp_size`` (``--dp-size``): data-parallel ranks per worker. Each rank holds at least one
+GPU (GPUs per worker = ``dp_size`` in :mod:`mocker.report`; the planner counts ``gpus_per_engine >=
+dp_size``), and the ranks of one worker are one engine instance stepping together (attention data
+parallelism with expert-parallel all-to-all in every layer): the largest published is DeepSeek-V3/R1's
+decode unit, EP144/DP144 over 18 nodes of 8 GPUs (DeepSeek's inference-system overview, 2025); 1024 is
+seven times that. Every rank is built up front with its own scheduler and KV cache, so an unbounded value
+(``--dp-size 10000000``) ended in a MemoryError traceback after filling about 8 GB before the first
+request (100000 ranks: 0.33 GB)."""
+
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT64)]
 """An integer > 0 and <= :data:`dynoplan.fields.MAX_INT64` (a bool is not one)."""
 TierBlocks = Annotated[int, Field(ge=0, le=MAX_INT64)]
@@ -124,8 +134,12 @@ class EngineConfig:
     worker_type: Literal["aggregated", "prefill", "decode"] = Field(
         default="aggregated", description="Role of the worker in a (dis)aggregated fleet."
     )
-    dp_size: PositiveInt = Field(
-        default=1, description="Data-parallel ranks per logical worker, each with independent scheduler and KV state."
+    dp_size: int = Field(
+        default=1,
+        gt=0,
+        le=MAX_DP_SIZE,
+        description="Data-parallel ranks per logical worker, each with independent scheduler and KV state "
+        "(1..MAX_DP_SIZE = 1024: each rank is at least one GPU).",
     )
     sglang: SGLangConfig = Field(default_factory=SGLangConfig, description="SGLang-only knobs.")
     g1_backend: Literal["native", "kvbm"] = Field(

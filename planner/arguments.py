@@ -19,6 +19,7 @@ from dynoplan.errors import SimulationConfigError
 from dynoplan.fields import float_text
 from mocker import arguments as mocker_arguments
 from mocker.arguments import positive_int
+from mocker.config import MAX_DP_SIZE
 from mocker.traces import DEFAULT_TRACE_BLOCK_SIZE, load_trace
 from planner.core.observations import TrafficWindow
 from planner.core.traces import bucket_intervals
@@ -31,7 +32,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     mocker_arguments.add_engine_arguments(parser, "engine (override --engine-config; as in dynoplan replay)")
     e = parser.add_argument_group("engine layout")
     e.add_argument("--trace-block-size", type=positive_int, metavar="N", help="tokens per trace hash id (default 512)")
-    e.add_argument("--dp-size", type=positive_int, metavar="N", help="data-parallel ranks per worker (default 1)")
+    e.add_argument(
+        "--dp-size",
+        type=mocker_arguments.dp_size_count,
+        metavar="N",
+        help=f"data-parallel ranks per worker, each at least one GPU (default 1, at most {MAX_DP_SIZE})",
+    )
 
 
 def add_transfer_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ from mocker.arguments import (
     MAX_WORKERS,
     RATE_ENVELOPE_HELP,
     GivenOnce,
+    check_pool_engine_cores,
     engine_config_from_args,
     failed_requests_note,
     given_flags,
@@ -352,6 +353,7 @@ def build_context(args: argparse.Namespace) -> RunContext:
     in_file, engine_file = _read_inputs(args)
     overrides, cfg0 = _planner_settings(args, in_file)
     engine, transfer = _engine_and_transfer(args, engine_file)
+    check_pool_engine_cores("--max-replicas", args.max_replicas, engine, args)  # the baselines' largest pool
     reqs = _requests(args, engine.trace_block_size)
     engines, cfg = _pools(args, in_file, overrides, cfg0, engine)
     initial = _parse_initial(args.initial_replicas, tuple(engines))

@@ -621,3 +621,47 @@ def test_a_synthetic_spec_with_an_empty_item_is_refused(capsys: pytest.CaptureFi
         f"dynoplan replay: error: {spec}: item 2 '' is empty (a doubled '&', or one at an end); expected "
         "key=value items joined by '&'\n",
     )
+
+
+DP_BOUND = "expected a DP size between 1 and 1024 (ranks per worker, each at least one GPU) (see --help)"
+CORES = (
+    "engine cores in one pool (each DP rank is a scheduler and KV cache built up front, and at least one GPU); "
+    "expected at most 65536: fewer workers or a smaller DP size"
+)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # 1e5 ranks were built (0.33 GB); 1e7 ended in a MemoryError traceback after filling 8 GB
+        (["--dp-size", "100000"], f"argument --dp-size: '100000': {DP_BOUND}"),
+        (["--dp-size", "1025"], f"argument --dp-size: '1025': {DP_BOUND}"),
+        # 4.1e6 cores: a MemoryError traceback after two minutes
+        (["--workers", "4096", "--dp-size", "1000"], f"--workers=4096 x --dp-size=1000 = 4096000 {CORES}"),
+        (["--workers", "65", "--dp-size", "1024"], f"--workers=65 x --dp-size=1024 = 66560 {CORES}"),
+        (
+            ["--prefill-workers", "1", "--decode-workers", "129", "--dp-size", "512"],
+            f"--decode-workers=129 x --dp-size=512 = 66048 {CORES}",
+        ),
+    ],
+)
+def test_absurd_dp_sizes_are_refused_before_any_work(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert cli(capsys, "--trace", SMALL, "--quiet", *argv) == (2, "", f"dynoplan replay: error: {message}\n")
+
+
+def test_the_engine_configs_dp_size_is_bounded_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "e.yaml"
+    cfg.write_text("dp_size: 100000\n")
+    assert cli(capsys, "--trace", SMALL, "--quiet", "--engine-config", str(cfg)) == (
+        2,
+        "",
+        f"dynoplan replay: error: --engine-config {cfg}: dp_size=100000: expected <= 1024\n",
+    )
+    cfg.write_text("dp_size: 512\n")
+    assert cli(capsys, "--trace", SMALL, "--quiet", "--engine-config", str(cfg), "--workers", "200") == (
+        2,
+        "",
+        f"dynoplan replay: error: --workers=200 x dp_size=512 (--engine-config {cfg}) = 102400 {CORES}\n",
+    )

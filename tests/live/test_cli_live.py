@@ -40,6 +40,11 @@ CMD = [sys.executable, "-m", "planner.cli"]
         (["mocker", "serve", "--port", "0", "--speedup", "2"], "unrecognized arguments: --speedup"),  # no abbreviations
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "/nonexistent.csv"], "/nonexistent.csv"),
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=-1&num_requests=3"], "rate"),
+        (  # was: 1e5 ranks built before the worker listened
+            ["mocker", "serve", "--port", "0", "--dp-size", "100000"],
+            "dynoplan mocker serve: error: argument --dp-size: '100000': expected a DP size between 1 and 1024 "
+            "(ranks per worker, each at least one GPU) (see --help)",
+        ),
         (  # was: the last --trace sent, the first silently dropped
             ["loadgen", "--url", "http://127.0.0.1:9", "--trace", "a.csv", "--trace", "b.csv"],
             "dynoplan loadgen: error: argument --trace: given twice ('a.csv' and 'b.csv'), expected it once "

@@ -58,3 +58,25 @@ def test_disaggregated_dp_ranks():
     assert all(r.status == "finished" for r in res.records)
     # decode ranks round robin in prefill-completion order: each rank gets half
     assert sorted(r.dp_rank for r in res.records) == [0] * 4 + [1] * 4
+
+
+def test_dp_size_is_bounded_by_max_dp_size():
+    from dynoplan.errors import ConfigError
+    from mocker.config import MAX_DP_SIZE
+
+    assert MAX_DP_SIZE == 1024
+    assert EngineConfig.from_mapping({"dp_size": MAX_DP_SIZE}).dp_size == 1024  # inclusive
+    with pytest.raises(ConfigError) as e:  # was accepted: 1e7 ranks ended in a MemoryError traceback
+        EngineConfig.from_mapping({"dp_size": 100000}, source="e.yaml")
+    assert e.value.problems == ["dp_size=100000: expected <= 1024"]
+    assert str(e.value) == "e.yaml: dp_size=100000: expected <= 1024"
+
+
+def test_a_pool_of_max_engine_cores_is_built():
+    from mocker.arguments import MAX_POOL_ENGINE_CORES
+    from mocker.config import MAX_DP_SIZE
+
+    # the bound itself runs: 64 workers x 1024 ranks = 65536 engine cores, one request on rank 0 of worker 0
+    assert MAX_POOL_ENGINE_CORES == 64 * MAX_DP_SIZE
+    res = run_replay(reqs(1), EngineConfig(dp_size=MAX_DP_SIZE), FleetConfig(num_workers=64))
+    assert [(r.status, r.worker_id, r.dp_rank) for r in res.records] == [("finished", 0, 0)]

@@ -481,3 +481,23 @@ def test_trace_given_twice_is_refused_naming_both(capsys):
         f"dynoplan simulate: error: argument --trace: given twice ({TRACE!r} and 'b.jsonl'), expected it once "
         "(see --help)\n"
     )
+
+
+def test_absurd_dp_sizes_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:  # was: 1e5 ranks per worker accepted
+        cli_main(["simulate", "--trace", TRACE, "--quiet", "--dp-size", "100000"])
+    cap = capsys.readouterr()
+    assert (e.value.code, cap.out) == (2, "")
+    assert cap.err == (
+        "dynoplan simulate: error: argument --dp-size: '100000': expected a DP size between 1 and 1024 (ranks per "
+        "worker, each at least one GPU) (see --help)\n"
+    )
+    # the baselines grow a pool to --max-replicas workers of --dp-size ranks each
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--dp-size", "1024", "--max-replicas", "65"])
+    cap = capsys.readouterr()
+    assert (rc, cap.out) == (2, "")
+    assert cap.err == (
+        "dynoplan simulate: error: --max-replicas=65 x --dp-size=1024 = 66560 engine cores in one pool (each DP "
+        "rank is a scheduler and KV cache built up front, and at least one GPU); expected at most 65536: fewer "
+        "workers or a smaller DP size\n"
+    )
