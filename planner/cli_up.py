@@ -84,9 +84,20 @@ def _port_arg(text: str) -> int:
     return v
 
 
+def _state_dir_arg(text: str) -> str:
+    """argparse type of ``--state-dir``: a path that is not empty or blank (``Path('')`` is the current
+    directory, and ``--state-dir ''`` used to fall back silently to the stack file's ``state_dir``; the stack
+    file refuses an empty one too)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: empty, expected a directory path (omit --state-dir for the stack file's state_dir)"
+        )
+    return text
+
+
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
-    parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
+    parser.add_argument("--state-dir", type=_state_dir_arg, metavar="DIR", help="override state_dir of the stack file")
     parser.add_argument("--host", help="override service.host")
     parser.add_argument("--port", type=_port_arg, help="override service.port (0 = any free port)")
     parser.add_argument("--prometheus-url", help="read traffic from this Prometheus (overrides prometheus.url)")
@@ -214,7 +225,7 @@ def run_planner(args: argparse.Namespace) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     stack = load_stack_config(args.config)
-    state_dir = Path(args.state_dir).resolve() if args.state_dir else stack.state_dir
+    state_dir = Path(args.state_dir).resolve() if args.state_dir is not None else stack.state_dir
     host, port = args.host or stack.service_host, stack.service_port if args.port is None else args.port
     bad = _port_in_use(host, port) if port else None
     if bad:  # before anything starts (the local connector starts the fleet before the service listens)
@@ -320,7 +331,7 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
 # ============================================================================== dynoplan up
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
-    parser.add_argument("--state-dir", metavar="DIR", help="override state_dir of the stack file")
+    parser.add_argument("--state-dir", type=_state_dir_arg, metavar="DIR", help="override state_dir of the stack file")
     parser.add_argument(
         "--max-planner-restarts",
         type=nonneg_int,
@@ -743,7 +754,7 @@ def _refuse_or_clean_up(args: argparse.Namespace, cfg_path: Path, stack_cfg: Any
             "(run `dynoplan planner` for the virtual connector)",
             source=str(cfg_path),
         )
-    state_dir = Path(args.state_dir).resolve() if args.state_dir else stack_cfg.state_dir
+    state_dir = Path(args.state_dir).resolve() if args.state_dir is not None else stack_cfg.state_dir
     other = _running_up(state_dir)
     if other is not None:
         raise ConfigError(

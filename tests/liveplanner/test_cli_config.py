@@ -221,6 +221,19 @@ def test_up_max_planner_restarts_is_a_count(tmp_path, value):
     assert not (tmp_path / "state").exists()  # refused as the flag is read: nothing started, nothing written
 
 
+@pytest.mark.parametrize("command", ["up", "planner"])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_state_dir_flag_is_refused(tmp_path, command, value):
+    # was: the stack file's state_dir used silently (up started the whole stack there)
+    r = _run(command, "--config", str(stack_file(tmp_path)), "--state-dir", value)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"dynoplan {command}: error: argument --state-dir: {value!r}: empty, expected a directory path (omit "
+        f"--state-dir for the stack file's state_dir) (see dynoplan {command} --help)\n"
+    )
+    assert not (tmp_path / "state").exists()  # the stack file's state_dir: nothing started, nothing written
+
+
 def test_up_stops_promptly_when_interrupted_during_start_up(tmp_path):
     """SIGTERM while ``up`` still waits for a child to become ready (here a stand-in Prometheus that never
     answers): up stops what it started and exits instead of finishing the start-up first."""
