@@ -411,13 +411,21 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
 
     Returns one request per non-blank line, ``request_id`` = 0-based request index, ``arrival_ms`` = the
     row's timestamp (ms, as given), ``hash_ids`` as given (``None`` when absent = unique content).
-    Raises :class:`TraceError` naming file, 1-based line and field on any malformed row.
+    Raises :class:`TraceError` naming file, 1-based line and field on any malformed row, and file, line and
+    column of the first byte that is not UTF-8 (anywhere in the file, unknown fields included).
     """
     p = str(path)
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise TraceError(p, None, None, "trace file not found") from None
+    # The typed decoder skips an unknown field's value (or key) without checking that it is UTF-8, so a stray
+    # byte there would pass unnoticed: the file is checked once (ASCII, the usual case, in one fast scan).
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _not_utf8(p, data) from None
     decode = msgspec.json.Decoder(_MooncakeRow).decode
     out: list[TraceRequest] = []
     lines: list[int] = []
@@ -576,10 +584,11 @@ def _mooncake_field(row: dict[str, Any], name: str, path: str, line: int) -> Any
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _not_utf8(path: str | Path) -> TraceError:
-    """A TraceError naming the line and byte of the first non-UTF-8 byte (the text reader only knows the
-    offset inside its read buffer, so the file is decoded once more as a whole)."""
-    data = Path(path).read_bytes()
+def _not_utf8(path: str | Path, data: bytes | None = None) -> TraceError:
+    """A TraceError naming the line and byte of the first non-UTF-8 byte of ``data``, the file's bytes (None:
+    read again from ``path``, as for the text readers, which only know the offset inside their read buffer)."""
+    if data is None:
+        data = Path(path).read_bytes()
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -665,3 +665,14 @@ def test_the_engine_configs_dp_size_is_bounded_too(tmp_path: Path, capsys: pytes
         "",
         f"dynoplan replay: error: --workers=200 x dp_size=512 (--engine-config {cfg}) = 102400 {CORES}\n",
     )
+
+
+def test_a_jsonl_trace_with_a_non_utf8_byte_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: replayed, the stray byte in the unknown field "note" unnoticed
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 2, "note": "\xff"}\n')
+    assert cli(capsys, "--trace", str(p), "--quiet") == (
+        2,
+        "",
+        f"dynoplan replay: error: {p}:1: byte 0xff at column 67: expected UTF-8 text\n",
+    )

@@ -618,3 +618,32 @@ def test_synthetic_spec_without_a_query_still_names_the_missing_rate() -> None:
         with pytest.raises(TraceError) as ei:
             load_trace(spec)
         assert ei.value.field == "rate"
+
+
+ROW = b'{"timestamp": 0, "input_length": 100, "output_length": 10'
+
+
+@pytest.mark.parametrize(
+    "second_row, column",
+    [
+        # each was accepted: the typed decoder skips an unknown field without checking its bytes
+        (ROW + b', "note": "a\xffb"}', len(ROW + b', "note": "a') + 1),  # in an unknown field's value
+        (ROW + b', "no\xfete": 1}', len(ROW + b', "no') + 1),  # in an unknown key
+        (ROW + b', "hash_ids": [1], "\xc3": 2}', len(ROW + b', "hash_ids": [1], "') + 1),  # a cut 2-byte sequence
+        (b"\xff" + ROW + b"}", 1),  # before the object (was reported as "not valid JSON")
+    ],
+)
+def test_mooncake_non_utf8_names_file_line_and_column(tmp_path: Path, second_row: bytes, column: int) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(ROW + b"}\n" + second_row + b"\n")
+    with pytest.raises(TraceError) as ei:
+        load_trace(p)
+    bad = second_row[column - 1]
+    assert str(ei.value) == f"{p}:2: byte 0x{bad:02x} at column {column}: expected UTF-8 text"
+    assert (ei.value.line, ei.value.field) == (2, None)
+
+
+def test_mooncake_utf8_text_in_an_unknown_field_is_accepted(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(ROW + ', "note": "café ✓"}\n'.encode())
+    assert [(r.arrival_ms, r.input_length, r.output_length) for r in load_trace(p)] == [(0.0, 100, 10)]
