@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import msgspec
 import numpy as np
 
-from mocker.records import RequestRecord
+from mocker.records import RequestRecord, token_slice
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -276,10 +276,10 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     size: the gaps overwrite it, and the per-token statistics work in it (:func:`_stats_in_place`).
     """
     n_req = len(with_tokens)
-    n_tok = np.fromiter((len(r.token_times_ms) for r in with_tokens), dtype=np.int64, count=n_req)
+    n_tok = np.fromiter((r.num_tokens for r in with_tokens), dtype=np.int64, count=n_req)
     arrival = np.fromiter((r.arrival_ms for r in with_tokens), dtype=np.float64, count=n_req)
     total_tok = int(n_tok.sum())
-    flat = np.fromiter(chain.from_iterable(r.token_times_ms for r in with_tokens), dtype=np.float64, count=total_tok)
+    flat = _flat_token_times(with_tokens, total_tok)
     stop = np.cumsum(n_tok)  # request i's tokens are flat[stop[i] - n_tok[i]:stop[i]]
     start = stop - n_tok
     first = flat[start]
@@ -290,7 +290,7 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     second = flat[start[multi] + 1]
     ttst = np.maximum(second - first[multi], 0.0)
     tpot = np.maximum(last[multi] - first[multi], 0.0) / (n_tok[multi] - 1)
-    itl = _token_gaps(flat, start[multi], stop[multi], total_tok - n_req)
+    itl = _token_gaps(flat, stop, total_tok - n_req)
     if itl.size and float(itl.min()) > 0.0:  # the usual case: no zero gap (itl >= 0); 1000 / gap never materialised
         itl_stats, per_user_stats = _gap_stats_in_place(itl)
     else:
@@ -301,20 +301,57 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, int(itl.size), itl_stats, per_user_stats)
 
 
-def _token_gaps(flat: np.ndarray, start: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
+def _flat_token_times(with_tokens: Sequence[RequestRecord], total_tok: int) -> np.ndarray:
+    """Every token time (ms) of ``with_tokens``, request after request, as one float64 array of ``total_tok``.
+
+    A record whose token times are still a slice of an engine core's pass end list (:func:`mocker.records.
+    token_slice`) is read from that list converted once per core (a few hundred thousand passes instead of millions of
+    token float objects); runs of records holding their own lists are converted together. The same floats in the
+    same order either way."""
+    pieces: list[np.ndarray] = []
+    ends_arrays: dict[int, np.ndarray] = {}  # id(pass end list) -> the list as an array
+    pending: list[list[float]] = []  # consecutive records with their own lists, converted together
+
+    def flush() -> None:
+        if pending:
+            n = sum(map(len, pending))
+            pieces.append(np.fromiter(chain.from_iterable(pending), dtype=np.float64, count=n))
+            pending.clear()
+
+    for r in with_tokens:
+        src = token_slice(r)
+        if src is None:
+            pending.append(r.token_times_ms)
+            continue
+        flush()
+        ends, a, b = src
+        arr = ends_arrays.get(id(ends))
+        if arr is None:
+            arr = ends_arrays[id(ends)] = np.fromiter(ends, dtype=np.float64, count=len(ends))
+        pieces.append(arr[a:b])
+    flush()
+    if len(pieces) == 1:
+        return pieces[0] if pieces[0].base is None else pieces[0].copy()
+    return np.concatenate(pieces) if pieces else np.zeros(total_tok)
+
+
+def _token_gaps(flat: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
     """Every gap (ms, clamped >= 0) between consecutive tokens of the same request, in request order: the
     first ``n_gaps`` elements of ``flat``, overwritten (returned as a view).
 
-    ``flat``: all token times (ms); request i's tokens are ``flat[start[i]:stop[i]]`` (int64 index arrays
-    of the requests with >= 2 tokens); ``n_gaps`` = total tokens - requests. One subtraction per request
-    straight into its place, which never lies after its tokens (numpy's ufuncs give overlapping operands
-    the result of non-overlapping ones).
+    ``flat``: all token times (ms), request after request; ``stop``: the int64 end offsets of every request's
+    tokens in it (``np.cumsum`` of the token counts, each >= 1); ``n_gaps`` = total tokens - requests. One
+    subtraction of the shifted array in place (``flat[i] = flat[i + 1] - flat[i]``: numpy gives overlapping
+    operands the result of non-overlapping ones), then the differences that span two requests (at each request's
+    last token) are dropped by a boolean selection, which keeps the order.
     """
+    if n_gaps <= 0:
+        return flat[:0]
+    np.subtract(flat[1:], flat[:-1], out=flat[:-1])
+    keep = np.ones(flat.size - 1, dtype=bool)
+    keep[stop[:-1] - 1] = False
     itl = flat[:n_gaps]
-    o = 0
-    for a, b in zip(start.tolist(), stop.tolist(), strict=True):
-        np.subtract(flat[a + 1 : b], flat[a : b - 1], out=itl[o : o + b - a - 1])
-        o += b - a - 1
+    itl[...] = flat[:-1][keep]
     np.maximum(itl, 0.0, out=itl)
     return itl
 
@@ -372,7 +409,7 @@ def _goodput_keys(
         good_n += sum(
             1
             for r in done
-            if not r.token_times_ms and r.finish_ms is not None and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms
+            if not r.num_tokens and r.finish_ms is not None and max(r.finish_ms - r.arrival_ms, 0.0) <= sla_e2e_ms
         )
     return {
         "sla_ttft_ms": sla_ttft_ms,
@@ -426,7 +463,7 @@ def build_report(
             done.append(r)
             total_in += r.input_length
             cached += r.cached_tokens
-            n = len(r.token_times_ms)
+            n = r.num_tokens
             if n:
                 total_out += n
                 with_tokens.append(r)

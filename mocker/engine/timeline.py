@@ -3,9 +3,11 @@ and the Python-float copy of the polynomial's decode-duration table their decode
 
 A core records the end time (ms) of every pass it runs in one Python list (``_ends``, pass order): a single
 pass appends one float, a fast-forwarded stretch extends it with its ends. Request records keep (pass
-index, count) emission ranges; :meth:`PassTimeline._fill_token_times` slices their token times out of that
-list at the end (the float objects are shared by every record that emitted in a pass), which keeps the
-per-pass cost to one list append and the per-token cost to one pointer copy.
+index, count) emission ranges; :meth:`PassTimeline._fill_token_times` hands each record its token times at the
+end: a request that emitted in one run of consecutive passes (nearly all) gets the slice of that list
+(:meth:`RequestRecord.set_token_slice <mocker.records.RequestRecord.set_token_slice>`, copied only when read;
+the report reads the list once per core instead), one preempted and re-admitted gets the concatenated slices.
+So the per-pass cost is one list append and the per-token cost nothing until a token time is read.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class PassTimeline(Generic[RequestT]):
         base = self._ends_base
         for r in self.all_requests:
             if not r.emit_ranges:  # the usual case: one run of consecutive passes (emit_start .. emit_last)
-                if r.emit_start >= 0:
-                    r.record.token_times_ms = ends[r.emit_start - base : r.emit_last - base + 1]
+                if r.emit_start >= 0:  # handed over as a slice, copied only if read (RequestRecord)
+                    r.record.set_token_slice(ends, r.emit_start - base, r.emit_last - base + 1)
                 continue
             tt: list[float] = []
             for a, b in r.all_emit_ranges():

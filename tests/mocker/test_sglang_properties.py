@@ -3,8 +3,6 @@ waiting and running, every request terminates, determinism, fast-forward == one 
 
 from __future__ import annotations
 
-import dataclasses
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -91,6 +89,5 @@ def test_deterministic_and_fast_forward_equals_single_pass(reqs, cfg):
     _, a = drive(cfg, reqs, check=False)
     _, b = drive(cfg, reqs, check=False)
     _, c = drive(cfg, reqs, check=False, single=True)
-    da = [dataclasses.asdict(r) for r in a]
-    assert da == [dataclasses.asdict(r) for r in b]
-    assert da == [dataclasses.asdict(r) for r in c]
+    assert list(a) == list(b)
+    assert list(a) == list(c)
