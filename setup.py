@@ -28,8 +28,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError
 
 ROOT = Path(__file__).resolve().parent
-# The engine cores, the KV managers, the request state, the routers, the pass-time models and the fleet (its
-# event loop, routing glue, disaggregated handoff and fixed-fleet replay): where a replay spends its time
+# The engine cores, the KV managers, the request state and records, the routers, the pass-time models and the fleet
+# (its event loop, routing glue, disaggregated handoff and fixed-fleet replay): where a replay spends its time
 # (bench/bench_trees.py). Left out: the modules holding a pydantic settings class (mocker/kv/tiers.py,
 # mocker/fleet/config.py, mocker/transfer.py: mypyc refuses their Field(...) defaults) and the fleet package's
 # __init__ (re-exports only), see docs/architecture.md "Compiled modules".
@@ -49,6 +49,7 @@ COMPILED = [
     "mocker/kv/kvbm.py",
     "mocker/kv/manager.py",
     "mocker/kv/radix.py",
+    "mocker/records.py",
     "mocker/request.py",
     "mocker/routers.py",
     "mocker/timing.py",

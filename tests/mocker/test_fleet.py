@@ -105,7 +105,8 @@ def test_least_loaded_prefers_the_idle_worker():
 
 def test_round_robin_router_cycles():
     r = RoundRobinRouter(2)
-    assert [r.choose(None, 0.0, []) for _ in range(5)] == [0, 1, 0, 1, 0]  # type: ignore[arg-type]
+    req = TraceRequest(0, 0.0, 16, 1)
+    assert [r.choose(req, 0.0, []) for _ in range(5)] == [0, 1, 0, 1, 0]
 
 
 def test_kv_router_prefers_the_worker_holding_the_prefix():
