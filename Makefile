@@ -66,7 +66,7 @@ check: $(STAMP)
 bench: $(BUILT)
 	$(BIN)/python bench/bench_replay.py --cases a,b,a1,d --repeat 3
 	$(BIN)/python bench/bench_sglang.py --cases s,ds --repeat 3
-	$(BIN)/python bench/identity.py --check bench/results/identity-1325799.json
+	$(BIN)/python bench/identity.py --check bench/results/identity-40c91e9.json
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis build *.so mocker/_compiled_sources.json

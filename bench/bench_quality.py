@@ -22,6 +22,11 @@ Runs (``--cases``; default all):
   gap-agg                        the Azure trace with 20 minutes of silence in the middle (build_gap_trace)
   steady-agg                     the issue's steady Poisson boundary load at 200/10
   target999                      planner:attainment_target=0.999 vs static:auto --auto-attainment 0.999, Azure 1x 200/10
+Probes (``--cases probes``, or their names; not in the default set): 24 workloads outside the suite, planner and
+static:auto only (bench/results/sample-dispersion.md gives each and the figures of 2026-12-05): code1, code2 and chat3
+are hour-long JSONL traces written by :func:`write_probe_traces` (gamma gaps, lognormal lengths; code1 is shaped after
+the issue's held-back code-completion trace), the rest synthetic specs and the bundled traces at other speeds, SLAs,
+rate envelopes and KV transfer settings.
 Disaggregated runs use no KV-transfer flags, as bench_simulate.py's disaggregated runs.
 
 Usage:  nice -n 10 .venv/bin/python bench/bench_quality.py [--cases a,b,...] [--jobs N] [--out DIR] [--json FILE]
@@ -160,6 +165,136 @@ def build_gap_trace(path: Path) -> None:
                 )
                 + "\n"
             )
+
+
+PROBE_TRACES = {
+    # name: (seed, rate req/s, gamma shape, ISL mean, ISL sigma, ISL max, OSL mean, OSL sigma), one hour each
+    "code1": (11, 2.44, 0.15, 2300.0, 0.9, 7437, 120.0, 1.0),
+    "code2": (12, 2.44, 0.3, 2100.0, 0.7, 7437, 200.0, 0.8),
+    "chat3": (13, 6.0, 0.6, 1500.0, 0.8, 16000, 300.0, 0.9),
+}
+"""Hour-long probe traces (:func:`write_probe_traces`): gamma gaps of mean ``1 / rate``, lognormal ISL and OSL of the
+given means (sigma in log space), ISL clipped to [16, max], OSL at least 1."""
+
+STEP_ENVELOPE = "time_s,multiplier\n0,0.6\n600,0.6\n900,1.6\n1500,1.6\n1800,0.8\n2700,1.2\n3600,1.2\n"
+"""The probes' CSV rate envelope: 0.6 for 10 min, up to 1.6 by 15 min, held to 25 min, 0.8 at 30 min, 1.2 from 45."""
+
+
+def write_probe_traces(work: Path) -> dict[str, str]:
+    """Write :data:`PROBE_TRACES` as Mooncake JSONL and :data:`STEP_ENVELOPE` as a CSV into ``work``; their paths."""
+    import numpy as np
+
+    out: dict[str, str] = {}
+    for name, (seed, rate, shape, isl_mu, isl_sig, isl_max, osl_mu, osl_sig) in PROBE_TRACES.items():
+        rng = np.random.default_rng(seed)
+        path = work / f"{name}.jsonl"
+        t = 0.0
+        with path.open("w") as f:
+            while True:
+                t += rng.gamma(shape, 1.0 / (rate * shape))
+                if t > 3600.0:
+                    break
+                isl = int(min(isl_max, max(16, rng.lognormal(math.log(isl_mu) - isl_sig**2 / 2, isl_sig))))
+                osl = int(max(1, rng.lognormal(math.log(osl_mu) - osl_sig**2 / 2, osl_sig)))
+                f.write(json.dumps({"timestamp": round(t * 1000, 3), "input_length": isl, "output_length": osl}))
+                f.write("\n")
+        out[name] = str(path)
+    env = work / "step_envelope.csv"
+    env.write_text(STEP_ENVELOPE)
+    out["step"] = str(env)
+    return out
+
+
+def build_probe_cases(paths: dict[str, str]) -> list[Case]:
+    """The probes (module docstring), given :func:`write_probe_traces`'s paths."""
+    az, mc = str(AZURE), str(MOONCAKE)
+    kv = ["--kv-transfer-bandwidth", "64", "--kv-bytes-per-token", "131072"]
+
+    def sla(ttft: int, itl: int) -> list[str]:
+        return ["--sla-ttft-ms", str(ttft), "--sla-itl-ms", str(itl)]
+
+    def syn(kind: str, spec: str) -> str:
+        return f"synthetic:{kind}?{spec}&duration_s=3600"
+
+    specs: list[tuple[str, str, list[str]]] = [
+        ("az1-500", az, [*sla(500, 20), "--mode", "agg"]),
+        ("az1-disagg-kv", az, [*sla(300, 15), "--mode", "disagg", *kv]),
+        ("az3", az, ["--arrival-speedup", "3", *sla(250, 12), "--mode", "agg"]),
+        ("az3b", az, ["--arrival-speedup", "3", *sla(300, 15), "--mode", "agg"]),
+        ("az5", az, ["--arrival-speedup", "5", *sla(300, 20), "--mode", "agg"]),
+        ("az6", az, ["--arrival-speedup", "6", *sla(400, 30), "--mode", "agg"]),
+        ("az3-disagg", az, ["--arrival-speedup", "3", *sla(300, 15), "--mode", "disagg", *kv]),
+        (
+            "az-env",
+            az,
+            [
+                "--rate-envelope",
+                "periodic:period_s=1800,low=0.5,high=2.5,duration_s=3600",
+                *sla(200, 10),
+                "--mode",
+                "agg",
+            ],
+        ),
+        ("az-step", az, ["--arrival-speedup", "2", "--rate-envelope", paths["step"], *sla(250, 15), "--mode", "agg"]),
+        ("mc15", mc, ["--arrival-speedup", "1.5", *sla(3000, 50), "--mode", "agg"]),
+        (
+            "poisson5",
+            syn("poisson", "rate=5&isl=lognormal:1000:0.7&osl=lognormal:200:0.8&seed=7"),
+            [*sla(300, 15), "--mode", "agg"],
+        ),
+        (
+            "poisson20",
+            syn("poisson", "rate=20&isl=lognormal:1000:0.7&osl=lognormal:200:0.8&seed=7"),
+            [*sla(300, 15), "--mode", "agg"],
+        ),
+        (
+            "poisson12-disagg",
+            syn("poisson", "rate=12&isl=lognormal:3000:0.6&osl=lognormal:300:0.8&seed=9"),
+            [*sla(600, 20), "--mode", "disagg", *kv],
+        ),
+        (
+            "bursty2",
+            syn("gamma", "rate=4&shape=0.2&isl=lognormal:2048:0.8&osl=lognormal:256:1&seed=3"),
+            [*sla(500, 20), "--mode", "agg"],
+        ),
+        (
+            "bursty3",
+            syn("gamma", "rate=10&shape=0.3&isl=lognormal:1500:0.9&osl=lognormal:150:1&seed=5"),
+            [*sla(400, 20), "--mode", "agg"],
+        ),
+        ("code1", paths["code1"], [*sla(500, 20), "--mode", "agg"]),
+        ("code1-disagg", paths["code1"], [*sla(500, 20), "--mode", "disagg", *kv]),
+        ("code1-2x", paths["code1"], ["--arrival-speedup", "2", *sla(300, 25), "--mode", "agg"]),
+        ("code1-env", paths["code1"], ["--rate-envelope", paths["step"], *sla(500, 20), "--mode", "agg"]),
+        ("code2", paths["code2"], [*sla(500, 20), "--mode", "agg"]),
+        (
+            "code2-env",
+            paths["code2"],
+            [
+                "--arrival-speedup",
+                "1.5",
+                "--rate-envelope",
+                "periodic:period_s=1200,low=0.5,high=1.5,duration_s=3600",
+                *sla(400, 20),
+                "--mode",
+                "agg",
+            ],
+        ),
+        ("chat3", paths["chat3"], [*sla(400, 15), "--mode", "agg"]),
+        ("chat3-disagg", paths["chat3"], [*sla(400, 15), "--mode", "disagg"]),
+        (
+            "chat3-env",
+            paths["chat3"],
+            [
+                "--rate-envelope",
+                "periodic:period_s=2400,low=0.4,high=1.8,duration_s=3600",
+                *sla(400, 15),
+                "--mode",
+                "agg",
+            ],
+        ),
+    ]
+    return [Case(f"probe-{n}", t, a, policies=["planner", REFERENCE]) for n, t, a in specs]
 
 
 def run_case(case: Case, out_dir: Path) -> dict[str, Any]:
@@ -419,12 +554,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_quality_"))
     try:
         gap = work / "azure_gap20min.jsonl"
-        all_cases = build_cases(str(gap))
+        suite = build_cases(str(gap))
+        wanted = args.cases.split(",") if args.cases else [c.name for c in suite]
+        probes: list[Case] = []
+        if any(w == "probes" or w.startswith("probe-") for w in wanted):
+            probes = build_probe_cases(write_probe_traces(work))
+            if "probes" in wanted:
+                wanted = [w for w in wanted if w != "probes"] + [c.name for c in probes]
+        all_cases = suite + probes
         names = [c.name for c in all_cases]
-        wanted = args.cases.split(",") if args.cases else names
         unknown = [w for w in wanted if w not in names]
         if unknown:
-            ap.error(f"--cases {','.join(unknown)}: unknown run, expected some of {','.join(names)}")
+            known = [c.name for c in suite] + ["probes", "probe-NAME"]
+            ap.error(f"--cases {','.join(unknown)}: unknown run, expected some of {','.join(known)}")
         cases = [c for c in all_cases if c.name in wanted]
         if any(c.name == "gap-agg" for c in cases):
             build_gap_trace(gap)

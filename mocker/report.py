@@ -301,38 +301,56 @@ def _token_times(with_tokens: Sequence[RequestRecord]) -> _TokenTimes:
     return _TokenTimes(n_tok, ttft, e2e, multi, ttst, tpot, int(itl.size), itl_stats, per_user_stats)
 
 
+_FLUSH_TOKENS = 65536
+"""Tokens of records holding their own lists that :func:`_flat_token_times` converts at a time (a 0.5 MiB array)."""
+
+
 def _flat_token_times(with_tokens: Sequence[RequestRecord], total_tok: int) -> np.ndarray:
     """Every token time (ms) of ``with_tokens``, request after request, as one float64 array of ``total_tok``.
 
     A record whose token times are still a slice of an engine core's pass end list (:func:`mocker.records.
-    token_slice`) is read from that list converted once per core (a few hundred thousand passes instead of millions of
-    token float objects); runs of records holding their own lists are converted together. The same floats in the
-    same order either way."""
-    pieces: list[np.ndarray] = []
+    token_slice`) is read from that list, converted once per core (a few hundred thousand passes instead of millions
+    of token float objects); the lists of records holding their own are read a block of tokens at a time, straight
+    into the result, so that no second array of its size is made. The same floats in the same order either way."""
+    srcs = [token_slice(r) for r in with_tokens]
+    n_slices = sum(1 for x in srcs if x is not None)
+    if n_slices == 0:  # every record holds its own list (a live driver's records)
+        return np.fromiter(
+            chain.from_iterable(r.token_times_ms for r in with_tokens), dtype=np.float64, count=total_tok
+        )
     ends_arrays: dict[int, np.ndarray] = {}  # id(pass end list) -> the list as an array
-    pending: list[list[float]] = []  # consecutive records with their own lists, converted together
 
-    def flush() -> None:
-        if pending:
-            n = sum(map(len, pending))
-            pieces.append(np.fromiter(chain.from_iterable(pending), dtype=np.float64, count=n))
-            pending.clear()
-
-    for r in with_tokens:
-        src = token_slice(r)
-        if src is None:
-            pending.append(r.token_times_ms)
-            continue
-        flush()
-        ends, a, b = src
+    def array_of(ends: list[float]) -> np.ndarray:
         arr = ends_arrays.get(id(ends))
         if arr is None:
             arr = ends_arrays[id(ends)] = np.fromiter(ends, dtype=np.float64, count=len(ends))
-        pieces.append(arr[a:b])
-    flush()
-    if len(pieces) == 1:
-        return pieces[0] if pieces[0].base is None else pieces[0].copy()
-    return np.concatenate(pieces) if pieces else np.zeros(total_tok)
+        return arr
+
+    if n_slices == len(srcs):  # a vLLM-family replay: every record a slice
+        return np.concatenate([array_of(x[0])[x[1] : x[2]] for x in srcs if x is not None])
+    flat = np.empty(total_tok)
+    o = 0
+    pending: list[list[float]] = []
+    pending_n = 0
+    for r, x in zip(with_tokens, srcs, strict=True):
+        if x is None:
+            tt = r.token_times_ms
+            pending.append(tt)
+            pending_n += len(tt)
+            if pending_n < _FLUSH_TOKENS:
+                continue
+        if pending:
+            flat[o : o + pending_n] = np.fromiter(chain.from_iterable(pending), dtype=np.float64, count=pending_n)
+            o += pending_n
+            pending.clear()
+            pending_n = 0
+        if x is not None:
+            ends, a, b = x
+            flat[o : o + b - a] = array_of(ends)[a:b]
+            o += b - a
+    if pending:
+        flat[o : o + pending_n] = np.fromiter(chain.from_iterable(pending), dtype=np.float64, count=pending_n)
+    return flat
 
 
 def _token_gaps(flat: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
@@ -350,8 +368,14 @@ def _token_gaps(flat: np.ndarray, stop: np.ndarray, n_gaps: int) -> np.ndarray:
     np.subtract(flat[1:], flat[:-1], out=flat[:-1])
     keep = np.ones(flat.size - 1, dtype=bool)
     keep[stop[:-1] - 1] = False
+    # compacted a block at a time: a kept difference only ever moves to a lower index, so writing block k's
+    # selection after reading it never overwrites a difference of a later block (one block's copy, not n_gaps')
+    o = 0
+    for lo in range(0, flat.size - 1, _BLOCK * 64):
+        sel = flat[lo : min(lo + _BLOCK * 64, flat.size - 1)][keep[lo : lo + _BLOCK * 64]]
+        flat[o : o + sel.size] = sel
+        o += sel.size
     itl = flat[:n_gaps]
-    itl[...] = flat[:-1][keep]
     np.maximum(itl, 0.0, out=itl)
     return itl
 

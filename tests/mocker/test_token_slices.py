@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mocker.config import EngineConfig
@@ -60,12 +61,24 @@ def test_equality_and_repr_do_not_depend_on_the_form() -> None:
     assert RequestRecord(3, 0.0, 1, 1).token_times_ms == []  # no tokens: an empty list of its own
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.fixture(params=[65536, 3], ids=["flush-65536", "flush-3"])
+def flush_tokens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The report's conversion block (``mocker.report._FLUSH_TOKENS``): as shipped, and small enough that runs of
+    records holding their own lists are converted in several blocks."""
+    import mocker.report
+
+    monkeypatch.setattr(mocker.report, "_FLUSH_TOKENS", request.param)
+    return int(request.param)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=40),
     st.lists(st.tuples(st.integers(0, 39), st.integers(1, 8), st.booleans()), min_size=1, max_size=12),
 )
-def test_the_report_is_the_same_with_slices_or_lists(ends: list[float], spec: list[tuple[int, int, bool]]) -> None:
+def test_the_report_is_the_same_with_slices_or_lists(
+    flush_tokens: int, ends: list[float], spec: list[tuple[int, int, bool]]
+) -> None:
     """Records whose tokens are slices of one or two pass end lists, mixed with records holding their own lists
     (in any order): the report's JSON is byte-identical to that of the same records all holding lists."""
     ends = sorted(ends)
