@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import requests
 import yaml
 
 from tests.infra._proc import REPO_ROOT
@@ -60,7 +61,10 @@ def test_example_scales_up_then_down_under_its_documented_load(tmp_path):
         th.start()
         timeline = [(0.0, 1)]
         while th.is_alive() or timeline[-1][1] != 1:
-            s = up.spec()
+            try:
+                s = up.spec()
+            except requests.exceptions.Timeout:  # the planner busy with a sizing on a loaded machine: poll again
+                s = None
             if s is not None and s != timeline[-1][1]:
                 timeline.append((round(time.monotonic() - t0, 1), s))
             if not th.is_alive() and time.monotonic() > result.setdefault("t_end", time.monotonic()) + 120:
