@@ -120,7 +120,11 @@ class PlannerConfig:
     adjustment_interval_s: float = Field(
         default=180.0,
         gt=0,
-        description="Throughput loop period, seconds > 0 (default 180, Dynamo adjustment_interval).",
+        description=(
+            "Throughput loop period, seconds > 0 (default 180, Dynamo adjustment_interval). The sizing's traffic "
+            "sample spans at least one interval, at most an hour (the span of the pooled sizes, "
+            "planner.core.sizing.SIZE_HISTORY_S) unless its first look needs more."
+        ),
     )
     load_adjustment_interval_s: float = Field(
         default=5.0,

@@ -58,6 +58,10 @@ from planner.core.throughput import (
 Goals = dict[str, tuple[int, Reason]]
 """Per pool: (goal replicas, reason)."""
 
+PROFILE_BINS = int(SIZE_HISTORY_S // ARRIVAL_BIN_S)
+"""Bins of a window's rate profile the sample uses: its latest :data:`~planner.core.sizing.SIZE_HISTORY_S` (360), the
+longest a sample spans unless its first look needs more (:meth:`ThroughputLoop._size`)."""
+
 
 def pool_bounds(cfg: PlannerConfig) -> dict[str, tuple[int, int]]:
     """Replica bounds per pool: ``[max(1, min_replicas), max_replicas]``, the upper bound at most what the GPU
@@ -262,7 +266,8 @@ class ThroughputLoop:
             self._osl_buckets = w.osl_buckets
         if w.isl_buckets:
             self._isl_buckets = w.isl_buckets
-        self._profile = w.arrival_counts
+        # the latest SIZE_HISTORY_S of the window's rate profile: the sample spans at most that (see _size)
+        self._profile = w.arrival_counts[-PROFILE_BINS:]
         self._inflight = w.num_inflight if math.isfinite(w.num_inflight) else 0.0
         d = w.mean_request_duration_s
         if not math.isfinite(d):
@@ -429,7 +434,7 @@ class ThroughputLoop:
             rate,
             _mean([s.isl_total for s in seen], demand.isl_tokens),
             _mean([s.osl_total for s in seen], demand.osl_tokens),
-            min_horizon_s=cfg.adjustment_interval_s,
+            min_horizon_s=min(cfg.adjustment_interval_s, SIZE_HISTORY_S),
             min_requests=looks[-1],
             isl_buckets=pool_buckets([s.isl_buckets for s in seen]) or demand.isl_buckets,
             osl_buckets=pool_buckets([s.osl_buckets for s in seen]) or demand.osl_buckets,

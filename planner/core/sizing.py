@@ -32,8 +32,11 @@ The sample (all from :class:`~planner.core.observations.TrafficWindow`, never fr
   a share of each prompt would put most hits on the longest prompts, the ones whose prefill makes the misses; a
   request shorter than the prefix is capped at its own length, so the sample never has more hits than observed.
   Without a report, no hits (the safe side).
-- length: at least ``adjustment_interval_s``, and long enough to hold :func:`sample_size` requests, the
-  number the binomial bound below needs to tell a fleet that meets the target from one that does not.
+- length: at least ``adjustment_interval_s`` or :data:`SIZE_HISTORY_S`, whichever is shorter, and long enough to
+  hold :func:`sample_size` requests, the number the binomial bound below needs to tell a fleet that meets the
+  target from one that does not. Not longer than the hour for a longer interval: the sizes describe the last hour
+  and the looks stop at what it holds (:class:`planner.core.loops.ThroughputLoop`), so a longer sample would only
+  draw more of the same laws (and an interval of 1e5 s drew 200,000 requests).
 - start state: the ``num_inflight`` requests the frontend had in flight at the tick arrive evenly spread over
   a warm-up of one mean request duration (by Little's law the span over which the requests now in flight
   arrived), drawn like the others and not counted; the counted requests follow. Released all at once they

@@ -28,7 +28,7 @@ from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, confi
 from planner.core.budget import apply_limits
 from planner.core.config import absent_pool_problems, setting_name
 from planner.core.loops import ThroughputLoop, pool_bounds
-from planner.core.sizing import ARRIVAL_BIN_S
+from planner.core.sizing import ARRIVAL_BIN_S, SIZE_HISTORY_S
 from planner.core.throughput import Demand, ceil_replicas, size_pool
 from planner.sim.loop import SimRun, SimSettings, simulate
 from planner.sim.metrics import ISL_BUCKETS_TOKENS, OSL_BUCKETS_TOKENS, FrontendCounters, window
@@ -154,7 +154,8 @@ def first_window(
 ) -> TrafficWindow | None:
     """The frontend's window of the trace's first ``interval_s`` (counts, ISL/OSL and gap histograms, rate
     profile), as the planner would read it; the OSL from the requests themselves (nothing has finished yet at
-    deployment time). None for an empty first interval."""
+    deployment time); the rate profile of its latest hour at most (what the sizing's sample uses). None for an
+    empty first interval."""
     first = [r for r in requests if r.arrival_ms < interval_s * 1000.0]
     if not first:
         return None
@@ -172,7 +173,9 @@ def first_window(
         mean_osl_tokens=sum(osl) / len(osl),
         num_finished=math.nan,
         osl_buckets=tuple((le, float(c)) for le, c in zip(OSL_BUCKETS_TOKENS, counts)),
-        arrival_counts=fc.arrival_counts(0.0, interval_s, ARRIVAL_BIN_S),
+        # the window's latest hour of bins at most: all the sizing's sample uses (planner.core.loops.PROFILE_BINS);
+        # a whole interval of 1e300 s would be 1e299 bins
+        arrival_counts=fc.arrival_counts(max(0.0, interval_s - SIZE_HISTORY_S), interval_s, ARRIVAL_BIN_S),
         num_inflight=0.0,
     )
 

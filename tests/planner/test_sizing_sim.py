@@ -781,3 +781,52 @@ def test_the_loop_pools_the_windows_cached_share_over_their_prompt_tokens():
     # mean ISL: (100 k + 300 k + 600 k) / 400 requests = 2500 tokens
     loop.learn(540.0, TrafficWindow(180.0, 200.0, 3000.0, 50.0), None, {"agg": 1})
     assert ev.samples[-1].cached_tokens == pytest.approx(0.125 * 2500.0)
+
+
+class _CaptureSamples:
+    """An evaluator that passes every fleet and keeps the samples it was given."""
+
+    def __init__(self):
+        self.samples = []
+
+    def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+        self.samples.append(sample)
+        return SampleOutcome(sample.num_counted, 0, 0, 0)
+
+
+def test_a_sample_spans_one_interval_but_at_most_an_hour_beyond_what_its_looks_need():
+    from planner.core import PlannerConfig, TrafficWindow
+    from planner.core.loops import PROFILE_BINS, ThroughputLoop
+    from planner.core.sizing import SIZE_HISTORY_S
+
+    assert PROFILE_BINS == 360  # 3600 s of 10 s bins
+    # 2 requests/s at a = 0.5 %: looks of 1083 x 1, 2, 4 (8664 requests would take 4332 s > 3600 s), the last at
+    # 4332 / 2 = 2166 s; no in-flight requests and no duration reported: no warm-up
+    for interval_s, span_s in ((180.0, 2166.0), (7200.0, SIZE_HISTORY_S), (1e5, SIZE_HISTORY_S), (1e300, 3600.0)):
+        ev = _CaptureSamples()
+        cfg = PlannerConfig(mode="agg", predictor="constant", adjustment_interval_s=interval_s, early_sizing_s=None)
+        loop = ThroughputLoop(cfg, None, ev)
+        assert loop.learn(interval_s, TrafficWindow(interval_s, 2.0 * interval_s, 1000.0, 50.0), None, {"agg": 1})
+        assert loop._search is not None
+        s = loop._search.sample  # the whole sample (the evaluator sees the looks' heads)
+        # was: the sample spanned the whole interval, 200,000 requests at 1e5 s (1.1 GB), a MemoryError at 1e6
+        assert (s.horizon_s, s.interval_s, s.warmup_s, s.min_counted) == (span_s, min(interval_s, 3600.0), 0.0, 4332)
+        assert abs(s.num_counted - 2.0 * span_s) < 5 * math.sqrt(2.0 * span_s)  # Poisson at 2/s over the span
+
+
+def test_a_long_windows_rate_profile_is_its_latest_hour():
+    from planner.core import PlannerConfig, TrafficWindow
+    from planner.core.loops import ThroughputLoop
+
+    ev = _CaptureSamples()
+    cfg = PlannerConfig(mode="agg", predictor="constant", adjustment_interval_s=1e5, early_sizing_s=None)
+    loop = ThroughputLoop(cfg, None, ev)
+    # a day-long window silent but for its latest hour: that hour's flat profile spreads the sample over the
+    # whole hour; the window's first hour (all silent) would leave no request in it (an hour of zero-rate bins)
+    counts = (0.0,) * 9640 + (1.0,) * 360
+    assert loop.learn(1e5, TrafficWindow(1e5, 2e5, 1000.0, 50.0, arrival_counts=counts), None, {"agg": 1})
+    assert loop._search is not None
+    s = loop._search.sample
+    counted = s.arrival_s[s.num_warm :]
+    assert abs(len(counted) - 7200) < 5 * math.sqrt(7200)
+    assert counted[0] < 36.0 and counted[-1] > 3564.0  # arrivals within 1 % of either end of the hour

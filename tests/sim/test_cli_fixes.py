@@ -501,3 +501,38 @@ def test_absurd_dp_sizes_are_refused(capsys):
         "rank is a scheduler and KV cache built up front, and at least one GPU); expected at most 65536: fewer "
         "workers or a smaller DP size\n"
     )
+
+
+def test_the_initial_sizings_window_holds_at_most_the_hour_of_bins_the_sample_uses():
+    from mocker.records import TraceRequest
+    from planner.sim.runner import first_window
+
+    reqs = [TraceRequest(i, 500.0 * i, 100, 10) for i in range(60)]  # 2 requests/s for 30 s
+    # 3605 s: 360 whole 10 s bins ending at 3605 s, the partial oldest one left out, as before
+    w = first_window(reqs, 3605.0, 500.0, 50.0)
+    # (5, 15], (15, 25], (25, 35]: arrivals 5.5 .. 15, 15.5 .. 25, 25.5 .. 29.5 s (the 11 at 0 .. 5 s are older)
+    assert w is not None and w.arrival_counts == (20.0, 20.0, 9.0) + (0.0,) * 357
+    w = first_window(reqs, 180.0, 500.0, 50.0)
+    # (0, 10], (10, 20], (20, 30]: the arrival at 0 s is in none of them (a range query's first increase)
+    assert w is not None and w.arrival_counts == (20.0, 20.0, 19.0) + (0.0,) * 15
+    # was: interval / 10 bins, 1e299 of them for an interval of 1e300 s (grew until the kernel killed it)
+    w = first_window(reqs, 1e300, 500.0, 50.0)
+    assert w is not None and (w.num_requests, w.arrival_counts) == (60.0, ())
+
+
+def test_an_adjustment_interval_of_1e300_runs_in_bounded_memory(tmp_path, profile):
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:  # 3 GB of address space: a regression dies here instead of taking the machine
+        resource.setrlimit(resource.RLIMIT_AS, (3_000_000_000, 3_000_000_000))
+
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "planner.cli", "simulate", "--trace", "synthetic:constant?rate=2&num_requests=60"]
+    cmd += ["--profile", profile, "--planner-set", "adjustment_interval_s=1e300", "--out", str(out), "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=600)
+    assert (done.returncode, done.stderr) == (0, "")
+    summary = json.loads((out / "summary.json").read_text())["policies"]["planner"]
+    # 60 requests of the default synthetic sizes at 2/s: one worker serves them all within the SLA
+    assert (summary["sla_attainment"], summary["max_replicas"]) == (1.0, {"agg": 1})
