@@ -21,6 +21,7 @@ from mocker import arguments as mocker_arguments
 from mocker.arguments import positive_int
 from mocker.config import MAX_DP_SIZE
 from mocker.traces import DEFAULT_TRACE_BLOCK_SIZE, load_trace
+from planner.core.config import ATTAINMENT_LIMIT_WHY, MAX_ATTAINMENT_TARGET
 from planner.core.observations import TrafficWindow
 from planner.core.traces import bucket_intervals
 
@@ -95,16 +96,22 @@ def warm_start_windows(
     return bucket_intervals((arrival_ms - arrival_ms[0]) / 1000.0, isl, osl, interval_s)
 
 
+ATTAINMENT_EXPECTED = f"a share 0 < F <= {MAX_ATTAINMENT_TARGET:g} or off ({ATTAINMENT_LIMIT_WHY})"
+"""What an attainment target's text must be (:func:`attainment_text`), as the error lines of its flag and of a
+``planner:`` variant say it."""
+
+
 def attainment_text(text: str) -> float | None:
     """The text of an attainment target (``--attainment-target``, ``planner:attainment_target=``): a share
-    0 < F < 1, or ``off`` or a YAML null (``null``, ``~``, empty; docs/architecture.md "Settings text") for
-    none (None: closed-form sizing). Raises ValueError for any other text."""
+    0 < F <= :data:`planner.core.config.MAX_ATTAINMENT_TARGET` (the bound of ``sla_attainment_target``), or ``off``
+    or a YAML null (``null``, ``~``, empty; docs/architecture.md "Settings text") for none (None: closed-form
+    sizing). Raises ValueError for any other text."""
     from dynoplan.settings_text import scalar  # the YAML reader only when a value is read
 
     t = text.strip(" \t")
     if t.lower() == "off" or scalar(t) is None:
         return None
     v = float_text(t)
-    if not 0 < v < 1:
-        raise ValueError(f"{text!r} is not a share 0 < F < 1")
+    if not 0 < v <= MAX_ATTAINMENT_TARGET:
+        raise ValueError(f"{text!r} is not {ATTAINMENT_EXPECTED}")
     return v

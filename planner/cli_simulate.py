@@ -45,6 +45,7 @@ from mocker.arguments import (
 )
 from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals, time_limit_problem
 from planner.arguments import (
+    ATTAINMENT_EXPECTED,
     add_engine_arguments,
     add_transfer_arguments,
     attainment_text,
@@ -52,7 +53,14 @@ from planner.arguments import (
     warm_start_windows,
 )
 from planner.core import PlannerConfig, config_from_mapping, load_profile
-from planner.core.config import MAX_ITL_MS, MAX_TTFT_MS, parse_cli_values, setting_name
+from planner.core.config import (
+    ATTAINMENT_LIMIT_WHY,
+    MAX_ATTAINMENT_TARGET,
+    MAX_ITL_MS,
+    MAX_TTFT_MS,
+    parse_cli_values,
+    setting_name,
+)
 
 if TYPE_CHECKING:
     from planner.sim.runner import RunContext
@@ -166,7 +174,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_attainment_flag,
         metavar="F|off",
         help="planner SLA-attainment target (PlannerConfig.sla_attainment_target): share of requests "
-        "that should meet each SLA, 0 < F < 1, or off (default: the planner config's, 0.995)",
+        f"that should meet each SLA, 0 < F <= {MAX_ATTAINMENT_TARGET:g}, or off (default: the planner config's, "
+        f"0.995); at most four nines: {ATTAINMENT_LIMIT_WHY}",
     )
     p.add_argument("--profile", metavar="FILE.npz", help="performance profile (default: profile the engine now)")
     p.add_argument("--warm-start", metavar="TRACE", help="warm-start the predictors from this trace's intervals")
@@ -183,12 +192,12 @@ OFF = "off"
 
 
 def _attainment_flag(text: str) -> float | str:
-    """argparse type of --attainment-target: ``off`` or a YAML null (feedback disabled) or a share 0 < F < 1
+    """argparse type of --attainment-target: ``off`` or a YAML null (feedback disabled) or a share 0 < F <= 0.9999
     (:func:`planner.arguments.attainment_text`, the grammar of ``planner:attainment_target=``)."""
     try:
         v = attainment_text(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a share 0 < F < 1 or off") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {ATTAINMENT_EXPECTED}") from None
     return OFF if v is None else v
 
 
@@ -255,8 +264,8 @@ def _parse_initial(text: str | None, pools: tuple[str, ...]) -> dict[str, int] |
 def _attainment(v: float | str | None) -> float | str | None:
     if v is None or isinstance(v, str):  # None or OFF: the flag's type returns no other text
         return v
-    if v is not None and not 0 < v < 1:
-        raise SimulationConfigError(f"--attainment-target={v!r}: expected 0 < value < 1")
+    if v is not None and not 0 < v <= MAX_ATTAINMENT_TARGET:
+        raise SimulationConfigError(f"--attainment-target={v!r}: expected {ATTAINMENT_EXPECTED}")
     return v
 
 

@@ -173,9 +173,63 @@ def test_a_number_that_may_be_null_says_so(tmp_path, capsys, monkeypatch, entry)
     # `off` is YAML 1.2 text, not false: refused as a number, and the line names null as the other way
     name, _, run, prefix = next(x for x in _entry_points(tmp_path, capsys, monkeypatch) if x[0] == entry)
     assert run(NULLABLE[entry], "off") == prefix + NULLABLE[entry] + '="off": expected a number or null'
-    # out of bounds is not a type error: the bound alone
-    bound = "<= 1.0" if NULLABLE[entry] == "gpu_memory_fraction" else "< 1.0"
+    # out of bounds is not a type error: the bound alone (and for the attainment target, why it is there)
+    bound = "<= 1.0" if NULLABLE[entry] == "gpu_memory_fraction" else f"<= 0.9999 ({WHY})"
     assert run(NULLABLE[entry], "2") == prefix + NULLABLE[entry] + f"=2: expected {bound}"
+
+
+WHY = (
+    "the sizing judges each candidate fleet on at least 2 z^2 / (1 - target) simulated requests: 54,119 at 0.9999, "
+    "ten times more for each further nine"
+)
+"""Why the attainment target stops at four nines, as every error line about it says."""
+
+
+@pytest.mark.parametrize("value", ["0.99999", "0.999999999", "1"])
+def test_the_attainment_target_is_at_most_four_nines_at_every_entry_point(tmp_path, capsys, monkeypatch, value):
+    # was: 0.99999 took 61 s and 1.9 GB, 0.999999 many minutes at 10 GB, 0.999999999 a numpy MemoryError traceback
+    # (the sample of 2 z^2 / (1 - target) requests per look: 541,176, 5.4 million, 5.4 billion)
+    f = "sla_attainment_target"
+    s = _file(tmp_path, _yaml(f, value))
+    for entry, prefix in (
+        ("simulate --config", f"dynoplan simulate: error: --config {s}: "),
+        ("simulate --planner-set", "dynoplan simulate: error: --planner-set "),
+        ("operator planner defaults file", f"dynoplan operator: error: {s}: "),
+    ):
+        run = next(x for x in _entry_points(tmp_path, capsys, monkeypatch) if x[0] == entry)[2]
+        assert run(f, value) == f"{prefix}{f}={value}: expected <= 0.9999 ({WHY})", entry
+    # the other spellings of --planner-set, and the whole stack file of up / the live planner
+    assert _run(capsys, *_simulate("--planner-set", f"sla-attainment-target={value}")) == (
+        f"dynoplan simulate: error: --planner-set {f}={value}: expected <= 0.9999 ({WHY})"
+    )
+    stack = _file(tmp_path, f"planner:\n  throughput_enabled: false\n  load_enabled: true\n  {f}: {value}\n")
+    for cmd in ("up", "planner"):
+        assert _run(capsys, cmd, "--config", stack, "--state-dir", str(tmp_path / "st")) == (
+            f"dynoplan {cmd}: error: {stack}: planner.{f}={value}: expected <= 0.9999 ({WHY})"
+        )
+    # the flag and the planner: variants read the text themselves (off is a value there)
+    for key in ("attainment_target", f):
+        assert _run(capsys, *_simulate("--compare", f"planner:{key}={value}")) == (
+            f"dynoplan simulate: error: policy 'planner:{key}={value}': {key}={value!r}: expected a share "
+            f"0 < F <= 0.9999 or off ({WHY})"
+        )
+    with pytest.raises(SystemExit) as e:
+        cli_main(_simulate("--attainment-target", value))
+    cap = capsys.readouterr()
+    assert (e.value.code, cap.out) == (2, "")
+    assert cap.err == (
+        f"dynoplan simulate: error: argument --attainment-target: {value!r}: expected a share 0 < F <= 0.9999 or "
+        f"off ({WHY}) (see --help)\n"
+    )
+
+
+def test_an_attainment_target_of_four_nines_is_accepted_everywhere(tmp_path):
+    from planner.arguments import attainment_text
+    from planner.core import config_from_mapping
+
+    assert config_from_mapping({"sla_attainment_target": 0.9999}).sla_attainment_target == 0.9999
+    assert config_from_mapping({"sla_attainment_target": "0.9999"}, cli=True).sla_attainment_target == 0.9999
+    assert attainment_text("0.9999") == 0.9999
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 from pydantic.fields import FieldInfo
 
 from dynoplan.errors import ConfigError
@@ -59,6 +59,24 @@ MAX_REGRESSION_BUCKETS = 64
 scheduled tokens (planner.core.load.PassTimeRegression), and a pass's token count is below 2**63 (int64,
 :data:`dynoplan.fields.MAX_INT64`), so buckets past 64 are never filled; each still costs one deque per
 feature."""
+
+MAX_ATTAINMENT_TARGET = 0.9999
+"""Largest ``sla_attainment_target`` accepted (four nines). The sizing by simulation judges a fleet on
+``ceil(2 z^2 / (1 - target))`` sampled requests at its first look (:func:`planner.core.sizing.sample_size`) and up to
+8 x that at its last, and a replay holds a record per request (measured: 0.99999, whose first look is 541,176
+requests, took 2.5 GB and 20 s for a whole simulate run of a 60-request trace). At 0.9999 the first look is 54,119
+requests and the largest replay 432,952 (about 2 GB); each further nine multiplies both by ten (0.999999 ran for many
+minutes at 10 GB, 0.999999999 asked for 40 GiB at once). 54,119 requests are already an hour of traffic at 15
+requests/s, nearly three times the bundled Azure production trace's hour (19,366 requests), and the sample's sizes
+are drawn from the last hour (:data:`planner.core.sizing.SIZE_HISTORY_S`): one more nine would need 150 requests/s
+for that hour to hold even the first look."""
+
+ATTAINMENT_LIMIT_WHY = (
+    "the sizing judges each candidate fleet on at least 2 z^2 / (1 - target) simulated requests: 54,119 at 0.9999, "
+    "ten times more for each further nine"
+)
+"""Why ``sla_attainment_target`` stops at :data:`MAX_ATTAINMENT_TARGET`, as the error lines say it."""
+
 
 PREDICTORS: tuple[str, ...] = ("constant", "arima", "kalman", "prophet", "auto")
 
@@ -342,13 +360,27 @@ class PlannerConfig:
     sla_attainment_target: float | None = Field(
         default=0.995,
         gt=0,
-        lt=1,
+        le=MAX_ATTAINMENT_TARGET,
         description=(
-            "Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < value < 1 (default "
-            "0.995): the bar of the sizing by simulation (planner.core.sizing). null = size by the closed-form "
-            "reference formulas."
+            "Share of requests that should meet both SLA targets (TTFT and own mean ITL), 0 < value <= 0.9999 "
+            "(default 0.995): the bar of the sizing by simulation (planner.core.sizing). null = size by the "
+            "closed-form reference formulas. At most four nines: the sizing judges each candidate fleet on at least "
+            "2 z^2 / (1 - value) simulated requests (z = 1.645), up to 8 times that: 54,119 to 432,952 at 0.9999 "
+            "(about 2 GB), ten times more for each further nine."
         ),
     )
+
+    @field_validator("sla_attainment_target", mode="wrap")
+    @classmethod
+    def _attainment_bound_why(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """``sla_attainment_target``'s own checks, its upper bound's error line saying why
+        (:data:`ATTAINMENT_LIMIT_WHY`)."""
+        try:
+            return handler(value)
+        except ValidationError as e:
+            if [err["type"] for err in e.errors()] == ["less_than_equal"]:
+                raise ValueError(f"expected <= {MAX_ATTAINMENT_TARGET:g} ({ATTAINMENT_LIMIT_WHY})") from None
+            raise
 
     def __post_init__(self) -> None:
         """The cross-field checks; raises :class:`~dynoplan.settings.Problems` with every line it finds."""

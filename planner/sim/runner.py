@@ -23,7 +23,7 @@ from dynoplan.fields import float_text
 from dynoplan.settings_text import assignments, check_utf8
 from mocker.config import EngineConfig
 from mocker.records import RequestRecord, TraceRequest
-from planner.arguments import attainment_text
+from planner.arguments import ATTAINMENT_EXPECTED, attainment_text
 from planner.core import PerformanceProfile, PlannerConfig, TrafficWindow, config_from_mapping
 from planner.core.budget import apply_limits
 from planner.core.config import absent_pool_problems, setting_name
@@ -419,7 +419,7 @@ def _make_policy(spec: str, ctx: RunContext) -> Policy:
                 att_target = attainment_text(att)
             except ValueError:
                 raise SimulationConfigError(
-                    f"policy {spec!r}: {att_key}={att!r}: expected 0 < value < 1 or off"
+                    f"policy {spec!r}: {att_key}={att!r}: expected {ATTAINMENT_EXPECTED}"
                 ) from None
         if att_target is not None or att is not None or explicit:
             cfg = replace(cfg, sla_attainment_target=att_target)

@@ -121,7 +121,7 @@ def test_attainment_target_off_accepted_and_disables_the_feedback(profile):
 def test_attainment_target_bad_values_rejected(capsys, value):
     with pytest.raises(SystemExit) as e:
         cli_main(["simulate", "--trace", TRACE, "--attainment-target", value])
-    _one_line(capsys, e.value.code, "--attainment-target", repr(value), "0 < F < 1 or off")
+    _one_line(capsys, e.value.code, "--attainment-target", repr(value), "0 < F <= 0.9999 or off")
 
 
 def _ctx(profile, *argv):

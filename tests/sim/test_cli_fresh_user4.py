@@ -215,11 +215,14 @@ def test_attainment_target_none_is_text_and_refused(profile, capsys):
     rc = _sim(profile, "--compare", "planner:attainment_target=none")
     assert _err(capsys, rc) == (
         "dynoplan simulate: error: policy 'planner:attainment_target=none': attainment_target='none': "
-        "expected 0 < value < 1 or off"
+        "expected a share 0 < F <= 0.9999 or off (the sizing judges each candidate fleet on at least 2 z^2 / "
+        "(1 - target) simulated requests: 54,119 at 0.9999, ten times more for each further nine)"
     )
     with pytest.raises(SystemExit) as e:
         _sim(profile, "--attainment-target", "none")
-    assert "argument --attainment-target: 'none': expected a share 0 < F < 1 or off" in _err(capsys, e.value.code)
+    assert "argument --attainment-target: 'none': expected a share 0 < F <= 0.9999 or off (" in _err(
+        capsys, e.value.code
+    )
 
 
 @pytest.mark.parametrize("target", ["1_0", "inf", "١"])
