@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, dataclass_transform, overload
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidatorFunctionWrapHandler, field_validator
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from dynoplan.errors import ConfigError
@@ -243,6 +243,28 @@ def build(cls: type[T], data: Any, *, source: str | None = None, prefix: str = "
         raise ConfigError(
             problem_lines(e, prefix=prefix, known=field_names(cls), nullable=nullable_fields(cls)), source=source
         ) from None
+
+
+_UPPER_BOUNDS = frozenset(("less_than", "less_than_equal"))
+"""Pydantic error types of a value above a field's upper bound (``lt`` / ``le``)."""
+
+
+def upper_bound_why(field: str, why: str) -> Any:
+    """A validator to assign in a settings class body (``_why = upper_bound_why("x", "...")``): ``field``'s own
+    checks, unchanged, except that the line of a value above its upper bound (``le``/``lt`` in its ``Field``) ends
+    with `` (why)``: ``x=5: expected <= 4 (why)``, so the user reads the reason where the bound is refused. The
+    bound itself stays declared once, in the ``Field`` (and so in the JSON Schema)."""
+
+    def check(cls: Any, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as e:
+            errors = e.errors(include_url=False)
+            if len(errors) == 1 and errors[0]["type"] in _UPPER_BOUNDS:
+                raise ValueError(f"{_expected(errors[0])} ({why})") from None
+            raise
+
+    return field_validator(field, mode="wrap")(classmethod(check))
 
 
 def check(make: Callable[[], T], *, source: str | None = None, prefix: str = "") -> T:

@@ -29,7 +29,14 @@ from typing import Any, NoReturn
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64, float_text, int_text
 from dynoplan.settings import check
-from mocker.config import ENGINES, MAX_DP_SIZE, EngineConfig, resolve_kv_capacity
+from mocker.config import (
+    ENGINES,
+    MAX_DP_SIZE,
+    MAX_SPEEDUP_RATIO,
+    SPEEDUP_LIMIT_WHY,
+    EngineConfig,
+    resolve_kv_capacity,
+)
 from mocker.kv.tiers import parse_bandwidth_flags
 from mocker.modelcfg import KV_CACHE_DTYPES, kv_bytes_per_token_from_file
 from mocker.transfer import HANDOFF_PATHS, TIMING_MODES, KvTransferConfig
@@ -151,6 +158,15 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0") from None
     if not (math.isfinite(v) and v > 0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return v
+
+
+def speedup_ratio(text: str) -> float:
+    """argparse type of ``--speedup-ratio``: a finite number > 0 and at most :data:`mocker.config.MAX_SPEEDUP_RATIO`
+    (pass times are rounded to whole nanoseconds; beyond it the shortest would round to 0)."""
+    v = positive_float(text)
+    if v > MAX_SPEEDUP_RATIO:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at most {MAX_SPEEDUP_RATIO:.0f} ({SPEEDUP_LIMIT_WHY})")
     return v
 
 
@@ -300,7 +316,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine (
         "--max-num-batched-tokens", type=positive_int, metavar="N", help="per-pass token budget (default 8192)"
     )
     e.add_argument(
-        "--speedup-ratio", type=positive_float, metavar="R", help="divide every pass time by R (default 1.0)"
+        "--speedup-ratio",
+        type=speedup_ratio,
+        metavar="R",
+        help=f"divide every pass time by R (default 1.0; at most {MAX_SPEEDUP_RATIO:.0f}: pass times are rounded to "
+        "whole nanoseconds, and the shortest, 1 ms, lasts 1 ns at 1e6)",
     )
     e.add_argument(
         "--preemption-mode", choices=("lifo", "fifo"), help="which request to recompute when KV runs out (default lifo)"

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64
-from dynoplan.settings import Problems, build, check, settings, spell
+from dynoplan.settings import Problems, build, check, settings, spell, upper_bound_why
 from mocker.timing_spec import is_aic, timing_spec_problems
 
 EngineKind = Literal["vllm", "trtllm", "sglang"]
@@ -41,6 +41,21 @@ decode unit, EP144/DP144 over 18 nodes of 8 GPUs (DeepSeek's inference-system ov
 seven times that. Every rank is built up front with its own scheduler and KV cache, so an unbounded value
 (``--dp-size 10000000``) ended in a MemoryError traceback after filling about 8 GB before the first
 request (100000 ranks: 0.33 GB)."""
+
+MAX_SPEEDUP_RATIO = 1e6
+"""Upper bound of ``speedup_ratio`` (``--speedup-ratio``). Every pass time is divided by it and then rounded to whole
+nanoseconds, as the reference does through a Rust ``Duration`` (:mod:`mocker.timing`): the simulated clock's
+resolution is 1 ns. The shortest pass either timing model gives is 1 ms (the decode floor,
+:data:`mocker.timing.DECODE_MIN_MS`; a polynomial prefill takes at least 16.5 ms), which at 1e6 lasts exactly 1 ns.
+Above 1e6 the rounding lengthens such a pass (up to twice its scaled length) and from 2e6 on it rounds to 0 ns: a pass
+that takes no time, so a replay reports inter-token latencies of 0 and ``dynoplan profile`` divided by its zero ITL
+(``--speedup-ratio 3e7``: a ZeroDivisionError traceback; ``simulate`` the same from its profile at 1e8)."""
+
+SPEEDUP_LIMIT_WHY = (
+    "pass times are divided by it and rounded to whole nanoseconds: the shortest pass, 1 ms, lasts 1 ns at 1e6 and "
+    "rounds to 0 ns from 2e6 on"
+)
+"""Why ``speedup_ratio`` stops at :data:`MAX_SPEEDUP_RATIO`, as the error lines say it."""
 
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_INT64)]
 """An integer > 0 and <= :data:`dynoplan.fields.MAX_INT64` (a bool is not one)."""
@@ -121,7 +136,11 @@ class EngineConfig:
         description="Which running request is recomputed when blocks run out: newest (lifo) or oldest (fifo).",
     )
     speedup_ratio: float = Field(
-        default=1.0, gt=0, description="All pass times are divided by this (dimensionless, finite, > 0)."
+        default=1.0,
+        gt=0,
+        le=MAX_SPEEDUP_RATIO,
+        description="All pass times are divided by this (dimensionless, 0 < value <= 1e6: pass times are rounded to "
+        "whole nanoseconds, and the shortest pass, 1 ms, lasts 1 ns at 1e6).",
     )
     timing: str = Field(
         default="polynomial",
@@ -178,6 +197,8 @@ class EngineConfig:
         le=1,
         description="With timing='aic:...': size num_gpu_blocks from this share of GPU memory (0 < f <= 1).",
     )
+
+    _speedup_why = upper_bound_why("speedup_ratio", SPEEDUP_LIMIT_WHY)
 
     def __post_init__(self) -> None:
         """Cross-field checks; raises :class:`dynoplan.settings.Problems` with every line."""

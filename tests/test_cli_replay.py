@@ -676,3 +676,70 @@ def test_a_jsonl_trace_with_a_non_utf8_byte_is_one_line(tmp_path: Path, capsys: 
         "",
         f"dynoplan replay: error: {p}:1: byte 0xff at column 67: expected UTF-8 text\n",
     )
+
+
+SPEEDUP_WHY = (
+    "pass times are divided by it and rounded to whole nanoseconds: the shortest pass, 1 ms, lasts 1 ns at 1e6 and "
+    "rounds to 0 ns from 2e6 on"
+)
+
+
+@pytest.mark.parametrize("command", ["replay", "simulate", "profile", "mocker serve"])
+@pytest.mark.parametrize("ratio", ["2e6", "3e7", "1e8"])
+def test_a_speedup_ratio_that_rounds_passes_to_zero_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, ratio: str
+) -> None:
+    # was: replay accepted it (every pass 0 ns long), simulate and profile a ZeroDivisionError traceback (a 0 ITL)
+    args = {
+        "replay": ["replay", "--trace", SMALL, "--quiet"],
+        "simulate": ["simulate", "--trace", SMALL, "--quiet"],
+        "profile": ["profile", "--out", str(tmp_path / "p.npz")],
+        "mocker serve": ["mocker", "serve"],
+    }[command]
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--speedup-ratio", ratio])
+    out, err = capsys.readouterr()
+    assert (e.value.code, out) == (2, "")
+    assert err == (
+        f"dynoplan {command}: error: argument --speedup-ratio: {ratio!r}: expected at most 1000000 ({SPEEDUP_WHY}) "
+        "(see --help)\n"
+    )
+    assert not (tmp_path / "p.npz").exists()
+
+
+def test_an_engine_config_files_speedup_ratio_is_bounded_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "e.yaml"
+    cfg.write_text("speedup_ratio: 1e8\n")
+    profile = ["profile", "--out", str(tmp_path / "p")]
+    for cmd in (["replay", "--trace", SMALL, "--quiet"], ["simulate", "--trace", SMALL, "--quiet"], profile):
+        rc = main([*cmd, "--engine-config", str(cfg)])
+        out, err = capsys.readouterr()
+        assert (rc, out) == (2, "")
+        assert err == (
+            f"dynoplan {cmd[0]}: error: --engine-config {cfg}: speedup_ratio=100000000.0: expected <= 1000000.0 "
+            f"({SPEEDUP_WHY})\n"
+        )
+
+
+def test_at_the_largest_speedup_ratio_the_shortest_pass_lasts_one_nanosecond() -> None:
+    from mocker.config import MAX_SPEEDUP_RATIO, EngineConfig
+    from mocker.timing import DECODE_MIN_MS, round_ns
+
+    # the decode floor (1 ms) over the bound is 1e-6 ms = 1 ns: the clock's resolution; at 2e6, 0.5 ns rounds to 0
+    assert MAX_SPEEDUP_RATIO == DECODE_MIN_MS * 1e6
+    assert round_ns(DECODE_MIN_MS / MAX_SPEEDUP_RATIO) == pytest.approx(1e-6, rel=1e-9)
+    assert round_ns(DECODE_MIN_MS / 1.999e6) > 0 and round_ns(DECODE_MIN_MS / 2e6) == 0.0
+    assert EngineConfig(speedup_ratio=1e6).speedup_ratio == 1e6
+
+
+def test_a_replay_at_the_largest_speedup_ratio_has_positive_pass_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    rc, _, err = cli(capsys, "--trace", SMALL, "--quiet", "--speedup-ratio", "1e6", "--report-json", str(out))
+    assert (rc, err) == (0, "")
+    report = json.loads(out.read_text())
+    # the shortest pass of this replay, 5.85 ms at speedup 1, is 6 ns: every token gap is positive
+    assert report["min_itl_ms"] == pytest.approx(6e-6, rel=1e-6) and report["mean_ttft_ms"] > 0

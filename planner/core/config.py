@@ -31,12 +31,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic import Field
 from pydantic.fields import FieldInfo
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64
-from dynoplan.settings import Problems, build, settings, spell
+from dynoplan.settings import Problems, build, settings, spell, upper_bound_why
 
 MAX_TTFT_MS = 3_600_000.0
 """Largest TTFT target accepted (one hour): beyond it no sizing rule has anything to say, and the tail
@@ -370,17 +370,7 @@ class PlannerConfig:
         ),
     )
 
-    @field_validator("sla_attainment_target", mode="wrap")
-    @classmethod
-    def _attainment_bound_why(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        """``sla_attainment_target``'s own checks, its upper bound's error line saying why
-        (:data:`ATTAINMENT_LIMIT_WHY`)."""
-        try:
-            return handler(value)
-        except ValidationError as e:
-            if [err["type"] for err in e.errors()] == ["less_than_equal"]:
-                raise ValueError(f"expected <= {MAX_ATTAINMENT_TARGET:g} ({ATTAINMENT_LIMIT_WHY})") from None
-            raise
+    _attainment_why = upper_bound_why("sla_attainment_target", ATTAINMENT_LIMIT_WHY)
 
     def __post_init__(self) -> None:
         """The cross-field checks; raises :class:`~dynoplan.settings.Problems` with every line it finds."""
