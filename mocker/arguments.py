@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64, float_text, int_text
+from dynoplan.outputs import writable_file_problem
 from dynoplan.settings import check
 from mocker.config import (
     ENGINES,
@@ -109,9 +110,11 @@ def check_pool_engine_cores(flag: str, workers: int, engine: EngineConfig, args:
 
 def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[tuple[str, str | None]]) -> None:
     """Refuse output paths before any work: each ``(flag, path)`` (``path`` None = not given) must be a
-    non-empty path with an existing parent directory (one rule for every command, as ``profile --out``) and
-    must not be one of the ``(flag, path)`` input files (a ``--per-request`` onto the trace would overwrite
-    it). Raises ConfigError naming the flag and path, and for a clash the flag that reads the file."""
+    non-empty path with an existing parent directory (one rule for every command, as ``profile --out``), must
+    be able to take the file (:func:`dynoplan.outputs.writable_file_problem`: not a directory, a directory that
+    takes a new file) and must not be one of the ``(flag, path)`` input files (a ``--per-request`` onto the trace
+    would overwrite it). Raises ConfigError naming the flag and path, and for a clash the flag that reads the
+    file."""
     for flag, path in outputs:
         if path is None:
             continue
@@ -128,6 +131,9 @@ def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[tuple
                 raise ConfigError(
                     f"{flag} {path}: is the {src_flag} file {src} (an input); expected a different output file"
                 )
+        problem = writable_file_problem(path)
+        if problem is not None:
+            raise ConfigError(f"{flag} {path}: {problem}")
     seen: dict[str, str] = {}
     for flag, path in outputs:
         if path:

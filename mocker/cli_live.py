@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dynoplan.outputs import write_together
     from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
     from mocker.report import render_table, report_to_json, write_per_request_jsonl
     from mocker.traces import load_trace
@@ -276,8 +278,22 @@ def run_loadgen(args: argparse.Namespace) -> int:
             console.print(
                 f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False, soft_wrap=True
             )
+    # paths checked up front (check_output_paths); written all or none, as replay's (a full disk replaces nothing)
+    outputs: list[tuple[str, str, Callable[[Path], object]]] = []
     if args.report_json:
-        Path(args.report_json).write_text(report_to_json(rep))  # parent checked up front (check_output_paths)
+        outputs.append(("--report-json", args.report_json, lambda p: p.write_text(report_to_json(rep))))
     if args.per_request:
-        write_per_request_jsonl(result.records, args.per_request)
+        outputs.append(("--per-request", args.per_request, lambda p: write_per_request_jsonl(result.records, p)))
+    try:
+        write_together([(path, write) for _, path, write in outputs])
+    except OSError as e:  # the measured result is not lost: the report goes to stdout, then the one line
+        flag, path = next(((f, q) for f, q, _ in outputs if str(Path(q)) == e.filename), outputs[0][:2])
+        sys.stdout.write(report_to_json(rep))
+        sys.stdout.flush()
+        print(
+            f"dynoplan loadgen: error: cannot write {flag} {path}: {e.strerror or e} (report printed to stdout; "
+            "no output replaced)",
+            file=sys.stderr,
+        )
+        return 2
     return 0 if rep["failed_requests"] == 0 else 1

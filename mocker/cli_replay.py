@@ -6,8 +6,10 @@ engine configuration (defaults < ``--engine-config`` YAML < command-line flags),
 
 Errors: every user mistake (bad flag value, missing or malformed trace, bad YAML, invalid engine setting)
 is one line on stderr and exit code 2 — argparse errors through :func:`mocker.arguments.use_one_line_errors`, the
-rest as :class:`dynoplan.errors.DynoplanError` caught by the ``dynoplan`` dispatcher. If an output file cannot be
-written after the replay, the report JSON is printed to stdout first so the computed result is not lost,
+rest as :class:`dynoplan.errors.DynoplanError` caught by the ``dynoplan`` dispatcher. The output paths are checked
+before the replay (:func:`mocker.arguments.check_output_paths`: a directory, or one where no file can be created, is
+refused); the outputs are written all or none (:func:`dynoplan.outputs.write_together`), so a write that still fails
+(a full disk) replaces no earlier file: the report JSON is printed to stdout so the computed result is not lost,
 then the error line, exit 2.
 """
 
@@ -16,6 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 from dynoplan.settings import check
 from mocker.arguments import (
@@ -153,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at module level: `dynoplan replay --help` needs only the flags (the engine, the fleet
     # and the trace readers are ~0.1 s of its start-up).
     from dynoplan.errors import ConfigError
+    from dynoplan.outputs import write_together
     from mocker.fleet import FleetConfig, run_replay
-    from mocker.report import build_report, render_table, report_to_json, write_per_request_jsonl, write_report_json
+    from mocker.report import build_report, render_table, report_to_json
     from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals, time_limit_problem
 
     inputs = [("--engine-config", args.engine_config), ("--rate-envelope", args.rate_envelope)]
@@ -240,29 +246,38 @@ def run(args: argparse.Namespace) -> int:
     if note:  # the engine rejects a prompt that can never fit its KV cache; say so rather than exit silently
         print(f"dynoplan replay: warning: {note}", file=sys.stderr)
 
-    failures: list[str] = []
-    json_saved = False
-    if args.report_json:
-        try:
-            write_report_json(report, args.report_json)
-            json_saved = True
-        except OSError as e:
-            failures.append(f"cannot write --report-json {args.report_json}: {e.strerror or e}")
-    if args.per_request:
-        try:
-            write_per_request_jsonl(result.records, args.per_request)
-        except OSError as e:
-            failures.append(f"cannot write --per-request {args.per_request}: {e.strerror or e}")
-    if failures and not json_saved:  # do not lose the computed result: the summary goes to stdout
+    outputs = _outputs(args, report, result.records)
+    code = 0
+    try:  # all or none: a failed write leaves the earlier files as they were
+        write_together([(path, write) for _, path, write in outputs])
+    except OSError as e:  # the computed result is not lost: the summary goes to stdout, then the one line
+        flag, path = next(((f, p) for f, p, _ in outputs if str(Path(p)) == e.filename), outputs[0][:2])
         sys.stdout.write(report_to_json(report))
         sys.stdout.flush()
-        failures[-1] += " (report printed to stdout)"
-    for msg in failures:
-        print(f"dynoplan replay: error: {msg}", file=sys.stderr)
-    code = 2 if failures else 0
+        print(
+            f"dynoplan replay: error: cannot write {flag} {path}: {e.strerror or e} (report printed to stdout; "
+            "no output replaced)",
+            file=sys.stderr,
+        )
+        code = 2
     if getattr(args, "_exit_process", False):  # the process's entry point (planner.cli.main from the console)
         exit_without_teardown(code)
     return code
+
+
+def _outputs(
+    args: argparse.Namespace, report: dict[str, Any], records: Sequence[Any]
+) -> list[tuple[str, str, Callable[[Path], object]]]:
+    """``(flag, path, write)`` of each output given (``--report-json``, ``--per-request``), for
+    :func:`dynoplan.outputs.write_together`."""
+    from mocker.report import write_per_request_jsonl, write_report_json
+
+    out: list[tuple[str, str, Callable[[Path], object]]] = []
+    if args.report_json:
+        out.append(("--report-json", args.report_json, lambda p: write_report_json(report, p)))
+    if args.per_request:
+        out.append(("--per-request", args.per_request, lambda p: write_per_request_jsonl(records, p)))
+    return out
 
 
 def _check_kv_event_flags(args: argparse.Namespace) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -231,9 +232,11 @@ def test_real_process_outputs_complete(tmp_path: Path, capsys: pytest.CaptureFix
     assert (tmp_path / "p.json").read_bytes() == (tmp_path / "i.json").read_bytes()
     rows = (tmp_path / "p.jsonl").read_bytes().splitlines()
     assert len(rows) == 150 and [json.loads(r)["request_id"] for r in rows] == list(range(150))
+    if not os.path.exists("/dev/full"):
+        return
     bad = subprocess.run(
         [sys.executable, "-m", "planner.cli", "replay", "--trace", SMALL, "--quiet"]
-        + ["--per-request", str(tmp_path)],  # a directory: the report goes to stdout, exit 2
+        + ["--per-request", "/dev/full"],  # every write fails (a full disk): the report goes to stdout, exit 2
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -312,17 +315,87 @@ def test_end_to_end_outputs_and_determinism(tmp_path: Path, capsys: pytest.Captu
     assert all(r["status"] == "finished" and r["ttft_ms"] > 0 for r in rows)
 
 
-def test_unwritable_report_is_printed_not_lost(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocker = tmp_path / "dir.json"
-    blocker.mkdir()  # the parent exists (checked up front) but the target is a directory: fails only at write
-    rc, out, err = cli(
-        capsys, "--trace", SMALL, "--quiet", "--report-json", str(blocker), "--per-request", str(tmp_path / "ok.jsonl")
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_an_output_that_is_a_directory_is_refused_before_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    import mocker.fleet
+
+    # was: the whole replay ran, the other output replaced, then exit 2
+    monkeypatch.setattr(mocker.fleet, "run_replay", lambda *a, **k: pytest.fail("replayed"))
+    prev = tmp_path / "prev.json"
+    prev.write_text("earlier\n")
+    other = "--per-request" if flag == "--report-json" else "--report-json"
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", flag, str(tmp_path), other, str(prev))
+    assert (rc, out, err) == (
+        2,
+        "",
+        f"dynoplan replay: error: {flag} {tmp_path}: is a directory, expected a file path\n",
     )
-    assert rc == 2
-    assert_one_line_error(rc, err, "--report-json", "report printed to stdout")
-    rep = json.loads(out)  # --quiet: stdout is exactly the report JSON
-    assert rep["num_requests"] == 150
-    assert (tmp_path / "ok.jsonl").read_bytes().count(b"\n") == 150
+    assert prev.read_text() == "earlier\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys"), reason="needs sysfs (no file can be created in /sys, even as root)")
+def test_an_output_in_a_directory_that_takes_no_file_is_refused_before_the_replay(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mocker.fleet
+
+    monkeypatch.setattr(mocker.fleet, "run_replay", lambda *a, **k: pytest.fail("replayed"))
+    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--per-request", "/sys/r.jsonl")
+    assert (rc, out) == (2, "")
+    assert err == (
+        "dynoplan replay: error: --per-request /sys/r.jsonl: cannot create a file in /sys: Permission denied, "
+        "expected a writable directory\n"
+    )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
+@pytest.mark.parametrize("full", ["--report-json", "--per-request"])
+def test_a_failed_write_replaces_no_earlier_output_and_prints_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], full: str
+) -> None:
+    prev = {"--report-json": tmp_path / "r.json", "--per-request": tmp_path / "req.jsonl"}
+    run_ok(
+        capsys,
+        "--trace",
+        SMALL,
+        "--quiet",
+        "--report-json",
+        str(prev["--report-json"]),
+        "--per-request",
+        str(prev["--per-request"]),
+    )
+    before = {f: p.read_bytes() for f, p in prev.items()}
+    # the other output is a file of the earlier run; this one a device whose every write fails (a full disk)
+    other = next(f for f in prev if f != full)
+    rc, out, err = cli(
+        capsys, "--trace", SMALL, "--quiet", "--workers", "3", full, "/dev/full", other, str(prev[other])
+    )
+    # was: the earlier run's other file replaced by this run's, then exit 2
+    assert (rc, err) == (
+        2,
+        f"dynoplan replay: error: cannot write {full} /dev/full: No space left on device (report printed to stdout; "
+        "no output replaced)\n",
+    )
+    assert json.loads(out)["completed_requests"] == 150  # --quiet: stdout is exactly the report
+    assert {f: p.read_bytes() for f, p in prev.items()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "req.jsonl"]  # no hidden file left
+
+
+def test_outputs_replace_the_earlier_ones_whole_through_a_link_and_into_a_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "kept.jsonl"
+    target.write_text("earlier\n")
+    target.chmod(0o600)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    run_ok(capsys, "--trace", SMALL, "--quiet", "--per-request", str(link), "--report-json", os.devnull)
+    # the link is kept and its file replaced, with its permission bits; /dev/null is written in place, still a device
+    assert link.is_symlink() and target.read_bytes().count(b"\n") == 150 and (target.stat().st_mode & 0o777) == 0o600
+    assert Path(os.devnull).is_char_device()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl", "link.jsonl"]
 
 
 def test_arrival_speedup_and_max_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -339,14 +412,6 @@ def test_arrival_speedup_and_max_time(tmp_path: Path, capsys: pytest.CaptureFixt
     rep = json.loads(cut.read_text())
     assert rep["num_requests"] == 40
     assert 0 < rep["completed_requests"] <= 20 and rep["duration_ms"] <= 10_000.0
-
-
-def test_unwritable_per_request_without_report_json_prints_report(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    rc, out, err = cli(capsys, "--trace", SMALL, "--quiet", "--per-request", str(tmp_path))  # a directory
-    assert_one_line_error(rc, err, "--per-request", "report printed to stdout")
-    assert json.loads(out)["completed_requests"] == 150
 
 
 def test_prompts_that_never_fit_are_reported_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,18 +17,16 @@ Definitions (docs/architecture.md "Reports"):
 from __future__ import annotations
 
 import csv
-import errno
 import html
 import json
 import math
-import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dynoplan.outputs import write_together
 from mocker.records import RequestRecord
 from planner.sim.loop import SimRun
 
@@ -201,67 +199,59 @@ def write_outputs(runs: Sequence[SimRun], out_dir: str | Path, meta: Mapping[str
     """Write into ``out_dir`` (created): ``summary.json`` (the issue's schema), ``details.json`` (every
     summary column, the run's settings ``meta`` and each policy's applied decisions), ``timeline.csv``,
     ``requests.jsonl`` (one line per request and policy, a ``policy`` field; token times left out to keep
-    it small) and ``report.html``. All or none: each is written to a hidden ``.NAME.partial`` beside it, and the
-    five are renamed into place only once all are written, so a failed write leaves an earlier run's outputs
-    whole (never half of two runs). Returns the full summary document. Raises OSError; its ``filename`` is the
-    output being written (also when the failing call was a write, which names none: a full disk)."""
+    it small) and ``report.html``. All or none (:func:`dynoplan.outputs.write_together`): each is written to a
+    hidden ``.NAME.partial`` beside it, and the five are renamed into place only once all are written, so a failed
+    write leaves an earlier run's outputs whole (never half of two runs). Returns the full summary document.
+    Raises OSError; its ``filename`` is the output being written (also when the failing call was a write, which
+    names none: a full disk)."""
     from mocker.report import per_request_row
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    names = ("summary.json", "details.json", "timeline.csv", "requests.jsonl", "report.html")
-    part = {n: out / f".{n}.partial" for n in names}
-    try:
-        doc = summary_document(runs)
-        with _naming(out / "summary.json") as _:
-            part["summary.json"].write_text(json.dumps(schema_summary(doc), indent=2) + "\n")
-        details = {**doc, "run": dict(meta or {}), "decisions": {r.policy: r.decisions for r in runs}}
-        with _naming(out / "details.json") as _:
-            part["details.json"].write_text(json.dumps(_clean(details), indent=2) + "\n")
+    doc = summary_document(runs)
+
+    def summary(p: Path) -> None:
+        p.write_text(json.dumps(schema_summary(doc), indent=2) + "\n")
+
+    def details(p: Path) -> None:
+        full = {**doc, "run": dict(meta or {}), "decisions": {r.policy: r.decisions for r in runs}}
+        p.write_text(json.dumps(_clean(full), indent=2) + "\n")
+
+    def timeline(p: Path) -> None:
         cols: list[str] = ["policy"]
         for r in runs:
             for row in r.timeline:
                 for k in row:
                     if k not in cols:
                         cols.append(k)
-        with _naming(out / "timeline.csv") as _, part["timeline.csv"].open("w", newline="") as fh:
+        with p.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols, restval="", lineterminator="\n")
             w.writeheader()
             for r in runs:
                 for row in r.timeline:
                     w.writerow({"policy": r.policy, **{k: _csv(v) for k, v in row.items()}})
-        with _naming(out / "requests.jsonl") as _, part["requests.jsonl"].open("w") as fh:
+
+    def requests(p: Path) -> None:
+        with p.open("w") as fh:
             for r in runs:
                 for rec in r.records:
                     row = per_request_row(rec)
                     row.pop("token_times_ms", None)
                     fh.write(json.dumps({"policy": r.policy, **_clean(row)}, separators=(",", ":")) + "\n")
-        with _naming(out / "report.html") as _:
-            part["report.html"].write_text(render_html(runs, doc))
-        for n in names:  # a rename onto a directory is the one way left to fail: refuse it before any rename
-            if (out / n).is_dir():
-                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(out / n))
-        for n in names:
-            with _naming(out / n) as final:
-                os.replace(part[n], final)
-    finally:
-        for f in part.values():
-            f.unlink(missing_ok=True)
+
+    def html_report(p: Path) -> None:
+        p.write_text(render_html(runs, doc))
+
+    write_together(
+        [
+            (out / "summary.json", summary),
+            (out / "details.json", details),
+            (out / "timeline.csv", timeline),
+            (out / "requests.jsonl", requests),
+            (out / "report.html", html_report),
+        ]
+    )
     return doc
-
-
-@contextmanager
-def _naming(path: Path) -> Iterator[Path]:
-    """Yield ``path``; an OSError raised inside (closing the file included) that names no file, or names the
-    hidden ``.partial`` file being written for it, gets ``path`` as its ``filename``, so the caller's message says
-    which output failed."""
-    try:
-        yield path
-    except OSError as e:
-        if e.filename is None or str(e.filename).endswith(".partial"):
-            e.filename = str(path)
-            e.filename2 = None
-        raise
 
 
 def _csv(v: Any) -> Any:

@@ -119,6 +119,21 @@ def test_loadgen_output_under_missing_directory_is_refused_not_created(tmp_path,
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_loadgen_output_that_is_a_directory_is_refused_before_the_run(tmp_path, flag):
+    # was: the requests were sent, then the write failed (an IsADirectoryError line, the report lost)
+    p = subprocess.run(
+        CMD
+        + ["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=1&num_requests=3"]
+        + [flag, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (p.returncode, p.stdout) == (2, "")
+    assert p.stderr == f"dynoplan loadgen: error: {flag} {tmp_path}: is a directory, expected a file path\n"
+
+
 LOADGEN_TRACE = "synthetic:poisson?rate=10&num_requests=3"
 
 
