@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 from dynoplan.errors import ConfigError
 from dynoplan.fields import MAX_INT64, float_text, int_text
+from dynoplan.options import refuse_repeated_options
 from dynoplan.outputs import writable_file_problem
 from dynoplan.settings import check
 from mocker.config import (
@@ -196,25 +197,6 @@ def nonneg_float(text: str) -> float:
     if not (math.isfinite(v) and v >= 0):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number >= 0")
     return v
-
-
-class GivenOnce(argparse.Action):
-    """argparse action of a flag that takes one value and may be given once (``--trace``): a second occurrence
-    is argparse's error ``argument --trace: given twice ('A' and 'B'), expected it once`` (one line through
-    :func:`use_one_line_errors`, exit 2) where argparse's default ``store`` keeps the last value silently.
-    The flag's default must be None (an earlier occurrence is a value that is not None)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        previous = getattr(namespace, self.dest, None)
-        if previous is not None:
-            raise argparse.ArgumentError(self, f"given twice ({previous!r} and {values!r}), expected it once")
-        setattr(namespace, self.dest, values)
 
 
 def use_one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
@@ -538,11 +520,12 @@ def worker_from_argv(argv: Sequence[str], worker_type: str | None = None) -> Wor
     """Parse ``argv`` (the flags after ``dynoplan mocker serve``) exactly as the worker does and build its
     engine: defaults < ``--engine-config`` (paths relative to the current directory, as for the worker) <
     flags; ``worker_type`` (one of :data:`WORKER_TYPES`), when given, is the ``--worker-type`` placed before
-    ``argv`` (so a ``--worker-type`` in ``argv`` still wins, as on the worker's command line). Flags the
-    worker does not know are ignored (its own start-up reports them).
+    ``argv``, as ``dynoplan up``'s local connector places it on the worker's command line (so a ``--worker-type`` in
+    ``argv`` too is a flag given twice, which the worker refuses). Flags the worker does not know are ignored (its
+    own start-up reports them).
 
-    Raises :class:`WorkerArgvError` for flags the worker's parser rejects (a bad value), ConfigError for an
-    invalid engine setting or ``--engine-config`` file.
+    Raises :class:`WorkerArgvError` for flags the worker's parser rejects (a bad value, a flag given twice),
+    ConfigError for an invalid engine setting or ``--engine-config`` file.
     """
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
 
@@ -550,6 +533,7 @@ def worker_from_argv(argv: Sequence[str], worker_type: str | None = None) -> Wor
         raise WorkerArgvError(message)
 
     parser.error = error  # type: ignore[method-assign]  # on purpose: this parser raises, argparse's exits
+    refuse_repeated_options(parser)  # as the worker's own parser (planner.cli)
     add_worker_arguments(parser)
     role = ["--worker-type", worker_type] if worker_type is not None else []
     ns, _ = parser.parse_known_args([*role, *argv])

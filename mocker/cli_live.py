@@ -23,7 +23,6 @@ from typing import Any
 from dynoplan.errors import ConfigError
 from dynoplan.settings import check
 from mocker.arguments import (
-    GivenOnce,
     add_worker_arguments,
     check_output_paths,
     engine_config_from_args,
@@ -162,7 +161,6 @@ def add_loadgen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         required=True,
-        action=GivenOnce,
         metavar="TRACE",
         help="trace file (Azure CSV, Mooncake JSONL) or synthetic:KIND?... spec",
     )

@@ -28,7 +28,6 @@ from mocker.arguments import (
     MAX_WORKERS,
     RATE_ENVELOPE_HELP,
     ROUTERS,
-    GivenOnce,
     add_engine_arguments,
     add_transfer_arguments,
     check_output_paths,
@@ -59,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         required=True,
-        action=GivenOnce,
         metavar="TRACE",
         help="trace file or synthetic:KIND?key=value&... spec",
     )

@@ -13,8 +13,10 @@ import importlib
 import sys
 import typing
 from collections.abc import Sequence
+from typing import Any
 
 from dynoplan.errors import DynoplanError
+from dynoplan.options import refuse_repeated_options
 
 # name -> (module path, one-line help). Registry only: no import-time side effects.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -43,7 +45,14 @@ _PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirec
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag or value as one line on stderr (exit 2), without the usage dump."""
+    """argparse that reports a bad flag or value as one line on stderr (exit 2), without the usage dump, and refuses
+    a single-value option given twice (:func:`dynoplan.options.refuse_repeated_options`). Every subcommand's parser
+    is one (argparse makes a subparser of its parent's class), and so are the parsers of their own subcommands
+    (``mocker serve``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        refuse_repeated_options(self)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

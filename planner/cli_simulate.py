@@ -31,7 +31,6 @@ from dynoplan.settings import check
 from mocker.arguments import (
     MAX_WORKERS,
     RATE_ENVELOPE_HELP,
-    GivenOnce,
     check_pool_engine_cores,
     engine_config_from_args,
     failed_requests_note,
@@ -91,7 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         required=True,
-        action=GivenOnce,
         metavar="TRACE",
         help="Azure CSV, Mooncake JSONL or synthetic:... spec",
     )

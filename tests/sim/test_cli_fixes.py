@@ -536,3 +536,41 @@ def test_an_adjustment_interval_of_1e300_runs_in_bounded_memory(tmp_path, profil
     summary = json.loads((out / "summary.json").read_text())["policies"]["planner"]
     # 60 requests of the default synthetic sizes at 2/s: one worker serves them all within the SLA
     assert (summary["sla_attainment"], summary["max_replicas"]) == (1.0, {"agg": 1})
+
+
+def test_a_config_given_twice_is_refused_and_the_lists_stay_repeatable(capsys):
+    from planner.cli import build_parser
+
+    # was: b.yaml read, a.yaml silently dropped
+    with pytest.raises(SystemExit) as e:
+        cli_main(["simulate", "--trace", TRACE, "--config", "a.yaml", "--quiet", "--config", "b.yaml"])
+    cap = capsys.readouterr()
+    assert (e.value.code, cap.out) == (2, "")
+    assert cap.err == (
+        "dynoplan simulate: error: argument --config: given twice ('a.yaml' and 'b.yaml'), expected it once "
+        "(see --help)\n"
+    )
+    # the lists add up, a switch may be repeated
+    args = build_parser().parse_args(
+        ["simulate", "--trace", TRACE, "--planner-set", "ttft_ms=300", "--compare", "planner", "--planner-set",
+         "itl_ms=20", "--compare", "static:1", "static:2", "--quiet", "--quiet"]
+    )  # fmt: skip
+    assert (args.planner_set, args.compare, args.quiet) == (
+        ["ttft_ms=300", "itl_ms=20"],
+        ["planner", "static:1", "static:2"],
+        True,
+    )
+
+
+def test_a_workers_flag_given_twice_in_a_stack_file_is_refused_before_anything_starts():
+    from mocker.arguments import WorkerArgvError, worker_from_argv
+
+    # the worker refuses a flag given twice, so the stack's reading of its engine does too; the local connector
+    # gives --worker-type itself
+    with pytest.raises(WorkerArgvError) as e:
+        worker_from_argv(["--speedup-ratio", "10", "--speedup-ratio", "20"])
+    assert str(e.value) == "argument --speedup-ratio: given twice (10.0 and 20.0), expected it once"
+    with pytest.raises(WorkerArgvError) as e:
+        worker_from_argv(["--worker-type", "decode"], "prefill")
+    assert str(e.value) == "argument --worker-type: given twice ('prefill' and 'decode'), expected it once"
+    assert worker_from_argv(["--speedup-ratio", "10"], "decode").engine.worker_type == "decode"
