@@ -105,3 +105,27 @@ def write_together(outputs: Sequence[tuple[str | Path, Callable[[Path], object]]
         for _, _, part, _ in plan:
             if part is not None:
                 part.unlink(missing_ok=True)
+
+
+def write_flagged_outputs(
+    command: str, outputs: Sequence[tuple[str, str, Callable[[Path], object]]], fallback_text: str
+) -> int:
+    """:func:`write_together` for a command's ``(flag, path, write)`` outputs, the exit status as the result: 0 when
+    every output was written; when one cannot be, 2, after ``fallback_text`` (the command's report, so the computed
+    result is not lost) on stdout and one line on stderr naming ``command``, the flag and the path of the output
+    that failed (every output is then as it was: :func:`write_together`)."""
+    import sys
+
+    try:
+        write_together([(path, write) for _, path, write in outputs])
+    except OSError as e:
+        flag, path = next(((f, p) for f, p, _ in outputs if str(Path(p)) == e.filename), outputs[0][:2])
+        sys.stdout.write(fallback_text)
+        sys.stdout.flush()
+        print(
+            f"dynoplan {command}: error: cannot write {flag} {path}: {e.strerror or e} (report printed to stdout; "
+            "no output replaced)",
+            file=sys.stderr,
+        )
+        return 2
+    return 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -218,7 +217,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dynoplan.outputs import write_together
+    from dynoplan.outputs import write_flagged_outputs
     from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
     from mocker.report import render_table, report_to_json, write_per_request_jsonl
     from mocker.traces import load_trace
@@ -282,16 +281,6 @@ def run_loadgen(args: argparse.Namespace) -> int:
         outputs.append(("--report-json", args.report_json, lambda p: p.write_text(report_to_json(rep))))
     if args.per_request:
         outputs.append(("--per-request", args.per_request, lambda p: write_per_request_jsonl(result.records, p)))
-    try:
-        write_together([(path, write) for _, path, write in outputs])
-    except OSError as e:  # the measured result is not lost: the report goes to stdout, then the one line
-        flag, path = next(((f, q) for f, q, _ in outputs if str(Path(q)) == e.filename), outputs[0][:2])
-        sys.stdout.write(report_to_json(rep))
-        sys.stdout.flush()
-        print(
-            f"dynoplan loadgen: error: cannot write {flag} {path}: {e.strerror or e} (report printed to stdout; "
-            "no output replaced)",
-            file=sys.stderr,
-        )
-        return 2
+    if outputs and write_flagged_outputs("loadgen", outputs, report_to_json(rep)):
+        return 2  # the measured result is not lost: the report went to stdout, then the one line
     return 0 if rep["failed_requests"] == 0 else 1

@@ -8,9 +8,9 @@ Errors: every user mistake (bad flag value, missing or malformed trace, bad YAML
 is one line on stderr and exit code 2 — argparse errors through :func:`mocker.arguments.use_one_line_errors`, the
 rest as :class:`dynoplan.errors.DynoplanError` caught by the ``dynoplan`` dispatcher. The output paths are checked
 before the replay (:func:`mocker.arguments.check_output_paths`: a directory, or one where no file can be created, is
-refused); the outputs are written all or none (:func:`dynoplan.outputs.write_together`), so a write that still fails
-(a full disk) replaces no earlier file: the report JSON is printed to stdout so the computed result is not lost,
-then the error line, exit 2.
+refused); the outputs are written all or none (:func:`dynoplan.outputs.write_flagged_outputs`), so a write that
+still fails (a full disk) replaces no earlier file: the report JSON is printed to stdout so the computed result is not
+lost, then the error line, exit 2.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at module level: `dynoplan replay --help` needs only the flags (the engine, the fleet
     # and the trace readers are ~0.1 s of its start-up).
     from dynoplan.errors import ConfigError
-    from dynoplan.outputs import write_together
+    from dynoplan.outputs import write_flagged_outputs
     from mocker.fleet import FleetConfig, run_replay
     from mocker.report import build_report, render_table, report_to_json
     from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals, time_limit_problem
@@ -245,19 +245,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dynoplan replay: warning: {note}", file=sys.stderr)
 
     outputs = _outputs(args, report, result.records)
-    code = 0
-    try:  # all or none: a failed write leaves the earlier files as they were
-        write_together([(path, write) for _, path, write in outputs])
-    except OSError as e:  # the computed result is not lost: the summary goes to stdout, then the one line
-        flag, path = next(((f, p) for f, p, _ in outputs if str(Path(p)) == e.filename), outputs[0][:2])
-        sys.stdout.write(report_to_json(report))
-        sys.stdout.flush()
-        print(
-            f"dynoplan replay: error: cannot write {flag} {path}: {e.strerror or e} (report printed to stdout; "
-            "no output replaced)",
-            file=sys.stderr,
-        )
-        code = 2
+    # all or none: a failed write leaves the earlier files as they were, and the report goes to stdout
+    code = write_flagged_outputs("replay", outputs, report_to_json(report)) if outputs else 0
     if getattr(args, "_exit_process", False):  # the process's entry point (planner.cli.main from the console)
         exit_without_teardown(code)
     return code
@@ -267,7 +256,7 @@ def _outputs(
     args: argparse.Namespace, report: dict[str, Any], records: Sequence[Any]
 ) -> list[tuple[str, str, Callable[[Path], object]]]:
     """``(flag, path, write)`` of each output given (``--report-json``, ``--per-request``), for
-    :func:`dynoplan.outputs.write_together`."""
+    :func:`dynoplan.outputs.write_flagged_outputs`."""
     from mocker.report import write_per_request_jsonl, write_report_json
 
     out: list[tuple[str, str, Callable[[Path], object]]] = []
