@@ -153,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_share,
         default=0.995,
         metavar="F",
-        help="static:auto target, 0 < F <= 1 (default 0.995)",
+        help="static:auto target, 0 < F <= 1 (default 0.995); only with static:auto in --compare",
     )
     s.add_argument(
         "--max-replicas",
@@ -575,6 +575,25 @@ def _warm_start(path: str, interval_s: float, trace_block_size: int) -> list[Any
         raise SimulationConfigError(f"--warm-start {path}: {msg}") from None
 
 
+def _check_auto_attainment(args: argparse.Namespace) -> None:
+    """Refuse ``--auto-attainment`` (the SLA attainment the ``static:auto`` search must reach,
+    :func:`planner.sim.runner.auto_static`) when no ``--compare`` policy is ``static:auto``: it would have no
+    effect. Given at any value, its default 0.995 too (argparse's default does not count: the options given
+    are kept on the namespace, :data:`dynoplan.options.GIVEN_OPTIONS`). Raises SimulationConfigError naming the
+    flag, its value and the missing prerequisite, as ``dynoplan replay`` refuses ``--kv-event-lag-ms`` without
+    ``--kv-events``."""
+    from dynoplan.options import GIVEN_OPTIONS
+
+    if "auto_attainment" not in getattr(args, GIVEN_OPTIONS, set()):
+        return
+    if any(spec.strip() == "static:auto" for spec in args.compare or ()):
+        return
+    raise SimulationConfigError(
+        f"--auto-attainment {args.auto_attainment:g}: only with static:auto in --compare (the SLA attainment its "
+        "search must reach); expected --compare static:auto or no --auto-attainment"
+    )
+
+
 def _warn_failed(policy: str, records: Any, engine: Any) -> None:
     """One warning line on stderr when requests failed (:func:`mocker.arguments.failed_requests_note`, the
     text ``dynoplan replay`` prints), naming the policy."""
@@ -594,6 +613,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
     from planner.sim.runner import AutoStaticUnreachable, make_policy
 
+    _check_auto_attainment(args)
     if args.out is not None and not args.out.strip():
         raise SimulationConfigError(
             f"--out {args.out!r}: empty, expected a directory path (omit --out to write nothing)"

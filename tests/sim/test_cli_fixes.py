@@ -471,6 +471,47 @@ def test_a_transfer_flag_without_its_prerequisite_is_refused_with_its_value(caps
     assert (rc, cap.out, cap.err) == (2, "", f"dynoplan simulate: error: {message}\n")
 
 
+AUTO_ONLY = (
+    "only with static:auto in --compare (the SLA attainment its search must reach); expected --compare static:auto "
+    "or no --auto-attainment"
+)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # was: accepted and ignored (exit 0), the static fleets run as if it were not given
+        (["--compare", "static:2", "--auto-attainment", "0.5"], f"--auto-attainment 0.5: {AUTO_ONLY}"),
+        # its default value given counts too; no --compare is the planner alone
+        (["--auto-attainment", "0.995"], f"--auto-attainment 0.995: {AUTO_ONLY}"),
+        (["--compare", "planner", "static:peak", "hpa", "--auto-attainment", "1"], f"--auto-attainment 1: {AUTO_ONLY}"),
+    ],
+)
+def test_auto_attainment_without_static_auto_is_refused_before_running(capsys, monkeypatch, tmp_path, argv, message):
+    _no_sim(monkeypatch)
+    out = tmp_path / "out"
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--out", str(out), *argv])
+    cap = capsys.readouterr()
+    assert (rc, cap.out, cap.err) == (2, "", f"dynoplan simulate: error: {message}\n")
+    assert not out.exists()  # refused before --out was created
+
+
+@pytest.mark.parametrize("compare", [["static:auto"], ["static:1", " static:auto "]])
+def test_auto_attainment_with_static_auto_is_taken(monkeypatch, compare):
+    import planner.cli_simulate as cs
+
+    seen = []
+
+    def stop(args):  # reached: the flag passed the check; the run itself is not needed here
+        seen.append(args.auto_attainment)
+        raise AssertionError("reached build_context")
+
+    monkeypatch.setattr(cs, "build_context", stop)
+    with pytest.raises(AssertionError, match="reached build_context"):
+        cli_main(["simulate", "--trace", TRACE, "--quiet", "--compare", *compare, "--auto-attainment", "0.9"])
+    assert seen == [0.9]
+
+
 def test_trace_given_twice_is_refused_naming_both(capsys):
     # was: the last --trace simulated, the first silently dropped
     with pytest.raises(SystemExit) as e:
