@@ -15,6 +15,7 @@ Formats
   ``timestamp``, ``input_tokens`` / ``output_tokens`` for the lengths. Timestamps are milliseconds since
   the trace start, used as given (not rebased), at most :data:`MAX_TRACE_TIMESTAMP_MS`; Unix epoch
   milliseconds (>= :data:`EPOCH_MS_THRESHOLD`) are refused with a message saying so. Blank lines are skipped.
+  A leading UTF-8 byte-order mark is not content and is skipped, as the CSV reader's ``utf-8-sig`` does.
   As in the reference mocker (``Trace::from_mooncake``), an ``input_length`` larger than
   ``len(hash_ids) * trace_block_size`` is clamped to that capacity.
 - **Synthetic**: ``synthetic:KIND?key=value&...`` — see :func:`parse_synthetic_spec`.
@@ -30,6 +31,7 @@ identity and usually means the file is damaged. An empty file is an error too.
 
 from __future__ import annotations
 
+import codecs
 import collections
 import csv
 import datetime as _dt
@@ -128,9 +130,9 @@ def load_trace(
     """Load a workload from a file path or a ``synthetic:...`` spec.
 
     Files ending in ``.csv`` are Azure CSV, ``.jsonl``/``.json`` Mooncake JSONL; any other name is sniffed
-    (first non-blank byte ``{`` = JSONL, otherwise CSV). ``seed`` is the default seed of a synthetic spec
-    that does not give its own ``seed=``. Raises :class:`TraceError` (file not found, malformed rows, bad
-    synthetic parameters) or :class:`ValueError` for a non-positive ``trace_block_size``.
+    (first non-blank byte after a UTF-8 byte-order mark, if any, ``{`` = JSONL, otherwise CSV). ``seed`` is the
+    default seed of a synthetic spec that does not give its own ``seed=``. Raises :class:`TraceError` (file not
+    found, malformed rows, bad synthetic parameters) or :class:`ValueError` for a non-positive ``trace_block_size``.
     """
     if not isinstance(trace_block_size, int) or isinstance(trace_block_size, bool) or trace_block_size <= 0:
         raise TraceError(str(spec), None, "trace_block_size", f"{trace_block_size!r}: expected a positive integer")
@@ -148,7 +150,7 @@ def load_trace(
     if suffix in (".jsonl", ".json"):
         return load_mooncake_jsonl(path, trace_block_size=trace_block_size)
     with path.open("rb") as f:
-        head = f.read(4096).lstrip()
+        head = f.read(4096).removeprefix(codecs.BOM_UTF8).lstrip()
     if head.startswith(b"{"):
         return load_mooncake_jsonl(path, trace_block_size=trace_block_size)
     return load_azure_csv(path, trace_block_size=trace_block_size)
@@ -412,7 +414,8 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
     Returns one request per non-blank line, ``request_id`` = 0-based request index, ``arrival_ms`` = the
     row's timestamp (ms, as given), ``hash_ids`` as given (``None`` when absent = unique content).
     Raises :class:`TraceError` naming file, 1-based line and field on any malformed row, and file, line and
-    column of the first byte that is not UTF-8 (anywhere in the file, unknown fields included).
+    column of the first byte that is not UTF-8 (anywhere in the file, unknown fields included; a column counts
+    the file's bytes, a byte-order mark's too, as for a CSV). A leading UTF-8 byte-order mark is skipped.
     """
     p = str(path)
     try:
@@ -426,6 +429,9 @@ def load_mooncake_jsonl(path: str | Path, *, trace_block_size: int = DEFAULT_TRA
             data.decode("utf-8")
         except UnicodeDecodeError:
             raise _not_utf8(p, data) from None
+    # a byte-order mark (U+FEFF, which some editors write first: Windows Notepad, Excel's "CSV UTF-8") is not
+    # content: skipped, as the CSV readers' utf-8-sig does
+    data = data.removeprefix(codecs.BOM_UTF8)
     decode = msgspec.json.Decoder(_MooncakeRow).decode
     out: list[TraceRequest] = []
     lines: list[int] = []

@@ -643,6 +643,40 @@ def test_mooncake_non_utf8_names_file_line_and_column(tmp_path: Path, second_row
     assert (ei.value.line, ei.value.field) == (2, None)
 
 
+@pytest.mark.parametrize("name", ["bom.jsonl", "bom.txt"])  # by its suffix and sniffed
+def test_mooncake_utf8_bom_is_not_content(tmp_path: Path, name: str) -> None:
+    # Windows Notepad writes a byte-order mark first; it was "t.jsonl:1: not valid JSON: ... invalid character
+    # (byte 0)" (and a sniffed file was read as a CSV)
+    text = (
+        b'{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [7, 8]}\r\n'
+        b'{"created_time": 250.5, "input_tokens": 600, "output_tokens": 3, "note": "caf\xc3\xa9"}\n'
+    )
+    bom = tmp_path / name
+    bom.write_bytes(b"\xef\xbb\xbf" + text)
+    plain = tmp_path / f"plain{Path(name).suffix}"
+    plain.write_bytes(text)
+    got = load_trace(bom)
+    assert [(r.request_id, r.arrival_ms, r.input_length, r.output_length, r.hash_ids) for r in got] == [
+        (0, 0.0, 1000, 10, (7, 8)),
+        (1, 250.5, 600, 3, None),
+    ]
+    assert got == load_trace(plain)
+
+
+def test_mooncake_bom_counts_in_a_first_line_column(tmp_path: Path) -> None:
+    # a column counts the file's bytes, the mark's three too, as the CSV reader's message does
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + ROW + b', "note": "a\xffb"}\n')
+    with pytest.raises(TraceError) as ei:
+        load_trace(p)
+    assert str(ei.value) == f"{p}:1: byte 0xff at column 73: expected UTF-8 text"  # 70 without the mark
+    c = tmp_path / "t.csv"
+    c.write_bytes(b"\xef\xbb\xbfTIMESTAMP,Cont\xffextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n")
+    with pytest.raises(TraceError) as ei:
+        load_trace(c)
+    assert str(ei.value) == f"{c}:1: byte 0xff at column 18: expected UTF-8 text"  # 15 without the mark
+
+
 def test_mooncake_utf8_text_in_an_unknown_field_is_accepted(tmp_path: Path) -> None:
     p = tmp_path / "t.jsonl"
     p.write_bytes(ROW + ', "note": "café ✓"}\n'.encode())
