@@ -3,7 +3,8 @@
 A timing spec names the pass-time source of an engine (:mod:`mocker.timing`):
 
 * ``polynomial``: the reference mocker's baseline polynomial (:class:`mocker.timing.PolynomialTiming`);
-* ``PATH.npz``: an engine timing profile (:class:`mocker.timing.NpzTiming`), which must exist;
+* ``PATH.npz``: an engine timing profile (:class:`mocker.timing.NpzTiming`), which must exist and be a NumPy
+  ``.npz`` archive (a zip of ``.npy`` arrays: a text or JSON file is refused as not one, whatever its name);
 * ``aic:k=v,k=v``: AIConfigurator predictions sampled into a cached profile (:mod:`mocker.timing_aic`). Keys:
   ``model`` (Hugging Face id AIConfigurator knows; required), ``system`` (e.g. h200_sxm; required),
   ``backend`` (vllm, sglang, trtllm; default vllm), ``tp`` (positive integer; default 1), ``quant`` (GEMM
@@ -16,6 +17,7 @@ parse specs here without importing one another.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,9 @@ AIC_PREFIX = "aic:"
 SPEC_KEYS: tuple[str, ...] = ("model", "system", "backend", "tp", "quant", "version")
 BACKENDS: tuple[str, ...] = ("vllm", "sglang", "trtllm")
 EXPECTED = "expected 'polynomial', a path to a .npz profile or 'aic:model=...,system=...'"
+NOT_NPZ = (
+    "not a NumPy .npz archive; expected an engine timing profile (.npz), 'polynomial' or 'aic:model=...,system=...'"
+)
 
 
 def is_aic(timing: str) -> bool:
@@ -63,9 +68,28 @@ def parse_aic_spec(timing: str) -> dict[str, Any]:
     return out
 
 
+_NPZ_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+"""The first bytes by which ``numpy.load`` takes a file for a .npz (zip) archive: a zip's local file header, or
+the end-of-directory record of an empty zip. Any other file numpy reads as a ``.npy`` array or, failing that, as
+a pickle, which it refuses in pickle's words (``Cannot load file containing pickled data``)."""
+
+
+def _not_npz(path: str) -> bool:
+    """True when the regular file ``path`` is not a NumPy .npz archive: it does not start as one
+    (:data:`_NPZ_MAGIC`) or has no readable zip directory (a truncated download). False when it cannot be read:
+    the loader names that error."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        return not (head.startswith(_NPZ_MAGIC) and zipfile.is_zipfile(path))
+    except OSError:
+        return False
+
+
 def timing_spec_problems(timing: str) -> list[str]:
-    """Every problem of a timing spec (empty when valid): an unknown form, a missing ``.npz`` file, or the
-    bad keys of an ``aic:`` spec; each line ``timing='...': ...``."""
+    """Every problem of a timing spec (empty when valid): an unknown form, a missing ``.npz`` file, a file that
+    is not a NumPy .npz archive (a text or JSON file, whatever its name), or the bad keys of an ``aic:`` spec;
+    each line ``timing='...': ...``."""
     if timing == POLYNOMIAL:
         return []
     if is_aic(timing):
@@ -74,8 +98,14 @@ def timing_spec_problems(timing: str) -> list[str]:
         except AicSpecError as e:
             return e.problems
         return []
+    if Path(timing).is_file():
+        if _not_npz(timing):
+            return [f"timing={timing!r}: {NOT_NPZ}"]
+        if not timing.endswith(".npz"):  # the spec's grammar: a profile is named PATH.npz
+            return [f"timing={timing!r}: a .npz archive named without .npz; {EXPECTED} (rename it to end in .npz)"]
+        return []
     if timing.endswith(".npz"):
-        return [] if Path(timing).is_file() else [f"timing={timing!r}: profile file not found"]
+        return [f"timing={timing!r}: profile file not found"]
     return [f"timing={timing!r}: {EXPECTED}"]
 
 
@@ -83,6 +113,7 @@ __all__ = [
     "AIC_PREFIX",
     "BACKENDS",
     "EXPECTED",
+    "NOT_NPZ",
     "POLYNOMIAL",
     "SPEC_KEYS",
     "is_aic",

@@ -50,11 +50,65 @@ def test_a_text_file_as_planner_profile_is_not_an_npz(tmp_path, capsys):
     )
 
 
+NOT_NPZ = (
+    "not a NumPy .npz archive; expected an engine timing profile (.npz), 'polynomial' or 'aic:model=...,system=...'"
+)
+
+
 def test_a_corrupt_engine_timing_profile_is_one_line(tmp_path, capsys):
     f = _not_a_zip(tmp_path)
     assert cli_main(["replay", "--trace", SYNTHETIC, "--timing", f, "--quiet"]) == 2
     line = _one_error_line(capsys)
-    assert line == f"dynoplan replay: error: timing={f!r}: cannot read profile: File is not a zip file"
+    # was: "cannot read profile: File is not a zip file"
+    assert line == f"dynoplan replay: error: timing={f!r}: {NOT_NPZ}"
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        # were: "expected 'polynomial', a path to a .npz profile or ..." (it is a path) for the first two, and
+        # numpy's "cannot read profile: Cannot load file containing pickled data when allow_pickle=False"
+        ("notes.txt", b"hello\n"),
+        ("profile.json", b'{"prefill_isl": [128, 512]}\n'),
+        ("notes.npz", b"hello\n"),
+        ("array.npz", b"\x93NUMPY\x01\x00v\x00"),  # the start of a single .npy array, not an archive
+    ],
+)
+def test_a_file_that_is_not_an_npz_archive_as_timing_is_one_line(tmp_path, capsys, name, content):
+    f = tmp_path / name
+    f.write_bytes(content)
+    rc = cli_main(["replay", "--trace", SYNTHETIC, "--timing", str(f), "--quiet"])
+    cap = capsys.readouterr()
+    assert (rc, cap.out, cap.err) == (2, "", f"dynoplan replay: error: timing={str(f)!r}: {NOT_NPZ}\n")
+
+
+def test_an_npz_archive_named_without_npz_as_timing_says_to_rename_it(tmp_path, capsys):
+    import numpy as np
+
+    f = tmp_path / "profile.dat"
+    with f.open("wb") as out:
+        np.savez(out, prefill_isl=np.array([128.0, 512.0]))  # to a file object: numpy adds no .npz
+    rc = cli_main(["replay", "--trace", SYNTHETIC, "--timing", str(f), "--quiet"])
+    cap = capsys.readouterr()
+    assert (rc, cap.out) == (2, "")
+    assert cap.err == (
+        f"dynoplan replay: error: timing={str(f)!r}: a .npz archive named without .npz; expected 'polynomial', a "
+        "path to a .npz profile or 'aic:model=...,system=...' (rename it to end in .npz)\n"
+    )
+
+
+def test_a_text_file_as_timing_in_an_engine_config_names_the_file(tmp_path, capsys):
+    t = tmp_path / "t.json"
+    t.write_text('{"a": 1}\n')
+    e = tmp_path / "engine.yaml"
+    e.write_text(f"timing: {t}\n")
+    rc = cli_main(["replay", "--trace", SYNTHETIC, "--engine-config", str(e), "--quiet"])
+    cap = capsys.readouterr()
+    assert (rc, cap.out, cap.err) == (
+        2,
+        "",
+        f"dynoplan replay: error: --engine-config {e}: timing={str(t)!r}: {NOT_NPZ}\n",
+    )
 
 
 def test_an_epoch_millisecond_warm_start_csv_is_refused_not_replayed(tmp_path, capsys):
