@@ -53,7 +53,8 @@ def _arr(name: str, a: Any, ndim: int, src: str, *, zero_ok: bool = False) -> Fl
     Every profile quantity is a length, a time, a rate or a share: none is negative, and a zero ISL, TTFT, ITL
     or prefill throughput would make an engine infinitely fast (a KV usage of 0 is an idle engine, whose
     decode throughput is 0). Raises
-    ProfileError naming the array -- and for a value out of range its index and value -- for an array of
+    ProfileError naming the array -- and for a bad value (a NaN or infinity, or out of range) its index and
+    value, as the engine timing profile's checks do (:func:`mocker.timing._profile_array`) -- for an array of
     strings or complex numbers (numpy's float conversion would fail on the first and drop the imaginary part
     of the second), a wrong shape, an empty array, a NaN or infinity, or a value out of range."""
     x = real_float64(a)
@@ -61,11 +62,11 @@ def _arr(name: str, a: Any, ndim: int, src: str, *, zero_ok: bool = False) -> Fl
         raise ProfileError(src, f"array {name!r} has dtype {np.asarray(a).dtype}: expected real numbers")
     if x.ndim != ndim:
         raise ProfileError(src, f"array {name!r} has shape {x.shape}: expected {ndim}-D")
-    if x.size == 0 or not np.all(np.isfinite(x)):
+    if x.size == 0:
         raise ProfileError(src, f"array {name!r}: expected finite values, non-empty")
-    bad = first_out_of_range(x, zero_ok=zero_ok)
+    bad = first_out_of_range(x, zero_ok=zero_ok)  # the first NaN, infinity or value out of range, by its index
     if bad is not None:
-        raise ProfileError(src, f"array {name!r}{bad}: expected values {'>=' if zero_ok else '>'} 0")
+        raise ProfileError(src, f"array {name!r}{bad}: expected finite values {'>=' if zero_ok else '>'} 0")
     return x
 
 

@@ -176,19 +176,32 @@ GOOD_DECODE = {
     [
         ("prefill_isl", np.array(["a", "b"]), "array 'prefill_isl' has dtype <U1: expected real numbers"),
         ("prefill_isl", np.array([1 + 1j, 2.0]), "array 'prefill_isl' has dtype complex128: expected real numbers"),
-        ("prefill_isl", [0.0, 200.0], "array 'prefill_isl'[0] = 0: expected values > 0"),
-        ("prefill_ttft_ms", [10.0, -2.0], "array 'prefill_ttft_ms'[1] = -2: expected values > 0"),
-        ("prefill_thpt_per_gpu", [1e4, 0.0], "array 'prefill_thpt_per_gpu'[1] = 0: expected values > 0"),
-        ("decode_kv_usage", [-0.5, 1.0], "array 'decode_kv_usage'[0] = -0.5: expected values >= 0"),
-        ("decode_itl_ms", [[5.0, 6.0], [0.0, 8.0]], "array 'decode_itl_ms'[1, 0] = 0: expected values > 0"),
+        ("prefill_isl", [0.0, 200.0], "array 'prefill_isl'[0] = 0: expected finite values > 0"),
+        ("prefill_ttft_ms", [10.0, -2.0], "array 'prefill_ttft_ms'[1] = -2: expected finite values > 0"),
+        ("prefill_thpt_per_gpu", [1e4, 0.0], "array 'prefill_thpt_per_gpu'[1] = 0: expected finite values > 0"),
+        ("decode_kv_usage", [-0.5, 1.0], "array 'decode_kv_usage'[0] = -0.5: expected finite values >= 0"),
+        ("decode_itl_ms", [[5.0, 6.0], [0.0, 8.0]], "array 'decode_itl_ms'[1, 0] = 0: expected finite values > 0"),
         (
             "decode_thpt_per_gpu",
             [[1.0, -1.0], [1.0, 1.0]],
-            "array 'decode_thpt_per_gpu'[0, 1] = -1: expected values >= 0",
+            "array 'decode_thpt_per_gpu'[0, 1] = -1: expected finite values >= 0",
         ),
         ("decode_max_kv_tokens", np.array(["x"]), "array 'decode_max_kv_tokens' has dtype <U1: expected real"),
-        ("decode_max_kv_tokens", [0], "array 'decode_max_kv_tokens'[0] = 0: expected values > 0"),
+        ("decode_max_kv_tokens", [0], "array 'decode_max_kv_tokens'[0] = 0: expected finite values > 0"),
         ("decode_max_kv_tokens", np.zeros(0), "array 'decode_max_kv_tokens': expected finite values, non-empty"),
+        # a NaN or infinity by its index too (was: "array 'prefill_ttft_ms': expected finite values, non-empty")
+        ("prefill_ttft_ms", [10.0, np.nan], "array 'prefill_ttft_ms'[1] = nan: expected finite values > 0"),
+        ("decode_kv_usage", [0.0, np.inf], "array 'decode_kv_usage'[1] = inf: expected finite values >= 0"),
+        (
+            "decode_itl_ms",
+            [[5.0, 6.0], [-np.inf, np.nan]],
+            "array 'decode_itl_ms'[1, 0] = -inf: expected finite values > 0",
+        ),
+        (
+            "decode_thpt_per_gpu",
+            [[1.0, 2.0], [3.0, np.nan]],
+            "array 'decode_thpt_per_gpu'[1, 1] = nan: expected finite values >= 0",
+        ),
     ],
 )
 def test_profile_values_out_of_range_name_the_array_index_and_value(name, value, message):
@@ -204,5 +217,6 @@ def test_profiler_results_dir_values_are_checked_too(tmp_path):
     d = tmp_path / "selected_prefill_interpolation"
     d.mkdir()
     np.savez(d / "raw_data.npz", prefill_isl=[100.0, 200.0], prefill_ttft=[10.0, np.nan], prefill_thpt_per_gpu=[1, 2])
-    with pytest.raises(ProfileError, match=r"raw_data.npz: array 'prefill_ttft': expected finite values"):
+    with pytest.raises(ProfileError) as exc:
         load_profile(tmp_path)
+    assert str(exc.value) == f"{d / 'raw_data.npz'}: array 'prefill_ttft'[1] = nan: expected finite values > 0"

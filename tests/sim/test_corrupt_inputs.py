@@ -55,6 +55,27 @@ NOT_NPZ = (
 )
 
 
+def test_a_nan_in_a_planner_profile_names_the_array_and_its_index(tmp_path, capsys):
+    import numpy as np
+
+    f = tmp_path / "nan.npz"
+    np.savez(
+        f,
+        prefill_isl=[128.0, 512.0],
+        prefill_ttft_ms=[20.0, 60.0],
+        prefill_thpt_per_gpu=[6000.0, 8000.0],
+        decode_kv_usage=[0.01, 0.1],
+        decode_context_length=[256.0, 1024.0],
+        decode_itl_ms=[[6.0, 6.5], [np.nan, 8.0]],
+        decode_thpt_per_gpu=[[100.0, 110.0], [900.0, 950.0]],
+        decode_max_kv_tokens=[1048576],
+    )
+    # was: "array 'decode_itl_ms': expected finite values, non-empty" (which value, and it was not empty)
+    assert _profile_error(capsys, str(f)) == (
+        f"dynoplan simulate: error: --profile {f}: array 'decode_itl_ms'[1, 0] = nan: expected finite values > 0"
+    )
+
+
 def test_a_corrupt_engine_timing_profile_is_one_line(tmp_path, capsys):
     f = _not_a_zip(tmp_path)
     assert cli_main(["replay", "--trace", SYNTHETIC, "--timing", f, "--quiet"]) == 2
