@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
-from urllib.parse import parse_qsl
 
 import msgspec
 import numpy as np
@@ -763,17 +762,15 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
         raise TraceError(
             spec, None, "arrival", f"{kind!r}: unknown arrival process, expected constant, poisson or gamma"
         )
-    if query:  # parse_qsl skips an empty item: a doubled '&' or one at either end would pass unnoticed
-        for i, item in enumerate(query.split("&"), start=1):
-            if not item.partition("=")[0].strip():
-                what = (
-                    "without a key" if item.strip() else "blank" if item else "empty (a doubled '&', or one at an end)"
-                )
-                raise TraceError(
-                    spec, None, None, f"item {i} {item!r} is {what}; expected key=value items joined by '&'"
-                )
+    # items are read literally: "&" separates them and the first "=" splits key from value. No URL decoding
+    # (urllib's parse_qsl turned '+' into a space, so rate=1e+3 was refused as '1e 3', and %XX into its character,
+    # so isl=1%300 ran as isl=100); the values are numbers and length laws, which need neither
     params: dict[str, str] = {}
-    for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+    for i, item in enumerate(query.split("&") if query else (), start=1):
+        k, _, v = item.partition("=")
+        if not k.strip():
+            what = "without a key" if item.strip() else "blank" if item else "empty (a doubled '&', or one at an end)"
+            raise TraceError(spec, None, None, f"item {i} {item!r} is {what}; expected key=value items joined by '&'")
         if k not in _SYN_KEYS:
             raise TraceError(spec, None, k, f"unknown parameter, expected one of {', '.join(sorted(_SYN_KEYS))}")
         if k in params:

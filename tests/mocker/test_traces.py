@@ -612,6 +612,22 @@ def test_synthetic_empty_items_are_refused(query: str, item: str) -> None:
     assert ei.value.field is None and ei.value.line is None
 
 
+def test_synthetic_values_are_read_literally() -> None:
+    # was: parse_qsl URL-decoded every value: '+' became a space (rate=1e+1 refused as '1e 1') and %30 became '0'
+    # (isl=1%300 ran as isl=100)
+    plus = load_trace("synthetic:constant?rate=1e+1&duration_s=1&isl=50&osl=5")
+    ten = load_trace("synthetic:constant?rate=10&duration_s=1&isl=50&osl=5")
+    assert [(r.arrival_ms, r.input_length, r.output_length) for r in plus] == [
+        (r.arrival_ms, r.input_length, r.output_length) for r in ten
+    ]
+    assert [r.arrival_ms for r in ten] == [100.0 * i for i in range(10)]
+    spec = "synthetic:poisson?rate=1&duration_s=10&isl=1%300"
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec)
+    assert ei.value.field == "isl"
+    assert str(ei.value).startswith(f"{spec}: field 'isl' '1%300': expected a positive integer")
+
+
 def test_synthetic_spec_without_a_query_still_names_the_missing_rate() -> None:
     # an empty query has no items to refuse: the first missing key is named as before
     for spec in ("synthetic:poisson", "synthetic:poisson?"):
