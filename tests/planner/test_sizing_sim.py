@@ -556,6 +556,42 @@ def test_a_pair_target_no_fleet_reaches_stops_growing_once_as_good_as_the_limits
     assert (plan["prefill"].required, plan["decode"].reason) == (6, Reason.HOLD_STEADY)
 
 
+def test_the_limits_pair_is_not_replayed_when_decode_passed_with_prefill_at_its_limit():
+    class PairOnlyRecorded(Threshold):
+        """As PairOnly above (30 of 1000 miss below 7 engines in all, none from 7 up), recording the fleets replayed
+        whole (the pair checks: no share pool)."""
+
+        def __init__(self) -> None:
+            super().__init__({})
+            self.whole: list[dict[str, int]] = []
+
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            if not sample.share_pool:
+                self.whole.append(dict(replicas))
+            m = 30 if sum(replicas.values()) < 7 else 0
+            return SampleOutcome(1000, m, m, m)
+
+    ev = PairOnlyRecorded()
+    plan = _sizing(ev, pools=("prefill", "decode"), hi=8).plan({"prefill": 1, "decode": 1})
+    # the same plan as PairOnly's: 1 + 1 -> 6 + 1 (decode passed alone at 1 with prefill at 8, so the limits' 8 + 8
+    # pass too: growth goes on until the pair passes, and 8 + 8 is never replayed)
+    assert (plan["prefill"].goal, plan["decode"].goal) == (6, 1)
+    assert {"prefill": 8, "decode": 8} not in ev.whole
+    assert ev.whole == [{"prefill": n, "decode": 1} for n in range(1, 7)]
+
+    # where decode did not pass even at its limit, the limits' pair is replayed for the bar, as before
+    class SteepFloorRecorded(PairOnlyRecorded):
+        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
+            if not sample.share_pool:
+                self.whole.append(dict(replicas))
+            return SampleOutcome(1000, 20, 20, 20)  # 2 % at every size: no fleet reaches 0.5 %
+
+    ev2 = SteepFloorRecorded()
+    plan = _sizing(ev2, pools=("prefill", "decode"), hi=8).plan({"prefill": 1, "decode": 1})
+    assert {"prefill": 8, "decode": 8} in ev2.whole
+    assert (plan["prefill"].goal, plan["decode"].goal) == (1, 1)
+
+
 def test_a_load_beyond_the_limits_capacity_scales_to_the_limit_not_to_the_minimum():
     class Overload:
         """Every fleet misses all 1000 requests; n replicas leave 1000 - 200 n of them unfinished (>= 0)."""
