@@ -39,12 +39,16 @@ def writable_file_problem(path: str) -> str | None:
     Problems: an existing directory (``is a directory``); a stream (:func:`_is_stream`) the process may not write;
     a directory (the one the path, or its link, resolves into) where no new file can be created -- tried with a
     temporary file, removed at once, as a rename into place needs. A missing parent directory is the caller's
-    check (its own message)."""
+    check (its own message). A path ending in ``/`` names a directory, existing or not (``Path`` would drop the
+    slash and write a file of that name). A stream is recognised on the path itself (``stat`` follows links):
+    ``/dev/stdout`` on a pipe resolves to ``/proc/PID/fd/pipe:[N]``, a name that exists nowhere, yet opens."""
+    if path.endswith(("/", os.sep)):
+        return "ends in '/' (a directory), expected a file path"
+    if _is_stream(Path(path)):
+        return None if os.access(path, os.W_OK) else "not writable, expected a writable file"
     p = Path(os.path.realpath(path))
     if p.is_dir():
         return "is a directory, expected a file path"
-    if _is_stream(p):
-        return None if os.access(p, os.W_OK) else "not writable, expected a writable file"
     try:
         with tempfile.TemporaryFile(dir=p.parent):
             pass
@@ -79,9 +83,11 @@ def write_together(outputs: Sequence[tuple[str | Path, Callable[[Path], object]]
     plan: list[tuple[Path, Path, Path | None, Callable[[Path], object]]] = []
     for path, write in outputs:
         final = Path(path)
+        if _is_stream(final):  # written in place, through the path given (/dev/stdout on a pipe: see above)
+            plan.append((final, final, None, write))
+            continue
         real = Path(os.path.realpath(final)) if final.is_symlink() else final
-        part = None if _is_stream(real) else real.with_name(f".{real.name}.partial")
-        plan.append((final, real, part, write))
+        plan.append((final, real, real.with_name(f".{real.name}.partial"), write))
     try:
         for final, _, part, write in plan:
             if part is not None:

@@ -232,8 +232,20 @@ def load_file(
     return data
 
 
+_SHOWN_CHARS = 60
+"""Characters of a top-level scalar that a message shows: a file that is not YAML (a CSV given as a config) is
+one scalar of the whole file."""
+
+
 def _kind(v: Any) -> str:
-    return "a list" if isinstance(v, list) else "null" if v is None else f"the scalar {v!r}"
+    if isinstance(v, list):
+        return "a list"
+    if v is None:
+        return "null"
+    text = repr(v)
+    if len(text) > _SHOWN_CHARS:
+        text = f"{text[:_SHOWN_CHARS]}... ({len(str(v))} characters)"
+    return f"the scalar {text}"
 
 
 def scalar(text: str) -> Any:

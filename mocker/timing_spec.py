@@ -104,6 +104,8 @@ def timing_spec_problems(timing: str) -> list[str]:
         if not timing.endswith(".npz"):  # the spec's grammar: a profile is named PATH.npz
             return [f"timing={timing!r}: a .npz archive named without .npz; {EXPECTED} (rename it to end in .npz)"]
         return []
+    if Path(timing).is_dir():
+        return [f"timing={timing!r}: is a directory; {EXPECTED}"]
     if timing.endswith(".npz"):
         return [f"timing={timing!r}: profile file not found"]
     return [f"timing={timing!r}: {EXPECTED}"]

@@ -808,3 +808,31 @@ def test_a_replay_at_the_largest_speedup_ratio_has_positive_pass_times(
     report = json.loads(out.read_text())
     # the shortest pass of this replay, 5.85 ms at speedup 1, is 6 ns: every token gap is positive
     assert report["min_itl_ms"] == pytest.approx(6e-6, rel=1e-6) and report["mean_ttft_ms"] > 0
+
+
+@pytest.mark.parametrize("flag", ["--report-json", "--per-request"])
+def test_an_output_to_dev_stdout_on_a_pipe_is_written_in_place(flag: str) -> None:
+    # was: /dev/stdout on a pipe resolves to /proc/PID/fd/pipe:[N], a name that exists nowhere, and the check tried to
+    # create a file beside it: "cannot create a file in /proc/PID/fd: No such file or directory" (exit 2)
+    p = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "replay", "--trace", SMALL, "--quiet", flag, "/dev/stdout"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (p.returncode, p.stderr) == (0, "")
+    if flag == "--report-json":  # --quiet: the report written to the pipe is stdout's only content
+        assert json.loads(p.stdout)["completed_requests"] == 150
+    else:  # the report, then one line per request through the same pipe
+        lines = p.stdout.splitlines()
+        assert sum(1 for ln in lines if ln.startswith('{"request_id"')) == 150
+
+
+def test_an_output_path_ending_in_a_slash_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # was: exit 0, and a file named after the would-be directory
+    out = f"{tmp_path}/newdir/"
+    rc, stdout, err = cli(capsys, "--trace", SMALL, "--quiet", "--report-json", out)
+    assert (rc, stdout) == (2, "")
+    assert err == f"dynoplan replay: error: --report-json {out}: ends in '/' (a directory), expected a file path\n"
+    assert list(tmp_path.iterdir()) == []

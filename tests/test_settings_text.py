@@ -175,6 +175,16 @@ def test_file_errors_are_one_line_naming_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_file(bad, "f.yaml")
     assert str(e.value) == "f.yaml: expected a mapping of setting: value at the top level, got a list"
+    # a file that is not YAML (a CSV given as a config) is one scalar: its first 60 characters shown, not the file
+    # (was: the whole trace on one line, 699,982 characters for the bundled Azure CSV)
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:46.6805900,374,44\n" * 100)
+    with pytest.raises(ConfigError) as e:
+        load_file(bad, "--config t.csv")
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens " + "2023-11-16 18:15:46.6805900,374,44 " * 100  # lines folded
+    assert str(e.value) == (
+        "--config t.csv: expected a mapping of setting: value at the top level, got the scalar "
+        f"{repr(text.strip())[:60]}... ({len(text.strip())} characters)"
+    )
     bad.write_text("")
     assert load_file(bad) == {}
 

@@ -476,7 +476,11 @@ def parse_bandwidth_flags(items: Sequence[str]) -> dict[str, float]:
                 f"--tier-bandwidth {item!r}: expected LINK=GBPS with LINK one of {', '.join(LINKS)} "
                 f"and GBPS a number >= 0"
             )
-        out[f"bw_{link}_gbps"] = v
+        key = f"bw_{link}_gbps"
+        if key in out:
+            given = next(i for i in items if i.partition("=")[0] == link)
+            raise ConfigError(f"--tier-bandwidth {link}: given twice ({given!r} and {item!r}), expected each link once")
+        out[key] = v
     return out
 
 

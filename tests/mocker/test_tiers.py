@@ -191,6 +191,11 @@ def test_cli_kvbm_flags_run_and_errors_are_one_line(tmp_path, capsys):
         (["--num-g2-blocks", "8"], 'g1_backend="native": lower KV tiers configured (num_g2_blocks=8)'),
         (["--g1-backend", "kvbm", "--g4"], "num_g2_blocks=0: G3/G4 hits stage through G2"),
         (["--tier-bandwidth", "g2_g1=-3"], "--tier-bandwidth 'g2_g1=-3': expected LINK=GBPS"),
+        # was: accepted, the last value kept
+        (
+            ["--g1-backend", "kvbm", "--tier-bandwidth", "g1_g2=5", "--tier-bandwidth", "g1_g2=6"],
+            "--tier-bandwidth g1_g2: given twice ('g1_g2=5' and 'g1_g2=6'), expected each link once",
+        ),
     ):
         capsys.readouterr()
         assert main(["replay", "--trace", str(trace), "--quiet", *flags]) == 2

@@ -103,6 +103,20 @@ def test_a_file_that_is_not_an_npz_archive_as_timing_is_one_line(tmp_path, capsy
     assert (rc, cap.out, cap.err) == (2, "", f"dynoplan replay: error: timing={str(f)!r}: {NOT_NPZ}\n")
 
 
+def test_a_directory_as_timing_is_named_a_directory(tmp_path, capsys):
+    d = tmp_path / "adir.npz"
+    d.mkdir()
+    rc = cli_main(["replay", "--trace", SYNTHETIC, "--timing", str(d), "--quiet"])
+    cap = capsys.readouterr()
+    # was: "profile file not found" (it exists)
+    assert (rc, cap.out, cap.err) == (
+        2,
+        "",
+        f"dynoplan replay: error: timing={str(d)!r}: is a directory; expected 'polynomial', a path to a .npz profile "
+        "or 'aic:model=...,system=...'\n",
+    )
+
+
 def test_an_npz_archive_named_without_npz_as_timing_says_to_rename_it(tmp_path, capsys):
     import numpy as np
 
