@@ -142,7 +142,12 @@ def load_trace(
         return synthesize(parse_synthetic_spec(s, default_seed=seed), trace_block_size=trace_block_size)
     path = Path(s)
     if not path.is_file():
-        raise TraceError(s, None, None, "trace file not found" if not path.exists() else "not a regular file")
+        what = (
+            "trace file not found" if not path.exists() else "is a directory" if path.is_dir() else "not a regular file"
+        )
+        raise TraceError(
+            s, None, None, f"{what}; expected a trace file (Azure CSV or Mooncake JSONL) or a synthetic:KIND?... spec"
+        )
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return load_azure_csv(path, trace_block_size=trace_block_size)

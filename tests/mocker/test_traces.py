@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -610,6 +611,18 @@ def test_synthetic_empty_items_are_refused(query: str, item: str) -> None:
         load_trace(spec)
     assert str(ei.value) == f"{spec}: {item}; expected key=value items joined by '&'"
     assert ei.value.field is None and ei.value.line is None
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "device"])
+def test_a_trace_path_that_is_no_file_says_what_it_is_and_what_was_expected(tmp_path: Path, kind: str) -> None:
+    # was: "DIR: not a regular file" and "-: trace file not found", neither saying what a trace is
+    path = {"missing": str(tmp_path / "nope.csv"), "directory": str(tmp_path), "device": os.devnull}[kind]
+    what = {"missing": "trace file not found", "directory": "is a directory", "device": "not a regular file"}[kind]
+    with pytest.raises(TraceError) as ei:
+        load_trace(path)
+    assert str(ei.value) == (
+        f"{path}: {what}; expected a trace file (Azure CSV or Mooncake JSONL) or a synthetic:KIND?... spec"
+    )
 
 
 def test_synthetic_values_are_read_literally() -> None:
