@@ -22,8 +22,9 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from dynoplan.errors import ConfigError
@@ -142,6 +143,22 @@ def check_output_paths(outputs: list[tuple[str, str | None]], inputs: list[tuple
             if real in seen:
                 raise ConfigError(f"{flag} {path}: same file as {seen[real]}; expected a different output file")
             seen[real] = flag
+
+
+def write_report_outputs(command: str, args: argparse.Namespace, report: dict[str, Any], records: Sequence[Any]) -> int:
+    """Write the outputs of ``dynoplan COMMAND`` (``replay``, ``loadgen``) that ``args`` gives, ``--report-json`` (the
+    report) and ``--per-request`` (one line per record), all or none (:func:`dynoplan.outputs.write_flagged_outputs`;
+    their paths were checked before the run by :func:`check_output_paths`). Returns 0 when written (or none given),
+    2 when one could not be: the report is then on stdout, one line on stderr, and every earlier file as it was."""
+    from dynoplan.outputs import write_flagged_outputs
+    from mocker.report import report_to_json, write_per_request_jsonl, write_report_json
+
+    outputs: list[tuple[str, str, Callable[[Path], object]]] = []
+    if args.report_json:
+        outputs.append(("--report-json", args.report_json, lambda p: write_report_json(report, p)))
+    if args.per_request:
+        outputs.append(("--per-request", args.per_request, lambda p: write_per_request_jsonl(records, p)))
+    return write_flagged_outputs(command, outputs, report_to_json(report)) if outputs else 0
 
 
 def nonneg_int(text: str) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import signal
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from dynoplan.errors import ConfigError
@@ -29,6 +28,7 @@ from mocker.arguments import (
     positive_float,
     positive_int,
     use_one_line_errors,
+    write_report_outputs,
 )
 
 
@@ -217,9 +217,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dynoplan.outputs import write_flagged_outputs
     from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
-    from mocker.report import render_table, report_to_json, write_per_request_jsonl
+    from mocker.report import render_table
     from mocker.traces import load_trace
 
     trace_file = [] if args.trace.startswith("synthetic:") else [("--trace", args.trace)]
@@ -276,11 +275,6 @@ def run_loadgen(args: argparse.Namespace) -> int:
                 f"  {reason}: request {f['request_id']}: {f['message']}", highlight=False, markup=False, soft_wrap=True
             )
     # paths checked up front (check_output_paths); written all or none, as replay's (a full disk replaces nothing)
-    outputs: list[tuple[str, str, Callable[[Path], object]]] = []
-    if args.report_json:
-        outputs.append(("--report-json", args.report_json, lambda p: p.write_text(report_to_json(rep))))
-    if args.per_request:
-        outputs.append(("--per-request", args.per_request, lambda p: write_per_request_jsonl(result.records, p)))
-    if outputs and write_flagged_outputs("loadgen", outputs, report_to_json(rep)):
+    if write_report_outputs("loadgen", args, rep, result.records):
         return 2  # the measured result is not lost: the report went to stdout, then the one line
     return 0 if rep["failed_requests"] == 0 else 1

@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
 from dynoplan.settings import check
 from mocker.arguments import (
@@ -42,6 +39,7 @@ from mocker.arguments import (
     transfer_config_from_args,
     use_one_line_errors,
     worker_count,
+    write_report_outputs,
 )
 from mocker.config import MAX_DP_SIZE
 
@@ -156,9 +154,8 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, not at module level: `dynoplan replay --help` needs only the flags (the engine, the fleet
     # and the trace readers are ~0.1 s of its start-up).
     from dynoplan.errors import ConfigError
-    from dynoplan.outputs import write_flagged_outputs
     from mocker.fleet import FleetConfig, run_replay
-    from mocker.report import build_report, render_table, report_to_json
+    from mocker.report import build_report, render_table
     from mocker.traces import apply_rate_envelope, load_trace, parse_rate_envelope, scale_arrivals, time_limit_problem
 
     inputs = [("--engine-config", args.engine_config), ("--rate-envelope", args.rate_envelope)]
@@ -244,27 +241,11 @@ def run(args: argparse.Namespace) -> int:
     if note:  # the engine rejects a prompt that can never fit its KV cache; say so rather than exit silently
         print(f"dynoplan replay: warning: {note}", file=sys.stderr)
 
-    outputs = _outputs(args, report, result.records)
     # all or none: a failed write leaves the earlier files as they were, and the report goes to stdout
-    code = write_flagged_outputs("replay", outputs, report_to_json(report)) if outputs else 0
+    code = write_report_outputs("replay", args, report, result.records)
     if getattr(args, "_exit_process", False):  # the process's entry point (planner.cli.main from the console)
         exit_without_teardown(code)
     return code
-
-
-def _outputs(
-    args: argparse.Namespace, report: dict[str, Any], records: Sequence[Any]
-) -> list[tuple[str, str, Callable[[Path], object]]]:
-    """``(flag, path, write)`` of each output given (``--report-json``, ``--per-request``), for
-    :func:`dynoplan.outputs.write_flagged_outputs`."""
-    from mocker.report import write_per_request_jsonl, write_report_json
-
-    out: list[tuple[str, str, Callable[[Path], object]]] = []
-    if args.report_json:
-        out.append(("--report-json", args.report_json, lambda p: write_report_json(report, p)))
-    if args.per_request:
-        out.append(("--per-request", args.per_request, lambda p: write_per_request_jsonl(records, p)))
-    return out
 
 
 def _check_kv_event_flags(args: argparse.Namespace) -> None:
