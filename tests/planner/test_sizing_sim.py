@@ -568,6 +568,9 @@ def test_the_limits_pair_is_not_replayed_when_decode_passed_with_prefill_at_its_
         def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
             if not sample.share_pool:
                 self.whole.append(dict(replicas))
+            return self.outcome(replicas)
+
+        def outcome(self, replicas):
             m = 30 if sum(replicas.values()) < 7 else 0
             return SampleOutcome(1000, m, m, m)
 
@@ -581,9 +584,7 @@ def test_the_limits_pair_is_not_replayed_when_decode_passed_with_prefill_at_its_
 
     # where decode did not pass even at its limit, the limits' pair is replayed for the bar, as before
     class SteepFloorRecorded(PairOnlyRecorded):
-        def evaluate(self, sample, replicas, stop_allowed=None, stop_kind="any", stop_confidence=0.95):
-            if not sample.share_pool:
-                self.whole.append(dict(replicas))
+        def outcome(self, replicas):
             return SampleOutcome(1000, 20, 20, 20)  # 2 % at every size: no fleet reaches 0.5 %
 
     ev2 = SteepFloorRecorded()
