@@ -575,23 +575,50 @@ def _warm_start(path: str, interval_s: float, trace_block_size: int) -> list[Any
         raise SimulationConfigError(f"--warm-start {path}: {msg}") from None
 
 
-def _check_auto_attainment(args: argparse.Namespace) -> None:
-    """Refuse ``--auto-attainment`` (the SLA attainment the ``static:auto`` search must reach,
-    :func:`planner.sim.runner.auto_static`) when no ``--compare`` policy is ``static:auto``: it would have no
-    effect. Given at any value, its default 0.995 too (argparse's default does not count: the options given
-    are kept on the namespace, :data:`dynoplan.options.GIVEN_OPTIONS`). Raises SimulationConfigError naming the
-    flag, its value and the missing prerequisite, as ``dynoplan replay`` refuses ``--kv-event-lag-ms`` without
-    ``--kv-events``."""
+POLICY_FLAGS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("auto_attainment", "--auto-attainment", ("static:auto",), "the SLA attainment its search must reach"),
+    ("attainment_target", "--attainment-target", ("planner",), "the planner's SLA-attainment target"),
+    ("warm_start", "--warm-start", ("planner", "throughput-only"), "it warm-starts their predictors"),
+    (
+        "initial_replicas",
+        "--initial-replicas",
+        ("planner", "throughput-only", "hpa", "saturation"),
+        "the fleet they start from; static and schedule fleets are their own",
+    ),
+)
+"""``simulate`` flags that only some ``--compare`` policies read: (namespace destination, flag, the policies, by
+name or ``NAME:`` prefix, that read it, what it is to them). ``planner`` covers the ``planner:k=v`` variants and
+``hpa`` the ``hpa:METRIC[:TARGET]`` forms (:func:`planner.sim.runner.make_policy` reads each flag for these)."""
+
+
+def _reads_flag(spec: str, readers: tuple[str, ...]) -> bool:
+    """Whether the ``--compare`` policy ``spec`` is one of ``readers`` (a name, or its ``NAME:`` forms; a
+    reader that itself has a colon, ``static:auto``, only as that exact spec)."""
+    s = spec.strip()
+    return any(s == r or (":" not in r and s.startswith(r + ":")) for r in readers)
+
+
+def _check_policy_flags(args: argparse.Namespace) -> None:
+    """Refuse each flag of :data:`POLICY_FLAGS` given when no ``--compare`` policy reads it (none given: the
+    planner alone): it would have no effect, and the run would look as if it had. Given at any value, its default
+    too (argparse's default does not count: the options given are kept on the namespace,
+    :data:`dynoplan.options.GIVEN_OPTIONS`). Raises SimulationConfigError naming the flag, its value, the
+    policies that read it and what it is to them, as ``dynoplan replay`` refuses ``--kv-event-lag-ms`` without
+    ``--kv-events``; the first such flag in :data:`POLICY_FLAGS` order."""
     from dynoplan.options import GIVEN_OPTIONS
 
-    if "auto_attainment" not in getattr(args, GIVEN_OPTIONS, set()):
-        return
-    if any(spec.strip() == "static:auto" for spec in args.compare or ()):
-        return
-    raise SimulationConfigError(
-        f"--auto-attainment {args.auto_attainment:g}: only with static:auto in --compare (the SLA attainment its "
-        "search must reach); expected --compare static:auto or no --auto-attainment"
-    )
+    given: set[str] = getattr(args, GIVEN_OPTIONS, set())
+    specs = args.compare or ["planner"]
+    for dest, flag, readers, what in POLICY_FLAGS:
+        if dest not in given or any(_reads_flag(spec, readers) for spec in specs):
+            continue
+        value = getattr(args, dest)
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        names = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} or {readers[-1]}"
+        expected = f"--compare {readers[0]}" if len(readers) == 1 else "one of them in --compare"
+        raise SimulationConfigError(
+            f"{flag} {text}: only with {names} in --compare ({what}); expected {expected} or no {flag}"
+        )
 
 
 def _warn_failed(policy: str, records: Any, engine: Any) -> None:
@@ -613,7 +640,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.sim.report import render_table, schema_summary, summary_document, write_outputs
     from planner.sim.runner import AutoStaticUnreachable, make_policy
 
-    _check_auto_attainment(args)
+    _check_policy_flags(args)
     if args.out is not None and not args.out.strip():
         raise SimulationConfigError(
             f"--out {args.out!r}: empty, expected a directory path (omit --out to write nothing)"

@@ -512,6 +512,64 @@ def test_auto_attainment_with_static_auto_is_taken(monkeypatch, compare):
     assert seen == [0.9]
 
 
+PLANNER_ONLY = (
+    "only with planner in --compare (the planner's SLA-attainment target); expected --compare planner or no "
+    "--attainment-target"
+)
+WARM_ONLY = (
+    "only with planner or throughput-only in --compare (it warm-starts their predictors); expected one of them in "
+    "--compare or no --warm-start"
+)
+INITIAL_ONLY = (
+    "only with planner, throughput-only, hpa or saturation in --compare (the fleet they start from; static and "
+    "schedule fleets are their own); expected one of them in --compare or no --initial-replicas"
+)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # each was: accepted and ignored (exit 0), the static fleets run as if it were not given
+        (["--compare", "static:1", "--attainment-target", "0.99"], f"--attainment-target 0.99: {PLANNER_ONLY}"),
+        (
+            ["--compare", "throughput-only", "hpa", "--attainment-target", "off"],
+            f"--attainment-target off: {PLANNER_ONLY}",
+        ),
+        (["--compare", "static:1", "--warm-start", TRACE], f"--warm-start {TRACE}: {WARM_ONLY}"),
+        (["--compare", "hpa:kv:0.5", "saturation", "--warm-start", TRACE], f"--warm-start {TRACE}: {WARM_ONLY}"),
+        (["--compare", "static:1", "schedule:0=2", "--initial-replicas", "3"], f"--initial-replicas 3: {INITIAL_ONLY}"),
+        # several: the first of POLICY_FLAGS' order is named
+        (
+            ["--compare", "static:peak", "--initial-replicas", "3", "--attainment-target", "0.99"],
+            f"--attainment-target 0.99: {PLANNER_ONLY}",
+        ),
+    ],
+)
+def test_a_policy_flag_no_compared_policy_reads_is_refused_before_running(capsys, monkeypatch, tmp_path, argv, message):
+    _no_sim(monkeypatch)
+    out = tmp_path / "out"
+    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--out", str(out), *argv])
+    cap = capsys.readouterr()
+    assert (rc, cap.out, cap.err) == (2, "", f"dynoplan simulate: error: {message}\n")
+    assert not out.exists()  # refused before --out was created
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--attainment-target", "0.99"],  # no --compare: the planner alone
+        ["--compare", "static:1", " planner:load_enabled=true ", "--attainment-target", "0.99"],
+        ["--compare", "throughput-only", "--warm-start", TRACE],
+        ["--compare", "hpa:running", "--initial-replicas", "2"],
+        ["--compare", "static:1", "saturation", "--initial-replicas", "2"],
+    ],
+)
+def test_a_policy_flag_some_compared_policy_reads_is_taken(monkeypatch, argv):
+    _no_sim(monkeypatch)
+    with pytest.raises(AssertionError, match="simulated"):  # reached build_context: the flag passed the check
+        cli_main(["simulate", "--trace", TRACE, "--quiet", *argv])
+
+
 def test_trace_given_twice_is_refused_naming_both(capsys):
     # was: the last --trace simulated, the first silently dropped
     with pytest.raises(SystemExit) as e:

@@ -431,7 +431,7 @@ def test_missing_warm_start_names_the_flag(tmp_path, capsys, profile):
             profile,
             "--quiet",
             "--compare",
-            "static:1",
+            "throughput-only",  # a policy that reads it (static:1 alone refuses the flag itself)
             "--warm-start",
             str(tmp_path / "nope.csv"),
         ]

@@ -150,7 +150,7 @@ def test_an_epoch_millisecond_warm_start_csv_is_refused_not_replayed(tmp_path, c
     # a bare number is a year to numpy: unrefused, the warm start spanned 54,000 years and never finished
     f = tmp_path / "epoch.csv"
     f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1700158546680,374,44\n1700158556680,374,44\n")
-    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "static:1", "--warm-start", str(f), "--quiet"])
+    rc = cli_main(["simulate", "--trace", SYNTHETIC, "--compare", "throughput-only", "--warm-start", str(f), "--quiet"])
     assert rc == 2
     line = _one_error_line(capsys)
     assert "epoch.csv:2: field 'TIMESTAMP' '1700158546680': unparsable timestamp" in line
