@@ -803,13 +803,17 @@ def parse_synthetic_spec(spec: str, *, default_seed: int | None = None) -> Synth
         raise TraceError(spec, None, "duration_s", "missing: give duration_s=S and/or num_requests=N")
     expected_n = min(n if n is not None else math.inf, rate * duration_s if duration_s is not None else math.inf)
     if expected_n > MAX_SYNTHETIC_REQUESTS:
-        key = "num_requests" if n is not None and n == expected_n else "duration_s"
+        about = f"about {expected_n:.3g}" if math.isfinite(expected_n) else "more than 1e+308"
+        if n is not None and n == expected_n:
+            key, given = "num_requests", repr(params["num_requests"])
+        else:  # the product of two fields: both named (a rate of 1e308 is as much at fault as the duration)
+            key, given = "duration_s", f"{params['duration_s']!r} x rate {params['rate']!r}"
         raise TraceError(
             spec,
             None,
             key,
-            f"{params[key]!r}: about {expected_n:.3g} requests; expected at most "
-            f"{MAX_SYNTHETIC_REQUESTS:,} (num_requests, or rate x duration_s)",
+            f"{given}: {about} requests; expected at most {MAX_SYNTHETIC_REQUESTS:,} (num_requests, or rate x "
+            "duration_s)",
         )
     shape = num("shape", float_text, pos_float, "a number > 0", 1.0)
     if "shape" in params and kind != "gamma":

@@ -710,3 +710,33 @@ def test_mooncake_utf8_text_in_an_unknown_field_is_accepted(tmp_path: Path) -> N
     p = tmp_path / "t.jsonl"
     p.write_bytes(ROW + ', "note": "café ✓"}\n'.encode())
     assert [(r.arrival_ms, r.input_length, r.output_length) for r in load_trace(p)] == [(0.0, 100, 10)]
+
+
+@pytest.mark.parametrize(
+    "spec, field, says",
+    [
+        # was: "field 'duration_s' '10': about inf requests", the duration blamed for the rate's excess
+        (
+            "synthetic:poisson?rate=1e308&duration_s=10",
+            "duration_s",
+            "field 'duration_s' '10' x rate '1e308': more than 1e+308 requests; expected at most 10,000,000 "
+            "(num_requests, or rate x duration_s)",
+        ),
+        (
+            "synthetic:poisson?rate=1e9&duration_s=10",
+            "duration_s",
+            "field 'duration_s' '10' x rate '1e9': about 1e+10 requests; expected at most 10,000,000",
+        ),
+        # the count asked for outright is named alone (with a duration too, the smaller of the two counts is drawn)
+        (
+            "synthetic:poisson?rate=10&num_requests=20000000",
+            "num_requests",
+            "field 'num_requests' '20000000': about 2e+07 requests; expected at most 10,000,000",
+        ),
+    ],
+)
+def test_too_many_synthetic_requests_name_the_fields_that_make_the_count(spec: str, field: str, says: str) -> None:
+    with pytest.raises(TraceError) as ei:
+        load_trace(spec)
+    assert ei.value.field == field
+    assert says in str(ei.value)
