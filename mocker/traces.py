@@ -527,8 +527,13 @@ def _mooncake_check_duplicates(raw: bytes, p: str, lineno: int) -> None:
 
 
 def _cut(v: Any) -> str:
-    """``repr(v)``, cut to 80 characters (a pasted list can be long)."""
-    r = repr(v)
+    """A value of a JSON row as its message shows it, cut to 80 characters (a pasted list can be long): JSON's own
+    words for the literals (``true``, ``false``, ``null``, which Python's repr spells ``True`` / ``None``), JSON
+    text for a list or an object, ``repr`` for a string (quoted as the field names are) and a number."""
+    if v is None or isinstance(v, (bool, list, dict)):
+        r = msgspec.json.encode(v).decode()
+    else:
+        r = repr(v)
     return r if len(r) <= 80 else r[:77] + "..."
 
 
@@ -563,11 +568,11 @@ def _mooncake_check_row(raw: bytes, p: str, lineno: int) -> NoReturn:
         raise TraceError(p, lineno, None, f"expected a JSON object, got {type(row).__name__}")
     ts = _mooncake_field(row, "timestamp", p, lineno)
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-        raise TraceError(p, lineno, "timestamp", f"{ts!r}: expected a finite number of milliseconds >= 0")
+        raise TraceError(p, lineno, "timestamp", f"{_cut(ts)}: expected a finite number of milliseconds >= 0")
     for name in ("input_length", "output_length"):
         v = _mooncake_field(row, name, p, lineno)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v > MAX_TRACE_TOKENS:
-            raise TraceError(p, lineno, name, f"{v!r}: expected a positive integer <= {MAX_TRACE_TOKENS}")
+            raise TraceError(p, lineno, name, f"{_cut(v)}: expected a positive integer <= {MAX_TRACE_TOKENS}")
     hids = row.get("hash_ids")
     if hids is not None:
         if not isinstance(hids, list):

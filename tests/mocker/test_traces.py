@@ -740,3 +740,27 @@ def test_too_many_synthetic_requests_name_the_fields_that_make_the_count(spec: s
         load_trace(spec)
     assert ei.value.field == field
     assert says in str(ei.value)
+
+
+OK_ROW = '"timestamp": 0, "input_length": 5, "output_length": 2'
+
+
+@pytest.mark.parametrize(
+    "row, says",
+    [
+        # was: Python's spelling of the JSON literals (True, None) in a message about a JSON file
+        ('"timestamp": true, "input_length": 5, "output_length": 2', "field 'timestamp' true: expected a finite"),
+        ('"timestamp": 0, "input_length": false, "output_length": 2', "field 'input_length' false: expected a"),
+        ('"timestamp": 0, "input_length": 5, "output_length": null', "field 'output_length' null: expected a"),
+        (OK_ROW + ', "hash_ids": [4, true]', "field 'hash_ids[1]' true: expected a non-negative integer"),
+        (OK_ROW + ', "hash_ids": {"a": [1, null]}', "field 'hash_ids' {\"a\":[1,null]}: expected a list"),
+        # strings keep their quotes as the field names do
+        ('"timestamp": "x", "input_length": 5, "output_length": 2', "field 'timestamp' 'x': expected a finite"),
+    ],
+)
+def test_a_json_row_s_bad_value_is_shown_in_json_words(tmp_path: Path, row: str, says: str) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text("{" + row + "}\n")
+    with pytest.raises(TraceError) as ei:
+        load_trace(str(f))
+    assert f"t.jsonl:1: {says}" in str(ei.value)
