@@ -347,6 +347,7 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
     prev_us: int | None = None
     t0: int | None = None
     prev_ms = 0.0
+    prev_text = ""
     with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         next(reader)
@@ -387,15 +388,17 @@ def _azure_check_rows(path: str, cols: list[int], header: list[str]) -> None:
             us = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds - (offset_min or 0) * 60_000_000
             t0 = us if t0 is None else t0
             ms = float(int((us - t0) / 1e6 * 1000.0))
+            text = row[i_ts].strip()
             if prev_us is not None and ms < prev_ms:
+                # each stamp as its row gives it (UTC offset included: +02:00 at 18:15 is before +00:00 at 17:00)
                 raise TraceError(
                     path,
                     line,
                     "TIMESTAMP",
-                    f"{s!r} is earlier than the previous row's timestamp; rows must be in arrival order "
+                    f"{text!r} is earlier than the previous row's {prev_text!r}; rows must be in arrival order "
                     "(dynoplan does not reorder traces)",
                 )
-            prev_us, prev_ms = us, ms
+            prev_us, prev_ms, prev_text = us, ms, text
     raise TraceError(path, None, None, "malformed trace (could not locate the bad row)")
 
 

@@ -764,3 +764,27 @@ def test_a_json_row_s_bad_value_is_shown_in_json_words(tmp_path: Path, row: str,
     with pytest.raises(TraceError) as ei:
         load_trace(str(f))
     assert f"t.jsonl:1: {says}" in str(ei.value)
+
+
+def test_an_azure_row_out_of_order_is_named_with_both_stamps_as_written(tmp_path: Path) -> None:
+    # 18:15:40 at +02:00 is 16:15:40 UTC, before the first row's 18:15:46 UTC; was: the stamp shown without its
+    # offset ('2023-11-16 18:15:40.000000', which reads as later) and the previous one not shown
+    f = tmp_path / "o.csv"
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900+00:00,374,44\n"
+        "2023-11-16 18:15:40.0000000+02:00,374,44\n"
+    )
+    with pytest.raises(TraceError) as ei:
+        load_trace(str(f))
+    assert str(ei.value) == (
+        f"{f}:3: field 'TIMESTAMP' '2023-11-16 18:15:40.0000000+02:00' is earlier than the previous row's "
+        "'2023-11-16 18:15:46.6805900+00:00'; rows must be in arrival order (dynoplan does not reorder traces)"
+    )
+    # an offset that puts the second row after the first: 17:15:50 at -01:00 is 18:15:50 UTC, 3.319 s later
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900+00:00,374,44\n"
+        "2023-11-16 17:15:50.0000000-01:00,374,44\n"
+    )
+    assert [r.arrival_ms for r in load_trace(str(f))] == [0.0, 3319.0]
