@@ -200,15 +200,27 @@ def _load(text: str, source: str) -> Any:
         loader.dispose()
 
 
+MAX_SETTINGS_BYTES = 16 << 20
+"""Most bytes a settings file (stack, planner config, engine config, model config) may hold: 16 MiB, some thousand
+times the largest one the project ships. A path with no end (``/dev/zero``, ``/dev/urandom``) is refused after this
+much instead of filling the memory; a pipe (``<(printf ...)``) is still read, to its end or to the bound."""
+
+
 def read_text(path: str | Path, source: str | None = None, what: str = "settings file") -> str:
-    """The text of the file ``path``, read once (a pipe such as ``<(printf ...)`` works too). Raises
-    ConfigError naming ``source`` (default: the path): ``cannot read {what}: ...`` (not found, a directory,
-    no permission, not UTF-8: the byte and its offset)."""
+    """The text of the file ``path``, read once (a pipe such as ``<(printf ...)`` works too), at most
+    :data:`MAX_SETTINGS_BYTES`. Raises ConfigError naming ``source`` (default: the path): ``cannot read {what}:
+    ...`` (not found, a directory, no permission, longer than the bound, not UTF-8: the byte and its offset)."""
     src = source if source is not None else str(path)
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SETTINGS_BYTES + 1)
     except OSError as e:  # not found, a directory, no permission
         raise ConfigError(f"cannot read {what}: {e.strerror or e}", source=src) from None
+    if len(raw) > MAX_SETTINGS_BYTES:
+        raise ConfigError(
+            f"cannot read {what}: more than {MAX_SETTINGS_BYTES >> 20} MiB; expected YAML or JSON text of a few KiB",
+            source=src,
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:  # a binary or Latin-1 file

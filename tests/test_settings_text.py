@@ -320,3 +320,23 @@ def test_an_operator_variable_that_is_not_utf8_is_named(monkeypatch):
     assert str(e.value) == (
         "operator settings: DYNOPLAN_OPERATOR_PEERING_NAME: byte 0xe9 at offset 1: expected UTF-8 text"
     )
+
+
+def test_a_path_with_no_end_is_refused_after_the_bound_not_read_forever(tmp_path):
+    # was: `dynoplan up --config /dev/zero` (and profile / mocker serve --engine-config) read until the memory ran out
+    from dynoplan.settings_text import MAX_SETTINGS_BYTES
+
+    for path in ("/dev/zero", "/dev/urandom"):
+        with pytest.raises(ConfigError) as e:
+            load_file(path, f"--config {path}", "config file")
+        assert str(e.value) == (
+            f"--config {path}: cannot read config file: more than 16 MiB; expected YAML or JSON text of a few KiB"
+        )
+    # the bound itself is read (a long comment, then a setting); one byte more is refused
+    f = tmp_path / "big.yaml"
+    tail = b"\nttft_ms: 5\n"
+    f.write_bytes(b"#" + b"x" * (MAX_SETTINGS_BYTES - 1 - len(tail)) + tail)
+    assert load_file(f) == {"ttft_ms": 5}
+    f.write_bytes(b"#" + b"x" * (MAX_SETTINGS_BYTES - len(tail)) + tail)
+    with pytest.raises(ConfigError, match="more than 16 MiB"):
+        load_file(f)

@@ -208,7 +208,7 @@ def test_attainment_target_off_or_yaml_null_disables_it(profile, capsys, value):
     args = build_parser().parse_args(["simulate", "--trace", TINY, "--profile", profile])
     ctx = build_context(args)
     assert make_policy(f"planner:attainment_target={value}", ctx).config.sla_attainment_target is None  # type: ignore[attr-defined]
-    assert _sim(profile, "--attainment-target", value, "--compare", "static:1") == 0, capsys.readouterr().err
+    assert _sim(profile, "--attainment-target", value, "--compare", "planner") == 0, capsys.readouterr().err
 
 
 def test_attainment_target_none_is_text_and_refused(profile, capsys):

@@ -102,7 +102,18 @@ def test_warm_start_not_utf8_is_the_trace_readers_one_line(tmp_path, capsys, pro
     w = tmp_path / "w.csv"
     w.write_bytes("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,caf\xe9,1\n".encode("latin-1"))
     rc = cli_main(
-        ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1", "--warm-start", str(w)]
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--quiet",
+            "--compare",
+            "throughput-only",
+            "--warm-start",
+            str(w),
+        ]
     )
     _one_line(capsys, rc, f"--warm-start {w}: {w}:2: byte 0xe9 at column 26: expected UTF-8 text")  # was a traceback
 
@@ -112,6 +123,17 @@ def test_warm_start_accepts_the_trace_aliases(tmp_path, profile, ts):
     w = tmp_path / "w.jsonl"
     w.write_text("".join(f'{{"{ts}": {i * 1000}, "input_tokens": 100, "output_tokens": 10}}\n' for i in range(5)))
     rc = cli_main(
-        ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "static:1", "--warm-start", str(w)]
+        [
+            "simulate",
+            "--trace",
+            TRACE,
+            "--profile",
+            profile,
+            "--quiet",
+            "--compare",
+            "throughput-only",
+            "--warm-start",
+            str(w),
+        ]
     )
     assert rc == 0
