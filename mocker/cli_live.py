@@ -245,13 +245,15 @@ def run_loadgen(args: argparse.Namespace) -> int:
         )
     console = Console(stderr=True)
     if args.quiet:
-        result = _run_loop(run_load(s, reqs))
+        result = _run_loop(run_load(s, reqs, stop_on_signals=True))
     else:
         with Progress(
             TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
         ) as prog:
             task = prog.add_task("requests", total=len(reqs))
-            result = _run_loop(run_load(s, reqs, progress=lambda done, total: prog.update(task, completed=done)))
+            result = _run_loop(
+                run_load(s, reqs, progress=lambda done, total: prog.update(task, completed=done), stop_on_signals=True)
+            )
     if args.scale_ms != 1.0:
         result = scaled(result, args.scale_ms)
     rep = client_report(result)
@@ -277,4 +279,14 @@ def run_loadgen(args: argparse.Namespace) -> int:
     # paths checked up front (check_output_paths); written all or none, as replay's (a full disk replaces nothing)
     if write_report_outputs("loadgen", args, rep, result.records):
         return 2  # the measured result is not lost: the report went to stdout, then the one line
+    if result.interrupted_by is not None:  # stopped by Ctrl-C or SIGTERM: what was measured is reported above
+        sent, cancelled = len(result.records), sum(1 for r in result.records if r.status == "cancelled")
+        console.print(
+            f"dynoplan loadgen: interrupted after sending {sent} of {len(reqs)} requests ({cancelled} in flight, "
+            "reported as failed); the table and the outputs hold the requests sent",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return 128 + int(result.interrupted_by)  # the shell's code for a process ended by that signal
     return 0 if rep["failed_requests"] == 0 else 1

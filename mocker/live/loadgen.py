@@ -24,6 +24,11 @@ reason, message and token counts): ``http_<status>`` (a non-2xx answer; message:
 :func:`mocker.report.build_report` — the same definitions and key names as the offline replay report,
 in milliseconds of wall time (at a server speedup ratio R they read R times smaller than simulated
 time; ``scale_ms`` multiplies them back for comparisons).
+
+Stopped early (Ctrl-C or SIGTERM to ``dynoplan loadgen``): nothing more is sent, the requests in flight are
+cancelled (status ``cancelled``, counted as failed), and the table, ``--report-json`` and ``--per-request`` are
+written for every request sent until then; a line on stderr says how many of the trace's were sent, and the exit
+status is 128 + the signal's number (130, 143), as a shell reports a process ended by it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -109,6 +115,9 @@ class LoadgenResult:
     worker_seconds: float = 0.0
     num_workers: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
+    interrupted_by: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run before every request was sent and answered, or None:
+    ``records`` then holds the requests sent until then, those still in flight ``cancelled``."""
 
 
 def text_prompt(n_tokens: int, request_id: int) -> str:
@@ -291,10 +300,15 @@ async def connect_problem(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str
     return None
 
 
-async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progress: Any = None) -> LoadgenResult:
+async def run_load(
+    s: LoadgenSettings, requests: Sequence[TraceRequest], progress: Any = None, *, stop_on_signals: bool = False
+) -> LoadgenResult:
     """Send ``requests`` on their (compressed) schedule; returns per-request client-side records.
 
-    ``progress``: optional callable ``progress(done, total)`` called as requests finish.
+    ``progress``: optional callable ``progress(done, total)`` called as requests finish. ``stop_on_signals``: SIGINT
+    and SIGTERM stop the run instead of ending the process (the command line's use): nothing more is sent, the
+    requests in flight are cancelled (status ``cancelled``, their tokens so far kept), and the result holds every
+    request sent, with :attr:`LoadgenResult.interrupted_by` set, so that what was measured can still be reported.
     """
     sem = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency > 0 else None
     records: list[RequestRecord] = []
@@ -304,6 +318,8 @@ async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progres
     done = 0
     total = len(requests)
     base = requests[0].arrival_ms if requests else 0.0
+    stopped: list[int] = []
+    tasks: list[asyncio.Future[None]] = []
     connector = aiohttp.TCPConnector(limit=s.max_concurrency or 0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _warm_up(session, s)
@@ -319,7 +335,11 @@ async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progres
                 queue_ms.append(max(0.0, sent - due_ms))
                 rec = RequestRecord(r.request_id, sent, r.input_length, r.output_length, admit_ms=sent)
                 records.append(rec)
-                await _one(session, s, r, t0, rec, errors, payload, failures)
+                try:
+                    await _one(session, s, r, t0, rec, errors, payload, failures)
+                except asyncio.CancelledError:  # in flight when the run was stopped
+                    rec.status = "cancelled"
+                    raise
             finally:
                 if sem is not None:
                     sem.release()
@@ -327,20 +347,54 @@ async def run_load(s: LoadgenSettings, requests: Sequence[TraceRequest], progres
                 if progress is not None:
                     progress(done, total)
 
-        tasks = []
-        for r in requests:
-            due = (r.arrival_ms - base) / s.time_compression
-            payload = json.dumps(request_body(s, r)).encode()  # encoded before the send time, not at it
-            # the request's task starts SEND_LEAD_S early and sleeps to its due time itself (sub-ms,
-            # sleep_until_monotonic): at the due time it sends at once, instead of waiting for the loop to
-            # run this scheduler, then create and first-schedule a task, behind the streams' reads
-            await asyncio.sleep(max(0.0, t0 + due / 1000.0 - SEND_LEAD_S - time.monotonic()))
-            tasks.append(asyncio.ensure_future(go(r, due, payload)))
-        await asyncio.gather(*tasks)
+        async def schedule() -> None:
+            for r in requests:
+                due = (r.arrival_ms - base) / s.time_compression
+                payload = json.dumps(request_body(s, r)).encode()  # encoded before the send time, not at it
+                # the request's task starts SEND_LEAD_S early and sleeps to its due time itself (sub-ms,
+                # sleep_until_monotonic): at the due time it sends at once, instead of waiting for the loop to
+                # run this scheduler, then create and first-schedule a task, behind the streams' reads
+                await asyncio.sleep(max(0.0, t0 + due / 1000.0 - SEND_LEAD_S - time.monotonic()))
+                tasks.append(asyncio.ensure_future(go(r, due, payload)))
+
+        scheduler = asyncio.ensure_future(schedule())
+
+        def stop(signum: int) -> None:
+            if not stopped:
+                stopped.append(signum)
+            scheduler.cancel()
+            for t in tasks:
+                t.cancel()
+
+        loop = asyncio.get_running_loop()
+        signums = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
+        for signum in signums:
+            loop.add_signal_handler(signum, stop, signum)
+        try:
+            try:
+                await scheduler
+            except asyncio.CancelledError:
+                if not stopped:  # cancelled from outside, not by a signal: the caller's cancellation
+                    raise
+            # a task cancelled by a signal ends with CancelledError: gathered as a result, not raised; any other
+            # exception of a task is raised as it was
+            for res in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(res, BaseException) and not isinstance(res, asyncio.CancelledError):
+                    raise res
+        finally:
+            for signum in signums:
+                loop.remove_signal_handler(signum)
         wall = time.monotonic() - t0
     records.sort(key=lambda r: r.request_id)
     failures.sort(key=lambda f: f.request_id)
-    return LoadgenResult(records=records, errors=errors, failures=failures, client_queue_ms=queue_ms, wall_s=wall)
+    return LoadgenResult(
+        records=records,
+        errors=errors,
+        failures=failures,
+        client_queue_ms=queue_ms,
+        wall_s=wall,
+        interrupted_by=stopped[0] if stopped else None,
+    )
 
 
 def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
@@ -365,6 +419,7 @@ def scaled(result: LoadgenResult, scale_ms: float) -> LoadgenResult:
         failures=list(result.failures),
         client_queue_ms=[q * scale_ms for q in result.client_queue_ms],
         wall_s=result.wall_s,
+        interrupted_by=result.interrupted_by,
     )
 
 
