@@ -95,8 +95,22 @@ def _state_dir_arg(text: str) -> str:
     return text
 
 
+def _stack_file_arg(text: str) -> str:
+    """argparse type of ``--config``: a path that is not empty or blank (``Path('')`` is the current directory,
+    and ``--config ''`` used to say that the current directory could not be read as a stack file)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: empty, expected a stack file path")
+    return text
+
+
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=_stack_file_arg,
+        metavar="STACK.yaml",
+        help="stack file (see docs/live-planner.md)",
+    )
     parser.add_argument("--state-dir", type=_state_dir_arg, metavar="DIR", help="override state_dir of the stack file")
     parser.add_argument("--host", help="override service.host")
     parser.add_argument("--port", type=_port_arg, help="override service.port (0 = any free port)")
@@ -330,7 +344,13 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
 
 # ============================================================================== dynoplan up
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="STACK.yaml", help="stack file (see docs/live-planner.md)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=_stack_file_arg,
+        metavar="STACK.yaml",
+        help="stack file (see docs/live-planner.md)",
+    )
     parser.add_argument("--state-dir", type=_state_dir_arg, metavar="DIR", help="override state_dir of the stack file")
     parser.add_argument(
         "--max-planner-restarts",

@@ -137,8 +137,15 @@ class FrontendSettings:
         if not self.workers and not self.workers_file:
             p.append("workers: give --workers URL[,URL...] and/or --workers-file FILE")
         if self.workers_file and not os.path.isfile(self.workers_file):  # later it may vanish (re-read: no workers)
+            what = (
+                "is a directory"
+                if os.path.isdir(self.workers_file)
+                else "not a regular file"
+                if os.path.exists(self.workers_file)
+                else "no such file"
+            )
             p.append(
-                f"workers_file={self.workers_file!r}: no such file; expected an existing file of worker URLs "
+                f"workers_file={self.workers_file!r}: {what}; expected an existing file of worker URLs "
                 "(one per line; it may be empty and filled later)"
             )
         for u in self.workers:

@@ -66,7 +66,7 @@ class LoadgenSettings:
     when constructed directly; the CLI builds them through :func:`dynoplan.settings.check` (ConfigError)."""
 
     url: str = Field(description="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080.")
-    model: str = Field(default="mocker", description="Model name to request.")
+    model: str = Field(default="mocker", min_length=1, description="Model name to request (not empty).")
     endpoint: Endpoint = Field(default="completions", description="API to call: completions or chat.")
     time_compression: float = Field(
         default=1.0, gt=0, description="Arrival times are divided by this (dimensionless, > 0)."

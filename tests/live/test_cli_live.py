@@ -37,6 +37,29 @@ CMD = [sys.executable, "-m", "planner.cli"]
             ["frontend", "--workers-file", "/nonexistent/workers.txt", "--port", "0"],
             "workers_file='/nonexistent/workers.txt': no such file",
         ),
+        (  # was: "no such file" for a directory
+            ["frontend", "--workers-file", "/tmp", "--port", "0"],
+            "workers_file='/tmp': is a directory; expected an existing file of worker URLs",
+        ),
+        (["frontend", "--workers-file", "/dev/null", "--port", "0"], "workers_file='/dev/null': not a regular file;"),
+        (  # was: accepted, every request then answered 404 (exit 1)
+            [
+                "loadgen",
+                "--url",
+                "http://127.0.0.1:9",
+                "--trace",
+                "synthetic:poisson?rate=1&num_requests=1",
+                "--model",
+                "",
+            ],
+            'dynoplan loadgen: error: model="": expected string should have at least 1 character',
+        ),
+        (  # was: the current directory named as the unreadable stack file
+            ["up", "--config", ""],
+            "dynoplan up: error: argument --config: '': empty, expected a stack file path",
+        ),
+        (["planner", "--config", " "], "dynoplan planner: error: argument --config: ' ': empty, expected a stack file"),
+        (["up", "--config", "/dev/zero"], "/dev/zero: cannot read stack file: more than 16 MiB"),  # was: read forever
         (["mocker", "serve", "--port", "0", "--speedup", "2"], "unrecognized arguments: --speedup"),  # no abbreviations
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "/nonexistent.csv"], "/nonexistent.csv"),
         (["loadgen", "--url", "http://127.0.0.1:9", "--trace", "synthetic:poisson?rate=-1&num_requests=3"], "rate"),
