@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+from typing import Any
 
 from dynoplan.errors import SimulationConfigError
 from dynoplan.fields import float_text, int_text
@@ -17,9 +18,18 @@ from planner.arguments import add_engine_arguments, check_out_not_inputs
 from planner.core import save_profile
 
 
+def _increasing(text: str, vals: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``vals`` when strictly increasing (a grid the planner interpolates on); else the argparse error naming the
+    first point out of order, so the flag is named (was: the sweep's own field, ``isl_tokens=(500, 100)``)."""
+    for a, b in zip(vals, vals[1:]):
+        if b <= a:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected strictly increasing points, {b:g} follows {a:g}")
+    return vals
+
+
 def _int_list(text: str) -> tuple[int, ...]:
-    """argparse type of a grid flag (--isl, --context): at least 2 positive integers, comma-separated (the
-    planner interpolates between grid points)."""
+    """argparse type of a grid flag (--isl, --context): at least 2 positive integers, comma-separated, strictly
+    increasing (the planner interpolates between grid points)."""
     try:
         vals = tuple(int_text(x.strip()) for x in text.split(","))
     except ValueError:
@@ -30,11 +40,11 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected at least 2 comma-separated points (the planner interpolates between them)"
         )
-    return vals
+    return _increasing(text, vals)
 
 
 def _float_list(text: str) -> tuple[float, ...]:
-    """argparse type of --kv-usage: at least 2 fractions 0 < F < 1, comma-separated."""
+    """argparse type of --kv-usage: at least 2 fractions 0 < F < 1, comma-separated, strictly increasing."""
     try:
         vals = tuple(float_text(x.strip()) for x in text.split(","))
     except ValueError:
@@ -45,7 +55,7 @@ def _float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected at least 2 comma-separated points (the planner interpolates between them)"
         )
-    return vals
+    return _increasing(text, vals)
 
 
 def out_path(text: str) -> Path:

@@ -243,3 +243,24 @@ def test_a_planner_section_beside_other_settings_is_refused_naming_them(tmp_path
 def test_a_pool_setting_of_a_pool_the_mode_lacks_is_refused(capsys, argv, needle):
     rc = cli_main(["simulate", "--trace", TRACE, *argv, "--quiet"])
     _one_line(capsys, rc, needle)
+
+
+@pytest.mark.parametrize(
+    "flag, value, follows",
+    [
+        ("--isl", "500,100", "100 follows 500"),
+        ("--context", "100,200,200", "200 follows 200"),
+        ("--kv-usage", "0.1,0.1", "0.1 follows 0.1"),
+    ],
+)
+def test_a_profile_grid_out_of_order_names_its_flag(tmp_path, capsys, flag, value, follows):
+    # was: the sweep's own field after the flags were taken, "isl_tokens=(500, 100): expected strictly increasing..."
+    with pytest.raises(SystemExit) as e:
+        cli_main(["profile", "--out", str(tmp_path / "p.npz"), flag, value])
+    cap = capsys.readouterr()
+    assert (e.value.code, cap.out) == (2, "")
+    assert cap.err == (
+        f"dynoplan profile: error: argument {flag}: {value!r}: expected strictly increasing points, {follows} "
+        "(see --help)\n"
+    )
+    assert not (tmp_path / "p.npz").exists()
