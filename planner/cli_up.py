@@ -103,7 +103,8 @@ def _stack_file_arg(text: str) -> str:
     return text
 
 
-def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config STACK.yaml`` and ``--state-dir DIR``, the flags ``dynoplan planner`` and ``dynoplan up`` share."""
     parser.add_argument(
         "--config",
         required=True,
@@ -112,6 +113,10 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
         help="stack file (see docs/live-planner.md)",
     )
     parser.add_argument("--state-dir", type=_state_dir_arg, metavar="DIR", help="override state_dir of the stack file")
+
+
+def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+    add_stack_arguments(parser)
     parser.add_argument("--host", help="override service.host")
     parser.add_argument("--port", type=_port_arg, help="override service.port (0 = any free port)")
     parser.add_argument("--prometheus-url", help="read traffic from this Prometheus (overrides prometheus.url)")
@@ -344,14 +349,7 @@ def _run_planner(args: argparse.Namespace, stack: Any, state_dir: Path) -> int:
 
 # ============================================================================== dynoplan up
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        required=True,
-        type=_stack_file_arg,
-        metavar="STACK.yaml",
-        help="stack file (see docs/live-planner.md)",
-    )
-    parser.add_argument("--state-dir", type=_state_dir_arg, metavar="DIR", help="override state_dir of the stack file")
+    add_stack_arguments(parser)
     parser.add_argument(
         "--max-planner-restarts",
         type=nonneg_int,

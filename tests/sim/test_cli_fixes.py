@@ -477,25 +477,6 @@ AUTO_ONLY = (
 )
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        # was: accepted and ignored (exit 0), the static fleets run as if it were not given
-        (["--compare", "static:2", "--auto-attainment", "0.5"], f"--auto-attainment 0.5: {AUTO_ONLY}"),
-        # its default value given counts too; no --compare is the planner alone
-        (["--auto-attainment", "0.995"], f"--auto-attainment 0.995: {AUTO_ONLY}"),
-        (["--compare", "planner", "static:peak", "hpa", "--auto-attainment", "1"], f"--auto-attainment 1: {AUTO_ONLY}"),
-    ],
-)
-def test_auto_attainment_without_static_auto_is_refused_before_running(capsys, monkeypatch, tmp_path, argv, message):
-    _no_sim(monkeypatch)
-    out = tmp_path / "out"
-    rc = cli_main(["simulate", "--trace", TRACE, "--quiet", "--out", str(out), *argv])
-    cap = capsys.readouterr()
-    assert (rc, cap.out, cap.err) == (2, "", f"dynoplan simulate: error: {message}\n")
-    assert not out.exists()  # refused before --out was created
-
-
 @pytest.mark.parametrize("compare", [["static:auto"], ["static:1", " static:auto "]])
 def test_auto_attainment_with_static_auto_is_taken(monkeypatch, compare):
     import planner.cli_simulate as cs
@@ -530,6 +511,10 @@ INITIAL_ONLY = (
     "argv, message",
     [
         # each was: accepted and ignored (exit 0), the static fleets run as if it were not given
+        (["--compare", "static:2", "--auto-attainment", "0.5"], f"--auto-attainment 0.5: {AUTO_ONLY}"),
+        # its default value given counts too; no --compare is the planner alone
+        (["--auto-attainment", "0.995"], f"--auto-attainment 0.995: {AUTO_ONLY}"),
+        (["--compare", "planner", "static:peak", "hpa", "--auto-attainment", "1"], f"--auto-attainment 1: {AUTO_ONLY}"),
         (["--compare", "static:1", "--attainment-target", "0.99"], f"--attainment-target 0.99: {PLANNER_ONLY}"),
         (
             ["--compare", "throughput-only", "hpa", "--attainment-target", "off"],

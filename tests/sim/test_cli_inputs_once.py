@@ -98,23 +98,17 @@ def test_engine_config_through_a_pipe_applies_and_is_checked(tmp_path, capsys, p
     _one_line(capsys, rc, f"--engine-config {path}: line 2: duplicate key 'num_gpu_blocks'")
 
 
+def _warm_started(profile: str, warm_start) -> int:
+    """``simulate`` of the test trace by ``throughput-only`` (a policy that reads ``--warm-start``), warm-started
+    from ``warm_start``; its exit code."""
+    argv = ["simulate", "--trace", TRACE, "--profile", profile, "--quiet", "--compare", "throughput-only"]
+    return cli_main([*argv, "--warm-start", str(warm_start)])
+
+
 def test_warm_start_not_utf8_is_the_trace_readers_one_line(tmp_path, capsys, profile):
     w = tmp_path / "w.csv"
     w.write_bytes("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,caf\xe9,1\n".encode("latin-1"))
-    rc = cli_main(
-        [
-            "simulate",
-            "--trace",
-            TRACE,
-            "--profile",
-            profile,
-            "--quiet",
-            "--compare",
-            "throughput-only",
-            "--warm-start",
-            str(w),
-        ]
-    )
+    rc = _warm_started(profile, w)
     _one_line(capsys, rc, f"--warm-start {w}: {w}:2: byte 0xe9 at column 26: expected UTF-8 text")  # was a traceback
 
 
@@ -122,18 +116,5 @@ def test_warm_start_not_utf8_is_the_trace_readers_one_line(tmp_path, capsys, pro
 def test_warm_start_accepts_the_trace_aliases(tmp_path, profile, ts):
     w = tmp_path / "w.jsonl"
     w.write_text("".join(f'{{"{ts}": {i * 1000}, "input_tokens": 100, "output_tokens": 10}}\n' for i in range(5)))
-    rc = cli_main(
-        [
-            "simulate",
-            "--trace",
-            TRACE,
-            "--profile",
-            profile,
-            "--quiet",
-            "--compare",
-            "throughput-only",
-            "--warm-start",
-            str(w),
-        ]
-    )
+    rc = _warm_started(profile, w)
     assert rc == 0
