@@ -217,7 +217,14 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mocker.live.loadgen import LoadgenSettings, client_report, connect_problem, run_load, scaled
+    from mocker.live.loadgen import (
+        LoadgenSettings,
+        client_report,
+        connect_problem,
+        run_load,
+        scaled,
+        server_trace_block_size,
+    )
     from mocker.report import render_table
     from mocker.traces import load_trace
 
@@ -242,6 +249,13 @@ def run_loadgen(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"url={s.url!r}: cannot connect ({why}); expected a running OpenAI-compatible server "
             "(e.g. the frontend of `dynoplan up`)"
+        )
+    served = _run_loop(server_trace_block_size(s.url)) if s.prompt_mode == "length" else None
+    if served is not None and served != args.trace_block_size:  # every request would be refused: say it once
+        raise ConfigError(
+            f"--trace-block-size {args.trace_block_size}: the server at {s.url} takes hash_ids of {served}-token "
+            f"blocks (its workers' trace_block_size); expected --trace-block-size {served} (a trace file's hash_ids "
+            "must have been written in the workers' block size)"
         )
     console = Console(stderr=True)
     if args.quiet:

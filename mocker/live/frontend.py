@@ -438,12 +438,13 @@ class Frontend:
         return web.json_response({"status": "ready" if n else "no workers", "workers": n}, status=200 if n else 503)
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [{"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan"}],
-            }
-        )
+        model: dict[str, object] = {"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan"}
+        # dynoplan extension: the tokens per hash_ids entry that requests must use, when every ready worker takes the
+        # same (the request check below uses the routed worker's); loadgen compares its --trace-block-size with it
+        sizes = {h.trace_block_size for h in self.handles.values() if h.ready}
+        if len(sizes) == 1:
+            model["trace_block_size"] = sizes.pop()
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

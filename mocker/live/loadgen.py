@@ -25,6 +25,12 @@ reason, message and token counts): ``http_<status>`` (a non-2xx answer; message:
 in milliseconds of wall time (at a server speedup ratio R they read R times smaller than simulated
 time; ``scale_ms`` multiplies them back for comparisons).
 
+Block size: ``hash_ids`` are in ``--trace-block-size`` tokens per entry, and the workers take their own
+``trace_block_size``. A dynoplan worker publishes its value on ``GET /v1/models`` (an extension field of the model
+entry, ``trace_block_size``), a dynoplan frontend its ready workers' when they agree; in ``length`` mode
+``dynoplan loadgen`` refuses a run whose block size differs (:func:`server_trace_block_size`), one line and exit 2,
+instead of sending requests that every worker would refuse. A server that publishes none is not checked.
+
 Stopped early (Ctrl-C or SIGTERM to ``dynoplan loadgen``): nothing more is sent, the requests in flight are
 cancelled (status ``cancelled``, counted as failed), and the table, ``--report-json`` and ``--per-request`` are
 written for every request sent until then; a line on stderr says how many of the trace's were sent, and the exit
@@ -273,6 +279,26 @@ async def _warm_up(session: aiohttp.ClientSession, s: LoadgenSettings) -> None:
             await r.read()
     except (TimeoutError, aiohttp.ClientError, OSError):
         pass
+
+
+async def server_trace_block_size(url: str, timeout_s: float = 5.0) -> int | None:
+    """The ``trace_block_size`` the server at base ``url`` publishes on ``GET /v1/models`` (a dynoplan extension of
+    its first model entry: the tokens per ``hash_ids`` entry its workers take; a frontend publishes it when all its
+    ready workers agree); None when it publishes none or cannot be asked (then nothing is checked)."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r,
+        ):
+            if r.status != 200:
+                return None
+            body = await r.json(content_type=None)
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    value = first.get("trace_block_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 CONNECT_TIMEOUT_S = 5.0

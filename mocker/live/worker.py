@@ -437,6 +437,8 @@ class Worker:
                         "created": 0,
                         "owned_by": "dynoplan-mocker",
                         "max_model_len": self.max_model_len,
+                        # dynoplan extension: tokens per hash_ids entry this worker takes (loadgen checks its own)
+                        "trace_block_size": self.cfg.trace_block_size,
                     }
                 ],
             }
