@@ -220,10 +220,9 @@ def run_loadgen(args: argparse.Namespace) -> int:
     from mocker.live.loadgen import (
         LoadgenSettings,
         client_report,
-        connect_problem,
+        probe_server,
         run_load,
         scaled,
-        server_trace_block_size,
     )
     from mocker.report import render_table
     from mocker.traces import load_trace
@@ -244,14 +243,14 @@ def run_loadgen(args: argparse.Namespace) -> int:
     reqs = load_trace(args.trace, trace_block_size=args.trace_block_size, seed=args.seed)
     if args.max_requests:
         reqs = reqs[: args.max_requests]
-    why = _run_loop(connect_problem(s.url))
+    why, served = _run_loop(probe_server(s.url))
     if why is not None:
         raise ConfigError(
             f"url={s.url!r}: cannot connect ({why}); expected a running OpenAI-compatible server "
             "(e.g. the frontend of `dynoplan up`)"
         )
-    served = _run_loop(server_trace_block_size(s.url)) if s.prompt_mode == "length" else None
-    if served is not None and served != args.trace_block_size:  # every request would be refused: say it once
+    # length prompts carry hash_ids, which the workers refuse in another block size: say it once, before sending
+    if s.prompt_mode == "length" and served is not None and served != args.trace_block_size:
         raise ConfigError(
             f"--trace-block-size {args.trace_block_size}: the server at {s.url} takes hash_ids of {served}-token "
             f"blocks (its workers' trace_block_size); expected --trace-block-size {served} (a trace file's hash_ids "

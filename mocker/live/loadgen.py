@@ -28,7 +28,7 @@ time; ``scale_ms`` multiplies them back for comparisons).
 Block size: ``hash_ids`` are in ``--trace-block-size`` tokens per entry, and the workers take their own
 ``trace_block_size``. A dynoplan worker publishes its value on ``GET /v1/models`` (an extension field of the model
 entry, ``trace_block_size``), a dynoplan frontend its ready workers' when they agree; in ``length`` mode
-``dynoplan loadgen`` refuses a run whose block size differs (:func:`server_trace_block_size`), one line and exit 2,
+``dynoplan loadgen`` refuses a run whose block size differs (:func:`probe_server`), one line and exit 2,
 instead of sending requests that every worker would refuse. A server that publishes none is not checked.
 
 Stopped early (Ctrl-C or SIGTERM to ``dynoplan loadgen``): nothing more is sent, the requests in flight are
@@ -281,49 +281,45 @@ async def _warm_up(session: aiohttp.ClientSession, s: LoadgenSettings) -> None:
         pass
 
 
-async def server_trace_block_size(url: str, timeout_s: float = 5.0) -> int | None:
-    """The ``trace_block_size`` the server at base ``url`` publishes on ``GET /v1/models`` (a dynoplan extension of
-    its first model entry: the tokens per ``hash_ids`` entry its workers take; a frontend publishes it when all its
-    ready workers agree); None when it publishes none or cannot be asked (then nothing is checked)."""
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r,
-        ):
-            if r.status != 200:
-                return None
-            body = await r.json(content_type=None)
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+CONNECT_TIMEOUT_S = 5.0
+"""How long :func:`probe_server` waits for the server's first answer (s)."""
+
+
+def _published_block_size(status: int, body: bytes) -> int | None:
+    """The ``trace_block_size`` of the first model entry of a ``GET /v1/models`` answer (a dynoplan extension: the
+    tokens per ``hash_ids`` entry the server's workers take; a frontend publishes it when all its ready workers
+    agree); None for another status, a body that is not such JSON, or no such positive integer."""
+    if status != 200:
         return None
-    data = body.get("data") if isinstance(body, dict) else None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
     first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
     value = first.get("trace_block_size")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-CONNECT_TIMEOUT_S = 5.0
-"""How long :func:`connect_problem` waits for the server's first answer (s)."""
-
-
-async def connect_problem(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
-    """None when the server at base ``url`` answers one ``GET /v1/models`` (any HTTP status: only reaching
-    it matters; the run reports request errors itself), else why it cannot be reached (one line, e.g.
-    ``Connection refused``, ``no answer within 5 s``). Checked once before a run so a dead URL is one error,
-    not a whole trace of failed requests."""
+async def probe_server(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> tuple[str | None, int | None]:
+    """One ``GET /v1/models`` to the server at base ``url``, before a run: (why it cannot be reached, or None when
+    it answers at all -- any HTTP status: only reaching it matters, the run reports request errors itself; the
+    ``trace_block_size`` it publishes, :func:`_published_block_size`, or None). The reason is one line, e.g.
+    ``Connection refused``, ``no answer within 5 s``: a dead URL is one error, not a whole trace of failed requests;
+    and a block size the workers do not take is refused before anything is sent."""
     try:
         async with (
             aiohttp.ClientSession() as session,
             session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r,
         ):
-            await r.read()
+            return None, _published_block_size(r.status, await r.read())
     except TimeoutError:
-        return f"no answer within {timeout_s:g} s"
+        return f"no answer within {timeout_s:g} s", None
     except aiohttp.ClientConnectorError as e:
         errno = getattr(e.os_error, "errno", None)  # asyncio's strerror reads "Connect call failed (...)"
-        return os.strerror(errno) if errno else " ".join(str(e).split())
+        return (os.strerror(errno) if errno else " ".join(str(e).split())), None
     except (aiohttp.ClientError, OSError) as e:
-        return f"{type(e).__name__}: {' '.join(str(e).split())}"
-    return None
+        return f"{type(e).__name__}: {' '.join(str(e).split())}", None
 
 
 async def run_load(

@@ -49,3 +49,15 @@ def test_a_trace_block_size_the_workers_do_not_take_is_refused_before_sending():
         # text prompts carry no hash_ids: no block size to agree on
         p = _loadgen(fe, "--prompt-mode", "text", "--max-requests", "1")
         assert p.returncode in (0, 1) and "--trace-block-size" not in p.stderr, p.stderr
+
+
+def test_the_published_block_size_is_read_only_from_a_positive_integer_of_the_first_model():
+    from mocker.live.loadgen import _published_block_size as read
+
+    ok = b'{"object": "list", "data": [{"id": "m", "trace_block_size": 16}, {"id": "n", "trace_block_size": 64}]}'
+    assert read(200, ok) == 16
+    assert read(404, ok) is None  # another status: nothing published
+    for body in (b"not json", b"[]", b'{"data": []}', b'{"data": [{"id": "m"}]}', b'{"data": ["m"]}'):
+        assert read(200, body) is None, body
+    for value in (b"true", b"0", b"-16", b"16.0", b'"16"'):  # a bool, not positive, not an integer
+        assert read(200, b'{"data": [{"trace_block_size": ' + value + b"}]}") is None, value
