@@ -27,22 +27,25 @@ from pathlib import Path
 def interval_ratios(timeline: Path, interval_s: float) -> list[tuple[float, float]]:
     """(obs / fc, renewal sd) per whole interval of the planner rows of ``timeline`` that has a forecast."""
     per: dict[int, list[tuple[float, float]]] = {}
+    times: list[float] = []
     with timeline.open(newline="") as f:
         for r in csv.DictReader(f):
-            if r["policy"] != "planner" or not r["observed_rps"] or not r["predicted_rps"]:
+            if r["policy"] != "planner":
                 continue
             t = float(r["t_s"])
-            per.setdefault(max(0, math.ceil(t / interval_s) - 1), []).append(
-                (float(r["observed_rps"]), float(r["predicted_rps"]))
-            )
+            times.append(t)
+            if r["observed_rps"] and r["predicted_rps"]:
+                per.setdefault(max(0, math.ceil(t / interval_s) - 1), []).append(
+                    (float(r["observed_rps"]), float(r["predicted_rps"]))
+                )
+    if len(times) < 2:
+        return []
+    step = statistics.median(b - a for a, b in zip(times, times[1:]))  # the timeline's sample interval (s)
     out = []
-    step = None
     for k in sorted(per):
         v = per[k]
         obs = statistics.fmean(o for o, _ in v)
         fc = statistics.median(p for _, p in v)
-        if step is None:
-            step = interval_s / max(len(v), 1)
         if len(v) < 0.8 * interval_s / step or fc <= 0 or obs <= 0:
             continue  # a partial interval (the run's first or last)
         counts = [o * step for o, _ in v]
