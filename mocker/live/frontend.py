@@ -439,9 +439,10 @@ class Frontend:
 
     async def _models(self, request: web.Request) -> web.Response:
         model: dict[str, object] = {"id": self.s.model_name, "object": "model", "created": 0, "owned_by": "dynoplan"}
-        # dynoplan extension: the tokens per hash_ids entry that requests must use, when every ready worker takes the
-        # same (the request check below uses the routed worker's); loadgen compares its --trace-block-size with it
-        sizes = {h.trace_block_size for h in self.handles.values() if h.ready}
+        # dynoplan extension: the tokens per hash_ids entry that requests must use, when every routable worker (ready
+        # and listed, as /ready counts) takes the same (the request check below uses the routed worker's); loadgen
+        # compares its --trace-block-size with it
+        sizes = {h.trace_block_size for h in self.handles.values() if h.ready and h.listed}
         if len(sizes) == 1:
             model["trace_block_size"] = sizes.pop()
         return web.json_response({"object": "list", "data": [model]})
